@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs what is missing (Debian 12 packages) and builds pslab into build/.
+# Both README commands (experiments/quickstart.sh, tests/run.sh) start here, so a fresh clone
+# needs nothing else. Re-running is cheap: nothing is installed twice, the build is incremental.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+packages=(
+  cmake ninja-build pkg-config g++ zlib1g-dev
+  libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler libgloo-dev libopenblas-dev
+  libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libgtest-dev
+  dataset-fashion-mnist python3 python3-matplotlib python3-numpy
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "[setup] installing ${#missing[@]} missing Debian packages: ${missing[*]}"
+  sudo=()
+  if [[ $(id -u) != 0 ]]; then
+    command -v sudo >/dev/null || { echo "[setup] error: not root and no sudo; install as root: apt-get install ${missing[*]}" >&2; exit 1; }
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+jobs=$(nproc 2>/dev/null || echo 2)
+if [[ ! -f "$root/build/build.ninja" ]]; then
+  echo "[setup] configuring build/ (the CUDA backend is built when nvcc is found)"
+  if ! cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$root/build.configure.log" 2>&1; then
+    cat "$root/build.configure.log" >&2
+    echo "[setup] error: cmake could not configure the build (log above)" >&2
+    exit 1
+  fi
+  grep -E "^-- pslab:" "$root/build.configure.log" || true
+  mv "$root/build.configure.log" "$root/build/configure.log"
+fi
+echo "[setup] building with $jobs jobs"
+cmake --build "$root/build" -j "$jobs"

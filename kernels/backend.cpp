@@ -1,0 +1,31 @@
+// Backend selection. The CUDA backend exists only when CMake found the toolkit
+// (PSLAB_HAVE_CUDA); otherwise asking for it is an error that says so.
+#include "backend.h"
+
+#include <stdexcept>
+
+namespace pslab {
+
+const char* device_name(Device d) { return d == Device::cuda ? "cuda" : "cpu"; }
+
+bool cuda_backend_built() {
+#ifdef PSLAB_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+#ifndef PSLAB_HAVE_CUDA
+std::unique_ptr<Backend> make_cuda_backend(int) {
+  throw std::runtime_error(
+      "device = \"cuda\" was asked for, but this build of pslab has no CUDA backend "
+      "(nvcc was not found when CMake configured the build); use device = \"cpu\"");
+}
+#endif
+
+std::unique_ptr<Backend> make_backend(Device d, int cpu_threads) {
+  return d == Device::cuda ? make_cuda_backend(0) : make_cpu_backend(cpu_threads);
+}
+
+}  // namespace pslab

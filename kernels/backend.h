@@ -1,0 +1,162 @@
+// The compute backend interface: everything training needs, on one device.
+//
+// Two implementations mirror each other: CpuBackend (OpenBLAS cblas_sgemm + loops over the
+// functions of kernels/elementwise.h) and CudaBackend (cuBLAS + .cu kernels calling the same
+// functions). All pointers passed to a backend live on that backend's device; sizes are
+// element counts; matrices are row-major.
+//
+// Threading: a Backend instance is used by one thread at a time (the CUDA backend owns one
+// stream and one cuBLAS handle). Errors: every failing library call throws std::runtime_error
+// naming file:line, the expression and the library's error string.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "elementwise.h"
+
+namespace pslab {
+
+enum class Device { cpu, cuda };
+const char* device_name(Device d);
+
+enum class Trans { no, yes };
+
+// Hyper-parameters of one optimizer step; lr already includes the schedule.
+struct SgdArgs {
+  float lr = 0.0f;
+  float weight_decay = 0.0f;
+};
+struct MomentumArgs {
+  float lr = 0.0f;
+  float momentum = 0.9f;
+  float weight_decay = 0.0f;
+  bool nesterov = false;
+};
+struct AdamArgs {
+  float lr = 0.0f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  long step = 1;  // 1-based; bias corrections are computed from it
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  // Human-readable description, e.g. "cpu (OpenBLAS 0.3.21, 2 threads)".
+  virtual std::string describe() const = 0;
+
+  // ---- memory (bytes) ----
+  virtual void* allocate(std::size_t bytes) = 0;
+  virtual void deallocate(void* p) noexcept = 0;
+  virtual void copy_from_host(void* dst, const void* host_src, std::size_t bytes) = 0;
+  virtual void copy_to_host(void* host_dst, const void* src, std::size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
+  virtual void fill(float* x, std::size_t n, float value) = 0;
+  // Waits until all queued work is done (no-op on the CPU).
+  virtual void synchronize() = 0;
+
+  // ---- linear algebra ----
+  // C (M,N) = alpha * op(A) * op(B) + beta * C; op(A) is (M,K), op(B) is (K,N); row-major,
+  // lda/ldb/ldc are the row strides of A, B, C as stored.
+  virtual void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A,
+                    int lda, const float* B, int ldb, float beta, float* C, int ldc) = 0;
+  // y = y + a * x
+  virtual void axpy(std::size_t n, float a, const float* x, float* y) = 0;
+  // x = a * x
+  virtual void scale(std::size_t n, float a, float* x) = 0;
+  // sum of x[i]^2, accumulated in double, returned to the host
+  virtual double sum_squares(const float* x, std::size_t n) = 0;
+
+  // ---- layers ----
+  // y (outer, channels, inner) += bias (channels), broadcast over outer and inner.
+  // A Linear layer uses inner = 1; a convolution uses inner = OH*OW.
+  virtual void add_bias(float* y, const float* bias, int outer, int channels, int inner) = 0;
+  // db (channels) = sum of dy (outer, channels, inner) over outer and inner.
+  virtual void bias_grad(const float* dy, int outer, int channels, int inner, float* db) = 0;
+  virtual void relu_forward(const float* x, float* y, std::size_t n) = 0;
+  // dx = dy where y > 0 else 0 (y is the forward output); dx may alias dy.
+  virtual void relu_backward(const float* dy, const float* y, float* dx, std::size_t n) = 0;
+
+  // ---- losses: return the loss summed over rows (host value, double) ----
+  // logits (rows, C), labels (rows) in [0, C); dlogits (rows, C) = grad_scale * (p - onehot).
+  virtual double softmax_xent(const float* logits, const std::int32_t* labels, int rows, int C,
+                              float grad_scale, float* dlogits) = 0;
+  // y, t (rows, C); loss 0.5 * |y - t|^2 per row; dy = grad_scale * (y - t).
+  virtual double mse(const float* y, const float* t, int rows, int C, float grad_scale,
+                     float* dy) = 0;
+  // Number of rows whose argmax equals the label.
+  virtual long count_correct(const float* logits, const std::int32_t* labels, int rows,
+                             int C) = 0;
+
+  // ---- optimizer steps over n parameters ----
+  // w_out (n) = update(w (n), g (n)); w_out may equal w (in place) or be another buffer of n
+  // floats that does not overlap w. State (v, m; n each) is updated in place.
+  virtual void sgd_step(const float* w, const float* g, float* w_out, std::size_t n,
+                        const SgdArgs& a) = 0;
+  virtual void momentum_step(const float* w, float* v, const float* g, float* w_out,
+                             std::size_t n, const MomentumArgs& a) = 0;
+  virtual void adam_step(const float* w, float* m, float* v, const float* g, float* w_out,
+                         std::size_t n, const AdamArgs& a) = 0;
+
+  // ---- convolution helpers, one image ----
+  // x (C,H,W) -> cols (C*KH*KW, OH*OW)
+  virtual void im2col(const float* x, const math::ConvGeometry& g, float* cols) = 0;
+  // cols (C*KH*KW, OH*OW) -> dx (C,H,W), overwriting dx with the summed contributions
+  virtual void col2im(const float* cols, const math::ConvGeometry& g, float* dx) = 0;
+};
+
+// The CPU backend; threads = OpenBLAS threads (0 keeps OpenBLAS's own setting).
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+// The CUDA backend on GPU `device_index`; throws if pslab was built without CUDA or no GPU
+// is usable (the message says which).
+std::unique_ptr<Backend> make_cuda_backend(int device_index = 0);
+// Whether this build contains the CUDA backend.
+bool cuda_backend_built();
+std::unique_ptr<Backend> make_backend(Device d, int cpu_threads = 0);
+
+// Owning array of n elements of T on a backend's device. Move-only; freed on destruction.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend& be, std::size_t n)
+      : be_(&be), n_(n), p_(n ? static_cast<T*>(be.allocate(n * sizeof(T))) : nullptr) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : be_(std::exchange(o.be_, nullptr)), n_(std::exchange(o.n_, 0)),
+        p_(std::exchange(o.p_, nullptr)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      be_ = std::exchange(o.be_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+      p_ = std::exchange(o.p_, nullptr);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { release(); }
+
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  std::size_t size() const { return n_; }
+  std::size_t bytes() const { return n_ * sizeof(T); }
+
+ private:
+  void release() noexcept {
+    if (p_) be_->deallocate(p_);
+    p_ = nullptr;
+  }
+  Backend* be_ = nullptr;
+  std::size_t n_ = 0;
+  T* p_ = nullptr;
+};
+
+}  // namespace pslab

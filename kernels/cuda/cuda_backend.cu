@@ -1,0 +1,410 @@
+// CUDA backend: cuBLAS for matrix products, the kernels of cuda_kernels.cu (which call the
+// functions of kernels/elementwise.h) for the rest. Mirrors kernels/cpu/cpu_backend.cpp op for op.
+//
+// All work is queued on one stream owned by the backend (the cuBLAS handle is bound to it).
+// Ops that return a host value (losses, count_correct, sum_squares) and copy_to_host /
+// copy_from_host wait for that stream; the others return as soon as the work is queued.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_kernels.h"
+
+namespace pslab {
+namespace {
+
+// ---- RAII owners -----------------------------------------------------------------------------
+// Their destructors run where exceptions must not escape: failures are reported on stderr.
+
+void report_cleanup_error(const char* what, const char* detail) noexcept {
+  std::fprintf(stderr, "pslab cuda backend: %s failed: %s\n", what, detail);
+}
+
+class Stream {
+ public:
+  Stream() {
+    // Default flags: the stream also orders against the legacy default stream, so a plain
+    // cudaMemcpy elsewhere in the process cannot overtake this backend's queued work.
+    PSLAB_CUDA_CHECK(cudaStreamCreate(&s_));
+  }
+  ~Stream() {
+    if (const cudaError_t e = cudaStreamDestroy(s_); e != cudaSuccess)
+      report_cleanup_error("cudaStreamDestroy", cudaGetErrorString(e));
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+class CublasHandle {
+ public:
+  explicit CublasHandle(cudaStream_t stream) {
+    const cublasStatus_t st = cublasCreate(&h_);
+    if (st != CUBLAS_STATUS_SUCCESS)
+      throw std::runtime_error(std::string("no usable CUDA GPU: cublasCreate failed: ") +
+                               cublasGetStatusString(st));
+    try {
+      PSLAB_CUBLAS_CHECK(cublasSetStream(h_, stream));
+      // Plain FP32 GEMMs (no TF32 tensor-core rounding), as on the CPU. This is cuBLAS's
+      // default; set explicitly so that the intent is visible.
+      PSLAB_CUBLAS_CHECK(cublasSetMathMode(h_, CUBLAS_DEFAULT_MATH));
+      PSLAB_CUBLAS_CHECK(cublasSetPointerMode(h_, CUBLAS_POINTER_MODE_HOST));
+    } catch (...) {
+      cublasDestroy(h_);
+      throw;
+    }
+  }
+  ~CublasHandle() {
+    if (const cublasStatus_t st = cublasDestroy(h_); st != CUBLAS_STATUS_SUCCESS)
+      report_cleanup_error("cublasDestroy", cublasGetStatusString(st));
+  }
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  cublasHandle_t get() const { return h_; }
+
+ private:
+  cublasHandle_t h_ = nullptr;
+};
+
+// Device scratch for reductions (per-row losses, partial sums, counters). Grows to the
+// largest size asked for and is then reused: no allocation per call once grown. Growing frees
+// the old block first; cudaFree waits for the device, so no queued kernel still uses it.
+class Scratch {
+ public:
+  Scratch() = default;
+  ~Scratch() { release(); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+
+  void* get(std::size_t bytes) {
+    if (bytes > cap_) {
+      const std::size_t want = std::max(bytes, 2 * cap_);
+      release();
+      PSLAB_CUDA_CHECK(cudaMalloc(&p_, want));
+      cap_ = want;
+    }
+    return p_;
+  }
+
+ private:
+  void release() noexcept {
+    if (!p_) return;
+    if (const cudaError_t e = cudaFree(p_); e != cudaSuccess) {
+      (void)cudaGetLastError();
+      report_cleanup_error("cudaFree (scratch)", cudaGetErrorString(e));
+    }
+    p_ = nullptr;
+    cap_ = 0;
+  }
+  void* p_ = nullptr;
+  std::size_t cap_ = 0;
+};
+
+// Device setup failures mean that this GPU cannot be used: say so, with CUDA's reason.
+void usable_or_throw(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();
+  throw std::runtime_error(std::string("no usable CUDA GPU: ") + cudaGetErrorString(e) + " (" +
+                           what + " returned " + cudaGetErrorName(e) + ")");
+}
+
+cublasOperation_t cublas_op(Trans t) { return t == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+// Bytes of scratch before the per-row losses: a counter, padded to keep the floats aligned.
+constexpr std::size_t kCounterBytes = 16;
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device_index) : device_(device_index) {
+    cudaDeviceProp prop{};
+    usable_or_throw(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
+    usable_or_throw(cudaSetDevice(device_), "cudaSetDevice");
+    // Creates the context and checks that the kernels were compiled for this GPU, so that an
+    // unusable device is reported here rather than at the first launch.
+    if (const cudaError_t e = cuda::probe_kernel_image(); e != cudaSuccess)
+      throw std::runtime_error(
+          std::string("no usable CUDA GPU: ") + cudaGetErrorString(e) + " (device " +
+          std::to_string(device_) + " is " + prop.name + ", cc " + std::to_string(prop.major) +
+          "." + std::to_string(prop.minor) +
+          "; check CMAKE_CUDA_ARCHITECTURES of this build)");
+    stream_ = std::make_unique<Stream>();
+    cublas_ = std::make_unique<CublasHandle>(stream_->get());
+    char mem[32];
+    std::snprintf(mem, sizeof mem, "%.1f GiB",
+                  double(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
+    describe_ = "cuda:" + std::to_string(device_) + " (" + prop.name + ", cc " +
+                std::to_string(prop.major) + "." + std::to_string(prop.minor) + ", " + mem +
+                ")";
+  }
+  ~CudaBackend() override {
+    // Let queued work finish before the stream, handle and scratch go away.
+    if (const cudaError_t e = cudaStreamSynchronize(stream_->get()); e != cudaSuccess)
+      report_cleanup_error("cudaStreamSynchronize", cudaGetErrorString(e));
+  }
+
+  Device device() const override { return Device::cuda; }
+  std::string describe() const override { return describe_; }
+
+  // ---- memory ----
+  void* allocate(std::size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    activate();
+    void* p = nullptr;
+    try {
+      PSLAB_CUDA_CHECK(cudaMalloc(&p, bytes));
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(std::string(e.what()) + " [allocating " + std::to_string(bytes) +
+                               " bytes on " + describe_ + "]");
+    }
+    return p;
+  }
+  void deallocate(void* p) noexcept override {
+    if (!p) return;
+    // cudaFree waits for the device, so work still queued on p completes first.
+    if (cudaSetDevice(device_) != cudaSuccess) (void)cudaGetLastError();
+    if (const cudaError_t e = cudaFree(p); e != cudaSuccess) {
+      (void)cudaGetLastError();
+      report_cleanup_error("cudaFree", cudaGetErrorString(e));
+    }
+  }
+  // Synchronous, like the CPU backend: on return the host buffer may be reused (it may be
+  // pinned, where an unsynchronized async copy would still be reading it).
+  void copy_from_host(void* dst, const void* host_src, std::size_t bytes) override {
+    if (bytes == 0) return;
+    activate();
+    PSLAB_CUDA_CHECK(
+        cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_->get()));
+    PSLAB_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
+  }
+  void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override {
+    if (bytes == 0) return;
+    activate();
+    PSLAB_CUDA_CHECK(
+        cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_->get()));
+    PSLAB_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
+  }
+  // Device to device, queued on the stream. Overlapping ranges are allowed, as with the CPU
+  // backend's memmove: cudaMemcpy's result is undefined for them, so they go through the
+  // scratch buffer.
+  void copy(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes == 0 || dst == src) return;
+    activate();
+    const auto d = reinterpret_cast<std::uintptr_t>(dst);
+    const auto s = reinterpret_cast<std::uintptr_t>(src);
+    if (d < s + bytes && s < d + bytes) {
+      void* tmp = scratch_.get(bytes);
+      PSLAB_CUDA_CHECK(
+          cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, stream_->get()));
+      src = tmp;
+    }
+    PSLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_->get()));
+  }
+  void fill(float* x, std::size_t n, float value) override {
+    activate();
+    cuda::launch_fill(x, n, value, stream_->get());
+  }
+  void synchronize() override {
+    activate();
+    PSLAB_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
+  }
+
+  // ---- linear algebra ----
+  // Row-major C (M,N) is column-major C^T (N,M) with the same ldc, and likewise for A and B;
+  // so compute C^T = alpha * op(B)^T op(A)^T + beta * C^T: cuBLAS gets B first, then A, with
+  // M and N swapped and the transpose flags unchanged.
+  void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
+            const float* B, int ldb, float beta, float* C, int ldc) override {
+    if (M < 0 || N < 0 || K < 0)
+      throw std::invalid_argument("gemm: M, N, K must be >= 0 (got " + std::to_string(M) +
+                                  ", " + std::to_string(N) + ", " + std::to_string(K) + ")");
+    if (M == 0 || N == 0) return;
+    activate();
+    if (K == 0) {  // C = beta * C, as BLAS defines it (and OpenBLAS does)
+      cuda::launch_scale_matrix(M, N, beta, C, ldc, stream_->get());
+      return;
+    }
+    PSLAB_CUBLAS_CHECK(cublasSgemm(cublas_->get(), cublas_op(tb), cublas_op(ta), N, M, K,
+                                   &alpha, B, ldb, A, lda, &beta, C, ldc));
+  }
+  void axpy(std::size_t n, float a, const float* x, float* y) override {
+    activate();
+    cuda::launch_axpy(n, a, x, y, stream_->get());
+  }
+  void scale(std::size_t n, float a, float* x) override {
+    activate();
+    cuda::launch_scale(n, a, x, stream_->get());
+  }
+  // Per-block double partials on the device, added in block order on the host: deterministic
+  // (the partition depends on n alone). The CPU adds the squares in index order instead.
+  double sum_squares(const float* x, std::size_t n) override {
+    if (n == 0) return 0.0;
+    activate();
+    const int parts = cuda::sum_squares_partial_count(n);
+    auto* partials = static_cast<double*>(scratch_.get(std::size_t(parts) * sizeof(double)));
+    cuda::launch_sum_squares_partials(x, n, partials, stream_->get());
+    host_doubles_.resize(std::size_t(parts));
+    copy_to_host(host_doubles_.data(), partials, std::size_t(parts) * sizeof(double));
+    double s = 0.0;
+    for (const double p : host_doubles_) s += p;
+    return s;
+  }
+
+  // ---- layers ----
+  void add_bias(float* y, const float* bias, int outer, int channels, int inner) override {
+    activate();
+    cuda::launch_add_bias(y, bias, outer, channels, inner, stream_->get());
+  }
+  void bias_grad(const float* dy, int outer, int channels, int inner, float* db) override {
+    activate();
+    cuda::launch_bias_grad(dy, outer, channels, inner, db, stream_->get());
+  }
+  void relu_forward(const float* x, float* y, std::size_t n) override {
+    activate();
+    cuda::launch_relu_forward(x, y, n, stream_->get());
+  }
+  void relu_backward(const float* dy, const float* y, float* dx, std::size_t n) override {
+    activate();
+    cuda::launch_relu_backward(dy, y, dx, n, stream_->get());
+  }
+
+  // ---- losses ----
+  // Per-row losses (float, from math::*_row) are copied to the host and added in row order
+  // in double: the same summation as the CPU backend's.
+  double softmax_xent(const float* logits, const std::int32_t* labels, int rows, int C,
+                      float grad_scale, float* dlogits) override {
+    if (rows < 0 || C < 0)
+      throw std::invalid_argument("softmax_xent: rows and C must be >= 0");
+    if (rows == 0) return 0.0;
+    activate();
+    const std::size_t bytes = kCounterBytes + std::size_t(rows) * sizeof(float);
+    auto* base = static_cast<unsigned char*>(scratch_.get(bytes));
+    auto* bad = reinterpret_cast<int*>(base);
+    auto* row_loss = reinterpret_cast<float*>(base + kCounterBytes);
+    PSLAB_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(int), stream_->get()));
+    cuda::launch_softmax_xent(logits, labels, rows, C, grad_scale, dlogits, row_loss, bad,
+                              stream_->get());
+    host_bytes_.resize(bytes);
+    copy_to_host(host_bytes_.data(), base, bytes);
+    int bad_rows = 0;
+    std::memcpy(&bad_rows, host_bytes_.data(), sizeof bad_rows);
+    if (bad_rows != 0)
+      throw std::invalid_argument("softmax_xent: " + std::to_string(bad_rows) + " of " +
+                                  std::to_string(rows) + " labels lie outside [0, " +
+                                  std::to_string(C) + ")");
+    return sum_row_losses(host_bytes_.data() + kCounterBytes, rows);
+  }
+  double mse(const float* y, const float* t, int rows, int C, float grad_scale,
+             float* dy) override {
+    if (rows < 0 || C < 0) throw std::invalid_argument("mse: rows and C must be >= 0");
+    if (rows == 0) return 0.0;
+    activate();
+    const std::size_t bytes = std::size_t(rows) * sizeof(float);
+    auto* row_loss = static_cast<float*>(scratch_.get(bytes));
+    cuda::launch_mse(y, t, rows, C, grad_scale, dy, row_loss, stream_->get());
+    host_bytes_.resize(bytes);
+    copy_to_host(host_bytes_.data(), row_loss, bytes);
+    return sum_row_losses(host_bytes_.data(), rows);
+  }
+  long count_correct(const float* logits, const std::int32_t* labels, int rows,
+                     int C) override {
+    if (rows < 0 || C < 0) throw std::invalid_argument("count_correct: rows and C must be >= 0");
+    if (rows == 0) return 0;
+    activate();
+    auto* counter = static_cast<unsigned long long*>(scratch_.get(sizeof(unsigned long long)));
+    PSLAB_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof *counter, stream_->get()));
+    cuda::launch_count_correct(logits, labels, rows, C, counter, stream_->get());
+    unsigned long long n = 0;
+    copy_to_host(&n, counter, sizeof n);
+    return static_cast<long>(n);
+  }
+
+  // ---- optimizer steps ----
+  void sgd_step(const float* w, const float* g, float* w_out, std::size_t n,
+                const SgdArgs& a) override {
+    activate();
+    cuda::launch_sgd_step(w, g, w_out, n, a.lr, a.weight_decay, stream_->get());
+  }
+  void momentum_step(const float* w, float* v, const float* g, float* w_out, std::size_t n,
+                     const MomentumArgs& a) override {
+    activate();
+    cuda::launch_momentum_step(w, v, g, w_out, n, a.lr, a.momentum, a.weight_decay, a.nesterov,
+                               stream_->get());
+  }
+  void adam_step(const float* w, float* m, float* v, const float* g, float* w_out, std::size_t n,
+                 const AdamArgs& a) override {
+    activate();
+    // Bias corrections on the host, exactly as the CPU backend computes them.
+    const float bc1 = 1.0f - std::pow(a.beta1, float(a.step));
+    const float bc2 = 1.0f - std::pow(a.beta2, float(a.step));
+    cuda::launch_adam_step(w, m, v, g, w_out, n, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
+                           bc1, bc2, stream_->get());
+  }
+
+  // ---- convolution helpers ----
+  void im2col(const float* x, const math::ConvGeometry& g, float* cols) override {
+    activate();
+    cuda::launch_im2col(x, g, cols, stream_->get());
+  }
+  void col2im(const float* cols, const math::ConvGeometry& g, float* dx) override {
+    activate();
+    cuda::launch_col2im(cols, g, dx, stream_->get());
+  }
+
+ private:
+  // The CUDA device is per host thread: make this backend's device current when the calling
+  // thread has another one (cheap when it already is).
+  void activate() const {
+    int current = -1;
+    PSLAB_CUDA_CHECK(cudaGetDevice(&current));
+    if (current != device_) PSLAB_CUDA_CHECK(cudaSetDevice(device_));
+  }
+
+  static double sum_row_losses(const unsigned char* bytes, int rows) {
+    double loss = 0.0;
+    for (int r = 0; r < rows; ++r) {
+      float v;
+      std::memcpy(&v, bytes + std::size_t(r) * sizeof(float), sizeof v);
+      loss += v;
+    }
+    return loss;
+  }
+
+  int device_;
+  std::string describe_;
+  // Declaration order = reverse destruction order: scratch, then handle, then stream.
+  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<CublasHandle> cublas_;
+  Scratch scratch_;
+  // Host staging for reduction results; grows like the scratch and is reused.
+  std::vector<unsigned char> host_bytes_;
+  std::vector<double> host_doubles_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device_index) {
+  int count = 0;
+  usable_or_throw(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (count == 0)
+    throw std::runtime_error("no usable CUDA GPU: cudaGetDeviceCount found no device");
+  if (device_index < 0 || device_index >= count)
+    throw std::runtime_error("no usable CUDA GPU: device index " +
+                             std::to_string(device_index) + " is out of range (" +
+                             std::to_string(count) + " device(s) visible)");
+  return std::make_unique<CudaBackend>(device_index);
+}
+
+}  // namespace pslab

@@ -1,0 +1,403 @@
+// CUDA kernels of the CUDA backend. Each kernel applies the kernels/elementwise.h function of its
+// element or row; grid-stride loops over 64-bit indices, so any n fits a capped grid.
+#include "cuda/cuda_kernels.h"
+
+#include <math_constants.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "cuda/cuda_check.h"
+
+namespace pslab::cuda {
+namespace {
+
+constexpr int kThreads = 256;         // threads per block of the elementwise kernels
+constexpr int kRowThreads = 128;      // threads per block of the one-thread-per-row kernels
+constexpr std::size_t kMaxBlocks = 65536;  // grid cap; grid-stride loops cover the rest
+constexpr int kMaxPartials = 1024;    // most blocks (= partial sums) of sum_squares
+
+void require(bool ok, const char* launcher, const char* what) {
+  if (!ok) throw std::invalid_argument(std::string(launcher) + ": " + what);
+}
+
+unsigned grid_for(std::size_t n, int threads) {
+  const std::size_t blocks = (n + std::size_t(threads) - 1) / std::size_t(threads);
+  return static_cast<unsigned>(std::min(blocks, kMaxBlocks));
+}
+
+__device__ __forceinline__ std::size_t global_index() {
+  return std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ std::size_t grid_stride() {
+  return std::size_t(blockDim.x) * gridDim.x;
+}
+
+// ---- elementwise ---------------------------------------------------------------------------
+
+__global__ void fill_kernel(float* x, std::size_t n, float value) {
+  for (std::size_t i = global_index(); i < n; i += grid_stride()) x[i] = value;
+}
+
+__global__ void axpy_kernel(std::size_t n, float a, const float* x, float* y) {
+  for (std::size_t i = global_index(); i < n; i += grid_stride()) y[i] += a * x[i];
+}
+
+__global__ void scale_kernel(std::size_t n, float a, float* x) {
+  for (std::size_t i = global_index(); i < n; i += grid_stride()) x[i] *= a;
+}
+
+__global__ void relu_forward_kernel(const float* x, float* y, std::size_t n) {
+  for (std::size_t i = global_index(); i < n; i += grid_stride()) y[i] = math::relu(x[i]);
+}
+
+__global__ void relu_backward_kernel(const float* dy, const float* y, float* dx,
+                                     std::size_t n) {
+  for (std::size_t i = global_index(); i < n; i += grid_stride())
+    dx[i] = math::relu_grad(dy[i], y[i]);
+}
+
+// ---- reductions ----------------------------------------------------------------------------
+
+// One partial per block: each thread sums its grid-stride elements in double, then a fixed
+// shared-memory tree adds the block's threads. blockDim.x == kThreads (a power of two).
+__global__ void sum_squares_kernel(const float* x, std::size_t n, double* partials) {
+  __shared__ double s[kThreads];
+  double acc = 0.0;
+  for (std::size_t i = global_index(); i < n; i += grid_stride()) {
+    const double v = x[i];
+    acc += v * v;
+  }
+  s[threadIdx.x] = acc;
+  __syncthreads();
+  for (unsigned half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) s[threadIdx.x] += s[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partials[blockIdx.x] = s[0];
+}
+
+// ---- layers --------------------------------------------------------------------------------
+
+__global__ void add_bias_kernel(float* y, const float* bias, std::size_t n, int channels,
+                                int inner) {
+  for (std::size_t i = global_index(); i < n; i += grid_stride())
+    y[i] += bias[(i / std::size_t(inner)) % std::size_t(channels)];
+}
+
+// Block c sums channel c: thread t takes elements t, t + kThreads, ... of the channel's
+// outer*inner values (in float, as the CPU backend does), then a fixed tree adds the threads.
+__global__ void bias_grad_kernel(const float* dy, int outer, int channels, int inner,
+                                 float* db) {
+  __shared__ float s[kThreads];
+  const int c = blockIdx.x;
+  const std::size_t per_channel = std::size_t(outer) * std::size_t(inner);
+  float acc = 0.0f;
+  for (std::size_t j = threadIdx.x; j < per_channel; j += kThreads) {
+    const std::size_t o = j / std::size_t(inner), i = j % std::size_t(inner);
+    acc += dy[(o * std::size_t(channels) + std::size_t(c)) * std::size_t(inner) + i];
+  }
+  s[threadIdx.x] = acc;
+  __syncthreads();
+  for (unsigned half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) s[threadIdx.x] += s[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) db[c] = s[0];
+}
+
+// ---- losses --------------------------------------------------------------------------------
+
+__global__ void softmax_xent_kernel(const float* logits, const std::int32_t* labels, int rows,
+                                    int C, float grad_scale, float* dlogits, float* row_loss,
+                                    int* bad_labels) {
+  for (std::size_t r = global_index(); r < std::size_t(rows); r += grid_stride()) {
+    const float* z = logits + r * std::size_t(C);
+    float* dz = dlogits + r * std::size_t(C);
+    const int label = labels[r];
+    if (label < 0 || label >= C) {  // would read z[label] out of bounds: flag the row
+      atomicAdd(bad_labels, 1);
+      for (int c = 0; c < C; ++c) dz[c] = CUDART_NAN_F;
+      row_loss[r] = CUDART_NAN_F;
+      continue;
+    }
+    row_loss[r] = math::softmax_xent_row(z, C, label, dz, grad_scale);
+  }
+}
+
+__global__ void mse_kernel(const float* y, const float* t, int rows, int C, float grad_scale,
+                           float* dy, float* row_loss) {
+  for (std::size_t r = global_index(); r < std::size_t(rows); r += grid_stride()) {
+    const std::size_t off = r * std::size_t(C);
+    row_loss[r] = math::mse_row(y + off, t + off, C, dy + off, grad_scale);
+  }
+}
+
+// The loop's trip count is the same for all threads of a block (base is block-uniform), so
+// every thread reaches __syncthreads_count, which counts the block's correct rows; one atomic
+// per block and iteration adds them (integer addition: the total is exact in any order).
+__global__ void count_correct_kernel(const float* logits, const std::int32_t* labels, int rows,
+                                     int C, unsigned long long* correct) {
+  const std::size_t stride = grid_stride();
+  for (std::size_t base = std::size_t(blockIdx.x) * blockDim.x; base < std::size_t(rows);
+       base += stride) {
+    const std::size_t r = base + threadIdx.x;
+    int hit = 0;
+    if (r < std::size_t(rows))
+      hit = math::argmax_row(logits + r * std::size_t(C), C) == labels[r];
+    const int block_hits = __syncthreads_count(hit);
+    if (threadIdx.x == 0 && block_hits > 0)
+      atomicAdd(correct, static_cast<unsigned long long>(block_hits));
+  }
+}
+
+// ---- optimizer steps -----------------------------------------------------------------------
+
+__global__ void sgd_kernel(const float* w, const float* g, float* w_out, std::size_t n,
+                           float lr, float wd) {
+  for (std::size_t i = global_index(); i < n; i += grid_stride())
+    w_out[i] = math::sgd_update(w[i], g[i], lr, wd);
+}
+
+__global__ void momentum_kernel(const float* w, float* v, const float* g, float* w_out,
+                                std::size_t n, float lr, float mu, float wd, bool nesterov) {
+  for (std::size_t i = global_index(); i < n; i += grid_stride())
+    w_out[i] = math::momentum_update(w[i], v[i], g[i], lr, mu, wd, nesterov);
+}
+
+__global__ void adam_kernel(const float* w, float* m, float* v, const float* g, float* w_out,
+                            std::size_t n, float lr, float beta1, float beta2, float eps,
+                            float wd, float bc1, float bc2) {
+  for (std::size_t i = global_index(); i < n; i += grid_stride())
+    w_out[i] = math::adam_update(w[i], m[i], v[i], g[i], lr, beta1, beta2, eps, wd, bc1, bc2);
+}
+
+// ---- convolution helpers -------------------------------------------------------------------
+
+__global__ void im2col_kernel(const float* x, const math::ConvGeometry g, float* cols,
+                              std::size_t n, int ncols) {
+  for (std::size_t i = global_index(); i < n; i += grid_stride()) {
+    const int row = static_cast<int>(i / std::size_t(ncols));
+    const int col = static_cast<int>(i % std::size_t(ncols));
+    cols[i] = math::im2col_value(x, g, row, col);
+  }
+}
+
+__global__ void col2im_kernel(const float* cols, const math::ConvGeometry g, float* dx,
+                              std::size_t n) {
+  for (std::size_t i = global_index(); i < n; i += grid_stride()) {
+    const int w = static_cast<int>(i % std::size_t(g.W));
+    const int h = static_cast<int>((i / std::size_t(g.W)) % std::size_t(g.H));
+    const int c = static_cast<int>(i / (std::size_t(g.W) * std::size_t(g.H)));
+    dx[i] = math::col2im_value(cols, g, c, h, w);
+  }
+}
+
+// ---- GEMM helper ---------------------------------------------------------------------------
+
+__global__ void scale_matrix_kernel(int M, int N, float beta, float* C, int ldc) {
+  const std::size_t n = std::size_t(M) * std::size_t(N);
+  for (std::size_t i = global_index(); i < n; i += grid_stride()) {
+    float& c = C[(i / std::size_t(N)) * std::size_t(ldc) + i % std::size_t(N)];
+    c = beta == 0.0f ? 0.0f : beta * c;
+  }
+}
+
+void check_geometry(const math::ConvGeometry& g, const char* launcher) {
+  require(g.C >= 0 && g.H >= 0 && g.W >= 0, launcher, "C, H, W must be >= 0");
+  require(g.KH >= 1 && g.KW >= 1, launcher, "KH, KW must be >= 1");
+  require(g.stride >= 1, launcher, "stride must be >= 1");
+  require(g.pad >= 0, launcher, "pad must be >= 0");
+  require(g.OH() >= 0 && g.OW() >= 0, launcher,
+          "the kernel does not fit the padded image (OH or OW < 0)");
+}
+
+}  // namespace
+
+// ---- launchers -----------------------------------------------------------------------------
+
+cudaError_t probe_kernel_image() {
+  cudaFuncAttributes attr{};
+  const cudaError_t e = cudaFuncGetAttributes(&attr, fill_kernel);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  return e;
+}
+
+void launch_fill(float* x, std::size_t n, float value, cudaStream_t stream) {
+  if (n == 0) return;
+  require(x != nullptr, "launch_fill", "x is null");
+  fill_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, n, value);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_axpy(std::size_t n, float a, const float* x, float* y, cudaStream_t stream) {
+  if (n == 0) return;
+  require(x != nullptr && y != nullptr, "launch_axpy", "x or y is null");
+  axpy_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(n, a, x, y);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_scale(std::size_t n, float a, float* x, cudaStream_t stream) {
+  if (n == 0) return;
+  require(x != nullptr, "launch_scale", "x is null");
+  scale_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(n, a, x);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_relu_forward(const float* x, float* y, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  require(x != nullptr && y != nullptr, "launch_relu_forward", "x or y is null");
+  relu_forward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, y, n);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_relu_backward(const float* dy, const float* y, float* dx, std::size_t n,
+                          cudaStream_t stream) {
+  if (n == 0) return;
+  require(dy != nullptr && y != nullptr && dx != nullptr, "launch_relu_backward",
+          "dy, y or dx is null");
+  relu_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(dy, y, dx, n);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+int sum_squares_partial_count(std::size_t n) {
+  const std::size_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(std::clamp<std::size_t>(blocks, 1, kMaxPartials));
+}
+
+void launch_sum_squares_partials(const float* x, std::size_t n, double* partials,
+                                 cudaStream_t stream) {
+  if (n == 0) return;
+  require(x != nullptr && partials != nullptr, "launch_sum_squares_partials",
+          "x or partials is null");
+  const int blocks = sum_squares_partial_count(n);
+  sum_squares_kernel<<<blocks, kThreads, 0, stream>>>(x, n, partials);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_add_bias(float* y, const float* bias, int outer, int channels, int inner,
+                     cudaStream_t stream) {
+  require(outer >= 0 && channels >= 0 && inner >= 0, "launch_add_bias",
+          "outer, channels, inner must be >= 0");
+  const std::size_t n = std::size_t(outer) * std::size_t(channels) * std::size_t(inner);
+  if (n == 0) return;
+  require(y != nullptr && bias != nullptr, "launch_add_bias", "y or bias is null");
+  add_bias_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(y, bias, n, channels, inner);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_bias_grad(const float* dy, int outer, int channels, int inner, float* db,
+                      cudaStream_t stream) {
+  require(outer >= 0 && channels >= 0 && inner >= 0, "launch_bias_grad",
+          "outer, channels, inner must be >= 0");
+  if (channels == 0) return;  // outer * inner == 0 still launches: db is written with zeros
+  require(db != nullptr, "launch_bias_grad", "db is null");
+  require(dy != nullptr || std::size_t(outer) * std::size_t(inner) == 0, "launch_bias_grad",
+          "dy is null");
+  bias_grad_kernel<<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(dy, outer, channels,
+                                                                             inner, db);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_softmax_xent(const float* logits, const std::int32_t* labels, int rows, int C,
+                         float grad_scale, float* dlogits, float* row_loss, int* bad_labels,
+                         cudaStream_t stream) {
+  require(rows >= 0 && C >= 0, "launch_softmax_xent", "rows and C must be >= 0");
+  if (rows == 0) return;
+  require(C >= 1, "launch_softmax_xent", "C must be >= 1 when rows > 0");
+  require(logits != nullptr && labels != nullptr && dlogits != nullptr &&
+              row_loss != nullptr && bad_labels != nullptr,
+          "launch_softmax_xent", "a pointer is null");
+  softmax_xent_kernel<<<grid_for(std::size_t(rows), kRowThreads), kRowThreads, 0, stream>>>(
+      logits, labels, rows, C, grad_scale, dlogits, row_loss, bad_labels);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_mse(const float* y, const float* t, int rows, int C, float grad_scale, float* dy,
+                float* row_loss, cudaStream_t stream) {
+  require(rows >= 0 && C >= 0, "launch_mse", "rows and C must be >= 0");
+  if (rows == 0) return;
+  require(row_loss != nullptr && (C == 0 || (y != nullptr && t != nullptr && dy != nullptr)),
+          "launch_mse", "a pointer is null");
+  mse_kernel<<<grid_for(std::size_t(rows), kRowThreads), kRowThreads, 0, stream>>>(
+      y, t, rows, C, grad_scale, dy, row_loss);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_count_correct(const float* logits, const std::int32_t* labels, int rows, int C,
+                          unsigned long long* correct, cudaStream_t stream) {
+  require(rows >= 0 && C >= 0, "launch_count_correct", "rows and C must be >= 0");
+  if (rows == 0) return;
+  require(labels != nullptr && correct != nullptr && (C == 0 || logits != nullptr),
+          "launch_count_correct", "a pointer is null");
+  count_correct_kernel<<<grid_for(std::size_t(rows), kRowThreads), kRowThreads, 0, stream>>>(
+      logits, labels, rows, C, correct);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_sgd_step(const float* w, const float* g, float* w_out, std::size_t n, float lr,
+                     float weight_decay, cudaStream_t stream) {
+  if (n == 0) return;
+  require(w != nullptr && g != nullptr && w_out != nullptr, "launch_sgd_step", "w, g or w_out is null");
+  sgd_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(w, g, w_out, n, lr, weight_decay);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_momentum_step(const float* w, float* v, const float* g, float* w_out, std::size_t n,
+                          float lr, float momentum, float weight_decay, bool nesterov,
+                          cudaStream_t stream) {
+  if (n == 0) return;
+  require(w != nullptr && v != nullptr && g != nullptr && w_out != nullptr,
+          "launch_momentum_step", "w, v, g or w_out is null");
+  momentum_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(w, v, g, w_out, n, lr, momentum,
+                                                                  weight_decay, nesterov);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_adam_step(const float* w, float* m, float* v, const float* g, float* w_out,
+                      std::size_t n, float lr, float beta1, float beta2, float eps,
+                      float weight_decay, float bc1, float bc2, cudaStream_t stream) {
+  if (n == 0) return;
+  require(w != nullptr && m != nullptr && v != nullptr && g != nullptr && w_out != nullptr,
+          "launch_adam_step", "w, m, v, g or w_out is null");
+  adam_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(w, m, v, g, w_out, n, lr, beta1,
+                                                              beta2, eps, weight_decay, bc1, bc2);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_im2col(const float* x, const math::ConvGeometry& g, float* cols,
+                   cudaStream_t stream) {
+  check_geometry(g, "launch_im2col");
+  const std::size_t rows = std::size_t(g.C) * std::size_t(g.KH) * std::size_t(g.KW);
+  const int ncols = g.OH() * g.OW();
+  const std::size_t n = rows * std::size_t(ncols);
+  if (n == 0) return;
+  require(cols != nullptr && (x != nullptr || std::size_t(g.H) * std::size_t(g.W) == 0),
+          "launch_im2col", "x or cols is null");
+  im2col_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, g, cols, n, ncols);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_col2im(const float* cols, const math::ConvGeometry& g, float* dx,
+                   cudaStream_t stream) {
+  check_geometry(g, "launch_col2im");
+  const std::size_t n = std::size_t(g.C) * std::size_t(g.H) * std::size_t(g.W);
+  if (n == 0) return;
+  require(dx != nullptr && (cols != nullptr || g.OH() * g.OW() == 0), "launch_col2im",
+          "cols or dx is null");
+  col2im_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(cols, g, dx, n);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_scale_matrix(int M, int N, float beta, float* C, int ldc, cudaStream_t stream) {
+  require(M >= 0 && N >= 0, "launch_scale_matrix", "M and N must be >= 0");
+  const std::size_t n = std::size_t(M) * std::size_t(N);
+  if (n == 0) return;
+  require(ldc >= N, "launch_scale_matrix", "ldc must be >= N");
+  require(C != nullptr, "launch_scale_matrix", "C is null");
+  scale_matrix_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(M, N, beta, C, ldc);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace pslab::cuda

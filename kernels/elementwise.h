@@ -1,0 +1,138 @@
+// Elementwise math written once, called by both backends.
+//
+// Every function here is a scalar (or one-row) function marked PSLAB_HD so that the CPU
+// backend calls it in plain loops and the CUDA backend calls it from one thread per element
+// (or per row). The CPU tests therefore cover exactly the arithmetic the GPU runs.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define PSLAB_HD __host__ __device__ __forceinline__
+#else
+#define PSLAB_HD inline
+#endif
+
+namespace pslab::math {
+
+// ---- activations -------------------------------------------------------------------------
+
+PSLAB_HD float relu(float x) { return x > 0.0f ? x : 0.0f; }
+
+// Gradient of ReLU expressed through its output y = relu(x): dx = dy where y > 0.
+PSLAB_HD float relu_grad(float dy, float y) { return y > 0.0f ? dy : 0.0f; }
+
+// ---- losses ------------------------------------------------------------------------------
+
+// Softmax cross-entropy of one row, numerically stable (max subtracted before exp).
+//   z: (C) logits, label in [0, C), dz: (C) written with grad_scale * (softmax(z) - onehot).
+// Returns the loss -log softmax(z)[label] in nats. grad_scale is 1/batch for a mean loss.
+PSLAB_HD float softmax_xent_row(const float* z, int C, int label, float* dz, float grad_scale) {
+  float zmax = z[0];
+  for (int c = 1; c < C; ++c) zmax = z[c] > zmax ? z[c] : zmax;
+  float denom = 0.0f;
+  for (int c = 0; c < C; ++c) denom += expf(z[c] - zmax);
+  const float log_denom = logf(denom);
+  for (int c = 0; c < C; ++c) {
+    const float p = expf(z[c] - zmax - log_denom);
+    dz[c] = grad_scale * (p - (c == label ? 1.0f : 0.0f));
+  }
+  return log_denom - (z[label] - zmax);
+}
+
+// Index of the largest logit of one row (first one on ties).
+PSLAB_HD int argmax_row(const float* z, int C) {
+  int best = 0;
+  for (int c = 1; c < C; ++c) best = z[c] > z[best] ? c : best;
+  return best;
+}
+
+// Half squared error of one row: 0.5 * sum_c (y_c - t_c)^2; dy = grad_scale * (y - t).
+PSLAB_HD float mse_row(const float* y, const float* t, int C, float* dy, float grad_scale) {
+  float loss = 0.0f;
+  for (int c = 0; c < C; ++c) {
+    const float d = y[c] - t[c];
+    loss += 0.5f * d * d;
+    dy[c] = grad_scale * d;
+  }
+  return loss;
+}
+
+// ---- optimizer updates (one parameter each) ----------------------------------------------
+// Each returns the updated weight, so a caller may write it in place or to another buffer
+// (the server writes a new version while the old one is still being sent). Optimizer state
+// (v, m) is updated in place. Weight decay is L2 added to the gradient (g + wd * w), as
+// torch.optim.SGD does.
+
+PSLAB_HD float sgd_update(float w, float g, float lr, float wd) {
+  return w - lr * (g + wd * w);
+}
+
+// Heavy-ball momentum, PyTorch convention: v = mu * v + g; w -= lr * v.
+// Nesterov: w -= lr * (g + mu * v) with the updated v.
+PSLAB_HD float momentum_update(float w, float& v, float g, float lr, float mu, float wd,
+                               bool nesterov) {
+  const float gd = g + wd * w;
+  v = mu * v + gd;
+  return w - lr * (nesterov ? gd + mu * v : v);
+}
+
+// Adam (Kingma & Ba) with bias correction; step counts from 1.
+// bc1 = 1 - beta1^step and bc2 = 1 - beta2^step are computed once per step by the caller.
+PSLAB_HD float adam_update(float w, float& m, float& v, float g, float lr, float beta1,
+                           float beta2, float eps, float wd, float bc1, float bc2) {
+  const float gd = g + wd * w;
+  m = beta1 * m + (1.0f - beta1) * gd;
+  v = beta2 * v + (1.0f - beta2) * gd * gd;
+  const float mhat = m / bc1;
+  const float vhat = v / bc2;
+  return w - lr * mhat / (sqrtf(vhat) + eps);
+}
+
+// ---- convolution index math (im2col) ------------------------------------------------------
+// Image layout (C, H, W) row-major; column matrix layout (C*KH*KW, OH*OW) row-major.
+
+struct ConvGeometry {
+  int C, H, W;      // input channels, height, width
+  int KH, KW;       // kernel size
+  int stride, pad;  // same for both axes
+  PSLAB_HD int OH() const { return (H + 2 * pad - KH) / stride + 1; }
+  PSLAB_HD int OW() const { return (W + 2 * pad - KW) / stride + 1; }
+};
+
+// Value of column-matrix element (row, col) read from image x; 0 in the zero padding.
+PSLAB_HD float im2col_value(const float* x, const ConvGeometry& g, int row, int col) {
+  const int kw = row % g.KW;
+  const int kh = (row / g.KW) % g.KH;
+  const int c = row / (g.KW * g.KH);
+  const int ow = col % g.OW();
+  const int oh = col / g.OW();
+  const int ih = oh * g.stride - g.pad + kh;
+  const int iw = ow * g.stride - g.pad + kw;
+  if (ih < 0 || ih >= g.H || iw < 0 || iw >= g.W) return 0.0f;
+  return x[(c * g.H + ih) * g.W + iw];
+}
+
+// Gradient w.r.t. image element (c, ih, iw): the sum of all column entries that read it.
+PSLAB_HD float col2im_value(const float* cols, const ConvGeometry& g, int c, int ih, int iw) {
+  const int OH = g.OH(), OW = g.OW();
+  float sum = 0.0f;
+  for (int kh = 0; kh < g.KH; ++kh) {
+    const int oh_num = ih + g.pad - kh;
+    if (oh_num < 0 || oh_num % g.stride != 0) continue;
+    const int oh = oh_num / g.stride;
+    if (oh >= OH) continue;
+    for (int kw = 0; kw < g.KW; ++kw) {
+      const int ow_num = iw + g.pad - kw;
+      if (ow_num < 0 || ow_num % g.stride != 0) continue;
+      const int ow = ow_num / g.stride;
+      if (ow >= OW) continue;
+      const int row = (c * g.KH + kh) * g.KW + kw;
+      sum += cols[row * (OH * OW) + oh * OW + ow];
+    }
+  }
+  return sum;
+}
+
+}  // namespace pslab::math

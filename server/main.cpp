@@ -1,0 +1,60 @@
+// pslab_server: one parameter server of a run. Owns shard --shard of θ and serves it on
+// --bind until every worker has said Bye (and, with --wait-for-shutdown, until the evaluator
+// or the launcher sends Shutdown). Metrics: --metrics FILE (JSON lines).
+#include <CLI/CLI.hpp>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+
+#include "config.h"
+#include "metrics.h"
+#include "server.h"
+
+using namespace pslab;
+
+namespace {
+std::atomic<bool> g_stop{false};
+extern "C" void on_signal(int) { g_stop.store(true); }
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pslab parameter server: serves one shard of the parameters to the workers of a run"};
+  std::string config_path;
+  std::vector<std::string> overrides;
+  ServerOptions opt;
+  app.add_option("-c,--config", config_path, "experiment config (TOML), the same file every process of the run reads")
+      ->required()->check(CLI::ExistingFile);
+  app.add_option("--set", overrides, "override a key: section.key=value (repeatable)");
+  app.add_option("--shard", opt.shard, "which shard of θ this server owns, in [0, cluster.servers)")->required();
+  app.add_option("--bind", opt.endpoint, "ZeroMQ endpoint to listen on, e.g. tcp://127.0.0.1:5555")->required();
+  app.add_option("--metrics", opt.metrics_path, "write metrics as JSON lines to this file");
+  app.add_option("--run-start", opt.run_start, "run start, Unix seconds (metric times count from it)");
+  app.add_flag("--wait-for-shutdown", opt.wait_for_shutdown, "after every worker's Bye, serve until a Shutdown arrives");
+  app.add_flag("--trace-pulls", opt.record_pulls, "write a metrics line for every served pull (clock, slowest clock)");
+  CLI11_PARSE(app, argc, argv);
+
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  opt.stop = &g_stop;
+  try {
+    const ExperimentConfig cfg = load_config(config_path, overrides);
+    if (opt.shard < 0 || opt.shard >= cfg.cluster.servers)
+      throw std::invalid_argument("--shard " + std::to_string(opt.shard) + " is not in [0, cluster.servers = " +
+                                  std::to_string(cfg.cluster.servers) + ")");
+    zmq::context_t ctx(1);
+    Server server(ctx, cfg, opt);
+    std::fprintf(stderr, "[server %d] %s: shard [%zu, %zu) of θ, %s, %d workers, listening on %s\n", opt.shard,
+                 cfg.name.c_str(), server.range().offset, server.range().offset + server.range().length,
+                 cfg.cluster.mode.c_str(), cfg.cluster.workers, opt.endpoint.c_str());
+    server.run();
+    const auto& c = server.counters();
+    std::fprintf(stderr, "[server %d] done: version %ld, %ld pushes, %ld pulls (%ld held), %ld bad messages, staleness %s\n",
+                 opt.shard, server.state().version(), c.pushes, c.pulls, c.pulls_held, c.bad_total(),
+                 server.staleness_summary().dump().c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pslab_server: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,450 @@
+#include "server.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "net.h"
+#include "setup.h"
+
+namespace pslab {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+void free_param_buffer(void*, void* hint) {
+  ParamVersions::release(static_cast<ParamVersions::Buffer*>(hint));
+}
+
+}  // namespace
+
+long ServerCounters::bad_total() const {
+  long n = 0;
+  for (const auto& [reason, count] : bad) n += count;
+  return n;
+}
+
+Server::Server(zmq::context_t& ctx, const ExperimentConfig& cfg, const ServerOptions& opt)
+    : cfg_(cfg), opt_(opt), mode_(cfg.mode()), sock_(ctx, zmq::socket_type::router) {
+  if (!mode_.uses_servers())
+    throw std::invalid_argument("cluster.mode = \"" + mode_.str() + "\" runs without parameter servers");
+  const ModelSpec spec = model_spec(cfg);
+  num_params_ = count_params(spec);
+  range_ = shard_range(num_params_, cfg.cluster.servers, opt.shard);
+  config_hash_ = net::fnv1a(to_toml(cfg));
+  const std::vector<float> theta = initial_params(spec, cfg.seed);
+  std::vector<float> slice(theta.begin() + std::ptrdiff_t(range_.offset),
+                           theta.begin() + std::ptrdiff_t(range_.offset + range_.length));
+  cpu_ = make_cpu_backend(1);
+  ShardState::Options so;
+  so.mode = mode_;
+  so.workers = cfg.cluster.workers;
+  so.range = range_;
+  so.optimizer = cfg.optimizer;
+  so.schedule = schedule_for_run(cfg);
+  so.train_size = train_set_size(cfg);
+  so.batch = cfg.train.batch;
+  so.record_pulls = opt.record_pulls;
+  state_ = std::make_unique<ShardState>(*cpu_, so, std::move(slice));
+
+  const int W = cfg.cluster.workers;
+  worker_ids_.assign(std::size_t(W), "");
+  worker_heard_.assign(std::size_t(W), Clock::now());
+  said_bye_.assign(std::size_t(W), 0);
+
+  // A peer cannot make us allocate more than one shard plus a header per message.
+  sock_.set(zmq::sockopt::maxmsgsize, std::int64_t(range_.length * sizeof(float) + (1 << 16)));
+  sock_.set(zmq::sockopt::linger, 2000);  // let final replies leave at exit
+  try {
+    sock_.bind(opt.endpoint);
+  } catch (const zmq::error_t& e) {
+    throw std::runtime_error("server " + std::to_string(opt.shard) + ": cannot bind " + opt.endpoint + ": " + e.what());
+  }
+  if (!opt.metrics_path.empty()) metrics_ = std::make_unique<MetricsWriter>(opt.metrics_path, opt.run_start);
+}
+
+Server::~Server() = default;
+
+bool Server::done() const {
+  return byes_ == cfg_.cluster.workers && (!opt_.wait_for_shutdown || shutdown_);
+}
+
+void Server::run() {
+  started_ = last_message_ = Clock::now();
+  const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.cluster.timeout_s));
+  const auto stats_every = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt_.stats_every_s));
+  auto next_stats = started_ + stats_every;
+  std::vector<zmq::message_t> frames;
+  const std::string who = "server " + std::to_string(opt_.shard) + " (" + opt_.endpoint + ")";
+  try {
+    while (!done()) {
+      if (opt_.stop && opt_.stop->load()) throw std::runtime_error(who + ": stopped by a signal");
+      const auto now = Clock::now();
+      auto wake = std::min(next_stats, now + std::chrono::milliseconds(200));
+      for (const auto& h : held_) wake = std::min(wake, h.since + timeout);
+      const auto wait_ms = std::max<long>(0, long(std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count()));
+      zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
+      try {
+        zmq::poll(&item, 1, std::chrono::milliseconds(wait_ms));
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EINTR) throw;
+      }
+      // Handle what is waiting (bounded, so that timers run under a flood).
+      for (int i = 0; i < 256 && net::recv_all(sock_, frames); ++i) handle(frames);
+      release_ready_pulls();
+      expire_held_pulls();
+
+      const auto t = Clock::now();
+      if (!barrier_open_ && t - started_ > timeout)
+        throw std::runtime_error(who + ": start barrier: waited " + std::to_string(int(cfg_.cluster.timeout_s)) +
+                                 " s for Hello from " + missing_hellos());
+      if (barrier_open_ && byes_ < cfg_.cluster.workers && t - last_message_ > timeout) {
+        std::string heard;
+        for (int r = 0; r < cfg_.cluster.workers; ++r)
+          if (!said_bye_[std::size_t(r)]) {
+            char b[96];
+            std::snprintf(b, sizeof b, "%sworker %d (clock %ld, last heard %.0f s ago)", heard.empty() ? "" : ", ", r,
+                          state_->clock_of(r), seconds(t - worker_heard_[std::size_t(r)]));
+            heard += b;
+          }
+        throw std::runtime_error(who + ": no message from any worker for " + std::to_string(int(cfg_.cluster.timeout_s)) +
+                                 " s; still training: " + heard);
+      }
+      if (t >= next_stats) {
+        write_stats(false);
+        next_stats = t + stats_every;
+      }
+    }
+  } catch (...) {
+    write_stats(true);
+    throw;
+  }
+  write_stats(true);
+}
+
+void Server::handle(std::vector<zmq::message_t>& frames) {
+  for (const auto& f : frames) counters_.bytes_in += long(f.size());
+  if (frames.size() < 2) {
+    ++counters_.bad["malformed"];  // a ROUTER always prepends the identity; nothing to answer
+    return;
+  }
+  const std::string id = frames[0].to_string();
+  if (frames.size() > 3) {
+    reply_error(id, wire::ErrorCode::malformed, "message of " + std::to_string(frames.size() - 1) +
+                                                    " frames (expected a header and at most one payload)");
+    return;
+  }
+  std::string why;
+  const std::optional<wire::Header> h = wire::decode(frames[1].data(), frames[1].size(), why);
+  if (!h) {
+    reply_error(id, wire::ErrorCode::malformed, why);
+    return;
+  }
+  zmq::message_t* payload = frames.size() == 3 ? &frames[2] : nullptr;
+  if (payload && !std::holds_alternative<wire::Push>(h->body)) {
+    reply_error(id, wire::ErrorCode::wrong_size, std::string("a payload frame after a ") + wire::body_name(h->body));
+    return;
+  }
+  if (const auto* hello = std::get_if<wire::Hello>(&h->body)) {
+    on_hello(id, *h, *hello);
+    return;
+  }
+  auto it = peers_.find(id);
+  if (it == peers_.end()) {
+    reply_error(id, wire::ErrorCode::unknown_peer,
+                std::string(wire::body_name(h->body)) + " from a connection that has not said Hello");
+    return;
+  }
+  Peer& peer = it->second;
+  if (h->sender != peer.rank) {
+    reply_error(id, wire::ErrorCode::unknown_peer, "sender " + std::to_string(h->sender) +
+                                                       " on a connection that said Hello as " + std::to_string(peer.rank));
+    return;
+  }
+  const auto now = Clock::now();
+  peer.last_heard = now;
+  if (peer.role == wire::Role::worker) {
+    last_message_ = now;
+    worker_heard_[std::size_t(peer.rank)] = now;
+  }
+  const bool about_shard = std::holds_alternative<wire::Pull>(h->body) || std::holds_alternative<wire::Push>(h->body);
+  if (about_shard && h->shard != opt_.shard) {
+    reply_error(id, wire::ErrorCode::wrong_shard, "message for shard " + std::to_string(h->shard) +
+                                                      " reached server " + std::to_string(opt_.shard));
+    return;
+  }
+  if (const auto* m = std::get_if<wire::Pull>(&h->body)) {
+    ++counters_.pulls;
+    on_pull(id, peer, m->clock);
+  } else if (const auto* m = std::get_if<wire::Push>(&h->body)) {
+    on_push(id, peer, *h, *m, payload);
+  } else if (const auto* m = std::get_if<wire::Bye>(&h->body)) {
+    if (peer.role == wire::Role::worker && !said_bye_[std::size_t(peer.rank)]) {
+      said_bye_[std::size_t(peer.rank)] = 1;
+      ++byes_;
+    }
+    (void)m;
+    send(id, header(wire::Ack{}));
+  } else if (std::holds_alternative<wire::Shutdown>(h->body)) {
+    shutdown_ = true;
+    send(id, header(wire::Ack{}));
+  } else if (std::holds_alternative<wire::Stats>(h->body)) {
+    nlohmann::ordered_json j{{"shard", opt_.shard},
+                             {"version", state_->version()},
+                             {"samples_applied", state_->samples_applied()},
+                             {"pushes", counters_.pushes},
+                             {"pulls", counters_.pulls},
+                             {"bad_total", counters_.bad_total()},
+                             {"bad", counters_.bad}};
+    send(id, header(wire::StatsReply{j.dump()}));
+  } else {
+    reply_error(id, wire::ErrorCode::unknown_type, std::string("a server does not take ") + wire::body_name(h->body));
+  }
+}
+
+void Server::on_hello(const std::string& id, const wire::Header& h, const wire::Hello& m) {
+  (void)h;
+  const int W = cfg_.cluster.workers;
+  if (m.param_count != num_params_) {
+    reply_error(id, wire::ErrorCode::config, "peer has a model of " + std::to_string(m.param_count) +
+                                                 " parameters, this server's has " + std::to_string(num_params_) +
+                                                 ": are both started from the same config?");
+    return;
+  }
+  if (m.config_hash != config_hash_) {
+    reply_error(id, wire::ErrorCode::config, "peer's config differs from this server's (fingerprints differ): "
+                                             "start every process of a run from the same config file");
+    return;
+  }
+  if (m.role == wire::Role::evaluator) {
+    peers_[id] = Peer{m.role, wire::kEvaluator, Clock::now()};
+  } else {
+    if (m.rank < 0 || m.rank >= W) {
+      reply_error(id, wire::ErrorCode::protocol, "worker rank " + std::to_string(m.rank) +
+                                                     " is not in [0, " + std::to_string(W) + ")");
+      return;
+    }
+    std::string& slot = worker_ids_[std::size_t(m.rank)];
+    if (!slot.empty() && slot != id) {
+      reply_error(id, wire::ErrorCode::protocol, "worker " + std::to_string(m.rank) +
+                                                     " already said Hello from another connection");
+      return;
+    }
+    slot = id;
+    peers_[id] = Peer{m.role, m.rank, Clock::now()};
+    worker_heard_[std::size_t(m.rank)] = Clock::now();
+  }
+  const wire::Welcome welcome{opt_.shard, cfg_.cluster.servers, range_.offset, range_.length, W, mode_.str(),
+                              state_->version()};
+  if (m.role == wire::Role::evaluator || barrier_open_) {
+    send(id, header(welcome));
+    return;
+  }
+  welcome_waiting_.push_back(id);
+  if (std::all_of(worker_ids_.begin(), worker_ids_.end(), [](const std::string& s) { return !s.empty(); })) {
+    barrier_open_ = true;
+    last_message_ = Clock::now();
+    for (const auto& w : welcome_waiting_) send(w, header(welcome));
+    welcome_waiting_.clear();
+  }
+}
+
+void Server::on_pull(const std::string& id, const Peer& p, long clock) {
+  const auto now = Clock::now();
+  if (p.role == wire::Role::evaluator) {
+    serve_pull(id, p.rank, clock, now);
+    return;
+  }
+  if (clock != state_->clock_of(p.rank)) {
+    reply_error(id, wire::ErrorCode::protocol, "pull for clock " + std::to_string(clock) + " from worker " +
+                                                   std::to_string(p.rank) + ", whose clock here is " +
+                                                   std::to_string(state_->clock_of(p.rank)));
+    return;
+  }
+  if (state_->pull_ready(clock)) {
+    serve_pull(id, p.rank, clock, now);
+  } else {
+    held_.push_back(HeldPull{id, p.rank, clock, now});
+    ++counters_.pulls_held;
+  }
+}
+
+void Server::on_push(const std::string& id, const Peer& p, const wire::Header& h, const wire::Push& m,
+                     zmq::message_t* payload) {
+  (void)h;
+  if (p.role != wire::Role::worker) {
+    reply_error(id, wire::ErrorCode::protocol, "only workers push");
+    return;
+  }
+  if (m.offset != range_.offset || m.length != range_.length) {
+    reply_error(id, wire::ErrorCode::wrong_shard,
+                "push for floats [" + std::to_string(m.offset) + ", " + std::to_string(m.offset + m.length) +
+                    "); server " + std::to_string(opt_.shard) + " holds [" + std::to_string(range_.offset) + ", " +
+                    std::to_string(range_.offset + range_.length) + ")");
+    return;
+  }
+  const std::size_t want = m.length * sizeof(float);
+  if (!payload || payload->size() != want) {
+    reply_error(id, wire::ErrorCode::wrong_size, "push payload of " + std::to_string(payload ? payload->size() : 0) +
+                                                     " bytes; the header says " + std::to_string(m.length) +
+                                                     " floats (" + std::to_string(want) + " bytes)");
+    return;
+  }
+  const float* grad = static_cast<const float*>(payload->data());
+  if (wire::checksum(grad, m.length) != m.checksum) {
+    reply_error(id, wire::ErrorCode::bad_checksum, "push payload checksum mismatch (corrupted in transit)");
+    return;
+  }
+  try {
+    state_->push(p.rank, m.clock, m.version_pulled, m.batch, grad);
+  } catch (const ProtocolError& e) {
+    reply_error(id, wire::ErrorCode::protocol, e.what());
+    return;
+  }
+  ++counters_.pushes;
+  if (m.then_pull) {
+    ++counters_.pulls;
+    on_pull(id, p, m.clock + 1);
+  } else {
+    send(id, header(wire::PushAck{m.clock, state_->version()}));
+  }
+}
+
+void Server::serve_pull(const std::string& id, int rank, long clock, Clock::time_point since) {
+  const double held_s = seconds(Clock::now() - since);
+  counters_.hold_ms_total += held_s * 1e3;
+  counters_.hold_ms_max = std::max(counters_.hold_ms_max, held_s * 1e3);
+  if (rank >= 0) state_->record_pull(rank, clock);
+  ParamVersions& pv = state_->params();
+  if (checksum_version_ != state_->version()) {
+    checksum_ = wire::checksum(pv.current(), pv.size());
+    checksum_version_ = state_->version();
+  }
+  wire::PullReply r{clock, state_->version(), state_->min_clock(), state_->samples_applied(),
+                    long(held_s * 1e6), byes_ == cfg_.cluster.workers, checksum_, range_.offset, range_.length};
+  ParamVersions::Buffer* buf = pv.acquire_current();
+  zmq::message_t payload(buf->data.data(), buf->data.size() * sizeof(float), &free_param_buffer, buf);
+  send(id, header(r), &payload);
+  if (opt_.record_pulls && metrics_ && rank >= 0)
+    metrics_->write({{"kind", "pull"}, {"worker", rank}, {"clock", clock}, {"min_clock", r.min_clock},
+                     {"version", r.version}, {"held_ms", held_s * 1e3}});
+}
+
+void Server::release_ready_pulls() {
+  for (std::size_t i = 0; i < held_.size();) {
+    if (state_->pull_ready(held_[i].clock)) {
+      const HeldPull h = held_[i];
+      held_.erase(held_.begin() + std::ptrdiff_t(i));
+      serve_pull(h.identity, h.rank, h.clock, h.since);
+    } else {
+      ++i;
+    }
+  }
+}
+
+std::string Server::waiting_for(long clock) const {
+  std::string who;
+  for (int r = 0; r < cfg_.cluster.workers; ++r) {
+    const long c = state_->clock_of(r);
+    const bool behind = mode_.kind == Mode::Kind::bsp ? c <= state_->version() : c < clock - mode_.staleness;
+    if (behind) who += (who.empty() ? "" : ", ") + ("worker " + std::to_string(r) + " (clock " + std::to_string(c) + ")");
+  }
+  return mode_.kind == Mode::Kind::bsp
+             ? "bsp clock " + std::to_string(state_->version()) + " still needs pushes from " + who
+             : mode_.str() + " needs every worker at clock >= " + std::to_string(clock - mode_.staleness) +
+                   "; behind: " + who;
+}
+
+void Server::expire_held_pulls() {
+  const auto now = Clock::now();
+  const auto timeout = std::chrono::duration<double>(cfg_.cluster.timeout_s);
+  for (std::size_t i = 0; i < held_.size();) {
+    if (now - held_[i].since > timeout) {
+      const HeldPull h = held_[i];
+      held_.erase(held_.begin() + std::ptrdiff_t(i));
+      char b[64];
+      std::snprintf(b, sizeof b, " held %.1f s: ", seconds(now - h.since));
+      reply_error(h.identity, wire::ErrorCode::timeout,
+                  "pull of worker " + std::to_string(h.rank) + " for clock " + std::to_string(h.clock) + b + waiting_for(h.clock));
+      std::fprintf(stderr, "server %d: timeout: pull of worker %d for clock %ld: %s\n", opt_.shard, h.rank, h.clock,
+                   waiting_for(h.clock).c_str());
+    } else {
+      ++i;
+    }
+  }
+}
+
+std::string Server::missing_hellos() const {
+  std::string m;
+  for (int r = 0; r < cfg_.cluster.workers; ++r)
+    if (worker_ids_[std::size_t(r)].empty()) m += (m.empty() ? "workers " : ", ") + std::to_string(r);
+  return m.empty() ? "nobody" : m;
+}
+
+void Server::send(const std::string& id, const wire::Header& h, zmq::message_t* payload) {
+  zmq::message_t head = enc_.encode(h);
+  counters_.bytes_out += long(head.size() + (payload ? payload->size() : 0));
+  sock_.send(zmq::buffer(id), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+  sock_.send(head, payload ? zmq::send_flags::sndmore | zmq::send_flags::dontwait : zmq::send_flags::dontwait);
+  if (payload) sock_.send(*payload, zmq::send_flags::dontwait);
+}
+
+void Server::reply_error(const std::string& id, wire::ErrorCode code, const std::string& message) {
+  if (code != wire::ErrorCode::timeout) ++counters_.bad[wire::error_code_name(code)];
+  send(id, header(wire::Error{code, message}));
+}
+
+nlohmann::ordered_json Server::staleness_summary() const {
+  std::vector<long> total;
+  for (const auto& h : state_->staleness_histogram()) {
+    if (total.size() < h.size()) total.resize(h.size(), 0);
+    for (std::size_t i = 0; i < h.size(); ++i) total[i] += h[i];
+  }
+  long count = 0, sum = 0, max = 0;
+  for (std::size_t i = 0; i < total.size(); ++i) {
+    count += total[i];
+    sum += long(i) * total[i];
+    if (total[i]) max = long(i);
+  }
+  long p99 = 0, seen = 0;
+  for (std::size_t i = 0; i < total.size(); ++i) {
+    seen += total[i];
+    if (count && seen * 100 >= count * 99) {
+      p99 = long(i);
+      break;
+    }
+  }
+  return {{"mean", count ? double(sum) / double(count) : 0.0}, {"p99", p99}, {"max", max}, {"count", count}};
+}
+
+void Server::write_stats(bool final) {
+  if (!metrics_) return;
+  nlohmann::ordered_json j{{"kind", final ? "server_final" : "server"},
+                           {"shard", opt_.shard},
+                           {"version", state_->version()},
+                           {"samples_applied", state_->samples_applied()},
+                           {"min_clock", state_->min_clock()},
+                           {"pushes", counters_.pushes},
+                           {"pulls", counters_.pulls},
+                           {"pulls_held", counters_.pulls_held},
+                           {"hold_ms_total", counters_.hold_ms_total},
+                           {"hold_ms_max", counters_.hold_ms_max},
+                           {"bytes_in", counters_.bytes_in},
+                           {"bytes_out", counters_.bytes_out},
+                           {"bad_total", counters_.bad_total()},
+                           {"bad", counters_.bad}};
+  if (final) {
+    j["staleness"] = staleness_summary();
+    nlohmann::ordered_json hist;
+    for (std::size_t w = 0; w < state_->staleness_histogram().size(); ++w)
+      hist[std::to_string(w)] = state_->staleness_histogram()[w];
+    j["staleness_hist"] = hist;
+    j["param_buffers"] = state_->params().buffers();
+  }
+  metrics_->write(j);
+  metrics_->flush();
+}
+
+}  // namespace pslab

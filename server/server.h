@@ -1,0 +1,122 @@
+// A parameter server: one shard of θ, its optimizer state, its version and clock table
+// (ShardState), served over a ZeroMQ ROUTER socket by a single-threaded event loop.
+//
+// Every received message is checked before use: frame count, the header (FlatBuffers
+// verifier, magic, protocol), the sender (must have said Hello, rank must match), shard id,
+// offset, length and payload checksum. A message that fails is counted in `bad` by reason and
+// answered with an Error naming the fault; it never reaches the parameters.
+//
+// Nothing hangs silently: a pull held longer than the timeout is answered with an Error that
+// names the workers it waited for; a start barrier that does not fill, or silence from every
+// worker, ends the server with an error naming the missing workers.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "config.h"
+#include "consistency.h"
+#include "metrics.h"
+#include "wire.h"
+
+namespace pslab {
+
+struct ServerOptions {
+  std::string endpoint;          // where to bind, e.g. "tcp://127.0.0.1:5555" or "inproc://s0"
+  int shard = 0;
+  std::string metrics_path;      // JSON lines ("" = none)
+  double run_start = 0.0;        // Unix seconds of the run's start (0 = now)
+  bool wait_for_shutdown = false;  // after every worker's Bye, keep serving until a Shutdown
+  bool record_pulls = false;     // keep (and write) a record of every served pull
+  double stats_every_s = 1.0;    // period of the "server" metrics line
+  const std::atomic<bool>* stop = nullptr;  // set (e.g. by a signal handler) to stop serving
+};
+
+struct ServerCounters {
+  long pushes = 0, pulls = 0, pulls_held = 0;
+  double hold_ms_total = 0.0, hold_ms_max = 0.0;
+  long bytes_in = 0, bytes_out = 0;
+  std::map<std::string, long> bad;  // reason -> count
+  long bad_total() const;
+};
+
+class Server {
+ public:
+  // Binds at construction (so a test can connect right away). `ctx` must outlive the server.
+  Server(zmq::context_t& ctx, const ExperimentConfig& cfg, const ServerOptions& opt);
+  ~Server();
+
+  // Serves until every worker said Bye (and a Shutdown came, with wait_for_shutdown).
+  // Throws std::runtime_error when a wait times out, naming whom it waited for.
+  void run();
+
+  const ShardState& state() const { return *state_; }
+  const ServerCounters& counters() const { return counters_; }
+  ShardRange range() const { return range_; }
+  // Staleness summary over all workers: {"mean", "p99", "max", "count"}.
+  nlohmann::ordered_json staleness_summary() const;
+
+ private:
+  struct Peer {
+    wire::Role role;
+    int rank;
+    std::chrono::steady_clock::time_point last_heard;
+  };
+  struct HeldPull {
+    std::string identity;
+    int rank;
+    long clock;
+    std::chrono::steady_clock::time_point since;
+  };
+  using Clock = std::chrono::steady_clock;
+
+  void handle(std::vector<zmq::message_t>& frames);
+  void on_hello(const std::string& id, const wire::Header& h, const wire::Hello& m);
+  void on_pull(const std::string& id, const Peer& p, long clock);
+  void on_push(const std::string& id, const Peer& p, const wire::Header& h, const wire::Push& m,
+               zmq::message_t* payload);
+  void serve_pull(const std::string& id, int rank, long clock, Clock::time_point since);
+  void release_ready_pulls();
+  void expire_held_pulls();
+  void send(const std::string& id, const wire::Header& h, zmq::message_t* payload = nullptr);
+  // Answers with an Error; counts it as a bad message (by code), except timeouts.
+  void reply_error(const std::string& id, wire::ErrorCode code, const std::string& message);
+  wire::Header header(wire::Body body) const { return wire::Header{wire::kServer, opt_.shard, std::move(body)}; }
+  std::string waiting_for(long clock) const;
+  std::string missing_hellos() const;
+  void write_stats(bool final);
+  bool done() const;
+
+  ExperimentConfig cfg_;
+  ServerOptions opt_;
+  Mode mode_;
+  std::size_t num_params_;
+  ShardRange range_;
+  std::uint64_t config_hash_;
+  std::unique_ptr<Backend> cpu_;
+  std::unique_ptr<ShardState> state_;
+  zmq::socket_t sock_;
+  wire::Encoder enc_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  ServerCounters counters_;
+
+  std::map<std::string, Peer> peers_;           // by ZeroMQ identity
+  std::vector<std::string> worker_ids_;         // by rank ("" until Hello)
+  std::vector<Clock::time_point> worker_heard_; // by rank
+  std::vector<std::string> welcome_waiting_;    // identities waiting for the start barrier
+  std::vector<char> said_bye_;
+  int byes_ = 0;
+  bool barrier_open_ = false, shutdown_ = false;
+  std::vector<HeldPull> held_;
+  std::uint64_t checksum_ = 0;                  // of the current version
+  long checksum_version_ = -1;
+  Clock::time_point started_, last_message_;
+};
+
+}  // namespace pslab

@@ -1,0 +1,414 @@
+#include "config.h"
+
+#include <toml++/toml.h>
+
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <functional>
+#include <set>
+#include <sstream>
+#include <type_traits>
+
+
+namespace pslab {
+namespace {
+
+template <typename T>
+struct is_vector : std::false_type {};
+template <typename T>
+struct is_vector<std::vector<T>> : std::true_type {};
+
+// The one list of keys. f(key, field, description) is called for every field, in the order
+// in which to_toml() writes them.
+template <typename Config, typename F>
+void visit_fields(Config& c, F&& f) {
+  f("name", c.name, "experiment name: runs/<name>/ holds its runs");
+  f("seed", c.seed, "seed of initialisation, shuffling and straggler delays");
+  f("model.kind", c.model.kind, "\"linear\" (softmax regression / least squares), \"mlp\" or \"cnn\"");
+  f("model.hidden", c.model.hidden, "mlp: hidden layer widths");
+  f("model.conv_channels", c.model.conv_channels, "cnn: channels of the 5x5 stride-2 convolutions");
+  f("data.kind", c.data.kind, "\"fashion-mnist\", \"least-squares\" or \"logistic\" (synthetic, known optimum)");
+  f("data.path", c.data.path, "fashion-mnist: directory of the *-idx?-ubyte.gz files");
+  f("data.normalize", c.data.normalize, "fashion-mnist: standardise pixels with the training set's mean and std");
+  f("data.train_samples", c.data.train_samples, "training samples used (0 = all; synthetic: 0 = 8192)");
+  f("data.test_samples", c.data.test_samples, "test samples used (0 = all; synthetic: 0 = 2048)");
+  f("data.dim", c.data.dim, "synthetic: input features");
+  f("data.outputs", c.data.outputs, "synthetic: regression outputs or classes");
+  f("optimizer.kind", c.optimizer.kind, "\"sgd\", \"momentum\", \"nesterov\" or \"adam\"");
+  f("optimizer.lr", c.optimizer.lr, "base learning rate");
+  f("optimizer.momentum", c.optimizer.momentum, "momentum coefficient (momentum, nesterov)");
+  f("optimizer.weight_decay", c.optimizer.weight_decay, "L2 weight decay added to the gradient");
+  f("optimizer.beta1", c.optimizer.beta1, "adam: first-moment decay");
+  f("optimizer.beta2", c.optimizer.beta2, "adam: second-moment decay");
+  f("optimizer.eps", c.optimizer.eps, "adam: denominator epsilon");
+  f("schedule.kind", c.schedule.kind, "\"constant\", \"step\" or \"cosine\" (over train.epochs)");
+  f("schedule.warmup_epochs", c.schedule.warmup_epochs, "linear warmup length in epochs");
+  f("schedule.warmup_start_factor", c.schedule.warmup_start_factor, "warmup starts at this fraction of the lr");
+  f("schedule.milestones", c.schedule.milestones, "step: epochs at which the lr is multiplied by gamma");
+  f("schedule.gamma", c.schedule.gamma, "step: decay factor");
+  f("schedule.min_lr_factor", c.schedule.min_lr_factor, "cosine: final lr as a fraction of the lr");
+  f("schedule.scale_lr", c.schedule.scale_lr, "linear scaling rule: lr *= global batch / base_batch");
+  f("schedule.base_batch", c.schedule.base_batch, "batch the base lr was tuned for");
+  f("train.batch", c.train.batch, "samples per worker per step");
+  f("train.epochs", c.train.epochs, "passes over the training set, all workers together");
+  f("train.steps", c.train.steps, "if > 0: steps per worker, overriding epochs");
+  f("train.device", c.train.device, "\"cpu\" or \"cuda\"");
+  f("train.threads", c.train.threads, "BLAS threads per process (0 = host cores / processes on it)");
+  f("train.log_every", c.train.log_every, "steps between metric lines");
+  f("cluster.mode", c.cluster.mode, "\"allreduce\", \"bsp\", \"ssp:<s>\" or \"asp\"");
+  f("cluster.workers", c.cluster.workers, "worker processes");
+  f("cluster.servers", c.cluster.servers, "parameter servers (PS modes)");
+  f("cluster.launcher", c.cluster.launcher, "\"local\", \"ssh\" or \"slurm\"");
+  f("cluster.hosts", c.cluster.hosts, "ssh: hosts, processes placed round-robin");
+  f("cluster.bind", c.cluster.bind, "address servers and the rendezvous listen on");
+  f("cluster.timeout_s", c.cluster.timeout_s, "longest blocking wait before failing with the peer's name (s)");
+  f("eval.interval_s", c.eval.interval_s, "evaluator period (s); one more evaluation at the end");
+  f("eval.batch", c.eval.batch, "evaluation batch");
+  f("eval.target_acc", c.eval.target_acc, "accuracy for time_to_target_s in the summary");
+  f("straggler.workers", c.straggler.workers, "ranks slowed down by straggler.slowdown");
+  f("straggler.slowdown", c.straggler.slowdown, "compute of those ranks takes this many times as long");
+  f("straggler.delay_ms", c.straggler.delay_ms, "fixed extra sleep per step, every worker (ms)");
+  f("straggler.exp_delay_ms", c.straggler.exp_delay_ms, "extra sleep per step ~ Exp(mean), every worker (ms)");
+}
+
+template <typename T>
+const char* type_name() {
+  if constexpr (std::is_same_v<T, std::string>) return "a string";
+  else if constexpr (std::is_same_v<T, bool>) return "true or false";
+  else if constexpr (std::is_floating_point_v<T>) return "a number";
+  else if constexpr (std::is_integral_v<T>) return "an integer";
+  else if constexpr (std::is_same_v<T, std::vector<int>>) return "a list of integers";
+  else if constexpr (std::is_same_v<T, std::vector<double>>) return "a list of numbers";
+  else return "a list of strings";
+}
+
+std::string node_text(const toml::node& n) {
+  std::ostringstream s;
+  n.visit([&](const auto& v) { s << v; });
+  std::string t = s.str();
+  return t.size() > 60 ? t.substr(0, 57) + "..." : t;
+}
+
+// Compact text of a sweep value for run labels: bsp, 0.1, [32,16].
+std::string label_text(const toml::node& n) {
+  if (const auto* s = n.as_string()) return s->get();
+  if (const auto* a = n.as_array()) {
+    std::string t = "[";
+    for (std::size_t i = 0; i < a->size(); ++i) {
+      if (i) t += ',';
+      t += label_text((*a)[i]);
+    }
+    return t + "]";
+  }
+  return node_text(n);
+}
+
+const char* node_type(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a number";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::array: return "a list";
+    case toml::node_type::table: return "a table";
+    default: return "a date/time";
+  }
+}
+
+[[noreturn]] void fail(const std::string& origin, const std::string& key, const std::string& what) {
+  throw ConfigError(origin + ": " + key + ": " + what);
+}
+
+// Reads one scalar of type T from `n`, or returns false.
+template <typename T>
+bool read_scalar(const toml::node& n, T& out) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!n.is_string()) return false;
+    out = *n.value<std::string>();
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (!n.is_boolean()) return false;
+    out = *n.value<bool>();
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!n.is_number()) return false;
+    out = T(*n.value<double>());
+  } else {
+    if (!n.is_integer()) return false;
+    const std::int64_t v = *n.value<std::int64_t>();
+    if (v < std::int64_t(std::numeric_limits<T>::min()) ||
+        (v > 0 && std::uint64_t(v) > std::uint64_t(std::numeric_limits<T>::max())))
+      return false;
+    out = T(v);
+  }
+  return true;
+}
+
+template <typename T>
+void read_field(const toml::node& n, T& out, const std::string& origin, const std::string& key) {
+  auto wrong = [&] {
+    fail(origin, key, std::string("expected ") + type_name<T>() + ", got " + node_type(n) + " (" +
+                          node_text(n) + ")");
+  };
+  if constexpr (is_vector<T>::value) {
+    const toml::array* a = n.as_array();
+    if (!a) wrong();
+    T v;
+    for (const toml::node& e : *a) {
+      typename T::value_type x{};
+      if (!read_scalar(e, x)) wrong();
+      v.push_back(x);
+    }
+    out = std::move(v);
+  } else {
+    if (!read_scalar(n, out)) wrong();
+  }
+}
+
+template <typename T>
+void write_field(toml::table& root, const std::string& key, const T& v) {
+  toml::table* t = &root;
+  std::string leaf = key;
+  if (auto dot = key.find('.'); dot != std::string::npos) {
+    const std::string section = key.substr(0, dot);
+    leaf = key.substr(dot + 1);
+    if (!root.contains(section)) root.insert(section, toml::table{});
+    t = root[section].as_table();
+  }
+  if constexpr (is_vector<T>::value) {
+    toml::array a;
+    for (const auto& x : v) {
+      if constexpr (std::is_same_v<typename T::value_type, int>) a.push_back(std::int64_t(x));
+      else a.push_back(x);
+    }
+    t->insert_or_assign(leaf, std::move(a));
+  } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    t->insert_or_assign(leaf, std::int64_t(v));
+  } else {
+    t->insert_or_assign(leaf, v);
+  }
+}
+
+std::set<std::string> known_keys() {
+  std::set<std::string> keys;
+  ExperimentConfig c;
+  visit_fields(c, [&](const char* key, auto&, const char*) { keys.insert(key); });
+  return keys;
+}
+
+// Dotted paths of every value (non-table node) in `t`.
+void leaf_paths(const toml::table& t, const std::string& prefix, std::vector<std::string>& out) {
+  for (const auto& [k, v] : t) {
+    const std::string path = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (const toml::table* sub = v.as_table()) leaf_paths(*sub, path, out);
+    else out.push_back(path);
+  }
+}
+
+toml::table parse_toml(const std::string& text, const std::string& origin) {
+  try {
+    return toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream s;
+    s << origin << ":" << e.source().begin.line << ":" << e.source().begin.column
+      << ": not valid TOML: " << e.description();
+    throw ConfigError(s.str());
+  }
+}
+
+void apply_override(toml::table& root, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError("--set " + assignment + ": expected section.key=value");
+  const std::string key = assignment.substr(0, eq);
+  const std::string value = assignment.substr(eq + 1);
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    parsed = toml::table{{"v", value}};  // a bare word is a string: --set cluster.mode=bsp
+  }
+  toml::table* t = &root;
+  std::string leaf = key;
+  if (auto dot = key.find('.'); dot != std::string::npos) {
+    const std::string section = key.substr(0, dot);
+    leaf = key.substr(dot + 1);
+    if (!root.contains(section)) root.insert(section, toml::table{});
+    t = root[section].as_table();
+    if (!t) throw ConfigError("--set " + assignment + ": " + section + " is not a table");
+  }
+  t->insert_or_assign(leaf, *parsed["v"].node());
+}
+
+void check_unknown_keys(const toml::table& root, const std::string& origin) {
+  const auto keys = known_keys();
+  std::vector<std::string> paths;
+  leaf_paths(root, "", paths);
+  for (const auto& p : paths) {
+    if (keys.count(p)) continue;
+    const std::string section = p.find('.') == std::string::npos ? "" : p.substr(0, p.find('.'));
+    std::string known;
+    for (const auto& k : keys)
+      if ((section.empty() && k.find('.') == std::string::npos) ||
+          (!section.empty() && k.rfind(section + ".", 0) == 0))
+        known += (known.empty() ? "" : ", ") + k;
+    fail(origin, p, "unknown key" + (known.empty() ? std::string() : " (known here: " + known + ")"));
+  }
+}
+
+ExperimentConfig from_table(const toml::table& root, const std::string& origin) {
+  check_unknown_keys(root, origin);
+  if (!root.contains("name"))
+    fail(origin, "name", "missing; every experiment names its runs directory, e.g. name = \"my-experiment\"");
+  ExperimentConfig c;
+  visit_fields(c, [&](const char* key, auto& field, const char*) {
+    if (const toml::node* n = root.at_path(key).node()) read_field(*n, field, origin, key);
+  });
+  validate(c, origin);
+  return c;
+}
+
+}  // namespace
+
+void validate(const ExperimentConfig& c, const std::string& origin) {
+  auto check = [&](bool ok, const char* key, const std::string& what) {
+    if (!ok) fail(origin, key, what);
+  };
+  check(!c.name.empty() && c.name.find('/') == std::string::npos, "name",
+        "must be a non-empty name without '/'");
+  check(c.model.kind == "linear" || c.model.kind == "mlp" || c.model.kind == "cnn", "model.kind",
+        "expected \"linear\", \"mlp\" or \"cnn\", got \"" + c.model.kind + "\"");
+  for (int h : c.model.hidden) check(h > 0, "model.hidden", "widths must be > 0");
+  for (int h : c.model.conv_channels) check(h > 0, "model.conv_channels", "channels must be > 0");
+  check(c.data.kind == "fashion-mnist" || c.data.kind == "least-squares" || c.data.kind == "logistic",
+        "data.kind", "expected \"fashion-mnist\", \"least-squares\" or \"logistic\", got \"" + c.data.kind + "\"");
+  check(c.data.kind != "least-squares" || c.model.kind == "linear", "model.kind",
+        "data.kind = \"least-squares\" needs model.kind = \"linear\" (its known optimum is linear)");
+  check(c.data.kind == "fashion-mnist" || c.model.kind != "cnn", "model.kind",
+        "\"cnn\" needs image data (data.kind = \"fashion-mnist\")");
+  check(c.data.train_samples >= 0, "data.train_samples", "must be >= 0");
+  check(c.data.test_samples >= 0, "data.test_samples", "must be >= 0");
+  check(c.data.dim > 0, "data.dim", "must be > 0");
+  check(c.data.outputs > 0, "data.outputs", "must be > 0");
+  check(c.data.kind != "logistic" || c.data.outputs >= 2, "data.outputs", "logistic needs >= 2 classes");
+  try {
+    validate(c.optimizer);
+    validate(c.schedule);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(origin + ": " + e.what());
+  }
+  check(c.train.batch >= 1, "train.batch", "must be >= 1");
+  check(c.train.epochs > 0 || c.train.steps > 0, "train.epochs", "must be > 0 (or set train.steps)");
+  check(c.train.steps >= 0, "train.steps", "must be >= 0");
+  check(c.train.device == "cpu" || c.train.device == "cuda", "train.device",
+        "expected \"cpu\" or \"cuda\", got \"" + c.train.device + "\"");
+  check(c.train.threads >= 0, "train.threads", "must be >= 0");
+  check(c.train.log_every >= 1, "train.log_every", "must be >= 1");
+  try {
+    Mode::parse(c.cluster.mode);
+  } catch (const std::invalid_argument& e) {
+    fail(origin, "cluster.mode", e.what());
+  }
+  check(c.cluster.workers >= 1, "cluster.workers", "must be >= 1");
+  check(c.cluster.servers >= 1, "cluster.servers", "must be >= 1");
+  check(c.cluster.launcher == "local" || c.cluster.launcher == "ssh" || c.cluster.launcher == "slurm",
+        "cluster.launcher", "expected \"local\", \"ssh\" or \"slurm\", got \"" + c.cluster.launcher + "\"");
+  check(c.cluster.launcher != "ssh" || !c.cluster.hosts.empty(), "cluster.hosts",
+        "cluster.launcher = \"ssh\" needs at least one host");
+  check(c.cluster.timeout_s > 0, "cluster.timeout_s", "must be > 0");
+  check(c.eval.interval_s > 0, "eval.interval_s", "must be > 0");
+  check(c.eval.batch >= 1, "eval.batch", "must be >= 1");
+  check(c.eval.target_acc >= 0 && c.eval.target_acc <= 1, "eval.target_acc", "must be in [0, 1]");
+  for (int w : c.straggler.workers)
+    check(w >= 0 && w < c.cluster.workers, "straggler.workers",
+          "rank " + std::to_string(w) + " is not a worker (cluster.workers = " +
+              std::to_string(c.cluster.workers) + ")");
+  check(c.straggler.slowdown >= 1, "straggler.slowdown", "must be >= 1");
+  check(c.straggler.delay_ms >= 0, "straggler.delay_ms", "must be >= 0");
+  check(c.straggler.exp_delay_ms >= 0, "straggler.exp_delay_ms", "must be >= 0");
+}
+
+ExperimentConfig parse_config(const std::string& text, const std::string& origin,
+                              const std::vector<std::string>& overrides) {
+  toml::table root = parse_toml(text, origin);
+  for (const auto& o : overrides) apply_override(root, o);
+  return from_table(root, origin);
+}
+
+ExperimentConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path + ": cannot open the config file");
+  std::stringstream s;
+  s << in.rdbuf();
+  return parse_config(s.str(), path, overrides);
+}
+
+std::string to_toml(const ExperimentConfig& c) {
+  toml::table root;
+  visit_fields(c, [&](const char* key, const auto& field, const char*) { write_field(root, key, field); });
+  std::ostringstream s;
+  s << "# pslab experiment config, every key with its value (defaults included)\n" << root << "\n";
+  return s.str();
+}
+
+std::string describe_keys() {
+  constexpr std::size_t key_width = 26;
+  ExperimentConfig c;
+  std::ostringstream s;
+  visit_fields(c, [&](const char* key, const auto& field, const char* doc) {
+    using T = std::decay_t<decltype(field)>;
+    toml::table t;
+    write_field(t, "v", field);
+    s << key << std::string(key_width - std::min(key_width, std::strlen(key)), ' ') << " = "
+      << node_text(*t["v"].node()) << "\n      " << type_name<T>() << ": " << doc << "\n";
+  });
+  return s.str();
+}
+
+std::vector<std::string> expand_sweep(const std::string& text, const std::string& origin,
+                                      std::vector<std::string>& labels) {
+  const toml::table root = parse_toml(text, origin);
+  check_unknown_keys(root, origin);
+  // Axes: keys whose value is a list where one value is expected.
+  std::vector<std::pair<std::string, const toml::array*>> axes;
+  ExperimentConfig c;
+  visit_fields(c, [&](const char* key, auto& field, const char*) {
+    using T = std::decay_t<decltype(field)>;
+    const toml::node* n = root.at_path(key).node();
+    if (!n || !n->is_array()) return;
+    const toml::array& a = *n->as_array();
+    const bool sweep = is_vector<T>::value ? (!a.empty() && a[0].is_array()) : true;
+    if (!sweep) return;
+    if (a.empty()) fail(origin, key, "an empty list sweeps over nothing");
+    axes.emplace_back(key, &a);
+  });
+  std::vector<std::string> out;
+  labels.clear();
+  std::vector<std::size_t> idx(axes.size(), 0);
+  while (true) {
+    toml::table point = root;
+    std::string label;
+    for (std::size_t i = 0; i < axes.size(); ++i) {
+      const auto& [key, arr] = axes[i];
+      const toml::node& v = (*arr)[idx[i]];
+      const auto dot = key.find('.');
+      toml::table* t = dot == std::string::npos ? &point : point[key.substr(0, dot)].as_table();
+      t->insert_or_assign(dot == std::string::npos ? key : key.substr(dot + 1), v);
+      const std::string value = label_text(v);
+      if (!label.empty()) label += ',';
+      label.append(key, dot == std::string::npos ? 0 : dot + 1).append("=").append(value);
+    }
+    std::string where = origin;
+    if (!label.empty()) where.append(" [").append(label).append("]");
+    from_table(point, where);  // validate each point
+    std::ostringstream s;
+    s << point << "\n";
+    out.push_back(s.str());
+    labels.push_back(label);
+    std::size_t i = axes.size();
+    while (i > 0 && ++idx[i - 1] == axes[i - 1].second->size()) idx[--i] = 0;
+    if (i == 0) break;
+  }
+  return out;
+}
+
+}  // namespace pslab

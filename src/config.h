@@ -1,0 +1,109 @@
+// The experiment config: one TOML file, parsed once at the edge into a typed struct,
+// validated with errors that name the file and the key, and written back with every default
+// filled in so that a run directory holds exactly what ran.
+//
+// Every key is listed once, in visit_fields() (config.cpp), with its type, default and a
+// one-line description; parsing, validation of unknown keys, writing back and the
+// `pslab_worker config --keys` listing all walk that one list.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mode.h"
+#include "optimizer.h"
+
+namespace pslab {
+
+// A bad config. what() reads "<file>: <key>: <what was expected, what was found>".
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ModelConfig {
+  std::string kind = "mlp";                   // "linear", "mlp", "cnn"
+  std::vector<int> hidden = {256, 128};       // mlp hidden widths
+  std::vector<int> conv_channels = {16, 32};  // cnn channels (5x5, stride 2)
+};
+
+struct DataConfig {
+  std::string kind = "fashion-mnist";  // "fashion-mnist", "least-squares", "logistic"
+  std::string path = "/usr/share/datasets/fashion-mnist";
+  bool normalize = true;
+  int train_samples = 0;  // 0 = all (fashion-mnist) ; synthetic: 0 = 8192
+  int test_samples = 0;   // 0 = all (fashion-mnist) ; synthetic: 0 = 2048
+  int dim = 32;           // synthetic: input features
+  int outputs = 4;        // synthetic: regression outputs / classes
+};
+
+struct TrainConfig {
+  int batch = 64;        // samples per worker per step
+  double epochs = 10.0;  // passes over the training set (all workers together)
+  long steps = 0;        // > 0: steps per worker, overrides epochs
+  std::string device = "cpu";  // "cpu" or "cuda"
+  int threads = 0;       // BLAS threads per process; 0 = cores on the host / processes on it
+  int log_every = 20;    // steps between metric lines
+};
+
+struct ClusterConfig {
+  std::string mode = "bsp";  // see mode.h
+  int workers = 1;
+  int servers = 1;           // PS modes only
+  std::string launcher = "local";    // "local", "ssh", "slurm"
+  std::vector<std::string> hosts;    // ssh: hosts, round-robin over processes
+  std::string bind = "127.0.0.1";    // address servers and rendezvous bind to
+  double timeout_s = 60.0;   // longest any blocking wait may take before it fails, naming the peer
+};
+
+struct EvalConfig {
+  double interval_s = 2.0;  // evaluator period in seconds (plus one at the end)
+  int batch = 1000;         // evaluation batch
+  double target_acc = 0.85; // for time_to_target_s in the summary
+};
+
+struct StragglerConfig {
+  std::vector<int> workers;  // ranks slowed by `slowdown`
+  double slowdown = 1.0;     // those ranks' compute takes this many times as long
+  double delay_ms = 0.0;     // fixed extra sleep per step, every worker
+  double exp_delay_ms = 0.0; // extra sleep per step ~ Exp(mean), every worker, from the seed
+};
+
+struct ExperimentConfig {
+  std::string name = "experiment";
+  std::uint64_t seed = 1;
+  ModelConfig model;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  TrainConfig train;
+  ClusterConfig cluster;
+  EvalConfig eval;
+  StragglerConfig straggler;
+
+  Mode mode() const { return Mode::parse(cluster.mode); }
+};
+
+// Parses a TOML file, applies `overrides` ("section.key=value", value in TOML syntax, bare
+// words taken as strings) and validates. Throws ConfigError naming the file and the key.
+ExperimentConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same from TOML text; `origin` names it in errors.
+ExperimentConfig parse_config(const std::string& toml_text, const std::string& origin,
+                              const std::vector<std::string>& overrides = {});
+// Every key with its value, defaults included, as TOML that parse_config reads back equal.
+std::string to_toml(const ExperimentConfig& c);
+// Range and cross-field checks; throws ConfigError("<origin>: <key>: ...").
+void validate(const ExperimentConfig& c, const std::string& origin);
+
+// One line per key: "section.key  type  default  description".
+std::string describe_keys();
+
+// Sweeps: a key given a list where a single value is expected (a list of lists for list
+// keys) is swept. Returns one TOML text per point of the cross product, in the order of the
+// keys in the file, and sets `labels` to a short "key=value,..." name of each point.
+std::vector<std::string> expand_sweep(const std::string& toml_text, const std::string& origin,
+                                      std::vector<std::string>& labels);
+
+}  // namespace pslab

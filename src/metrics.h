@@ -1,0 +1,41 @@
+// Metrics as JSON lines: one object per line, one file per process, times in seconds since
+// the run's start (a wall-clock instant every process of a run is given, so that lines of
+// different processes share one time axis).
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace pslab {
+
+// Seconds since the Unix epoch, as a double (for the run-start instant passed between processes).
+double unix_now_s();
+
+class MetricsWriter {
+ public:
+  // Opens (truncates) `path`, creating its parent directory. run_start_unix_s <= 0 means now.
+  MetricsWriter(const std::string& path, double run_start_unix_s);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  // Seconds since the run's start.
+  double now() const;
+  // Writes `record` with "t" (seconds since run start) added as the first key. Buffered;
+  // flushed by flush(), every `flush_every_s` of writes and at destruction.
+  void write(const nlohmann::ordered_json& record);
+  void flush();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::FILE* f_ = nullptr;
+  double run_start_;
+  double last_flush_;
+  static constexpr double flush_every_s = 1.0;
+};
+
+}  // namespace pslab

@@ -1,0 +1,126 @@
+// Models over one flat parameter vector.
+//
+// A model is a sequence of layers. Its parameters θ are ONE contiguous float32 vector of
+// length P on the backend's device, and its gradient ∇θ another; each layer's weights and
+// biases are views (offsets) into them. Push, pull, all-reduce and checkpoints therefore move
+// one buffer. Activations are preallocated for `max_batch` rows: no allocation per step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "rng.h"
+
+namespace pslab {
+
+enum class Loss { softmax_xent, mse };
+
+// What to build. Input shape (channels, height, width); `outputs` = classes (softmax_xent)
+// or regression outputs (mse).
+struct ModelSpec {
+  std::string kind = "mlp";           // "linear" (softmax regression / least squares), "mlp", "cnn"
+  int channels = 1, height = 28, width = 28;
+  int outputs = 10;
+  std::vector<int> hidden = {256, 128};     // mlp: widths of the hidden layers
+  std::vector<int> conv_channels = {16, 32};  // cnn: 5x5 stride-2 pad-2 convolutions, then a linear head
+  Loss loss = Loss::softmax_xent;
+};
+
+struct Shape {
+  int c = 1, h = 1, w = 1;
+  int size() const { return c * h * w; }
+};
+
+// One layer. Threading: used by the thread that owns the model.
+class Layer {
+ public:
+  Layer(Shape in, Shape out) : in_(in), out_(out) {}
+  virtual ~Layer() = default;
+  virtual std::string describe() const = 0;
+  Shape in() const { return in_; }
+  Shape out() const { return out_; }
+
+  virtual std::size_t num_params() const { return 0; }
+  // Writes this layer's initial parameters (host memory, num_params() floats).
+  virtual void init_params(float* /*w*/, Rng& /*rng*/) const {}
+  // Points the layer at its slices of θ and ∇θ (device memory).
+  virtual void bind(float* /*w*/, float* /*g*/) {}
+  // Device scratch floats needed for a batch of `batch` rows, kept from forward to backward.
+  virtual std::size_t scratch_floats(int /*batch*/) const { return 0; }
+
+  // x (B, in) -> y (B, out).
+  virtual void forward(Backend& be, const float* x, float* y, int B, float* scratch) = 0;
+  // dy (B, out) -> dx (B, in) and this layer's gradient slice (overwritten, not accumulated).
+  // dx == nullptr when the input gradient is not needed (the first layer).
+  virtual void backward(Backend& be, const float* x, const float* y, const float* dy, float* dx,
+                        int B, float* scratch) = 0;
+
+ private:
+  Shape in_, out_;
+};
+
+// Builds the layers of a spec (no device memory; the server uses this to size and
+// initialise θ without a backend).
+std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec);
+std::size_t count_params(const ModelSpec& spec);
+// θ at initialisation, deterministic for a seed: He-uniform for layers followed by ReLU,
+// Xavier-uniform for the output layer, zero biases.
+std::vector<float> initial_params(const ModelSpec& spec, std::uint64_t seed);
+
+struct ParamInfo {
+  std::string name;    // e.g. "2.linear.weight"
+  std::size_t offset;  // into θ, in floats
+  std::size_t size;    // floats
+};
+
+struct EvalCounts {
+  double loss_sum = 0.0;  // summed over samples
+  long correct = 0;       // classification only
+  long samples = 0;
+};
+
+class Model {
+ public:
+  Model(Backend& be, const ModelSpec& spec, int max_batch);
+
+  const ModelSpec& spec() const { return spec_; }
+  std::size_t num_params() const { return params_.size(); }
+  float* params() { return params_.data(); }  // θ, device
+  float* grads() { return grads_.data(); }    // ∇θ, device
+  int max_batch() const { return max_batch_; }
+  std::vector<ParamInfo> param_info() const;
+  std::string describe() const;
+
+  // θ = initial_params(spec, seed).
+  void init(std::uint64_t seed);
+  // Copies θ from / to host memory (num_params() floats).
+  void load_params(const float* host);
+  void store_params(float* host) const;
+
+  // Forward and backward on a batch already on the device: x (B, features); labels (B) for
+  // softmax_xent or targets (B, outputs) for mse. Overwrites ∇θ with the gradient of the
+  // batch-mean loss and returns that mean loss. B == 0 gives a zero gradient and loss 0.
+  double forward_backward(const float* x, const std::int32_t* labels, const float* targets, int B);
+  // Forward only: summed loss and number of correct argmax predictions.
+  EvalCounts evaluate(const float* x, const std::int32_t* labels, const float* targets, int B);
+
+ private:
+  const float* forward(const float* x, int B);
+  double loss(const float* out, const std::int32_t* labels, const float* targets, int B,
+              float grad_scale);
+
+  Backend& be_;
+  ModelSpec spec_;
+  int max_batch_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  DeviceBuffer<float> params_, grads_;
+  std::vector<DeviceBuffer<float>> acts_;     // acts_[i]: input of layer i (acts_[0] unused: x)
+  std::vector<DeviceBuffer<float>> scratch_;  // per layer
+  DeviceBuffer<float> dout_, dping_, dpong_;  // loss gradient and ping-pong input gradients
+  std::vector<const float*> inputs_;          // inputs_[i] = pointer used as input of layer i
+};
+
+}  // namespace pslab

@@ -1,0 +1,89 @@
+#include "optimizer.h"
+
+#include <cmath>
+#include <numbers>
+#include <stdexcept>
+
+namespace pslab {
+
+double learning_rate(const ScheduleConfig& s, double lr, int global_batch, double epoch) {
+  if (s.scale_lr) lr *= double(global_batch) / double(s.base_batch);
+  if (epoch < s.warmup_epochs) {
+    const double f = s.warmup_start_factor + (1.0 - s.warmup_start_factor) * epoch / s.warmup_epochs;
+    return lr * f;
+  }
+  if (s.kind == "step") {
+    for (double m : s.milestones)
+      if (epoch >= m) lr *= s.gamma;
+    return lr;
+  }
+  if (s.kind == "cosine") {
+    const double span = s.total_epochs - s.warmup_epochs;
+    const double t = span > 0 ? std::min(1.0, (epoch - s.warmup_epochs) / span) : 1.0;
+    return lr * (s.min_lr_factor + (1.0 - s.min_lr_factor) * 0.5 * (1.0 + std::cos(std::numbers::pi * t)));
+  }
+  return lr;
+}
+
+void validate(const OptimizerConfig& o) {
+  if (o.kind != "sgd" && o.kind != "momentum" && o.kind != "nesterov" && o.kind != "adam")
+    throw std::invalid_argument("optimizer.kind: \"" + o.kind +
+                                "\" is not one of \"sgd\", \"momentum\", \"nesterov\", \"adam\"");
+  if (!(o.lr > 0)) throw std::invalid_argument("optimizer.lr: must be > 0");
+  if (!(o.momentum >= 0 && o.momentum < 1)) throw std::invalid_argument("optimizer.momentum: must be in [0, 1)");
+  if (!(o.weight_decay >= 0)) throw std::invalid_argument("optimizer.weight_decay: must be >= 0");
+  if (!(o.beta1 >= 0 && o.beta1 < 1)) throw std::invalid_argument("optimizer.beta1: must be in [0, 1)");
+  if (!(o.beta2 >= 0 && o.beta2 < 1)) throw std::invalid_argument("optimizer.beta2: must be in [0, 1)");
+  if (!(o.eps > 0)) throw std::invalid_argument("optimizer.eps: must be > 0");
+}
+
+void validate(const ScheduleConfig& s) {
+  if (s.kind != "constant" && s.kind != "step" && s.kind != "cosine")
+    throw std::invalid_argument("schedule.kind: \"" + s.kind +
+                                "\" is not one of \"constant\", \"step\", \"cosine\"");
+  if (!(s.warmup_epochs >= 0)) throw std::invalid_argument("schedule.warmup_epochs: must be >= 0");
+  if (!(s.warmup_start_factor >= 0 && s.warmup_start_factor <= 1))
+    throw std::invalid_argument("schedule.warmup_start_factor: must be in [0, 1]");
+  if (!(s.gamma > 0)) throw std::invalid_argument("schedule.gamma: must be > 0");
+  if (!(s.min_lr_factor >= 0 && s.min_lr_factor <= 1))
+    throw std::invalid_argument("schedule.min_lr_factor: must be in [0, 1]");
+  if (s.base_batch < 1) throw std::invalid_argument("schedule.base_batch: must be >= 1");
+}
+
+Optimizer::Optimizer(Backend& be, const OptimizerConfig& cfg, std::size_t n)
+    : be_(be), cfg_(cfg), n_(n) {
+  validate(cfg);
+  kind_ = cfg.kind == "momentum" ? Kind::momentum
+          : cfg.kind == "nesterov" ? Kind::nesterov
+          : cfg.kind == "adam"     ? Kind::adam
+                                   : Kind::sgd;
+  if (kind_ == Kind::adam) {
+    m_ = DeviceBuffer<float>(be, n);
+    be.fill(m_.data(), n, 0.0f);
+  }
+  if (kind_ != Kind::sgd) {
+    v_ = DeviceBuffer<float>(be, n);
+    be.fill(v_.data(), n, 0.0f);
+  }
+}
+
+void Optimizer::step(const float* w, const float* g, float* w_out, double lr) {
+  ++steps_;
+  const float wd = float(cfg_.weight_decay);
+  switch (kind_) {
+    case Kind::sgd:
+      be_.sgd_step(w, g, w_out, n_, SgdArgs{float(lr), wd});
+      break;
+    case Kind::momentum:
+    case Kind::nesterov:
+      be_.momentum_step(w, v_.data(), g, w_out, n_,
+                        MomentumArgs{float(lr), float(cfg_.momentum), wd, kind_ == Kind::nesterov});
+      break;
+    case Kind::adam:
+      be_.adam_step(w, m_.data(), v_.data(), g, w_out, n_,
+                    AdamArgs{float(lr), float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps), wd, steps_});
+      break;
+  }
+}
+
+}  // namespace pslab

@@ -1,0 +1,68 @@
+// Optimizers over a contiguous range of parameters, and the learning-rate schedule.
+//
+// The same Optimizer runs in a single-process trainer, in an all-reduce replica (over all of
+// θ) and on a parameter server (over its shard of θ): it sees one flat range, nothing else.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+
+namespace pslab {
+
+struct OptimizerConfig {
+  std::string kind = "sgd";  // "sgd", "momentum", "nesterov", "adam"
+  double lr = 0.1;           // base learning rate (before schedule and scaling)
+  double momentum = 0.9;     // momentum / nesterov
+  double weight_decay = 0.0; // L2, added to the gradient
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam
+};
+
+// Learning rate as a function of training progress in epochs (fractional: samples applied /
+// training-set size), so that every consistency mode follows the same curve.
+struct ScheduleConfig {
+  std::string kind = "constant";  // "constant", "step", "cosine"
+  double warmup_epochs = 0.0;     // linear ramp from warmup_start_factor * lr to lr
+  double warmup_start_factor = 0.0;
+  std::vector<double> milestones; // step: multiply by gamma at each of these epochs
+  double gamma = 0.1;
+  double min_lr_factor = 0.0;     // cosine: final lr = min_lr_factor * lr
+  double total_epochs = 1.0;      // cosine: length of the decay (set from the run's epochs)
+  // Linear scaling rule (Goyal et al. 2017): lr *= global_batch / base_batch.
+  bool scale_lr = false;
+  int base_batch = 64;
+};
+
+// The learning rate at `epoch` for base rate `lr` and global batch `global_batch`.
+double learning_rate(const ScheduleConfig& s, double lr, int global_batch, double epoch);
+
+// Throws std::invalid_argument naming the field if a value is out of range.
+void validate(const OptimizerConfig& o);
+void validate(const ScheduleConfig& s);
+
+// Optimizer state (momentum / Adam moments) for `n` parameters on `be`'s device.
+// Threading: one thread at a time.
+class Optimizer {
+ public:
+  Optimizer(Backend& be, const OptimizerConfig& cfg, std::size_t n);
+  // One update of w (n) with gradient g (n) at learning rate lr (already scheduled), in place.
+  void step(float* w, const float* g, double lr) { step(w, g, w, lr); }
+  // The same, writing the updated weights to w_out (n floats, w_out == w or not overlapping).
+  void step(const float* w, const float* g, float* w_out, double lr);
+  long steps() const { return steps_; }
+  std::size_t size() const { return n_; }
+  const OptimizerConfig& config() const { return cfg_; }
+
+ private:
+  enum class Kind { sgd, momentum, nesterov, adam };
+  Backend& be_;
+  OptimizerConfig cfg_;
+  Kind kind_;
+  std::size_t n_;
+  long steps_ = 0;
+  DeviceBuffer<float> m_, v_;  // momentum: v_ only; adam: m_ and v_
+};
+
+}  // namespace pslab

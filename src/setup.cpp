@@ -1,0 +1,61 @@
+#include "setup.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+namespace pslab {
+namespace {
+constexpr int kSyntheticTrain = 8192, kSyntheticTest = 2048;
+constexpr int kFashionTrain = 60000;
+}  // namespace
+
+ModelSpec model_spec(const ExperimentConfig& c) {
+  ModelSpec s;
+  s.kind = c.model.kind;
+  s.hidden = c.model.hidden;
+  s.conv_channels = c.model.conv_channels;
+  if (c.data.kind == "fashion-mnist") {
+    s.channels = 1, s.height = 28, s.width = 28, s.outputs = 10;
+    s.loss = Loss::softmax_xent;
+  } else {
+    s.channels = 1, s.height = 1, s.width = c.data.dim, s.outputs = c.data.outputs;
+    s.loss = c.data.kind == "least-squares" ? Loss::mse : Loss::softmax_xent;
+  }
+  return s;
+}
+
+DataSplit load_data(const ExperimentConfig& c) {
+  const int ntrain = c.data.train_samples > 0 ? c.data.train_samples : kSyntheticTrain;
+  const int ntest = c.data.test_samples > 0 ? c.data.test_samples : kSyntheticTest;
+  if (c.data.kind == "least-squares")
+    return make_least_squares(ntrain, ntest, c.data.dim, c.data.outputs, c.seed);
+  if (c.data.kind == "logistic")
+    return make_logistic(ntrain, ntest, c.data.dim, c.data.outputs, c.seed);
+  return load_fashion_mnist(c.data.path, c.data.normalize, c.data.train_samples, c.data.test_samples);
+}
+
+std::size_t train_set_size(const ExperimentConfig& c) {
+  if (c.data.kind == "fashion-mnist")
+    return std::size_t(c.data.train_samples > 0 ? std::min(c.data.train_samples, kFashionTrain) : kFashionTrain);
+  return std::size_t(c.data.train_samples > 0 ? c.data.train_samples : kSyntheticTrain);
+}
+
+long total_steps(const ExperimentConfig& c, long steps_per_epoch) {
+  if (c.train.steps > 0) return c.train.steps;
+  return std::max(1L, long(std::ceil(c.train.epochs * double(steps_per_epoch) - 1e-9)));
+}
+
+int blas_threads(const ExperimentConfig& c, int processes_on_host) {
+  if (c.train.threads > 0) return c.train.threads;
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, processes_on_host));
+}
+
+ScheduleConfig schedule_for_run(const ExperimentConfig& c) {
+  ScheduleConfig s = c.schedule;
+  s.total_epochs = c.train.epochs;
+  return s;
+}
+
+}  // namespace pslab

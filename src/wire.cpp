@@ -1,0 +1,205 @@
+#include "wire.h"
+
+#include <cstring>
+
+#include "wire_generated.h"
+
+namespace pslab::wire {
+
+const char* error_code_name(ErrorCode c) {
+  switch (c) {
+    case ErrorCode::malformed: return "malformed";
+    case ErrorCode::unknown_type: return "unknown_type";
+    case ErrorCode::unknown_peer: return "unknown_peer";
+    case ErrorCode::wrong_shard: return "wrong_shard";
+    case ErrorCode::wrong_size: return "wrong_size";
+    case ErrorCode::bad_checksum: return "bad_checksum";
+    case ErrorCode::protocol: return "protocol";
+    case ErrorCode::timeout: return "timeout";
+    case ErrorCode::config: return "config";
+  }
+  return "unknown";
+}
+
+const char* body_name(const Body& b) {
+  static constexpr const char* names[] = {"Hello", "Welcome", "Pull", "PullReply", "Push", "PushAck",
+                                          "Bye", "Shutdown", "Ack", "Stats", "StatsReply", "Error"};
+  static_assert(std::size(names) == std::variant_size_v<Body>);
+  return names[b.index()];
+}
+
+namespace {
+
+using FBB = flatbuffers::FlatBufferBuilder;
+using Off = flatbuffers::Offset<void>;
+
+struct BodyEncoder {
+  FBB& f;
+  std::pair<fb::Body, Off> operator()(const Hello& m) const {
+    return {fb::Body_Hello, fb::CreateHello(f, fb::Role(m.role), m.rank, m.param_count, m.config_hash).Union()};
+  }
+  std::pair<fb::Body, Off> operator()(const Welcome& m) const {
+    return {fb::Body_Welcome, fb::CreateWelcome(f, m.shard, m.num_shards, m.offset, m.length, m.workers,
+                                                f.CreateString(m.mode), m.version).Union()};
+  }
+  std::pair<fb::Body, Off> operator()(const Pull& m) const {
+    return {fb::Body_Pull, fb::CreatePull(f, m.clock).Union()};
+  }
+  std::pair<fb::Body, Off> operator()(const PullReply& m) const {
+    return {fb::Body_PullReply, fb::CreatePullReply(f, m.clock, m.version, m.min_clock, m.samples_applied,
+                                                    m.held_us, m.training_done, m.checksum, m.offset,
+                                                    m.length).Union()};
+  }
+  std::pair<fb::Body, Off> operator()(const Push& m) const {
+    return {fb::Body_Push, fb::CreatePush(f, m.clock, m.version_pulled, m.batch, m.checksum, m.offset,
+                                          m.length, m.then_pull).Union()};
+  }
+  std::pair<fb::Body, Off> operator()(const PushAck& m) const {
+    return {fb::Body_PushAck, fb::CreatePushAck(f, m.clock, m.version).Union()};
+  }
+  std::pair<fb::Body, Off> operator()(const Bye& m) const {
+    return {fb::Body_Bye, fb::CreateBye(f, m.clock).Union()};
+  }
+  std::pair<fb::Body, Off> operator()(const Shutdown&) const {
+    return {fb::Body_Shutdown, fb::CreateShutdown(f).Union()};
+  }
+  std::pair<fb::Body, Off> operator()(const Ack&) const { return {fb::Body_Ack, fb::CreateAck(f).Union()}; }
+  std::pair<fb::Body, Off> operator()(const Stats&) const {
+    return {fb::Body_Stats, fb::CreateStats(f).Union()};
+  }
+  std::pair<fb::Body, Off> operator()(const StatsReply& m) const {
+    return {fb::Body_StatsReply, fb::CreateStatsReply(f, f.CreateString(m.json)).Union()};
+  }
+  std::pair<fb::Body, Off> operator()(const Error& m) const {
+    return {fb::Body_Error, fb::CreateError(f, fb::ErrorCode(m.code), f.CreateString(m.message)).Union()};
+  }
+};
+
+std::string str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
+
+}  // namespace
+
+zmq::message_t Encoder::encode(const Header& h) {
+  fbb_.Clear();
+  const auto [type, body] = std::visit(BodyEncoder{fbb_}, h.body);
+  fb::FinishMessageBuffer(fbb_, fb::CreateMessage(fbb_, kMagic, kProtocol, h.sender, h.shard, type, body));
+  return zmq::message_t(fbb_.GetBufferPointer(), fbb_.GetSize());
+}
+
+std::optional<Header> decode(const void* data, std::size_t size, std::string& error) {
+  if (size < 8 || size > (1u << 20)) {
+    error = "header frame of " + std::to_string(size) + " bytes (expected 8 B to 1 MiB)";
+    return std::nullopt;
+  }
+  // The verifier reads at aligned offsets; ZeroMQ frames are not guaranteed to be aligned.
+  alignas(8) std::uint8_t local[512];
+  std::unique_ptr<std::uint8_t[]> heap;
+  const std::uint8_t* buf = static_cast<const std::uint8_t*>(data);
+  if (reinterpret_cast<std::uintptr_t>(buf) % 8 != 0) {
+    std::uint8_t* dst = size <= sizeof local ? local : (heap.reset(new std::uint8_t[size + 8]), heap.get());
+    std::memcpy(dst, buf, size);
+    buf = dst;
+  }
+  flatbuffers::Verifier v(buf, size, /*max_depth=*/8, /*max_tables=*/16);
+  if (!fb::VerifyMessageBuffer(v)) {
+    error = "header does not verify as a pslab message (FlatBuffers verifier, identifier PSLB)";
+    return std::nullopt;
+  }
+  const fb::Message* m = fb::GetMessage(buf);
+  if (m->magic() != kMagic) {
+    char b[96];
+    std::snprintf(b, sizeof b, "wrong magic 0x%08x (expected 0x%08x)", m->magic(), kMagic);
+    error = b;
+    return std::nullopt;
+  }
+  if (m->protocol() != kProtocol) {
+    error = "protocol version " + std::to_string(m->protocol()) + " (this build speaks " +
+            std::to_string(kProtocol) + ")";
+    return std::nullopt;
+  }
+  Header h;
+  h.sender = m->sender();
+  h.shard = m->shard();
+  switch (m->body_type()) {
+    case fb::Body_Hello: {
+      const auto* b = m->body_as_Hello();
+      h.body = Hello{Role(b->role()), b->rank(), b->param_count(), b->config_hash()};
+      break;
+    }
+    case fb::Body_Welcome: {
+      const auto* b = m->body_as_Welcome();
+      h.body = Welcome{b->shard(), b->num_shards(), b->offset(), b->length(), b->workers(), str(b->mode()), b->version()};
+      break;
+    }
+    case fb::Body_Pull: h.body = Pull{m->body_as_Pull()->clock()}; break;
+    case fb::Body_PullReply: {
+      const auto* b = m->body_as_PullReply();
+      h.body = PullReply{b->clock(), b->version(), b->min_clock(), b->samples_applied(), b->held_us(),
+                         b->training_done(), b->checksum(), b->offset(), b->length()};
+      break;
+    }
+    case fb::Body_Push: {
+      const auto* b = m->body_as_Push();
+      h.body = Push{b->clock(), b->version_pulled(), b->batch(), b->checksum(), b->offset(), b->length(), b->then_pull()};
+      break;
+    }
+    case fb::Body_PushAck: h.body = PushAck{m->body_as_PushAck()->clock(), m->body_as_PushAck()->version()}; break;
+    case fb::Body_Bye: h.body = Bye{m->body_as_Bye()->clock()}; break;
+    case fb::Body_Shutdown: h.body = Shutdown{}; break;
+    case fb::Body_Ack: h.body = Ack{}; break;
+    case fb::Body_Stats: h.body = Stats{}; break;
+    case fb::Body_StatsReply: h.body = StatsReply{str(m->body_as_StatsReply()->json())}; break;
+    case fb::Body_Error: {
+      const auto* b = m->body_as_Error();
+      const int code = b->code();
+      if (code < 0 || code > int(ErrorCode::config)) {
+        error = "Error message with unknown code " + std::to_string(code);
+        return std::nullopt;
+      }
+      h.body = Error{ErrorCode(code), str(b->message())};
+      break;
+    }
+    default:
+      error = "unknown message type " + std::to_string(int(m->body_type()));
+      return std::nullopt;
+  }
+  return h;
+}
+
+namespace {
+
+// Lanes: a[l] sums the words of lane l, b[l] sums the running a[l] (position-weighted).
+template <bool kCopy>
+std::uint64_t fletcher(float* dst, const float* src, std::size_t n) {
+  const auto* w = reinterpret_cast<const std::uint32_t*>(src);
+  std::uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    std::uint32_t x0, x1, x2, x3;
+    std::memcpy(&x0, w + i, 4), std::memcpy(&x1, w + i + 1, 4);
+    std::memcpy(&x2, w + i + 2, 4), std::memcpy(&x3, w + i + 3, 4);
+    if constexpr (kCopy) std::memcpy(dst + i, src + i, 16);
+    a0 += x0, a1 += x1, a2 += x2, a3 += x3;
+    b0 += a0, b1 += a1, b2 += a2, b3 += a3;
+  }
+  for (; i < n; ++i) {
+    std::uint32_t x;
+    std::memcpy(&x, w + i, 4);
+    if constexpr (kCopy) dst[i] = src[i];
+    a0 += x, b0 += a0;
+  }
+  // Combine lanes with odd multipliers (invertible mod 2^64) and fold in the length.
+  std::uint64_t h = n * 0x9E3779B97F4A7C15ull;
+  for (std::uint64_t v : {a0, a1, a2, a3, b0, b1, b2, b3}) h = (h ^ v) * 0xBF58476D1CE4E5B9ull + 0x94D049BB133111EBull;
+  return h ^ (h >> 31);
+}
+
+}  // namespace
+
+std::uint64_t checksum(const float* data, std::size_t n) { return fletcher<false>(nullptr, data, n); }
+
+std::uint64_t copy_with_checksum(float* dst, const float* src, std::size_t n) {
+  return fletcher<true>(dst, src, n);
+}
+
+}  // namespace pslab::wire

@@ -1,0 +1,83 @@
+// The wire: message headers (FlatBuffers, schema in wire.fbs) and payload checksums.
+//
+// A message on a socket is [header frame][payload frame]? — the payload (pull replies and
+// pushes only) is raw float32, sent zero-copy and checked against the header's length and
+// checksum. This file is the one encoder and the one decoder of headers: every body type has
+// a C++ struct here, and encode()/decode() handle each of them (round-trip tested).
+//
+// decode() never throws on bad input: a frame that fails the FlatBuffers verifier, carries
+// the wrong magic or protocol version, or has no known body returns nullopt with the reason.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+
+#include <flatbuffers/flatbuffers.h>
+#include <zmq.hpp>
+
+namespace pslab::wire {
+
+constexpr std::uint32_t kMagic = 0x50534C42;  // "PSLB"
+constexpr std::uint16_t kProtocol = 1;
+// Sender ids that are not worker ranks.
+constexpr int kEvaluator = -1, kServer = -2, kTool = -3;
+
+enum class Role : std::int8_t { worker = 0, evaluator = 1 };
+enum class ErrorCode : std::int16_t {
+  malformed = 0, unknown_type, unknown_peer, wrong_shard, wrong_size, bad_checksum, protocol,
+  timeout, config
+};
+const char* error_code_name(ErrorCode c);
+
+struct Hello { Role role = Role::worker; int rank = 0; std::uint64_t param_count = 0; std::uint64_t config_hash = 0; };
+struct Welcome { int shard = 0; int num_shards = 0; std::uint64_t offset = 0, length = 0; int workers = 0;
+                 std::string mode; std::int64_t version = 0; };
+struct Pull { std::int64_t clock = 0; };
+struct PullReply { std::int64_t clock = 0, version = 0, min_clock = 0, samples_applied = 0, held_us = 0;
+                   bool training_done = false; std::uint64_t checksum = 0, offset = 0, length = 0; };
+struct Push { std::int64_t clock = 0, version_pulled = 0; int batch = 0; std::uint64_t checksum = 0, offset = 0,
+              length = 0; bool then_pull = false; };
+struct PushAck { std::int64_t clock = 0, version = 0; };
+struct Bye { std::int64_t clock = 0; };
+struct Shutdown {};
+struct Ack {};
+struct Stats {};
+struct StatsReply { std::string json; };
+struct Error { ErrorCode code = ErrorCode::malformed; std::string message; };
+
+using Body = std::variant<Hello, Welcome, Pull, PullReply, Push, PushAck, Bye, Shutdown, Ack, Stats,
+                          StatsReply, Error>;
+// Name of the body type, e.g. "Push" (for messages and logs).
+const char* body_name(const Body& b);
+
+struct Header {
+  int sender = 0;   // worker rank, or kEvaluator / kServer / kTool
+  int shard = -1;   // -1: not about a shard
+  Body body;
+};
+
+// Encodes headers into ZeroMQ messages. Holds one FlatBufferBuilder that is reused, so no
+// allocation happens per message once it has grown. Threading: one thread per Encoder.
+class Encoder {
+ public:
+  zmq::message_t encode(const Header& h);
+
+ private:
+  flatbuffers::FlatBufferBuilder fbb_{256};
+};
+
+// Verifies and decodes a header frame. Returns nullopt and sets `error` on anything malformed.
+std::optional<Header> decode(const void* data, std::size_t size, std::string& error);
+
+// ---- payload checksum ----
+// A 64-bit Fletcher-style sum over the payload's 32-bit words in 4 independent lanes, mixed
+// into 64 bits at the end: a change confined to one word always changes the lane sums (and the
+// result, but for a 2^-64 chance), and it runs at memory speed (no table, no division).
+// Integrity against corruption, not against an adversary.
+std::uint64_t checksum(const float* data, std::size_t n);
+// Copies n floats from src to dst and returns the checksum of the data, in one pass.
+std::uint64_t copy_with_checksum(float* dst, const float* src, std::size_t n);
+
+}  // namespace pslab::wire

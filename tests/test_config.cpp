@@ -1,0 +1,118 @@
+// Config parsing: errors name the file and the key; defaults are written back; sweeps expand.
+#include <gtest/gtest.h>
+
+#include "config.h"
+
+using namespace pslab;
+
+namespace {
+
+std::string error_of(const std::string& toml, std::vector<std::string> overrides = {}) {
+  try {
+    parse_config(toml, "exp.toml", overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Config, MinimalFileGetsTheDefaults) {
+  const ExperimentConfig c = parse_config("name = \"x\"\n", "exp.toml");
+  EXPECT_EQ(c.name, "x");
+  EXPECT_EQ(c.model.kind, "mlp");
+  EXPECT_EQ(c.model.hidden, (std::vector<int>{256, 128}));
+  EXPECT_EQ(c.train.batch, 64);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.1);
+  EXPECT_EQ(c.mode(), Mode::parse("bsp"));
+}
+
+TEST(Config, MissingRequiredKeyIsNamed) {
+  EXPECT_EQ(error_of("[train]\nbatch = 32\n"),
+            "exp.toml: name: missing; every experiment names its runs directory, e.g. name = \"my-experiment\"");
+}
+
+TEST(Config, WrongTypeNamesKeyExpectedAndFound) {
+  EXPECT_EQ(error_of("name = \"x\"\n[train]\nbatch = \"64\"\n"),
+            "exp.toml: train.batch: expected an integer, got a string ('64')");
+  EXPECT_EQ(error_of("name = \"x\"\n[model]\nhidden = [256, \"a\"]\n"),
+            "exp.toml: model.hidden: expected a list of integers, got a list ([ 256, 'a' ])");
+  EXPECT_NE(error_of("name = \"x\"\n[train]\nbatch = 3000000000000\n").find("train.batch: expected an integer"),
+            std::string::npos);
+}
+
+TEST(Config, UnknownModeIsNamed) {
+  const std::string e = error_of("name = \"x\"\n[cluster]\nmode = \"ssp\"\n");
+  EXPECT_EQ(e.rfind("exp.toml: cluster.mode: \"ssp\" is not a mode", 0), 0u) << e;
+  EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"ssp:-1\"\n").find("cluster.mode"), std::string::npos);
+  EXPECT_EQ(parse_config("name = \"x\"\n[cluster]\nmode = \"ssp:3\"\n", "e").mode().staleness, 3);
+}
+
+TEST(Config, UnknownKeyIsNamedWithTheKnownOnes) {
+  const std::string e = error_of("name = \"x\"\n[optimizer]\nlrr = 0.1\n");
+  EXPECT_EQ(e.rfind("exp.toml: optimizer.lrr: unknown key (known here: optimizer.beta1", 0), 0u) << e;
+  EXPECT_NE(error_of("name = \"x\"\n[trian]\nbatch = 1\n").find("trian.batch: unknown key"), std::string::npos);
+}
+
+TEST(Config, RangeAndCrossFieldChecks) {
+  EXPECT_EQ(error_of("name = \"x\"\n[train]\nbatch = 0\n"), "exp.toml: train.batch: must be >= 1");
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nworkers = 2\n[straggler]\nworkers = [2]\n"),
+            "exp.toml: straggler.workers: rank 2 is not a worker (cluster.workers = 2)");
+  EXPECT_NE(error_of("name = \"x\"\n[optimizer]\nkind = \"rmsprop\"\n").find("optimizer.kind"), std::string::npos);
+  EXPECT_NE(error_of("name = \"x\"\n[data]\nkind = \"least-squares\"\n").find("model.kind"), std::string::npos);
+}
+
+TEST(Config, InvalidTomlGivesLineAndColumn) {
+  const std::string e = error_of("name = \"x\"\n[train\n");
+  EXPECT_EQ(e.rfind("exp.toml:2:", 0), 0u) << e;
+}
+
+TEST(Config, OverridesApplyAndAreChecked) {
+  const ExperimentConfig c = parse_config("name = \"x\"\n", "e", {"optimizer.lr=0.5", "cluster.mode=ssp:2", "model.hidden=[8]"});
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.5);
+  EXPECT_EQ(c.cluster.mode, "ssp:2");
+  EXPECT_EQ(c.model.hidden, std::vector<int>{8});
+  EXPECT_NE(error_of("name = \"x\"\n", {"train.bach=3"}).find("train.bach: unknown key"), std::string::npos);
+}
+
+TEST(Config, WrittenBackConfigReadsBackEqual) {
+  ExperimentConfig c = parse_config("name = \"rt\"\nseed = 9\n[cluster]\nmode = \"ssp:4\"\nhosts = [\"a\", \"b\"]\n"
+                                    "[schedule]\nmilestones = [3.0, 6.5]\n[straggler]\nworkers = [0]\n", "e");
+  const std::string text = to_toml(c);
+  const ExperimentConfig back = parse_config(text, "written");
+  EXPECT_EQ(to_toml(back), text);
+  EXPECT_EQ(back.seed, 9u);
+  EXPECT_EQ(back.cluster.hosts, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(back.schedule.milestones, (std::vector<double>{3.0, 6.5}));
+  EXPECT_NE(text.find("lr = 0.1"), std::string::npos) << "defaults are written out";
+}
+
+TEST(Config, SweepExpandsToTheCrossProduct) {
+  std::vector<std::string> labels;
+  const auto points = expand_sweep(
+      "name = \"s\"\n[model]\nhidden = [[64], [32, 16]]\n[cluster]\nmode = [\"allreduce\", \"bsp\", \"ssp:1\"]\nworkers = [1, 2]\n",
+      "s.toml", labels);
+  ASSERT_EQ(points.size(), 12u);
+  EXPECT_EQ(labels.front(), "hidden=[64],mode=allreduce,workers=1");
+  EXPECT_EQ(labels.back(), "hidden=[32,16],mode=ssp:1,workers=2");
+  const ExperimentConfig last = parse_config(points.back(), "p");
+  EXPECT_EQ(last.cluster.mode, "ssp:1");
+  EXPECT_EQ(last.cluster.workers, 2);
+  EXPECT_EQ(last.model.hidden, (std::vector<int>{32, 16}));
+  // A list key given one list is not a sweep.
+  EXPECT_EQ(expand_sweep("name = \"s\"\n[model]\nhidden = [64]\n", "s", labels).size(), 1u);
+  // Each point is validated, naming the point.
+  try {
+    expand_sweep("name = \"s\"\n[cluster]\nmode = [\"bsp\", \"bogus\"]\n", "s.toml", labels);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("s.toml [mode=bogus]: cluster.mode:", 0), 0u) << e.what();
+  }
+}
+
+TEST(Config, KeyListingCoversEverySection) {
+  const std::string k = describe_keys();
+  for (const char* key : {"optimizer.lr", "cluster.mode", "straggler.exp_delay_ms", "eval.target_acc"})
+    EXPECT_NE(k.find(key), std::string::npos) << key;
+}
+
+}  // namespace

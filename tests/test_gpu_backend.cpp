@@ -1,0 +1,499 @@
+// The CUDA backend against the CPU backend: every Backend op on the same random inputs
+// (fixed seeds), results compared element by element.
+//
+// Floating-point results agree when |gpu - cpu| <= 1e-4 * max(1, |cpu|) (FMA contraction,
+// device expf/logf and reduction order differ in the last bits); failures report, like
+// nccl-tests' #wrong column, how many elements are off, plus the worst one. Pure data movement
+// (fill, copy, relu, im2col) and integer results (count_correct) must match exactly.
+//
+// Without a usable GPU (or in a build without CUDA) every test is SKIPPED with the reason:
+// never failed, never passed silently.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+
+namespace pslab {
+namespace {
+
+constexpr double kTol = 1e-4;
+
+// ---- helpers -------------------------------------------------------------------------------
+
+std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float lo = -1.0f,
+                                 float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<std::int32_t> random_labels(std::size_t n, int C, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> dist(0, std::max(C - 1, 0));
+  std::vector<std::int32_t> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+template <typename T>
+DeviceBuffer<T> upload(Backend& be, const std::vector<T>& host) {
+  DeviceBuffer<T> buf(be, host.size());
+  be.copy_from_host(buf.data(), host.data(), buf.bytes());
+  return buf;
+}
+
+template <typename T>
+std::vector<T> download(Backend& be, const DeviceBuffer<T>& buf) {
+  std::vector<T> host(buf.size());
+  be.copy_to_host(host.data(), buf.data(), buf.bytes());
+  return host;
+}
+
+bool close(double want, double got, double tol) {
+  if (std::isnan(want) || std::isnan(got)) return std::isnan(want) && std::isnan(got);
+  if (tol == 0.0) return want == got;
+  return std::fabs(want - got) <= tol * std::max(1.0, std::fabs(want));
+}
+
+// cpu = expected, gpu = actual. tol 0 demands bit equality (NaN matches NaN).
+template <typename T>
+::testing::AssertionResult agree(const std::string& what, const std::vector<T>& cpu,
+                                 const std::vector<T>& gpu, double tol = kTol) {
+  if (cpu.size() != gpu.size())
+    return ::testing::AssertionFailure() << what << ": size " << gpu.size() << " != "
+                                         << cpu.size();
+  std::size_t wrong = 0, worst = 0;
+  double worst_err = -1.0;
+  for (std::size_t i = 0; i < cpu.size(); ++i) {
+    const double a = double(cpu[i]), b = double(gpu[i]);
+    if (close(a, b, tol)) continue;
+    ++wrong;
+    const double err = std::isnan(a) || std::isnan(b)
+                           ? std::numeric_limits<double>::infinity()
+                           : std::fabs(a - b) / std::max(1.0, std::fabs(a));
+    if (err > worst_err) worst_err = err, worst = i;
+  }
+  if (wrong == 0) return ::testing::AssertionSuccess();
+  std::ostringstream os;
+  os.precision(9);
+  os << what << ": #wrong " << wrong << " of " << cpu.size() << "; worst at [" << worst
+     << "]: cpu " << double(cpu[worst]) << ", gpu " << double(gpu[worst]) << " (rel err "
+     << worst_err << ", tol " << tol << ")";
+  return ::testing::AssertionFailure() << os.str();
+}
+
+::testing::AssertionResult agree_scalar(const std::string& what, double cpu, double gpu,
+                                        double tol = kTol) {
+  if (close(cpu, gpu, tol)) return ::testing::AssertionSuccess();
+  std::ostringstream os;
+  os.precision(17);
+  os << what << ": cpu " << cpu << ", gpu " << gpu << " (tol " << tol << ")";
+  return ::testing::AssertionFailure() << os.str();
+}
+
+// Element counts: empty, one, around a warp, around a block, and a few thousand.
+const std::vector<std::size_t> kSizes = {0, 1, 31, 32, 33, 255, 257, 1000, 4099, 100003};
+
+class GpuBackend : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cpu_ = make_cpu_backend(1);
+    try {
+      gpu_ = make_cuda_backend(0);
+    } catch (const std::exception& e) {
+      GTEST_SKIP() << "CUDA backend unavailable: " << e.what();
+    }
+    static bool printed = false;
+    if (!printed) {
+      std::printf("[ backends ] %s vs %s\n", gpu_->describe().c_str(),
+                  cpu_->describe().c_str());
+      printed = true;
+    }
+  }
+
+  Backend& cpu() { return *cpu_; }
+  Backend& gpu() { return *gpu_; }
+
+  std::unique_ptr<Backend> cpu_, gpu_;
+};
+
+// ---- memory --------------------------------------------------------------------------------
+
+TEST_F(GpuBackend, DeviceBufferRoundTrip) {
+  for (const std::size_t n : kSizes) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    const auto host = random_floats(n, 1 + std::uint32_t(n));
+    DeviceBuffer<float> a = upload(gpu(), host);
+    EXPECT_EQ(a.size(), n);
+    EXPECT_TRUE(agree("upload/download", host, download(gpu(), a), 0.0));
+
+    DeviceBuffer<float> b(gpu(), n);  // device-to-device copy
+    gpu().copy(b.data(), a.data(), a.bytes());
+    EXPECT_TRUE(agree("copy", host, download(gpu(), b), 0.0));
+
+    DeviceBuffer<float> moved(std::move(b));  // ownership moves, data stays
+    EXPECT_EQ(b.data(), nullptr);
+    EXPECT_TRUE(agree("moved", host, download(gpu(), moved), 0.0));
+
+    const auto labels = random_labels(n, 1000, 7);  // integer data too
+    DeviceBuffer<std::int32_t> l = upload(gpu(), labels);
+    EXPECT_EQ(download(gpu(), l), labels);
+  }
+}
+
+TEST_F(GpuBackend, OverlappingCopyActsLikeMemmove) {
+  const std::size_t n = 1000, shift = 37;
+  const auto host = random_floats(n, 11);
+  for (const bool forward : {true, false}) {
+    SCOPED_TRACE(forward ? "dst after src" : "dst before src");
+    DeviceBuffer<float> c = upload(cpu(), host), g = upload(gpu(), host);
+    const std::size_t d = forward ? shift : 0, s = forward ? 0 : shift;
+    cpu().copy(c.data() + d, c.data() + s, (n - shift) * sizeof(float));
+    gpu().copy(g.data() + d, g.data() + s, (n - shift) * sizeof(float));
+    EXPECT_TRUE(agree("copy", download(cpu(), c), download(gpu(), g), 0.0));
+  }
+}
+
+TEST_F(GpuBackend, Fill) {
+  for (const std::size_t n : kSizes) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    DeviceBuffer<float> c(cpu(), n), g = upload(gpu(), random_floats(n, 3));
+    cpu().fill(c.data(), n, -2.5f);
+    gpu().fill(g.data(), n, -2.5f);
+    EXPECT_TRUE(agree("fill", download(cpu(), c), download(gpu(), g), 0.0));
+  }
+}
+
+// ---- linear algebra ------------------------------------------------------------------------
+
+struct GemmShape {
+  int M, N, K;
+};
+
+TEST_F(GpuBackend, Gemm) {
+  const std::vector<GemmShape> shapes = {{1, 1, 1},   {0, 5, 3},   {5, 0, 3},   {4, 3, 0},
+                                         {1, 7, 1},   {7, 1, 13},  {33, 17, 65}, {64, 64, 64},
+                                         {100, 37, 129}, {31, 257, 33}};
+  const float alpha = 0.75f, beta = -0.5f;
+  const int pad = 3;  // every leading dimension exceeds its minimum
+  std::uint32_t seed = 100;
+  for (const Trans ta : {Trans::no, Trans::yes})
+    for (const Trans tb : {Trans::no, Trans::yes})
+      for (const GemmShape& s : shapes) {
+        const std::string name = std::string("gemm ta=") + (ta == Trans::yes ? "T" : "N") +
+                                 " tb=" + (tb == Trans::yes ? "T" : "N") + " M=" +
+                                 std::to_string(s.M) + " N=" + std::to_string(s.N) +
+                                 " K=" + std::to_string(s.K);
+        SCOPED_TRACE(name);
+        // Stored shapes (row-major): A is (M,K) or, transposed, (K,M); B is (K,N) or (N,K).
+        const int a_rows = ta == Trans::no ? s.M : s.K, a_cols = ta == Trans::no ? s.K : s.M;
+        const int b_rows = tb == Trans::no ? s.K : s.N, b_cols = tb == Trans::no ? s.N : s.K;
+        const int lda = std::max(a_cols, 1) + pad, ldb = std::max(b_cols, 1) + pad,
+                  ldc = std::max(s.N, 1) + pad;
+        const auto A = random_floats(std::size_t(a_rows) * lda, ++seed);
+        const auto B = random_floats(std::size_t(b_rows) * ldb, ++seed);
+        // C's padding columns too must come back untouched.
+        const auto C0 = random_floats(std::size_t(s.M) * ldc, ++seed);
+        DeviceBuffer<float> ca = upload(cpu(), A), cb = upload(cpu(), B), cc = upload(cpu(), C0);
+        DeviceBuffer<float> ga = upload(gpu(), A), gb = upload(gpu(), B), gc = upload(gpu(), C0);
+        cpu().gemm(ta, tb, s.M, s.N, s.K, alpha, ca.data(), lda, cb.data(), ldb, beta,
+                   cc.data(), ldc);
+        gpu().gemm(ta, tb, s.M, s.N, s.K, alpha, ga.data(), lda, gb.data(), ldb, beta,
+                   gc.data(), ldc);
+        EXPECT_TRUE(agree(name, download(cpu(), cc), download(gpu(), gc)));
+      }
+}
+
+TEST_F(GpuBackend, GemmBetaZeroIgnoresGarbageInC) {
+  const int M = 9, N = 11, K = 5;
+  const auto A = random_floats(std::size_t(M) * K, 1), B = random_floats(std::size_t(K) * N, 2);
+  const std::vector<float> C0(std::size_t(M) * N, std::numeric_limits<float>::quiet_NaN());
+  for (const int k : {K, 0}) {
+    SCOPED_TRACE("K = " + std::to_string(k));
+    DeviceBuffer<float> ca = upload(cpu(), A), cb = upload(cpu(), B), cc = upload(cpu(), C0);
+    DeviceBuffer<float> ga = upload(gpu(), A), gb = upload(gpu(), B), gc = upload(gpu(), C0);
+    cpu().gemm(Trans::no, Trans::no, M, N, k, 1.5f, ca.data(), std::max(k, 1), cb.data(), N,
+               0.0f, cc.data(), N);
+    gpu().gemm(Trans::no, Trans::no, M, N, k, 1.5f, ga.data(), std::max(k, 1), gb.data(), N,
+               0.0f, gc.data(), N);
+    EXPECT_TRUE(agree("gemm beta=0", download(cpu(), cc), download(gpu(), gc)));
+  }
+}
+
+TEST_F(GpuBackend, AxpyScale) {
+  for (const std::size_t n : kSizes) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    const auto x = random_floats(n, 5), y = random_floats(n, 6);
+    DeviceBuffer<float> cx = upload(cpu(), x), cy = upload(cpu(), y);
+    DeviceBuffer<float> gx = upload(gpu(), x), gy = upload(gpu(), y);
+    cpu().axpy(n, -0.3f, cx.data(), cy.data());
+    gpu().axpy(n, -0.3f, gx.data(), gy.data());
+    EXPECT_TRUE(agree("axpy", download(cpu(), cy), download(gpu(), gy)));
+    cpu().scale(n, 1.7f, cx.data());
+    gpu().scale(n, 1.7f, gx.data());
+    EXPECT_TRUE(agree("scale", download(cpu(), cx), download(gpu(), gx)));
+  }
+}
+
+TEST_F(GpuBackend, SumSquares) {
+  std::vector<std::size_t> sizes = kSizes;
+  sizes.push_back(1u << 20);  // more blocks than the partial-sum cap
+  for (const std::size_t n : sizes) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    const auto x = random_floats(n, 8, -3.0f, 3.0f);
+    DeviceBuffer<float> cx = upload(cpu(), x), gx = upload(gpu(), x);
+    const double c = cpu().sum_squares(cx.data(), n);
+    const double g = gpu().sum_squares(gx.data(), n);
+    EXPECT_TRUE(agree_scalar("sum_squares", c, g));
+    EXPECT_EQ(g, gpu().sum_squares(gx.data(), n)) << "not deterministic";
+  }
+}
+
+// ---- layers --------------------------------------------------------------------------------
+
+struct BiasShape {
+  int outer, channels, inner;
+};
+
+TEST_F(GpuBackend, AddBiasAndBiasGrad) {
+  const std::vector<BiasShape> shapes = {{0, 3, 4},  {3, 0, 4},    {3, 4, 0},   {1, 1, 1},
+                                         {7, 5, 1},  {64, 10, 1},  {3, 17, 33}, {2, 16, 784},
+                                         {33, 1, 65}, {128, 300, 1}, {5, 3, 1000}};
+  std::uint32_t seed = 200;
+  for (const BiasShape& s : shapes) {
+    const std::string name = "outer=" + std::to_string(s.outer) +
+                             " channels=" + std::to_string(s.channels) +
+                             " inner=" + std::to_string(s.inner);
+    SCOPED_TRACE(name);
+    const std::size_t n = std::size_t(s.outer) * s.channels * s.inner;
+    const auto y = random_floats(n, ++seed), bias = random_floats(std::size_t(s.channels), ++seed);
+    DeviceBuffer<float> cy = upload(cpu(), y), cb = upload(cpu(), bias);
+    DeviceBuffer<float> gy = upload(gpu(), y), gb = upload(gpu(), bias);
+    cpu().add_bias(cy.data(), cb.data(), s.outer, s.channels, s.inner);
+    gpu().add_bias(gy.data(), gb.data(), s.outer, s.channels, s.inner);
+    EXPECT_TRUE(agree("add_bias " + name, download(cpu(), cy), download(gpu(), gy)));
+
+    // db starts as garbage: bias_grad must overwrite it (with zeros when outer*inner == 0).
+    const auto garbage = random_floats(std::size_t(s.channels), ++seed, 10.0f, 20.0f);
+    DeviceBuffer<float> cdb = upload(cpu(), garbage), gdb = upload(gpu(), garbage);
+    cpu().bias_grad(cy.data(), s.outer, s.channels, s.inner, cdb.data());
+    gpu().bias_grad(gy.data(), s.outer, s.channels, s.inner, gdb.data());
+    EXPECT_TRUE(agree("bias_grad " + name, download(cpu(), cdb), download(gpu(), gdb)));
+  }
+}
+
+TEST_F(GpuBackend, Relu) {
+  for (const std::size_t n : kSizes) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    const auto x = random_floats(n, 9), dy = random_floats(n, 10);
+    DeviceBuffer<float> cx = upload(cpu(), x), cy(cpu(), n), cdx(cpu(), n), cdy = upload(cpu(), dy);
+    DeviceBuffer<float> gx = upload(gpu(), x), gy(gpu(), n), gdx(gpu(), n), gdy = upload(gpu(), dy);
+    cpu().relu_forward(cx.data(), cy.data(), n);
+    gpu().relu_forward(gx.data(), gy.data(), n);
+    EXPECT_TRUE(agree("relu_forward", download(cpu(), cy), download(gpu(), gy), 0.0));
+    cpu().relu_backward(cdy.data(), cy.data(), cdx.data(), n);
+    gpu().relu_backward(gdy.data(), gy.data(), gdx.data(), n);
+    EXPECT_TRUE(agree("relu_backward", download(cpu(), cdx), download(gpu(), gdx), 0.0));
+    // In place: dx aliases dy.
+    cpu().relu_backward(cdy.data(), cy.data(), cdy.data(), n);
+    gpu().relu_backward(gdy.data(), gy.data(), gdy.data(), n);
+    EXPECT_TRUE(agree("relu_backward in place", download(cpu(), cdy), download(gpu(), gdy), 0.0));
+  }
+}
+
+// ---- losses --------------------------------------------------------------------------------
+
+struct LossShape {
+  int rows, C;
+};
+
+TEST_F(GpuBackend, SoftmaxXent) {
+  const std::vector<LossShape> shapes = {{0, 10}, {1, 1},   {1, 10},  {7, 3},    {64, 10},
+                                         {33, 100}, {5, 1000}, {257, 7}, {1000, 37}};
+  std::uint32_t seed = 300;
+  for (const LossShape& s : shapes) {
+    const std::string name = "rows=" + std::to_string(s.rows) + " C=" + std::to_string(s.C);
+    SCOPED_TRACE(name);
+    const std::size_t n = std::size_t(s.rows) * s.C;
+    const auto logits = random_floats(n, ++seed, -8.0f, 8.0f);
+    const auto labels = random_labels(std::size_t(s.rows), s.C, ++seed);
+    const float grad_scale = s.rows > 0 ? 1.0f / float(s.rows) : 1.0f;
+    DeviceBuffer<float> cz = upload(cpu(), logits), cdz(cpu(), n);
+    DeviceBuffer<float> gz = upload(gpu(), logits), gdz(gpu(), n);
+    DeviceBuffer<std::int32_t> cl = upload(cpu(), labels), gl = upload(gpu(), labels);
+    const double c = cpu().softmax_xent(cz.data(), cl.data(), s.rows, s.C, grad_scale, cdz.data());
+    const double g = gpu().softmax_xent(gz.data(), gl.data(), s.rows, s.C, grad_scale, gdz.data());
+    EXPECT_TRUE(agree_scalar("softmax_xent loss " + name, c, g));
+    EXPECT_TRUE(agree("softmax_xent dlogits " + name, download(cpu(), cdz), download(gpu(), gdz)));
+  }
+}
+
+TEST_F(GpuBackend, SoftmaxXentRejectsOutOfRangeLabels) {
+  const int rows = 4, C = 5;
+  const auto logits = random_floats(std::size_t(rows) * C, 1);
+  const std::vector<std::int32_t> labels = {0, 5, -1, 4};
+  DeviceBuffer<float> gz = upload(gpu(), logits), gdz(gpu(), logits.size());
+  DeviceBuffer<std::int32_t> gl = upload(gpu(), labels);
+  EXPECT_THROW(gpu().softmax_xent(gz.data(), gl.data(), rows, C, 1.0f, gdz.data()),
+               std::invalid_argument);
+  // The backend is still usable afterwards.
+  EXPECT_TRUE(agree("round trip after error", logits, download(gpu(), gz), 0.0));
+}
+
+TEST_F(GpuBackend, Mse) {
+  const std::vector<LossShape> shapes = {{0, 4},    {1, 1},   {3, 0},    {7, 3},
+                                         {64, 10},  {33, 100}, {5, 1000}, {1000, 37}};
+  std::uint32_t seed = 400;
+  for (const LossShape& s : shapes) {
+    const std::string name = "rows=" + std::to_string(s.rows) + " C=" + std::to_string(s.C);
+    SCOPED_TRACE(name);
+    const std::size_t n = std::size_t(s.rows) * s.C;
+    const auto y = random_floats(n, ++seed), t = random_floats(n, ++seed);
+    const float grad_scale = 0.25f;
+    DeviceBuffer<float> cy = upload(cpu(), y), ct = upload(cpu(), t), cdy(cpu(), n);
+    DeviceBuffer<float> gy = upload(gpu(), y), gt = upload(gpu(), t), gdy(gpu(), n);
+    const double c = cpu().mse(cy.data(), ct.data(), s.rows, s.C, grad_scale, cdy.data());
+    const double g = gpu().mse(gy.data(), gt.data(), s.rows, s.C, grad_scale, gdy.data());
+    EXPECT_TRUE(agree_scalar("mse loss " + name, c, g));
+    EXPECT_TRUE(agree("mse dy " + name, download(cpu(), cdy), download(gpu(), gdy)));
+  }
+}
+
+TEST_F(GpuBackend, CountCorrect) {
+  const std::vector<LossShape> shapes = {{0, 10},  {1, 1},    {1, 10},  {3, 0},
+                                         {64, 10}, {257, 7},  {1000, 37}, {70000, 10}};
+  std::uint32_t seed = 500;
+  for (const LossShape& s : shapes)
+    for (const bool ties : {false, true}) {
+      const std::string name = "rows=" + std::to_string(s.rows) + " C=" + std::to_string(s.C) +
+                               (ties ? " with ties" : "");
+      SCOPED_TRACE(name);
+      const std::size_t n = std::size_t(s.rows) * s.C;
+      auto logits = random_floats(n, ++seed, -4.0f, 4.0f);
+      if (ties)  // few distinct values: many rows have several maxima (first one wins)
+        for (float& z : logits) z = std::round(z);
+      auto labels = random_labels(std::size_t(s.rows), s.C, ++seed);
+      // Make about half of the rows correct: the label of every even row is its argmax.
+      for (int r = 0; r < s.rows && s.C > 0; r += 2)
+        labels[std::size_t(r)] =
+            math::argmax_row(logits.data() + std::size_t(r) * s.C, s.C);
+      DeviceBuffer<float> cz = upload(cpu(), logits), gz = upload(gpu(), logits);
+      DeviceBuffer<std::int32_t> cl = upload(cpu(), labels), gl = upload(gpu(), labels);
+      const long c = cpu().count_correct(cz.data(), cl.data(), s.rows, s.C);
+      const long g = gpu().count_correct(gz.data(), gl.data(), s.rows, s.C);
+      EXPECT_EQ(c, g);
+      if (s.rows >= 2 && s.C > 0) {
+        EXPECT_GE(c, (s.rows + 1) / 2);
+      }
+    }
+}
+
+// ---- optimizer steps (three steps each, so the state's evolution is compared too) ------------
+
+TEST_F(GpuBackend, SgdStep) {
+  for (const std::size_t n : kSizes) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    const auto w = random_floats(n, 12);
+    DeviceBuffer<float> cw = upload(cpu(), w), gw = upload(gpu(), w);
+    const SgdArgs a{0.1f, 5e-4f};
+    for (int step = 0; step < 3; ++step) {
+      const auto g = random_floats(n, 13 + std::uint32_t(step));
+      DeviceBuffer<float> cg = upload(cpu(), g), gg = upload(gpu(), g);
+      cpu().sgd_step(cw.data(), cg.data(), cw.data(), n, a);
+      gpu().sgd_step(gw.data(), gg.data(), gw.data(), n, a);
+    }
+    EXPECT_TRUE(agree("sgd w", download(cpu(), cw), download(gpu(), gw)));
+  }
+}
+
+TEST_F(GpuBackend, MomentumStep) {
+  for (const bool nesterov : {false, true})
+    for (const std::size_t n : kSizes) {
+      SCOPED_TRACE("n = " + std::to_string(n) + (nesterov ? " nesterov" : ""));
+      const auto w = random_floats(n, 14), v = random_floats(n, 15, -0.1f, 0.1f);
+      DeviceBuffer<float> cw = upload(cpu(), w), cv = upload(cpu(), v);
+      DeviceBuffer<float> gw = upload(gpu(), w), gv = upload(gpu(), v);
+      const MomentumArgs a{0.05f, 0.9f, 1e-4f, nesterov};
+      for (int step = 0; step < 3; ++step) {
+        const auto g = random_floats(n, 16 + std::uint32_t(step));
+        DeviceBuffer<float> cg = upload(cpu(), g), gg = upload(gpu(), g);
+        cpu().momentum_step(cw.data(), cv.data(), cg.data(), cw.data(), n, a);
+        gpu().momentum_step(gw.data(), gv.data(), gg.data(), gw.data(), n, a);
+      }
+      EXPECT_TRUE(agree("momentum w", download(cpu(), cw), download(gpu(), gw)));
+      EXPECT_TRUE(agree("momentum v", download(cpu(), cv), download(gpu(), gv)));
+    }
+}
+
+TEST_F(GpuBackend, AdamStep) {
+  for (const std::size_t n : kSizes) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    const auto w = random_floats(n, 17);
+    const std::vector<float> zeros(n, 0.0f);
+    DeviceBuffer<float> cw = upload(cpu(), w), cm = upload(cpu(), zeros), cv = upload(cpu(), zeros);
+    DeviceBuffer<float> gw = upload(gpu(), w), gm = upload(gpu(), zeros), gv = upload(gpu(), zeros);
+    for (long step = 1; step <= 3; ++step) {
+      AdamArgs a;
+      a.lr = 1e-3f;
+      a.weight_decay = 1e-2f;
+      a.step = step;
+      const auto g = random_floats(n, 18 + std::uint32_t(step));
+      DeviceBuffer<float> cg = upload(cpu(), g), gg = upload(gpu(), g);
+      cpu().adam_step(cw.data(), cm.data(), cv.data(), cg.data(), cw.data(), n, a);
+      gpu().adam_step(gw.data(), gm.data(), gv.data(), gg.data(), gw.data(), n, a);
+    }
+    EXPECT_TRUE(agree("adam w", download(cpu(), cw), download(gpu(), gw)));
+    EXPECT_TRUE(agree("adam m", download(cpu(), cm), download(gpu(), gm)));
+    EXPECT_TRUE(agree("adam v", download(cpu(), cv), download(gpu(), gv)));
+  }
+}
+
+// ---- convolution helpers -------------------------------------------------------------------
+
+TEST_F(GpuBackend, Im2colCol2im) {
+  // C, H, W, KH, KW, stride, pad
+  const std::vector<math::ConvGeometry> geometries = {
+      {1, 1, 1, 1, 1, 1, 0},   {0, 5, 5, 3, 3, 1, 1},  {3, 5, 5, 3, 3, 1, 1},
+      {2, 7, 6, 3, 2, 2, 1},   {4, 28, 28, 5, 5, 1, 2}, {1, 4, 4, 2, 2, 2, 0},
+      {2, 8, 8, 2, 2, 3, 0},   // stride > kernel: some pixels are never read
+      {3, 9, 11, 3, 3, 3, 2},  {16, 14, 14, 3, 3, 1, 1}, {1, 33, 31, 7, 5, 2, 3}};
+  std::uint32_t seed = 600;
+  for (const math::ConvGeometry& g : geometries) {
+    std::ostringstream os;
+    os << "C=" << g.C << " H=" << g.H << " W=" << g.W << " K=" << g.KH << "x" << g.KW
+       << " stride=" << g.stride << " pad=" << g.pad;
+    SCOPED_TRACE(os.str());
+    const std::size_t img = std::size_t(g.C) * g.H * g.W;
+    const std::size_t ncols = std::size_t(g.C) * g.KH * g.KW * std::size_t(g.OH() * g.OW());
+    const auto x = random_floats(img, ++seed);
+    // Outputs start as NaN: every element must be written.
+    const std::vector<float> nan_cols(ncols, std::numeric_limits<float>::quiet_NaN());
+    DeviceBuffer<float> cx = upload(cpu(), x), ccols = upload(cpu(), nan_cols);
+    DeviceBuffer<float> gx = upload(gpu(), x), gcols = upload(gpu(), nan_cols);
+    cpu().im2col(cx.data(), g, ccols.data());
+    gpu().im2col(gx.data(), g, gcols.data());
+    EXPECT_TRUE(agree("im2col " + os.str(), download(cpu(), ccols), download(gpu(), gcols), 0.0));
+
+    const auto cols = random_floats(ncols, ++seed);
+    const std::vector<float> nan_img(img, std::numeric_limits<float>::quiet_NaN());
+    DeviceBuffer<float> ccols2 = upload(cpu(), cols), cdx = upload(cpu(), nan_img);
+    DeviceBuffer<float> gcols2 = upload(gpu(), cols), gdx = upload(gpu(), nan_img);
+    cpu().col2im(ccols2.data(), g, cdx.data());
+    gpu().col2im(gcols2.data(), g, gdx.data());
+    EXPECT_TRUE(agree("col2im " + os.str(), download(cpu(), cdx), download(gpu(), gdx)));
+  }
+}
+
+}  // namespace
+}  // namespace pslab

@@ -1,0 +1,234 @@
+// Gradient checks: the float32 backprop of every layer and of whole models against central
+// finite differences of an independent float64 reference (direct loops, direct convolution
+// instead of im2col), on the CPU backend.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "backend.h"
+#include "model.h"
+#include "rng.h"
+
+using namespace pslab;
+
+namespace {
+
+// ---- float64 reference forward pass, following the parameter layout of model.cpp ----
+// Linear: W (in, out) row-major then b (out). Conv: W (OC, C*5*5) then b (OC), stride 2, pad 2.
+struct Ref {
+  const ModelSpec& spec;
+  const std::vector<double>& theta;
+  std::size_t off = 0;
+
+  std::vector<double> linear(const std::vector<double>& x, int B, int in, int out) {
+    std::vector<double> y(std::size_t(B) * out);
+    const double* W = &theta[off];
+    const double* b = W + std::size_t(in) * out;
+    for (int r = 0; r < B; ++r)
+      for (int o = 0; o < out; ++o) {
+        double s = b[o];
+        for (int i = 0; i < in; ++i) s += x[std::size_t(r) * in + i] * W[std::size_t(i) * out + o];
+        y[std::size_t(r) * out + o] = s;
+      }
+    off += std::size_t(in + 1) * out;
+    return y;
+  }
+  static std::vector<double> relu(std::vector<double> x) {
+    for (auto& v : x) v = v > 0 ? v : 0;
+    return x;
+  }
+  std::vector<double> conv(const std::vector<double>& x, int B, int C, int H, int W_, int OC, int& OH, int& OW) {
+    const int K = 5, S = 2, P = 2;
+    OH = (H + 2 * P - K) / S + 1, OW = (W_ + 2 * P - K) / S + 1;
+    const double* W = &theta[off];
+    const double* b = W + std::size_t(OC) * C * K * K;
+    std::vector<double> y(std::size_t(B) * OC * OH * OW);
+    for (int n = 0; n < B; ++n)
+      for (int oc = 0; oc < OC; ++oc)
+        for (int oh = 0; oh < OH; ++oh)
+          for (int ow = 0; ow < OW; ++ow) {
+            double s = b[oc];
+            for (int c = 0; c < C; ++c)
+              for (int kh = 0; kh < K; ++kh)
+                for (int kw = 0; kw < K; ++kw) {
+                  const int ih = oh * S - P + kh, iw = ow * S - P + kw;
+                  if (ih < 0 || iw < 0 || ih >= H || iw >= W_) continue;
+                  s += W[((oc * C + c) * K + kh) * K + kw] * x[((std::size_t(n) * C + c) * H + ih) * W_ + iw];
+                }
+            y[((std::size_t(n) * OC + oc) * OH + oh) * OW + ow] = s;
+          }
+    off += std::size_t(OC) * (C * K * K + 1);
+    return y;
+  }
+
+  // Mean loss over the batch.
+  double loss(const std::vector<double>& x, const std::vector<std::int32_t>& labels,
+              const std::vector<double>& targets, int B) {
+    off = 0;
+    std::vector<double> h = x;
+    int width = spec.channels * spec.height * spec.width;
+    if (spec.kind == "mlp") {
+      for (int w : spec.hidden) h = relu(linear(h, B, width, w)), width = w;
+    } else if (spec.kind == "cnn") {
+      int C = spec.channels, H = spec.height, W = spec.width;
+      for (int oc : spec.conv_channels) {
+        int OH, OW;
+        h = relu(conv(h, B, C, H, W, oc, OH, OW));
+        C = oc, H = OH, W = OW;
+      }
+      width = C * H * W;
+    }
+    h = linear(h, B, width, spec.outputs);
+    double total = 0;
+    const int O = spec.outputs;
+    for (int r = 0; r < B; ++r) {
+      const double* z = &h[std::size_t(r) * O];
+      if (spec.loss == Loss::softmax_xent) {
+        double m = z[0], s = 0;
+        for (int c = 1; c < O; ++c) m = std::max(m, z[c]);
+        for (int c = 0; c < O; ++c) s += std::exp(z[c] - m);
+        total += std::log(s) + m - z[labels[r]];
+      } else {
+        for (int c = 0; c < O; ++c) total += 0.5 * std::pow(z[c] - targets[std::size_t(r) * O + c], 2);
+      }
+    }
+    return total / B;
+  }
+};
+
+struct Case {
+  const char* name;
+  ModelSpec spec;
+  friend void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+};
+
+class GradCheck : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GradCheck, MatchesCentralDifferencesOfFloat64Reference) {
+  const ModelSpec& spec = GetParam().spec;
+  const int B = 3;
+  auto be = make_cpu_backend(1);
+  Model model(*be, spec, B);
+  model.init(42);
+  // Non-zero biases, so that their gradients are exercised away from the initial point.
+  std::vector<float> theta(model.num_params());
+  model.store_params(theta.data());
+  Rng rng(7);
+  for (auto& v : theta) v += float(0.05 * rng.normal());
+  model.load_params(theta.data());
+
+  const int F = spec.channels * spec.height * spec.width;
+  std::vector<float> x(std::size_t(B) * F), t(std::size_t(B) * spec.outputs);
+  for (auto& v : x) v = float(rng.normal());
+  for (auto& v : t) v = float(rng.normal());
+  std::vector<std::int32_t> labels(B);
+  for (auto& l : labels) l = std::int32_t(rng.below(std::uint64_t(spec.outputs)));
+
+  const double loss = model.forward_backward(x.data(), labels.data(), t.data(), B);
+  std::vector<float> grad(model.num_params());
+  be->copy_to_host(grad.data(), model.grads(), grad.size() * sizeof(float));
+
+  std::vector<double> th(theta.begin(), theta.end()), xd(x.begin(), x.end()), td(t.begin(), t.end());
+  Ref ref{spec, th};
+  EXPECT_NEAR(loss, ref.loss(xd, labels, td, B), 1e-5 * std::max(1.0, std::abs(loss))) << "forward differs";
+
+  // Every parameter of small models; a strided sample of bigger ones, always including
+  // each layer's first and last weight and bias.
+  long wrong = 0, checked = 0;
+  const double h = 1e-6;
+  for (const ParamInfo& p : model.param_info()) {
+    const std::size_t stride = std::max<std::size_t>(1, p.size / 200);
+    std::vector<std::size_t> picks;
+    for (std::size_t k = 0; k < p.size; k += stride) picks.push_back(k);
+    if (picks.back() != p.size - 1) picks.push_back(p.size - 1);
+    for (std::size_t k : picks) {
+      const std::size_t i = p.offset + k;
+      const double saved = th[i];
+      th[i] = saved + h;
+      const double up = ref.loss(xd, labels, td, B);
+      th[i] = saved - h;
+      const double down = ref.loss(xd, labels, td, B);
+      th[i] = saved;
+      const double numeric = (up - down) / (2 * h);
+      const bool ok = std::abs(grad[i] - numeric) <= 1e-4 + 1e-3 * std::abs(numeric);
+      if (!ok && wrong < 5)
+        ADD_FAILURE() << p.name << "[" << k << "]: backprop " << grad[i] << " vs finite difference " << numeric;
+      wrong += !ok;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "of " << checked << " parameters checked";
+  EXPECT_GT(checked, 20);
+}
+
+ModelSpec make(std::string kind, int c, int h, int w, int out, std::vector<int> hidden,
+               std::vector<int> conv, Loss loss) {
+  ModelSpec s;
+  s.kind = std::move(kind);
+  s.channels = c, s.height = h, s.width = w, s.outputs = out;
+  s.hidden = std::move(hidden);
+  s.conv_channels = std::move(conv);
+  s.loss = loss;
+  return s;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layers, GradCheck,
+    ::testing::Values(
+        Case{"SoftmaxRegression", make("linear", 1, 1, 12, 4, {}, {}, Loss::softmax_xent)},
+        Case{"LeastSquares", make("linear", 1, 1, 9, 3, {}, {}, Loss::mse)},
+        Case{"MlpTwoHidden", make("mlp", 1, 1, 10, 5, {8, 6}, {}, Loss::softmax_xent)},
+        Case{"MlpDefaultShape", make("mlp", 1, 28, 28, 10, {256, 128}, {}, Loss::softmax_xent)},
+        Case{"CnnTwoConv", make("cnn", 2, 9, 8, 3, {}, {3, 4}, Loss::softmax_xent)}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(ModelLayout, ParametersAreOneContiguousVectorOfViews) {
+  auto be = make_cpu_backend(1);
+  Model m(*be, make("mlp", 1, 1, 784, 10, {256, 128}, {}, Loss::softmax_xent), 4);
+  EXPECT_EQ(m.num_params(), 784u * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
+  std::size_t next = 0;
+  for (const auto& p : m.param_info()) {
+    EXPECT_EQ(p.offset, next) << p.name;
+    next = p.offset + p.size;
+  }
+  EXPECT_EQ(next, m.num_params());
+}
+
+TEST(ModelInit, DeterministicForASeedAndScaledByFanIn) {
+  const ModelSpec s = make("mlp", 1, 1, 784, 10, {256, 128}, {}, Loss::softmax_xent);
+  const auto a = initial_params(s, 5), b = initial_params(s, 5), c = initial_params(s, 6);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  // He-uniform on the first layer: |w| <= sqrt(6 / 784); biases zero.
+  const double limit = std::sqrt(6.0 / 784);
+  double maxabs = 0;
+  for (std::size_t i = 0; i < 784u * 256; ++i) maxabs = std::max(maxabs, double(std::abs(a[i])));
+  EXPECT_LE(maxabs, limit);
+  EXPECT_GT(maxabs, 0.9 * limit);
+  for (std::size_t i = 784u * 256; i < 784u * 256 + 256; ++i) EXPECT_EQ(a[i], 0.0f);
+}
+
+TEST(ModelBatch, EmptyBatchGivesZeroGradient) {
+  auto be = make_cpu_backend(1);
+  Model m(*be, make("mlp", 1, 1, 6, 3, {4}, {}, Loss::softmax_xent), 2);
+  m.init(1);
+  be->fill(m.grads(), m.num_params(), 7.0f);
+  EXPECT_EQ(m.forward_backward(nullptr, nullptr, nullptr, 0), 0.0);
+  for (std::size_t i = 0; i < m.num_params(); ++i) ASSERT_EQ(m.grads()[i], 0.0f);
+}
+
+TEST(ModelBatch, OversizedBatchIsRefusedWithTheSizes) {
+  auto be = make_cpu_backend(1);
+  Model m(*be, make("mlp", 1, 1, 6, 3, {4}, {}, Loss::softmax_xent), 2);
+  std::vector<float> x(18);
+  std::vector<std::int32_t> y(3);
+  try {
+    m.forward_backward(x.data(), y.data(), nullptr, 3);
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("batch of 3 exceeds the max_batch 2"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace

@@ -1,0 +1,172 @@
+// CPU backend ops against naive double-precision references.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "backend.h"
+#include "rng.h"
+
+using namespace pslab;
+
+namespace {
+
+std::vector<float> random_vec(std::size_t n, std::uint64_t seed, double scale = 1.0) {
+  Rng r(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = float(r.normal() * scale);
+  return v;
+}
+
+// Number of elements where |a - b| > tol * max(1, |b|).
+long count_wrong(const std::vector<float>& a, const std::vector<double>& b, double tol) {
+  long wrong = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    wrong += std::abs(double(a[i]) - b[i]) > tol * std::max(1.0, std::abs(b[i]));
+  return wrong;
+}
+
+class CpuKernels : public ::testing::Test {
+ protected:
+  std::unique_ptr<Backend> be = make_cpu_backend(1);
+};
+
+TEST_F(CpuKernels, GemmAllTransposesAndStrides) {
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (auto [M, N, K] : {std::tuple{1, 1, 1}, {7, 5, 3}, {33, 17, 65}, {0, 4, 3}, {3, 4, 0}}) {
+        const int lda = (ta ? M : K) + 2, ldb = (tb ? K : N) + 1, ldc = N + 3;
+        const auto A = random_vec(std::size_t(ta ? K : M) * lda, 1);
+        const auto B = random_vec(std::size_t(tb ? N : K) * ldb, 2);
+        auto C = random_vec(std::size_t(M) * ldc, 3);
+        std::vector<double> ref(C.begin(), C.end());
+        const float alpha = 0.7f, beta = -0.3f;
+        for (int i = 0; i < M; ++i)
+          for (int j = 0; j < N; ++j) {
+            double s = 0;
+            for (int k = 0; k < K; ++k)
+              s += double(ta ? A[k * lda + i] : A[i * lda + k]) * double(tb ? B[j * ldb + k] : B[k * ldb + j]);
+            ref[i * ldc + j] = alpha * s + beta * double(C[i * ldc + j]);
+          }
+        be->gemm(ta ? Trans::yes : Trans::no, tb ? Trans::yes : Trans::no, M, N, K, alpha,
+                 A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+        EXPECT_EQ(count_wrong(C, ref, 1e-5), 0) << "ta=" << ta << " tb=" << tb << " M=" << M << " N=" << N << " K=" << K;
+      }
+}
+
+TEST_F(CpuKernels, BiasAddAndGradient) {
+  for (auto [outer, ch, inner] : {std::tuple{5, 7, 1}, {3, 4, 9}, {1, 1, 1}}) {
+    auto y = random_vec(std::size_t(outer) * ch * inner, 4);
+    const auto b = random_vec(std::size_t(ch), 5);
+    std::vector<double> ref(y.begin(), y.end()), dref(std::size_t(ch), 0.0);
+    for (int o = 0; o < outer; ++o)
+      for (int c = 0; c < ch; ++c)
+        for (int i = 0; i < inner; ++i) {
+          ref[(o * ch + c) * inner + i] += b[c];
+          dref[c] += y[(o * ch + c) * inner + i];
+        }
+    std::vector<float> db(std::size_t(ch), 99.0f);
+    be->bias_grad(y.data(), outer, ch, inner, db.data());
+    EXPECT_EQ(count_wrong(db, dref, 1e-5), 0);
+    be->add_bias(y.data(), b.data(), outer, ch, inner);
+    EXPECT_EQ(count_wrong(y, ref, 1e-6), 0);
+  }
+}
+
+TEST_F(CpuKernels, ReluForwardBackward) {
+  const std::vector<float> x = {-2.0f, -0.0f, 0.0f, 0.5f, 3.0f};
+  std::vector<float> y(5), dx(5);
+  be->relu_forward(x.data(), y.data(), 5);
+  EXPECT_EQ(y, (std::vector<float>{0, 0, 0, 0.5f, 3.0f}));
+  const std::vector<float> dy = {1, 2, 3, 4, 5};
+  be->relu_backward(dy.data(), y.data(), dx.data(), 5);
+  EXPECT_EQ(dx, (std::vector<float>{0, 0, 0, 4, 5}));
+}
+
+TEST_F(CpuKernels, SoftmaxCrossEntropyIsStableAndMatchesDouble) {
+  const int rows = 4, C = 5;
+  auto z = random_vec(std::size_t(rows) * C, 6, 3.0);
+  z[0] = 1000.0f;  // would overflow exp() without the max shift
+  z[6] = -1000.0f;
+  const std::vector<std::int32_t> labels = {0, 1, 4, 2};
+  std::vector<float> dz(z.size());
+  const double loss = be->softmax_xent(z.data(), labels.data(), rows, C, 0.5f, dz.data());
+  double ref_loss = 0;
+  std::vector<double> ref_dz(z.size());
+  for (int r = 0; r < rows; ++r) {
+    double m = -1e300, s = 0;
+    for (int c = 0; c < C; ++c) m = std::max(m, double(z[r * C + c]));
+    for (int c = 0; c < C; ++c) s += std::exp(double(z[r * C + c]) - m);
+    ref_loss += std::log(s) + m - z[r * C + labels[r]];
+    for (int c = 0; c < C; ++c)
+      ref_dz[r * C + c] = 0.5 * (std::exp(double(z[r * C + c]) - m) / s - (c == labels[r]));
+  }
+  EXPECT_TRUE(std::isfinite(loss));
+  EXPECT_NEAR(loss, ref_loss, 1e-4 * std::abs(ref_loss));
+  EXPECT_EQ(count_wrong(dz, ref_dz, 1e-6), 0);
+  EXPECT_EQ(be->count_correct(z.data(), labels.data(), rows, C),
+            [&] { long n = 0; for (int r = 0; r < rows; ++r) n += math::argmax_row(&z[r * C], C) == labels[r]; return n; }());
+}
+
+TEST_F(CpuKernels, MseLossAndGradient) {
+  const std::vector<float> y = {1, 2, 3, 4}, t = {0, 2, 5, 4};
+  std::vector<float> dy(4);
+  const double loss = be->mse(y.data(), t.data(), 2, 2, 0.5f, dy.data());
+  EXPECT_DOUBLE_EQ(loss, 0.5 * (1 + 0 + 4 + 0));
+  EXPECT_EQ(dy, (std::vector<float>{0.5f, 0.0f, -1.0f, 0.0f}));
+}
+
+TEST_F(CpuKernels, CountCorrect) {
+  const std::vector<float> z = {0.1f, 0.9f, 0.0f, /**/ 2.0f, 1.0f, 0.0f, /**/ 0.0f, 0.0f, 1.0f};
+  const std::vector<std::int32_t> labels = {1, 1, 2};
+  EXPECT_EQ(be->count_correct(z.data(), labels.data(), 3, 3), 2);
+}
+
+TEST_F(CpuKernels, AxpyScaleSumSquares) {
+  std::vector<float> x = {1, 2, 3}, y = {1, 1, 1};
+  be->axpy(3, 2.0f, x.data(), y.data());
+  EXPECT_EQ(y, (std::vector<float>{3, 5, 7}));
+  be->scale(3, 0.5f, y.data());
+  EXPECT_EQ(y, (std::vector<float>{1.5f, 2.5f, 3.5f}));
+  EXPECT_DOUBLE_EQ(be->sum_squares(x.data(), 3), 14.0);
+  EXPECT_DOUBLE_EQ(be->sum_squares(x.data(), 0), 0.0);
+}
+
+// im2col and col2im are adjoint: <im2col(x), c> == <x, col2im(c)> for all x, c. With x a
+// unit vector this also checks every single entry of both.
+TEST_F(CpuKernels, Im2colCol2imAreAdjointAndMatchDirectIndexing) {
+  for (auto g : {math::ConvGeometry{2, 5, 6, 3, 3, 1, 1}, math::ConvGeometry{3, 7, 7, 5, 5, 2, 2},
+                 math::ConvGeometry{1, 4, 4, 2, 2, 2, 0}}) {
+    const int rows = g.C * g.KH * g.KW, cols = g.OH() * g.OW(), n = g.C * g.H * g.W;
+    const auto x = random_vec(std::size_t(n), 7);
+    const auto c = random_vec(std::size_t(rows) * cols, 8);
+    std::vector<float> xc(std::size_t(rows) * cols), cx(static_cast<std::size_t>(n));
+    be->im2col(x.data(), g, xc.data());
+    be->col2im(c.data(), g, cx.data());
+    double lhs = 0, rhs = 0;
+    for (std::size_t i = 0; i < xc.size(); ++i) lhs += double(xc[i]) * c[i];
+    for (std::size_t i = 0; i < cx.size(); ++i) rhs += double(x[i]) * cx[i];
+    EXPECT_NEAR(lhs, rhs, 1e-4 * std::max(1.0, std::abs(lhs)));
+    // Direct: column (r, p) holds x[c, oh*s - pad + kh, ow*s - pad + kw] or 0.
+    for (int r = 0; r < rows; ++r)
+      for (int p = 0; p < cols; ++p) {
+        const int kw = r % g.KW, kh = r / g.KW % g.KH, ch = r / (g.KW * g.KH);
+        const int ih = p / g.OW() * g.stride - g.pad + kh, iw = p % g.OW() * g.stride - g.pad + kw;
+        const float want = ih < 0 || iw < 0 || ih >= g.H || iw >= g.W ? 0.0f : x[(ch * g.H + ih) * g.W + iw];
+        ASSERT_EQ(xc[std::size_t(r) * cols + p], want) << "row " << r << " col " << p;
+      }
+  }
+}
+
+TEST_F(CpuKernels, DeviceBufferOwnsAndMoves) {
+  DeviceBuffer<float> a(*be, 10);
+  be->fill(a.data(), 10, 2.5f);
+  DeviceBuffer<float> b = std::move(a);
+  EXPECT_EQ(a.data(), nullptr);
+  EXPECT_EQ(b.size(), 10u);
+  float host[10];
+  be->copy_to_host(host, b.data(), b.bytes());
+  for (float v : host) EXPECT_EQ(v, 2.5f);
+}
+
+}  // namespace

@@ -1,0 +1,98 @@
+// Single-process training: determinism and convergence on synthetic problems with a known
+// optimum (fast, exact), through the same Replica + Optimizer the trainer uses.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <fstream>
+
+#include "config.h"
+#include "optimizer.h"
+#include "replica.h"
+#include "sampler.h"
+#include "setup.h"
+#include "train_single.h"
+
+using namespace pslab;
+
+namespace {
+
+// θ after `steps` SGD steps of `cfg` on its data, through Replica and Optimizer.
+std::vector<float> train_params(const ExperimentConfig& cfg, long steps) {
+  auto be = make_cpu_backend(1);
+  const DataSplit data = load_data(cfg);
+  Replica r(*be, model_spec(cfg), data.train, cfg.train.batch);
+  r.model().init(cfg.seed);
+  Optimizer opt(*be, cfg.optimizer, r.model().num_params());
+  ShardSampler s(std::size_t(data.train.n), 1, 0, cfg.seed);
+  const long spe = s.steps_per_epoch(cfg.train.batch);
+  for (long k = 0; k < steps; ++k) {
+    s.set_epoch(k / spe);
+    r.compute_gradient(s.batch(k % spe, cfg.train.batch));
+    opt.step(r.model().params(), r.model().grads(), cfg.optimizer.lr);
+  }
+  std::vector<float> theta(r.model().num_params());
+  r.model().store_params(theta.data());
+  return theta;
+}
+
+ExperimentConfig synthetic(const char* data_kind, const char* model_kind) {
+  return parse_config(std::string("name = \"t\"\n[data]\nkind = \"") + data_kind +
+                          "\"\ndim = 16\noutputs = 3\ntrain_samples = 1024\ntest_samples = 512\n"
+                          "[model]\nkind = \"" + model_kind + "\"\nhidden = [32]\n[train]\nbatch = 32\n",
+                      "synthetic");
+}
+
+TEST(Training, SameSeedGivesBitwiseIdenticalParameters) {
+  ExperimentConfig cfg = synthetic("logistic", "mlp");
+  cfg.optimizer.kind = "adam";
+  cfg.optimizer.lr = 0.01;
+  const auto a = train_params(cfg, 100), b = train_params(cfg, 100);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  cfg.seed = 2;
+  EXPECT_NE(train_params(cfg, 100), a);
+}
+
+TEST(Training, LeastSquaresConvergesToTheKnownOptimum) {
+  ExperimentConfig cfg = synthetic("least-squares", "linear");
+  LinearTruth truth;
+  make_least_squares(1024, 512, 16, 3, cfg.seed, &truth);
+  const auto theta = train_params(cfg, 3000);
+  // Linear layout: W (16, 3) then b (3), exactly the truth's layout.
+  double worst = 0;
+  for (std::size_t i = 0; i < truth.w.size(); ++i) worst = std::max(worst, double(std::abs(theta[i] - truth.w[i])));
+  for (std::size_t i = 0; i < truth.b.size(); ++i)
+    worst = std::max(worst, double(std::abs(theta[truth.w.size() + i] - truth.b[i])));
+  EXPECT_LT(worst, 1e-3);
+}
+
+TEST(Training, RunSingleLearnsLogisticAndWritesMetrics) {
+  const auto dir = std::filesystem::temp_directory_path() / ("pslab_train_" + std::to_string(::getpid()));
+  ExperimentConfig cfg = synthetic("logistic", "linear");
+  cfg.train.epochs = 5;
+  cfg.optimizer.lr = 0.5;
+  const double acc = run_single(cfg, SingleRunOptions{dir.string(), 0.0, false});
+  EXPECT_GT(acc, 0.9);
+  std::ifstream f(dir / "metrics/worker0.jsonl");
+  std::string line;
+  int train_lines = 0, eval_lines = 0;
+  while (std::getline(f, line)) {
+    const auto j = nlohmann::json::parse(line);
+    ASSERT_TRUE(j.contains("t"));
+    if (j["kind"] == "train") {
+      ++train_lines;
+      EXPECT_TRUE(j.contains("samples_per_s"));
+    }
+    if (j["kind"] == "eval") {
+      ++eval_lines;
+      EXPECT_TRUE(j.contains("test_acc"));
+    }
+  }
+  EXPECT_EQ(eval_lines, 5);
+  EXPECT_GE(train_lines, 5);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace

@@ -1,0 +1,127 @@
+// pslab_worker: the worker binary.
+//   train   single-process training (the mainline)
+//   ps      one worker of a parameter-server run (bsp, ssp:s, asp)
+//   eval    the evaluator of a parameter-server run
+//   config  validate a config, write it back with defaults, list the keys, expand a sweep
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "config.h"
+#include "data.h"
+#include "roles.h"
+#include "train_single.h"
+
+using namespace pslab;
+
+int main(int argc, char** argv) {
+  CLI::App app{"pslab worker: trains a model alone or as one rank of a distributed run"};
+  app.require_subcommand(1);
+
+  std::string config_path;
+  std::vector<std::string> overrides;
+  auto add_config = [&](CLI::App* sub) {
+    sub->add_option("-c,--config", config_path, "experiment config (TOML)")->required()->check(CLI::ExistingFile);
+    sub->add_option("--set", overrides, "override a key: section.key=value (TOML value; repeatable)");
+  };
+
+  auto* train = app.add_subcommand("train", "train on this process alone; metrics to <out>/metrics/worker0.jsonl");
+  add_config(train);
+  SingleRunOptions single;
+  train->add_option("-o,--out", single.out_dir, "run directory")->capture_default_str();
+  train->add_option("--run-start", single.run_start, "run start, Unix seconds (metrics times count from it)");
+  bool quiet = false;
+  train->add_flag("-q,--quiet", quiet, "no progress lines");
+
+  RoleOptions role;
+  std::string servers;
+  bool role_quiet = false;
+  auto add_role = [&](CLI::App* sub, bool with_rank) {
+    add_config(sub);
+    if (with_rank) sub->add_option("--rank", role.rank, "this worker's rank in [0, cluster.workers)")->required();
+    sub->add_option("--servers", servers, "server endpoints in shard order, comma-separated "
+                                          "(e.g. tcp://127.0.0.1:5555,tcp://127.0.0.1:5556)")->required();
+    sub->add_option("-o,--out", role.out_dir, "run directory (metrics go to <out>/metrics/)")->capture_default_str();
+    sub->add_option("--run-start", role.run_start, "run start, Unix seconds (metric times count from it)");
+    sub->add_option("--procs-on-host", role.procs_on_host, "processes sharing this host's cores (sets BLAS threads when train.threads = 0)")
+        ->capture_default_str();
+    sub->add_flag("-q,--quiet", role_quiet, "no progress lines");
+  };
+  auto* ps = app.add_subcommand("ps", "one worker of a parameter-server run: pull, compute, push every step");
+  add_role(ps, true);
+  auto* eval = app.add_subcommand("eval", "the evaluator of a parameter-server run: test accuracy every eval.interval_s");
+  add_role(eval, false);
+
+  auto* config = app.add_subcommand("config", "validate a config; write it back with defaults; expand sweeps");
+  config->add_option("-c,--config", config_path, "experiment config (TOML)")->check(CLI::ExistingFile);
+  config->add_option("--set", overrides, "override a key: section.key=value (repeatable)");
+  std::string resolved_out, expand_dir;
+  bool list_keys = false;
+  config->add_option("--write", resolved_out, "write the validated config, every default filled in, to this file");
+  config->add_option("--expand", expand_dir, "write one config per sweep point into this directory; print their paths");
+  config->add_flag("--keys", list_keys, "list every key with its default and meaning");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*train) {
+      single.progress = !quiet;
+      const ExperimentConfig cfg = load_config(config_path, overrides);
+      std::filesystem::create_directories(single.out_dir);
+      std::ofstream(single.out_dir + "/config.toml") << to_toml(cfg);
+      const double result = run_single(cfg, single);
+      std::printf("final test %s: %.4f\n", cfg.data.kind == "least-squares" ? "loss" : "accuracy", result);
+      return 0;
+    }
+    if (*ps || *eval) {
+      const ExperimentConfig cfg = load_config(config_path, overrides);
+      role.progress = !role_quiet;
+      for (std::size_t lo = 0; lo <= servers.size();) {
+        const std::size_t hi = std::min(servers.find(',', lo), servers.size());
+        if (hi > lo) role.servers.push_back(servers.substr(lo, hi - lo));
+        lo = hi + 1;
+      }
+      if (*ps) {
+        run_ps_worker(cfg, role);
+      } else {
+        const double result = run_evaluator(cfg, role);
+        std::printf("final test %s: %.4f\n", cfg.data.kind == "least-squares" ? "loss" : "accuracy", result);
+      }
+      return 0;
+    }
+    if (*config) {
+      if (list_keys) {
+        std::cout << describe_keys();
+        return 0;
+      }
+      if (config_path.empty()) throw ConfigError("config: --config is required (except with --keys)");
+      if (!expand_dir.empty()) {
+        std::ifstream in(config_path);
+        std::stringstream text;
+        text << in.rdbuf();
+        std::vector<std::string> labels;
+        const auto points = expand_sweep(text.str(), config_path, labels);
+        std::filesystem::create_directories(expand_dir);
+        for (std::size_t i = 0; i < points.size(); ++i) {
+          const ExperimentConfig cfg = parse_config(points[i], config_path + " [" + labels[i] + "]", overrides);
+          char name[32];
+          std::snprintf(name, sizeof name, "%03zu.toml", i);
+          const std::string path = expand_dir + "/" + name;
+          std::ofstream(path) << to_toml(cfg);
+          std::cout << path << "\t" << (labels[i].empty() ? "-" : labels[i]) << "\n";
+        }
+        return 0;
+      }
+      const ExperimentConfig cfg = load_config(config_path, overrides);
+      if (!resolved_out.empty()) std::ofstream(resolved_out) << to_toml(cfg);
+      else std::cout << to_toml(cfg);
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pslab_worker: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,46 @@
+// One model replica and the data it trains on: the compute part of every worker, whatever
+// the consistency mode. Batches are gathered into preallocated host staging buffers and, on a
+// GPU, uploaded to preallocated device buffers: no allocation per step.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "backend.h"
+#include "data.h"
+#include "model.h"
+
+namespace pslab {
+
+class Replica {
+ public:
+  // `train` must outlive the replica. max_batch covers both training and evaluation batches.
+  Replica(Backend& be, const ModelSpec& spec, const Dataset& train, int max_batch);
+
+  Model& model() { return model_; }
+  Backend& backend() { return be_; }
+
+  // Forward and backward on the training samples `idx`; ∇θ holds the gradient of their mean
+  // loss afterwards. Returns that mean loss (0 for an empty batch, with ∇θ = 0).
+  double compute_gradient(std::span<const std::uint32_t> idx);
+  // Loss and accuracy of the current θ on a whole data set, in batches of max_batch.
+  EvalCounts evaluate(const Dataset& d);
+
+ private:
+  // Gathers samples of `d` into the staging buffers; returns device pointers of x, labels, targets.
+  struct Batch { const float* x; const std::int32_t* labels; const float* targets; };
+  Batch stage(const Dataset& d, std::span<const std::uint32_t> idx);
+
+  Backend& be_;
+  const Dataset& train_;
+  Model model_;
+  int max_batch_;
+  std::vector<float> x_host_, t_host_;
+  std::vector<std::int32_t> y_host_;
+  DeviceBuffer<float> x_dev_, t_dev_;  // GPU only; the CPU backend reads the host buffers
+  DeviceBuffer<std::int32_t> y_dev_;
+  std::vector<std::uint32_t> eval_idx_;
+};
+
+}  // namespace pslab

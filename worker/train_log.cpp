@@ -1,0 +1,35 @@
+#include "train_log.h"
+
+#include <algorithm>
+
+namespace pslab {
+
+TrainLog::TrainLog(MetricsWriter& metrics, Progress& progress, int rank, int log_every, long total_steps)
+    : metrics_(metrics), progress_(progress), rank_(rank), log_every_(log_every), total_steps_(total_steps),
+      window_start_(metrics.now()) {}
+
+void TrainLog::add(long step, double epoch, const StepRecord& r, bool force) {
+  sum_.loss += r.loss;
+  sum_.samples += r.samples;
+  sum_.compute_s += r.compute_s;
+  sum_.comm_s += r.comm_s;
+  sum_.wait_s += r.wait_s;
+  sum_.delay_s += r.delay_s;
+  ++n_;
+  if (n_ < log_every_ && !force) return;
+  const double t = metrics_.now();
+  const double rate = sum_.samples / std::max(1e-9, t - window_start_);
+  nlohmann::ordered_json j{{"kind", "train"}, {"worker", rank_}, {"step", step + 1}, {"epoch", epoch},
+                           {"loss", sum_.loss / n_}, {"samples_per_s", rate},
+                           {"compute_ms", 1e3 * sum_.compute_s / n_}, {"comm_ms", 1e3 * sum_.comm_s / n_},
+                           {"wait_ms", 1e3 * sum_.wait_s / n_}, {"delay_ms", 1e3 * sum_.delay_s / n_}};
+  if (r.version >= 0) j["version"] = r.version;
+  if (r.lr >= 0) j["lr"] = r.lr;
+  metrics_.write(j);
+  progress_.update({step + 1, total_steps_, epoch, sum_.loss / n_, last_test_acc, rate, t});
+  sum_ = StepRecord{};
+  n_ = 0;
+  window_start_ = t;
+}
+
+}  // namespace pslab

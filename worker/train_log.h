@@ -1,0 +1,44 @@
+// Per-step training metrics of a worker, averaged over windows of `log_every` steps and
+// written as one JSON line per window (kind "train"), with a progress line on stderr now and
+// then. The same fields in every mode, so that plots compare like with like:
+//   step, epoch, loss, samples_per_s, compute_ms, comm_ms, wait_ms, delay_ms, version
+// (times are means per step over the window, in milliseconds; wait_ms is the part of
+// comm_ms that a server held the request for consistency; delay_ms is injected straggling).
+#pragma once
+
+#include <optional>
+
+#include "metrics.h"
+#include "progress.h"
+
+namespace pslab {
+
+struct StepRecord {
+  double loss = 0.0;
+  int samples = 0;
+  double compute_s = 0.0, comm_s = 0.0, wait_s = 0.0, delay_s = 0.0;
+  long version = -1;  // parameter version the step computed on (PS modes), -1 if none
+  double lr = -1.0;   // learning rate applied locally (single / allreduce), -1 if none
+};
+
+class TrainLog {
+ public:
+  TrainLog(MetricsWriter& metrics, Progress& progress, int rank, int log_every, long total_steps);
+  // Adds step `step` (0-based); writes a line when the window is full or `force` is set.
+  // `epoch` is the fractional number of passes over the training set after this step.
+  void add(long step, double epoch, const StepRecord& r, bool force = false);
+  // Starts the next window now (after an evaluation, which is not training time).
+  void restart_window() { window_start_ = metrics_.now(); }
+  double last_test_acc = -1.0;  // shown in progress lines
+
+ private:
+  MetricsWriter& metrics_;
+  Progress& progress_;
+  int rank_, log_every_;
+  long total_steps_;
+  StepRecord sum_;
+  int n_ = 0;
+  double window_start_;
+};
+
+}  // namespace pslab
