@@ -100,7 +100,8 @@ void Server::run() {
       if (!barrier_open_ && t - started_ > timeout)
         throw std::runtime_error(who + ": start barrier: waited " + std::to_string(int(cfg_.cluster.timeout_s)) +
                                  " s for Hello from " + missing_hellos());
-      if (barrier_open_ && byes_ < cfg_.cluster.workers && t - last_message_ > timeout) {
+      // Silence while nobody is held: held pulls expire first, with the more precise message.
+      if (barrier_open_ && byes_ < cfg_.cluster.workers && held_.empty() && t - last_message_ > timeout) {
         std::string heard;
         for (int r = 0; r < cfg_.cluster.workers; ++r)
           if (!said_bye_[std::size_t(r)]) {

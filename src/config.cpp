@@ -28,6 +28,7 @@ void visit_fields(Config& c, F&& f) {
   f("model.kind", c.model.kind, "\"linear\" (softmax regression / least squares), \"mlp\" or \"cnn\"");
   f("model.hidden", c.model.hidden, "mlp: hidden layer widths");
   f("model.conv_channels", c.model.conv_channels, "cnn: channels of the 5x5 stride-2 convolutions");
+  f("model.init", c.model.init, "\"he\" (He/Xavier-uniform weights from the seed) or \"zeros\"");
   f("data.kind", c.data.kind, "\"fashion-mnist\", \"least-squares\" or \"logistic\" (synthetic, known optimum)");
   f("data.path", c.data.path, "fashion-mnist: directory of the *-idx?-ubyte.gz files");
   f("data.normalize", c.data.normalize, "fashion-mnist: standardise pixels with the training set's mean and std");
@@ -277,6 +278,8 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
         "must be a non-empty name without '/'");
   check(c.model.kind == "linear" || c.model.kind == "mlp" || c.model.kind == "cnn", "model.kind",
         "expected \"linear\", \"mlp\" or \"cnn\", got \"" + c.model.kind + "\"");
+  check(c.model.init == "he" || c.model.init == "zeros", "model.init",
+        "expected \"he\" or \"zeros\", got \"" + c.model.init + "\"");
   for (int h : c.model.hidden) check(h > 0, "model.hidden", "widths must be > 0");
   for (int h : c.model.conv_channels) check(h > 0, "model.conv_channels", "channels must be > 0");
   check(c.data.kind == "fashion-mnist" || c.data.kind == "least-squares" || c.data.kind == "logistic",

@@ -27,6 +27,7 @@ struct ModelConfig {
   std::string kind = "mlp";                   // "linear", "mlp", "cnn"
   std::vector<int> hidden = {256, 128};       // mlp hidden widths
   std::vector<int> conv_channels = {16, 32};  // cnn channels (5x5, stride 2)
+  std::string init = "he";                    // "he" (He/Xavier-uniform) or "zeros"
 };
 
 struct DataConfig {

@@ -176,7 +176,9 @@ std::size_t count_params(const ModelSpec& spec) {
 
 std::vector<float> initial_params(const ModelSpec& spec, std::uint64_t seed) {
   const auto layers = build_layers(spec);
-  std::vector<float> theta(count_params(spec));
+  std::vector<float> theta(count_params(spec), 0.0f);
+  if (spec.init == "zeros") return theta;
+  if (spec.init != "he") throw std::invalid_argument("unknown model init \"" + spec.init + "\" (expected \"he\" or \"zeros\")");
   std::size_t off = 0;
   for (std::size_t i = 0; i < layers.size(); ++i) {
     Rng rng = Rng::derive(seed, {0x1A7E5u, i});

@@ -27,6 +27,7 @@ struct ModelSpec {
   std::vector<int> hidden = {256, 128};     // mlp: widths of the hidden layers
   std::vector<int> conv_channels = {16, 32};  // cnn: 5x5 stride-2 pad-2 convolutions, then a linear head
   Loss loss = Loss::softmax_xent;
+  std::string init = "he";  // "he": He/Xavier-uniform weights, zero biases; "zeros": all zero
 };
 
 struct Shape {
@@ -67,7 +68,8 @@ class Layer {
 std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec);
 std::size_t count_params(const ModelSpec& spec);
 // θ at initialisation, deterministic for a seed: He-uniform for layers followed by ReLU,
-// Xavier-uniform for the output layer, zero biases.
+// Xavier-uniform for the output layer, zero biases (init "he"); or all zeros (init "zeros",
+// fine for convex models and for exact tests).
 std::vector<float> initial_params(const ModelSpec& spec, std::uint64_t seed);
 
 struct ParamInfo {

@@ -14,7 +14,7 @@ PsClient::PsClient(zmq::context_t& ctx, std::vector<std::string> endpoints, wire
     : role_(role), rank_(rank), num_params_(num_params), config_hash_(config_hash),
       // A little longer than the servers' own timeout, so that a server's Error (which names
       // whom it waited for) arrives before this side gives up.
-      timeout_(std::chrono::milliseconds(long(timeout_s * 1000) + 5000)) {
+      timeout_(std::chrono::milliseconds(long(timeout_s * 1000 * 1.25) + 1000)) {
   if (endpoints.empty()) throw std::invalid_argument("PsClient: no server endpoints");
   const int S = int(endpoints.size());
   for (int k = 0; k < S; ++k) {

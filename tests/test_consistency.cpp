@@ -1,0 +1,120 @@
+// The update rule of one shard, without sockets: bsp averaging, ssp/asp gating, staleness,
+// protocol errors that change nothing, and zero-copy-safe versions.
+#include <gtest/gtest.h>
+
+#include "consistency.h"
+
+using namespace pslab;
+
+namespace {
+
+ShardState::Options options(const char* mode, int workers, std::size_t n) {
+  ShardState::Options o;
+  o.mode = Mode::parse(mode);
+  o.workers = workers;
+  o.range = {0, n};
+  o.optimizer.kind = "sgd";
+  o.optimizer.lr = 1.0;
+  o.train_size = 1000;
+  o.batch = 1;
+  o.record_pulls = true;
+  return o;
+}
+
+TEST(ShardRange, BalancedAndContiguous) {
+  std::size_t next = 0;
+  for (int k = 0; k < 3; ++k) {
+    const ShardRange r = shard_range(10, 3, k);
+    EXPECT_EQ(r.offset, next);
+    EXPECT_GE(r.length, 3u);
+    EXPECT_LE(r.length, 4u);
+    next = r.offset + r.length;
+  }
+  EXPECT_EQ(next, 10u);
+  EXPECT_EQ(shard_range(0, 2, 1).length, 0u);
+  EXPECT_THROW(shard_range(10, 2, 2), std::invalid_argument);
+}
+
+TEST(ShardState, BspAveragesTheClockWeightedByBatchAndAppliesOnce) {
+  auto cpu = make_cpu_backend(1);
+  ShardState s(*cpu, options("bsp", 3, 2), {10.0f, 20.0f});
+  const float g0[] = {1, 2}, g1[] = {4, 8}, g2[] = {7, 5};
+  EXPECT_TRUE(s.pull_ready(0));
+  EXPECT_FALSE(s.push(0, 0, 0, 1, g0));
+  EXPECT_FALSE(s.pull_ready(1)) << "clock 1 opens only after every worker pushed clock 0";
+  EXPECT_FALSE(s.push(2, 0, 0, 2, g2));
+  EXPECT_EQ(s.version(), 0);
+  EXPECT_TRUE(s.push(1, 0, 0, 1, g1));
+  // Mean over 4 samples: (1*g0 + 1*g1 + 2*g2) / 4 = (19/4, 20/4); lr 1.
+  EXPECT_FLOAT_EQ(s.current()[0], 10.0f - 19.0f / 4);
+  EXPECT_FLOAT_EQ(s.current()[1], 20.0f - 5.0f);
+  EXPECT_EQ(s.version(), 1);
+  EXPECT_EQ(s.samples_applied(), 4);
+  EXPECT_TRUE(s.pull_ready(1));
+  EXPECT_EQ(s.staleness_histogram()[0], std::vector<long>{1});
+}
+
+TEST(ShardState, BspRejectsDuplicatesAndSkippedClocksWithoutChangingAnything) {
+  auto cpu = make_cpu_backend(1);
+  ShardState s(*cpu, options("bsp", 2, 1), {5.0f});
+  const float g[] = {1};
+  s.push(0, 0, 0, 1, g);
+  EXPECT_THROW(s.push(0, 0, 0, 1, g), ProtocolError);  // second push of clock 0
+  EXPECT_THROW(s.push(1, 3, 0, 1, g), ProtocolError);  // not its next clock
+  EXPECT_THROW(s.push(1, 0, 7, 1, g), ProtocolError);  // a version the shard never had
+  EXPECT_THROW(s.push(5, 0, 0, 1, g), ProtocolError);  // not a worker
+  EXPECT_EQ(s.version(), 0);
+  EXPECT_EQ(s.clock_of(1), 0);
+  s.push(1, 0, 0, 1, g);
+  EXPECT_EQ(s.version(), 1);
+  EXPECT_FLOAT_EQ(s.current()[0], 4.0f);
+}
+
+TEST(ShardState, SspGatesPullsOnTheSlowestWorker) {
+  auto cpu = make_cpu_backend(1);
+  ShardState s(*cpu, options("ssp:1", 2, 1), {0.0f});
+  const float g[] = {1};
+  // Worker 0 runs ahead; worker 1 stays at clock 0.
+  EXPECT_TRUE(s.pull_ready(1));   // 1 - 1 <= min clock 0
+  s.push(0, 0, 0, 1, g);
+  EXPECT_FALSE(s.pull_ready(2));  // would be 2 clocks ahead of worker 1
+  s.push(1, 0, 0, 1, g);          // worker 1 catches up one clock
+  EXPECT_TRUE(s.pull_ready(2));
+  EXPECT_EQ(s.version(), 2) << "ssp applies each push on arrival";
+  EXPECT_FLOAT_EQ(s.current()[0], -2.0f);
+}
+
+TEST(ShardState, AspNeverHoldsAndMeasuresStaleness) {
+  auto cpu = make_cpu_backend(1);
+  ShardState s(*cpu, options("asp", 2, 1), {0.0f});
+  const float g[] = {1};
+  EXPECT_TRUE(s.pull_ready(1000));
+  s.push(0, 0, 0, 1, g);  // applied at version 0 on version 0: staleness 0
+  s.push(0, 1, 1, 1, g);  // staleness 0
+  s.push(1, 0, 0, 1, g);  // computed on version 0, applied at version 2: staleness 2
+  EXPECT_EQ(s.staleness_histogram()[0], (std::vector<long>{2}));
+  EXPECT_EQ(s.staleness_histogram()[1], (std::vector<long>{0, 0, 1}));
+  EXPECT_EQ(s.version(), 3);
+}
+
+TEST(ParamVersions, UpdatesNeverWriteABufferThatASendStillReferences) {
+  ParamVersions v({1.0f, 2.0f});
+  ParamVersions::Buffer* sent = v.acquire_current();  // a pull reply in flight
+  const float* old = v.current();
+  float* next = v.next();
+  EXPECT_NE(next, old);
+  next[0] = 9.0f, next[1] = 9.0f;
+  v.publish();
+  EXPECT_EQ(old[0], 1.0f) << "the in-flight version is untouched";
+  ParamVersions::Buffer* sent2 = v.acquire_current();
+  float* third = v.next();  // both older buffers are referenced: a third is allocated
+  EXPECT_NE(third, old);
+  EXPECT_NE(third, v.current());
+  EXPECT_EQ(v.buffers(), 3u);
+  ParamVersions::release(sent);
+  ParamVersions::release(sent2);
+  v.publish();
+  EXPECT_EQ(v.next(), old) << "released buffers are reused";
+}
+
+}  // namespace

@@ -1,0 +1,425 @@
+// Parameter servers and workers in one process (threads over ZeroMQ inproc://): each
+// consistency mode checked exactly, and bad input refused without touching θ.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "config.h"
+#include "net.h"
+#include "optimizer.h"
+#include "ps_client.h"
+#include "replica.h"
+#include "roles.h"
+#include "sampler.h"
+#include "server.h"
+#include "setup.h"
+#include "wire_generated.h"
+
+using namespace pslab;
+namespace fs = std::filesystem;
+
+namespace {
+
+ExperimentConfig make_config(const std::string& mode, int workers, int servers, const std::string& extra = "") {
+  return parse_config("name = \"ps-test\"\n"
+                      "[data]\nkind = \"logistic\"\ndim = 16\noutputs = 3\ntrain_samples = 512\ntest_samples = 64\n"
+                      "[model]\nkind = \"mlp\"\nhidden = [16]\n"
+                      "[optimizer]\nkind = \"momentum\"\nlr = 0.1\n"
+                      "[train]\nbatch = 8\nthreads = 1\nlog_every = 1000\nsteps = 50\n"
+                      "[cluster]\nmode = \"" + mode + "\"\nworkers = " + std::to_string(workers) +
+                          "\nservers = " + std::to_string(servers) + "\ntimeout_s = 20\n" + extra,
+                      "test");
+}
+
+// Servers of one run, each in its own thread, on inproc:// endpoints of one context.
+class Cluster {
+ public:
+  Cluster(const ExperimentConfig& cfg, bool record_pulls = false) {
+    static std::atomic<int> next_id{0};
+    const int id = next_id++;
+    for (int k = 0; k < cfg.cluster.servers; ++k) {
+      ServerOptions o;
+      o.endpoint = "inproc://pslab-test-" + std::to_string(id) + "-" + std::to_string(k);
+      o.shard = k;
+      o.record_pulls = record_pulls;
+      o.stop = &stop;
+      endpoints.push_back(o.endpoint);
+      servers.push_back(std::make_unique<Server>(ctx, cfg, o));
+    }
+    errors.resize(servers.size());
+    for (std::size_t k = 0; k < servers.size(); ++k)
+      threads.emplace_back([this, k] {
+        try {
+          servers[k]->run();
+        } catch (...) {
+          errors[k] = std::current_exception();
+        }
+      });
+  }
+  ~Cluster() {
+    stop = true;
+    join();
+  }
+  void join() {
+    for (auto& t : threads)
+      if (t.joinable()) t.join();
+  }
+  // θ assembled from the shards (after join()).
+  std::vector<float> params() const {
+    std::vector<float> theta;
+    for (const auto& s : servers) theta.insert(theta.end(), s->state().current(), s->state().current() + s->range().length);
+    return theta;
+  }
+  void rethrow() const {
+    for (const auto& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
+
+  zmq::context_t ctx{1};
+  std::atomic<bool> stop{false};
+  std::vector<std::unique_ptr<Server>> servers;
+  std::vector<std::thread> threads;
+  std::vector<std::string> endpoints;
+  std::vector<std::exception_ptr> errors;
+};
+
+// Runs `fn(rank)` on `n` threads; rethrows the first failure.
+template <typename F>
+void run_threads(int n, F fn) {
+  std::vector<std::thread> ts;
+  std::vector<std::exception_ptr> errs(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errs[std::size_t(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (auto& e : errs)
+    if (e) std::rethrow_exception(e);
+}
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("pslab_" + name + "_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+// ---- bsp == single-process SGD on the union of the workers' batches ----
+
+struct BspCase {
+  int workers, servers;
+};
+class BspEqualsUnionBatch : public ::testing::TestWithParam<BspCase> {};
+
+TEST_P(BspEqualsUnionBatch, ParametersWithin1e5RelativeAfter50Steps) {
+  const auto [W, S] = GetParam();
+  const ExperimentConfig cfg = make_config("bsp", W, S);
+  const fs::path dir = temp_dir("bsp");
+  Cluster cluster(cfg);
+  run_threads(W, [&](int r) {
+    RoleOptions o;
+    o.rank = r;
+    o.servers = cluster.endpoints;
+    o.out_dir = dir.string();
+    o.progress = false;
+    o.ctx = &cluster.ctx;
+    run_ps_worker(cfg, o);
+  });
+  cluster.join();
+  cluster.rethrow();
+  const std::vector<float> ps = cluster.params();
+
+  // Reference: one process, one optimizer, batch = union of the W workers' batches.
+  auto be = make_cpu_backend(1);
+  const DataSplit data = load_data(cfg);
+  const int b = cfg.train.batch;
+  Replica ref(*be, model_spec(cfg), data.train, W * b);
+  ref.model().init(cfg.seed);
+  Optimizer opt(*be, cfg.optimizer, ref.model().num_params());
+  std::vector<ShardSampler> samplers;
+  for (int r = 0; r < W; ++r) samplers.emplace_back(std::size_t(data.train.n), W, r, cfg.seed);
+  const long spe = samplers[0].steps_per_epoch(b);
+  long samples = 0;
+  std::vector<std::uint32_t> batch;
+  for (long step = 0; step < cfg.train.steps; ++step) {
+    batch.clear();
+    for (auto& s : samplers) {
+      s.set_epoch(step / spe);
+      const auto part = s.batch(step % spe, b);
+      batch.insert(batch.end(), part.begin(), part.end());
+    }
+    ref.compute_gradient(batch);
+    opt.step(ref.model().params(), ref.model().grads(),
+             learning_rate(schedule_for_run(cfg), cfg.optimizer.lr, W * b, double(samples) / data.train.n));
+    samples += long(batch.size());
+  }
+  std::vector<float> single(ref.model().num_params());
+  ref.model().store_params(single.data());
+
+  ASSERT_EQ(ps.size(), single.size());
+  double scale = 0, worst = 0;
+  long wrong = 0;
+  for (std::size_t i = 0; i < ps.size(); ++i) scale = std::max(scale, double(std::abs(single[i])));
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    const double d = std::abs(double(ps[i]) - single[i]);
+    worst = std::max(worst, d);
+    wrong += d > 1e-5 * std::max(double(std::abs(single[i])), 1e-2 * scale);
+  }
+  EXPECT_EQ(wrong, 0) << "worst abs difference " << worst << ", largest |θ| " << scale;
+  EXPECT_NE(ps, initial_params(model_spec(cfg), cfg.seed)) << "training moved θ";
+  for (const auto& s : cluster.servers) EXPECT_EQ(s->state().version(), cfg.train.steps);
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Workers, BspEqualsUnionBatch,
+                         ::testing::Values(BspCase{1, 1}, BspCase{3, 2}, BspCase{4, 2}),
+                         [](const auto& i) {
+                           return "W" + std::to_string(i.param.workers) + "S" + std::to_string(i.param.servers);
+                         });
+
+// ---- ssp:s never serves a worker more than s clocks ahead of the slowest ----
+
+class SspBound : public ::testing::TestWithParam<int> {};
+
+TEST_P(SspBound, NoPullServedMoreThanSClocksAheadOfTheSlowest) {
+  const int s = GetParam(), W = 4, S = 2, clocks = 30;
+  const ExperimentConfig cfg = make_config("ssp:" + std::to_string(s), W, S);
+  Cluster cluster(cfg, /*record_pulls=*/true);
+  const std::size_t P = count_params(model_spec(cfg));
+  const std::uint64_t hash = net::fnv1a(to_toml(cfg));
+  run_threads(W, [&](int r) {
+    PsClient c(cluster.ctx, cluster.endpoints, wire::Role::worker, r, P, hash, 20);
+    std::vector<float> theta(P), grad(P, 0.0f);
+    c.connect();
+    c.pull(0, theta.data());
+    for (int k = 0; k < clocks; ++k) {
+      if (r == W - 1) std::this_thread::sleep_for(std::chrono::milliseconds(3));  // the straggler
+      c.push(k, 1, grad.data(), k + 1 < clocks ? theta.data() : nullptr);
+    }
+    c.bye(clocks);
+  });
+  cluster.join();
+  cluster.rethrow();
+  for (const auto& srv : cluster.servers) {
+    const auto& recs = srv->state().pull_records();
+    ASSERT_EQ(recs.size(), std::size_t(W * clocks));  // the first pull and one per push but the last
+    long ahead_max = 0;
+    for (const PullRecord& p : recs) {
+      EXPECT_LE(p.clock - p.min_clock, s) << "worker " << p.worker << " served clock " << p.clock
+                                          << " while the slowest was at " << p.min_clock;
+      ahead_max = std::max(ahead_max, p.clock - p.min_clock);
+    }
+    EXPECT_EQ(ahead_max, s) << "fast workers should run exactly s clocks ahead of the straggler";
+    EXPECT_GT(srv->counters().pulls_held, 0) << "the straggler must have held someone";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Staleness, SspBound, ::testing::Values(0, 1, 3));
+
+// ---- asp: no update lost or applied twice ----
+
+TEST(Asp, ThirtyTwoWorkersFourShardsEveryUpdateAppliedExactlyOnce) {
+  const int W = 32, S = 4, pushes = 200;
+  ExperimentConfig cfg = make_config("asp", W, S);
+  cfg.model.kind = "linear";
+  cfg.model.init = "zeros";
+  cfg.data.dim = 63;  // linear 63 -> 4: P = 256, 64 per shard
+  cfg.data.outputs = 4;
+  cfg.optimizer.kind = "sgd";
+  cfg.optimizer.lr = 1.0;
+  Cluster cluster(cfg);
+  const std::size_t P = count_params(model_spec(cfg));
+  ASSERT_EQ(P, 256u);
+  // Integer-valued gradients: every partial sum is exact in float32, in any order.
+  auto g = [](int r, int k, std::size_t i) { return float(int((r * 7 + k * 3 + int(i)) % 5) - 2); };
+  run_threads(W, [&](int r) {
+    PsClient c(cluster.ctx, cluster.endpoints, wire::Role::worker, r, P, net::fnv1a(to_toml(cfg)), 30);
+    std::vector<float> theta(P), grad(P);
+    c.connect();
+    c.pull(0, theta.data());
+    for (int k = 0; k < pushes; ++k) {
+      for (std::size_t i = 0; i < P; ++i) grad[i] = g(r, k, i);
+      c.push(k, 1, grad.data(), k + 1 < pushes ? theta.data() : nullptr);
+    }
+    c.bye(pushes);
+  });
+  cluster.join();
+  cluster.rethrow();
+  const std::vector<float> theta = cluster.params();
+  long wrong = 0;
+  for (std::size_t i = 0; i < P; ++i) {
+    long expected = 0;
+    for (int r = 0; r < W; ++r)
+      for (int k = 0; k < pushes; ++k) expected -= long(g(r, k, i));  // θ = 0 - lr * Σ g
+    wrong += theta[i] != float(expected);
+  }
+  EXPECT_EQ(wrong, 0) << "parameters differing from the exact sum of all updates";
+  for (const auto& s : cluster.servers) EXPECT_EQ(s->state().updates_applied(), W * pushes);
+}
+
+// ---- bad input: counted, answered, θ untouched, server keeps serving ----
+
+class BadInput : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cfg = make_config("asp", 1, 1);
+    cfg.optimizer.kind = "sgd";
+    cfg.optimizer.lr = 1.0;
+    cluster = std::make_unique<Cluster>(cfg);
+    P = count_params(model_spec(cfg));
+    raw = std::make_unique<zmq::socket_t>(cluster->ctx, zmq::socket_type::dealer);
+    raw->set(zmq::sockopt::linger, 0);
+    raw->connect(cluster->endpoints[0]);
+    evaluator = std::make_unique<PsClient>(cluster->ctx, cluster->endpoints, wire::Role::evaluator, wire::kEvaluator, P,
+                                           net::fnv1a(to_toml(cfg)), 10);
+    evaluator->connect();
+  }
+  void TearDown() override {
+    evaluator.reset();
+    raw.reset();
+    cluster.reset();
+  }
+  // Sends frames on the raw socket and returns the Error code of the reply.
+  std::string send_expect_error(std::vector<zmq::message_t> frames) {
+    for (std::size_t i = 0; i < frames.size(); ++i)
+      raw->send(frames[i], i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    std::vector<zmq::message_t> reply;
+    zmq::pollitem_t item{raw->handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(5000));
+    if (!net::recv_all(*raw, reply)) return "(no reply)";
+    std::string why;
+    auto h = wire::decode(reply[0].data(), reply[0].size(), why);
+    if (!h) return "(malformed reply: " + why + ")";
+    if (const auto* e = std::get_if<wire::Error>(&h->body)) return wire::error_code_name(e->code);
+    return std::string("(") + wire::body_name(h->body) + ")";
+  }
+  zmq::message_t header(const wire::Body& b, int sender = 0, int shard = 0) {
+    return enc.encode(wire::Header{sender, shard, b});
+  }
+  zmq::message_t floats(const std::vector<float>& v) { return zmq::message_t(v.data(), v.size() * sizeof(float)); }
+  std::vector<zmq::message_t> msg(zmq::message_t a) {
+    std::vector<zmq::message_t> v;
+    v.push_back(std::move(a));
+    return v;
+  }
+  std::vector<zmq::message_t> msg(zmq::message_t a, zmq::message_t b) {
+    auto v = msg(std::move(a));
+    v.push_back(std::move(b));
+    return v;
+  }
+  std::vector<float> theta() {
+    std::vector<float> t(P);
+    evaluator->pull(0, t.data());
+    return t;
+  }
+
+  ExperimentConfig cfg;
+  std::unique_ptr<Cluster> cluster;
+  std::size_t P = 0;
+  std::unique_ptr<zmq::socket_t> raw;
+  std::unique_ptr<PsClient> evaluator;
+  wire::Encoder enc;
+};
+
+TEST_F(BadInput, EveryKindIsCountedAnsweredAndLeavesThetaBitwiseUnchanged) {
+  const std::vector<float> before = theta();
+  const std::uint64_t hash = net::fnv1a(to_toml(cfg));
+  std::vector<float> g(P, 0.5f);
+  const std::uint64_t gsum = wire::checksum(g.data(), P);
+
+  // Before Hello.
+  EXPECT_EQ(send_expect_error(msg(zmq::message_t(std::string("garbage, not a header")))), "malformed");
+  zmq::message_t pull = header(wire::Pull{0});
+  EXPECT_EQ(send_expect_error(msg(zmq::message_t(pull.data(), pull.size() / 2))), "malformed");  // truncated
+  {
+    flatbuffers::FlatBufferBuilder f;
+    auto body = pslab::fb::CreatePull(f, 0).Union();
+    pslab::fb::FinishMessageBuffer(f, pslab::fb::CreateMessage(f, wire::kMagic, wire::kProtocol, 0, 0, pslab::fb::Body(77), body));
+    EXPECT_EQ(send_expect_error(msg(zmq::message_t(f.GetBufferPointer(), f.GetSize()))), "malformed");  // unknown type
+  }
+  EXPECT_EQ(send_expect_error(msg(header(wire::Pull{0}))), "unknown_peer");
+  EXPECT_EQ(send_expect_error(msg(header(wire::Hello{wire::Role::worker, 0, P + 1, hash}))), "config");
+  EXPECT_EQ(send_expect_error(msg(header(wire::Hello{wire::Role::worker, 0, P, hash ^ 1}))), "config");
+  EXPECT_EQ(send_expect_error(msg(header(wire::Hello{wire::Role::worker, 0, P, hash}))), "(Welcome)");
+
+  // As a registered worker.
+  EXPECT_EQ(send_expect_error(msg(header(wire::Pull{0}, /*sender=*/5))), "unknown_peer");  // wrong sender id
+  EXPECT_EQ(send_expect_error(msg(header(wire::Pull{0}, 0, /*shard=*/3))), "wrong_shard");
+  EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false}),
+                                  floats(std::vector<float>(10, 0.5f)))), "wrong_size");
+  EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P - 1, false}), floats(g))), "wrong_shard");
+  EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false}))), "wrong_size");  // no payload
+  {
+    std::vector<float> flipped = g;
+    reinterpret_cast<unsigned char*>(flipped.data())[13] ^= 0x10;
+    EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false}), floats(flipped))), "bad_checksum");
+  }
+  EXPECT_EQ(send_expect_error(msg(header(wire::Push{5, 0, 1, gsum, 0, P, false}), floats(g))), "protocol");  // not its clock
+  EXPECT_EQ(send_expect_error(msg(header(wire::Pull{0}), floats(g))), "wrong_size");  // payload on a Pull
+  EXPECT_EQ(send_expect_error(msg(header(wire::Welcome{}))), "unknown_type");
+  {
+    auto v = msg(header(wire::Pull{0}), floats(g));
+    v.push_back(floats(g));
+    EXPECT_EQ(send_expect_error(std::move(v)), "malformed");  // too many frames
+  }
+
+  EXPECT_EQ(before, theta()) << "θ changed after bad input";
+  const auto stats = nlohmann::json::parse(evaluator->stats(0));
+  EXPECT_EQ(stats["bad_total"], 16) << stats.dump();
+  EXPECT_EQ(stats["bad"]["malformed"], 4) << stats.dump();
+  EXPECT_EQ(stats["bad"]["wrong_size"], 3) << stats.dump();
+  EXPECT_EQ(stats["bad"]["bad_checksum"], 1) << stats.dump();
+  EXPECT_EQ(stats["version"], 0);
+
+  // Still serving: a good push is applied (SGD, lr 1) and answered with the new θ.
+  EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, true}), floats(g))), "(PullReply)");
+  const std::vector<float> after = theta();
+  for (std::size_t i = 0; i < P; ++i) ASSERT_EQ(after[i], before[i] - 0.5f) << i;
+}
+
+TEST(Timeouts, AWorkerWhoseServerIsGoneFailsNamingTheServer) {
+  ExperimentConfig cfg = make_config("asp", 1, 1);
+  cfg.cluster.timeout_s = 0.5;
+  zmq::context_t ctx(1);
+  PsClient c(ctx, {"inproc://nobody-listens-here"}, wire::Role::worker, 0, count_params(model_spec(cfg)), 1, 0.5);
+  try {
+    c.connect();
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("no reply to Hello"), std::string::npos) << m;
+    EXPECT_NE(m.find("server 0 at inproc://nobody-listens-here"), std::string::npos) << m;
+  }
+}
+
+TEST(Timeouts, AHeldPullIsAnsweredWithWhomItWaitedFor) {
+  ExperimentConfig cfg = make_config("bsp", 2, 1);
+  cfg.cluster.timeout_s = 0.5;
+  Cluster cluster(cfg);
+  const std::size_t P = count_params(model_spec(cfg));
+  const std::uint64_t hash = net::fnv1a(to_toml(cfg));
+  PsClient w0(cluster.ctx, cluster.endpoints, wire::Role::worker, 0, P, hash, 0.5);
+  PsClient w1(cluster.ctx, cluster.endpoints, wire::Role::worker, 1, P, hash, 0.5);
+  std::thread t([&] { w1.connect(); });
+  w0.connect();
+  t.join();
+  std::vector<float> theta(P), grad(P, 0.0f);
+  w0.pull(0, theta.data());
+  try {
+    w0.push(0, 1, grad.data(), theta.data());  // worker 1 never pushes clock 0
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("timeout: pull of worker 0 for clock 1"), std::string::npos) << m;
+    EXPECT_NE(m.find("still needs pushes from worker 1 (clock 0)"), std::string::npos) << m;
+  }
+}
+
+}  // namespace

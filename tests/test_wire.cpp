@@ -1,0 +1,149 @@
+// Wire headers: every message type round-trips; malformed frames are refused with a reason;
+// the payload checksum catches flipped bytes.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "rng.h"
+#include "wire.h"
+#include "wire_generated.h"
+
+using namespace pslab;
+using namespace pslab::wire;
+
+namespace {
+
+Header round_trip(const Header& h) {
+  Encoder enc;
+  zmq::message_t m = enc.encode(h);
+  std::string why;
+  auto back = decode(m.data(), m.size(), why);
+  EXPECT_TRUE(back) << why;
+  EXPECT_EQ(back->sender, h.sender);
+  EXPECT_EQ(back->shard, h.shard);
+  EXPECT_EQ(back->body.index(), h.body.index());
+  return *back;
+}
+
+TEST(Wire, EveryMessageTypeRoundTrips) {
+  {
+    auto b = std::get<Hello>(round_trip({3, -1, Hello{Role::evaluator, 3, 235146, 0xABCDEF0123456789ull}}).body);
+    EXPECT_EQ(b.role, Role::evaluator);
+    EXPECT_EQ(b.rank, 3);
+    EXPECT_EQ(b.param_count, 235146u);
+    EXPECT_EQ(b.config_hash, 0xABCDEF0123456789ull);
+  }
+  {
+    auto b = std::get<Welcome>(round_trip({kServer, 1, Welcome{1, 2, 100, 50, 4, "ssp:3", 17}}).body);
+    EXPECT_EQ(b.shard, 1);
+    EXPECT_EQ(b.num_shards, 2);
+    EXPECT_EQ(b.offset, 100u);
+    EXPECT_EQ(b.length, 50u);
+    EXPECT_EQ(b.workers, 4);
+    EXPECT_EQ(b.mode, "ssp:3");
+    EXPECT_EQ(b.version, 17);
+  }
+  EXPECT_EQ(std::get<Pull>(round_trip({0, 1, Pull{42}}).body).clock, 42);
+  {
+    auto b = std::get<PullReply>(round_trip({kServer, 0, PullReply{5, 6, 4, 999, 1234, true, 77, 8, 9}}).body);
+    EXPECT_EQ(b.clock, 5);
+    EXPECT_EQ(b.version, 6);
+    EXPECT_EQ(b.min_clock, 4);
+    EXPECT_EQ(b.samples_applied, 999);
+    EXPECT_EQ(b.held_us, 1234);
+    EXPECT_TRUE(b.training_done);
+    EXPECT_EQ(b.checksum, 77u);
+    EXPECT_EQ(b.offset, 8u);
+    EXPECT_EQ(b.length, 9u);
+  }
+  {
+    auto b = std::get<Push>(round_trip({2, 0, Push{11, 10, 64, 0xFFFFFFFFFFFFFFFFull, 0, 117573, true}}).body);
+    EXPECT_EQ(b.clock, 11);
+    EXPECT_EQ(b.version_pulled, 10);
+    EXPECT_EQ(b.batch, 64);
+    EXPECT_EQ(b.checksum, 0xFFFFFFFFFFFFFFFFull);
+    EXPECT_EQ(b.length, 117573u);
+    EXPECT_TRUE(b.then_pull);
+  }
+  {
+    auto b = std::get<PushAck>(round_trip({kServer, 0, PushAck{3, 4}}).body);
+    EXPECT_EQ(b.clock, 3);
+    EXPECT_EQ(b.version, 4);
+  }
+  EXPECT_EQ(std::get<Bye>(round_trip({1, -1, Bye{200}}).body).clock, 200);
+  round_trip({kTool, -1, Shutdown{}});
+  round_trip({kServer, -1, Ack{}});
+  round_trip({kTool, 0, Stats{}});
+  EXPECT_EQ(std::get<StatsReply>(round_trip({kServer, 0, StatsReply{"{\"a\":1}"}}).body).json, "{\"a\":1}");
+  {
+    auto b = std::get<Error>(round_trip({kServer, 0, Error{ErrorCode::bad_checksum, "flipped"}}).body);
+    EXPECT_EQ(b.code, ErrorCode::bad_checksum);
+    EXPECT_EQ(b.message, "flipped");
+  }
+}
+
+TEST(Wire, RefusesMalformedFramesWithAReason) {
+  std::string why;
+  EXPECT_FALSE(decode("", 0, why));
+  EXPECT_NE(why.find("0 bytes"), std::string::npos) << why;
+
+  const char garbage[] = "this is not a flatbuffer at all, just some bytes....";
+  EXPECT_FALSE(decode(garbage, sizeof garbage, why));
+  EXPECT_NE(why.find("does not verify"), std::string::npos) << why;
+
+  Encoder enc;
+  zmq::message_t good = enc.encode({0, 0, Push{1, 1, 1, 1, 0, 10, false}});
+  for (std::size_t cut : {good.size() - 1, good.size() / 2, std::size_t(9)}) {
+    EXPECT_FALSE(decode(good.data(), cut, why)) << "truncated to " << cut;
+  }
+  // Unaligned frames (ZeroMQ does not promise alignment) still decode.
+  std::vector<char> shifted(good.size() + 1);
+  std::memcpy(shifted.data() + 1, good.data(), good.size());
+  EXPECT_TRUE(decode(shifted.data() + 1, good.size(), why)) << why;
+}
+
+TEST(Wire, RefusesWrongMagicProtocolAndUnknownTypes) {
+  auto build = [](std::uint32_t magic, std::uint16_t protocol, std::uint8_t type) {
+    flatbuffers::FlatBufferBuilder f;
+    auto body = fb::CreatePull(f, 1).Union();
+    fb::FinishMessageBuffer(f, fb::CreateMessage(f, magic, protocol, 0, 0, fb::Body(type), body));
+    return std::vector<std::uint8_t>(f.GetBufferPointer(), f.GetBufferPointer() + f.GetSize());
+  };
+  std::string why;
+  auto ok = build(kMagic, kProtocol, fb::Body_Pull);
+  EXPECT_TRUE(decode(ok.data(), ok.size(), why)) << why;
+  auto magic = build(0xDEADBEEF, kProtocol, fb::Body_Pull);
+  EXPECT_FALSE(decode(magic.data(), magic.size(), why));
+  EXPECT_NE(why.find("wrong magic 0xdeadbeef"), std::string::npos) << why;
+  auto proto = build(kMagic, 99, fb::Body_Pull);
+  EXPECT_FALSE(decode(proto.data(), proto.size(), why));
+  EXPECT_NE(why.find("protocol version 99"), std::string::npos) << why;
+  auto type = build(kMagic, kProtocol, 77);
+  EXPECT_FALSE(decode(type.data(), type.size(), why));
+  EXPECT_NE(why.find("unknown message type 77"), std::string::npos) << why;
+}
+
+TEST(Wire, ChecksumCatchesEveryFlippedByteAndCopyAgrees) {
+  for (std::size_t n : {0u, 1u, 3u, 4u, 5u, 1000u}) {
+    std::vector<float> x(n);
+    Rng r(n);
+    for (auto& v : x) v = float(r.normal());
+    const std::uint64_t sum = checksum(x.data(), n);
+    std::vector<float> y(n);
+    EXPECT_EQ(copy_with_checksum(y.data(), x.data(), n), sum);
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), n * sizeof(float)), 0);
+    auto* bytes = reinterpret_cast<unsigned char*>(y.data());
+    for (std::size_t b = 0; b < n * sizeof(float); b += (n > 10 ? 37 : 1)) {
+      for (unsigned char bit : {0x01, 0x80}) {
+        bytes[b] ^= bit;
+        EXPECT_NE(checksum(y.data(), n), sum) << "byte " << b << " of " << n << " floats";
+        bytes[b] ^= bit;
+      }
+    }
+  }
+  // Swapping two words changes it (position-weighted).
+  std::vector<float> a = {1, 2, 3, 4, 5, 6, 7, 8}, b = {5, 2, 3, 4, 1, 6, 7, 8};
+  EXPECT_NE(checksum(a.data(), 8), checksum(b.data(), 8));
+}
+
+}  // namespace
