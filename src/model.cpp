@@ -263,13 +263,13 @@ double Model::loss(const float* out, const std::int32_t* labels, const float* ta
 }
 
 double Model::forward_backward(const float* x, const std::int32_t* labels, const float* targets,
-                               int B) {
+                               int B, float grad_scale) {
   if (B == 0) {
     be_.fill(grads_.data(), grads_.size(), 0.0f);
     return 0.0;
   }
   const float* out = forward(x, B);
-  const double mean_loss = loss(out, labels, targets, B, 1.0f / float(B)) / B;
+  const double mean_loss = loss(out, labels, targets, B, grad_scale < 0 ? 1.0f / float(B) : grad_scale) / B;
   const float* dy = dout_.data();
   float* bufs[2] = {dping_.data(), dpong_.data()};
   for (std::size_t i = layers_.size(); i-- > 0;) {

@@ -103,9 +103,12 @@ class Model {
   void store_params(float* host) const;
 
   // Forward and backward on a batch already on the device: x (B, features); labels (B) for
-  // softmax_xent or targets (B, outputs) for mse. Overwrites ∇θ with the gradient of the
-  // batch-mean loss and returns that mean loss. B == 0 gives a zero gradient and loss 0.
-  double forward_backward(const float* x, const std::int32_t* labels, const float* targets, int B);
+  // softmax_xent or targets (B, outputs) for mse. Overwrites ∇θ with the gradient of
+  // grad_scale x the summed loss (grad_scale < 0: 1/B, the batch mean) and returns the mean
+  // loss of the batch. B == 0 gives a zero gradient and loss 0. (All-reduce passes
+  // 1/global batch, so that the sum over ranks is the global mean with no extra pass.)
+  double forward_backward(const float* x, const std::int32_t* labels, const float* targets, int B,
+                          float grad_scale = -1.0f);
   // Forward only: summed loss and number of correct argmax predictions.
   EvalCounts evaluate(const float* x, const std::int32_t* labels, const float* targets, int B);
 

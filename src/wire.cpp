@@ -23,7 +23,8 @@ const char* error_code_name(ErrorCode c) {
 
 const char* body_name(const Body& b) {
   static constexpr const char* names[] = {"Hello", "Welcome", "Pull", "PullReply", "Push", "PushAck",
-                                          "Bye", "Shutdown", "Ack", "Stats", "StatsReply", "Error"};
+                                          "Bye", "Shutdown", "Ack", "Stats", "StatsReply", "Error",
+                                          "KvSet", "KvGet", "KvValue", "Beat", "GroupStatus"};
   static_assert(std::size(names) == std::variant_size_v<Body>);
   return names[b.index()];
 }
@@ -73,9 +74,30 @@ struct BodyEncoder {
   std::pair<fb::Body, Off> operator()(const Error& m) const {
     return {fb::Body_Error, fb::CreateError(f, fb::ErrorCode(m.code), f.CreateString(m.message)).Union()};
   }
+  std::pair<fb::Body, Off> operator()(const KvSet& m) const {
+    return {fb::Body_KvSet, fb::CreateKvSet(f, f.CreateString(m.key), bytes(m.value)).Union()};
+  }
+  std::pair<fb::Body, Off> operator()(const KvGet& m) const {
+    return {fb::Body_KvGet, fb::CreateKvGet(f, f.CreateString(m.key), m.wait_ms).Union()};
+  }
+  std::pair<fb::Body, Off> operator()(const KvValue& m) const {
+    return {fb::Body_KvValue, fb::CreateKvValue(f, f.CreateString(m.key), bytes(m.value), m.found).Union()};
+  }
+  std::pair<fb::Body, Off> operator()(const Beat& m) const {
+    return {fb::Body_Beat, fb::CreateBeat(f, m.step).Union()};
+  }
+  std::pair<fb::Body, Off> operator()(const GroupStatus&) const {
+    return {fb::Body_GroupStatus, fb::CreateGroupStatus(f).Union()};
+  }
+  flatbuffers::Offset<flatbuffers::Vector<std::uint8_t>> bytes(const std::string& s) const {
+    return f.CreateVector(reinterpret_cast<const std::uint8_t*>(s.data()), s.size());
+  }
 };
 
 std::string str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
+std::string str(const flatbuffers::Vector<std::uint8_t>* v) {
+  return v ? std::string(reinterpret_cast<const char*>(v->data()), v->size()) : std::string();
+}
 
 }  // namespace
 
@@ -159,6 +181,15 @@ std::optional<Header> decode(const void* data, std::size_t size, std::string& er
       h.body = Error{ErrorCode(code), str(b->message())};
       break;
     }
+    case fb::Body_KvSet: h.body = KvSet{str(m->body_as_KvSet()->key()), str(m->body_as_KvSet()->value())}; break;
+    case fb::Body_KvGet: h.body = KvGet{str(m->body_as_KvGet()->key()), m->body_as_KvGet()->wait_ms()}; break;
+    case fb::Body_KvValue: {
+      const auto* b = m->body_as_KvValue();
+      h.body = KvValue{str(b->key()), str(b->value()), b->found()};
+      break;
+    }
+    case fb::Body_Beat: h.body = Beat{m->body_as_Beat()->step()}; break;
+    case fb::Body_GroupStatus: h.body = GroupStatus{}; break;
     default:
       error = "unknown message type " + std::to_string(int(m->body_type()));
       return std::nullopt;

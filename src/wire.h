@@ -46,9 +46,14 @@ struct Ack {};
 struct Stats {};
 struct StatsReply { std::string json; };
 struct Error { ErrorCode code = ErrorCode::malformed; std::string message; };
+struct KvSet { std::string key; std::string value; };
+struct KvGet { std::string key; std::int64_t wait_ms = 0; };
+struct KvValue { std::string key; std::string value; bool found = false; };
+struct Beat { std::int64_t step = 0; };
+struct GroupStatus {};
 
 using Body = std::variant<Hello, Welcome, Pull, PullReply, Push, PushAck, Bye, Shutdown, Ack, Stats,
-                          StatsReply, Error>;
+                          StatsReply, Error, KvSet, KvGet, KvValue, Beat, GroupStatus>;
 // Name of the body type, e.g. "Push" (for messages and logs).
 const char* body_name(const Body& b);
 

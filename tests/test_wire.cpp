@@ -76,6 +76,20 @@ TEST(Wire, EveryMessageTypeRoundTrips) {
   round_trip({kTool, 0, Stats{}});
   EXPECT_EQ(std::get<StatsReply>(round_trip({kServer, 0, StatsReply{"{\"a\":1}"}}).body).json, "{\"a\":1}");
   {
+    const std::string binary("\0\1\2\xff", 4);
+    auto s = std::get<KvSet>(round_trip({2, -1, KvSet{"gloo/0", binary}}).body);
+    EXPECT_EQ(s.key, "gloo/0");
+    EXPECT_EQ(s.value, binary);
+    auto g = std::get<KvGet>(round_trip({2, -1, KvGet{"nccl_id", 1500}}).body);
+    EXPECT_EQ(g.key, "nccl_id");
+    EXPECT_EQ(g.wait_ms, 1500);
+    auto v = std::get<KvValue>(round_trip({kServer, -1, KvValue{"k", binary, true}}).body);
+    EXPECT_EQ(v.value, binary);
+    EXPECT_TRUE(v.found);
+    EXPECT_EQ(std::get<Beat>(round_trip({3, -1, Beat{99}}).body).step, 99);
+    round_trip({0, -1, GroupStatus{}});
+  }
+  {
     auto b = std::get<Error>(round_trip({kServer, 0, Error{ErrorCode::bad_checksum, "flipped"}}).body);
     EXPECT_EQ(b.code, ErrorCode::bad_checksum);
     EXPECT_EQ(b.message, "flipped");

@@ -1,8 +1,9 @@
 // pslab_worker: the worker binary.
-//   train   single-process training (the mainline)
-//   ps      one worker of a parameter-server run (bsp, ssp:s, asp)
-//   eval    the evaluator of a parameter-server run
-//   config  validate a config, write it back with defaults, list the keys, expand a sweep
+//   train      single-process training (the mainline)
+//   ps         one worker of a parameter-server run (bsp, ssp:s, asp)
+//   allreduce  one rank of the all-reduce mode
+//   eval       the evaluator (PS modes and all-reduce)
+//   config     validate a config, write it back with defaults, list the keys, expand a sweep
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -39,21 +40,33 @@ int main(int argc, char** argv) {
   RoleOptions role;
   std::string servers;
   bool role_quiet = false;
-  auto add_role = [&](CLI::App* sub, bool with_rank) {
+  auto add_role = [&](CLI::App* sub) {
     add_config(sub);
-    if (with_rank) sub->add_option("--rank", role.rank, "this worker's rank in [0, cluster.workers)")->required();
-    sub->add_option("--servers", servers, "server endpoints in shard order, comma-separated "
-                                          "(e.g. tcp://127.0.0.1:5555,tcp://127.0.0.1:5556)")->required();
     sub->add_option("-o,--out", role.out_dir, "run directory (metrics go to <out>/metrics/)")->capture_default_str();
     sub->add_option("--run-start", role.run_start, "run start, Unix seconds (metric times count from it)");
     sub->add_option("--procs-on-host", role.procs_on_host, "processes sharing this host's cores (sets BLAS threads when train.threads = 0)")
         ->capture_default_str();
     sub->add_flag("-q,--quiet", role_quiet, "no progress lines");
   };
-  auto* ps = app.add_subcommand("ps", "one worker of a parameter-server run: pull, compute, push every step");
-  add_role(ps, true);
-  auto* eval = app.add_subcommand("eval", "the evaluator of a parameter-server run: test accuracy every eval.interval_s");
-  add_role(eval, false);
+  const char* servers_help = "server endpoints in shard order, comma-separated (e.g. tcp://127.0.0.1:5555,tcp://127.0.0.1:5556)";
+  auto* ps = app.add_subcommand("ps", "one worker of a parameter-server run (bsp, ssp:s, asp): pull, compute, push every step");
+  add_role(ps);
+  ps->add_option("--rank", role.rank, "this worker's rank in [0, cluster.workers)")->required();
+  ps->add_option("--servers", servers, servers_help)->required();
+
+  auto* allreduce = app.add_subcommand("allreduce", "one rank of the all-reduce mode: compute, all-reduce the gradient, step");
+  add_role(allreduce);
+  allreduce->add_option("--rank", role.rank, "this rank in [0, cluster.workers)")->required();
+  allreduce->add_option("--coordinator", role.coordinator, "rank 0's rendezvous endpoint, e.g. tcp://127.0.0.1:29500 "
+                                                           "(rank 0 listens on it)")->required();
+  allreduce->add_option("--snapshots", role.snapshots, "rank 0 pushes θ snapshots to the evaluator listening here");
+  allreduce->add_option("--host", role.host, "address this rank's Gloo connections listen on (default: cluster.bind)");
+
+  auto* eval = app.add_subcommand("eval", "the evaluator: test loss and accuracy every eval.interval_s, once more at the end");
+  add_role(eval);
+  auto* eval_servers = eval->add_option("--servers", servers, std::string("PS modes: ") + servers_help);
+  auto* eval_snaps = eval->add_option("--snapshots", role.snapshots, "all-reduce mode: listen here for rank 0's θ snapshots");
+  eval_servers->excludes(eval_snaps);
 
   auto* config = app.add_subcommand("config", "validate a config; write it back with defaults; expand sweeps");
   config->add_option("-c,--config", config_path, "experiment config (TOML)")->check(CLI::ExistingFile);
@@ -75,7 +88,7 @@ int main(int argc, char** argv) {
       std::printf("final test %s: %.4f\n", cfg.data.kind == "least-squares" ? "loss" : "accuracy", result);
       return 0;
     }
-    if (*ps || *eval) {
+    if (*ps || *eval || *allreduce) {
       const ExperimentConfig cfg = load_config(config_path, overrides);
       role.progress = !role_quiet;
       for (std::size_t lo = 0; lo <= servers.size();) {
@@ -85,7 +98,11 @@ int main(int argc, char** argv) {
       }
       if (*ps) {
         run_ps_worker(cfg, role);
+      } else if (*allreduce) {
+        run_allreduce_worker(cfg, role);
       } else {
+        if (role.servers.empty() && role.snapshots.empty())
+          throw std::invalid_argument("eval needs --servers (PS modes) or --snapshots (all-reduce mode)");
         const double result = run_evaluator(cfg, role);
         std::printf("final test %s: %.4f\n", cfg.data.kind == "least-squares" ? "loss" : "accuracy", result);
       }

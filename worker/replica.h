@@ -22,8 +22,9 @@ class Replica {
   Backend& backend() { return be_; }
 
   // Forward and backward on the training samples `idx`; ∇θ holds the gradient of their mean
-  // loss afterwards. Returns that mean loss (0 for an empty batch, with ∇θ = 0).
-  double compute_gradient(std::span<const std::uint32_t> idx);
+  // loss afterwards (of grad_scale x their summed loss, if grad_scale >= 0). Returns the mean
+  // loss (0 for an empty batch, with ∇θ = 0).
+  double compute_gradient(std::span<const std::uint32_t> idx, float grad_scale = -1.0f);
   // Loss and accuracy of the current θ on a whole data set, in batches of max_batch.
   EvalCounts evaluate(const Dataset& d);
 

@@ -14,6 +14,9 @@ struct RoleOptions {
   int rank = 0;                      // worker rank in [0, cluster.workers)
   std::vector<std::string> servers;  // PS modes: server endpoints, in shard order
   std::string coordinator;           // allreduce: rank 0's rendezvous endpoint
+  std::string snapshots;             // allreduce: the evaluator's endpoint for θ snapshots
+  std::string host;                  // allreduce: address this rank's Gloo pairs listen on
+                                     // ("" = cluster.bind)
   std::string out_dir = ".";         // metrics go to <out_dir>/metrics/<role><rank>.jsonl
   double run_start = 0.0;            // Unix seconds; metric times count from it
   int procs_on_host = 1;             // processes sharing this host's cores (sets BLAS threads)
@@ -24,9 +27,16 @@ struct RoleOptions {
 // One worker of a PS mode (bsp, ssp:s, asp): pull -> compute -> push+pull, every step.
 void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt);
 
-// The evaluator of a PS run: pulls θ every eval.interval_s, measures test loss and accuracy
-// on the whole test set, and after training ends evaluates once more and shuts the servers
-// down. Returns the final test accuracy (classification) or loss (regression).
+// One rank of the all-reduce mode: forward, backward, all-reduce of the flat gradient,
+// local optimizer step, every step; no servers. Returns the final θ (host copy); its
+// checksum is also written to the rank's metrics ({"kind": "final", "params_checksum"}), so
+// that replicas can be compared across processes.
+std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleOptions& opt);
+
+// The evaluator: takes θ every eval.interval_s (PS modes: from the servers; all-reduce:
+// rank 0's snapshots, when opt.snapshots is set), measures test loss and accuracy on the
+// whole test set, and after training ends evaluates once more (and shuts the servers down).
+// Returns the final test accuracy (classification) or loss (regression).
 double run_evaluator(const ExperimentConfig& cfg, const RoleOptions& opt);
 
 }  // namespace pslab

@@ -1,0 +1,50 @@
+// Collectives of an all-reduce group: all-reduce (sum) of a float32 buffer, broadcast and
+// barrier, over the group's ranks. Two implementations mirror each other:
+//   Gloo  CPU buffers, TCP transport, gloo::allreduce with options (CPU workers)
+//   NCCL  GPU buffers on a CUDA stream, communicator from an ncclUniqueId that rank 0 makes
+//         and the rendezvous hands to every rank (GPU workers; built with CUDA + NCCL)
+// Which one runs follows the worker's device (make_collective). Every call has the group's
+// timeout; on expiry the error names the ranks that did not arrive (asked of the
+// coordinator) and the step.
+//
+// Threading: one thread per Collective.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backend.h"
+#include "rendezvous.h"
+
+namespace pslab {
+
+class Collective {
+ public:
+  virtual ~Collective() = default;
+  virtual std::string describe() const = 0;
+  int rank() const { return rv_.rank(); }
+  int size() const { return rv_.world(); }
+
+  // data (n floats, on the collective's device) = the sum over ranks, on every rank.
+  // `step` names the step in a timeout message.
+  virtual void allreduce_sum(float* data, std::size_t n, long step) = 0;
+  // data (n floats) = root's data, on every rank.
+  virtual void broadcast(float* data, std::size_t n, int root) = 0;
+  virtual void barrier() = 0;
+
+ protected:
+  explicit Collective(RendezvousClient& rv) : rv_(rv) {}
+  // The message of a timed-out collective: what, at which step, and who is missing.
+  std::string timeout_message(const std::string& what, long step, const std::string& cause);
+  RendezvousClient& rv_;
+};
+
+// Gloo over TCP; `host` is the address this rank's pairs listen on (e.g. 127.0.0.1).
+std::unique_ptr<Collective> make_gloo_collective(RendezvousClient& rv, const std::string& host);
+// NCCL on GPU `device`; throws when pslab was built without NCCL or no GPU is usable.
+std::unique_ptr<Collective> make_nccl_collective(RendezvousClient& rv, int device);
+bool nccl_built();
+// Gloo for CPU backends, NCCL for CUDA ones.
+std::unique_ptr<Collective> make_collective(Device device, RendezvousClient& rv, const std::string& host);
+
+}  // namespace pslab

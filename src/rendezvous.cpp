@@ -1,0 +1,222 @@
+#include "rendezvous.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "net.h"
+
+namespace pslab {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- Coordinator ----
+
+Coordinator::Coordinator(zmq::context_t& ctx, const std::string& endpoint, int world,
+                         std::chrono::milliseconds linger)
+    : sock_(ctx, zmq::socket_type::router), world_(world), linger_(linger) {
+  sock_.set(zmq::sockopt::linger, 1000);
+  sock_.set(zmq::sockopt::maxmsgsize, std::int64_t(1 << 20));
+  try {
+    sock_.bind(endpoint);
+  } catch (const zmq::error_t& e) {
+    throw std::runtime_error("coordinator: cannot bind " + endpoint + ": " + e.what());
+  }
+  thread_ = std::thread([this] { serve(); });
+}
+
+Coordinator::~Coordinator() {
+  const auto deadline = Clock::now() + linger_;
+  while (byes_.load() < world_ && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  stop_ = true;
+  thread_.join();
+}
+
+void Coordinator::serve() {
+  struct PendingGet {
+    std::string id, key;
+    Clock::time_point deadline;
+  };
+  struct Heard {
+    long step = -1;
+    Clock::time_point when;
+    bool seen = false;
+  };
+  std::map<std::string, std::string> kv;
+  std::vector<PendingGet> pending;
+  std::vector<Heard> heard(static_cast<std::size_t>(world_));
+  wire::Encoder enc;
+  std::vector<zmq::message_t> frames;
+  auto send = [&](const std::string& id, const wire::Body& b) {
+    sock_.send(zmq::buffer(id), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    sock_.send(enc.encode(wire::Header{wire::kServer, -1, b}), zmq::send_flags::dontwait);
+  };
+  while (!stop_.load()) {
+    zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
+    try {
+      zmq::poll(&item, 1, std::chrono::milliseconds(50));
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+    }
+    while (net::recv_all(sock_, frames)) {
+      if (frames.size() != 2) continue;
+      const std::string id = frames[0].to_string();
+      std::string why;
+      const auto h = wire::decode(frames[1].data(), frames[1].size(), why);
+      if (!h) {
+        send(id, wire::Error{wire::ErrorCode::malformed, why});
+        continue;
+      }
+      const int r = h->sender;
+      if (r >= 0 && r < world_) heard[std::size_t(r)] = Heard{heard[std::size_t(r)].step, Clock::now(), true};
+      if (const auto* m = std::get_if<wire::KvSet>(&h->body)) {
+        kv[m->key] = m->value;
+        send(id, wire::Ack{});
+        for (std::size_t i = 0; i < pending.size();) {
+          if (pending[i].key == m->key) {
+            send(pending[i].id, wire::KvValue{m->key, m->value, true});
+            pending.erase(pending.begin() + std::ptrdiff_t(i));
+          } else {
+            ++i;
+          }
+        }
+      } else if (const auto* m = std::get_if<wire::KvGet>(&h->body)) {
+        auto it = kv.find(m->key);
+        if (it != kv.end()) send(id, wire::KvValue{m->key, it->second, true});
+        else if (m->wait_ms > 0) pending.push_back({id, m->key, Clock::now() + std::chrono::milliseconds(m->wait_ms)});
+        else send(id, wire::KvValue{m->key, "", false});
+      } else if (const auto* m = std::get_if<wire::Beat>(&h->body)) {
+        if (r >= 0 && r < world_) heard[std::size_t(r)].step = m->step;
+      } else if (std::holds_alternative<wire::GroupStatus>(h->body)) {
+        nlohmann::json ranks = nlohmann::json::array();
+        for (int k = 0; k < world_; ++k) {
+          const Heard& x = heard[std::size_t(k)];
+          if (!x.seen) ranks.push_back(nullptr);
+          else ranks.push_back({{"step", x.step}, {"age_s", std::chrono::duration<double>(Clock::now() - x.when).count()}});
+        }
+        send(id, wire::StatsReply{nlohmann::json{{"ranks", ranks}}.dump()});
+      } else if (std::holds_alternative<wire::Bye>(h->body)) {
+        ++byes_;
+        send(id, wire::Ack{});
+      } else {
+        send(id, wire::Error{wire::ErrorCode::unknown_type,
+                             std::string("the coordinator does not take ") + wire::body_name(h->body)});
+      }
+    }
+    const auto now = Clock::now();
+    for (std::size_t i = 0; i < pending.size();) {
+      if (now >= pending[i].deadline) {
+        send(pending[i].id, wire::KvValue{pending[i].key, "", false});
+        pending.erase(pending.begin() + std::ptrdiff_t(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+}
+
+// ---- RendezvousClient ----
+
+RendezvousClient::RendezvousClient(zmq::context_t& ctx, std::string endpoint, int rank, int world,
+                                   std::chrono::milliseconds timeout)
+    : sock_(ctx, zmq::socket_type::dealer), endpoint_(std::move(endpoint)), rank_(rank), world_(world),
+      timeout_(timeout) {
+  sock_.set(zmq::sockopt::linger, 500);
+  sock_.set(zmq::sockopt::sndhwm, 1000);
+  sock_.connect(endpoint_);
+  report_step(-1);  // "joined"
+}
+
+RendezvousClient::~RendezvousClient() = default;
+
+wire::Header RendezvousClient::request(const wire::Body& body, std::chrono::milliseconds wait) {
+  sock_.send(enc_.encode(wire::Header{rank_, -1, body}), zmq::send_flags::none);
+  std::vector<zmq::message_t> frames;
+  const auto deadline = Clock::now() + wait;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0)
+      throw std::runtime_error("the coordinator (rank 0 at " + endpoint_ + ") did not answer " +
+                               wire::body_name(body) + " within " + std::to_string(wait.count() / 1000.0).substr(0, 4) +
+                               " s: is rank 0 running?");
+    zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
+    try {
+      zmq::poll(&item, 1, left);
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+    }
+    if (!net::recv_all(sock_, frames) || frames.empty()) continue;
+    std::string why;
+    auto h = wire::decode(frames[0].data(), frames[0].size(), why);
+    if (!h) throw std::runtime_error("coordinator at " + endpoint_ + ": malformed reply: " + why);
+    if (const auto* e = std::get_if<wire::Error>(&h->body))
+      throw std::runtime_error("coordinator at " + endpoint_ + ": " + e->message);
+    // A late answer to an earlier request that timed out: not ours.
+    if (const auto* v = std::get_if<wire::KvValue>(&h->body); v && std::holds_alternative<wire::KvGet>(body) &&
+                                                              v->key != std::get<wire::KvGet>(body).key)
+      continue;
+    return *h;
+  }
+}
+
+void RendezvousClient::set(const std::string& key, const std::vector<char>& data) {
+  request(wire::KvSet{key, std::string(data.begin(), data.end())}, timeout_);
+}
+
+std::vector<char> RendezvousClient::get(const std::string& key) {
+  const auto h = request(wire::KvGet{key, timeout_.count()}, timeout_ + std::chrono::seconds(2));
+  const auto* v = std::get_if<wire::KvValue>(&h.body);
+  if (!v) throw std::runtime_error(std::string("coordinator answered KvGet with ") + wire::body_name(h.body));
+  if (!v->found)
+    throw std::runtime_error("rendezvous: \"" + key + "\" was not published within " +
+                             std::to_string(timeout_.count() / 1000) + " s; " + laggards(0));
+  return std::vector<char>(v->value.begin(), v->value.end());
+}
+
+void RendezvousClient::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) {
+  for (const auto& k : keys) get(k);
+}
+
+void RendezvousClient::report_step(long step) {
+  try {
+    sock_.send(enc_.encode(wire::Header{rank_, -1, wire::Beat{step}}), zmq::send_flags::dontwait);
+  } catch (const zmq::error_t&) {
+    // Progress reports are best effort: a full queue drops one.
+  }
+}
+
+std::string RendezvousClient::laggards(long step) {
+  try {
+    const auto h = request(wire::GroupStatus{}, std::chrono::milliseconds(3000));
+    const auto* s = std::get_if<wire::StatsReply>(&h.body);
+    if (!s) return "(the coordinator gave no status)";
+    const auto j = nlohmann::json::parse(s->json);
+    std::string behind;
+    for (int r = 0; r < int(j["ranks"].size()); ++r) {
+      const auto& x = j["ranks"][std::size_t(r)];
+      char b[128];
+      if (x.is_null()) std::snprintf(b, sizeof b, "rank %d (never joined)", r);
+      else if (x["step"].get<long>() < step)
+        std::snprintf(b, sizeof b, "rank %d (at step %ld, last heard %.1f s ago)", r, x["step"].get<long>(),
+                      x["age_s"].get<double>());
+      else continue;
+      behind += (behind.empty() ? "" : ", ") + std::string(b);
+    }
+    return behind.empty() ? "every rank reported reaching step " + std::to_string(step)
+                          : "not arrived: " + behind;
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+void RendezvousClient::bye() {
+  try {
+    request(wire::Bye{0}, std::chrono::milliseconds(2000));
+  } catch (const std::exception&) {
+    // rank 0 may be gone already; nothing waits on this
+  }
+}
+
+}  // namespace pslab

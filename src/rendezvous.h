@@ -1,0 +1,84 @@
+// The rendezvous of an all-reduce group.
+//
+// Rank 0 runs a Coordinator on the coordinator endpoint (its own thread): a key-value store
+// through which Gloo exchanges its pair addresses and NCCL its unique id, and a table of the
+// step each rank reported last. Every rank (rank 0 too) talks to it through a
+// RendezvousClient, which is also the gloo::rendezvous::Store that Gloo's context uses.
+//
+// When a collective times out, the rank asks the coordinator which ranks are behind, so the
+// error names the ranks that did not arrive instead of just saying "timeout".
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gloo/rendezvous/store.h>
+#include <zmq.hpp>
+
+#include "wire.h"
+
+namespace pslab {
+
+// Threading: the constructor starts the serving thread; the destructor waits (up to
+// `linger`) until every rank has said Bye, then stops it.
+class Coordinator {
+ public:
+  Coordinator(zmq::context_t& ctx, const std::string& endpoint, int world,
+              std::chrono::milliseconds linger = std::chrono::seconds(5));
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+ private:
+  void serve();
+  zmq::socket_t sock_;
+  int world_;
+  std::chrono::milliseconds linger_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> byes_{0};
+  std::thread thread_;
+};
+
+// Threading: one thread at a time (Gloo calls the Store from the thread that creates the
+// context; the training loop calls report_step from the same thread).
+class RendezvousClient : public gloo::rendezvous::Store {
+ public:
+  RendezvousClient(zmq::context_t& ctx, std::string endpoint, int rank, int world,
+                   std::chrono::milliseconds timeout);
+  ~RendezvousClient() override;
+
+  void set(const std::string& key, const std::vector<char>& data) override;
+  // Blocks until the key is set, or throws after the timeout naming the key and the
+  // coordinator.
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+
+  // Tells the coordinator this rank is at `step` (fire and forget; cheap enough per step).
+  void report_step(long step);
+  // A sentence naming the ranks whose last reported step is below `step`, with how long ago
+  // each was heard from; or why the coordinator could not be asked.
+  std::string laggards(long step);
+  // This rank is done; lets rank 0's coordinator shut down once all are.
+  void bye();
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  wire::Header request(const wire::Body& body, std::chrono::milliseconds wait);
+  zmq::socket_t sock_;
+  std::string endpoint_;
+  int rank_, world_;
+  std::chrono::milliseconds timeout_;
+  wire::Encoder enc_;
+};
+
+}  // namespace pslab

@@ -1,0 +1,208 @@
+// Parameter-server transfer benchmark: 1 server process x 1 worker on TCP loopback, one
+// tensor, one request at a time. Writes JSON.
+//
+//   bench_ps [--runs 5] [--json FILE] [--sizes-kib 4,256,4096,16384]
+//
+// Metrics, per tensor size (median over runs; each run = many iterations after a warm-up):
+//   push_pull   one Push with then_pull answered by the new parameters (what a worker does
+//               every step): round-trip time, and GB/s = (bytes pushed + bytes pulled) / time
+//   push_then_pull  a Push answered by an ack, then a Pull: two round trips
+//   raw_zmq     a bare ZeroMQ DEALER/ROUTER echo of the same bytes, zero-copy both ways, no
+//               pslab code: the transport's ceiling on this machine
+//   apply       the server's update alone (SGD on the shard, in process): GB/s of gradient
+//               applied, against memcpy of the same bytes
+// The server applies SGD (asp) to every push, and both sides checksum every payload.
+#include <CLI/CLI.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "config.h"
+#include "consistency.h"
+#include "net.h"
+#include "ps_client.h"
+#include "server.h"
+#include "setup.h"
+
+using namespace pslab;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// A config whose model has exactly `floats` parameters: linear (dim -> 4), 4 * (dim + 1).
+ExperimentConfig config_for(std::size_t floats) {
+  ExperimentConfig c = parse_config("name = \"bench\"\n", "bench");
+  c.data.kind = "logistic";
+  c.data.outputs = 4;
+  c.data.dim = int(floats / 4 - 1);
+  c.model.kind = "linear";
+  c.model.init = "zeros";
+  c.cluster.mode = "asp";
+  c.cluster.workers = 1;
+  c.cluster.servers = 1;
+  c.optimizer.lr = 1e-9;
+  return c;
+}
+
+int free_port() {
+  zmq::context_t ctx(1);
+  zmq::socket_t s(ctx, zmq::socket_type::router);
+  s.bind("tcp://127.0.0.1:*");
+  const std::string ep = s.get(zmq::sockopt::last_endpoint);
+  return std::stoi(ep.substr(ep.rfind(':') + 1));
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <typename F>
+std::vector<double> time_runs(int runs, long iters, F fn) {
+  for (long i = 0; i < std::max(10L, iters / 10); ++i) fn();  // warm-up
+  std::vector<double> per_iter;
+  for (int r = 0; r < runs; ++r) {
+    const auto t0 = Clock::now();
+    for (long i = 0; i < iters; ++i) fn();
+    per_iter.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / double(iters));
+  }
+  return per_iter;
+}
+
+long iterations_for(std::size_t bytes) { return std::clamp<long>(long((256u << 20) / bytes), 20, 3000); }
+
+nlohmann::ordered_json bench_pslab(std::size_t floats, int runs) {
+  const ExperimentConfig cfg = config_for(floats);
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const pid_t child = ::fork();
+  if (child == 0) {
+    try {
+      {  // destructors close the socket, letting the last Ack leave before _exit
+        zmq::context_t ctx(1);
+        ServerOptions o;
+        o.endpoint = ep;
+        Server server(ctx, cfg, o);
+        server.run();
+      }
+      _exit(0);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench server: %s\n", e.what());
+      _exit(1);
+    }
+  }
+  zmq::context_t ctx(1);
+  const std::size_t P = count_params(model_spec(cfg));
+  PsClient client(ctx, {ep}, wire::Role::worker, 0, P, net::fnv1a(to_toml(cfg)), 30);
+  client.connect();
+  std::vector<float> theta(P), grad(P, 1e-3f);
+  client.pull(0, theta.data());
+  long clock = 0;
+  const long iters = iterations_for(P * 4);
+  const auto fused = time_runs(runs, iters, [&] { client.push(clock++, 1, grad.data(), theta.data()); });
+  const auto split = time_runs(runs, std::max(10L, iters / 2), [&] {
+    client.push(clock++, 1, grad.data(), nullptr);
+    client.pull(clock, theta.data());
+  });
+  client.bye(clock);
+  int st = 0;
+  ::waitpid(child, &st, 0);
+  const double bytes = 2.0 * double(P) * 4;  // pushed + pulled
+  return {{"push_pull_us", median(fused) * 1e6},
+          {"push_pull_GBps", bytes / median(fused) / 1e9},
+          {"push_then_pull_us", median(split) * 1e6},
+          {"push_then_pull_GBps", bytes / median(split) / 1e9},
+          {"push_pull_us_runs", fused}};
+}
+
+// A bare ZeroMQ echo over TCP loopback: DEALER sends n bytes zero-copy, ROUTER (another
+// process) sends the same bytes back zero-copy.
+nlohmann::ordered_json bench_raw(std::size_t bytes, int runs) {
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const pid_t child = ::fork();
+  const long iters = iterations_for(bytes / 2);
+  const long total = std::max(10L, iters / 10) + long(runs) * iters;
+  if (child == 0) {
+    zmq::context_t ctx(1);
+    zmq::socket_t s(ctx, zmq::socket_type::router);
+    s.bind(ep);
+    std::vector<char> reply(bytes, 1);
+    for (long i = 0; i < total; ++i) {
+      zmq::message_t id, body;
+      (void)s.recv(id);
+      (void)s.recv(body);
+      s.send(id, zmq::send_flags::sndmore);
+      s.send(zmq::message_t(reply.data(), reply.size(), nullptr, nullptr), zmq::send_flags::none);
+    }
+    s.close();
+    ctx.close();
+    _exit(0);
+  }
+  zmq::context_t ctx(1);
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.connect(ep);
+  std::vector<char> out(bytes, 2);
+  auto rt = time_runs(runs, iters, [&] {
+    s.send(zmq::message_t(out.data(), out.size(), nullptr, nullptr), zmq::send_flags::none);
+    zmq::message_t in;
+    (void)s.recv(in);
+  });
+  int st = 0;
+  ::waitpid(child, &st, 0);
+  return {{"round_trip_us", median(rt) * 1e6}, {"GBps", 2.0 * double(bytes) / median(rt) / 1e9}};
+}
+
+nlohmann::ordered_json bench_apply(std::size_t floats, int runs) {
+  auto cpu = make_cpu_backend(1);
+  ShardState::Options o;
+  o.mode = Mode::parse("asp");
+  o.range = {0, floats};
+  o.optimizer.lr = 1e-9;
+  ShardState s(*cpu, o, std::vector<float>(floats, 0.0f));
+  std::vector<float> g(floats, 1e-3f), a(floats, 1.0f), b(floats);
+  long clock = 0;
+  const long iters = iterations_for(floats * 4);
+  const auto apply = time_runs(runs, iters, [&] { s.push(0, clock, clock, 1, g.data()), ++clock; });
+  const auto copy = time_runs(runs, iters, [&] { std::memcpy(b.data(), a.data(), floats * 4), std::swap(a, b); });
+  return {{"apply_GBps", double(floats) * 4 / median(apply) / 1e9},
+          {"memcpy_GBps", double(floats) * 4 / median(copy) / 1e9}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pslab parameter-server transfer benchmark (1 server x 1 worker, TCP loopback)"};
+  int runs = 5;
+  std::string json_path;
+  std::vector<int> sizes_kib = {4, 256, 4096, 16384};
+  app.add_option("--runs", runs, "timed runs per measurement (median reported)")->capture_default_str();
+  app.add_option("--json", json_path, "write results here");
+  app.add_option("--sizes-kib", sizes_kib, "tensor sizes in KiB")->delimiter(',')->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
+  for (int kib : sizes_kib) {
+    const std::size_t floats = std::size_t(kib) * 1024 / 4;
+    nlohmann::ordered_json r{{"size_kib", kib}, {"floats", floats}};
+    r["pslab"] = bench_pslab(floats, runs);
+    r["raw_zmq"] = bench_raw(floats * 4, runs);
+    r["server_apply"] = bench_apply(floats, runs);
+    std::fprintf(stderr, "%6d KiB: push+pull %8.1f us  %5.2f GB/s | push, pull %8.1f us | raw zmq %8.1f us %5.2f GB/s | apply %5.2f GB/s, memcpy %5.2f GB/s\n",
+                 kib, r["pslab"]["push_pull_us"].get<double>(), r["pslab"]["push_pull_GBps"].get<double>(),
+                 r["pslab"]["push_then_pull_us"].get<double>(), r["raw_zmq"]["round_trip_us"].get<double>(),
+                 r["raw_zmq"]["GBps"].get<double>(), r["server_apply"]["apply_GBps"].get<double>(),
+                 r["server_apply"]["memcpy_GBps"].get<double>());
+    results.push_back(r);
+  }
+  nlohmann::ordered_json out{{"benchmark", "ps_push_pull"}, {"runs", runs},
+                             {"metric", "median over runs of the mean time per request; GB/s counts bytes pushed + bytes pulled"},
+                             {"results", results}};
+  std::printf("%s\n", out.dump(2).c_str());
+  if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+}

@@ -1,0 +1,110 @@
+// Helpers for tests that run servers and workers as threads in one process.
+#pragma once
+
+#include <atomic>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+#include <zmq.hpp>
+
+#include "config.h"
+#include "server.h"
+
+namespace pslab::test {
+
+// A small synthetic problem (logistic, MLP 16-16-3, batch 8, 50 steps) with the given mode.
+inline ExperimentConfig small_config(const std::string& mode, int workers, int servers) {
+  return parse_config("name = \"test\"\n"
+                      "[data]\nkind = \"logistic\"\ndim = 16\noutputs = 3\ntrain_samples = 512\ntest_samples = 64\n"
+                      "[model]\nkind = \"mlp\"\nhidden = [16]\n"
+                      "[optimizer]\nkind = \"momentum\"\nlr = 0.1\n"
+                      "[train]\nbatch = 8\nthreads = 1\nlog_every = 1000\nsteps = 50\n"
+                      "[cluster]\nmode = \"" + mode + "\"\nworkers = " + std::to_string(workers) +
+                          "\nservers = " + std::to_string(servers) + "\ntimeout_s = 20\n",
+                      "test");
+}
+
+// Servers of one run, each in its own thread, on inproc:// endpoints of one context.
+class Cluster {
+ public:
+  explicit Cluster(const ExperimentConfig& cfg, bool record_pulls = false) {
+    static std::atomic<int> next_id{0};
+    const int id = next_id++;
+    for (int k = 0; k < cfg.cluster.servers; ++k) {
+      ServerOptions o;
+      o.endpoint = "inproc://pslab-test-" + std::to_string(id) + "-" + std::to_string(k);
+      o.shard = k;
+      o.record_pulls = record_pulls;
+      o.stop = &stop;
+      endpoints.push_back(o.endpoint);
+      servers.push_back(std::make_unique<Server>(ctx, cfg, o));
+    }
+    errors.resize(servers.size());
+    for (std::size_t k = 0; k < servers.size(); ++k)
+      threads.emplace_back([this, k] {
+        try {
+          servers[k]->run();
+        } catch (...) {
+          errors[k] = std::current_exception();
+        }
+      });
+  }
+  ~Cluster() {
+    stop = true;
+    join();
+  }
+  void join() {
+    for (auto& t : threads)
+      if (t.joinable()) t.join();
+  }
+  // θ assembled from the shards (after join()).
+  std::vector<float> params() const {
+    std::vector<float> theta;
+    for (const auto& s : servers) theta.insert(theta.end(), s->state().current(), s->state().current() + s->range().length);
+    return theta;
+  }
+  void rethrow() const {
+    for (const auto& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
+
+  zmq::context_t ctx{1};
+  std::atomic<bool> stop{false};
+  std::vector<std::unique_ptr<Server>> servers;
+  std::vector<std::thread> threads;
+  std::vector<std::string> endpoints;
+  std::vector<std::exception_ptr> errors;
+};
+
+// Runs fn(rank) on n threads; rethrows the first failure.
+template <typename F>
+void run_threads(int n, F fn) {
+  std::vector<std::thread> ts;
+  std::vector<std::exception_ptr> errs(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errs[std::size_t(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (auto& e : errs)
+    if (e) std::rethrow_exception(e);
+}
+
+inline std::filesystem::path temp_dir(const std::string& name) {
+  static std::atomic<int> n{0};
+  const auto d = std::filesystem::temp_directory_path() /
+                 ("pslab_" + name + "_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+}  // namespace pslab::test

@@ -1,0 +1,201 @@
+// The all-reduce mode: Gloo collectives with 1, 2 and 4 ranks (threads, TCP loopback),
+// replicas bitwise identical after training, all-reduce == bsp on the parameter servers,
+// timeouts naming the missing rank, and the NCCL path (skipped without a GPU).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "collective.h"
+#include "harness.h"
+#include "roles.h"
+#include "setup.h"
+#include "wire.h"
+
+using namespace pslab;
+using test::run_threads;
+using test::temp_dir;
+
+namespace {
+
+std::string coordinator_endpoint() {
+  static std::atomic<int> n{0};
+  return "inproc://pslab-coordinator-" + std::to_string(n++);
+}
+
+class GlooRanks : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooRanks, AllReduceBroadcastAndBarrierAreExact) {
+  const int W = GetParam();
+  zmq::context_t ctx(1);
+  const std::string ep = coordinator_endpoint();
+  Coordinator coord(ctx, ep, W);
+  std::vector<std::vector<float>> results(static_cast<std::size_t>(W));
+  run_threads(W, [&](int r) {
+    RendezvousClient rv(ctx, ep, r, W, std::chrono::seconds(20));
+    auto coll = make_gloo_collective(rv, "127.0.0.1");
+    EXPECT_EQ(coll->size(), W);
+    // Integer-valued data: the sum is exact in any order. Sizes include 0 and odd ones.
+    for (std::size_t n : {0u, 1u, 7u, 1000u, 100003u}) {
+      std::vector<float> x(n);
+      for (std::size_t i = 0; i < n; ++i) x[i] = float(int((r + 1) * 3 + i % 11) - 5);
+      coll->allreduce_sum(x.data(), n, 0);
+      long wrong = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        long want = 0;
+        for (int q = 0; q < W; ++q) want += (q + 1) * 3 + long(i % 11) - 5;
+        wrong += x[i] != float(want);
+      }
+      EXPECT_EQ(wrong, 0) << "rank " << r << " n " << n;
+    }
+    std::vector<float> b(513, float(r));
+    coll->broadcast(b.data(), b.size(), W - 1);
+    for (float v : b) ASSERT_EQ(v, float(W - 1));
+    coll->barrier();
+    rv.bye();
+  });
+}
+
+TEST_P(GlooRanks, ReplicasAreBitwiseIdenticalAfterTraining) {
+  const int W = GetParam();
+  const ExperimentConfig cfg = test::small_config("allreduce", W, 1);
+  const auto dir = temp_dir("ar");
+  zmq::context_t ctx(1);
+  const std::string ep = coordinator_endpoint();
+  std::vector<std::vector<float>> theta(static_cast<std::size_t>(W));
+  run_threads(W, [&](int r) {
+    RoleOptions o;
+    o.rank = r;
+    o.coordinator = ep;
+    o.out_dir = dir.string();
+    o.progress = false;
+    o.ctx = &ctx;
+    theta[std::size_t(r)] = run_allreduce_worker(cfg, o);
+  });
+  const std::uint64_t sum0 = wire::checksum(theta[0].data(), theta[0].size());
+  for (int r = 1; r < W; ++r)
+    EXPECT_EQ(wire::checksum(theta[std::size_t(r)].data(), theta[std::size_t(r)].size()), sum0) << "rank " << r;
+  EXPECT_NE(theta[0], initial_params(model_spec(cfg), cfg.seed)) << "training moved θ";
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, GlooRanks, ::testing::Values(1, 2, 4));
+
+TEST(AllReduce, EqualsBspOnTheParameterServersWithin1e5) {
+  const int W = 3;  // uneven shards: batch-size weighting matters
+  const auto dir = temp_dir("ar_vs_bsp");
+  const ExperimentConfig bsp = test::small_config("bsp", W, 2);
+  test::Cluster cluster(bsp);
+  run_threads(W, [&](int r) {
+    RoleOptions o;
+    o.rank = r;
+    o.servers = cluster.endpoints;
+    o.out_dir = dir.string();
+    o.progress = false;
+    o.ctx = &cluster.ctx;
+    run_ps_worker(bsp, o);
+  });
+  cluster.join();
+  cluster.rethrow();
+  const std::vector<float> ps = cluster.params();
+
+  const ExperimentConfig ar = test::small_config("allreduce", W, 2);
+  zmq::context_t ctx(1);
+  const std::string ep = coordinator_endpoint();
+  std::vector<float> replica;
+  run_threads(W, [&](int r) {
+    RoleOptions o;
+    o.rank = r;
+    o.coordinator = ep;
+    o.out_dir = dir.string();
+    o.progress = false;
+    o.ctx = &ctx;
+    auto t = run_allreduce_worker(ar, o);
+    if (r == 0) replica = std::move(t);
+  });
+  ASSERT_EQ(ps.size(), replica.size());
+  double scale = 0, worst = 0;
+  long wrong = 0;
+  for (float v : ps) scale = std::max(scale, double(std::abs(v)));
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    const double d = std::abs(double(ps[i]) - replica[i]);
+    worst = std::max(worst, d);
+    wrong += d > 1e-5 * std::max(double(std::abs(ps[i])), 1e-2 * scale);
+  }
+  EXPECT_EQ(wrong, 0) << "worst abs difference " << worst << ", largest |θ| " << scale;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(AllReduce, TimeoutNamesTheRankThatDidNotArrive) {
+  ExperimentConfig cfg = test::small_config("allreduce", 2, 1);
+  cfg.cluster.timeout_s = 1.0;
+  zmq::context_t ctx(1);
+  const std::string ep = coordinator_endpoint();
+  RoleOptions o;
+  o.rank = 0;
+  o.coordinator = ep;
+  o.out_dir = temp_dir("ar_timeout").string();
+  o.progress = false;
+  o.ctx = &ctx;
+  try {
+    run_allreduce_worker(cfg, o);  // rank 1 never starts
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("rank 1 (never joined)"), std::string::npos) << m;
+  }
+  std::filesystem::remove_all(o.out_dir);
+}
+
+TEST(AllReduce, ARankThatStopsMidRunIsNamedWithItsStep) {
+  zmq::context_t ctx(1);
+  const std::string ep = coordinator_endpoint();
+  Coordinator coord(ctx, ep, 2, std::chrono::milliseconds(100));
+  std::string error;
+  run_threads(2, [&](int r) {
+    RendezvousClient rv(ctx, ep, r, 2, std::chrono::milliseconds(1000));
+    auto coll = make_gloo_collective(rv, "127.0.0.1");
+    std::vector<float> x(100, 1.0f);
+    for (long step = 0; step < 5; ++step) {
+      if (r == 1 && step == 3) return;  // rank 1 stops after step 2
+      rv.report_step(step);
+      try {
+        coll->allreduce_sum(x.data(), x.size(), step);
+      } catch (const std::runtime_error& e) {
+        error = e.what();
+        return;
+      }
+    }
+  });
+  EXPECT_NE(error.find("all-reduce of step 3 on rank 0"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank 1 (at step 2"), std::string::npos) << error;
+}
+
+TEST(Nccl, AllReduceOnOneGpuOrSkip) {
+  if (!nccl_built()) GTEST_SKIP() << "this build has no NCCL collective (no CUDA toolkit / NCCL at configure time)";
+  zmq::context_t ctx(1);
+  const std::string ep = coordinator_endpoint();
+  Coordinator coord(ctx, ep, 1);
+  RendezvousClient rv(ctx, ep, 0, 1, std::chrono::seconds(20));
+  std::unique_ptr<Collective> coll;
+  try {
+    coll = make_nccl_collective(rv, 0);
+  } catch (const std::runtime_error& e) {
+    GTEST_SKIP() << e.what();
+  }
+  auto be = make_cuda_backend(0);
+  DeviceBuffer<float> x(*be, 1000);
+  std::vector<float> host(1000);
+  for (std::size_t i = 0; i < host.size(); ++i) host[i] = float(i % 13);
+  be->copy_from_host(x.data(), host.data(), x.bytes());
+  be->synchronize();
+  coll->allreduce_sum(x.data(), x.size(), 0);  // one rank: the sum is the input
+  coll->broadcast(x.data(), x.size(), 0);
+  coll->barrier();
+  std::vector<float> back(1000);
+  be->copy_to_host(back.data(), x.data(), x.bytes());
+  EXPECT_EQ(back, host);
+  rv.bye();
+}
+
+}  // namespace
