@@ -1,73 +1,381 @@
 #!/usr/bin/python3
-"""Convergence plots of pslab runs: test accuracy and training loss against wall-clock time
-and epochs. Reads <run>/metrics/*.jsonl; writes <run>/plots/*.png (or --out for overlays).
+"""Plots of pslab runs, one run or several overlaid (the runs of a sweep).
 
     plot.py RUN_DIR [RUN_DIR ...] [--out DIR]
+
+Reads each RUN_DIR's config.toml, metrics/*.jsonl (and manifest.json for its sweep label) and
+writes into --out (default: RUN_DIR/plots for one run, ./plots for several):
+
+  convergence.png  test accuracy and training loss vs wall-clock time and vs epochs (2x2);
+                   dashed line: target accuracy (eval.target_acc); dot: where a run first reaches it
+  throughput.png   samples/s of every worker over time, one panel per run
+  step_time.png    mean time per step of every worker, stacked: compute, communication
+                   (comm minus wait), waiting for consistency (wait), injected straggler delay
+  staleness.png    staleness of the applied updates (PS runs only; skipped when there is none)
+
+Runs are named by their consistency mode (bsp, ssp:2, ...) when the modes differ, else by
+their sweep label. Epochs on the x axes are passes over the training set by all workers
+together (evaluator: samples applied; training loss: the mean of the workers' own epochs).
 """
 import argparse
 import json
 import pathlib
 import sys
+import tomllib
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+COMPONENTS = [  # (train-line key, legend, colour)
+    ("compute_ms", "compute (forward + backward)", "#4C72B0"),
+    ("comm_ms", "communication (push / pull; all-reduce: incl. waiting for the slowest)", "#55A868"),
+    ("wait_ms", "waiting for consistency (pull held)", "#C44E52"),
+    ("delay_ms", "injected straggler delay", "#8C8C8C"),
+]
 
 
 def read_jsonl(path):
     rows = []
     with open(path) as f:
-        for n, line in enumerate(f, 1):
+        for line in f:
             line = line.strip()
             if line:
                 try:
                     rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    sys.exit(f"plot.py: {path}:{n}: not a JSON line: {e}")
+                except json.JSONDecodeError:
+                    pass  # a line cut short by a killed process
     return rows
 
 
-def load_run(run):
-    run = pathlib.Path(run)
-    files = sorted((run / "metrics").glob("*.jsonl"))
-    if not files:
-        sys.exit(f"plot.py: {run}/metrics has no *.jsonl files")
-    rows = [r for f in files for r in read_jsonl(f)]
-    return run.name, rows
+class Run:
+    def __init__(self, path):
+        self.dir = pathlib.Path(path)
+        metrics = self.dir / "metrics"
+        if not metrics.is_dir():
+            sys.exit(f"plot.py: {self.dir} is not a run directory (no metrics/)")
+        self.cfg = {}
+        if (self.dir / "config.toml").exists():
+            with open(self.dir / "config.toml", "rb") as f:
+                self.cfg = tomllib.load(f)
+        manifest = {}
+        if (self.dir / "manifest.json").exists():
+            manifest = json.loads((self.dir / "manifest.json").read_text())
+        self.summary = {}
+        if (self.dir / "summary.json").exists():
+            self.summary = json.loads((self.dir / "summary.json").read_text())
+        cl = self.cfg.get("cluster", {})
+        self.mode = cl.get("mode", "?")
+        self.sweep_label = manifest.get("label") or self.dir.name
+        self.target = self.cfg.get("eval", {}).get("target_acc")
+        self.stragglers = set(self.cfg.get("straggler", {}).get("workers", [])) \
+            if self.cfg.get("straggler", {}).get("slowdown", 1.0) > 1.0 else set()
+        self.train, self.evals, self.finals = {}, [], []
+        for f in sorted(metrics.glob("*.jsonl")):
+            for r in read_jsonl(f):
+                kind = r.get("kind")
+                if kind == "train":
+                    self.train.setdefault(r["worker"], []).append(r)
+                elif kind == "eval":
+                    self.evals.append(r)
+                elif kind == "server_final":
+                    self.finals.append(r)
+        for rows in self.train.values():
+            rows.sort(key=lambda r: r["t"])
+        self.evals.sort(key=lambda r: r["t"])
+        self.label = self.mode
+
+    def loss_curve(self):
+        """(t, global epoch, training loss): at every time a worker logged, the mean over the
+        workers training then of each one's loss interpolated in time; the global epoch is the
+        mean of the workers' own epochs (passes over their shards)."""
+        workers = [rs for rs in self.train.values() if rs]
+        if not workers:
+            return None
+        t = np.unique(np.concatenate([[r["t"] for r in rs] for rs in workers]))
+        total, count, ep = np.zeros_like(t), np.zeros_like(t), np.zeros_like(t)
+        for rs in workers:
+            wt = np.array([r["t"] for r in rs])
+            wl = np.array([r["loss"] if r.get("loss") is not None else np.nan for r in rs], dtype=float)
+            covered = (t >= wt[0]) & (t <= wt[-1])
+            total[covered] += np.interp(t[covered], wt, wl)
+            count[covered] += 1
+            ep += np.interp(t, np.concatenate([[0.0], wt]), np.concatenate([[0.0], [r["epoch"] for r in rs]]))
+        keep = count > 0
+        return t[keep], (ep / len(workers))[keep], (total / np.maximum(count, 1))[keep]
+
+    def first_hit(self):
+        if self.target is None:
+            return None
+        return next((e for e in self.evals if e.get("test_acc", -1) >= self.target), None)
+
+    def step_means(self):
+        """{worker: {component: mean ms per step}} weighted by the steps of each window."""
+        out = {}
+        for w, rows in sorted(self.train.items()):
+            prev, sums, n = 0, {k: 0.0 for k, _, _ in COMPONENTS}, 0
+            for r in rows:
+                steps = r["step"] - prev
+                prev = r["step"]
+                n += steps
+                for k, _, _ in COMPONENTS:
+                    sums[k] += r.get(k, 0.0) * steps
+            if n:
+                out[w] = {k: v / n for k, v in sums.items()}
+        return out
+
+    def staleness(self):
+        """{worker: counts per staleness} merged over the servers, or None."""
+        hist = {}
+        for fin in self.finals:
+            for w, counts in (fin.get("staleness_hist") or {}).items():
+                acc = hist.setdefault(int(w), [])
+                if len(counts) > len(acc):
+                    acc.extend([0] * (len(counts) - len(acc)))
+                for s, c in enumerate(counts):
+                    acc[s] += c
+        return hist if any(sum(c) for c in hist.values()) else None
 
 
-def plot(runs, out):
-    out.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for label, rows in runs:
-        ev = [r for r in rows if r.get("kind") == "eval" and "test_acc" in r]
-        tr = [r for r in rows if r.get("kind") == "train"]
-        axes[0][0].plot([r["t"] for r in ev], [100 * r["test_acc"] for r in ev], marker="o", label=label)
-        axes[0][1].plot([r["epoch"] for r in ev], [100 * r["test_acc"] for r in ev], marker="o", label=label)
-        axes[1][0].plot([r["t"] for r in tr], [r["loss"] for r in tr], label=label, lw=0.8)
-        axes[1][1].plot([r["epoch"] for r in tr], [r["loss"] for r in tr], label=label, lw=0.8)
-    for ax, (x, y) in zip(axes.flat, [("wall-clock time (s)", "test accuracy (%)"), ("epoch", "test accuracy (%)"),
-                                      ("wall-clock time (s)", "training loss"), ("epoch", "training loss")]):
-        ax.set_xlabel(x)
-        ax.set_ylabel(y)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle("convergence")
-    fig.tight_layout()
-    path = out / "convergence.png"
-    fig.savefig(path, dpi=110)
+def name_runs(runs):
+    modes = [r.mode for r in runs]
+    if len(set(modes)) == len(modes):
+        for r in runs:
+            r.label = r.mode
+    else:
+        for r in runs:
+            r.label = r.sweep_label if r.sweep_label == r.mode else f"{r.sweep_label}"
+
+
+def describe(runs):
+    """One line naming what every run shares: data, model, workers, batch, optimizer, straggler."""
+    c = runs[0].cfg
+    if not c:
+        return ""
+    m, d, tr, o, cl, st, sc = c["model"], c["data"], c["train"], c["optimizer"], c["cluster"], c["straggler"], c["schedule"]
+    image = d["kind"] == "fashion-mnist"
+    n_in, n_out = (784, 10) if image else (d["dim"], d["outputs"])
+    if m["kind"] == "mlp":
+        arch = "MLP " + "-".join(str(x) for x in [n_in, *m["hidden"], n_out])
+    elif m["kind"] == "linear":
+        arch = f"linear {n_in}->{n_out}"
+    else:
+        arch = "CNN " + "-".join(str(x) for x in m["conv_channels"])
+    lr = f"{o['kind'].upper() if o['kind'] == 'sgd' else o['kind']} lr {o['lr']:g}"
+    if sc.get("scale_lr"):
+        lr += f" x (update batch / {sc['base_batch']})"
+    if sc.get("kind", "constant") != "constant":
+        lr += f", {sc['kind']}"
+    if sc.get("warmup_epochs", 0) > 0:
+        lr += f", warmup {sc['warmup_epochs']:g} ep"
+    parts = [{"fashion-mnist": "Fashion-MNIST"}.get(d["kind"], d["kind"]), arch,
+             f"{cl['workers']} workers x batch {tr['batch']}", lr]
+    if st["workers"] and st["slowdown"] > 1:
+        parts.append(f"straggler: worker {','.join(map(str, st['workers']))} computes {st['slowdown']:g}x slower")
+    if st.get("delay_ms", 0) > 0:
+        parts.append(f"+{st['delay_ms']:g} ms per step")
+    return ", ".join(parts)
+
+
+def colours(runs):
+    cmap = plt.get_cmap("tab10")
+    return {id(r): cmap(i % 10) for i, r in enumerate(runs)}
+
+
+def save(fig, out, name):
+    path = out / name
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
     print(f"plot.py: wrote {path}")
+
+
+def plot_convergence(runs, out):
+    col = colours(runs)
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    (a_t, a_e), (l_t, l_e) = axes
+    accs = []
+    for r in runs:
+        ev = [e for e in r.evals if "test_acc" in e]
+        c = col[id(r)]
+        if ev:
+            t = [e["t"] for e in ev]
+            ep = [e["epoch"] for e in ev]
+            acc = [100 * e["test_acc"] for e in ev]
+            accs += acc
+            kw = dict(color=c, lw=1.8, marker="o", ms=2.5, label=r.label)
+            a_t.plot(t, acc, **kw)
+            a_e.plot(ep, acc, **kw)
+            hit = r.first_hit()
+            if hit:
+                a_t.plot(hit["t"], 100 * hit["test_acc"], "o", color=c, ms=9, mec="black", zorder=5)
+                a_e.plot(hit["epoch"], 100 * hit["test_acc"], "o", color=c, ms=9, mec="black", zorder=5)
+        lc = r.loss_curve()
+        if lc is not None:
+            t, ep, loss = lc
+            l_t.plot(t, loss, color=c, lw=1.4, label=r.label)
+            l_e.plot(ep, loss, color=c, lw=1.4, label=r.label)
+    targets = {r.target for r in runs if r.target is not None}
+    for ax in (a_t, a_e):
+        for tgt in targets:
+            ax.axhline(100 * tgt, ls="--", color="black", lw=1, alpha=0.7, label=f"target {100 * tgt:g}%")
+        if accs:
+            lo = min(np.percentile(accs, 10), 100 * min(targets) - 25 if targets else 100)
+            ax.set_ylim(max(0.0, lo), min(100.0, max(accs) + 0.15 * (max(accs) - max(0.0, lo)) + 0.5))
+        ax.set_ylabel("test accuracy (%)")
+    a_t.set_title("test accuracy vs time (dot: first at target)")
+    a_e.set_title("test accuracy vs epochs")
+    l_t.set_title("training loss vs time (mean over workers)")
+    l_e.set_title("training loss vs epochs")
+    for ax in (l_t, l_e):
+        ax.set_ylabel("training loss (cross-entropy)" if runs[0].cfg.get("data", {}).get("kind") != "least-squares"
+                      else "training loss (MSE)")
+        lines = [ln for ln in ax.get_lines() if len(ln.get_ydata())]
+        ys = np.concatenate([ln.get_ydata() for ln in lines]) if lines else np.array([])
+        if len(ys) and ys.min() > 0 and ys.max() / ys.min() > 20:
+            ax.set_yscale("log")
+    for ax in (a_t, l_t):
+        ax.set_xlabel("wall-clock time since run start (s)")
+    for ax in (a_e, l_e):
+        ax.set_xlabel("epochs (passes over the training set, all workers)")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        ax.set_xlim(left=0)
+        if ax.get_lines():
+            ax.legend(fontsize=9, loc="lower right" if ax in (a_t, a_e) else "upper right")
+    fig.suptitle(describe(runs), fontsize=11)
+    fig.tight_layout()
+    save(fig, out, "convergence.png")
+
+
+def grid(n):
+    cols = min(n, 2) if n <= 4 else 3
+    rows = (n + cols - 1) // cols
+    return rows, cols
+
+
+def plot_throughput(runs, out):
+    runs = [r for r in runs if r.train]
+    if not runs:
+        return
+    nr, nc = grid(len(runs))
+    fig, axes = plt.subplots(nr, nc, figsize=(6.5 * nc, 3.8 * nr), squeeze=False, sharey=True)
+    cmap = plt.get_cmap("viridis")
+    for ax, r in zip(axes.flat, runs):
+        W = max(r.train) + 1
+        for w, rows in sorted(r.train.items()):
+            straggler = w in r.stragglers
+            ax.plot([x["t"] for x in rows], [x["samples_per_s"] for x in rows], lw=1.3,
+                    color="#C44E52" if straggler else cmap(w / max(1, W)),
+                    label=f"worker {w}" + (" (straggler)" if straggler else ""))
+        rate = r.summary.get("samples_per_s")
+        ax.set_title(f"{r.label}: {rate:,.0f} samples/s, all workers over the run" if rate else r.label, fontsize=10)
+        ax.set_xlabel("wall-clock time since run start (s)")
+        ax.set_ylabel("samples/s per worker")
+        ax.set_xlim(left=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    # one y scale for all panels; a single window's spike (e.g. the last, short one) may be cut
+    rates = np.array([x["samples_per_s"] for r in runs for rows in r.train.values() for x in rows])
+    axes.flat[0].set_ylim(0, 1.1 * float(np.percentile(rates, 99)) if len(rates) else 1)
+    for ax in list(axes.flat)[len(runs):]:
+        ax.axis("off")
+    fig.suptitle("throughput per worker over time (one point per train.log_every steps)", fontsize=11)
+    fig.tight_layout()
+    save(fig, out, "throughput.png")
+
+
+def plot_step_time(runs, out):
+    data = [(r, r.step_means()) for r in runs]
+    data = [(r, m) for r, m in data if m]
+    if not data:
+        return
+    width = 0.8
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.0 + 0.55 * sum(len(m) + 1 for _, m in data)), 5.5))
+    x0, ticks, ticklabels, tops = 0.0, [], [], []
+    for r, means in data:
+        xs = []
+        for w, m in means.items():
+            x = x0 + len(xs)
+            xs.append(x)
+            parts = [m["compute_ms"], max(0.0, m["comm_ms"] - m["wait_ms"]), m["wait_ms"], m["delay_ms"]]
+            bottom = 0.0
+            for (key, legend, colour), v in zip(COMPONENTS, parts):
+                ax.bar(x, v, width, bottom=bottom, color=colour, label=legend if x0 == 0 and w == min(means) else None,
+                       edgecolor="white", lw=0.5)
+                bottom += v
+            tops.append(bottom)
+            ax.text(x, bottom, f"{bottom:.1f}", ha="center", va="bottom", fontsize=7)
+            ticks.append(x)
+            ticklabels.append(f"w{w}" + ("*" if w in r.stragglers else ""))
+        ax.annotate(r.label, xy=((xs[0] + xs[-1]) / 2, 0), xycoords=("data", "axes fraction"), xytext=(0, -26),
+                    textcoords="offset points", ha="center", va="top", fontsize=10, fontweight="bold")
+        x0 += len(xs) + 1
+    ax.set_xticks(ticks, ticklabels, fontsize=8)
+    ax.set_ylabel("mean time per step (ms)")
+    ax.set_ylim(0, max(tops) * 1.12 if tops else 1)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    any_straggler = any(r.stragglers for r in runs)
+    ax.set_title("where a step's time goes, per worker" + (" (* = straggler)" if any_straggler else ""), fontsize=11)
+    fig.tight_layout()
+    save(fig, out, "step_time.png")
+
+
+def plot_staleness(runs, out):
+    data = [(r, r.staleness()) for r in runs if r.mode != "allreduce"]
+    data = [(r, h) for r, h in data if h]
+    if not data:
+        return
+    nr, nc = grid(len(data))
+    fig, axes = plt.subplots(nr, nc, figsize=(6.0 * nc, 3.8 * nr), squeeze=False)
+    cmap = plt.get_cmap("viridis")
+    for ax, (r, hist) in zip(axes.flat, data):
+        smax = max(len(c) for c in hist.values())
+        total = sum(sum(c) for c in hist.values())
+        merged = np.zeros(smax)
+        bottom = np.zeros(smax)
+        W = max(hist) + 1
+        for w, counts in sorted(hist.items()):
+            v = np.zeros(smax)
+            v[:len(counts)] = counts
+            merged += v
+            straggler = w in r.stragglers
+            ax.bar(np.arange(smax), 100 * v / total, bottom=100 * bottom / total, width=0.85,
+                   color="#C44E52" if straggler else cmap(w / max(1, W)),
+                   label=f"worker {w}" + (" (straggler)" if straggler else ""))
+            bottom += v
+        mean = float((np.arange(smax) * merged).sum() / total)
+        cum = np.cumsum(merged)
+        p99 = int(np.searchsorted(cum, 0.99 * total))
+        ax.set_title(f"{r.label}: mean {mean:.2f}, p99 {p99}, max {int(np.nonzero(merged)[0].max())} "
+                     f"({total:,} updates)", fontsize=10)
+        ax.set_xlabel("staleness of an applied update (shard versions behind)")
+        ax.set_ylabel("% of all applied updates")
+        ax.set_xlim(-0.6, max(smax, 3) - 0.4)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(data):]:
+        ax.axis("off")
+    fig.suptitle("staleness histograms (all servers), stacked by the worker that pushed", fontsize=11)
+    fig.tight_layout()
+    save(fig, out, "staleness.png")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="+", help="run directories")
-    ap.add_argument("--out", help="where to write the PNGs (default: <run>/plots for one run)")
+    ap.add_argument("runs", nargs="+", help="run directories (each with metrics/ and config.toml)")
+    ap.add_argument("--out", help="where to write the PNGs (default: RUN_DIR/plots for one run, ./plots for several)")
     a = ap.parse_args()
-    runs = [load_run(r) for r in a.runs]
-    out = pathlib.Path(a.out) if a.out else pathlib.Path(a.runs[0]) / "plots"
-    plot(runs, out)
+    runs = [Run(r) for r in a.runs]
+    name_runs(runs)
+    out = pathlib.Path(a.out) if a.out else (runs[0].dir / "plots" if len(runs) == 1 else pathlib.Path("plots"))
+    out.mkdir(parents=True, exist_ok=True)
+    plot_convergence(runs, out)
+    plot_throughput(runs, out)
+    plot_step_time(runs, out)
+    plot_staleness(runs, out)
 
 
 if __name__ == "__main__":

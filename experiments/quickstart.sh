@@ -1,11 +1,26 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds, trains the default model and writes its
-# metrics and plots under runs/.
+# The main job: installs what is missing and builds (experiments/setup.sh), then compares the
+# consistency modes (allreduce, bsp, ssp:2, asp) on Fashion-MNIST with one straggler
+# (experiments/configs/default.toml) and says where the comparison table and plots are.
+# Extra arguments go to the launcher, e.g. --set train.epochs=1 or --max-minutes 20.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/experiments/setup.sh"
-run="$root/runs/single/$(date +%Y%m%d-%H%M%S)"
-echo "[quickstart] training the default MLP on Fashion-MNIST -> $run"
-"$root/build/worker/pslab_worker" train -c "$root/experiments/configs/single.toml" -o "$run"
-/usr/bin/python3 "$root/experiments/plot.py" "$run"
-echo "[quickstart] metrics: $run/metrics/worker0.jsonl   plots: $run/plots/"
+
+echo "[quickstart] comparing the consistency modes: experiments/configs/default.toml"
+status=0
+/usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/default.toml" \
+  --build-dir "$root/build" --keep-going "$@" || status=$?
+if ((status == 2 || status == 130 || status == 143)); then exit "$status"; fi  # nothing (more) to show
+
+latest="$root/runs/compare/latest"
+if [[ -d "$latest" ]]; then
+  dir=$(cd "$latest" && pwd -P)
+  echo "[quickstart] comparison table: $dir/comparison.md (and comparison.csv)"
+  echo "[quickstart] plots:            $dir/plots/{convergence,throughput,step_time,staleness}.png"
+  echo "[quickstart] each run:         $dir/<mode>/ (summary.json, metrics/, logs/, plots/)"
+fi
+if ((status != 0)); then
+  echo "[quickstart] error: at least one run failed (exit $status); its log is named above" >&2
+fi
+exit "$status"

@@ -58,7 +58,7 @@ Server::Server(zmq::context_t& ctx, const ExperimentConfig& cfg, const ServerOpt
   sock_.set(zmq::sockopt::maxmsgsize, std::int64_t(range_.length * sizeof(float) + (1 << 16)));
   sock_.set(zmq::sockopt::linger, 2000);  // let final replies leave at exit
   try {
-    sock_.bind(opt.endpoint);
+    sock_.bind(net::bind_endpoint(opt.endpoint));
   } catch (const zmq::error_t& e) {
     throw std::runtime_error("server " + std::to_string(opt.shard) + ": cannot bind " + opt.endpoint + ": " + e.what());
   }
@@ -293,15 +293,13 @@ void Server::on_push(const std::string& id, const Peer& p, const wire::Header& h
                                                      " floats (" + std::to_string(want) + " bytes)");
     return;
   }
-  const float* grad = static_cast<const float*>(payload->data());
-  if (wire::checksum(grad, m.length) != m.checksum) {
-    reply_error(id, wire::ErrorCode::bad_checksum, "push payload checksum mismatch (corrupted in transit)");
-    return;
-  }
   try {
-    state_->push(p.rank, m.clock, m.version_pulled, m.batch, grad);
+    state_->push(p.rank, m.clock, m.version_pulled, m.batch, static_cast<const float*>(payload->data()), m.checksum);
   } catch (const ProtocolError& e) {
     reply_error(id, wire::ErrorCode::protocol, e.what());
+    return;
+  } catch (const PayloadError& e) {
+    reply_error(id, wire::ErrorCode::bad_checksum, e.what());
     return;
   }
   ++counters_.pushes;
@@ -319,12 +317,8 @@ void Server::serve_pull(const std::string& id, int rank, long clock, Clock::time
   counters_.hold_ms_max = std::max(counters_.hold_ms_max, held_s * 1e3);
   if (rank >= 0) state_->record_pull(rank, clock);
   ParamVersions& pv = state_->params();
-  if (checksum_version_ != state_->version()) {
-    checksum_ = wire::checksum(pv.current(), pv.size());
-    checksum_version_ = state_->version();
-  }
-  wire::PullReply r{clock, state_->version(), state_->min_clock(), state_->samples_applied(),
-                    long(held_s * 1e6), byes_ == cfg_.cluster.workers, checksum_, range_.offset, range_.length};
+  wire::PullReply r{clock, state_->version(), state_->min_clock(), state_->samples_applied(), long(held_s * 1e6),
+                    byes_ == cfg_.cluster.workers, state_->current_checksum(), range_.offset, range_.length};
   ParamVersions::Buffer* buf = pv.acquire_current();
   zmq::message_t payload(buf->data.data(), buf->data.size() * sizeof(float), &free_param_buffer, buf);
   send(id, header(r), &payload);

@@ -114,8 +114,6 @@ class Server {
   int byes_ = 0;
   bool barrier_open_ = false, shutdown_ = false;
   std::vector<HeldPull> held_;
-  std::uint64_t checksum_ = 0;                  // of the current version
-  long checksum_version_ = -1;
   Clock::time_point started_, last_message_;
 };
 

@@ -368,8 +368,9 @@ std::string describe_keys() {
 }
 
 std::vector<std::string> expand_sweep(const std::string& text, const std::string& origin,
-                                      std::vector<std::string>& labels) {
-  const toml::table root = parse_toml(text, origin);
+                                      std::vector<std::string>& labels, const std::vector<std::string>& overrides) {
+  toml::table root = parse_toml(text, origin);
+  for (const auto& o : overrides) apply_override(root, o);
   check_unknown_keys(root, origin);
   // Axes: keys whose value is a list where one value is expected.
   std::vector<std::pair<std::string, const toml::array*>> axes;

@@ -102,9 +102,11 @@ void validate(const ExperimentConfig& c, const std::string& origin);
 std::string describe_keys();
 
 // Sweeps: a key given a list where a single value is expected (a list of lists for list
-// keys) is swept. Returns one TOML text per point of the cross product, in the order of the
-// keys in the file, and sets `labels` to a short "key=value,..." name of each point.
+// keys) is swept. `overrides` apply first (so overriding a swept key with one value ends that
+// sweep). Returns one TOML text per point of the cross product, in the order of the keys in
+// visit_fields(), each validated, and sets `labels` to a "key=value,..." name of each point.
 std::vector<std::string> expand_sweep(const std::string& toml_text, const std::string& origin,
-                                      std::vector<std::string>& labels);
+                                      std::vector<std::string>& labels,
+                                      const std::vector<std::string>& overrides = {});
 
 }  // namespace pslab

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "wire.h"
+
 namespace pslab {
 
 ShardRange shard_range(std::size_t num_params, int num_shards, int shard) {
@@ -51,7 +53,12 @@ void ParamVersions::publish() {
 
 namespace {
 constexpr std::size_t kStalenessBuckets = 1024;
+constexpr std::size_t kChunk = 8192;  // floats per piece of an update: 32 KiB, stays in L1/L2
+
+[[noreturn]] void bad_checksum() {
+  throw PayloadError("push payload checksum mismatch (corrupted in transit)");
 }
+}  // namespace
 
 ShardState::ShardState(Backend& cpu, const Options& opt, std::vector<float> initial)
     : opt_(opt), be_(cpu), optimizer_(cpu, opt.optimizer, opt.range.length), params_(std::move(initial)),
@@ -63,6 +70,7 @@ ShardState::ShardState(Backend& cpu, const Options& opt, std::vector<float> init
     acc_.assign(opt.range.length, 0.0f);
     pushed_.assign(std::size_t(opt.workers), 0);
   }
+  checksum_ = wire::checksum(params_.current(), params_.size());
 }
 
 long ShardState::min_clock() const { return *std::min_element(clocks_.begin(), clocks_.end()); }
@@ -86,17 +94,29 @@ void ShardState::count_staleness(int worker, long staleness) {
   ++h[b];
 }
 
-void ShardState::apply(const float* grad, long samples) {
+void ShardState::apply(const float* grad, long samples, const std::uint64_t* verify) {
   const double epoch = double(samples_applied_) / double(opt_.train_size);
   const int global_batch = opt_.mode.kind == Mode::Kind::bsp ? opt_.batch * opt_.workers : opt_.batch;
   const double lr = learning_rate(opt_.schedule, opt_.optimizer.lr, global_batch, epoch);
-  optimizer_.step(params_.current(), grad, params_.next(), lr);
+  const float* cur = params_.current();
+  float* next = params_.next();
+  wire::Checksum grad_sum, param_sum;
+  optimizer_.begin_step();
+  for (std::size_t lo = 0; lo < opt_.range.length; lo += kChunk) {
+    const std::size_t n = std::min(kChunk, opt_.range.length - lo);
+    if (verify) grad_sum.update(grad + lo, n);
+    optimizer_.step_range(cur + lo, grad + lo, next + lo, lo, n, lr);
+    param_sum.update(next + lo, n);
+  }
+  if (verify && grad_sum.value() != *verify) bad_checksum();  // `next` is never published
   params_.publish();
+  checksum_ = param_sum.value();
   ++version_;
   samples_applied_ += samples;
 }
 
-bool ShardState::push(int worker, long clock, long version_pulled, int batch, const float* grad) {
+bool ShardState::push(int worker, long clock, long version_pulled, int batch, const float* grad,
+                      std::uint64_t checksum) {
   if (worker < 0 || worker >= opt_.workers)
     throw ProtocolError("push from worker " + std::to_string(worker) + ", expected a rank in [0, " +
                         std::to_string(opt_.workers) + ")");
@@ -110,8 +130,15 @@ bool ShardState::push(int worker, long clock, long version_pulled, int batch, co
                         ", which this shard has not reached (at " + std::to_string(version_) + ")");
 
   if (opt_.mode.kind != Mode::Kind::bsp) {
-    count_staleness(worker, version_ - version_pulled);
-    apply(grad, batch);
+    // A stateless optimizer's update can be abandoned before publication: verify the
+    // gradient in the same pass. A stateful one would have changed its state: verify first.
+    if (optimizer_.stateless()) {
+      apply(grad, batch, &checksum);
+    } else {
+      if (wire::checksum(grad, opt_.range.length) != checksum) bad_checksum();
+      apply(grad, batch);
+    }
+    count_staleness(worker, version_ - 1 - version_pulled);
     ++wclock;
     return true;
   }
@@ -123,6 +150,7 @@ bool ShardState::push(int worker, long clock, long version_pulled, int batch, co
   if (pushed_[std::size_t(worker)])
     throw ProtocolError("second bsp push from worker " + std::to_string(worker) + " for clock " + std::to_string(clock));
   const std::size_t n = opt_.range.length;
+  if (wire::checksum(grad, n) != checksum) bad_checksum();
   if (pushes_in_clock_ == 0) {
     for (std::size_t i = 0; i < n; ++i) acc_[i] = float(batch) * grad[i];
   } else {

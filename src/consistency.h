@@ -41,6 +41,12 @@ class ProtocolError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A gradient whose checksum does not match the one its header carried.
+class PayloadError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // The shard's parameters by version, for zero-copy pull replies: a reply references the
 // current buffer until ZeroMQ has sent it, so an update writes the next version into a
 // buffer that no send references (out of place; no copy) and then makes it current.
@@ -94,10 +100,12 @@ class ShardState {
   ShardState(Backend& cpu, const Options& opt, std::vector<float> initial);
 
   // A worker's gradient (range.length floats) for its step `clock`, computed on parameters
-  // of `version_pulled`, over `batch` samples. asp/ssp: applied now. bsp: accumulated; applied
-  // when the W-th push of the clock arrives. Returns true when parameters changed.
-  // Throws ProtocolError (and changes nothing) when the push breaks the mode's rules.
-  bool push(int worker, long clock, long version_pulled, int batch, const float* grad);
+  // of `version_pulled`, over `batch` samples, with payload checksum `checksum`
+  // (wire::checksum). asp/ssp: applied now. bsp: accumulated; applied when the W-th push of
+  // the clock arrives. Returns true when parameters changed. Throws ProtocolError when the
+  // push breaks the mode's rules and PayloadError when the checksum does not match; either
+  // way nothing changes.
+  bool push(int worker, long clock, long version_pulled, int batch, const float* grad, std::uint64_t checksum);
   // Whether a pull by a worker at `clock` may be served now (evaluators are never held).
   bool pull_ready(long clock) const;
   // Notes that a pull was served (for the records).
@@ -110,6 +118,8 @@ class ShardState {
   const Options& options() const { return opt_; }
   ParamVersions& params() { return params_; }
   const float* current() const { return params_.current(); }
+  // wire::checksum of the current version (computed while it was written).
+  std::uint64_t current_checksum() const { return checksum_; }
 
   // Staleness of applied updates: histogram per worker (index = staleness; the last bucket
   // collects everything >= its index).
@@ -118,13 +128,17 @@ class ShardState {
   long updates_applied() const { return version_; }
 
  private:
-  void apply(const float* grad, long samples);
+  // Writes the next version from the current one and `grad`, chunk by chunk, computing the
+  // new version's checksum on the way (and, with verify, the gradient's: on a mismatch the
+  // new version is dropped before publication and PayloadError thrown).
+  void apply(const float* grad, long samples, const std::uint64_t* verify = nullptr);
   void count_staleness(int worker, long staleness);
 
   Options opt_;
   Backend& be_;
   Optimizer optimizer_;
   ParamVersions params_;
+  std::uint64_t checksum_ = 0;
   long version_ = 0;
   long samples_applied_ = 0;
   std::vector<long> clocks_;  // per worker: pushes done

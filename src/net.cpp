@@ -60,4 +60,15 @@ std::string tcp_endpoint(const std::string& host, int port) {
   return "tcp://" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
+std::string bind_endpoint(const std::string& endpoint) {
+  if (endpoint.rfind("tcp://", 0) != 0) return endpoint;
+  const auto colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon < 6) return endpoint;
+  const std::string host = endpoint.substr(6, colon - 6), port = endpoint.substr(colon);
+  if (host == "localhost") return "tcp://127.0.0.1" + port;
+  const bool numeric = host == "*" || host.find_first_not_of("0123456789.") == std::string::npos ||
+                       (host.size() > 2 && host.front() == '[' && host.back() == ']');
+  return numeric ? endpoint : "tcp://*" + port;
+}
+
 }  // namespace pslab::net

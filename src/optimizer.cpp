@@ -67,20 +67,23 @@ Optimizer::Optimizer(Backend& be, const OptimizerConfig& cfg, std::size_t n)
   }
 }
 
-void Optimizer::step(const float* w, const float* g, float* w_out, double lr) {
-  ++steps_;
+void Optimizer::step_range(const float* w, const float* g, float* w_out, std::size_t offset, std::size_t n,
+                           double lr) {
+  if (offset + n > n_)
+    throw std::logic_error("Optimizer::step_range: [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
+                           ") exceeds the optimizer's " + std::to_string(n_) + " parameters");
   const float wd = float(cfg_.weight_decay);
   switch (kind_) {
     case Kind::sgd:
-      be_.sgd_step(w, g, w_out, n_, SgdArgs{float(lr), wd});
+      be_.sgd_step(w, g, w_out, n, SgdArgs{float(lr), wd});
       break;
     case Kind::momentum:
     case Kind::nesterov:
-      be_.momentum_step(w, v_.data(), g, w_out, n_,
+      be_.momentum_step(w, v_.data() + offset, g, w_out, n,
                         MomentumArgs{float(lr), float(cfg_.momentum), wd, kind_ == Kind::nesterov});
       break;
     case Kind::adam:
-      be_.adam_step(w, m_.data(), v_.data(), g, w_out, n_,
+      be_.adam_step(w, m_.data() + offset, v_.data() + offset, g, w_out, n,
                     AdamArgs{float(lr), float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps), wd, steps_});
       break;
   }

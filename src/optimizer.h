@@ -50,7 +50,18 @@ class Optimizer {
   // One update of w (n) with gradient g (n) at learning rate lr (already scheduled), in place.
   void step(float* w, const float* g, double lr) { step(w, g, w, lr); }
   // The same, writing the updated weights to w_out (n floats, w_out == w or not overlapping).
-  void step(const float* w, const float* g, float* w_out, double lr);
+  void step(const float* w, const float* g, float* w_out, double lr) {
+    begin_step();
+    step_range(w, g, w_out, 0, n_, lr);
+  }
+  // One update in pieces (e.g. chunk by chunk while each is in cache): begin_step() once,
+  // then step_range() over consecutive pieces; w, g and w_out point at the piece (n floats)
+  // and `offset` locates it in the optimizer's range (for its state). Equals step().
+  void begin_step() { ++steps_; }
+  void step_range(const float* w, const float* g, float* w_out, std::size_t offset, std::size_t n, double lr);
+  // Whether the optimizer keeps state across steps (an update that is abandoned half-way
+  // would leave stateful optimizers inconsistent).
+  bool stateless() const { return kind_ == Kind::sgd; }
   long steps() const { return steps_; }
   std::size_t size() const { return n_; }
   const OptimizerConfig& config() const { return cfg_; }

@@ -197,40 +197,55 @@ std::optional<Header> decode(const void* data, std::size_t size, std::string& er
   return h;
 }
 
-namespace {
-
-// Lanes: a[l] sums the words of lane l, b[l] sums the running a[l] (position-weighted).
+// Lanes: word i of the payload goes to lane i % 4; a[l] sums the words of lane l, b[l] sums
+// the running a[l] (position-weighted), so word order matters too.
 template <bool kCopy>
-std::uint64_t fletcher(float* dst, const float* src, std::size_t n) {
+void Checksum::run(float* dst, const float* src, std::size_t n) {
   const auto* w = reinterpret_cast<const std::uint32_t*>(src);
-  std::uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
   std::size_t i = 0;
+  auto one = [&](std::size_t k) {
+    std::uint32_t x;
+    std::memcpy(&x, w + k, 4);
+    if constexpr (kCopy) dst[k] = src[k];
+    const std::size_t l = (n_ + k) & 3;
+    a_[l] += x;
+    b_[l] += a_[l];
+  };
+  for (; i < n && ((n_ + i) & 3) != 0; ++i) one(i);  // up to the next lane-0 word
+  std::uint64_t a0 = a_[0], a1 = a_[1], a2 = a_[2], a3 = a_[3], b0 = b_[0], b1 = b_[1], b2 = b_[2], b3 = b_[3];
   for (; i + 4 <= n; i += 4) {
-    std::uint32_t x0, x1, x2, x3;
-    std::memcpy(&x0, w + i, 4), std::memcpy(&x1, w + i + 1, 4);
-    std::memcpy(&x2, w + i + 2, 4), std::memcpy(&x3, w + i + 3, 4);
+    std::uint32_t x[4];
+    std::memcpy(x, w + i, 16);
     if constexpr (kCopy) std::memcpy(dst + i, src + i, 16);
-    a0 += x0, a1 += x1, a2 += x2, a3 += x3;
+    a0 += x[0], a1 += x[1], a2 += x[2], a3 += x[3];
     b0 += a0, b1 += a1, b2 += a2, b3 += a3;
   }
-  for (; i < n; ++i) {
-    std::uint32_t x;
-    std::memcpy(&x, w + i, 4);
-    if constexpr (kCopy) dst[i] = src[i];
-    a0 += x, b0 += a0;
-  }
+  a_[0] = a0, a_[1] = a1, a_[2] = a2, a_[3] = a3, b_[0] = b0, b_[1] = b1, b_[2] = b2, b_[3] = b3;
+  for (; i < n; ++i) one(i);
+  n_ += n;
+}
+
+void Checksum::update(const float* data, std::size_t n) { run<false>(nullptr, data, n); }
+void Checksum::update_copy(float* dst, const float* src, std::size_t n) { run<true>(dst, src, n); }
+
+std::uint64_t Checksum::value() const {
   // Combine lanes with odd multipliers (invertible mod 2^64) and fold in the length.
-  std::uint64_t h = n * 0x9E3779B97F4A7C15ull;
-  for (std::uint64_t v : {a0, a1, a2, a3, b0, b1, b2, b3}) h = (h ^ v) * 0xBF58476D1CE4E5B9ull + 0x94D049BB133111EBull;
+  std::uint64_t h = std::uint64_t(n_) * 0x9E3779B97F4A7C15ull;
+  for (std::uint64_t v : {a_[0], a_[1], a_[2], a_[3], b_[0], b_[1], b_[2], b_[3]})
+    h = (h ^ v) * 0xBF58476D1CE4E5B9ull + 0x94D049BB133111EBull;
   return h ^ (h >> 31);
 }
 
-}  // namespace
-
-std::uint64_t checksum(const float* data, std::size_t n) { return fletcher<false>(nullptr, data, n); }
+std::uint64_t checksum(const float* data, std::size_t n) {
+  Checksum c;
+  c.update(data, n);
+  return c.value();
+}
 
 std::uint64_t copy_with_checksum(float* dst, const float* src, std::size_t n) {
-  return fletcher<true>(dst, src, n);
+  Checksum c;
+  c.update_copy(dst, src, n);
+  return c.value();
 }
 
 }  // namespace pslab::wire

@@ -85,4 +85,20 @@ std::uint64_t checksum(const float* data, std::size_t n);
 // Copies n floats from src to dst and returns the checksum of the data, in one pass.
 std::uint64_t copy_with_checksum(float* dst, const float* src, std::size_t n);
 
+// The same checksum computed piece by piece (e.g. chunk by chunk while the chunk is still in
+// cache after an update): update() in order over consecutive pieces, then value().
+class Checksum {
+ public:
+  void update(const float* data, std::size_t n);
+  // Also copies the piece to dst, in the same pass.
+  void update_copy(float* dst, const float* src, std::size_t n);
+  std::uint64_t value() const;
+
+ private:
+  template <bool kCopy>
+  void run(float* dst, const float* src, std::size_t n);
+  std::uint64_t a_[4] = {0, 0, 0, 0}, b_[4] = {0, 0, 0, 0};
+  std::size_t n_ = 0;  // words so far; word i goes to lane i % 4
+};
+
 }  // namespace pslab::wire

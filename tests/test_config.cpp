@@ -98,6 +98,13 @@ TEST(Config, SweepExpandsToTheCrossProduct) {
   EXPECT_EQ(last.cluster.mode, "ssp:1");
   EXPECT_EQ(last.cluster.workers, 2);
   EXPECT_EQ(last.model.hidden, (std::vector<int>{32, 16}));
+  // Overrides apply before expansion: a swept key set to one value is no longer swept, and a
+  // point that only the override makes valid is accepted.
+  auto one = expand_sweep("name = \"s\"\n[cluster]\nmode = [\"bsp\", \"asp\"]\nworkers = 2\n[straggler]\nworkers = [3]\n",
+                          "s.toml", labels, {"cluster.mode=ssp:1", "cluster.workers=4"});
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(parse_config(one[0], "p").cluster.mode, "ssp:1");
+  EXPECT_EQ(parse_config(one[0], "p").cluster.workers, 4);
   // A list key given one list is not a sweep.
   EXPECT_EQ(expand_sweep("name = \"s\"\n[model]\nhidden = [64]\n", "s", labels).size(), 1u);
   // Each point is validated, naming the point.

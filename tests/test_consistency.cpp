@@ -3,10 +3,17 @@
 #include <gtest/gtest.h>
 
 #include "consistency.h"
+#include "wire.h"
 
 using namespace pslab;
 
 namespace {
+
+// Checksum of a gradient literal of 1 or 2 floats, as the worker would send it.
+template <std::size_t N>
+std::uint64_t sum(const float (&g)[N]) {
+  return wire::checksum(g, N);
+}
 
 ShardState::Options options(const char* mode, int workers, std::size_t n) {
   ShardState::Options o;
@@ -40,11 +47,11 @@ TEST(ShardState, BspAveragesTheClockWeightedByBatchAndAppliesOnce) {
   ShardState s(*cpu, options("bsp", 3, 2), {10.0f, 20.0f});
   const float g0[] = {1, 2}, g1[] = {4, 8}, g2[] = {7, 5};
   EXPECT_TRUE(s.pull_ready(0));
-  EXPECT_FALSE(s.push(0, 0, 0, 1, g0));
+  EXPECT_FALSE(s.push(0, 0, 0, 1, g0, sum(g0)));
   EXPECT_FALSE(s.pull_ready(1)) << "clock 1 opens only after every worker pushed clock 0";
-  EXPECT_FALSE(s.push(2, 0, 0, 2, g2));
+  EXPECT_FALSE(s.push(2, 0, 0, 2, g2, sum(g2)));
   EXPECT_EQ(s.version(), 0);
-  EXPECT_TRUE(s.push(1, 0, 0, 1, g1));
+  EXPECT_TRUE(s.push(1, 0, 0, 1, g1, sum(g1)));
   // Mean over 4 samples: (1*g0 + 1*g1 + 2*g2) / 4 = (19/4, 20/4); lr 1.
   EXPECT_FLOAT_EQ(s.current()[0], 10.0f - 19.0f / 4);
   EXPECT_FLOAT_EQ(s.current()[1], 20.0f - 5.0f);
@@ -58,14 +65,14 @@ TEST(ShardState, BspRejectsDuplicatesAndSkippedClocksWithoutChangingAnything) {
   auto cpu = make_cpu_backend(1);
   ShardState s(*cpu, options("bsp", 2, 1), {5.0f});
   const float g[] = {1};
-  s.push(0, 0, 0, 1, g);
-  EXPECT_THROW(s.push(0, 0, 0, 1, g), ProtocolError);  // second push of clock 0
-  EXPECT_THROW(s.push(1, 3, 0, 1, g), ProtocolError);  // not its next clock
-  EXPECT_THROW(s.push(1, 0, 7, 1, g), ProtocolError);  // a version the shard never had
-  EXPECT_THROW(s.push(5, 0, 0, 1, g), ProtocolError);  // not a worker
+  s.push(0, 0, 0, 1, g, sum(g));
+  EXPECT_THROW(s.push(0, 0, 0, 1, g, sum(g)), ProtocolError);  // second push of clock 0
+  EXPECT_THROW(s.push(1, 3, 0, 1, g, sum(g)), ProtocolError);  // not its next clock
+  EXPECT_THROW(s.push(1, 0, 7, 1, g, sum(g)), ProtocolError);  // a version the shard never had
+  EXPECT_THROW(s.push(5, 0, 0, 1, g, sum(g)), ProtocolError);  // not a worker
   EXPECT_EQ(s.version(), 0);
   EXPECT_EQ(s.clock_of(1), 0);
-  s.push(1, 0, 0, 1, g);
+  s.push(1, 0, 0, 1, g, sum(g));
   EXPECT_EQ(s.version(), 1);
   EXPECT_FLOAT_EQ(s.current()[0], 4.0f);
 }
@@ -76,9 +83,9 @@ TEST(ShardState, SspGatesPullsOnTheSlowestWorker) {
   const float g[] = {1};
   // Worker 0 runs ahead; worker 1 stays at clock 0.
   EXPECT_TRUE(s.pull_ready(1));   // 1 - 1 <= min clock 0
-  s.push(0, 0, 0, 1, g);
+  s.push(0, 0, 0, 1, g, sum(g));
   EXPECT_FALSE(s.pull_ready(2));  // would be 2 clocks ahead of worker 1
-  s.push(1, 0, 0, 1, g);          // worker 1 catches up one clock
+  s.push(1, 0, 0, 1, g, sum(g));          // worker 1 catches up one clock
   EXPECT_TRUE(s.pull_ready(2));
   EXPECT_EQ(s.version(), 2) << "ssp applies each push on arrival";
   EXPECT_FLOAT_EQ(s.current()[0], -2.0f);
@@ -89,12 +96,34 @@ TEST(ShardState, AspNeverHoldsAndMeasuresStaleness) {
   ShardState s(*cpu, options("asp", 2, 1), {0.0f});
   const float g[] = {1};
   EXPECT_TRUE(s.pull_ready(1000));
-  s.push(0, 0, 0, 1, g);  // applied at version 0 on version 0: staleness 0
-  s.push(0, 1, 1, 1, g);  // staleness 0
-  s.push(1, 0, 0, 1, g);  // computed on version 0, applied at version 2: staleness 2
+  s.push(0, 0, 0, 1, g, sum(g));  // applied at version 0 on version 0: staleness 0
+  s.push(0, 1, 1, 1, g, sum(g));  // staleness 0
+  s.push(1, 0, 0, 1, g, sum(g));  // computed on version 0, applied at version 2: staleness 2
   EXPECT_EQ(s.staleness_histogram()[0], (std::vector<long>{2}));
   EXPECT_EQ(s.staleness_histogram()[1], (std::vector<long>{0, 0, 1}));
   EXPECT_EQ(s.version(), 3);
+}
+
+TEST(ShardState, ACorruptedPushChangesNothingWithEitherKindOfOptimizer) {
+  auto cpu = make_cpu_backend(1);
+  for (const char* kind : {"sgd", "momentum"}) {
+    for (const char* mode : {"asp", "bsp"}) {
+      auto o = options(mode, 1, 3);
+      o.optimizer.kind = kind;
+      ShardState s(*cpu, o, {1.0f, 2.0f, 3.0f});
+      const std::uint64_t before = s.current_checksum();
+      const float g[] = {1, 1, 1};
+      EXPECT_THROW(s.push(0, 0, 0, 1, g, sum(g) ^ 1), PayloadError) << kind << " " << mode;
+      EXPECT_EQ(s.version(), 0);
+      EXPECT_EQ(s.clock_of(0), 0);
+      EXPECT_EQ(s.current()[0], 1.0f);
+      EXPECT_EQ(s.current_checksum(), before);
+      // The next good push applies as if the bad one never came (momentum state untouched).
+      s.push(0, 0, 0, 1, g, sum(g));
+      EXPECT_FLOAT_EQ(s.current()[0], 0.0f) << kind << " " << mode;
+      EXPECT_EQ(s.current_checksum(), wire::checksum(s.current(), 3));
+    }
+  }
 }
 
 TEST(ParamVersions, UpdatesNeverWriteABufferThatASendStillReferences) {

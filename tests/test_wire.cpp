@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "net.h"
 #include "rng.h"
 #include "wire.h"
 #include "wire_generated.h"
@@ -155,9 +156,30 @@ TEST(Wire, ChecksumCatchesEveryFlippedByteAndCopyAgrees) {
       }
     }
   }
+  // Piece by piece, in any split, equals all at once.
+  {
+    std::vector<float> x(1003);
+    Rng r(5);
+    for (auto& v : x) v = float(r.normal());
+    for (std::size_t piece : {1u, 3u, 4u, 64u, 1000u}) {
+      Checksum c;
+      for (std::size_t lo = 0; lo < x.size(); lo += piece) c.update(x.data() + lo, std::min(piece, x.size() - lo));
+      EXPECT_EQ(c.value(), checksum(x.data(), x.size())) << "pieces of " << piece;
+    }
+  }
   // Swapping two words changes it (position-weighted).
   std::vector<float> a = {1, 2, 3, 4, 5, 6, 7, 8}, b = {5, 2, 3, 4, 1, 6, 7, 8};
   EXPECT_NE(checksum(a.data(), 8), checksum(b.data(), 8));
+}
+
+TEST(Net, BindEndpointsAreWhatZeroMqCanBind) {
+  EXPECT_EQ(net::bind_endpoint("tcp://127.0.0.1:5555"), "tcp://127.0.0.1:5555");
+  EXPECT_EQ(net::bind_endpoint("tcp://localhost:5555"), "tcp://127.0.0.1:5555");
+  EXPECT_EQ(net::bind_endpoint("tcp://node07:5555"), "tcp://*:5555");
+  EXPECT_EQ(net::bind_endpoint("tcp://10.1.2.3:5555"), "tcp://10.1.2.3:5555");
+  EXPECT_EQ(net::bind_endpoint("tcp://[::1]:5555"), "tcp://[::1]:5555");
+  EXPECT_EQ(net::bind_endpoint("inproc://x"), "inproc://x");
+  EXPECT_EQ(net::tcp_endpoint("::1", 7), "tcp://[::1]:7");
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <cstdio>
 
 #include "collective.h"
+#include "net.h"
 #include "optimizer.h"
 #include "replica.h"
 #include "roles.h"
@@ -27,17 +28,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// "tcp://host:port" -> "tcp://*:port": rank 0 binds the coordinator on every interface of
-// the port it was given when the host is not a local address literal.
-std::string bind_form(const std::string& endpoint) {
-  const auto scheme = endpoint.find("://");
-  const auto colon = endpoint.rfind(':');
-  if (endpoint.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon <= scheme + 2) return endpoint;
-  const std::string host = endpoint.substr(scheme + 3, colon - scheme - 3);
-  const bool literal = host == "127.0.0.1" || host == "localhost" || host == "*" ||
-                       host.find_first_not_of("0123456789.") == std::string::npos;
-  return literal ? endpoint : "tcp://*" + endpoint.substr(colon);
-}
 }  // namespace
 
 std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
@@ -56,7 +46,7 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
   zmq::context_t& ctx = opt.ctx ? *opt.ctx : *(own_ctx = std::make_unique<zmq::context_t>(1));
   const auto timeout = std::chrono::milliseconds(long(cfg.cluster.timeout_s * 1000));
   std::unique_ptr<Coordinator> coordinator;
-  if (opt.rank == 0) coordinator = std::make_unique<Coordinator>(ctx, bind_form(opt.coordinator), W, timeout);
+  if (opt.rank == 0) coordinator = std::make_unique<Coordinator>(ctx, net::bind_endpoint(opt.coordinator), W, timeout);
   RendezvousClient rv(ctx, opt.coordinator, opt.rank, W, timeout);
   std::unique_ptr<Collective> coll =
       make_collective(be->device(), rv, opt.host.empty() ? cfg.cluster.bind : opt.host);
@@ -106,6 +96,7 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
     const auto t1 = Clock::now();
     coll->allreduce_sum(model.grads(), P, step);
     rec.comm_s = since(t1);
+    rec.allreduce_bytes = long(P * sizeof(float));
     rec.lr = learning_rate(schedule, cfg.optimizer.lr, W * b, double(samples) / data.train.n);
     optimizer.step(model.params(), model.grads(), rec.lr);
     samples += global_batch;

@@ -119,10 +119,10 @@ int main(int argc, char** argv) {
         std::stringstream text;
         text << in.rdbuf();
         std::vector<std::string> labels;
-        const auto points = expand_sweep(text.str(), config_path, labels);
+        const auto points = expand_sweep(text.str(), config_path, labels, overrides);
         std::filesystem::create_directories(expand_dir);
         for (std::size_t i = 0; i < points.size(); ++i) {
-          const ExperimentConfig cfg = parse_config(points[i], config_path + " [" + labels[i] + "]", overrides);
+          const ExperimentConfig cfg = parse_config(points[i], config_path + " [" + labels[i] + "]");
           char name[32];
           std::snprintf(name, sizeof name, "%03zu.toml", i);
           const std::string path = expand_dir + "/" + name;

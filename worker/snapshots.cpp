@@ -33,7 +33,7 @@ SnapshotReceiver::SnapshotReceiver(zmq::context_t& ctx, const std::string& endpo
       timeout_(std::chrono::milliseconds(long(timeout_s * 1000))) {
   sock_.set(zmq::sockopt::rcvhwm, 4);
   try {
-    sock_.bind(endpoint);
+    sock_.bind(net::bind_endpoint(endpoint));
   } catch (const zmq::error_t& e) {
     throw std::runtime_error("evaluator: cannot bind " + endpoint + ": " + e.what());
   }

@@ -15,6 +15,7 @@ void TrainLog::add(long step, double epoch, const StepRecord& r, bool force) {
   sum_.comm_s += r.comm_s;
   sum_.wait_s += r.wait_s;
   sum_.delay_s += r.delay_s;
+  allreduce_bytes_ += r.allreduce_bytes;
   ++n_;
   if (n_ < log_every_ && !force) return;
   const double t = metrics_.now();
@@ -25,6 +26,7 @@ void TrainLog::add(long step, double epoch, const StepRecord& r, bool force) {
                            {"wait_ms", 1e3 * sum_.wait_s / n_}, {"delay_ms", 1e3 * sum_.delay_s / n_}};
   if (r.version >= 0) j["version"] = r.version;
   if (r.lr >= 0) j["lr"] = r.lr;
+  if (allreduce_bytes_ > 0) j["allreduce_bytes"] = allreduce_bytes_;
   metrics_.write(j);
   progress_.update({step + 1, total_steps_, epoch, sum_.loss / n_, last_test_acc, rate, t});
   sum_ = StepRecord{};

@@ -2,6 +2,7 @@
 // written as one JSON line per window (kind "train"), with a progress line on stderr now and
 // then. The same fields in every mode, so that plots compare like with like:
 //   step, epoch, loss, samples_per_s, compute_ms, comm_ms, wait_ms, delay_ms, version
+// (allreduce mode: allreduce_bytes, the running total this rank all-reduced)
 // (times are means per step over the window, in milliseconds; wait_ms is the part of
 // comm_ms that a server held the request for consistency; delay_ms is injected straggling).
 #pragma once
@@ -19,6 +20,7 @@ struct StepRecord {
   double compute_s = 0.0, comm_s = 0.0, wait_s = 0.0, delay_s = 0.0;
   long version = -1;  // parameter version the step computed on (PS modes), -1 if none
   double lr = -1.0;   // learning rate applied locally (single / allreduce), -1 if none
+  long allreduce_bytes = 0;  // bytes this rank all-reduced this step (allreduce mode)
 };
 
 class TrainLog {
@@ -38,6 +40,7 @@ class TrainLog {
   long total_steps_;
   StepRecord sum_;
   int n_ = 0;
+  long allreduce_bytes_ = 0;  // since the start
   double window_start_;
 };
 

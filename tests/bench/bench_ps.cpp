@@ -9,8 +9,9 @@
 //   push_then_pull  a Push answered by an ack, then a Pull: two round trips
 //   raw_zmq     a bare ZeroMQ DEALER/ROUTER echo of the same bytes, zero-copy both ways, no
 //               pslab code: the transport's ceiling on this machine
-//   apply       the server's update alone (SGD on the shard, in process): GB/s of gradient
-//               applied, against memcpy of the same bytes
+//   apply       the server's update alone (SGD on the shard, in process, checksums of the
+//               gradient and the new version included): GB/s of gradient applied, against
+//               memcpy of the same bytes
 // The server applies SGD (asp) to every push, and both sides checksum every payload.
 #include <CLI/CLI.hpp>
 
@@ -168,7 +169,8 @@ nlohmann::ordered_json bench_apply(std::size_t floats, int runs) {
   std::vector<float> g(floats, 1e-3f), a(floats, 1.0f), b(floats);
   long clock = 0;
   const long iters = iterations_for(floats * 4);
-  const auto apply = time_runs(runs, iters, [&] { s.push(0, clock, clock, 1, g.data()), ++clock; });
+  const std::uint64_t gsum = wire::checksum(g.data(), floats);
+  const auto apply = time_runs(runs, iters, [&] { s.push(0, clock, clock, 1, g.data(), gsum), ++clock; });
   const auto copy = time_runs(runs, iters, [&] { std::memcpy(b.data(), a.data(), floats * 4), std::swap(a, b); });
   return {{"apply_GBps", double(floats) * 4 / median(apply) / 1e9},
           {"memcpy_GBps", double(floats) * 4 / median(copy) / 1e9}};

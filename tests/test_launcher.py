@@ -1,0 +1,578 @@
+"""Tests of the experiment launcher (experiments/launch.py) through its command line.
+
+Run from the repository root, with PSLAB_BUILD pointing at a build directory:
+    PSLAB_BUILD=build /usr/bin/python3 -m unittest -v tests/test_launcher.py
+
+Real runs use experiments/configs/tiny.toml (synthetic logistic regression, seconds). ssh and
+Slurm cannot run here: their dry runs are checked line by line, and each is also run end to
+end through a stand-in `ssh` / `srun` / `scontrol` on PATH that starts the command locally.
+Every test cleans up its temporary directory and any process it started.
+"""
+import json
+import os
+import pathlib
+import random
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import tomllib
+import unittest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+LAUNCH = REPO / "experiments" / "launch.py"
+TINY = REPO / "experiments" / "configs" / "tiny.toml"
+PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+BUILD = pathlib.Path(os.environ.get("PSLAB_BUILD") or REPO / "build").resolve()
+WORKER_BIN = BUILD / "worker" / "pslab_worker"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def cmdlines_containing(marker):
+    """{pid: argv} of every live process whose command line mentions `marker`."""
+    found = {}
+    for d in pathlib.Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            raw = (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in raw:
+            found[int(d.name)] = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    return found
+
+
+def pslab_processes(marker):
+    return {pid: argv for pid, argv in cmdlines_containing(marker).items()
+            if any(os.path.basename(a).startswith("pslab_") for a in argv[:3])}
+
+
+def dry_run_commands(stdout):
+    """{process name: argv} from the `[name@host] command` lines of a dry run (last run wins)."""
+    out = {}
+    for line in stdout.splitlines():
+        m = re.match(r"^\[([\w ]+?)(?:@([^\]]+))?\] (.*)$", line)
+        if m:
+            out[m.group(1)] = (m.group(2), shlex.split(m.group(3)))
+    return out
+
+
+def option(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+class LauncherTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if not os.access(WORKER_BIN, os.X_OK):
+            raise RuntimeError(f"{WORKER_BIN} is missing: build first, or set PSLAB_BUILD to the build directory")
+
+    def setUp(self):
+        self.tmp = pathlib.Path(tempfile.mkdtemp(prefix="pslab-test-launcher-"))
+        self.runs = self.tmp / "runs"
+        self.launchers = []
+        self.env = dict(os.environ, PSLAB_BUILD=str(BUILD))
+
+    def tearDown(self):
+        for p in self.launchers:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            for f in (p.stdout, p.stderr):
+                if f:
+                    f.close()
+        for pid in cmdlines_containing(str(self.tmp)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        subprocess.run(["rm", "-rf", str(self.tmp)], check=False)
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def write(self, name, text):
+        path = self.tmp / name
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    def tiny_variant(self, name, replace=(), append=""):
+        text = TINY.read_text()
+        for old, new in replace:
+            self.assertIn(old, text, "tiny.toml changed; update the test")
+            text = text.replace(old, new)
+        return self.write(name, text + append)
+
+    def launch(self, *args, timeout=90, env=None):
+        return subprocess.run([PYTHON, str(LAUNCH), *map(str, args)], cwd=REPO, env=env or self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def launch_bg(self, *args):
+        p = subprocess.Popen([PYTHON, str(LAUNCH), *map(str, args)], cwd=REPO, env=self.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.launchers.append(p)
+        return p
+
+    def wait_for_processes(self, n, timeout=30):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            procs = pslab_processes(str(self.runs))
+            if len(procs) >= n:
+                return procs
+            time.sleep(0.1)
+        self.fail(f"{n} pslab processes did not appear in {timeout} s: {pslab_processes(str(self.runs))}")
+
+    def assert_no_processes_left(self, grace=2.0):
+        end = time.monotonic() + grace
+        while cmdlines_containing(str(self.runs)) and time.monotonic() < end:
+            time.sleep(0.05)
+        self.assertEqual(cmdlines_containing(str(self.runs)), {}, "processes of the run were left behind")
+
+    def only_invocation(self, name):
+        invs = [d for d in (self.runs / name).iterdir() if not d.is_symlink()]
+        self.assertEqual(len(invs), 1, invs)
+        return invs[0]
+
+    def long_config(self):
+        # 100000 steps with 5 ms of sleep each: far longer than any test waits.
+        return self.tiny_variant("long.toml", [("steps = 500", "steps = 100000")])
+
+    # ---- config validation -----------------------------------------------------------------
+    def assert_config_error(self, path, key):
+        r = self.launch("run", path, "--runs-dir", self.runs)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn(str(path), r.stderr)
+        self.assertRegex(r.stderr, rf"pslab_worker: error: .*: {re.escape(key)}: ")
+        self.assertIn("nothing was started", r.stderr)
+        self.assertFalse(self.runs.exists(), "a run directory was created for an invalid config")
+
+    def test_config_missing_key(self):
+        path = self.tiny_variant("noname.toml", [('name = "tiny"', "")])
+        self.assert_config_error(path, "name")
+
+    def test_config_wrong_type(self):
+        path = self.tiny_variant("type.toml", [("batch = 32", 'batch = "thirty-two"')])
+        self.assert_config_error(path, "train.batch")
+
+    def test_config_unknown_mode(self):
+        path = self.tiny_variant("mode.toml", [('mode = "bsp"', 'mode = "gossip"')])
+        self.assert_config_error(path, "cluster.mode")
+
+    def test_config_bad_sweep_point_stops_everything(self):
+        path = self.tiny_variant("sweep.toml", [('mode = "bsp"', 'mode = ["bsp", "ssp:-1"]')])
+        self.assert_config_error(path, "cluster.mode")
+
+    def test_config_error_from_set(self):
+        r = self.launch("run", TINY, "--set", "cluster.workers=0", "--runs-dir", self.runs)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("cluster.workers", r.stderr)
+
+    def test_set_on_a_swept_key_replaces_the_sweep(self):
+        path = self.tiny_variant("sweep.toml", [('mode = "bsp"', 'mode = ["bsp", "asp"]')])
+        r = self.launch("run", path, "--set", "cluster.mode=ssp:1", "--runs-dir", self.runs, "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(len(re.findall(r"^# run \d+/1: ", r.stdout, re.M)), 1, r.stdout)
+        self.assertIn("ssp:1", r.stdout)
+        self.assertNotIn("mode=asp", r.stdout)
+        ok = self.launch("run", path, "--set", "straggler.workers=[1]", "--runs-dir", self.runs, "--dry-run")
+        self.assertEqual(ok.returncode, 0, ok.stderr)
+        self.assertEqual(len(re.findall(r"^# run \d+/2: ", ok.stdout, re.M)), 2, ok.stdout)
+
+    def test_missing_config_file(self):
+        r = self.launch("run", self.tmp / "nope.toml", "--runs-dir", self.runs)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("nope.toml", r.stderr)
+
+    # ---- dry runs --------------------------------------------------------------------------
+    def test_sweep_dry_run(self):
+        path = self.tiny_variant("sweep.toml", [('mode = "bsp"', 'mode = ["bsp", "ssp:1"]'),
+                                                ("workers = 2", "workers = [1, 3]"), ("servers = 1", "servers = 2")])
+        r = self.launch("run", path, "--runs-dir", self.runs, "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertFalse(self.runs.exists(), "a dry run wrote files")
+        headers = re.findall(r"^# run (\d)/4: (\S+) -> (\S+)", r.stdout, re.M)
+        self.assertEqual([h[1] for h in headers],
+                         ["mode=bsp,workers=1", "mode=bsp,workers=3", "mode=ssp:1,workers=1", "mode=ssp:1,workers=3"])
+        self.assertEqual(os.path.basename(headers[3][2]), "mode=ssp_1,workers=3")
+        # the last run (ssp:1, 3 workers, 2 servers): every process, consistent endpoints
+        cmds = dry_run_commands(r.stdout.split("# run 4/4")[1])
+        self.assertEqual(sorted(cmds), ["evaluator", "server0", "server1", "worker0", "worker1", "worker2"])
+        binds = [option(cmds[f"server{k}"][1], "--bind") for k in range(2)]
+        self.assertEqual(len(set(binds)), 2)
+        for k in range(2):
+            self.assertEqual(option(cmds[f"server{k}"][1], "--shard"), str(k))
+        for w in range(3):
+            argv = cmds[f"worker{w}"][1]
+            self.assertEqual(argv[1], "ps")
+            self.assertEqual(option(argv, "--rank"), str(w))
+            self.assertEqual(option(argv, "--servers"), ",".join(binds))
+            self.assertEqual(option(argv, "--procs-on-host"), "6")
+            run_dir = option(argv, "-o")
+            self.assertEqual(option(argv, "-c"), run_dir + "/config.toml")
+        self.assertEqual(cmds["evaluator"][1][1], "eval")
+        self.assertEqual(option(cmds["evaluator"][1], "--servers"), ",".join(binds))
+
+    def test_allreduce_dry_run(self):
+        path = self.tiny_variant("ar.toml", [('mode = "bsp"', 'mode = "allreduce"'), ("workers = 2", "workers = 3")])
+        r = self.launch("run", path, "--runs-dir", self.runs, "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        cmds = dry_run_commands(r.stdout)
+        self.assertEqual(sorted(cmds), ["evaluator", "worker0", "worker1", "worker2"])
+        coord = {option(cmds[f"worker{w}"][1], "--coordinator") for w in range(3)}
+        snaps = {option(cmds[f"worker{w}"][1], "--snapshots") for w in range(3)}
+        self.assertEqual(len(coord), 1)
+        self.assertEqual(snaps, {option(cmds["evaluator"][1], "--snapshots")})
+        self.assertNotEqual(coord, snaps)
+        for w in range(3):
+            self.assertEqual(cmds[f"worker{w}"][1][1], "allreduce")
+            self.assertEqual(option(cmds[f"worker{w}"][1], "--rank"), str(w))
+
+    def ssh_config(self, hosts, servers=2, workers=2):
+        text = TINY.read_text().replace("servers = 1", f"servers = {servers}").replace("workers = 2", f"workers = {workers}")
+        text = text.replace("[cluster]", f'[cluster]\nlauncher = "ssh"\nhosts = {json.dumps(hosts)}')
+        return self.write("ssh.toml", text)
+
+    def test_ssh_dry_run(self):
+        path = self.ssh_config(["hostA", "hostB"])
+        r = self.launch("run", path, "--runs-dir", self.runs, "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        cmds = dry_run_commands(r.stdout)
+        placement = {name: host for name, (host, _) in cmds.items()}
+        self.assertEqual(placement, {"server0": "hostA", "server1": "hostB", "worker0": "hostA",
+                                     "worker1": "hostB", "evaluator": "hostA"})
+        for name, (host, argv) in cmds.items():
+            self.assertEqual(argv[:6], ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", host])
+            self.assertEqual(len(argv), 7, argv)
+            remote = argv[6]
+            self.assertTrue(remote.startswith(f"cd {shlex.quote(str(REPO))} && exec "), remote)
+        inner = {name: shlex.split(argv[6].split(" && exec ", 1)[1]) for name, (_, argv) in cmds.items()}
+        self.assertEqual(option(inner["server0"], "--bind"), "tcp://*:29500")
+        self.assertEqual(option(inner["server1"], "--bind"), "tcp://*:29501")
+        for w in ("worker0", "worker1", "evaluator"):
+            self.assertEqual(option(inner[w], "--servers"), "tcp://hostA:29500,tcp://hostB:29501")
+        self.assertEqual(option(inner["worker0"], "--procs-on-host"), "3")  # server0, worker0, evaluator
+        self.assertEqual(option(inner["worker1"], "--procs-on-host"), "2")
+        self.assertEqual(option(inner["worker1"], "--rank"), "1")
+
+    def slurm_config(self, mode="bsp"):
+        text = TINY.read_text().replace('mode = "bsp"', f'mode = "{mode}"')
+        text = text.replace("[cluster]", '[cluster]\nlauncher = "slurm"')
+        return self.write("slurm.toml", text)
+
+    def test_slurm_dry_run(self):
+        r = self.launch("run", self.slurm_config(), "--runs-dir", self.runs, "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        srun = [shlex.split(line[len("[srun] "):]) for line in r.stdout.splitlines() if line.startswith("[srun] ")]
+        self.assertEqual(len(srun), 1)
+        argv = srun[0]
+        self.assertEqual(argv[0], "srun")
+        self.assertIn("--ntasks=4", argv)  # 1 server + 2 workers + 1 evaluator
+        self.assertIn("--kill-on-bad-exit=1", argv)
+        tail = argv[argv.index("/usr/bin/python3"):]
+        self.assertEqual(tail[:3], ["/usr/bin/python3", "experiments/launch.py", "task"])
+        self.assertTrue(tail[3].startswith(str(self.runs.resolve() / "tiny")), tail)
+        tasks = re.findall(r"^\[task(\d) (\w+)@", r.stdout, re.M)
+        self.assertEqual(tasks, [("0", "server0"), ("1", "worker0"), ("2", "worker1"), ("3", "evaluator")])
+        self.assertFalse(self.runs.exists())
+
+    # ---- real runs -------------------------------------------------------------------------
+    def test_tiny_end_to_end(self):
+        r = self.launch("run", TINY, "--runs-dir", self.runs)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        inv = self.only_invocation("tiny")
+        self.assertRegex(inv.name, r"^\d{8}-\d{6}$")
+        run = inv / "run"
+        for f in ["config.toml", "manifest.json", "summary.json", "metrics/worker0.jsonl", "metrics/worker1.jsonl",
+                  "metrics/server0.jsonl", "metrics/evaluator.jsonl", "logs/server0.log", "logs/worker0.log",
+                  "logs/worker1.log", "logs/evaluator.log"]:
+            self.assertTrue((run / f).is_file(), f)
+        for png in ["convergence", "throughput", "step_time", "staleness"]:
+            for d in (run / "plots", inv / "plots"):
+                data = (d / f"{png}.png").read_bytes()
+                self.assertEqual(data[:8], PNG_MAGIC, d / png)
+                self.assertGreater(len(data), 10000)
+        # config.toml: exactly what ran, every default filled in
+        with open(run / "config.toml", "rb") as f:
+            cfg = tomllib.load(f)
+        self.assertEqual(cfg["train"]["steps"], 500)
+        self.assertEqual(cfg["cluster"]["timeout_s"], 60.0)  # a default, written out
+        # manifest
+        m = json.loads((run / "manifest.json").read_text())
+        self.assertEqual([p["name"] for p in m["processes"]], ["server0", "worker0", "worker1", "evaluator"])
+        for p in m["processes"]:
+            self.assertIn(str(run / "config.toml"), p["command"])
+            self.assertIsInstance(p["pid"], int)
+        for key in ["git", "host", "cpu", "gpu", "libraries", "seed", "start_time", "launcher_command"]:
+            self.assertIn(key, m)
+        self.assertIn("run", m["launcher_command"])
+        self.assertIn("python", m["libraries"])
+        # summary
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual((s["mode"], s["workers"], s["servers"], s["device"], s["seed"], s["status"]),
+                         ("bsp", 2, 1, "cpu", 1, "ok"))
+        self.assertGreater(s["final_test_acc"], 0.85)
+        self.assertLessEqual(s["final_test_acc"], 1.0)
+        self.assertGreaterEqual(s["best_test_acc"], s["final_test_acc"])
+        self.assertEqual(s["target_acc"], 0.9)
+        self.assertIsNotNone(s["time_to_target_s"])
+        self.assertTrue(0 < s["time_to_target_s"] <= s["wall_s"])
+        self.assertAlmostEqual(s["epochs"], 500 * 2 * 32 / 4096, places=6)
+        self.assertEqual(s["staleness"]["max"], 0)  # bsp
+        self.assertGreater(s["bytes_pushed"], 500 * 2 * 132 * 4)  # 500 steps x 2 workers x 132 floats
+        self.assertGreater(s["bytes_pulled"], 0)
+        self.assertAlmostEqual(s["train_samples"], 500 * 2 * 32, delta=500 * 2 * 32 * 1e-3)
+        # samples/s cannot exceed the training samples over the time the workers trained
+        self.assertGreater(s["samples_per_s"], 0)
+        self.assertLess(s["samples_per_s"], 2 * 32 / 0.005)  # each step of a worker sleeps >= 5 ms
+        self.assertGreater(s["step_time_ms"]["delay"], 4.9)
+        # progress lines and the comparison
+        self.assertRegex(r.stdout, r"step \d+(-\d+)?/500")
+        self.assertRegex(r.stdout, r"ETA")
+        self.assertIn("| run | bsp |", r.stdout)
+        rows = (inv / "comparison.csv").read_text().splitlines()
+        self.assertEqual(len(rows), 2)
+        self.assertTrue((inv / "comparison.md").read_text().count("| run | bsp |") == 1)
+        self.assert_no_processes_left()
+
+    def test_sweep_runs_every_point(self):
+        path = self.tiny_variant("sweep.toml", [('mode = "bsp"', 'mode = ["allreduce", "bsp", "asp"]'),
+                                                ("steps = 500", "steps = 100"), ("delay_ms = 5.0", "delay_ms = 1.0")])
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        inv = self.only_invocation("tiny")
+        modes = ["allreduce", "bsp", "asp"]
+        self.assertEqual(sorted(d.name for d in inv.iterdir() if d.is_dir()), sorted(f"mode={m}" for m in modes))
+        for mode in modes:
+            run = inv / f"mode={mode}"
+            s = json.loads((run / "summary.json").read_text())
+            self.assertEqual((s["mode"], s["status"]), (mode, "ok"))
+            self.assertEqual(s["servers"], 0 if mode == "allreduce" else 1)
+            self.assertEqual(s["staleness"] is None, mode == "allreduce")
+            self.assertGreater(s["final_test_acc"], 0.5)
+            with open(run / "config.toml", "rb") as f:
+                self.assertEqual(tomllib.load(f)["cluster"]["mode"], mode)
+            self.assertEqual(sorted(p.name for p in (run / "logs").iterdir()),
+                             sorted(["evaluator.log", "worker0.log", "worker1.log"] + ([] if mode == "allreduce" else ["server0.log"])))
+        lines = (inv / "comparison.csv").read_text().splitlines()
+        self.assertEqual([line.split(",")[:2] for line in lines[1:]], [[f"mode={m}", m] for m in modes])
+
+    def test_killed_worker_fails_the_run_and_stops_everything(self):
+        p = self.launch_bg("run", self.long_config(), "--runs-dir", self.runs, "--no-plots")
+        procs = self.wait_for_processes(4)
+        worker1 = [pid for pid, argv in procs.items() if argv[1] == "ps" and option(argv, "--rank") == "1"]
+        self.assertEqual(len(worker1), 1, procs)
+        time.sleep(0.5)  # training has started
+        os.kill(worker1[0], signal.SIGKILL)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 1, out + err)
+        self.assertRegex(err, r"worker1 \(rank 1\) .*killed by signal 9 \(SIGKILL\)")
+        self.assertIn("logs/worker1.log", err)
+        self.assert_no_processes_left()
+        s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
+        self.assertEqual(s["status"], "failed")
+        self.assertIn("worker1", s["failure"])
+
+    def test_failed_run_is_cleaned_up_before_the_next_one(self):
+        # --keep-going: while the sweep's second run trains, nothing of the failed first run is left
+        path = self.tiny_variant("sweep.toml", [('mode = "bsp"', 'mode = ["bsp", "asp"]'), ("steps = 500", "steps = 100000")])
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--keep-going")
+        procs = self.wait_for_processes(4)
+        self.assertTrue(all("mode=bsp" in " ".join(argv) for argv in procs.values()), procs)
+        server = [pid for pid, argv in procs.items() if "pslab_server" in argv[0]]
+        time.sleep(0.3)
+        os.kill(server[0], signal.SIGKILL)
+        end = time.monotonic() + 20
+        while not any("mode=asp" in " ".join(a) for a in pslab_processes(str(self.runs)).values()):
+            self.assertLess(time.monotonic(), end, "the second run did not start")
+            time.sleep(0.05)
+        self.assertEqual(cmdlines_containing("mode=bsp"), {}, "processes of the failed run are still there")
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 130, out + err)
+        self.assertRegex(err, r"FAILED mode=bsp: server0 \(shard 0\) on local was killed by signal 9")
+        self.assert_no_processes_left()
+
+    def test_failing_process_log_is_shown(self):
+        # every process that loads data fails on a data path that does not exist
+        path = self.tiny_variant("bad.toml", [('kind = "logistic"', 'kind = "fashion-mnist"\npath = "/nonexistent"')])
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots", timeout=60)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertRegex(r.stderr, r"(server\d \(shard \d\)|worker\d \(rank \d\)|evaluator) on \S+ exited with code [1-9]")
+        self.assertIn("/nonexistent", r.stderr)  # the tail of the failing process's log
+        self.assert_no_processes_left()
+
+    def test_sigint_stops_everything(self):
+        p = self.launch_bg("run", self.long_config(), "--runs-dir", self.runs, "--no-plots")
+        self.wait_for_processes(4)
+        time.sleep(0.3)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 130, out + err)
+        self.assertIn("SIGINT", err)
+        self.assert_no_processes_left()
+
+    def test_sigterm_stops_everything(self):
+        p = self.launch_bg("run", self.long_config(), "--runs-dir", self.runs, "--no-plots")
+        self.wait_for_processes(4)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 143, out + err)
+        self.assert_no_processes_left()
+
+    def test_wall_clock_guard(self):
+        p = self.launch_bg("run", self.long_config(), "--runs-dir", self.runs, "--no-plots", "--max-minutes", "0.05")
+        out, err = p.communicate(timeout=40)
+        self.assertEqual(p.returncode, 1, out + err)
+        self.assertIn("--max-minutes", err)
+        self.assert_no_processes_left()
+
+    # ---- ssh and Slurm through stand-ins on PATH --------------------------------------------
+    def fake_bin(self, name, script):
+        d = self.tmp / "bin"
+        d.mkdir(exist_ok=True)
+        path = d / name
+        path.write_text(textwrap.dedent(script))
+        path.chmod(0o755)
+        self.env["PATH"] = f"{d}:{self.env['PATH']}"
+        return path
+
+    def test_ssh_end_to_end_with_a_local_stand_in(self):
+        log = self.tmp / "ssh-calls"
+        self.fake_bin("ssh", f"""\
+            #!/bin/bash
+            # stand-in: ssh [-o OPT]... HOST COMMAND -> runs COMMAND here
+            while [[ $1 == -o ]]; do shift 2; done
+            echo "$1" >> {log}
+            exec bash -c "$2"
+            """)
+        path = self.ssh_config(["localhost", "127.0.0.1"], servers=1, workers=2)
+        base = random.randrange(20000, 60000, 10)
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots", "--base-port", base)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(sorted(log.read_text().split()), ["127.0.0.1", "127.0.0.1", "localhost", "localhost"])
+        s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok")
+        self.assertGreater(s["final_test_acc"], 0.85)
+        self.assert_no_processes_left()
+
+    def test_allreduce_over_ssh_with_a_local_stand_in(self):
+        # rank 0 and the evaluator listen on endpoints named by host name, as on a real cluster
+        self.fake_bin("ssh", """\
+            #!/bin/bash
+            while [[ $1 == -o ]]; do shift 2; done
+            exec bash -c "$2"
+            """)
+        path = self.ssh_config([socket.gethostname(), "127.0.0.1"], servers=1, workers=2)
+        path.write_text(path.read_text().replace('mode = "bsp"', 'mode = "allreduce"'))
+        base = random.randrange(20000, 60000, 10)
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots", "--base-port", base)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
+        self.assertEqual((s["mode"], s["servers"], s["status"], s["staleness"]), ("allreduce", 0, "ok", None))
+        self.assertGreater(s["final_test_acc"], 0.85)
+        self.assert_no_processes_left()
+
+    def install_fake_slurm(self):
+        calls = self.tmp / "srun-calls"
+        self.fake_bin("srun", f"""\
+            #!/bin/bash
+            # stand-in: srun --ntasks=N [--opt]... CMD... -> N local copies with SLURM_* set
+            echo "$@" >> {calls}
+            n=0
+            while [[ $1 == --* ]]; do [[ $1 == --ntasks=* ]] && n=${{1#--ntasks=}}; shift; done
+            pids=()
+            for ((i = 0; i < n; i++)); do
+              SLURM_PROCID=$i SLURM_NTASKS=$n SLURM_JOB_NODELIST="fake[1-1]" "$@" & pids+=($!)
+            done
+            status=0
+            for i in "${{!pids[@]}}"; do
+              wait "${{pids[$i]}}" || {{ rc=$?; echo "srun: error: localhost: task $i: Exited with exit code $rc" >&2;
+                                        kill "${{pids[@]}}" 2>/dev/null; status=$rc; }}
+            done
+            exit $status
+            """)
+        self.fake_bin("scontrol", """\
+            #!/bin/bash
+            # stand-in: scontrol show hostnames LIST -> one host per line
+            [[ $1 == show && $2 == hostnames ]] || exit 1
+            [[ $3 == "fake[1-1]" ]] && { echo localhost; exit 0; }
+            [[ $3 == "node[1-2]" ]] && { echo node1; echo node2; exit 0; }
+            exit 1
+            """)
+        return calls
+
+    def test_slurm_end_to_end_and_task_roles(self):
+        calls = self.install_fake_slurm()
+        base = random.randrange(20000, 60000, 10)
+        r = self.launch("run", self.slurm_config(), "--runs-dir", self.runs, "--no-plots", "--base-port", base)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        run = self.only_invocation("tiny") / "run"
+        srun_argv = calls.read_text().split()
+        self.assertEqual(srun_argv[-4:], ["/usr/bin/python3", "experiments/launch.py", "task", str(run)])
+        self.assertIn("--ntasks=4", srun_argv)
+        self.assertIn("--kill-on-bad-exit=1", srun_argv)
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok")
+        self.assertGreater(s["final_test_acc"], 0.85)
+        for name in ("server0", "worker0", "worker1", "evaluator"):
+            self.assertTrue((run / "logs" / f"{name}.log").exists(), name)
+
+        # The roles of the tasks of that run on a two-node list, injected with --hosts ...
+        def task(procid, *extra, ntasks=4):
+            env = dict(self.env, SLURM_PROCID=str(procid), SLURM_NTASKS=str(ntasks), SLURM_JOB_NODELIST="node[1-2]")
+            return self.launch("task", run, "--print", *extra, env=env)
+
+        printed = {}
+        for i in range(4):
+            t = task(i, "--hosts", "node1,node2")
+            self.assertEqual(t.returncode, 0, t.stderr)
+            printed[i] = shlex.split(t.stdout.strip())
+        ep = f"tcp://node1:{base}"
+        self.assertEqual(os.path.basename(printed[0][0]), "pslab_server")
+        self.assertEqual(option(printed[0], "--bind"), f"tcp://*:{base}")
+        self.assertEqual(option(printed[0], "--shard"), "0")
+        for i, rank in ((1, "0"), (2, "1")):
+            self.assertEqual(printed[i][1], "ps")
+            self.assertEqual(option(printed[i], "--rank"), rank)
+            self.assertEqual(option(printed[i], "--servers"), ep)
+        self.assertEqual(printed[3][1], "eval")
+        self.assertEqual(option(printed[3], "--servers"), ep)
+        # cyclic: node1 runs tasks 0 and 2, node2 runs 1 and 3
+        self.assertEqual(option(printed[2], "--procs-on-host"), "2")
+        self.assertEqual(option(printed[0], "--run-start"), option(printed[3], "--run-start"))
+        # ... and through `scontrol show hostnames` of SLURM_JOB_NODELIST
+        self.assertEqual(shlex.split(task(1).stdout.strip()), printed[1])
+        # a task count that does not match the run is refused
+        bad = task(0, "--hosts", "node1", ntasks=5)
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("SLURM_NTASKS", bad.stderr)
+        self.assert_no_processes_left()
+
+    def test_slurm_allreduce_task_roles(self):
+        # allreduce: tasks are the workers, then the evaluator; rank 0 and the evaluator listen
+        calls = self.install_fake_slurm()
+        self.fake_bin("srun", f"#!/bin/bash\necho \"$@\" >> {calls}\nexit 0\n")  # prepare the run dir only
+        r = self.launch("run", self.slurm_config("allreduce"), "--runs-dir", self.runs, "--no-plots", "--base-port", 31000)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        run = self.only_invocation("tiny") / "run"
+        self.assertIn("--ntasks=3", calls.read_text())
+        out = {}
+        for i in range(3):
+            env = dict(self.env, SLURM_PROCID=str(i), SLURM_NTASKS="3")
+            t = self.launch("task", run, "--print", "--hosts", "n1,n2,n3", env=env)
+            self.assertEqual(t.returncode, 0, t.stderr)
+            out[i] = shlex.split(t.stdout.strip())
+        self.assertEqual([out[i][1] for i in range(3)], ["allreduce", "allreduce", "eval"])
+        self.assertEqual(option(out[1], "--rank"), "1")
+        self.assertEqual(option(out[0], "--coordinator"), "tcp://n1:31000")
+        self.assertEqual(option(out[1], "--coordinator"), "tcp://n1:31000")
+        self.assertEqual(option(out[1], "--snapshots"), "tcp://n3:31002")
+        self.assertEqual(option(out[2], "--snapshots"), "tcp://n3:31002")
+
+
+if __name__ == "__main__":
+    unittest.main()
