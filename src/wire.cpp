@@ -1,5 +1,6 @@
 #include "wire.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "wire_generated.h"
@@ -199,14 +200,12 @@ std::optional<Header> decode(const void* data, std::size_t size, std::string& er
 
 // Lanes: word i of the payload goes to lane i % 4; a[l] sums the words of lane l, b[l] sums
 // the running a[l] (position-weighted), so word order matters too.
-template <bool kCopy>
-void Checksum::run(float* dst, const float* src, std::size_t n) {
+void Checksum::update(const float* src, std::size_t n) {
   const auto* w = reinterpret_cast<const std::uint32_t*>(src);
   std::size_t i = 0;
   auto one = [&](std::size_t k) {
     std::uint32_t x;
     std::memcpy(&x, w + k, 4);
-    if constexpr (kCopy) dst[k] = src[k];
     const std::size_t l = (n_ + k) & 3;
     a_[l] += x;
     b_[l] += a_[l];
@@ -216,7 +215,6 @@ void Checksum::run(float* dst, const float* src, std::size_t n) {
   for (; i + 4 <= n; i += 4) {
     std::uint32_t x[4];
     std::memcpy(x, w + i, 16);
-    if constexpr (kCopy) std::memcpy(dst + i, src + i, 16);
     a0 += x[0], a1 += x[1], a2 += x[2], a3 += x[3];
     b0 += a0, b1 += a1, b2 += a2, b3 += a3;
   }
@@ -224,9 +222,6 @@ void Checksum::run(float* dst, const float* src, std::size_t n) {
   for (; i < n; ++i) one(i);
   n_ += n;
 }
-
-void Checksum::update(const float* data, std::size_t n) { run<false>(nullptr, data, n); }
-void Checksum::update_copy(float* dst, const float* src, std::size_t n) { run<true>(dst, src, n); }
 
 std::uint64_t Checksum::value() const {
   // Combine lanes with odd multipliers (invertible mod 2^64) and fold in the length.
@@ -243,8 +238,15 @@ std::uint64_t checksum(const float* data, std::size_t n) {
 }
 
 std::uint64_t copy_with_checksum(float* dst, const float* src, std::size_t n) {
+  // Piece by piece: checksum a piece while it is read into cache, then copy it with memcpy
+  // (faster than copying inside the checksum loop).
+  constexpr std::size_t kPiece = 8192;
   Checksum c;
-  c.update_copy(dst, src, n);
+  for (std::size_t lo = 0; lo < n; lo += kPiece) {
+    const std::size_t m = std::min(kPiece, n - lo);
+    c.update(src + lo, m);
+    std::memcpy(dst + lo, src + lo, m * sizeof(float));
+  }
   return c.value();
 }
 

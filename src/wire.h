@@ -90,13 +90,9 @@ std::uint64_t copy_with_checksum(float* dst, const float* src, std::size_t n);
 class Checksum {
  public:
   void update(const float* data, std::size_t n);
-  // Also copies the piece to dst, in the same pass.
-  void update_copy(float* dst, const float* src, std::size_t n);
   std::uint64_t value() const;
 
  private:
-  template <bool kCopy>
-  void run(float* dst, const float* src, std::size_t n);
   std::uint64_t a_[4] = {0, 0, 0, 0}, b_[4] = {0, 0, 0, 0};
   std::size_t n_ = 0;  // words so far; word i goes to lane i % 4
 };
