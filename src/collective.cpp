@@ -13,8 +13,9 @@
 namespace pslab {
 
 std::string Collective::timeout_message(const std::string& what, long step, const std::string& cause) {
-  return what + " of step " + std::to_string(step) + " on rank " + std::to_string(rank()) + " failed after " +
-         std::to_string(rv_.timeout().count() / 1000) + " s (" + cause + "); " + rv_.laggards(step);
+  return what + (step >= 0 ? " of step " + std::to_string(step) : std::string()) + " on rank " +
+         std::to_string(rank()) + " failed (timeout " + std::to_string(rv_.timeout().count() / 1000) + " s): " + cause +
+         "; " + rv_.laggards(step);
 }
 
 namespace {

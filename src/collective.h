@@ -34,7 +34,8 @@ class Collective {
 
  protected:
   explicit Collective(RendezvousClient& rv) : rv_(rv) {}
-  // The message of a timed-out collective: what, at which step, and who is missing.
+  // The message of a failed (usually timed-out) collective: what, at which step, the cause,
+  // and which ranks had not reported reaching that step.
   std::string timeout_message(const std::string& what, long step, const std::string& cause);
   RendezvousClient& rv_;
 };
