@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Benchmarks (never part of the test suite): training throughput of one replica, parameter
+# server push+pull over loopback, and all-reduce with 2 ranks. Each writes JSON to
+# runs/bench/<name>.json and prints it. Run on an otherwise idle machine.
+#   experiments/bench.sh [train|ps|allreduce ...]   (default: all three)
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${PSLAB_BUILD:-$root/build}
+[[ -x "$build/tests/bench_train" ]] || "$root/experiments/setup.sh"
+out="$root/runs/bench"
+mkdir -p "$out"
+which=("$@")
+((${#which[@]})) || which=(train ps allreduce)
+for b in "${which[@]}"; do
+  case "$b" in
+    train)     "$build/tests/bench_train" --threads 2 --runs 5 --steps 2000 --json "$out/train.json" ;;
+    ps)        "$build/tests/bench_ps" --runs 5 --json "$out/ps.json" ;;
+    allreduce) "$build/tests/bench_allreduce" --ranks 2 --runs 5 --steps 1000 --json "$out/allreduce.json" ;;
+    *) echo "bench.sh: unknown benchmark '$b' (train, ps, allreduce)" >&2; exit 2 ;;
+  esac >/dev/null
+  echo "[bench] $b -> $out/$b.json"
+done
