@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -13,6 +14,12 @@ namespace pslab {
 namespace {
 
 CBLAS_TRANSPOSE cblas_trans(Trans t) { return t == Trans::yes ? CblasTrans : CblasNoTrans; }
+
+blasint blas_int(std::size_t n) {
+  if (n > std::size_t(std::numeric_limits<blasint>::max()))
+    throw std::length_error("vector of " + std::to_string(n) + " floats is too long for BLAS");
+  return blasint(n);
+}
 
 class CpuBackend final : public Backend {
  public:
@@ -54,7 +61,7 @@ class CpuBackend final : public Backend {
                 ldb, beta, C, ldc);
   }
   void axpy(std::size_t n, float a, const float* x, float* y) override {
-    for (std::size_t i = 0; i < n; ++i) y[i] += a * x[i];
+    cblas_saxpy(blas_int(n), a, x, 1, y, 1);  // OpenBLAS spreads long vectors over its threads
   }
   void scale(std::size_t n, float a, float* x) override {
     for (std::size_t i = 0; i < n; ++i) x[i] *= a;
@@ -129,6 +136,9 @@ class CpuBackend final : public Backend {
 
   void sgd_step(const float* w, const float* g, float* w_out, std::size_t n,
                 const SgdArgs& a) override {
+    // Plain SGD in place is w += (-lr) g, an axpy: OpenBLAS runs it on all its threads (the
+    // single-process trainer's hot path). Otherwise the shared elementwise update.
+    if (w == w_out && a.weight_decay == 0.0f) return axpy(n, -a.lr, g, w_out);
     for (std::size_t i = 0; i < n; ++i) w_out[i] = math::sgd_update(w[i], g[i], a.lr, a.weight_decay);
   }
   void momentum_step(const float* w, float* v, const float* g, float* w_out, std::size_t n,
