@@ -29,25 +29,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from launch import read_jsonl  # noqa: E402  (launch.py: stdlib only, beside this file)
+
 COMPONENTS = [  # (train-line key, legend, colour)
     ("compute_ms", "compute (forward + backward)", "#4C72B0"),
     ("comm_ms", "communication (push / pull; all-reduce: incl. waiting for the slowest)", "#55A868"),
     ("wait_ms", "waiting for consistency (pull held)", "#C44E52"),
     ("delay_ms", "injected straggler delay", "#8C8C8C"),
 ]
-
-
-def read_jsonl(path):
-    rows = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass  # a line cut short by a killed process
-    return rows
 
 
 class Run:

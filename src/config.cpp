@@ -165,16 +165,24 @@ void read_field(const toml::node& n, T& out, const std::string& origin, const st
   }
 }
 
+// The table that holds `key` ("section.leaf" or "leaf"), created if missing; sets `leaf`.
+// nullptr if the section exists but is not a table.
+toml::table* table_of(toml::table& root, const std::string& key, std::string& leaf) {
+  const auto dot = key.find('.');
+  if (dot == std::string::npos) {
+    leaf = key;
+    return &root;
+  }
+  const std::string section = key.substr(0, dot);
+  leaf = key.substr(dot + 1);
+  if (!root.contains(section)) root.insert(section, toml::table{});
+  return root[section].as_table();
+}
+
 template <typename T>
 void write_field(toml::table& root, const std::string& key, const T& v) {
-  toml::table* t = &root;
-  std::string leaf = key;
-  if (auto dot = key.find('.'); dot != std::string::npos) {
-    const std::string section = key.substr(0, dot);
-    leaf = key.substr(dot + 1);
-    if (!root.contains(section)) root.insert(section, toml::table{});
-    t = root[section].as_table();
-  }
+  std::string leaf;
+  toml::table* t = table_of(root, key, leaf);
   if constexpr (is_vector<T>::value) {
     toml::array a;
     for (const auto& x : v) {
@@ -228,15 +236,9 @@ void apply_override(toml::table& root, const std::string& assignment) {
   } catch (const toml::parse_error&) {
     parsed = toml::table{{"v", value}};  // a bare word is a string: --set cluster.mode=bsp
   }
-  toml::table* t = &root;
-  std::string leaf = key;
-  if (auto dot = key.find('.'); dot != std::string::npos) {
-    const std::string section = key.substr(0, dot);
-    leaf = key.substr(dot + 1);
-    if (!root.contains(section)) root.insert(section, toml::table{});
-    t = root[section].as_table();
-    if (!t) throw ConfigError("--set " + assignment + ": " + section + " is not a table");
-  }
+  std::string leaf;
+  toml::table* t = table_of(root, key, leaf);
+  if (!t) throw ConfigError("--set " + assignment + ": " + key.substr(0, key.find('.')) + " is not a table");
   t->insert_or_assign(leaf, *parsed["v"].node());
 }
 
@@ -395,8 +397,8 @@ std::vector<std::string> expand_sweep(const std::string& text, const std::string
       const auto& [key, arr] = axes[i];
       const toml::node& v = (*arr)[idx[i]];
       const auto dot = key.find('.');
-      toml::table* t = dot == std::string::npos ? &point : point[key.substr(0, dot)].as_table();
-      t->insert_or_assign(dot == std::string::npos ? key : key.substr(dot + 1), v);
+      std::string leaf;
+      table_of(point, key, leaf)->insert_or_assign(leaf, v);
       const std::string value = label_text(v);
       if (!label.empty()) label += ',';
       label.append(key, dot == std::string::npos ? 0 : dot + 1).append("=").append(value);

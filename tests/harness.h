@@ -13,6 +13,7 @@
 #include <zmq.hpp>
 
 #include "config.h"
+#include "roles.h"
 #include "server.h"
 
 namespace pslab::test {
@@ -97,6 +98,39 @@ void run_threads(int n, F fn) {
   for (auto& t : ts) t.join();
   for (auto& e : errs)
     if (e) std::rethrow_exception(e);
+}
+
+// Runs the W workers of a PS-mode `cfg` as threads against `cluster`; metrics under `dir`.
+inline void run_ps_workers(const ExperimentConfig& cfg, Cluster& cluster, const std::filesystem::path& dir) {
+  run_threads(cfg.cluster.workers, [&](int r) {
+    RoleOptions o;
+    o.rank = r;
+    o.servers = cluster.endpoints;
+    o.out_dir = dir.string();
+    o.progress = false;
+    o.ctx = &cluster.ctx;
+    run_ps_worker(cfg, o);
+  });
+}
+
+// Runs the W ranks of an all-reduce `cfg` as threads (coordinator inproc, Gloo over TCP
+// loopback); returns every rank's final θ.
+inline std::vector<std::vector<float>> run_allreduce_workers(const ExperimentConfig& cfg,
+                                                             const std::filesystem::path& dir) {
+  static std::atomic<int> n{0};
+  zmq::context_t ctx(1);
+  const std::string coordinator = "inproc://pslab-coordinator-run-" + std::to_string(n++);
+  std::vector<std::vector<float>> theta(static_cast<std::size_t>(cfg.cluster.workers));
+  run_threads(cfg.cluster.workers, [&](int r) {
+    RoleOptions o;
+    o.rank = r;
+    o.coordinator = coordinator;
+    o.out_dir = dir.string();
+    o.progress = false;
+    o.ctx = &ctx;
+    theta[std::size_t(r)] = run_allreduce_worker(cfg, o);
+  });
+  return theta;
 }
 
 inline std::filesystem::path temp_dir(const std::string& name) {

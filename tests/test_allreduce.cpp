@@ -60,18 +60,7 @@ TEST_P(GlooRanks, ReplicasAreBitwiseIdenticalAfterTraining) {
   const int W = GetParam();
   const ExperimentConfig cfg = test::small_config("allreduce", W, 1);
   const auto dir = temp_dir("ar");
-  zmq::context_t ctx(1);
-  const std::string ep = coordinator_endpoint();
-  std::vector<std::vector<float>> theta(static_cast<std::size_t>(W));
-  run_threads(W, [&](int r) {
-    RoleOptions o;
-    o.rank = r;
-    o.coordinator = ep;
-    o.out_dir = dir.string();
-    o.progress = false;
-    o.ctx = &ctx;
-    theta[std::size_t(r)] = run_allreduce_worker(cfg, o);
-  });
+  const auto theta = test::run_allreduce_workers(cfg, dir);
   const std::uint64_t sum0 = wire::checksum(theta[0].data(), theta[0].size());
   for (int r = 1; r < W; ++r)
     EXPECT_EQ(wire::checksum(theta[std::size_t(r)].data(), theta[std::size_t(r)].size()), sum0) << "rank " << r;
@@ -86,33 +75,12 @@ TEST(AllReduce, EqualsBspOnTheParameterServersWithin1e5) {
   const auto dir = temp_dir("ar_vs_bsp");
   const ExperimentConfig bsp = test::small_config("bsp", W, 2);
   test::Cluster cluster(bsp);
-  run_threads(W, [&](int r) {
-    RoleOptions o;
-    o.rank = r;
-    o.servers = cluster.endpoints;
-    o.out_dir = dir.string();
-    o.progress = false;
-    o.ctx = &cluster.ctx;
-    run_ps_worker(bsp, o);
-  });
+  test::run_ps_workers(bsp, cluster, dir);
   cluster.join();
   cluster.rethrow();
   const std::vector<float> ps = cluster.params();
 
-  const ExperimentConfig ar = test::small_config("allreduce", W, 2);
-  zmq::context_t ctx(1);
-  const std::string ep = coordinator_endpoint();
-  std::vector<float> replica;
-  run_threads(W, [&](int r) {
-    RoleOptions o;
-    o.rank = r;
-    o.coordinator = ep;
-    o.out_dir = dir.string();
-    o.progress = false;
-    o.ctx = &ctx;
-    auto t = run_allreduce_worker(ar, o);
-    if (r == 0) replica = std::move(t);
-  });
+  const std::vector<float> replica = test::run_allreduce_workers(test::small_config("allreduce", W, 2), dir)[0];
   ASSERT_EQ(ps.size(), replica.size());
   double scale = 0, worst = 0;
   long wrong = 0;

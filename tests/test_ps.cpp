@@ -45,15 +45,7 @@ TEST_P(BspEqualsUnionBatch, ParametersWithin1e5RelativeAfter50Steps) {
   const ExperimentConfig cfg = make_config("bsp", W, S);
   const fs::path dir = temp_dir("bsp");
   Cluster cluster(cfg);
-  run_threads(W, [&](int r) {
-    RoleOptions o;
-    o.rank = r;
-    o.servers = cluster.endpoints;
-    o.out_dir = dir.string();
-    o.progress = false;
-    o.ctx = &cluster.ctx;
-    run_ps_worker(cfg, o);
-  });
+  test::run_ps_workers(cfg, cluster, dir);
   cluster.join();
   cluster.rethrow();
   const std::vector<float> ps = cluster.params();
