@@ -113,6 +113,10 @@ void Server::run() {
         throw std::runtime_error(who + ": no message from any worker for " + std::to_string(int(cfg_.cluster.timeout_s)) +
                                  " s; still training: " + heard);
       }
+      // Training is over but the Shutdown that --wait-for-shutdown waits for does not come.
+      if (byes_ == cfg_.cluster.workers && !shutdown_ && t - last_message_ > timeout)
+        throw std::runtime_error(who + ": every worker said Bye " + std::to_string(int(cfg_.cluster.timeout_s)) +
+                                 " s ago, but no Shutdown came (is the evaluator running? its log says why it stopped)");
       if (t >= next_stats) {
         write_stats(false);
         next_stats = t + stats_every;
@@ -185,6 +189,7 @@ void Server::handle(std::vector<zmq::message_t>& frames) {
     if (peer.role == wire::Role::worker && !said_bye_[std::size_t(peer.rank)]) {
       said_bye_[std::size_t(peer.rank)] = 1;
       ++byes_;
+      last_message_ = Clock::now();
     }
     (void)m;
     send(id, header(wire::Ack{}));

@@ -188,6 +188,17 @@ TEST_F(MultiProcess, AMissingWorkerIsNamedByTheServerAtTheStartBarrier) {
   EXPECT_NE(procs.log(worker).find("no reply to Hello"), std::string::npos) << procs.log(worker);
 }
 
+TEST_F(MultiProcess, AServerWaitingForAShutdownThatNeverComesSaysSo) {
+  const std::string cfg = write_config("asp", 1, 1, 1, 1.0);
+  Processes procs(dir);
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const auto server = procs.spawn("server0", {PSLAB_SERVER_BIN, "-c", cfg, "--shard", "0", "--bind", ep, "--wait-for-shutdown"});
+  const auto worker = procs.spawn("worker0", {PSLAB_WORKER_BIN, "ps", "-c", cfg, "--rank", "0", "--servers", ep, "-q"});
+  EXPECT_EQ(procs.wait(worker, 20), 0) << procs.log(worker);
+  EXPECT_EQ(procs.wait(server, 10), 1) << "the server must give up, not wait forever";
+  EXPECT_NE(procs.log(server).find("but no Shutdown came"), std::string::npos) << procs.log(server);
+}
+
 TEST_F(MultiProcess, APortInUseIsReportedWithTheAddress) {
   const std::string cfg = write_config("asp", 1, 1, 1, 30);
   Processes procs(dir);
