@@ -71,4 +71,13 @@ std::string bind_endpoint(const std::string& endpoint) {
   return numeric ? endpoint : "tcp://*" + port;
 }
 
+int free_tcp_port() {
+  zmq::context_t ctx(1);
+  zmq::socket_t s(ctx, zmq::socket_type::router);
+  s.set(zmq::sockopt::linger, 0);
+  s.bind("tcp://127.0.0.1:*");
+  const std::string ep = s.get(zmq::sockopt::last_endpoint);
+  return std::stoi(ep.substr(ep.rfind(':') + 1));
+}
+
 }  // namespace pslab::net

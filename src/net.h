@@ -46,4 +46,7 @@ std::string tcp_endpoint(const std::string& host, int port);
 // binds every interface ("tcp://*:P"). Other transports are returned unchanged.
 std::string bind_endpoint(const std::string& endpoint);
 
+// A TCP port on 127.0.0.1 that was free a moment ago (for tests and benchmarks).
+int free_tcp_port();
+
 }  // namespace pslab::net

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "collective.h"
+#include "net.h"
 #include "roles.h"
 #include "setup.h"
 
@@ -34,13 +35,6 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-int free_port() {
-  zmq::context_t ctx(1);
-  zmq::socket_t s(ctx, zmq::socket_type::router);
-  s.bind("tcp://127.0.0.1:*");
-  const std::string ep = s.get(zmq::sockopt::last_endpoint);
-  return std::stoi(ep.substr(ep.rfind(':') + 1));
-}
 
 nlohmann::ordered_json run_rank(int rank, int W, const std::string& ep, const std::string& ep_train, int runs, long steps) {
   zmq::context_t ctx(1);
@@ -128,8 +122,8 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
-  const std::string ep_train = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(net::free_tcp_port());
+  const std::string ep_train = "tcp://127.0.0.1:" + std::to_string(net::free_tcp_port());
   const std::string out0 = "/tmp/pslab_bench_allreduce_" + std::to_string(::getpid()) + ".json";
   std::vector<pid_t> children;
   for (int r = 0; r < ranks; ++r) {

@@ -52,13 +52,6 @@ ExperimentConfig config_for(std::size_t floats) {
   return c;
 }
 
-int free_port() {
-  zmq::context_t ctx(1);
-  zmq::socket_t s(ctx, zmq::socket_type::router);
-  s.bind("tcp://127.0.0.1:*");
-  const std::string ep = s.get(zmq::sockopt::last_endpoint);
-  return std::stoi(ep.substr(ep.rfind(':') + 1));
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -81,7 +74,7 @@ long iterations_for(std::size_t bytes) { return std::clamp<long>(long((256u << 2
 
 nlohmann::ordered_json bench_pslab(std::size_t floats, int runs) {
   const ExperimentConfig cfg = config_for(floats);
-  const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(net::free_tcp_port());
   const pid_t child = ::fork();
   if (child == 0) {
     try {
@@ -125,7 +118,7 @@ nlohmann::ordered_json bench_pslab(std::size_t floats, int runs) {
 // A bare ZeroMQ echo over TCP loopback: DEALER sends n bytes zero-copy, ROUTER (another
 // process) sends the same bytes back zero-copy.
 nlohmann::ordered_json bench_raw(std::size_t bytes, int runs) {
-  const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(net::free_tcp_port());
   const pid_t child = ::fork();
   const long iters = iterations_for(bytes / 2);
   const long total = std::max(10L, iters / 10) + long(runs) * iters;
