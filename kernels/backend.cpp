@@ -6,16 +6,6 @@
 
 namespace pslab {
 
-const char* device_name(Device d) { return d == Device::cuda ? "cuda" : "cpu"; }
-
-bool cuda_backend_built() {
-#ifdef PSLAB_HAVE_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
-
 #ifndef PSLAB_HAVE_CUDA
 std::unique_ptr<Backend> make_cuda_backend(int) {
   throw std::runtime_error(

@@ -21,7 +21,6 @@
 namespace pslab {
 
 enum class Device { cpu, cuda };
-const char* device_name(Device d);
 
 enum class Trans { no, yes };
 
@@ -117,8 +116,6 @@ std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
 // The CUDA backend on GPU `device_index`; throws if pslab was built without CUDA or no GPU
 // is usable (the message says which).
 std::unique_ptr<Backend> make_cuda_backend(int device_index = 0);
-// Whether this build contains the CUDA backend.
-bool cuda_backend_built();
 std::unique_ptr<Backend> make_backend(Device d, int cpu_threads = 0);
 
 // Owning array of n elements of T on a backend's device. Move-only; freed on destruction.

@@ -55,11 +55,6 @@ std::uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
-std::string tcp_endpoint(const std::string& host, int port) {
-  const bool v6 = host.find(':') != std::string::npos;
-  return "tcp://" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
-
 std::string bind_endpoint(const std::string& endpoint) {
   if (endpoint.rfind("tcp://", 0) != 0) return endpoint;
   const auto colon = endpoint.rfind(':');

@@ -38,9 +38,6 @@ bool recv_all(zmq::socket_t& s, std::vector<zmq::message_t>& frames);
 // 64-bit FNV-1a of a string (config fingerprints).
 std::uint64_t fnv1a(const std::string& s);
 
-// "tcp://127.0.0.1:5555" for a host and port; ipv6 hosts bracketed.
-std::string tcp_endpoint(const std::string& host, int port);
-
 // The endpoint to bind for an endpoint that peers connect to: ZeroMQ binds numeric
 // addresses and "*" only, so "tcp://localhost:P" binds 127.0.0.1 and "tcp://<host name>:P"
 // binds every interface ("tcp://*:P"). Other transports are returned unchanged.
