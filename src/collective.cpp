@@ -36,7 +36,7 @@ class GlooCollective final : public Collective {
     }
   }
   std::string describe() const override {
-    return "gloo (tcp, " + std::to_string(size()) + " ranks)";
+    return "gloo (tcp, " + std::to_string(size()) + " ranks, " + (size() == 2 ? "direct exchange" : "ring") + ")";
   }
   void allreduce_sum(float* data, std::size_t n, long step) override {
     if (n == 0 || size() == 1) return;
