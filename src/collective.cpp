@@ -36,11 +36,12 @@ class GlooCollective final : public Collective {
     }
   }
   std::string describe() const override {
-    return "gloo (tcp, " + std::to_string(size()) + " ranks, " + (size() == 2 ? "direct exchange" : "ring") + ")";
+    return "gloo (tcp, " + std::to_string(size()) + " ranks; " +
+           (power_of_two() ? size() == 2 ? "recursive doubling" : "recursive doubling up to 2 MiB, then ring" : "ring") + ")";
   }
   void allreduce_sum(float* data, std::size_t n, long step) override {
     if (n == 0 || size() == 1) return;
-    if (size() == 2) return exchange_sum(data, n, step);
+    if (use_doubling(n)) return doubling_sum(data, n, step);
     gloo::AllreduceOptions opts(context_);
     opts.setInput(data, n);
     opts.setOutput(data, n);
@@ -53,26 +54,35 @@ class GlooCollective final : public Collective {
       throw std::runtime_error(timeout_message("all-reduce", step, e.what()));
     }
   }
-  // Two ranks: each sends its whole buffer to the other and adds what it receives. One round
-  // instead of the ring's two (reduce-scatter, all-gather), the same bytes; a + b == b + a,
-  // so both ranks hold bitwise the same sum.
-  void exchange_sum(float* data, std::size_t n, long step) {
+  // A power-of-two group: recursive doubling. In round r each rank swaps its whole buffer
+  // with the rank whose number differs in bit r and adds what it receives: log2(W) rounds
+  // instead of the ring's 2 (W - 1). Partners compute a + b and b + a, which are exactly
+  // equal, so after every round partners (and in the end all ranks) hold bitwise the same
+  // sums. It sends log2(W) buffers per rank against the ring's 2 (W - 1) / W: the same for
+  // 2 ranks; for larger groups fewer rounds win while buffers are small (4 ranks on 2 cores:
+  // 235K floats 5.9 -> 3.3-4.2 ms, 512K about even, 1M floats the ring is faster).
+  void doubling_sum(float* data, std::size_t n, long step) {
     if (peer_buf_.size() < n) peer_buf_.assign(n, 0.0f);
     auto out = context_->createUnboundBuffer(data, n * sizeof(float));
     auto in = context_->createUnboundBuffer(peer_buf_.data(), n * sizeof(float));
-    const int peer = 1 - rank();
-    const std::uint64_t slot = gloo::Slot::build(0x50, tag_++);
-    in->recv(peer, slot);
-    out->send(peer, slot);
-    try {
-      if (!in->waitRecv(rv_.timeout())) throw std::runtime_error("receive aborted");
-      if (!out->waitSend(rv_.timeout())) throw std::runtime_error("send aborted");
-    } catch (const std::exception& e) {
-      throw std::runtime_error(timeout_message("all-reduce", step, e.what()));
+    const gloo::Slot slot = gloo::Slot::build(kDoublingSlot, tag_++);
+    std::uint8_t round = 0;
+    for (int bit = 1; bit < size(); bit <<= 1, ++round) {
+      const int peer = rank() ^ bit;
+      in->recv(peer, slot + round);
+      out->send(peer, slot + round);
+      try {
+        if (!in->waitRecv(rv_.timeout())) throw std::runtime_error("receive from rank " + std::to_string(peer) + " aborted");
+        if (!out->waitSend(rv_.timeout())) throw std::runtime_error("send to rank " + std::to_string(peer) + " aborted");
+      } catch (const std::exception& e) {
+        throw std::runtime_error(timeout_message("all-reduce", step, e.what()));
+      }
+      const float* other = peer_buf_.data();
+      for (std::size_t i = 0; i < n; ++i) data[i] += other[i];
     }
-    const float* other = peer_buf_.data();
-    for (std::size_t i = 0; i < n; ++i) data[i] += other[i];
   }
+  bool power_of_two() const { return (size() & (size() - 1)) == 0; }
+  bool use_doubling(std::size_t n) const { return power_of_two() && (size() == 2 || n <= kDoublingMaxFloats); }
 
   void broadcast(float* data, std::size_t n, int root) override {
     if (n == 0 || size() == 1) return;
@@ -104,7 +114,9 @@ class GlooCollective final : public Collective {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::uint32_t tag_ = 0;
-  std::vector<float> peer_buf_;  // the other rank's buffer (exchange_sum)
+  std::vector<float> peer_buf_;  // the partner's buffer (doubling_sum)
+  static constexpr std::uint8_t kDoublingSlot = 0x50;
+  static constexpr std::size_t kDoublingMaxFloats = std::size_t(1) << 19;  // 2 MiB, groups > 2
 };
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Collectives of an all-reduce group: all-reduce (sum) of a float32 buffer, broadcast and
 // barrier, over the group's ranks. Two implementations mirror each other:
-//   Gloo  CPU buffers, TCP transport (CPU workers): gloo::allreduce with options (ring) for 3
-//         or more ranks; with 2 ranks one direct exchange over Gloo's pairs (half the rounds)
+//   Gloo  CPU buffers, TCP transport (CPU workers): recursive doubling over Gloo's pairs for
+//         power-of-two groups (small buffers; any size with 2 ranks), else gloo::allreduce
+//         with options (ring)
 //   NCCL  GPU buffers on a CUDA stream, communicator from an ncclUniqueId that rank 0 makes
 //         and the rendezvous hands to every rank (GPU workers; built with CUDA + NCCL)
 // Which one runs follows the worker's device (make_collective). Every call has the group's

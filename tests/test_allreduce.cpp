@@ -1,4 +1,4 @@
-// The all-reduce mode: Gloo collectives with 1, 2 and 4 ranks (threads, TCP loopback),
+// The all-reduce mode: Gloo collectives with 1, 2, 3 and 4 ranks (threads, TCP loopback),
 // replicas bitwise identical after training, all-reduce == bsp on the parameter servers,
 // timeouts naming the missing rank, and the NCCL path (skipped without a GPU).
 #include <gtest/gtest.h>
@@ -35,8 +35,9 @@ TEST_P(GlooRanks, AllReduceBroadcastAndBarrierAreExact) {
     RendezvousClient rv(ctx, ep, r, W, std::chrono::seconds(20));
     auto coll = make_gloo_collective(rv, "127.0.0.1");
     EXPECT_EQ(coll->size(), W);
-    // Integer-valued data: the sum is exact in any order. Sizes include 0 and odd ones.
-    for (std::size_t n : {0u, 1u, 7u, 1000u, 100003u}) {
+    // Integer-valued data: the sum is exact in any order. Sizes include 0 and odd ones, and
+    // one above the size where 4 ranks switch from recursive doubling to the ring.
+    for (std::size_t n : {0u, 1u, 7u, 1000u, 100003u, 600001u}) {
       std::vector<float> x(n);
       for (std::size_t i = 0; i < n; ++i) x[i] = float(int((r + 1) * 3 + i % 11) - 5);
       coll->allreduce_sum(x.data(), n, 0);
@@ -68,7 +69,8 @@ TEST_P(GlooRanks, ReplicasAreBitwiseIdenticalAfterTraining) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, GlooRanks, ::testing::Values(1, 2, 4));
+// 2 and 4: recursive doubling (4 with the ring for large buffers); 3: the ring.
+INSTANTIATE_TEST_SUITE_P(Ranks, GlooRanks, ::testing::Values(1, 2, 3, 4));
 
 TEST(AllReduce, EqualsBspOnTheParameterServersWithin1e5) {
   const int W = 3;  // uneven shards: batch-size weighting matters
