@@ -42,6 +42,9 @@ Placement (cluster.launcher in the config):
 Binaries: <repo>/build/{worker/pslab_worker,server/pslab_server} (experiments/setup.sh builds
 them there); --build-dir or the environment variable PSLAB_BUILD point elsewhere.
 
+A run whose training loss stops being finite ends with status "diverged" (its workers say at
+which step); that is the experiment's outcome, not a failure.
+
 Exit status: 0 all runs succeeded; 1 a run failed (a process exited non-zero, or the run ran
 past --max-minutes); 2 bad config or usage (nothing was started); 130 / 143 stopped by SIGINT
 (Ctrl-C) / SIGTERM. In every case no process of the run is left behind.
@@ -554,6 +557,11 @@ def merged_staleness(finals):
     return {"mean": mean, "p99": p99, "max": mx, "count": total}
 
 
+# Statuses of runs whose processes all finished (plotted and compared); "diverged": the
+# training loss stopped being finite, which is the experiment's outcome, not a failure.
+COMPLETED = ("ok", "diverged")
+
+
 def summarize(info, run_dir, wall_s, status="ok", failure=None):
     """summary.json: the keys of design.md, plus step-time means and a few extras.
 
@@ -564,8 +572,13 @@ def summarize(info, run_dir, wall_s, status="ok", failure=None):
     """
     metrics = run_dir / "metrics"
     batch = info.raw["train"]["batch"]
-    train = {r: [x for x in read_jsonl(metrics / f"worker{r}.jsonl") if x.get("kind") == "train"]
-             for r in range(info.workers)}
+    worker_rows = {r: read_jsonl(metrics / f"worker{r}.jsonl") for r in range(info.workers)}
+    train = {r: [x for x in rows if x.get("kind") == "train"] for r, rows in worker_rows.items()}
+    # A worker whose loss stopped being finite wrote one "diverged" line; the earliest counts.
+    diverged = min((x for rows in worker_rows.values() for x in rows if x.get("kind") == "diverged"),
+                   key=lambda x: x.get("epoch", 0.0), default=None)
+    if diverged and status == "ok":
+        status = "diverged"
     evals = [x for x in read_jsonl(metrics / "evaluator.jsonl") if x.get("kind") == "eval"]
     finals = [x for k in range(info.servers) for x in read_jsonl(metrics / f"server{k}.jsonl")
               if x.get("kind") == "server_final"]
@@ -633,6 +646,8 @@ def summarize(info, run_dir, wall_s, status="ok", failure=None):
         ar = [x.get("allreduce_bytes") for rows in train.values() for x in rows[-1:]]
         if ar and all(v is not None for v in ar):
             s["bytes_pushed"] = s["bytes_pulled"] = sum(ar)
+    if diverged:
+        s["diverged"] = {k: diverged.get(k) for k in ("worker", "step", "epoch")}
     if failure:
         s["failure"] = failure
     return s
@@ -646,6 +661,9 @@ def result_line(label, s):
         parts.append(f"{pct(s['target_acc'])} reached at {s['time_to_target_s']:.1f} s, epoch {s['epochs_to_target']:.2f}")
     else:
         parts.append(f"{pct(s['target_acc'])} not reached")
+    if s.get("diverged"):
+        parts.append(f"training diverged at epoch {s['diverged']['epoch']:.2f} (loss not finite: lower "
+                     "optimizer.lr or lengthen schedule.warmup_epochs)")
     if s["samples_per_s"]:
         parts.append(f"{s['samples_per_s']:,.0f} samples/s")
     parts.append(f"wall {s['wall_s']:.1f} s")
@@ -995,8 +1013,8 @@ def cmd_run(a):
             if not a.keep_going:
                 break
     if results:
-        if not a.no_plots and any(s["status"] == "ok" for _, s in results):
-            run_plot([*(str(inv / d) for d, s in results if s["status"] == "ok"), "--out", str(inv / "plots")],
+        if not a.no_plots and any(s["status"] in COMPLETED for _, s in results):
+            run_plot([*(str(inv / d) for d, s in results if s["status"] in COMPLETED), "--out", str(inv / "plots")],
                      quiet=True)
         table, notes = write_comparison(inv, results, first.target_acc)
         say("")

@@ -338,6 +338,18 @@ class LauncherTest(unittest.TestCase):
         self.assertTrue((inv / "comparison.md").read_text().count("| run | bsp |") == 1)
         self.assert_no_processes_left()
 
+    def test_diverged_run_is_reported(self):
+        r = self.launch("run", TINY, "--set", "optimizer.lr=1e38", "--set", "train.steps=100",
+                        "--set", "straggler.delay_ms=0", "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)  # the experiment's outcome, not a failure
+        s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
+        self.assertEqual(s["status"], "diverged")
+        self.assertGreater(s["diverged"]["epoch"], 0.0)
+        self.assertIn(s["diverged"]["worker"], (0, 1))
+        self.assertIn("training diverged at epoch", r.stdout)
+        self.assertIn("| run | bsp | 2 | 1 | diverged |", r.stdout)
+        self.assert_no_processes_left()
+
     def test_sweep_runs_every_point(self):
         path = self.tiny_variant("sweep.toml", [('mode = "bsp"', 'mode = ["allreduce", "bsp", "asp"]'),
                                                 ("steps = 500", "steps = 100"), ("delay_ms = 5.0", "delay_ms = 1.0")])

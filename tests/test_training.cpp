@@ -95,4 +95,24 @@ TEST(Training, RunSingleLearnsLogisticAndWritesMetrics) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Training, DivergenceIsReportedOnceInTheMetrics) {
+  const auto dir = std::filesystem::temp_directory_path() / ("pslab_diverge_" + std::to_string(::getpid()));
+  ExperimentConfig cfg = synthetic("logistic", "linear");
+  cfg.train.epochs = 2;
+  cfg.optimizer.lr = 1e38;  // the logits overflow within a few steps
+  run_single(cfg, SingleRunOptions{dir.string(), 0.0, false});
+  std::ifstream f(dir / "metrics/worker0.jsonl");
+  std::string line;
+  std::vector<nlohmann::json> diverged;
+  while (std::getline(f, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "diverged") diverged.push_back(j);
+  }
+  ASSERT_EQ(diverged.size(), 1u);
+  EXPECT_EQ(diverged[0]["worker"], 0);
+  EXPECT_GE(diverged[0]["step"].get<long>(), 1);
+  EXPECT_GT(diverged[0]["epoch"].get<double>(), 0.0);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace

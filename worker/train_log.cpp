@@ -1,6 +1,9 @@
 #include "train_log.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
 
 namespace pslab {
 
@@ -9,6 +12,14 @@ TrainLog::TrainLog(MetricsWriter& metrics, Progress& progress, int rank, int log
       window_start_(metrics.now()) {}
 
 void TrainLog::add(long step, double epoch, const StepRecord& r, bool force) {
+  if (!std::isfinite(r.loss) && !diverged_) {
+    diverged_ = true;
+    std::fprintf(stderr,
+                 "[worker %d] warning: training diverged: the loss is %s at step %ld (epoch %.2f)%s; try a lower "
+                 "optimizer.lr or a longer schedule.warmup_epochs\n",
+                 rank_, std::isnan(r.loss) ? "NaN" : r.loss > 0 ? "+inf" : "-inf", step + 1, epoch, r.lr >= 0 ? (" with lr " + std::to_string(r.lr)).c_str() : "");
+    metrics_.write({{"kind", "diverged"}, {"worker", rank_}, {"step", step + 1}, {"epoch", epoch}});
+  }
   sum_.loss += r.loss;
   sum_.samples += r.samples;
   sum_.compute_s += r.compute_s;

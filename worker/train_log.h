@@ -5,6 +5,8 @@
 // (allreduce mode: allreduce_bytes, the running total this rank all-reduced)
 // (times are means per step over the window, in milliseconds; wait_ms is the part of
 // comm_ms that a server held the request for consistency; delay_ms is injected straggling).
+// The first step whose loss is not finite is reported once: a warning on stderr and a
+// metrics line {"kind": "diverged", "worker", "step", "epoch"}.
 #pragma once
 
 #include <optional>
@@ -41,6 +43,7 @@ class TrainLog {
   StepRecord sum_;
   int n_ = 0;
   long allreduce_bytes_ = 0;  // since the start
+  bool diverged_ = false;
   double window_start_;
 };
 
