@@ -158,6 +158,30 @@ TEST_F(CpuKernels, Im2colCol2imAreAdjointAndMatchDirectIndexing) {
   }
 }
 
+// The CPU walks the column matrix in loops; the GPU computes each entry with the shared
+// math::im2col_value / col2im_value. Both must give bitwise the same results.
+TEST_F(CpuKernels, Im2colCol2imEqualTheSharedPerElementMathBitwise) {
+  for (auto g : {math::ConvGeometry{2, 5, 6, 3, 3, 1, 1}, math::ConvGeometry{3, 7, 7, 5, 5, 2, 2},
+                 math::ConvGeometry{1, 4, 4, 2, 2, 2, 0}, math::ConvGeometry{16, 14, 14, 5, 5, 2, 2},
+                 math::ConvGeometry{2, 9, 8, 3, 4, 3, 1}}) {
+    const int rows = g.C * g.KH * g.KW, cols = g.OH() * g.OW(), n = g.C * g.H * g.W;
+    const auto x = random_vec(std::size_t(n), 17);
+    const auto c = random_vec(std::size_t(rows) * cols, 18);
+    std::vector<float> xc(std::size_t(rows) * cols, -1.0f), cx(static_cast<std::size_t>(n), -1.0f);
+    be->im2col(x.data(), g, xc.data());
+    be->col2im(c.data(), g, cx.data());
+    long wrong = 0;
+    for (int r = 0; r < rows; ++r)
+      for (int p = 0; p < cols; ++p) wrong += xc[std::size_t(r) * cols + p] != math::im2col_value(x.data(), g, r, p);
+    for (int ch = 0; ch < g.C; ++ch)
+      for (int h = 0; h < g.H; ++h)
+        for (int w = 0; w < g.W; ++w)
+          wrong += cx[(std::size_t(ch) * g.H + h) * g.W + w] != math::col2im_value(c.data(), g, ch, h, w);
+    EXPECT_EQ(wrong, 0) << "C " << g.C << " H " << g.H << " W " << g.W << " K " << g.KH << "x" << g.KW
+                        << " stride " << g.stride << " pad " << g.pad;
+  }
+}
+
 TEST_F(CpuKernels, DeviceBufferOwnsAndMoves) {
   DeviceBuffer<float> a(*be, 10);
   be->fill(a.data(), 10, 2.5f);

@@ -1,6 +1,7 @@
 // CPU backend: OpenBLAS for matrix products, plain loops over kernels/elementwise.h for the rest.
 #include <cblas.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -155,17 +156,41 @@ class CpuBackend final : public Backend {
                                    a.weight_decay, bc1, bc2);
   }
 
+  // im2col and col2im walk the column matrix in order, row (c, kh, kw) by row, with no
+  // per-element index division: the same values as math::im2col_value / col2im_value (what
+  // the GPU computes per element), bitwise; col2im adds each pixel's terms in the same order.
   void im2col(const float* x, const math::ConvGeometry& g, float* cols) override {
-    const int rows = g.C * g.KH * g.KW, ncols = g.OH() * g.OW();
-    for (int r = 0; r < rows; ++r)
-      for (int c = 0; c < ncols; ++c)
-        cols[std::size_t(r) * ncols + c] = math::im2col_value(x, g, r, c);
+    walk_columns(g, x, cols, [](float& col, const float* px) { col = *px; }, [](float& col) { col = 0.0f; });
   }
   void col2im(const float* cols, const math::ConvGeometry& g, float* dx) override {
+    std::fill(dx, dx + std::size_t(g.C) * g.H * g.W, 0.0f);
+    walk_columns(g, dx, cols, [](const float& col, float* px) { *px += col; }, [](const float&) {});
+  }
+
+ private:
+  // Visits every entry of the column matrix in memory order: inside(entry, the image pixel
+  // it reads) or, in the zero padding, padding(entry).
+  template <typename Image, typename Cols, typename Inside, typename Padding>
+  static void walk_columns(const math::ConvGeometry& g, Image* img, Cols* cols, Inside inside, Padding padding) {
+    const int OH = g.OH(), OW = g.OW(), s = g.stride;
     for (int c = 0; c < g.C; ++c)
-      for (int h = 0; h < g.H; ++h)
-        for (int w = 0; w < g.W; ++w)
-          dx[(std::size_t(c) * g.H + h) * g.W + w] = math::col2im_value(cols, g, c, h, w);
+      for (int kh = 0; kh < g.KH; ++kh)
+        for (int kw = 0; kw < g.KW; ++kw) {
+          // Output columns [lo, hi) read inside the image: iw = ow * s - pad + kw in [0, W).
+          const int lo = std::clamp((g.pad - kw + s - 1) / s, 0, OW);
+          const int hi = std::clamp((g.W + g.pad - kw + s - 1) / s, lo, OW);
+          for (int oh = 0; oh < OH; ++oh) {
+            const int ih = oh * s - g.pad + kh;
+            if (ih < 0 || ih >= g.H) {
+              for (int ow = 0; ow < OW; ++ow) padding(*cols++);
+              continue;
+            }
+            Image* px = img + (std::size_t(c) * g.H + ih) * g.W + (lo * s - g.pad + kw);
+            for (int ow = 0; ow < lo; ++ow) padding(*cols++);
+            for (int ow = lo; ow < hi; ++ow, px += s) inside(*cols++, px);
+            for (int ow = hi; ow < OW; ++ow) padding(*cols++);
+          }
+        }
   }
 };
 
