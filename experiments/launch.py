@@ -286,9 +286,13 @@ def plan(info, run_dir, run_start, bins, hosts_of, port_of, bind_addr, connect_a
     coordinator = tcp(connect_addr(hosts[S]), port_of(S))          # allreduce: rank 0 binds it
     snapshots = tcp(connect_addr(hosts[S + W]), port_of(S + W))    # allreduce: the evaluator binds it
     procs = []
+    gpu_slots = {}  # host -> GPU slots handed out there (workers and the evaluator; servers use no GPU)
     for i, (role, rank) in enumerate(layout):
         host = hosts[i]
         poh = ["--procs-on-host", str(per_host[host]), "-q"]
+        if role != "server":
+            poh += ["--gpu-slot", str(gpu_slots.get(host, 0))]
+            gpu_slots[host] = gpu_slots.get(host, 0) + 1
         if role == "server":
             name = f"server{rank}"
             argv = [str(bins.server), "-c", cfg, "--shard", str(rank), "--bind", tcp(bind_addr(host), port_of(i)),
@@ -300,7 +304,7 @@ def plan(info, run_dir, run_start, bins, hosts_of, port_of, bind_addr, connect_a
                 argv = [str(bins.worker), "allreduce", "-c", cfg, "--rank", str(rank), "--coordinator", coordinator,
                         "--snapshots", snapshots, *common, *poh]
                 if gloo_host:  # multi-host: Gloo listens on this rank's own address, not cluster.bind
-                    argv[-1:-1] = ["--host", gloo_host(host)]
+                    argv += ["--host", gloo_host(host)]
             else:
                 argv = [str(bins.worker), "ps", "-c", cfg, "--rank", str(rank), "--servers", server_eps, *common, *poh]
         else:

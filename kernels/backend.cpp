@@ -14,8 +14,8 @@ std::unique_ptr<Backend> make_cuda_backend(int) {
 }
 #endif
 
-std::unique_ptr<Backend> make_backend(Device d, int cpu_threads) {
-  return d == Device::cuda ? make_cuda_backend(0) : make_cpu_backend(cpu_threads);
+std::unique_ptr<Backend> make_backend(Device d, int cpu_threads, int gpu_slot) {
+  return d == Device::cuda ? make_cuda_backend(gpu_slot) : make_cpu_backend(cpu_threads);
 }
 
 }  // namespace pslab

@@ -48,6 +48,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual Device device() const = 0;
+  // The CUDA device this backend computes on (-1: none).
+  virtual int gpu() const { return -1; }
   // Human-readable description, e.g. "cpu (OpenBLAS 0.3.21, 2 threads)".
   virtual std::string describe() const = 0;
 
@@ -113,10 +115,11 @@ class Backend {
 
 // The CPU backend; threads = OpenBLAS threads (0 keeps OpenBLAS's own setting).
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
-// The CUDA backend on GPU `device_index`; throws if pslab was built without CUDA or no GPU
-// is usable (the message says which).
-std::unique_ptr<Backend> make_cuda_backend(int device_index = 0);
-std::unique_ptr<Backend> make_backend(Device d, int cpu_threads = 0);
+// The CUDA backend on GPU `gpu_slot` mod the number of visible GPUs, so that processes that
+// count their slots 0, 1, 2, ... on one host spread over its GPUs; throws if pslab was built
+// without CUDA or no GPU is usable (the message says which).
+std::unique_ptr<Backend> make_cuda_backend(int gpu_slot = 0);
+std::unique_ptr<Backend> make_backend(Device d, int cpu_threads = 0, int gpu_slot = 0);
 
 // Owning array of n elements of T on a backend's device. Move-only; freed on destruction.
 template <typename T>

@@ -97,8 +97,9 @@ struct ConvGeometry {
   int C, H, W;      // input channels, height, width
   int KH, KW;       // kernel size
   int stride, pad;  // same for both axes
-  PSLAB_HD int OH() const { return (H + 2 * pad - KH) / stride + 1; }
-  PSLAB_HD int OW() const { return (W + 2 * pad - KW) / stride + 1; }
+  // Output size; 0 when the kernel does not fit (division would round -1 / stride up to 0).
+  PSLAB_HD int OH() const { return H + 2 * pad < KH ? 0 : (H + 2 * pad - KH) / stride + 1; }
+  PSLAB_HD int OW() const { return W + 2 * pad < KW ? 0 : (W + 2 * pad - KW) / stride + 1; }
 };
 
 // Value of column-matrix element (row, col) read from image x; 0 in the zero padding.

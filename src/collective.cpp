@@ -132,8 +132,8 @@ std::unique_ptr<Collective> make_nccl_collective(RendezvousClient&, int) {
 }
 #endif
 
-std::unique_ptr<Collective> make_collective(Device device, RendezvousClient& rv, const std::string& host) {
-  return device == Device::cuda ? make_nccl_collective(rv, 0) : make_gloo_collective(rv, host);
+std::unique_ptr<Collective> make_collective(const Backend& be, RendezvousClient& rv, const std::string& host) {
+  return be.device() == Device::cuda ? make_nccl_collective(rv, be.gpu()) : make_gloo_collective(rv, host);
 }
 
 }  // namespace pslab

@@ -48,6 +48,7 @@ std::unique_ptr<Collective> make_gloo_collective(RendezvousClient& rv, const std
 std::unique_ptr<Collective> make_nccl_collective(RendezvousClient& rv, int device);
 bool nccl_built();
 // Gloo for CPU backends, NCCL for CUDA ones.
-std::unique_ptr<Collective> make_collective(Device device, RendezvousClient& rv, const std::string& host);
+// (NCCL on the backend's GPU).
+std::unique_ptr<Collective> make_collective(const Backend& be, RendezvousClient& rv, const std::string& host);
 
 }  // namespace pslab

@@ -41,7 +41,7 @@ class NcclCollective final : public Collective {
   NcclCollective(RendezvousClient& rv, int device) : Collective(rv), device_(device) {
     int count = 0;
     const cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || count <= device)
+    if (e != cudaSuccess || device < 0 || count <= device)
       throw std::runtime_error(std::string("NCCL: no usable CUDA GPU: ") +
                                (e != cudaSuccess ? cudaGetErrorString(e) : "device index out of range"));
     PSLAB_CUDA_RT_CHECK(cudaSetDevice(device_));
@@ -54,77 +54,117 @@ class NcclCollective final : public Collective {
       if (v.size() != sizeof id.internal) throw std::runtime_error("NCCL: the published unique id has the wrong size");
       std::memcpy(id.internal, v.data(), v.size());
     }
-    PSLAB_CUDA_RT_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    PSLAB_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size(), id, rank(), &config));
-    wait_comm("NCCL communicator init", -1);
+    try {
+      PSLAB_CUDA_RT_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      PSLAB_CUDA_RT_CHECK(cudaMalloc(reinterpret_cast<void**>(&one_), sizeof(float)));
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      const ncclResult_t r = ncclCommInitRankConfig(&comm_, size(), id, rank(), &config);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        comm_ = nullptr;  // no communicator to wait for or abort
+        throw std::runtime_error(timeout_message("NCCL communicator init", -1, ncclGetErrorString(r)));
+      }
+      wait_comm("NCCL communicator init", -1, deadline());
+    } catch (...) {
+      release(/*healthy=*/false);
+      throw;
+    }
   }
-  ~NcclCollective() override {
-    if (comm_) ncclCommDestroy(comm_);
-    if (stream_) cudaStreamDestroy(stream_);
-  }
+  ~NcclCollective() override { release(/*healthy=*/true); }
   std::string describe() const override {
     return "nccl " + std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + " (" + std::to_string(size()) +
            " ranks, GPU " + std::to_string(device_) + ")";
   }
+  // The caller's stream must have finished writing `data` (the worker synchronizes its
+  // backend first); returns once NCCL's kernel is done with it.
   void allreduce_sum(float* data, std::size_t n, long step) override {
     if (n == 0) return;
-    PSLAB_NCCL_CHECK(ncclAllReduce(data, data, n, ncclFloat, ncclSum, comm_, stream_));
+    check(ncclAllReduce(data, data, n, ncclFloat, ncclSum, comm_, stream_), "all-reduce", step);
     wait_stream("all-reduce", step);
   }
   void broadcast(float* data, std::size_t n, int root) override {
     if (n == 0) return;
-    PSLAB_NCCL_CHECK(ncclBroadcast(data, data, n, ncclFloat, root, comm_, stream_));
+    check(ncclBroadcast(data, data, n, ncclFloat, root, comm_, stream_), "broadcast", -1);
     wait_stream("broadcast", -1);
   }
   void barrier() override {
-    float* one = nullptr;
-    PSLAB_CUDA_RT_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&one), sizeof(float), stream_));
-    PSLAB_CUDA_RT_CHECK(cudaMemsetAsync(one, 0, sizeof(float), stream_));
-    PSLAB_NCCL_CHECK(ncclAllReduce(one, one, 1, ncclFloat, ncclSum, comm_, stream_));
+    cuda(cudaMemsetAsync(one_, 0, sizeof(float), stream_), "barrier", -1);
+    check(ncclAllReduce(one_, one_, 1, ncclFloat, ncclSum, comm_, stream_), "barrier", -1);
     wait_stream("barrier", -1);
-    PSLAB_CUDA_RT_CHECK(cudaFreeAsync(one, stream_));
-    PSLAB_CUDA_RT_CHECK(cudaStreamSynchronize(stream_));
   }
 
  private:
-  // Polls until the communicator has no operation in progress, or aborts it at the deadline.
-  void wait_comm(const std::string& what, long step) {
-    const auto deadline = Clock::now() + rv_.timeout();
-    ncclResult_t state = ncclInProgress;
+  Clock::time_point deadline() const { return Clock::now() + rv_.timeout(); }
+
+  // After any NCCL or CUDA error the communicator is unusable: abort it (which also stops
+  // its kernels) and throw, naming the ranks that did not arrive.
+  [[noreturn]] void fail(const std::string& what, long step, const std::string& cause) {
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    throw std::runtime_error(timeout_message(what, step, cause));
+  }
+  void check(ncclResult_t r, const std::string& what, long step) {
+    if (r != ncclSuccess && r != ncclInProgress) fail(what, step, std::string("NCCL error: ") + ncclGetErrorString(r));
+  }
+  void cuda(cudaError_t e, const std::string& what, long step) {
+    if (e != cudaSuccess) fail(what, step, std::string("CUDA error: ") + cudaGetErrorString(e));
+  }
+  // Polls until the communicator has no operation in progress; fails on its async error or
+  // at the deadline.
+  void wait_comm(const std::string& what, long step, Clock::time_point until) {
     while (true) {
-      PSLAB_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+      ncclResult_t state = ncclInProgress;
+      check(ncclCommGetAsyncError(comm_, &state), what, step);
       if (state == ncclSuccess) return;
-      if (Clock::now() > deadline) abort_with(what, step, "no progress");
+      if (state != ncclInProgress) fail(what, step, std::string("NCCL error: ") + ncclGetErrorString(state));
+      if (Clock::now() > until) fail(what, step, "no progress");
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
-  // Polls the stream (NCCL kernels) and NCCL's async error against the deadline.
+  // Polls the stream (NCCL's kernel) and NCCL's async error; one deadline for both.
   void wait_stream(const std::string& what, long step) {
-    wait_comm(what, step);
-    const auto deadline = Clock::now() + rv_.timeout();
+    const auto until = deadline();
+    wait_comm(what, step, until);
     while (true) {
       const cudaError_t e = cudaStreamQuery(stream_);
       if (e == cudaSuccess) return;
-      if (e != cudaErrorNotReady) PSLAB_CUDA_RT_CHECK(e);
+      if (e != cudaErrorNotReady) cuda(e, what, step);
       ncclResult_t state = ncclSuccess;
-      PSLAB_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+      check(ncclCommGetAsyncError(comm_, &state), what, step);
       if (state != ncclSuccess && state != ncclInProgress)
-        throw std::runtime_error(what + ": NCCL error: " + ncclGetErrorString(state));
-      if (Clock::now() > deadline) abort_with(what, step, "the NCCL kernel did not complete");
+        fail(what, step, std::string("NCCL error: ") + ncclGetErrorString(state));
+      if (Clock::now() > until) fail(what, step, "the NCCL kernel did not complete");
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
-  [[noreturn]] void abort_with(const std::string& what, long step, const std::string& cause) {
-    ncclCommAbort(comm_);
-    comm_ = nullptr;
-    throw std::runtime_error(timeout_message(what, step, cause));
+  // Frees everything; a healthy communicator is finalized (bounded by the timeout) and
+  // destroyed, any other aborted, so that a dead peer cannot hang the destructor.
+  void release(bool healthy) noexcept {
+    if (comm_) {
+      cudaSetDevice(device_);
+      bool done = false;
+      const ncclResult_t f = healthy ? ncclCommFinalize(comm_) : ncclInvalidUsage;
+      if (f == ncclSuccess || f == ncclInProgress) {
+        const auto until = deadline();
+        ncclResult_t state = ncclInProgress;
+        while (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclInProgress && Clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        done = state == ncclSuccess;
+      }
+      if (done) ncclCommDestroy(comm_);
+      else ncclCommAbort(comm_);
+      comm_ = nullptr;
+    }
+    if (one_) cudaFree(one_);
+    if (stream_) cudaStreamDestroy(stream_);
+    one_ = nullptr;
+    stream_ = nullptr;
   }
 
   int device_;
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
+  float* one_ = nullptr;  // the barrier's one float
 };
 
 }  // namespace

@@ -158,6 +158,13 @@ TEST_F(CpuKernels, Im2colCol2imAreAdjointAndMatchDirectIndexing) {
   }
 }
 
+TEST(ConvGeometry, OutputSizeIsZeroWhenTheKernelDoesNotFit) {
+  EXPECT_EQ((math::ConvGeometry{1, 3, 3, 4, 4, 2, 0}.OH()), 0);  // 3 - 4 = -1: not 1 (-1 / 2 + 1)
+  EXPECT_EQ((math::ConvGeometry{1, 3, 3, 4, 4, 2, 0}.OW()), 0);
+  EXPECT_EQ((math::ConvGeometry{1, 3, 3, 4, 4, 2, 1}.OH()), 1);  // padded to 5: only offset 0 fits
+  EXPECT_EQ((math::ConvGeometry{1, 28, 28, 5, 5, 2, 2}.OW()), 14);
+}
+
 // The CPU walks the column matrix in loops; the GPU computes each entry with the shared
 // math::im2col_value / col2im_value. Both must give bitwise the same results.
 TEST_F(CpuKernels, Im2colCol2imEqualTheSharedPerElementMathBitwise) {

@@ -257,6 +257,9 @@ class LauncherTest(unittest.TestCase):
         self.assertEqual(option(inner["worker0"], "--procs-on-host"), "3")  # server0, worker0, evaluator
         self.assertEqual(option(inner["worker1"], "--procs-on-host"), "2")
         self.assertEqual(option(inner["worker1"], "--rank"), "1")
+        # GPU slots count the GPU processes (workers, evaluator) per host: distinct GPUs there
+        self.assertEqual([option(inner[w], "--gpu-slot") for w in ("worker0", "evaluator", "worker1")], ["0", "1", "0"])
+        self.assertNotIn("--gpu-slot", inner["server0"])
 
     def slurm_config(self, mode="bsp"):
         text = TINY.read_text().replace('mode = "bsp"', f'mode = "{mode}"')

@@ -35,7 +35,7 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
   if (opt.rank < 0 || opt.rank >= W)
     throw std::invalid_argument("--rank " + std::to_string(opt.rank) + " is not in [0, cluster.workers = " + std::to_string(W) + ")");
   if (opt.coordinator.empty()) throw std::invalid_argument("the all-reduce mode needs --coordinator (rank 0's rendezvous endpoint)");
-  auto be = make_backend(cfg.train.device == "cuda" ? Device::cuda : Device::cpu, blas_threads(cfg, opt.procs_on_host));
+  auto be = make_role_backend(cfg, opt);
   const DataSplit data = load_data(cfg);
   Replica replica(*be, model_spec(cfg), data.train, cfg.train.batch);
   Model& model = replica.model();
@@ -49,7 +49,7 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
   if (opt.rank == 0) coordinator = std::make_unique<Coordinator>(ctx, net::bind_endpoint(opt.coordinator), W, timeout);
   RendezvousClient rv(ctx, opt.coordinator, opt.rank, W, timeout);
   std::unique_ptr<Collective> coll =
-      make_collective(be->device(), rv, opt.host.empty() ? cfg.cluster.bind : opt.host);
+      make_collective(*be, rv, opt.host.empty() ? cfg.cluster.bind : opt.host);
   coll->broadcast(model.params(), P, 0);
 
   Optimizer optimizer(*be, cfg.optimizer, P);

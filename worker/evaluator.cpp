@@ -72,7 +72,7 @@ class SnapshotSource final : public ParamSource {
 }  // namespace
 
 double run_evaluator(const ExperimentConfig& cfg, const RoleOptions& opt) {
-  auto be = make_backend(cfg.train.device == "cuda" ? Device::cuda : Device::cpu, blas_threads(cfg, opt.procs_on_host));
+  auto be = make_role_backend(cfg, opt);
   const DataSplit data = load_data(cfg);
   Replica replica(*be, model_spec(cfg), data.train, cfg.eval.batch);
   Model& model = replica.model();

@@ -46,6 +46,10 @@ int main(int argc, char** argv) {
     sub->add_option("--run-start", role.run_start, "run start, Unix seconds (metric times count from it)");
     sub->add_option("--procs-on-host", role.procs_on_host, "processes sharing this host's cores (sets BLAS threads when train.threads = 0)")
         ->capture_default_str();
+    sub->add_option("--gpu-slot", role.gpu_slot, "with train.device = \"cuda\": this process's slot among the GPU processes "
+                                                  "on its host; it runs on GPU (slot mod the GPUs visible)")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
     sub->add_flag("-q,--quiet", role_quiet, "no progress lines");
   };
   const char* servers_help = "server endpoints in shard order, comma-separated (e.g. tcp://127.0.0.1:5555,tcp://127.0.0.1:5556)";

@@ -25,7 +25,7 @@ void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
   if (int(opt.servers.size()) != cfg.cluster.servers)
     throw std::invalid_argument(std::to_string(opt.servers.size()) + " server endpoints given, cluster.servers = " +
                                 std::to_string(cfg.cluster.servers));
-  auto be = make_backend(cfg.train.device == "cuda" ? Device::cuda : Device::cpu, blas_threads(cfg, opt.procs_on_host));
+  auto be = make_role_backend(cfg, opt);
   const DataSplit data = load_data(cfg);
   const ModelSpec spec = model_spec(cfg);
   Replica replica(*be, spec, data.train, cfg.train.batch);

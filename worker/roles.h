@@ -6,6 +6,7 @@
 
 #include <zmq.hpp>
 
+#include "backend.h"
 #include "config.h"
 
 namespace pslab {
@@ -20,9 +21,15 @@ struct RoleOptions {
   std::string out_dir = ".";         // metrics go to <out_dir>/metrics/<role><rank>.jsonl
   double run_start = 0.0;            // Unix seconds; metric times count from it
   int procs_on_host = 1;             // processes sharing this host's cores (sets BLAS threads)
+  int gpu_slot = 0;                  // device = "cuda": this process's slot among those on its
+                                     // host that use a GPU; it runs on GPU (slot mod GPUs)
   bool progress = true;              // progress lines on stderr
   zmq::context_t* ctx = nullptr;     // tests: a shared context for inproc:// endpoints
 };
+
+// The compute backend of a role: train.device, BLAS threads for its share of the host's
+// cores, or the GPU of its slot.
+std::unique_ptr<Backend> make_role_backend(const ExperimentConfig& cfg, const RoleOptions& opt);
 
 // One worker of a PS mode (bsp, ssp:s, asp): pull -> compute -> push+pull, every step.
 void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt);

@@ -156,6 +156,7 @@ class CudaBackend final : public Backend {
   }
 
   Device device() const override { return Device::cuda; }
+  int gpu() const override { return device_; }
   std::string describe() const override { return describe_; }
 
   // ---- memory ----
@@ -395,16 +396,13 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int device_index) {
+std::unique_ptr<Backend> make_cuda_backend(int gpu_slot) {
   int count = 0;
   usable_or_throw(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
   if (count == 0)
     throw std::runtime_error("no usable CUDA GPU: cudaGetDeviceCount found no device");
-  if (device_index < 0 || device_index >= count)
-    throw std::runtime_error("no usable CUDA GPU: device index " +
-                             std::to_string(device_index) + " is out of range (" +
-                             std::to_string(count) + " device(s) visible)");
-  return std::make_unique<CudaBackend>(device_index);
+  if (gpu_slot < 0) throw std::invalid_argument("GPU slot " + std::to_string(gpu_slot) + " < 0");
+  return std::make_unique<CudaBackend>(gpu_slot % count);
 }
 
 }  // namespace pslab
