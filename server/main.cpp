@@ -7,8 +7,8 @@
 #include <csignal>
 #include <cstdio>
 
-#include "config.h"
-#include "metrics.h"
+#include "run/config.h"
+#include "run/metrics.h"
 #include "server.h"
 
 using namespace pslab;

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "net.h"
-#include "setup.h"
+#include "comm/net.h"
+#include "run/setup.h"
 
 namespace pslab {
 

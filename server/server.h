@@ -20,10 +20,10 @@
 
 #include <zmq.hpp>
 
-#include "config.h"
-#include "consistency.h"
-#include "metrics.h"
-#include "wire.h"
+#include "run/config.h"
+#include "ps/shard_state.h"
+#include "run/metrics.h"
+#include "comm/wire.h"
 
 namespace pslab {
 

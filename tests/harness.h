@@ -12,7 +12,7 @@
 #include <unistd.h>
 #include <zmq.hpp>
 
-#include "config.h"
+#include "run/config.h"
 #include "roles.h"
 #include "server.h"
 

@@ -6,11 +6,11 @@
 #include <cmath>
 #include <cstring>
 
-#include "collective.h"
+#include "comm/collective.h"
 #include "harness.h"
 #include "roles.h"
-#include "setup.h"
-#include "wire.h"
+#include "run/setup.h"
+#include "comm/wire.h"
 
 using namespace pslab;
 using test::run_threads;

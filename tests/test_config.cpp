@@ -1,7 +1,7 @@
 // Config parsing: errors name the file and the key; defaults are written back; sweeps expand.
 #include <gtest/gtest.h>
 
-#include "config.h"
+#include "run/config.h"
 
 using namespace pslab;
 

@@ -2,8 +2,8 @@
 // protocol errors that change nothing, and zero-copy-safe versions.
 #include <gtest/gtest.h>
 
-#include "consistency.h"
-#include "wire.h"
+#include "ps/shard_state.h"
+#include "comm/wire.h"
 
 using namespace pslab;
 

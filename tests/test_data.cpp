@@ -6,8 +6,8 @@
 #include <fstream>
 #include <set>
 
-#include "data.h"
-#include "sampler.h"
+#include "core/data.h"
+#include "core/sampler.h"
 
 using namespace pslab;
 namespace fs = std::filesystem;

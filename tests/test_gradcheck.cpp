@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "backend.h"
-#include "model.h"
-#include "rng.h"
+#include "core/model.h"
+#include "core/rng.h"
 
 using namespace pslab;
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "backend.h"
-#include "rng.h"
+#include "core/rng.h"
 
 using namespace pslab;
 

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "backend.h"
-#include "optimizer.h"
+#include "core/optimizer.h"
 
 using namespace pslab;
 

@@ -8,16 +8,16 @@
 #include <filesystem>
 #include <thread>
 
-#include "config.h"
+#include "run/config.h"
 #include "harness.h"
-#include "net.h"
-#include "optimizer.h"
-#include "ps_client.h"
-#include "replica.h"
+#include "comm/net.h"
+#include "core/optimizer.h"
+#include "ps/client.h"
+#include "core/replica.h"
 #include "roles.h"
-#include "sampler.h"
+#include "core/sampler.h"
 #include "server.h"
-#include "setup.h"
+#include "run/setup.h"
 #include "wire_generated.h"
 
 using namespace pslab;

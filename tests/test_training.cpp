@@ -7,11 +7,11 @@
 #include <nlohmann/json.hpp>
 #include <fstream>
 
-#include "config.h"
-#include "optimizer.h"
-#include "replica.h"
-#include "sampler.h"
-#include "setup.h"
+#include "run/config.h"
+#include "core/optimizer.h"
+#include "core/replica.h"
+#include "core/sampler.h"
+#include "run/setup.h"
 #include "train_single.h"
 
 using namespace pslab;

@@ -4,9 +4,9 @@
 
 #include <cstring>
 
-#include "net.h"
-#include "rng.h"
-#include "wire.h"
+#include "comm/net.h"
+#include "core/rng.h"
+#include "comm/wire.h"
 #include "wire_generated.h"
 
 using namespace pslab;

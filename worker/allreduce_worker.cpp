@@ -11,13 +11,13 @@
 #include <chrono>
 #include <cstdio>
 
-#include "collective.h"
-#include "net.h"
-#include "optimizer.h"
-#include "replica.h"
+#include "comm/collective.h"
+#include "comm/net.h"
+#include "core/optimizer.h"
+#include "core/replica.h"
 #include "roles.h"
-#include "sampler.h"
-#include "setup.h"
+#include "core/sampler.h"
+#include "run/setup.h"
 #include "snapshots.h"
 #include "straggler.h"
 #include "train_log.h"

@@ -5,12 +5,12 @@
 #include <cstdio>
 #include <thread>
 
-#include "metrics.h"
-#include "net.h"
-#include "ps_client.h"
-#include "replica.h"
+#include "run/metrics.h"
+#include "comm/net.h"
+#include "ps/client.h"
+#include "core/replica.h"
 #include "roles.h"
-#include "setup.h"
+#include "run/setup.h"
 #include "snapshots.h"
 
 namespace pslab {

@@ -11,8 +11,8 @@
 #include <fstream>
 #include <iostream>
 
-#include "config.h"
-#include "data.h"
+#include "run/config.h"
+#include "core/data.h"
 #include "roles.h"
 #include "train_single.h"
 

@@ -2,12 +2,12 @@
 #include <chrono>
 #include <cstdio>
 
-#include "net.h"
-#include "ps_client.h"
-#include "replica.h"
+#include "comm/net.h"
+#include "ps/client.h"
+#include "core/replica.h"
 #include "roles.h"
-#include "sampler.h"
-#include "setup.h"
+#include "core/sampler.h"
+#include "run/setup.h"
 #include "straggler.h"
 #include "train_log.h"
 

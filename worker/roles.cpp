@@ -1,6 +1,6 @@
 #include "roles.h"
 
-#include "setup.h"
+#include "run/setup.h"
 
 namespace pslab {
 

@@ -7,7 +7,7 @@
 #include <zmq.hpp>
 
 #include "backend.h"
-#include "config.h"
+#include "run/config.h"
 
 namespace pslab {
 

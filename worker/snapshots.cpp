@@ -2,7 +2,7 @@
 
 #include <stdexcept>
 
-#include "net.h"
+#include "comm/net.h"
 
 namespace pslab {
 

@@ -12,7 +12,7 @@
 
 #include <zmq.hpp>
 
-#include "wire.h"
+#include "comm/wire.h"
 
 namespace pslab {
 

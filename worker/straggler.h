@@ -6,8 +6,8 @@
 //   exp_delay_ms: a sleep ~ Exp(mean) per step, every worker, drawn from (seed, rank, step)
 #pragma once
 
-#include "config.h"
-#include "rng.h"
+#include "run/config.h"
+#include "core/rng.h"
 
 namespace pslab {
 

@@ -11,7 +11,7 @@
 
 #include <optional>
 
-#include "metrics.h"
+#include "run/metrics.h"
 #include "progress.h"
 
 namespace pslab {

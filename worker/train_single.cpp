@@ -3,12 +3,12 @@
 #include <chrono>
 #include <cstdio>
 
-#include "metrics.h"
-#include "optimizer.h"
+#include "run/metrics.h"
+#include "core/optimizer.h"
 #include "progress.h"
-#include "replica.h"
-#include "sampler.h"
-#include "setup.h"
+#include "core/replica.h"
+#include "core/sampler.h"
+#include "run/setup.h"
 #include "train_log.h"
 
 namespace pslab {

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "config.h"
+#include "run/config.h"
 
 namespace pslab {
 

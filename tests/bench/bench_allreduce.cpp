@@ -20,10 +20,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "collective.h"
-#include "net.h"
+#include "comm/collective.h"
+#include "comm/net.h"
 #include "roles.h"
-#include "setup.h"
+#include "run/setup.h"
 
 using namespace pslab;
 using Clock = std::chrono::steady_clock;

@@ -25,12 +25,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "config.h"
-#include "consistency.h"
-#include "net.h"
-#include "ps_client.h"
+#include "run/config.h"
+#include "ps/shard_state.h"
+#include "comm/net.h"
+#include "ps/client.h"
 #include "server.h"
-#include "setup.h"
+#include "run/setup.h"
 
 using namespace pslab;
 using Clock = std::chrono::steady_clock;

@@ -14,10 +14,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "optimizer.h"
-#include "replica.h"
-#include "sampler.h"
-#include "setup.h"
+#include "core/optimizer.h"
+#include "core/replica.h"
+#include "core/sampler.h"
+#include "run/setup.h"
 
 using namespace pslab;
 

@@ -13,7 +13,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "collective.h"
+#include "comm/collective.h"
 
 #define PSLAB_NCCL_CHECK(expr)                                                                \
   do {                                                                                        \

@@ -1,11 +1,11 @@
-#include "sampler.h"
+#include "core/sampler.h"
 
 #include <algorithm>
 #include <numeric>
 #include <stdexcept>
 #include <string>
 
-#include "rng.h"
+#include "core/rng.h"
 
 namespace pslab {
 

@@ -1,4 +1,4 @@
-#include "mode.h"
+#include "ps/mode.h"
 
 #include <charconv>
 #include <stdexcept>

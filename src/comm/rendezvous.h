@@ -20,7 +20,7 @@
 #include <gloo/rendezvous/store.h>
 #include <zmq.hpp>
 
-#include "wire.h"
+#include "comm/wire.h"
 
 namespace pslab {
 

@@ -1,4 +1,4 @@
-#include "ps_client.h"
+#include "ps/client.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -2,9 +2,9 @@
 // Every process of a run derives these the same way, so they agree without talking.
 #pragma once
 
-#include "config.h"
-#include "data.h"
-#include "model.h"
+#include "run/config.h"
+#include "core/data.h"
+#include "core/model.h"
 
 namespace pslab {
 

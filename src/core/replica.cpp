@@ -1,4 +1,4 @@
-#include "replica.h"
+#include "core/replica.h"
 
 #include <algorithm>
 #include <numeric>

@@ -1,4 +1,4 @@
-#include "collective.h"
+#include "comm/collective.h"
 
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>

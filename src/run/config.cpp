@@ -1,4 +1,4 @@
-#include "config.h"
+#include "run/config.h"
 
 #include <toml++/toml.h>
 

@@ -1,8 +1,8 @@
-#include "consistency.h"
+#include "ps/shard_state.h"
 
 #include <algorithm>
 
-#include "wire.h"
+#include "comm/wire.h"
 
 namespace pslab {
 

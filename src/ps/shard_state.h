@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "backend.h"
-#include "mode.h"
-#include "optimizer.h"
+#include "ps/mode.h"
+#include "core/optimizer.h"
 
 namespace pslab {
 

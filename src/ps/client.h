@@ -18,9 +18,9 @@
 
 #include <zmq.hpp>
 
-#include "consistency.h"
-#include "net.h"
-#include "wire.h"
+#include "ps/shard_state.h"
+#include "comm/net.h"
+#include "comm/wire.h"
 
 namespace pslab {
 

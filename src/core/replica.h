@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "backend.h"
-#include "data.h"
-#include "model.h"
+#include "core/data.h"
+#include "core/model.h"
 
 namespace pslab {
 

@@ -1,4 +1,4 @@
-#include "wire.h"
+#include "comm/wire.h"
 
 #include <algorithm>
 #include <cstring>

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "backend.h"
-#include "rendezvous.h"
+#include "comm/rendezvous.h"
 
 namespace pslab {
 

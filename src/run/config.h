@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "mode.h"
-#include "optimizer.h"
+#include "ps/mode.h"
+#include "core/optimizer.h"
 
 namespace pslab {
 

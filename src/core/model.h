@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "backend.h"
-#include "rng.h"
+#include "core/rng.h"
 
 namespace pslab {
 

@@ -1,4 +1,4 @@
-#include "net.h"
+#include "comm/net.h"
 
 #include <stdexcept>
 

@@ -1,4 +1,4 @@
-#include "setup.h"
+#include "run/setup.h"
 
 #include <algorithm>
 #include <cmath>

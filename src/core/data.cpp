@@ -1,4 +1,4 @@
-#include "data.h"
+#include "core/data.h"
 
 #include <zlib.h>
 
@@ -7,7 +7,7 @@
 #include <memory>
 #include <sys/stat.h>
 
-#include "rng.h"
+#include "core/rng.h"
 
 namespace pslab {
 namespace {

@@ -1,4 +1,4 @@
-#include "rendezvous.h"
+#include "comm/rendezvous.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "net.h"
+#include "comm/net.h"
 
 namespace pslab {
 
