@@ -27,9 +27,9 @@ long ServerCounters::bad_total() const {
 }
 
 Server::Server(zmq::context_t& ctx, const ExperimentConfig& cfg, const ServerOptions& opt)
-    : cfg_(cfg), opt_(opt), mode_(cfg.mode()), sock_(ctx, zmq::socket_type::router) {
-  if (!mode_.uses_servers())
-    throw std::invalid_argument("cluster.mode = \"" + mode_.str() + "\" runs without parameter servers");
+    : cfg_(cfg), opt_(opt), sock_(ctx, zmq::socket_type::router) {
+  if (!cfg.uses_servers())
+    throw std::invalid_argument("cluster.mode = \"" + cfg.cluster.mode + "\" runs without parameter servers");
   const ModelSpec spec = model_spec(cfg);
   num_params_ = count_params(spec);
   range_ = shard_range(num_params_, cfg.cluster.servers, opt.shard);
@@ -39,7 +39,7 @@ Server::Server(zmq::context_t& ctx, const ExperimentConfig& cfg, const ServerOpt
                            theta.begin() + std::ptrdiff_t(range_.offset + range_.length));
   cpu_ = make_cpu_backend(1);
   ShardState::Options so;
-  so.mode = mode_;
+  so.mode = cfg.cluster.mode;
   so.workers = cfg.cluster.workers;
   so.range = range_;
   so.optimizer = cfg.optimizer;
@@ -242,7 +242,7 @@ void Server::on_hello(const std::string& id, const wire::Header& h, const wire::
     peers_[id] = Peer{m.role, m.rank, Clock::now()};
     worker_heard_[std::size_t(m.rank)] = Clock::now();
   }
-  const wire::Welcome welcome{opt_.shard, cfg_.cluster.servers, range_.offset, range_.length, W, mode_.str(),
+  const wire::Welcome welcome{opt_.shard, cfg_.cluster.servers, range_.offset, range_.length, W, state_->rule().name(),
                               state_->version()};
   if (m.role == wire::Role::evaluator || barrier_open_) {
     send(id, header(welcome));
@@ -344,19 +344,6 @@ void Server::release_ready_pulls() {
   }
 }
 
-std::string Server::waiting_for(long clock) const {
-  std::string who;
-  for (int r = 0; r < cfg_.cluster.workers; ++r) {
-    const long c = state_->clock_of(r);
-    const bool behind = mode_.kind == Mode::Kind::bsp ? c <= state_->version() : c < clock - mode_.staleness;
-    if (behind) who += (who.empty() ? "" : ", ") + ("worker " + std::to_string(r) + " (clock " + std::to_string(c) + ")");
-  }
-  return mode_.kind == Mode::Kind::bsp
-             ? "bsp clock " + std::to_string(state_->version()) + " still needs pushes from " + who
-             : mode_.str() + " needs every worker at clock >= " + std::to_string(clock - mode_.staleness) +
-                   "; behind: " + who;
-}
-
 void Server::expire_held_pulls() {
   const auto now = Clock::now();
   const auto timeout = std::chrono::duration<double>(cfg_.cluster.timeout_s);
@@ -367,9 +354,9 @@ void Server::expire_held_pulls() {
       char b[64];
       std::snprintf(b, sizeof b, " held %.1f s: ", seconds(now - h.since));
       reply_error(h.identity, wire::ErrorCode::timeout,
-                  "pull of worker " + std::to_string(h.rank) + " for clock " + std::to_string(h.clock) + b + waiting_for(h.clock));
+                  "pull of worker " + std::to_string(h.rank) + " for clock " + std::to_string(h.clock) + b + state_->why_held(h.clock));
       std::fprintf(stderr, "server %d: timeout: pull of worker %d for clock %ld: %s\n", opt_.shard, h.rank, h.clock,
-                   waiting_for(h.clock).c_str());
+                   state_->why_held(h.clock).c_str());
     } else {
       ++i;
     }

@@ -88,14 +88,12 @@ class Server {
   // Answers with an Error; counts it as a bad message (by code), except timeouts.
   void reply_error(const std::string& id, wire::ErrorCode code, const std::string& message);
   wire::Header header(wire::Body body) const { return wire::Header{wire::kServer, opt_.shard, std::move(body)}; }
-  std::string waiting_for(long clock) const;
   std::string missing_hellos() const;
   void write_stats(bool final);
   bool done() const;
 
   ExperimentConfig cfg_;
   ServerOptions opt_;
-  Mode mode_;
   std::size_t num_params_;
   ShardRange range_;
   std::uint64_t config_hash_;

@@ -23,7 +23,8 @@ TEST(Config, MinimalFileGetsTheDefaults) {
   EXPECT_EQ(c.model.hidden, (std::vector<int>{256, 128}));
   EXPECT_EQ(c.train.batch, 64);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.1);
-  EXPECT_EQ(c.mode(), Mode::parse("bsp"));
+  EXPECT_EQ(c.cluster.mode, "bsp");
+  EXPECT_TRUE(c.uses_servers());
 }
 
 TEST(Config, MissingRequiredKeyIsNamed) {
@@ -41,10 +42,16 @@ TEST(Config, WrongTypeNamesKeyExpectedAndFound) {
 }
 
 TEST(Config, UnknownModeIsNamed) {
-  const std::string e = error_of("name = \"x\"\n[cluster]\nmode = \"ssp\"\n");
-  EXPECT_EQ(e.rfind("exp.toml: cluster.mode: \"ssp\" is not a mode", 0), 0u) << e;
-  EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"ssp:-1\"\n").find("cluster.mode"), std::string::npos);
-  EXPECT_EQ(parse_config("name = \"x\"\n[cluster]\nmode = \"ssp:3\"\n", "e").mode().staleness, 3);
+  const std::string e = error_of("name = \"x\"\n[cluster]\nmode = \"gossip\"\n");
+  EXPECT_EQ(e, "exp.toml: cluster.mode: \"gossip\" is not a consistency rule: expected \"bsp\", \"ssp:<s>\" or \"asp\"; "
+               "or \"allreduce\" (gradients all-reduced, no servers)") << e;
+  const std::string no_bound = error_of("name = \"x\"\n[cluster]\nmode = \"ssp\"\n");
+  EXPECT_EQ(no_bound.rfind("exp.toml: cluster.mode: \"ssp\" needs an argument: ssp:<s>", 0), 0u) << no_bound;
+  const std::string negative = error_of("name = \"x\"\n[cluster]\nmode = \"ssp:-1\"\n");
+  EXPECT_NE(negative.find("cluster.mode: \"ssp:-1\": the staleness bound must be an integer >= 0"), std::string::npos) << negative;
+  EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"asp:1\"\n").find("asp takes no argument"), std::string::npos);
+  const ExperimentConfig ar = parse_config("name = \"x\"\n[cluster]\nmode = \"allreduce\"\n", "e");
+  EXPECT_FALSE(ar.uses_servers());
 }
 
 TEST(Config, UnknownKeyIsNamedWithTheKnownOnes) {

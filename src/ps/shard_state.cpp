@@ -61,26 +61,12 @@ constexpr std::size_t kChunk = 8192;  // floats per piece of an update: 32 KiB, 
 }  // namespace
 
 ShardState::ShardState(Backend& cpu, const Options& opt, std::vector<float> initial)
-    : opt_(opt), be_(cpu), optimizer_(cpu, opt.optimizer, opt.range.length), params_(std::move(initial)),
-      clocks_(std::size_t(opt.workers), 0), staleness_(std::size_t(opt.workers)) {
+    : opt_(opt), be_(cpu), rule_(make_rule(opt.mode)), optimizer_(cpu, opt.optimizer, opt.range.length),
+      params_(std::move(initial)), clocks_(std::size_t(opt.workers), 0), staleness_(std::size_t(opt.workers)) {
   if (params_.size() != opt.range.length)
     throw std::invalid_argument("ShardState: initial slice has " + std::to_string(params_.size()) +
                                 " floats, the shard " + std::to_string(opt.range.length));
-  if (opt.mode.kind == Mode::Kind::bsp) {
-    acc_.assign(opt.range.length, 0.0f);
-    pushed_.assign(std::size_t(opt.workers), 0);
-  }
   checksum_ = wire::checksum(params_.current(), params_.size());
-}
-
-long ShardState::min_clock() const { return *std::min_element(clocks_.begin(), clocks_.end()); }
-
-bool ShardState::pull_ready(long clock) const {
-  switch (opt_.mode.kind) {
-    case Mode::Kind::bsp: return version_ >= clock;
-    case Mode::Kind::ssp: return min_clock() >= clock - opt_.mode.staleness;
-    default: return true;
-  }
 }
 
 void ShardState::record_pull(int worker, long clock) {
@@ -94,10 +80,10 @@ void ShardState::count_staleness(int worker, long staleness) {
   ++h[b];
 }
 
-void ShardState::apply(const float* grad, long samples, const std::uint64_t* verify) {
+void ShardState::step(const float* grad, long update_samples, double lr_factor, const std::uint64_t* verify) {
   const double epoch = double(samples_applied_) / double(opt_.train_size);
-  const int global_batch = opt_.mode.kind == Mode::Kind::bsp ? opt_.batch * opt_.workers : opt_.batch;
-  const double lr = learning_rate(opt_.schedule, opt_.optimizer.lr, global_batch, epoch);
+  const int lr_batch = rule_->update_batch(opt_.batch, opt_.workers);
+  const double lr = lr_factor * learning_rate(opt_.schedule, opt_.optimizer.lr, lr_batch, epoch);
   const float* cur = params_.current();
   float* next = params_.next();
   wire::Checksum grad_sum, param_sum;
@@ -112,10 +98,57 @@ void ShardState::apply(const float* grad, long samples, const std::uint64_t* ver
   params_.publish();
   checksum_ = param_sum.value();
   ++version_;
-  samples_applied_ += samples;
+  samples_applied_ += update_samples;
 }
 
-bool ShardState::push(int worker, long clock, long version_pulled, int batch, const float* grad,
+void ShardState::verify_pending() {
+  if (pending_.verified) return;
+  if (wire::checksum(pending_.grad, opt_.range.length) != pending_.checksum) bad_checksum();
+  pending_.verified = true;
+}
+
+void ShardState::apply(double lr_factor) {
+  if (pending_.batch == 0) return verify_pending();  // an empty batch: no update (momentum, Adam, decay would move θ)
+  const long samples = pending_.counted ? 0 : pending_.batch;
+  if (!pending_.verified && optimizer_.stateless()) {
+    // A stateless optimizer's update can be abandoned before publication: verify the
+    // gradient in the same pass. A stateful one would have changed its state: verify first.
+    step(pending_.grad, samples, lr_factor, &pending_.checksum);
+    pending_.verified = true;
+  } else {
+    verify_pending();
+    step(pending_.grad, samples, lr_factor, nullptr);
+  }
+  pending_.counted = true;
+}
+
+void ShardState::accumulate() {
+  verify_pending();
+  const std::size_t n = opt_.range.length;
+  if (acc_.size() != n) acc_.assign(n, 0.0f);
+  if (acc_empty_) {
+    const float b = float(pending_.batch);
+    for (std::size_t i = 0; i < n; ++i) acc_[i] = b * pending_.grad[i];
+    acc_empty_ = false;
+  } else if (pending_.batch > 0) {
+    be_.axpy(n, float(pending_.batch), pending_.grad, acc_.data());
+  }
+  acc_samples_ += pending_.batch;
+  pending_.counted = true;
+}
+
+void ShardState::apply_accumulated() {
+  if (acc_samples_ > 0) {
+    be_.scale(opt_.range.length, 1.0f / float(acc_samples_), acc_.data());
+    step(acc_.data(), acc_samples_, 1.0, nullptr);
+  } else {
+    ++version_;  // a clock without samples: θ stays, the clock advances
+  }
+  acc_samples_ = 0;
+  acc_empty_ = true;
+}
+
+void ShardState::push(int worker, long clock, long version_pulled, int batch, const float* grad,
                       std::uint64_t checksum) {
   if (worker < 0 || worker >= opt_.workers)
     throw ProtocolError("push from worker " + std::to_string(worker) + ", expected a rank in [0, " +
@@ -128,48 +161,23 @@ bool ShardState::push(int worker, long clock, long version_pulled, int batch, co
   if (version_pulled < 0 || version_pulled > version_)
     throw ProtocolError("push computed on version " + std::to_string(version_pulled) +
                         ", which this shard has not reached (at " + std::to_string(version_) + ")");
+  const PushInfo info{worker, clock, version_pulled, batch};
+  rule_->check_push(info, view());
 
-  if (opt_.mode.kind != Mode::Kind::bsp) {
-    // A stateless optimizer's update can be abandoned before publication: verify the
-    // gradient in the same pass. A stateful one would have changed its state: verify first.
-    if (optimizer_.stateless()) {
-      apply(grad, batch, &checksum);
-    } else {
-      if (wire::checksum(grad, opt_.range.length) != checksum) bad_checksum();
-      apply(grad, batch);
-    }
-    count_staleness(worker, version_ - 1 - version_pulled);
-    ++wclock;
-    return true;
-  }
-
-  // bsp: the open clock is `version_`; accumulate sum_i batch_i * g_i.
-  if (clock != version_)
-    throw ProtocolError("bsp push for clock " + std::to_string(clock) + " while clock " +
-                        std::to_string(version_) + " is open");
-  if (pushed_[std::size_t(worker)])
-    throw ProtocolError("second bsp push from worker " + std::to_string(worker) + " for clock " + std::to_string(clock));
-  const std::size_t n = opt_.range.length;
-  if (wire::checksum(grad, n) != checksum) bad_checksum();
-  if (pushes_in_clock_ == 0) {
-    for (std::size_t i = 0; i < n; ++i) acc_[i] = float(batch) * grad[i];
-  } else {
-    be_.axpy(n, float(batch), grad, acc_.data());
-  }
-  pushed_[std::size_t(worker)] = 1;
-  ++pushes_in_clock_;
-  samples_in_clock_ += batch;
+  // The rule sees the worker's clock with this push counted; a payload that fails its check
+  // inside the rule's first ShardOps call changed nothing, and the clock goes back.
+  const long arrived_at = version_;
+  pending_ = Pending{grad, checksum, batch, false, false};
   ++wclock;
-  count_staleness(worker, version_ - version_pulled);
-  if (pushes_in_clock_ < opt_.workers) return false;
-
-  // Every worker pushed: apply the batch-weighted mean gradient once.
-  if (samples_in_clock_ > 0) be_.scale(n, 1.0f / float(samples_in_clock_), acc_.data());
-  apply(acc_.data(), samples_in_clock_);
-  std::fill(pushed_.begin(), pushed_.end(), 0);
-  pushes_in_clock_ = 0;
-  samples_in_clock_ = 0;
-  return true;
+  try {
+    rule_->on_push(info, view(), *this);
+  } catch (...) {
+    --wclock;
+    pending_ = Pending{};
+    throw;
+  }
+  pending_ = Pending{};
+  if (batch > 0) count_staleness(worker, arrived_at - version_pulled);
 }
 
 }  // namespace pslab

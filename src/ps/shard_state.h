@@ -1,29 +1,29 @@
-// The consistency rules and the update of one parameter shard: a plain object that the
-// server's event loop drives and that tests drive directly, without sockets.
+// One shard of θ on a parameter server: its parameters by version, the optimizer state for
+// its range, the clock table of the workers and the staleness statistics. A plain object
+// that the server's event loop drives and that tests drive directly, without sockets.
 //
-//   bsp    pushes of clock c are averaged (weighted by batch size) and applied once, when all
-//          W workers have pushed c; a pull for clock c is served once version >= c
-//   ssp:s  each push is applied on arrival; a pull for clock c is served once the slowest
-//          worker's clock (pushes done) is >= c - s
-//   asp    each push is applied on arrival; pulls are never held
+// What a push does and when a pull may be served is the consistency rule's decision
+// (ps/rules/rule.h, chosen by Options::mode); the shard checks what every rule needs
+// (a worker's rank, its next clock, a version the shard has had, the payload's checksum),
+// then asks the rule, which updates θ through ShardOps.
 //
-// Versions: `version` counts updates applied to the shard. Staleness of an applied update =
-// version at apply time - version the gradient was computed on (0 under bsp).
+// Versions: `version` counts updates applied to the shard. Staleness of a push = the shard's
+// version when it arrived - the version its gradient was computed on (0 under bsp).
 //
 // Threading: one thread (the server's event loop) calls everything, except
-// ParamVersions::release(), which ZeroMQ's I/O thread calls when a zero-copy send is done.
+// ParamVersions::release(), which a transport's I/O thread calls when a zero-copy send is done.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "backend.h"
-#include "ps/mode.h"
 #include "core/optimizer.h"
+#include "ps/errors.h"
+#include "ps/rules/rule.h"
 
 namespace pslab {
 
@@ -33,19 +33,6 @@ struct ShardRange {
   std::size_t offset = 0, length = 0;
 };
 ShardRange shard_range(std::size_t num_params, int num_shards, int shard);
-
-// A push or pull that breaks the mode's rules (e.g. a second bsp push for one clock).
-// what() says what was expected.
-class ProtocolError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// A gradient whose checksum does not match the one its header carried.
-class PayloadError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // The shard's parameters by version, for zero-copy pull replies: a reply references the
 // current buffer until ZeroMQ has sent it, so an update writes the next version into a
@@ -61,7 +48,7 @@ class ParamVersions {
   const float* current() const { return current_->data.data(); }
   std::size_t size() const { return current_->data.size(); }
   // Marks the current buffer as referenced by one more send; pass the result to release()
-  // (ZeroMQ's free callback) when the send is done.
+  // (the transport's release callback) when the send is done.
   Buffer* acquire_current();
   static void release(Buffer* b) { b->in_flight.fetch_sub(1, std::memory_order_release); }
   // A buffer other than the current one that no send references (allocated if none is free).
@@ -84,10 +71,10 @@ struct PullRecord {
   long version;    // version served
 };
 
-class ShardState {
+class ShardState : private ShardOps {
  public:
   struct Options {
-    Mode mode;
+    std::string mode = "asp";    // the consistency rule, as cluster.mode names it
     int workers = 1;
     ShardRange range;
     OptimizerConfig optimizer;
@@ -96,23 +83,26 @@ class ShardState {
     int batch = 1;               // per-worker batch, for the linear scaling rule
     bool record_pulls = false;   // keep a PullRecord per served pull
   };
-  // `initial` is the shard's slice of the initial θ (range.length floats).
+  // `initial` is the shard's slice of the initial θ (range.length floats). Throws
+  // std::invalid_argument for an unknown mode.
   ShardState(Backend& cpu, const Options& opt, std::vector<float> initial);
 
   // A worker's gradient (range.length floats) for its step `clock`, computed on parameters
   // of `version_pulled`, over `batch` samples, with payload checksum `checksum`
-  // (wire::checksum). asp/ssp: applied now. bsp: accumulated; applied when the W-th push of
-  // the clock arrives. Returns true when parameters changed. Throws ProtocolError when the
-  // push breaks the mode's rules and PayloadError when the checksum does not match; either
-  // way nothing changes.
-  bool push(int worker, long clock, long version_pulled, int batch, const float* grad, std::uint64_t checksum);
+  // (wire::checksum). The rule decides what it does (asp/ssp: applied now; bsp: accumulated
+  // and applied with the clock). Throws ProtocolError when the push breaks the rules and
+  // PayloadError when the checksum does not match; either way nothing changes.
+  void push(int worker, long clock, long version_pulled, int batch, const float* grad, std::uint64_t checksum);
   // Whether a pull by a worker at `clock` may be served now (evaluators are never held).
-  bool pull_ready(long clock) const;
+  bool pull_ready(long clock) const { return rule_->pull_ready(clock, view()); }
+  // Why a pull for `clock` is held, naming the workers it waits for.
+  std::string why_held(long clock) const { return rule_->why_held(clock, view()); }
   // Notes that a pull was served (for the records).
   void record_pull(int worker, long clock);
 
+  const ConsistencyRule& rule() const { return *rule_; }
   long version() const { return version_; }
-  long min_clock() const;
+  long min_clock() const { return view().min_clock(); }
   long clock_of(int worker) const { return clocks_[std::size_t(worker)]; }
   long samples_applied() const { return samples_applied_; }
   const Options& options() const { return opt_; }
@@ -121,32 +111,47 @@ class ShardState {
   // wire::checksum of the current version (computed while it was written).
   std::uint64_t current_checksum() const { return checksum_; }
 
-  // Staleness of applied updates: histogram per worker (index = staleness; the last bucket
-  // collects everything >= its index).
+  // Staleness of accepted pushes: histogram per worker (index = staleness; the last bucket
+  // collects everything >= its index). Pushes of an empty batch are not counted.
   const std::vector<std::vector<long>>& staleness_histogram() const { return staleness_; }
   const std::vector<PullRecord>& pull_records() const { return pulls_; }
   long updates_applied() const { return version_; }
 
  private:
+  // The push being handled, for the ShardOps the rule calls.
+  struct Pending {
+    const float* grad = nullptr;
+    std::uint64_t checksum = 0;
+    int batch = 0;
+    bool verified = false;  // the gradient's checksum was checked
+    bool counted = false;   // its samples were added to samples_applied_
+  };
+  ShardView view() const { return ShardView{version_, clocks_}; }
+  // ShardOps, on pending_.
+  void apply(double lr_factor) override;
+  void accumulate() override;
+  void apply_accumulated() override;
+  void verify_pending();
   // Writes the next version from the current one and `grad`, chunk by chunk, computing the
   // new version's checksum on the way (and, with verify, the gradient's: on a mismatch the
   // new version is dropped before publication and PayloadError thrown).
-  void apply(const float* grad, long samples, const std::uint64_t* verify = nullptr);
+  void step(const float* grad, long update_samples, double lr_factor, const std::uint64_t* verify);
   void count_staleness(int worker, long staleness);
 
   Options opt_;
   Backend& be_;
+  std::unique_ptr<ConsistencyRule> rule_;
   Optimizer optimizer_;
   ParamVersions params_;
   std::uint64_t checksum_ = 0;
   long version_ = 0;
   long samples_applied_ = 0;
   std::vector<long> clocks_;  // per worker: pushes done
-  // bsp: the open clock's accumulated batch-weighted gradient sum and who pushed.
+  Pending pending_;
+  // Rules that accumulate: the open clock's batch-weighted gradient sum, allocated on first use.
   std::vector<float> acc_;
-  std::vector<char> pushed_;
-  int pushes_in_clock_ = 0;
-  long samples_in_clock_ = 0;
+  long acc_samples_ = 0;
+  bool acc_empty_ = true;
   std::vector<std::vector<long>> staleness_;
   std::vector<PullRecord> pulls_;
 };

@@ -1,5 +1,7 @@
 #include "run/config.h"
 
+#include "ps/rules/rule.h"
+
 #include <toml++/toml.h>
 
 #include <cstring>
@@ -308,10 +310,12 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
         "expected \"cpu\" or \"cuda\", got \"" + c.train.device + "\"");
   check(c.train.threads >= 0, "train.threads", "must be >= 0");
   check(c.train.log_every >= 1, "train.log_every", "must be >= 1");
-  try {
-    Mode::parse(c.cluster.mode);
-  } catch (const std::invalid_argument& e) {
-    fail(origin, "cluster.mode", e.what());
+  if (c.cluster.mode != kAllreduce) {
+    try {
+      rule_registry().check(c.cluster.mode);
+    } catch (const std::invalid_argument& e) {
+      fail(origin, "cluster.mode", std::string(e.what()) + "; or \"allreduce\" (gradients all-reduced, no servers)");
+    }
   }
   check(c.cluster.workers >= 1, "cluster.workers", "must be >= 1");
   check(c.cluster.servers >= 1, "cluster.servers", "must be >= 1");

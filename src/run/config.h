@@ -12,10 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "ps/mode.h"
 #include "core/optimizer.h"
 
 namespace pslab {
+
+// The one mode without parameter servers: gradients are all-reduced between the workers.
+inline constexpr const char* kAllreduce = "allreduce";
 
 // A bad config. what() reads "<file>: <key>: <what was expected, what was found>".
 class ConfigError : public std::runtime_error {
@@ -50,7 +52,7 @@ struct TrainConfig {
 };
 
 struct ClusterConfig {
-  std::string mode = "bsp";  // see mode.h
+  std::string mode = "bsp";  // "allreduce", or a consistency rule of the servers (ps/rules/)
   int workers = 1;
   int servers = 1;           // PS modes only
   std::string launcher = "local";    // "local", "ssh", "slurm"
@@ -84,7 +86,8 @@ struct ExperimentConfig {
   EvalConfig eval;
   StragglerConfig straggler;
 
-  Mode mode() const { return Mode::parse(cluster.mode); }
+  // Whether the run has parameter servers: every mode but "allreduce" (ps/rules/ lists them).
+  bool uses_servers() const { return cluster.mode != kAllreduce; }
 };
 
 // Parses a TOML file, applies `overrides` ("section.key=value", value in TOML syntax, bare

@@ -155,7 +155,7 @@ nlohmann::ordered_json bench_raw(std::size_t bytes, int runs) {
 nlohmann::ordered_json bench_apply(std::size_t floats, int runs) {
   auto cpu = make_cpu_backend(1);
   ShardState::Options o;
-  o.mode = Mode::parse("asp");
+  o.mode = "asp";
   o.range = {0, floats};
   o.optimizer.lr = 1e-9;
   ShardState s(*cpu, o, std::vector<float>(floats, 0.0f));

@@ -1,0 +1,22 @@
+// The two ways a push or pull can be refused by a shard; either way nothing has changed.
+#pragma once
+
+#include <stdexcept>
+
+namespace pslab {
+
+// A push or pull that breaks the rules (e.g. a second bsp push for one clock, or a clock that
+// is not the worker's next). what() says what was expected.
+class ProtocolError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A payload that fails its integrity check (checksum mismatch, or bytes its codec cannot
+// decode). what() says which.
+class PayloadError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace pslab

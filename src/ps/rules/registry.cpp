@@ -1,0 +1,29 @@
+// The consistency rules pslab knows: cluster.mode -> rule. Adding one: its file beside these,
+// a line here, its tests (tests/test_consistency.cpp) and a README line.
+#include "ps/rules/rule.h"
+
+namespace pslab {
+
+std::unique_ptr<ConsistencyRule> make_bsp(const std::string&);
+std::unique_ptr<ConsistencyRule> make_ssp(const std::string&);
+std::unique_ptr<ConsistencyRule> make_asp(const std::string&);
+
+Registry<ConsistencyRule>& rule_registry() {
+  static Registry<ConsistencyRule> r("consistency rule", {
+      {"bsp", "bsp", "average the W pushes of a clock, apply once; pulls wait for the clock", false, make_bsp},
+      {"ssp", "ssp:<s>", "apply each push; a pull waits until the slowest worker is <= s clocks behind", true, make_ssp},
+      {"asp", "asp", "apply each push; pulls never wait", false, make_asp},
+  });
+  return r;
+}
+
+std::string workers_below(const ShardView& s, long clock) {
+  std::string who;
+  for (int r = 0; r < s.workers(); ++r) {
+    const long c = s.clocks[std::size_t(r)];
+    if (c < clock) who += (who.empty() ? "" : ", ") + ("worker " + std::to_string(r) + " (clock " + std::to_string(c) + ")");
+  }
+  return who.empty() ? "nobody" : who;
+}
+
+}  // namespace pslab

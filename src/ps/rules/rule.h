@@ -1,0 +1,94 @@
+// A consistency rule: how the pushes of the workers meet one shard of θ. One class per mode,
+// one file each (bsp.cpp, ssp.cpp, asp.cpp), created from cluster.mode by rule_registry():
+//
+//   when a pull is ready   pull_ready(clock)
+//   what a push does       on_push(): apply it now, or accumulate it for the clock and apply
+//                          the clock's mean once it is complete (through ShardOps)
+//   the lr's batch         update_batch(): the samples one update averages, for the linear
+//                          scaling rule
+//   why a pull is held     why_held(clock): "bsp clock 17 still needs pushes from worker 3
+//                          (clock 16)"
+//   its own state          save() / load(), for checkpoints (the built-in rules keep none:
+//                          they read the shard's version and clock table)
+//
+// A rule reads the shard through ShardView and changes it only through ShardOps, so that
+// ShardState (ps/shard_state.h) keeps the buffers, versions and statistics in one place.
+//
+// Threading: the server's event-loop thread only.
+#pragma once
+
+#include <algorithm>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "core/registry.h"
+#include "ps/errors.h"
+
+namespace pslab {
+
+// What a rule may read of its shard.
+struct ShardView {
+  long version = 0;             // updates applied to the shard
+  std::span<const long> clocks; // per worker: pushes done (in on_push: this push counted)
+  int workers() const { return int(clocks.size()); }
+  long min_clock() const { return clocks.empty() ? 0 : *std::min_element(clocks.begin(), clocks.end()); }
+};
+
+// A push, as its header described it (the shard has checked that the worker is a worker, that
+// `clock` is its next clock and that the shard has had `version_pulled`).
+struct PushInfo {
+  int worker = 0;
+  long clock = 0;
+  long version_pulled = 0;
+  int batch = 0;  // samples behind the gradient; 0 for an empty batch
+};
+
+// What a rule can do to its shard with the push being handled. Each call may throw
+// PayloadError when the push's payload fails its integrity check; nothing has changed then.
+// A rule therefore calls these before it changes its own state.
+class ShardOps {
+ public:
+  virtual ~ShardOps() = default;
+  // One optimizer step with this push's gradient, at lr_factor x the scheduled learning rate;
+  // publishes a new version. A push of an empty batch changes nothing.
+  virtual void apply(double lr_factor = 1.0) = 0;
+  // Adds batch x gradient to the sum of the open clock.
+  virtual void accumulate() = 0;
+  // One step with the batch-weighted mean of what was accumulated, then clears it; publishes
+  // a new version even when the clock held no samples (the clock advances either way).
+  virtual void apply_accumulated() = 0;
+};
+
+class ConsistencyRule {
+ public:
+  virtual ~ConsistencyRule() = default;
+  // As cluster.mode names it, e.g. "ssp:2".
+  virtual std::string name() const = 0;
+  // Throws ProtocolError, saying what was expected, for a push this rule refuses (nothing has
+  // changed yet).
+  virtual void check_push(const PushInfo&, const ShardView&) const {}
+  // What the push does to the shard (the pushing worker's clock already counts it).
+  virtual void on_push(const PushInfo& push, const ShardView& shard, ShardOps& ops) = 0;
+  // Whether a pull by a worker at `clock` may be served now (evaluators are never held).
+  virtual bool pull_ready(long clock, const ShardView& shard) const = 0;
+  // Samples averaged by one update when every worker pushes `batch`: the lr's batch.
+  virtual int update_batch(int batch, int workers) const = 0;
+  // Why a pull for `clock` is held now, naming the workers it waits for.
+  virtual std::string why_held(long clock, const ShardView& shard) const = 0;
+  // The rule's own state (not the shard's), for checkpoints.
+  virtual std::string save() const { return {}; }
+  virtual void load(std::string_view state) {
+    if (!state.empty()) throw std::invalid_argument(name() + " keeps no state, but a saved state was given");
+  }
+};
+
+// cluster.mode -> rule. Built-ins: bsp, ssp:<s>, asp (ps/rules/registry.cpp).
+Registry<ConsistencyRule>& rule_registry();
+inline std::unique_ptr<ConsistencyRule> make_rule(const std::string& mode) { return rule_registry().make(mode); }
+
+// "worker 1 (clock 3), worker 2 (clock 3)": the workers whose clock is below `clock`.
+std::string workers_below(const ShardView& shard, long clock);
+
+}  // namespace pslab
