@@ -43,7 +43,7 @@ Server::Server(zmq::context_t& ctx, const ExperimentConfig& cfg, const ServerOpt
   so.workers = cfg.cluster.workers;
   so.range = range_;
   so.optimizer = cfg.optimizer;
-  so.schedule = schedule_for_run(cfg);
+  so.schedule = schedule_for_run(cfg, steps_per_epoch(cfg, cfg.cluster.workers));
   so.train_size = train_set_size(cfg);
   so.batch = cfg.train.batch;
   so.record_pulls = opt.record_pulls;

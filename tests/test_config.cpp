@@ -1,7 +1,10 @@
 // Config parsing: errors name the file and the key; defaults are written back; sweeps expand.
 #include <gtest/gtest.h>
 
+#include "core/optimizer.h"
 #include "run/config.h"
+#include "run/plan.h"
+#include "run/setup.h"
 
 using namespace pslab;
 
@@ -127,6 +130,46 @@ TEST(Config, KeyListingCoversEverySection) {
   const std::string k = describe_keys();
   for (const char* key : {"optimizer.lr", "cluster.mode", "straggler.exp_delay_ms", "eval.target_acc"})
     EXPECT_NE(k.find(key), std::string::npos) << key;
+}
+
+// Defect: schedule_for_run set the cosine's length to train.epochs even when train.steps
+// decided the run's length, so a steps-based run decayed on the wrong horizon.
+TEST(Setup, AScheduleSpansTheStepsThatRunWhenTrainStepsDecides) {
+  const ExperimentConfig c = parse_config(
+      "name = \"x\"\n[data]\nkind = \"logistic\"\ntrain_samples = 1024\n[train]\nbatch = 32\nsteps = 64\n"
+      "epochs = 10\n[schedule]\nkind = \"cosine\"\n[cluster]\nmode = \"asp\"\nworkers = 2\n", "e");
+  const long spe = steps_per_epoch(c, 2);
+  ASSERT_EQ(spe, 16);  // 512 samples per worker, batch 32
+  const ScheduleConfig s = schedule_for_run(c, spe);
+  EXPECT_DOUBLE_EQ(s.total_epochs, 4.0);
+  EXPECT_LT(learning_rate(s, 0.1, 32, 63.0 / 16), 1e-3) << "the last step's lr has decayed to ~0";
+  ExperimentConfig by_epochs = c;
+  by_epochs.train.steps = 0;
+  EXPECT_DOUBLE_EQ(schedule_for_run(by_epochs, spe).total_epochs, 10.0);
+}
+
+TEST(Setup, ThePlanSaysWhatTheRunWillDo) {
+  const ExperimentConfig c = parse_config(
+      "name = \"p\"\n[data]\nkind = \"logistic\"\ntrain_samples = 1000\n[train]\nbatch = 32\nepochs = 2.5\n"
+      "[cluster]\nmode = \"ssp:2\"\nworkers = 3\nservers = 2\n", "e");
+  const auto p = run_plan(c);
+  EXPECT_EQ(p["mode"], "ssp:2");
+  EXPECT_EQ(p["uses_servers"], true);
+  EXPECT_EQ(p["servers"], 2);
+  EXPECT_EQ(p["data"]["train_samples"], 1000);
+  EXPECT_EQ(p["data"]["test_samples"], 2048);
+  EXPECT_EQ(p["steps_per_epoch"], 11);  // ceil(334 / 32)
+  EXPECT_EQ(p["total_steps"], 28);      // ceil(2.5 * 11)
+  ASSERT_EQ(p["processes"].size(), 6u);
+  EXPECT_EQ(p["processes"][0]["name"], "server0");
+  EXPECT_EQ(p["processes"][2]["name"], "worker0");
+  EXPECT_EQ(p["processes"][5]["role"], "evaluator");
+  ExperimentConfig ar = c;
+  ar.cluster.mode = "allreduce";
+  const auto q = run_plan(ar);
+  EXPECT_EQ(q["servers"], 0);
+  EXPECT_EQ(q["processes"].size(), 4u);
+  EXPECT_EQ(run_plan(parse_config("name = \"f\"\n", "e"))["data"]["test_samples"], 10000);
 }
 
 }  // namespace

@@ -71,7 +71,7 @@ TEST_P(BspEqualsUnionBatch, ParametersWithin1e5RelativeAfter50Steps) {
     }
     ref.compute_gradient(batch);
     opt.step(ref.model().params(), ref.model().grads(),
-             learning_rate(schedule_for_run(cfg), cfg.optimizer.lr, W * b, double(samples) / data.train.n));
+             learning_rate(schedule_for_run(cfg, spe), cfg.optimizer.lr, W * b, double(samples) / data.train.n));
     samples += long(batch.size());
   }
   std::vector<float> single(ref.model().num_params());

@@ -53,11 +53,11 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
   coll->broadcast(model.params(), P, 0);
 
   Optimizer optimizer(*be, cfg.optimizer, P);
-  const ScheduleConfig schedule = schedule_for_run(cfg);
   ShardSampler sampler(std::size_t(data.train.n), W, opt.rank, cfg.seed);
   const int b = cfg.train.batch;
   const long spe = sampler.steps_per_epoch(b);
   const long steps = total_steps(cfg, spe);
+  const ScheduleConfig schedule = schedule_for_run(cfg, spe);
   MetricsWriter metrics(opt.out_dir + "/metrics/worker" + std::to_string(opt.rank) + ".jsonl", opt.run_start);
   Progress progress("rank " + std::to_string(opt.rank), opt.progress && opt.rank == 0);
   TrainLog log(metrics, progress, opt.rank, cfg.train.log_every, steps);

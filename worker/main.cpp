@@ -14,6 +14,7 @@
 #include "run/config.h"
 #include "core/data.h"
 #include "roles.h"
+#include "run/plan.h"
 #include "train_single.h"
 
 using namespace pslab;
@@ -80,6 +81,9 @@ int main(int argc, char** argv) {
   config->add_option("--write", resolved_out, "write the validated config, every default filled in, to this file");
   config->add_option("--expand", expand_dir, "write one config per sweep point into this directory; print their paths");
   config->add_flag("--keys", list_keys, "list every key with its default and meaning");
+  std::string plan_out;
+  config->add_option("--plan", plan_out, "write the run plan as JSON to this file (\"-\": standard output): mode, "
+                                         "data sizes, steps per epoch and in all, the processes of the run");
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -136,8 +140,13 @@ int main(int argc, char** argv) {
         return 0;
       }
       const ExperimentConfig cfg = load_config(config_path, overrides);
+      if (!plan_out.empty()) {
+        const std::string plan = run_plan(cfg).dump(2) + "\n";
+        if (plan_out == "-") std::cout << plan;
+        else std::ofstream(plan_out) << plan;
+      }
       if (!resolved_out.empty()) std::ofstream(resolved_out) << to_toml(cfg);
-      else std::cout << to_toml(cfg);
+      else if (plan_out.empty()) std::cout << to_toml(cfg);
       return 0;
     }
   } catch (const std::exception& e) {

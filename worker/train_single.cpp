@@ -21,12 +21,12 @@ double run_single(const ExperimentConfig& cfg, const SingleRunOptions& opt) {
   Model& model = replica.model();
   model.init(cfg.seed);
   Optimizer optimizer(*be, cfg.optimizer, model.num_params());
-  const ScheduleConfig schedule = schedule_for_run(cfg);
 
   ShardSampler sampler(std::size_t(data.train.n), 1, 0, cfg.seed);
   const int batch = cfg.train.batch;
   const long spe = sampler.steps_per_epoch(batch);
   const long steps = total_steps(cfg, spe);
+  const ScheduleConfig schedule = schedule_for_run(cfg, spe);
 
   MetricsWriter metrics(opt.out_dir + "/metrics/worker0.jsonl", opt.run_start);
   Progress progress("train", opt.progress);

@@ -28,8 +28,8 @@ void ShardSampler::set_epoch(long epoch) {
   for (std::size_t i = n_; i > 1; --i) std::swap(perm_[i - 1], perm_[rng.below(i)]);  // Fisher-Yates
 }
 
-long ShardSampler::steps_per_epoch(int batch) const {
-  const std::size_t largest = (n_ + std::size_t(world_) - 1) / std::size_t(world_);
+long ShardSampler::steps_per_epoch(std::size_t n, int world, int batch) {
+  const std::size_t largest = (n + std::size_t(world) - 1) / std::size_t(world);
   return long((largest + std::size_t(batch) - 1) / std::size_t(batch));
 }
 

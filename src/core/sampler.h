@@ -24,7 +24,8 @@ class ShardSampler {
 
   std::size_t shard_size() const { return end_ - begin_; }
   // Steps per epoch, identical for every rank: ceil(largest shard / batch).
-  long steps_per_epoch(int batch) const;
+  long steps_per_epoch(int batch) const { return steps_per_epoch(n_, world_, batch); }
+  static long steps_per_epoch(std::size_t n, int world, int batch);
   // Samples in the batch of `step` (0-based within the epoch) for this rank; 0 past the end.
   int batch_size(long step, int batch) const;
   // The global sample indices of that batch (a view into the permutation).

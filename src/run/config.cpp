@@ -62,6 +62,8 @@ void visit_fields(Config& c, F&& f) {
   f("cluster.mode", c.cluster.mode, "\"allreduce\", \"bsp\", \"ssp:<s>\" or \"asp\"");
   f("cluster.workers", c.cluster.workers, "worker processes");
   f("cluster.servers", c.cluster.servers, "parameter servers (PS modes)");
+  f("cluster.transport", c.cluster.transport, "how peers exchange messages: \"tcp\", or \"ipc\" (Unix sockets, every process on one host)");
+  f("cluster.codec", c.cluster.codec, "how pushes encode gradients: \"f32\" (dense float32)");
   f("cluster.launcher", c.cluster.launcher, "\"local\", \"ssh\" or \"slurm\"");
   f("cluster.hosts", c.cluster.hosts, "ssh: hosts, processes placed round-robin");
   f("cluster.bind", c.cluster.bind, "address servers and the rendezvous listen on");
@@ -317,6 +319,9 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
       fail(origin, "cluster.mode", std::string(e.what()) + "; or \"allreduce\" (gradients all-reduced, no servers)");
     }
   }
+  check(c.cluster.transport == "tcp" || c.cluster.transport == "ipc", "cluster.transport",
+        "expected \"tcp\" or \"ipc\", got \"" + c.cluster.transport + "\"");
+  check(c.cluster.codec == "f32", "cluster.codec", "expected \"f32\", got \"" + c.cluster.codec + "\"");
   check(c.cluster.workers >= 1, "cluster.workers", "must be >= 1");
   check(c.cluster.servers >= 1, "cluster.servers", "must be >= 1");
   check(c.cluster.launcher == "local" || c.cluster.launcher == "ssh" || c.cluster.launcher == "slurm",

@@ -55,6 +55,8 @@ struct ClusterConfig {
   std::string mode = "bsp";  // "allreduce", or a consistency rule of the servers (ps/rules/)
   int workers = 1;
   int servers = 1;           // PS modes only
+  std::string transport = "tcp";     // comm/transport/: "tcp", "ipc"
+  std::string codec = "f32";         // ps/codecs/: how pushes encode gradients
   std::string launcher = "local";    // "local", "ssh", "slurm"
   std::vector<std::string> hosts;    // ssh: hosts, round-robin over processes
   std::string bind = "127.0.0.1";    // address servers and rendezvous bind to

@@ -1,5 +1,7 @@
 #include "run/setup.h"
 
+#include "core/sampler.h"
+
 #include <algorithm>
 #include <cmath>
 #include <thread>
@@ -7,7 +9,7 @@
 namespace pslab {
 namespace {
 constexpr int kSyntheticTrain = 8192, kSyntheticTest = 2048;
-constexpr int kFashionTrain = 60000;
+constexpr int kFashionTrain = 60000, kFashionTest = 10000;
 }  // namespace
 
 ModelSpec model_spec(const ExperimentConfig& c) {
@@ -42,6 +44,16 @@ std::size_t train_set_size(const ExperimentConfig& c) {
   return std::size_t(c.data.train_samples > 0 ? c.data.train_samples : kSyntheticTrain);
 }
 
+std::size_t test_set_size(const ExperimentConfig& c) {
+  if (c.data.kind == "fashion-mnist")
+    return std::size_t(c.data.test_samples > 0 ? std::min(c.data.test_samples, kFashionTest) : kFashionTest);
+  return std::size_t(c.data.test_samples > 0 ? c.data.test_samples : kSyntheticTest);
+}
+
+long steps_per_epoch(const ExperimentConfig& c, int workers) {
+  return ShardSampler::steps_per_epoch(train_set_size(c), workers, c.train.batch);
+}
+
 long total_steps(const ExperimentConfig& c, long steps_per_epoch) {
   if (c.train.steps > 0) return c.train.steps;
   return std::max(1L, long(std::ceil(c.train.epochs * double(steps_per_epoch) - 1e-9)));
@@ -53,9 +65,9 @@ int blas_threads(const ExperimentConfig& c, int processes_on_host) {
   return std::max(1, cores / std::max(1, processes_on_host));
 }
 
-ScheduleConfig schedule_for_run(const ExperimentConfig& c) {
+ScheduleConfig schedule_for_run(const ExperimentConfig& c, long steps_per_epoch) {
   ScheduleConfig s = c.schedule;
-  s.total_epochs = c.train.epochs;
+  s.total_epochs = c.train.steps > 0 ? double(c.train.steps) / double(steps_per_epoch) : c.train.epochs;
   return s;
 }
 

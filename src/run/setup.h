@@ -14,13 +14,20 @@ namespace pslab {
 ModelSpec model_spec(const ExperimentConfig& c);
 DataSplit load_data(const ExperimentConfig& c);
 
+// Samples in the training / test set the config names, without loading any data
+// (Fashion-MNIST: 60000 / 10000, or the data.*_samples prefix; synthetic: data.*_samples,
+// 0 meaning 8192 / 2048).
+std::size_t train_set_size(const ExperimentConfig& c);
+std::size_t test_set_size(const ExperimentConfig& c);
+// Steps per epoch of each of `workers` workers sharing the training set (ShardSampler's
+// count: ceil(ceil(N / workers) / batch)).
+long steps_per_epoch(const ExperimentConfig& c, int workers);
 // Steps every worker runs: train.steps if > 0, else ceil(epochs * steps per epoch).
 long total_steps(const ExperimentConfig& c, long steps_per_epoch);
-// Training samples in the data set the config names (without loading Fashion-MNIST: 60000).
-std::size_t train_set_size(const ExperimentConfig& c);
 // BLAS threads for a process: train.threads, or the host's cores / processes_on_host.
 int blas_threads(const ExperimentConfig& c, int processes_on_host);
-// The schedule with its length (total_epochs) set from the run.
-ScheduleConfig schedule_for_run(const ExperimentConfig& c);
+// The schedule with its length (total_epochs) set from the run: train.epochs, or, when
+// train.steps decides the run's length, those steps in epochs of `steps_per_epoch` steps.
+ScheduleConfig schedule_for_run(const ExperimentConfig& c, long steps_per_epoch);
 
 }  // namespace pslab

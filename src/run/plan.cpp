@@ -1,0 +1,43 @@
+#include "run/plan.h"
+
+#include "run/setup.h"
+
+namespace pslab {
+
+nlohmann::ordered_json run_plan(const ExperimentConfig& c) {
+  const int W = c.cluster.workers, S = c.uses_servers() ? c.cluster.servers : 0;
+  const long spe = steps_per_epoch(c, W);
+  const long steps = total_steps(c, spe);
+  nlohmann::ordered_json processes = nlohmann::ordered_json::array();
+  for (int k = 0; k < S; ++k) processes.push_back({{"name", "server" + std::to_string(k)}, {"role", "server"}, {"rank", k}});
+  for (int r = 0; r < W; ++r) processes.push_back({{"name", "worker" + std::to_string(r)}, {"role", "worker"}, {"rank", r}});
+  processes.push_back({{"name", "evaluator"}, {"role", "evaluator"}, {"rank", -1}});
+  return {{"name", c.name},
+          {"mode", c.cluster.mode},
+          {"uses_servers", c.uses_servers()},
+          {"workers", W},
+          {"servers", S},
+          {"transport", c.cluster.transport},
+          {"codec", c.cluster.codec},
+          {"launcher", c.cluster.launcher},
+          {"hosts", c.cluster.hosts},
+          {"bind", c.cluster.bind},
+          {"device", c.train.device},
+          {"seed", c.seed},
+          {"batch", c.train.batch},
+          {"data",
+           {{"kind", c.data.kind},
+            {"train_samples", train_set_size(c)},
+            {"test_samples", test_set_size(c)},
+            {"classification", c.data.kind != "least-squares"}}},
+          {"params", count_params(model_spec(c))},
+          {"steps_per_epoch", spe},
+          {"total_steps", steps},
+          {"epochs", double(steps) / double(spe)},
+          {"target_acc", c.eval.target_acc},
+          {"eval_interval_s", c.eval.interval_s},
+          {"timeout_s", c.cluster.timeout_s},
+          {"processes", processes}};
+}
+
+}  // namespace pslab
