@@ -113,8 +113,12 @@ class Backend {
   virtual void col2im(const float* cols, const math::ConvGeometry& g, float* dx) = 0;
 };
 
-// The CPU backend; threads = OpenBLAS threads (0 keeps OpenBLAS's own setting).
+// The CPU backend. OpenBLAS has one thread count per process: threads > 0 sets it (the
+// process's training role decides, at its start); 0 leaves it as it is (a parameter server
+// created in a worker's process must not change the worker's setting).
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+// Sets OpenBLAS's thread count for this process.
+void set_cpu_backend_threads(int threads);
 // The CUDA backend on GPU `gpu_slot` mod the number of visible GPUs, so that processes that
 // count their slots 0, 1, 2, ... on one host spread over its GPUs; throws if pslab was built
 // without CUDA or no GPU is usable (the message says which).

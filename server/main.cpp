@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
       ->required()->check(CLI::ExistingFile);
   app.add_option("--set", overrides, "override a key: section.key=value (repeatable)");
   app.add_option("--shard", opt.shard, "which shard of θ this server owns, in [0, cluster.servers)")->required();
-  app.add_option("--bind", opt.endpoint, "ZeroMQ endpoint to listen on, e.g. tcp://127.0.0.1:5555")->required();
+  app.add_option("--bind", opt.endpoint, "address to listen on, of the run's cluster.transport: tcp://HOST:PORT "
+                                         "or ipc:///PATH")->required();
   app.add_option("--metrics", opt.metrics_path, "write metrics as JSON lines to this file");
   app.add_option("--run-start", opt.run_start, "run start, Unix seconds (metric times count from it)");
   app.add_flag("--wait-for-shutdown", opt.wait_for_shutdown, "after every worker's Bye, serve until a Shutdown arrives");
@@ -42,16 +43,16 @@ int main(int argc, char** argv) {
     if (opt.shard < 0 || opt.shard >= cfg.cluster.servers)
       throw std::invalid_argument("--shard " + std::to_string(opt.shard) + " is not in [0, cluster.servers = " +
                                   std::to_string(cfg.cluster.servers) + ")");
-    zmq::context_t ctx(1);
-    Server server(ctx, cfg, opt);
+    set_cpu_backend_threads(1);  // a server's updates are memory-bound: one BLAS thread
+    const auto transport = comm::make_transport(cfg.cluster.transport);
+    Server server(*transport, cfg, opt);
     std::fprintf(stderr, "[server %d] %s: shard [%zu, %zu) of θ, %s, %d workers, listening on %s\n", opt.shard,
                  cfg.name.c_str(), server.range().offset, server.range().offset + server.range().length,
                  cfg.cluster.mode.c_str(), cfg.cluster.workers, opt.endpoint.c_str());
     server.run();
     const auto& c = server.counters();
-    std::fprintf(stderr, "[server %d] done: version %ld, %ld pushes, %ld pulls (%ld held), %ld bad messages, staleness %s\n",
-                 opt.shard, server.state().version(), c.pushes, c.pulls, c.pulls_held, c.bad_total(),
-                 server.staleness_summary().dump().c_str());
+    std::fprintf(stderr, "[server %d] done: version %ld, %ld pushes, %ld pulls (%ld held), %ld bad messages, %ld replies dropped\n",
+                 opt.shard, server.state().version(), c.pushes, c.pulls, c.pulls_held, c.bad_total(), c.dropped_replies);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pslab_server: error: %s\n", e.what());

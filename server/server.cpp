@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "comm/net.h"
 #include "run/setup.h"
 
 namespace pslab {
@@ -26,18 +25,18 @@ long ServerCounters::bad_total() const {
   return n;
 }
 
-Server::Server(zmq::context_t& ctx, const ExperimentConfig& cfg, const ServerOptions& opt)
-    : cfg_(cfg), opt_(opt), sock_(ctx, zmq::socket_type::router) {
+Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const ServerOptions& opt)
+    : cfg_(cfg), opt_(opt) {
   if (!cfg.uses_servers())
     throw std::invalid_argument("cluster.mode = \"" + cfg.cluster.mode + "\" runs without parameter servers");
   const ModelSpec spec = model_spec(cfg);
   num_params_ = count_params(spec);
   range_ = shard_range(num_params_, cfg.cluster.servers, opt.shard);
-  config_hash_ = net::fnv1a(to_toml(cfg));
+  config_hash_ = config_fingerprint(cfg);
   const std::vector<float> theta = initial_params(spec, cfg.seed);
   std::vector<float> slice(theta.begin() + std::ptrdiff_t(range_.offset),
                            theta.begin() + std::ptrdiff_t(range_.offset + range_.length));
-  cpu_ = make_cpu_backend(1);
+  cpu_ = make_cpu_backend(0);  // BLAS threads are the process's setting (server/main.cpp: 1)
   ShardState::Options so;
   so.mode = cfg.cluster.mode;
   so.workers = cfg.cluster.workers;
@@ -55,12 +54,13 @@ Server::Server(zmq::context_t& ctx, const ExperimentConfig& cfg, const ServerOpt
   said_bye_.assign(std::size_t(W), 0);
 
   // A peer cannot make us allocate more than one shard plus a header per message.
-  sock_.set(zmq::sockopt::maxmsgsize, std::int64_t(range_.length * sizeof(float) + (1 << 16)));
-  sock_.set(zmq::sockopt::linger, 2000);  // let final replies leave at exit
+  comm::ListenOptions lo;
+  lo.max_message_bytes = range_.length * sizeof(float) + (1 << 16);
+  lo.linger = std::chrono::milliseconds(2000);  // let final replies leave at exit
   try {
-    sock_.bind(net::bind_endpoint(opt.endpoint));
-  } catch (const zmq::error_t& e) {
-    throw std::runtime_error("server " + std::to_string(opt.shard) + ": cannot bind " + opt.endpoint + ": " + e.what());
+    listener_ = transport.listen(opt.endpoint, lo);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("server " + std::to_string(opt.shard) + ": " + e.what());
   }
   if (!opt.metrics_path.empty()) metrics_ = std::make_unique<MetricsWriter>(opt.metrics_path, opt.run_start);
 }
@@ -76,7 +76,6 @@ void Server::run() {
   const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.cluster.timeout_s));
   const auto stats_every = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt_.stats_every_s));
   auto next_stats = started_ + stats_every;
-  std::vector<zmq::message_t> frames;
   const std::string who = "server " + std::to_string(opt_.shard) + " (" + opt_.endpoint + ")";
   try {
     while (!done()) {
@@ -84,15 +83,11 @@ void Server::run() {
       const auto now = Clock::now();
       auto wake = std::min(next_stats, now + std::chrono::milliseconds(200));
       for (const auto& h : held_) wake = std::min(wake, h.since + timeout);
-      const auto wait_ms = std::max<long>(0, long(std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count()));
-      zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
-      try {
-        zmq::poll(&item, 1, std::chrono::milliseconds(wait_ms));
-      } catch (const zmq::error_t& e) {
-        if (e.num() != EINTR) throw;
-      }
       // Handle what is waiting (bounded, so that timers run under a flood).
-      for (int i = 0; i < 256 && net::recv_all(sock_, frames); ++i) handle(frames);
+      if (listener_->recv(msg_, from_, wake)) {
+        handle(from_, msg_);
+        for (int i = 1; i < 256 && listener_->recv(msg_, from_, Clock::now()); ++i) handle(from_, msg_);
+      }
       release_ready_pulls();
       expire_held_pulls();
 
@@ -129,31 +124,25 @@ void Server::run() {
   write_stats(true);
 }
 
-void Server::handle(std::vector<zmq::message_t>& frames) {
-  for (const auto& f : frames) counters_.bytes_in += long(f.size());
-  if (frames.size() < 2) {
-    ++counters_.bad["malformed"];  // a ROUTER always prepends the identity; nothing to answer
-    return;
-  }
-  const std::string id = frames[0].to_string();
-  if (frames.size() > 3) {
-    reply_error(id, wire::ErrorCode::malformed, "message of " + std::to_string(frames.size() - 1) +
-                                                    " frames (expected a header and at most one payload)");
+void Server::handle(const comm::PeerId& id, const comm::Message& m) {
+  counters_.bytes_in += long(m.wire_bytes());
+  if (!m.malformed().empty()) {
+    if (id.empty()) ++counters_.bad["malformed"];  // nobody to answer
+    else reply_error(id, wire::ErrorCode::malformed, m.malformed());
     return;
   }
   std::string why;
-  const std::optional<wire::Header> h = wire::decode(frames[1].data(), frames[1].size(), why);
+  const std::optional<wire::Header> h = wire::decode(m.header(), why);
   if (!h) {
     reply_error(id, wire::ErrorCode::malformed, why);
     return;
   }
-  zmq::message_t* payload = frames.size() == 3 ? &frames[2] : nullptr;
-  if (payload && !std::holds_alternative<wire::Push>(h->body)) {
+  if (m.has_payload() && !std::holds_alternative<wire::Push>(h->body)) {
     reply_error(id, wire::ErrorCode::wrong_size, std::string("a payload frame after a ") + wire::body_name(h->body));
     return;
   }
   if (const auto* hello = std::get_if<wire::Hello>(&h->body)) {
-    on_hello(id, *h, *hello);
+    on_hello(id, *hello);
     return;
   }
   auto it = peers_.find(id);
@@ -184,7 +173,7 @@ void Server::handle(std::vector<zmq::message_t>& frames) {
     ++counters_.pulls;
     on_pull(id, peer, m->clock);
   } else if (const auto* m = std::get_if<wire::Push>(&h->body)) {
-    on_push(id, peer, *h, *m, payload);
+    on_push(id, peer, *m, msg_);
   } else if (const auto* m = std::get_if<wire::Bye>(&h->body)) {
     if (peer.role == wire::Role::worker && !said_bye_[std::size_t(peer.rank)]) {
       said_bye_[std::size_t(peer.rank)] = 1;
@@ -203,15 +192,15 @@ void Server::handle(std::vector<zmq::message_t>& frames) {
                              {"pushes", counters_.pushes},
                              {"pulls", counters_.pulls},
                              {"bad_total", counters_.bad_total()},
-                             {"bad", counters_.bad}};
+                             {"bad", counters_.bad},
+                             {"dropped_replies", counters_.dropped_replies}};
     send(id, header(wire::StatsReply{j.dump()}));
   } else {
     reply_error(id, wire::ErrorCode::unknown_type, std::string("a server does not take ") + wire::body_name(h->body));
   }
 }
 
-void Server::on_hello(const std::string& id, const wire::Header& h, const wire::Hello& m) {
-  (void)h;
+void Server::on_hello(const std::string& id, const wire::Hello& m) {
   const int W = cfg_.cluster.workers;
   if (m.param_count != num_params_) {
     reply_error(id, wire::ErrorCode::config, "peer has a model of " + std::to_string(m.param_count) +
@@ -277,9 +266,7 @@ void Server::on_pull(const std::string& id, const Peer& p, long clock) {
   }
 }
 
-void Server::on_push(const std::string& id, const Peer& p, const wire::Header& h, const wire::Push& m,
-                     zmq::message_t* payload) {
-  (void)h;
+void Server::on_push(const std::string& id, const Peer& p, const wire::Push& m, const comm::Message& msg) {
   if (p.role != wire::Role::worker) {
     reply_error(id, wire::ErrorCode::protocol, "only workers push");
     return;
@@ -292,14 +279,15 @@ void Server::on_push(const std::string& id, const Peer& p, const wire::Header& h
     return;
   }
   const std::size_t want = m.length * sizeof(float);
-  if (!payload || payload->size() != want) {
-    reply_error(id, wire::ErrorCode::wrong_size, "push payload of " + std::to_string(payload ? payload->size() : 0) +
+  if (!msg.has_payload() || msg.payload().size() != want) {
+    reply_error(id, wire::ErrorCode::wrong_size, "push payload of " + std::to_string(msg.payload().size()) +
                                                      " bytes; the header says " + std::to_string(m.length) +
                                                      " floats (" + std::to_string(want) + " bytes)");
     return;
   }
   try {
-    state_->push(p.rank, m.clock, m.version_pulled, m.batch, static_cast<const float*>(payload->data()), m.checksum);
+    state_->push(p.rank, m.clock, m.version_pulled, m.batch, reinterpret_cast<const float*>(msg.payload().data()),
+                 m.checksum);
   } catch (const ProtocolError& e) {
     reply_error(id, wire::ErrorCode::protocol, e.what());
     return;
@@ -324,9 +312,8 @@ void Server::serve_pull(const std::string& id, int rank, long clock, Clock::time
   ParamVersions& pv = state_->params();
   wire::PullReply r{clock, state_->version(), state_->min_clock(), state_->samples_applied(), long(held_s * 1e6),
                     byes_ == cfg_.cluster.workers, state_->current_checksum(), range_.offset, range_.length};
-  ParamVersions::Buffer* buf = pv.acquire_current();
-  zmq::message_t payload(buf->data.data(), buf->data.size() * sizeof(float), &free_param_buffer, buf);
-  send(id, header(r), &payload);
+  ParamVersions::Buffer* buf = pv.acquire_current();  // released by the transport once sent
+  send(id, header(r), comm::OutPayload{buf->data.data(), buf->data.size() * sizeof(float), &free_param_buffer, buf});
   if (opt_.record_pulls && metrics_ && rank >= 0)
     metrics_->write({{"kind", "pull"}, {"worker", rank}, {"clock", clock}, {"min_clock", r.min_clock},
                      {"version", r.version}, {"held_ms", held_s * 1e3}});
@@ -370,40 +357,23 @@ std::string Server::missing_hellos() const {
   return m.empty() ? "nobody" : m;
 }
 
-void Server::send(const std::string& id, const wire::Header& h, zmq::message_t* payload) {
-  zmq::message_t head = enc_.encode(h);
-  counters_.bytes_out += long(head.size() + (payload ? payload->size() : 0));
-  sock_.send(zmq::buffer(id), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-  sock_.send(head, payload ? zmq::send_flags::sndmore | zmq::send_flags::dontwait : zmq::send_flags::dontwait);
-  if (payload) sock_.send(*payload, zmq::send_flags::dontwait);
+void Server::send(const std::string& id, const wire::Header& h, comm::OutPayload payload) {
+  const std::span<const std::byte> head = enc_.encode(h);
+  const long bytes = long(head.size() + payload.size);
+  if (listener_->send(id, head, payload)) {
+    counters_.bytes_out += bytes;
+    return;
+  }
+  // The peer is gone, or not reading its replies: the reply is dropped. Counted, and said on
+  // stderr for the first few, so that a timeout elsewhere can be traced back here.
+  if (++counters_.dropped_replies <= 5)
+    std::fprintf(stderr, "server %d: could not queue a %s reply (%ld bytes) to a peer that is gone or not reading%s\n",
+                 opt_.shard, wire::body_name(h.body), bytes, counters_.dropped_replies == 5 ? " (further drops are only counted)" : "");
 }
 
 void Server::reply_error(const std::string& id, wire::ErrorCode code, const std::string& message) {
   if (code != wire::ErrorCode::timeout) ++counters_.bad[wire::error_code_name(code)];
   send(id, header(wire::Error{code, message}));
-}
-
-nlohmann::ordered_json Server::staleness_summary() const {
-  std::vector<long> total;
-  for (const auto& h : state_->staleness_histogram()) {
-    if (total.size() < h.size()) total.resize(h.size(), 0);
-    for (std::size_t i = 0; i < h.size(); ++i) total[i] += h[i];
-  }
-  long count = 0, sum = 0, max = 0;
-  for (std::size_t i = 0; i < total.size(); ++i) {
-    count += total[i];
-    sum += long(i) * total[i];
-    if (total[i]) max = long(i);
-  }
-  long p99 = 0, seen = 0;
-  for (std::size_t i = 0; i < total.size(); ++i) {
-    seen += total[i];
-    if (count && seen * 100 >= count * 99) {
-      p99 = long(i);
-      break;
-    }
-  }
-  return {{"mean", count ? double(sum) / double(count) : 0.0}, {"p99", p99}, {"max", max}, {"count", count}};
 }
 
 void Server::write_stats(bool final) {
@@ -421,9 +391,10 @@ void Server::write_stats(bool final) {
                            {"bytes_in", counters_.bytes_in},
                            {"bytes_out", counters_.bytes_out},
                            {"bad_total", counters_.bad_total()},
-                           {"bad", counters_.bad}};
+                           {"bad", counters_.bad},
+                           {"dropped_replies", counters_.dropped_replies}};
   if (final) {
-    j["staleness"] = staleness_summary();
+    // The histograms only: the launcher's summary derives the statistics, once, over every shard.
     nlohmann::ordered_json hist;
     for (std::size_t w = 0; w < state_->staleness_histogram().size(); ++w)
       hist[std::to_string(w)] = state_->staleness_histogram()[w];

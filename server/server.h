@@ -1,5 +1,6 @@
 // A parameter server: one shard of θ, its optimizer state, its version and clock table
-// (ShardState), served over a ZeroMQ ROUTER socket by a single-threaded event loop.
+// (ShardState), served on a transport's Listener (comm/transport/) by a single-threaded
+// event loop.
 //
 // Every received message is checked before use: frame count, the header (FlatBuffers
 // verifier, magic, protocol), the sender (must have said Hello, rank must match), shard id,
@@ -18,8 +19,7 @@
 #include <string>
 #include <vector>
 
-#include <zmq.hpp>
-
+#include "comm/transport/transport.h"
 #include "run/config.h"
 #include "ps/shard_state.h"
 #include "run/metrics.h"
@@ -28,7 +28,7 @@
 namespace pslab {
 
 struct ServerOptions {
-  std::string endpoint;          // where to bind, e.g. "tcp://127.0.0.1:5555" or "inproc://s0"
+  std::string endpoint;          // where to listen, an address of the run's transport, e.g. tcp://127.0.0.1:5555
   int shard = 0;
   std::string metrics_path;      // JSON lines ("" = none)
   double run_start = 0.0;        // Unix seconds of the run's start (0 = now)
@@ -42,14 +42,16 @@ struct ServerCounters {
   long pushes = 0, pulls = 0, pulls_held = 0;
   double hold_ms_total = 0.0, hold_ms_max = 0.0;
   long bytes_in = 0, bytes_out = 0;
+  long dropped_replies = 0;         // replies the transport could not queue (peer gone or not reading)
   std::map<std::string, long> bad;  // reason -> count
   long bad_total() const;
 };
 
 class Server {
  public:
-  // Binds at construction (so a test can connect right away). `ctx` must outlive the server.
-  Server(zmq::context_t& ctx, const ExperimentConfig& cfg, const ServerOptions& opt);
+  // Listens at construction (so a test can connect right away). `transport` must outlive the
+  // server.
+  Server(comm::Transport& transport, const ExperimentConfig& cfg, const ServerOptions& opt);
   ~Server();
 
   // Serves until every worker said Bye (and a Shutdown came, with wait_for_shutdown).
@@ -59,8 +61,6 @@ class Server {
   const ShardState& state() const { return *state_; }
   const ServerCounters& counters() const { return counters_; }
   ShardRange range() const { return range_; }
-  // Staleness summary over all workers: {"mean", "p99", "max", "count"}.
-  nlohmann::ordered_json staleness_summary() const;
 
  private:
   struct Peer {
@@ -76,15 +76,14 @@ class Server {
   };
   using Clock = std::chrono::steady_clock;
 
-  void handle(std::vector<zmq::message_t>& frames);
-  void on_hello(const std::string& id, const wire::Header& h, const wire::Hello& m);
+  void handle(const comm::PeerId& id, const comm::Message& m);
+  void on_hello(const std::string& id, const wire::Hello& m);
   void on_pull(const std::string& id, const Peer& p, long clock);
-  void on_push(const std::string& id, const Peer& p, const wire::Header& h, const wire::Push& m,
-               zmq::message_t* payload);
+  void on_push(const std::string& id, const Peer& p, const wire::Push& m, const comm::Message& msg);
   void serve_pull(const std::string& id, int rank, long clock, Clock::time_point since);
   void release_ready_pulls();
   void expire_held_pulls();
-  void send(const std::string& id, const wire::Header& h, zmq::message_t* payload = nullptr);
+  void send(const std::string& id, const wire::Header& h, comm::OutPayload payload = {});
   // Answers with an Error; counts it as a bad message (by code), except timeouts.
   void reply_error(const std::string& id, wire::ErrorCode code, const std::string& message);
   wire::Header header(wire::Body body) const { return wire::Header{wire::kServer, opt_.shard, std::move(body)}; }
@@ -99,7 +98,9 @@ class Server {
   std::uint64_t config_hash_;
   std::unique_ptr<Backend> cpu_;
   std::unique_ptr<ShardState> state_;
-  zmq::socket_t sock_;
+  std::unique_ptr<comm::Listener> listener_;
+  comm::Message msg_;  // reused for every receive
+  comm::PeerId from_;
   wire::Encoder enc_;
   std::unique_ptr<MetricsWriter> metrics_;
   ServerCounters counters_;

@@ -1,4 +1,6 @@
-// Helpers for tests that run servers and workers as threads in one process.
+// Helpers for tests that run servers and workers as threads in one process, over one
+// transport object shared by every thread (any registered transport: "tcp", "ipc", or one a
+// test registers).
 #pragma once
 
 #include <atomic>
@@ -10,40 +12,44 @@
 #include <vector>
 
 #include <unistd.h>
-#include <zmq.hpp>
 
-#include "run/config.h"
+#include "comm/transport/transport.h"
 #include "roles.h"
+#include "run/config.h"
 #include "server.h"
 
 namespace pslab::test {
 
 // A small synthetic problem (logistic, MLP 16-16-3, batch 8, 50 steps) with the given mode.
-inline ExperimentConfig small_config(const std::string& mode, int workers, int servers) {
+inline ExperimentConfig small_config(const std::string& mode, int workers, int servers,
+                                     const std::string& transport = "tcp") {
   return parse_config("name = \"test\"\n"
                       "[data]\nkind = \"logistic\"\ndim = 16\noutputs = 3\ntrain_samples = 512\ntest_samples = 64\n"
                       "[model]\nkind = \"mlp\"\nhidden = [16]\n"
                       "[optimizer]\nkind = \"momentum\"\nlr = 0.1\n"
                       "[train]\nbatch = 8\nthreads = 1\nlog_every = 1000\nsteps = 50\n"
                       "[cluster]\nmode = \"" + mode + "\"\nworkers = " + std::to_string(workers) +
-                          "\nservers = " + std::to_string(servers) + "\ntimeout_s = 20\n",
+                          "\nservers = " + std::to_string(servers) + "\ntransport = \"" + transport +
+                          "\"\ntimeout_s = 20\n",
                       "test");
 }
 
-// Servers of one run, each in its own thread, on inproc:// endpoints of one context.
+// Servers of one run, each in its own thread, listening on addresses of the run's transport
+// (cluster.transport), which the workers of the run share (run_ps_workers).
 class Cluster {
  public:
-  explicit Cluster(const ExperimentConfig& cfg, bool record_pulls = false) {
-    static std::atomic<int> next_id{0};
-    const int id = next_id++;
+  // wait_for_shutdown: after every worker's Bye, serve until a Shutdown (an evaluator's).
+  explicit Cluster(const ExperimentConfig& cfg, bool record_pulls = false, bool wait_for_shutdown = false)
+      : transport(comm::make_transport(cfg.cluster.transport)) {
     for (int k = 0; k < cfg.cluster.servers; ++k) {
       ServerOptions o;
-      o.endpoint = "inproc://pslab-test-" + std::to_string(id) + "-" + std::to_string(k);
+      o.endpoint = transport->local_address("server" + std::to_string(k));
       o.shard = k;
       o.record_pulls = record_pulls;
+      o.wait_for_shutdown = wait_for_shutdown;
       o.stop = &stop;
       endpoints.push_back(o.endpoint);
-      servers.push_back(std::make_unique<Server>(ctx, cfg, o));
+      servers.push_back(std::make_unique<Server>(*transport, cfg, o));
     }
     errors.resize(servers.size());
     for (std::size_t k = 0; k < servers.size(); ++k)
@@ -74,7 +80,7 @@ class Cluster {
       if (e) std::rethrow_exception(e);
   }
 
-  zmq::context_t ctx{1};
+  std::unique_ptr<comm::Transport> transport;  // declared first: destroyed after the servers
   std::atomic<bool> stop{false};
   std::vector<std::unique_ptr<Server>> servers;
   std::vector<std::thread> threads;
@@ -108,18 +114,17 @@ inline void run_ps_workers(const ExperimentConfig& cfg, Cluster& cluster, const 
     o.servers = cluster.endpoints;
     o.out_dir = dir.string();
     o.progress = false;
-    o.ctx = &cluster.ctx;
+    o.transport = cluster.transport.get();
     run_ps_worker(cfg, o);
   });
 }
 
-// Runs the W ranks of an all-reduce `cfg` as threads (coordinator inproc, Gloo over TCP
-// loopback); returns every rank's final θ.
+// Runs the W ranks of an all-reduce `cfg` as threads (the coordinator on the run's transport,
+// Gloo over TCP loopback); returns every rank's final θ.
 inline std::vector<std::vector<float>> run_allreduce_workers(const ExperimentConfig& cfg,
                                                              const std::filesystem::path& dir) {
-  static std::atomic<int> n{0};
-  zmq::context_t ctx(1);
-  const std::string coordinator = "inproc://pslab-coordinator-run-" + std::to_string(n++);
+  const auto transport = comm::make_transport(cfg.cluster.transport);
+  const std::string coordinator = transport->local_address("coordinator");
   std::vector<std::vector<float>> theta(static_cast<std::size_t>(cfg.cluster.workers));
   run_threads(cfg.cluster.workers, [&](int r) {
     RoleOptions o;
@@ -127,7 +132,7 @@ inline std::vector<std::vector<float>> run_allreduce_workers(const ExperimentCon
     o.coordinator = coordinator;
     o.out_dir = dir.string();
     o.progress = false;
-    o.ctx = &ctx;
+    o.transport = transport.get();
     theta[std::size_t(r)] = run_allreduce_worker(cfg, o);
   });
   return theta;
@@ -139,6 +144,12 @@ inline std::filesystem::path temp_dir(const std::string& name) {
                  ("pslab_" + name + "_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
   std::filesystem::create_directories(d);
   return d;
+}
+
+// The transports every exactness test runs on.
+inline const std::vector<std::string>& exact_transports() {
+  static const std::vector<std::string> t = {"tcp", "ipc"};
+  return t;
 }
 
 }  // namespace pslab::test

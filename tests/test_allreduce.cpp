@@ -18,21 +18,19 @@ using test::temp_dir;
 
 namespace {
 
-std::string coordinator_endpoint() {
-  static std::atomic<int> n{0};
-  return "inproc://pslab-coordinator-" + std::to_string(n++);
-}
+// The coordinator's transport in these tests (Gloo itself always runs over TCP).
+std::unique_ptr<comm::Transport> transport() { return comm::make_transport("tcp"); }
 
 class GlooRanks : public ::testing::TestWithParam<int> {};
 
 TEST_P(GlooRanks, AllReduceBroadcastAndBarrierAreExact) {
   const int W = GetParam();
-  zmq::context_t ctx(1);
-  const std::string ep = coordinator_endpoint();
-  Coordinator coord(ctx, ep, W);
+  const auto tr = transport();
+  const std::string ep = tr->local_address("coordinator");
+  Coordinator coord(*tr, ep, W);
   std::vector<std::vector<float>> results(static_cast<std::size_t>(W));
   run_threads(W, [&](int r) {
-    RendezvousClient rv(ctx, ep, r, W, std::chrono::seconds(20));
+    RendezvousClient rv(*tr, ep, r, W, std::chrono::seconds(20));
     auto coll = make_gloo_collective(rv, "127.0.0.1");
     EXPECT_EQ(coll->size(), W);
     // Integer-valued data: the sum is exact in any order. Sizes include 0 and odd ones, and
@@ -72,17 +70,20 @@ TEST_P(GlooRanks, ReplicasAreBitwiseIdenticalAfterTraining) {
 // 2 and 4: recursive doubling (4 with the ring for large buffers); 3: the ring.
 INSTANTIATE_TEST_SUITE_P(Ranks, GlooRanks, ::testing::Values(1, 2, 3, 4));
 
-TEST(AllReduce, EqualsBspOnTheParameterServersWithin1e5) {
+class AllReduce : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(AllReduce, EqualsBspOnTheParameterServersWithin1e5) {
   const int W = 3;  // uneven shards: batch-size weighting matters
   const auto dir = temp_dir("ar_vs_bsp");
-  const ExperimentConfig bsp = test::small_config("bsp", W, 2);
+  const ExperimentConfig bsp = test::small_config("bsp", W, 2, GetParam());
   test::Cluster cluster(bsp);
   test::run_ps_workers(bsp, cluster, dir);
   cluster.join();
   cluster.rethrow();
   const std::vector<float> ps = cluster.params();
 
-  const std::vector<float> replica = test::run_allreduce_workers(test::small_config("allreduce", W, 2), dir)[0];
+  const std::vector<float> replica =
+      test::run_allreduce_workers(test::small_config("allreduce", W, 2, GetParam()), dir)[0];
   ASSERT_EQ(ps.size(), replica.size());
   double scale = 0, worst = 0;
   long wrong = 0;
@@ -96,17 +97,19 @@ TEST(AllReduce, EqualsBspOnTheParameterServersWithin1e5) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(AllReduce, TimeoutNamesTheRankThatDidNotArrive) {
+INSTANTIATE_TEST_SUITE_P(Transports, AllReduce, ::testing::ValuesIn(test::exact_transports()),
+                         [](const auto& i) { return i.param; });
+
+TEST(AllReduceTimeouts, TimeoutNamesTheRankThatDidNotArrive) {
   ExperimentConfig cfg = test::small_config("allreduce", 2, 1);
   cfg.cluster.timeout_s = 1.0;
-  zmq::context_t ctx(1);
-  const std::string ep = coordinator_endpoint();
+  const auto tr = transport();
   RoleOptions o;
   o.rank = 0;
-  o.coordinator = ep;
+  o.coordinator = tr->local_address("coordinator");
   o.out_dir = temp_dir("ar_timeout").string();
   o.progress = false;
-  o.ctx = &ctx;
+  o.transport = tr.get();
   try {
     run_allreduce_worker(cfg, o);  // rank 1 never starts
     FAIL() << "no error";
@@ -117,13 +120,13 @@ TEST(AllReduce, TimeoutNamesTheRankThatDidNotArrive) {
   std::filesystem::remove_all(o.out_dir);
 }
 
-TEST(AllReduce, ARankThatStopsMidRunIsNamedWithItsStep) {
-  zmq::context_t ctx(1);
-  const std::string ep = coordinator_endpoint();
-  Coordinator coord(ctx, ep, 2, std::chrono::milliseconds(100));
+TEST(AllReduceTimeouts, ARankThatStopsMidRunIsNamedWithItsStep) {
+  const auto tr = transport();
+  const std::string ep = tr->local_address("coordinator");
+  Coordinator coord(*tr, ep, 2, std::chrono::milliseconds(100));
   std::string error;
   run_threads(2, [&](int r) {
-    RendezvousClient rv(ctx, ep, r, 2, std::chrono::milliseconds(1000));
+    RendezvousClient rv(*tr, ep, r, 2, std::chrono::milliseconds(1000));
     auto coll = make_gloo_collective(rv, "127.0.0.1");
     std::vector<float> x(100, 1.0f);
     for (long step = 0; step < 5; ++step) {
@@ -143,10 +146,10 @@ TEST(AllReduce, ARankThatStopsMidRunIsNamedWithItsStep) {
 
 TEST(Nccl, AllReduceOnOneGpuOrSkip) {
   if (!nccl_built()) GTEST_SKIP() << "this build has no NCCL collective (no CUDA toolkit / NCCL at configure time)";
-  zmq::context_t ctx(1);
-  const std::string ep = coordinator_endpoint();
-  Coordinator coord(ctx, ep, 1);
-  RendezvousClient rv(ctx, ep, 0, 1, std::chrono::seconds(20));
+  const auto tr = transport();
+  const std::string ep = tr->local_address("coordinator");
+  Coordinator coord(*tr, ep, 1);
+  RendezvousClient rv(*tr, ep, 0, 1, std::chrono::seconds(20));
   std::unique_ptr<Collective> coll;
   try {
     coll = make_nccl_collective(rv, 0);
@@ -165,6 +168,25 @@ TEST(Nccl, AllReduceOnOneGpuOrSkip) {
   std::vector<float> back(1000);
   be->copy_to_host(back.data(), x.data(), x.bytes());
   EXPECT_EQ(back, host);
+  rv.bye();
+}
+
+// Defect: RendezvousClient::wait(keys, timeout) ignored its timeout and waited the client's own
+// timeout for each key in turn: k keys could take k x that long.
+TEST(Rendezvous, WaitHasOneDeadlineForAllItsKeys) {
+  const auto tr = transport();
+  const std::string ep = tr->local_address("coordinator");
+  Coordinator coord(*tr, ep, 1, std::chrono::milliseconds(100));
+  RendezvousClient rv(*tr, ep, 0, 1, std::chrono::seconds(5));  // its own timeout: 5 s
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    rv.wait({"never-a", "never-b", "never-c"}, std::chrono::milliseconds(300));
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"never-a\" was not published within 0.3"), std::string::npos) << e.what();
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(waited, 4.0) << "the 300 ms timeout was not honoured (each key waited 5 s before)";
   rv.bye();
 }
 

@@ -112,23 +112,29 @@ class MultiProcess : public ::testing::Test {
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir);
   }
-  std::string write_config(const std::string& mode, int workers, int servers, double epochs, double timeout_s) {
+  std::string write_config(const std::string& mode, int workers, int servers, double epochs, double timeout_s,
+                           const std::string& transport = "tcp") {
     const fs::path p = dir / "config.toml";
     std::ofstream(p) << "name = \"mp\"\n[data]\nkind = \"logistic\"\ndim = 16\noutputs = 3\ntrain_samples = 2048\n"
                         "test_samples = 512\n[model]\nkind = \"linear\"\n[optimizer]\nlr = 0.5\n"
                         "[train]\nbatch = 16\nthreads = 1\nepochs = " << epochs
                      << "\n[cluster]\nmode = \"" << mode << "\"\nworkers = " << workers << "\nservers = " << servers
-                     << "\ntimeout_s = " << timeout_s << "\n[eval]\ninterval_s = 0.2\n";
+                     << "\ntimeout_s = " << timeout_s << "\ntransport = \"" << transport << "\"\n[eval]\ninterval_s = 0.2\n";
     return p.string();
   }
   fs::path dir;
 };
 
-TEST_F(MultiProcess, PsRunOverTcpFinishesCleanlyAndLearns) {
-  const std::string cfg = write_config("ssp:1", 2, 2, 3, 30);
+class MultiProcessRun : public MultiProcess, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(MultiProcessRun, PsRunFinishesCleanlyAndLearns) {
+  const std::string transport = GetParam();
+  const std::string cfg = write_config("ssp:1", 2, 2, 3, 30, transport);
   Processes procs(dir);
   std::vector<std::string> eps;
-  for (int k = 0; k < 2; ++k) eps.push_back("tcp://127.0.0.1:" + std::to_string(free_port()));
+  for (int k = 0; k < 2; ++k)
+    eps.push_back(transport == "tcp" ? "tcp://127.0.0.1:" + std::to_string(free_port())
+                                     : "ipc://" + (dir / ("server" + std::to_string(k))).string());
   const std::string servers = eps[0] + "," + eps[1];
   std::vector<std::size_t> ids;
   for (int k = 0; k < 2; ++k)
@@ -156,9 +162,16 @@ TEST_F(MultiProcess, PsRunOverTcpFinishesCleanlyAndLearns) {
     EXPECT_EQ(j["bad_total"], 0);
     // Between a worker's pull at clock c and its push, the other worker (at clock >= c - s)
     // can push up to clock c + s + 1: at most 2s + 1 updates per other worker.
-    EXPECT_LE(j["staleness"]["max"].get<long>(), 3) << "ssp:1 with 2 workers bounds staleness by (2s+1)(W-1)";
+    long max_staleness = 0, counted = 0;
+    for (const auto& [w, hist] : j["staleness_hist"].items())
+      for (std::size_t s = 0; s < hist.size(); ++s)
+        if (hist[s].get<long>() > 0) max_staleness = std::max(max_staleness, long(s)), counted += hist[s].get<long>();
+    EXPECT_EQ(counted, 2 * 3 * 64) << "every push counted once on each shard";
+    EXPECT_LE(max_staleness, 3) << "ssp:1 with 2 workers bounds staleness by (2s+1)(W-1)";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, MultiProcessRun, ::testing::Values("tcp", "ipc"), [](const auto& i) { return i.param; });
 
 TEST_F(MultiProcess, AWorkerWhoseServerDiesFailsNamingIt) {
   const std::string cfg = write_config("asp", 1, 1, 100000, 1.0);

@@ -1,16 +1,18 @@
-// Parameter servers and workers in one process (threads over ZeroMQ inproc://): each
-// consistency mode checked exactly, and bad input refused without touching θ.
+// Parameter servers and workers in one process (threads over one transport): each consistency
+// mode checked exactly, on every transport (tcp, ipc), and bad input refused without touching θ.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
+
+#include <zmq.hpp>
 
 #include "run/config.h"
 #include "harness.h"
-#include "comm/net.h"
 #include "core/optimizer.h"
 #include "ps/client.h"
 #include "core/replica.h"
@@ -29,20 +31,21 @@ using test::Cluster;
 using test::run_threads;
 using test::temp_dir;
 
-ExperimentConfig make_config(const std::string& mode, int workers, int servers) {
-  return test::small_config(mode, workers, servers);
+ExperimentConfig make_config(const std::string& mode, int workers, int servers, const std::string& transport = "tcp") {
+  return test::small_config(mode, workers, servers, transport);
 }
+
 
 // ---- bsp == single-process SGD on the union of the workers' batches ----
 
 struct BspCase {
   int workers, servers;
 };
-class BspEqualsUnionBatch : public ::testing::TestWithParam<BspCase> {};
+class BspEqualsUnionBatch : public ::testing::TestWithParam<std::tuple<BspCase, std::string>> {};
 
 TEST_P(BspEqualsUnionBatch, ParametersWithin1e5RelativeAfter50Steps) {
-  const auto [W, S] = GetParam();
-  const ExperimentConfig cfg = make_config("bsp", W, S);
+  const auto [W, S] = std::get<0>(GetParam());
+  const ExperimentConfig cfg = make_config("bsp", W, S, std::get<1>(GetParam()));
   const fs::path dir = temp_dir("bsp");
   Cluster cluster(cfg);
   test::run_ps_workers(cfg, cluster, dir);
@@ -93,23 +96,26 @@ TEST_P(BspEqualsUnionBatch, ParametersWithin1e5RelativeAfter50Steps) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Workers, BspEqualsUnionBatch,
-                         ::testing::Values(BspCase{1, 1}, BspCase{3, 2}, BspCase{4, 2}),
+                         ::testing::Combine(::testing::Values(BspCase{1, 1}, BspCase{3, 2}, BspCase{4, 2}),
+                                            ::testing::ValuesIn(test::exact_transports())),
                          [](const auto& i) {
-                           return "W" + std::to_string(i.param.workers) + "S" + std::to_string(i.param.servers);
+                           const BspCase c = std::get<0>(i.param);
+                           return "W" + std::to_string(c.workers) + "S" + std::to_string(c.servers) + "_" +
+                                  std::get<1>(i.param);
                          });
 
 // ---- ssp:s never serves a worker more than s clocks ahead of the slowest ----
 
-class SspBound : public ::testing::TestWithParam<int> {};
+class SspBound : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
 
 TEST_P(SspBound, NoPullServedMoreThanSClocksAheadOfTheSlowest) {
-  const int s = GetParam(), W = 4, S = 2, clocks = 30;
-  const ExperimentConfig cfg = make_config("ssp:" + std::to_string(s), W, S);
+  const int s = std::get<0>(GetParam()), W = 4, S = 2, clocks = 30;
+  const ExperimentConfig cfg = make_config("ssp:" + std::to_string(s), W, S, std::get<1>(GetParam()));
   Cluster cluster(cfg, /*record_pulls=*/true);
   const std::size_t P = count_params(model_spec(cfg));
-  const std::uint64_t hash = net::fnv1a(to_toml(cfg));
+  const std::uint64_t hash = config_fingerprint(cfg);
   run_threads(W, [&](int r) {
-    PsClient c(cluster.ctx, cluster.endpoints, wire::Role::worker, r, P, hash, 20);
+    PsClient c(*cluster.transport, cluster.endpoints, wire::Role::worker, r, P, hash, 20);
     std::vector<float> theta(P), grad(P, 0.0f);
     c.connect();
     c.pull(0, theta.data());
@@ -135,13 +141,17 @@ TEST_P(SspBound, NoPullServedMoreThanSClocksAheadOfTheSlowest) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Staleness, SspBound, ::testing::Values(0, 1, 3));
+INSTANTIATE_TEST_SUITE_P(Staleness, SspBound,
+                         ::testing::Combine(::testing::Values(0, 1, 3), ::testing::ValuesIn(test::exact_transports())),
+                         [](const auto& i) { return "s" + std::to_string(std::get<0>(i.param)) + "_" + std::get<1>(i.param); });
 
 // ---- asp: no update lost or applied twice ----
 
-TEST(Asp, ThirtyTwoWorkersFourShardsEveryUpdateAppliedExactlyOnce) {
+class Asp : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Asp, ThirtyTwoWorkersFourShardsEveryUpdateAppliedExactlyOnce) {
   const int W = 32, S = 4, pushes = 200;
-  ExperimentConfig cfg = make_config("asp", W, S);
+  ExperimentConfig cfg = make_config("asp", W, S, GetParam());
   cfg.model.kind = "linear";
   cfg.model.init = "zeros";
   cfg.data.dim = 63;  // linear 63 -> 4: P = 256, 64 per shard
@@ -154,7 +164,7 @@ TEST(Asp, ThirtyTwoWorkersFourShardsEveryUpdateAppliedExactlyOnce) {
   // Integer-valued gradients: every partial sum is exact in float32, in any order.
   auto g = [](int r, int k, std::size_t i) { return float(int((r * 7 + k * 3 + int(i)) % 5) - 2); };
   run_threads(W, [&](int r) {
-    PsClient c(cluster.ctx, cluster.endpoints, wire::Role::worker, r, P, net::fnv1a(to_toml(cfg)), 30);
+    PsClient c(*cluster.transport, cluster.endpoints, wire::Role::worker, r, P, config_fingerprint(cfg), 30);
     std::vector<float> theta(P), grad(P);
     c.connect();
     c.pull(0, theta.data());
@@ -178,21 +188,25 @@ TEST(Asp, ThirtyTwoWorkersFourShardsEveryUpdateAppliedExactlyOnce) {
   for (const auto& s : cluster.servers) EXPECT_EQ(s->state().updates_applied(), W * pushes);
 }
 
+INSTANTIATE_TEST_SUITE_P(Transports, Asp, ::testing::ValuesIn(test::exact_transports()),
+                         [](const auto& i) { return i.param; });
+
 // ---- bad input: counted, answered, θ untouched, server keeps serving ----
 
-class BadInput : public ::testing::Test {
+// A raw ZeroMQ socket speaks to the server (tcp and ipc are ZeroMQ transports).
+class BadInput : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    cfg = make_config("asp", 1, 1);
+    cfg = make_config("asp", 1, 1, GetParam());
     cfg.optimizer.kind = "sgd";
     cfg.optimizer.lr = 1.0;
     cluster = std::make_unique<Cluster>(cfg);
     P = count_params(model_spec(cfg));
-    raw = std::make_unique<zmq::socket_t>(cluster->ctx, zmq::socket_type::dealer);
+    raw = std::make_unique<zmq::socket_t>(raw_ctx, zmq::socket_type::dealer);
     raw->set(zmq::sockopt::linger, 0);
     raw->connect(cluster->endpoints[0]);
-    evaluator = std::make_unique<PsClient>(cluster->ctx, cluster->endpoints, wire::Role::evaluator, wire::kEvaluator, P,
-                                           net::fnv1a(to_toml(cfg)), 10);
+    evaluator = std::make_unique<PsClient>(*cluster->transport, cluster->endpoints, wire::Role::evaluator,
+                                           wire::kEvaluator, P, config_fingerprint(cfg), 10);
     evaluator->connect();
   }
   void TearDown() override {
@@ -204,18 +218,24 @@ class BadInput : public ::testing::Test {
   std::string send_expect_error(std::vector<zmq::message_t> frames) {
     for (std::size_t i = 0; i < frames.size(); ++i)
       raw->send(frames[i], i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
-    std::vector<zmq::message_t> reply;
     zmq::pollitem_t item{raw->handle(), 0, ZMQ_POLLIN, 0};
     zmq::poll(&item, 1, std::chrono::milliseconds(5000));
-    if (!net::recv_all(*raw, reply)) return "(no reply)";
+    zmq::message_t reply;
+    if (!raw->recv(reply, zmq::recv_flags::dontwait)) return "(no reply)";
+    while (reply.more()) {  // a PullReply's payload follows its header
+      zmq::message_t rest;
+      (void)raw->recv(rest);
+      if (!rest.more()) break;
+    }
     std::string why;
-    auto h = wire::decode(reply[0].data(), reply[0].size(), why);
+    auto h = wire::decode(reply.data(), reply.size(), why);
     if (!h) return "(malformed reply: " + why + ")";
     if (const auto* e = std::get_if<wire::Error>(&h->body)) return wire::error_code_name(e->code);
     return std::string("(") + wire::body_name(h->body) + ")";
   }
   zmq::message_t header(const wire::Body& b, int sender = 0, int shard = 0) {
-    return enc.encode(wire::Header{sender, shard, b});
+    const auto bytes = enc.encode(wire::Header{sender, shard, b});
+    return zmq::message_t(bytes.data(), bytes.size());
   }
   zmq::message_t floats(const std::vector<float>& v) { return zmq::message_t(v.data(), v.size() * sizeof(float)); }
   std::vector<zmq::message_t> msg(zmq::message_t a) {
@@ -237,14 +257,15 @@ class BadInput : public ::testing::Test {
   ExperimentConfig cfg;
   std::unique_ptr<Cluster> cluster;
   std::size_t P = 0;
+  zmq::context_t raw_ctx{1};
   std::unique_ptr<zmq::socket_t> raw;
   std::unique_ptr<PsClient> evaluator;
   wire::Encoder enc;
 };
 
-TEST_F(BadInput, EveryKindIsCountedAnsweredAndLeavesThetaBitwiseUnchanged) {
+TEST_P(BadInput, EveryKindIsCountedAnsweredAndLeavesThetaBitwiseUnchanged) {
   const std::vector<float> before = theta();
-  const std::uint64_t hash = net::fnv1a(to_toml(cfg));
+  const std::uint64_t hash = config_fingerprint(cfg);
   std::vector<float> g(P, 0.5f);
   const std::uint64_t gsum = wire::checksum(g.data(), P);
 
@@ -298,18 +319,22 @@ TEST_F(BadInput, EveryKindIsCountedAnsweredAndLeavesThetaBitwiseUnchanged) {
   for (std::size_t i = 0; i < P; ++i) ASSERT_EQ(after[i], before[i] - 0.5f) << i;
 }
 
+INSTANTIATE_TEST_SUITE_P(Transports, BadInput, ::testing::ValuesIn(test::exact_transports()),
+                         [](const auto& i) { return i.param; });
+
 TEST(Timeouts, AWorkerWhoseServerIsGoneFailsNamingTheServer) {
   ExperimentConfig cfg = make_config("asp", 1, 1);
   cfg.cluster.timeout_s = 0.5;
-  zmq::context_t ctx(1);
-  PsClient c(ctx, {"inproc://nobody-listens-here"}, wire::Role::worker, 0, count_params(model_spec(cfg)), 1, 0.5);
+  const auto transport = comm::make_transport("tcp");
+  const std::string nobody = transport->local_address("nobody");  // nothing listens there
+  PsClient c(*transport, {nobody}, wire::Role::worker, 0, count_params(model_spec(cfg)), 1, 0.5);
   try {
     c.connect();
     FAIL() << "no error";
   } catch (const std::runtime_error& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("no reply to Hello"), std::string::npos) << m;
-    EXPECT_NE(m.find("server 0 at inproc://nobody-listens-here"), std::string::npos) << m;
+    EXPECT_NE(m.find("server 0 at " + nobody), std::string::npos) << m;
   }
 }
 
@@ -318,9 +343,9 @@ TEST(Timeouts, AHeldPullIsAnsweredWithWhomItWaitedFor) {
   cfg.cluster.timeout_s = 0.5;
   Cluster cluster(cfg);
   const std::size_t P = count_params(model_spec(cfg));
-  const std::uint64_t hash = net::fnv1a(to_toml(cfg));
-  PsClient w0(cluster.ctx, cluster.endpoints, wire::Role::worker, 0, P, hash, 0.5);
-  PsClient w1(cluster.ctx, cluster.endpoints, wire::Role::worker, 1, P, hash, 0.5);
+  const std::uint64_t hash = config_fingerprint(cfg);
+  PsClient w0(*cluster.transport, cluster.endpoints, wire::Role::worker, 0, P, hash, 0.5);
+  PsClient w1(*cluster.transport, cluster.endpoints, wire::Role::worker, 1, P, hash, 0.5);
   std::thread t([&] { w1.connect(); });
   w0.connect();
   t.join();
@@ -334,6 +359,85 @@ TEST(Timeouts, AHeldPullIsAnsweredWithWhomItWaitedFor) {
     EXPECT_NE(m.find("timeout: pull of worker 0 for clock 1"), std::string::npos) << m;
     EXPECT_NE(m.find("still needs pushes from worker 1 (clock 0)"), std::string::npos) << m;
   }
+}
+
+// Defect: the server's backend set OpenBLAS's thread count (one setting per process) to 1, so a
+// server created in a worker's process changed the worker's setting.
+TEST(Server, CreatingOneLeavesTheProcesssBlasThreadsAlone) {
+  auto worker_backend = make_cpu_backend(2);
+  ASSERT_NE(worker_backend->describe().find(", 2 BLAS threads"), std::string::npos) << worker_backend->describe();
+  {
+    Cluster cluster(make_config("asp", 1, 1));  // a server in this process
+    cluster.stop = true;
+  }
+  EXPECT_NE(worker_backend->describe().find(", 2 BLAS threads"), std::string::npos) << worker_backend->describe();
+}
+
+// Defect: PsClient::bye() and shutdown() took any reply but an Error as done.
+TEST(Client, ByeAndShutdownWantAnAckFromEveryServer) {
+  ExperimentConfig cfg = make_config("asp", 1, 1);
+  const auto transport = comm::make_transport("tcp");
+  const std::string ep = transport->local_address("fake-server");
+  auto listener = transport->listen(ep);
+  std::thread fake([&] {  // answers Hello with Welcome, then anything else with a PushAck
+    wire::Encoder enc;
+    comm::Message m;
+    comm::PeerId from;
+    for (int i = 0; i < 3 && listener->recv(m, from, comm::after(std::chrono::seconds(10))); ++i) {
+      std::string why;
+      const auto h = wire::decode(m.header(), why);
+      const std::size_t P = count_params(model_spec(cfg));
+      const wire::Body reply = std::holds_alternative<wire::Hello>(h->body)
+                                   ? wire::Body(wire::Welcome{0, 1, 0, P, 1, "asp", 0})
+                                   : wire::Body(wire::PushAck{0, 0});
+      listener->send(from, enc.encode(wire::Header{wire::kServer, 0, reply}));
+    }
+  });
+  PsClient c(*transport, {ep}, wire::Role::worker, 0, count_params(model_spec(cfg)), config_fingerprint(cfg), 5);
+  c.connect();
+  try {
+    c.bye(0);
+    ADD_FAILURE() << "a PushAck was taken for the Ack of Bye";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("answered Bye with PushAck"), std::string::npos) << e.what();
+  }
+  try {
+    c.shutdown();
+    ADD_FAILURE() << "a PushAck was taken for the Ack of Shutdown";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("answered Shutdown with PushAck"), std::string::npos) << e.what();
+  }
+  fake.join();
+}
+
+// Defect: in PS modes the evaluator reported the smallest shard version as "step" (under asp
+// with W workers that is W x the steps), in all-reduce the ranks' step. Now "step" means the
+// steps every worker has completed, in every mode; the versions are reported as such.
+TEST(Evaluator, ItsStepIsTheWorkersStepsInEveryMode) {
+  const fs::path dir = temp_dir("eval_step");
+  ExperimentConfig cfg = make_config("asp", 2, 2);
+  cfg.eval.interval_s = 0.05;
+  Cluster cluster(cfg, /*record_pulls=*/false, /*wait_for_shutdown=*/true);
+  std::thread evaluator([&] {
+    RoleOptions o;
+    o.servers = cluster.endpoints;
+    o.out_dir = dir.string();
+    o.progress = false;
+    o.transport = cluster.transport.get();
+    run_evaluator(cfg, o);
+  });
+  test::run_ps_workers(cfg, cluster, dir);
+  evaluator.join();
+  cluster.join();
+  cluster.rethrow();
+  std::ifstream f(dir / "metrics" / "evaluator.jsonl");
+  std::string line, last;
+  while (std::getline(f, line)) last = line;
+  const auto j = nlohmann::json::parse(last);
+  EXPECT_EQ(j["final"], true) << last;
+  EXPECT_EQ(j["step"], cfg.train.steps) << last;
+  EXPECT_EQ(j["versions"], (nlohmann::json{2 * cfg.train.steps, 2 * cfg.train.steps})) << last;
+  fs::remove_all(dir);
 }
 
 }  // namespace

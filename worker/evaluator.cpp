@@ -1,16 +1,18 @@
 // The evaluator: measures test loss and accuracy of the current θ every eval.interval_s
 // without slowing any training worker. θ comes from the parameter servers (PS modes: an
 // ungated pull of every shard) or from rank 0's snapshots (all-reduce mode).
+//
+// Its metrics lines ({"kind": "eval"}) name progress the same way in every mode:
+//   step    steps every worker has completed (PS modes: the slowest worker's clock as the
+//           servers know it; all-reduce: the ranks' common step)
+//   epoch   samples applied to θ / training-set size (all workers together)
+//   versions  PS modes: [oldest, newest] shard version evaluated (updates applied)
 #include <chrono>
 #include <cstdio>
 #include <thread>
 
-#include "run/metrics.h"
-#include "comm/net.h"
 #include "ps/client.h"
-#include "core/replica.h"
-#include "roles.h"
-#include "run/setup.h"
+#include "role_context.h"
 #include "snapshots.h"
 
 namespace pslab {
@@ -21,7 +23,8 @@ namespace {
 struct ParamSource {
   virtual ~ParamSource() = default;
   struct Info {
-    long step = 0, samples = 0, min_version = 0, max_version = 0;
+    long step = 0, samples = 0;
+    long min_version = -1, max_version = -1;  // PS modes only
     bool final = false;
   };
   virtual Info next(float* theta) = 0;
@@ -31,11 +34,11 @@ struct ParamSource {
 // PS modes: every interval, an ungated pull of every shard; after the last, Shutdown.
 class ServerSource final : public ParamSource {
  public:
-  ServerSource(zmq::context_t& ctx, const ExperimentConfig& cfg, const RoleOptions& opt, std::size_t P)
-      : client_(ctx, opt.servers, wire::Role::evaluator, wire::kEvaluator, P, net::fnv1a(to_toml(cfg)),
-                cfg.cluster.timeout_s),
+  ServerSource(RoleContext& ctx, std::size_t P)
+      : client_(ctx.transport(), ctx.opt.servers, wire::Role::evaluator, wire::kEvaluator, P,
+                config_fingerprint(ctx.cfg), ctx.cfg.cluster.timeout_s),
         interval_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-            std::chrono::duration<double>(cfg.eval.interval_s))) {
+            std::chrono::duration<double>(ctx.cfg.eval.interval_s))) {
     client_.connect();
     next_ = std::chrono::steady_clock::now();
   }
@@ -44,7 +47,7 @@ class ServerSource final : public ParamSource {
     // Evaluation may take longer than the interval: never queue up missed ticks.
     next_ = std::max(next_ + interval_, std::chrono::steady_clock::now());
     const PullResult r = client_.pull(0, theta);
-    return Info{r.min_version, r.samples_applied, r.min_version, r.max_version, r.training_done};
+    return Info{r.min_clock, r.samples_applied, r.min_version, r.max_version, r.training_done};
   }
   void finish() override { client_.shutdown(); }
 
@@ -54,14 +57,13 @@ class ServerSource final : public ParamSource {
   std::chrono::steady_clock::time_point next_;
 };
 
-// All-reduce mode: rank 0 pushes snapshots every interval.
+// All-reduce mode: rank 0 sends snapshots every interval.
 class SnapshotSource final : public ParamSource {
  public:
-  SnapshotSource(zmq::context_t& ctx, const ExperimentConfig& cfg, const std::string& endpoint, std::size_t P)
-      : rx_(ctx, endpoint, cfg.cluster.timeout_s), P_(P) {}
+  SnapshotSource(RoleContext& ctx, std::size_t P) : rx_(ctx.transport(), ctx.opt.snapshots, ctx.cfg.cluster.timeout_s), P_(P) {}
   Info next(float* theta) override {
     const Snapshot s = rx_.next(theta, P_);
-    return Info{s.step, s.samples, s.step, s.step, s.final};
+    return Info{s.step, s.samples, -1, -1, s.final};
   }
 
  private:
@@ -72,39 +74,33 @@ class SnapshotSource final : public ParamSource {
 }  // namespace
 
 double run_evaluator(const ExperimentConfig& cfg, const RoleOptions& opt) {
-  auto be = make_role_backend(cfg, opt);
-  const DataSplit data = load_data(cfg);
-  Replica replica(*be, model_spec(cfg), data.train, cfg.eval.batch);
-  Model& model = replica.model();
-  const std::size_t P = model.num_params();
-  std::vector<float> theta(P);
-
-  std::unique_ptr<zmq::context_t> own_ctx;
-  zmq::context_t& ctx = opt.ctx ? *opt.ctx : *(own_ctx = std::make_unique<zmq::context_t>(1));
+  RoleContext ctx(cfg, opt, RoleKind::evaluator);
+  Replica& replica = ctx.replica();
+  const std::size_t P = replica.model().num_params();
   std::unique_ptr<ParamSource> source;
-  if (!opt.snapshots.empty()) source = std::make_unique<SnapshotSource>(ctx, cfg, opt.snapshots, P);
-  else source = std::make_unique<ServerSource>(ctx, cfg, opt, P);
+  if (!opt.snapshots.empty()) source = std::make_unique<SnapshotSource>(ctx, P);
+  else source = std::make_unique<ServerSource>(ctx, P);
 
-  MetricsWriter metrics(opt.out_dir + "/metrics/evaluator.jsonl", opt.run_start);
+  const DataSplit& data = ctx.data();
   const double train_n = double(data.train.n);
   const bool classification = data.test.classes > 0;
   double result = 0.0;
   while (true) {
-    const ParamSource::Info info = source->next(theta.data());
-    model.load_params(theta.data());
+    const ParamSource::Info info = source->next(replica.host_params());
+    replica.upload_params();
     const EvalCounts e = replica.evaluate(data.test);
     const double loss = e.loss_sum / double(e.samples);
     const double acc = classification ? double(e.correct) / double(e.samples) : -1.0;
     const double epoch = double(info.samples) / train_n;
     nlohmann::ordered_json j{{"kind", "eval"}, {"step", info.step}, {"epoch", epoch}, {"test_loss", loss}};
     if (classification) j["test_acc"] = acc;
-    if (info.max_version != info.min_version) j["versions"] = {info.min_version, info.max_version};
+    if (info.min_version >= 0) j["versions"] = {info.min_version, info.max_version};
     if (info.final) j["final"] = true;
-    metrics.write(j);
-    metrics.flush();
+    ctx.metrics().write(j);
+    ctx.metrics().flush();
     result = classification ? acc : loss;
     if (opt.progress)
-      std::fprintf(stderr, "[evaluator] %.1fs  epoch %.2f  step %ld  test loss %.4f%s%s\n", metrics.now(), epoch,
+      std::fprintf(stderr, "[evaluator] %.1fs  epoch %.2f  step %ld  test loss %.4f%s%s\n", ctx.metrics().now(), epoch,
                    info.step, loss,
                    classification ? ("  test accuracy " + std::to_string(100 * acc).substr(0, 5) + "%").c_str() : "",
                    info.final ? "  (final)" : "");

@@ -4,18 +4,16 @@
 #include <string>
 #include <vector>
 
-#include <zmq.hpp>
-
-#include "backend.h"
+#include "comm/transport/transport.h"
 #include "run/config.h"
 
 namespace pslab {
 
 struct RoleOptions {
   int rank = 0;                      // worker rank in [0, cluster.workers)
-  std::vector<std::string> servers;  // PS modes: server endpoints, in shard order
-  std::string coordinator;           // allreduce: rank 0's rendezvous endpoint
-  std::string snapshots;             // allreduce: the evaluator's endpoint for θ snapshots
+  std::vector<std::string> servers;  // PS modes: server addresses, in shard order
+  std::string coordinator;           // allreduce: rank 0's rendezvous address
+  std::string snapshots;             // allreduce: the evaluator's address for θ snapshots
   std::string host;                  // allreduce: address this rank's Gloo pairs listen on
                                      // ("" = cluster.bind)
   std::string out_dir = ".";         // metrics go to <out_dir>/metrics/<role><rank>.jsonl
@@ -24,14 +22,11 @@ struct RoleOptions {
   int gpu_slot = 0;                  // device = "cuda": this process's slot among those on its
                                      // host that use a GPU; it runs on GPU (slot mod GPUs)
   bool progress = true;              // progress lines on stderr
-  zmq::context_t* ctx = nullptr;     // tests: a shared context for inproc:// endpoints
+  comm::Transport* transport = nullptr;  // tests: one transport shared by the threads of a run;
+                                         // null: the role makes one from cluster.transport
 };
 
-// The compute backend of a role: train.device, BLAS threads for its share of the host's
-// cores, or the GPU of its slot.
-std::unique_ptr<Backend> make_role_backend(const ExperimentConfig& cfg, const RoleOptions& opt);
-
-// One worker of a PS mode (bsp, ssp:s, asp): pull -> compute -> push+pull, every step.
+// One worker of a PS mode (bsp, ssp:s, asp, ...): pull -> compute -> push+pull, every step.
 void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt);
 
 // One rank of the all-reduce mode: forward, backward, all-reduce of the flat gradient,

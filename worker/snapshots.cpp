@@ -1,57 +1,54 @@
 #include "snapshots.h"
 
 #include <stdexcept>
-
-#include "comm/net.h"
+#include <utility>
 
 namespace pslab {
 
-SnapshotSender::SnapshotSender(zmq::context_t& ctx, const std::string& endpoint, double interval_s, double timeout_s)
-    : sock_(ctx, zmq::socket_type::push), endpoint_(endpoint), interval_(interval_s),
+SnapshotSender::SnapshotSender(comm::Transport& transport, const std::string& endpoint, double interval_s,
+                               double timeout_s)
+    : endpoint_(endpoint), interval_(interval_s), timeout_(std::chrono::milliseconds(long(timeout_s * 1000))),
       next_(std::chrono::steady_clock::now()) {
-  sock_.set(zmq::sockopt::sndhwm, 2);
-  sock_.set(zmq::sockopt::linger, int(timeout_s * 1000));
-  sock_.set(zmq::sockopt::sndtimeo, int(timeout_s * 1000));
-  sock_.connect(endpoint);
+  comm::ConnectOptions co;
+  co.queue = 2;
+  co.linger = timeout_;
+  conn_ = transport.connect({endpoint}, co);
 }
 
 void SnapshotSender::send(const float* theta, std::size_t n, long step, long samples, bool final) {
   next_ = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(interval_);
-  zmq::message_t payload(theta, n * sizeof(float));  // a copy: θ changes with the next step
   const wire::PullReply h{step, step, 0, samples, 0, final, wire::checksum(theta, n), 0, n};
-  zmq::message_t head = enc_.encode(wire::Header{0, -1, h});
-  const auto flags = final ? zmq::send_flags::none : zmq::send_flags::dontwait;
-  if (!sock_.send(head, flags | zmq::send_flags::sndmore)) {
-    if (final) throw std::runtime_error("the evaluator at " + endpoint_ + " did not take the final snapshot in time");
-    return;  // the evaluator is behind: skip this one
-  }
-  sock_.send(payload, zmq::send_flags::none);
+  // No release function: the transport copies θ, which changes with the next step.
+  const comm::OutPayload payload{theta, n * sizeof(float)};
+  const auto deadline = final ? comm::Clock::now() + timeout_ : comm::Clock::now();
+  if (!conn_->send(0, enc_.encode(wire::Header{0, -1, h}), payload, deadline) && final)
+    throw std::runtime_error("the evaluator at " + endpoint_ + " did not take the final snapshot in time");
+  // A non-final snapshot that could not be queued is skipped: the evaluator is behind.
 }
 
-SnapshotReceiver::SnapshotReceiver(zmq::context_t& ctx, const std::string& endpoint, double timeout_s)
-    : sock_(ctx, zmq::socket_type::pull), endpoint_(endpoint),
-      timeout_(std::chrono::milliseconds(long(timeout_s * 1000))) {
-  sock_.set(zmq::sockopt::rcvhwm, 4);
+SnapshotReceiver::SnapshotReceiver(comm::Transport& transport, const std::string& endpoint, double timeout_s)
+    : endpoint_(endpoint), timeout_(std::chrono::milliseconds(long(timeout_s * 1000))) {
+  comm::ListenOptions lo;
+  lo.queue = 4;
   try {
-    sock_.bind(net::bind_endpoint(endpoint));
-  } catch (const zmq::error_t& e) {
-    throw std::runtime_error("evaluator: cannot bind " + endpoint + ": " + e.what());
+    listener_ = transport.listen(endpoint, lo);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("evaluator: ") + e.what());
   }
 }
 
 Snapshot SnapshotReceiver::next(float* theta, std::size_t n) {
-  zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
-  if (zmq::poll(&item, 1, timeout_) == 0)
+  comm::PeerId from;
+  if (!listener_->recv(newest_, from, comm::Clock::now() + timeout_))
     throw std::runtime_error("no θ snapshot from rank 0 within " + std::to_string(timeout_.count() / 1000) +
                              " s (listening on " + endpoint_ + "): is rank 0 running? its log says why it stopped");
-  std::vector<zmq::message_t> frames, newest;
-  while (net::recv_all(sock_, frames)) newest = std::move(frames);  // keep only the newest
-  std::string why;
-  const auto h = newest.size() == 2 ? wire::decode(newest[0].data(), newest[0].size(), why) : std::nullopt;
+  while (listener_->recv(other_, from, comm::Clock::now())) std::swap(newest_, other_);  // keep only the newest
+  std::string why = newest_.malformed();
+  const auto h = why.empty() ? wire::decode(newest_.header(), why) : std::nullopt;
   const auto* r = h ? std::get_if<wire::PullReply>(&h->body) : nullptr;
-  if (!r || r->length != n || newest[1].size() != n * sizeof(float))
+  if (!r || r->length != n || newest_.payload().size() != n * sizeof(float))
     throw std::runtime_error("malformed θ snapshot on " + endpoint_ + (why.empty() ? "" : ": " + why));
-  if (wire::copy_with_checksum(theta, static_cast<const float*>(newest[1].data()), n) != r->checksum)
+  if (wire::copy_with_checksum(theta, reinterpret_cast<const float*>(newest_.payload().data()), n) != r->checksum)
     throw std::runtime_error("θ snapshot checksum mismatch on " + endpoint_);
   return Snapshot{r->clock, r->samples_applied, r->training_done};
 }

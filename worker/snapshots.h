@@ -1,24 +1,24 @@
 // θ snapshots from rank 0 of an all-reduce run to the evaluator, so that evaluation never
 // slows a training rank: rank 0 copies θ into a message every eval.interval_s (one copy per
-// interval, not per step) and pushes it without waiting; a slow evaluator skips snapshots
-// instead of holding training back. The final snapshot is sent blocking, with the timeout.
-// The message is a PullReply header (clock = step, samples_applied, training_done = final,
-// checksum) and θ as payload.
+// interval, not per step) and sends it without waiting; a slow evaluator skips snapshots
+// instead of holding training back (the queue holds 2). The final snapshot is sent waiting,
+// with the timeout. The message is a PullReply header (clock = step, samples_applied,
+// training_done = final, checksum) and θ as payload, over the run's transport.
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
-#include <vector>
 
-#include <zmq.hpp>
-
+#include "comm/transport/transport.h"
 #include "comm/wire.h"
 
 namespace pslab {
 
 class SnapshotSender {
  public:
-  SnapshotSender(zmq::context_t& ctx, const std::string& evaluator_endpoint, double interval_s, double timeout_s);
+  // `transport` must outlive the sender.
+  SnapshotSender(comm::Transport& transport, const std::string& evaluator_endpoint, double interval_s, double timeout_s);
   // Whether a snapshot is due now.
   bool due() const { return std::chrono::steady_clock::now() >= next_; }
   // Sends θ (host, n floats) taken after `step` steps and `samples` samples (all ranks).
@@ -26,9 +26,10 @@ class SnapshotSender {
   void send(const float* theta, std::size_t n, long step, long samples, bool final);
 
  private:
-  zmq::socket_t sock_;
+  std::unique_ptr<comm::Connections> conn_;
   std::string endpoint_;
   std::chrono::duration<double> interval_;
+  std::chrono::milliseconds timeout_;
   std::chrono::steady_clock::time_point next_;
   wire::Encoder enc_;
 };
@@ -40,16 +41,17 @@ struct Snapshot {
 
 class SnapshotReceiver {
  public:
-  // Binds `endpoint` (e.g. tcp://127.0.0.1:5600).
-  SnapshotReceiver(zmq::context_t& ctx, const std::string& endpoint, double timeout_s);
+  // Listens at `endpoint` (e.g. tcp://127.0.0.1:5600). `transport` must outlive the receiver.
+  SnapshotReceiver(comm::Transport& transport, const std::string& endpoint, double timeout_s);
   // Waits for the next snapshot (keeping only the newest if several wait) and copies it into
   // theta (n floats). Throws after the timeout naming what it waited for.
   Snapshot next(float* theta, std::size_t n);
 
  private:
-  zmq::socket_t sock_;
+  std::unique_ptr<comm::Listener> listener_;
   std::string endpoint_;
   std::chrono::milliseconds timeout_;
+  comm::Message newest_, other_;
 };
 
 }  // namespace pslab

@@ -25,7 +25,7 @@ blasint blas_int(std::size_t n) {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) {
-    if (threads > 0) openblas_set_num_threads(threads);
+    if (threads > 0) set_cpu_backend_threads(threads);
   }
 
   Device device() const override { return Device::cpu; }
@@ -195,6 +195,8 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+void set_cpu_backend_threads(int threads) { openblas_set_num_threads(threads); }
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) {
   return std::make_unique<CpuBackend>(threads);

@@ -6,7 +6,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "comm/net.h"
 
 namespace pslab {
 
@@ -14,15 +13,16 @@ using Clock = std::chrono::steady_clock;
 
 // ---- Coordinator ----
 
-Coordinator::Coordinator(zmq::context_t& ctx, const std::string& endpoint, int world,
+Coordinator::Coordinator(comm::Transport& transport, const std::string& endpoint, int world,
                          std::chrono::milliseconds linger)
-    : sock_(ctx, zmq::socket_type::router), world_(world), linger_(linger) {
-  sock_.set(zmq::sockopt::linger, 1000);
-  sock_.set(zmq::sockopt::maxmsgsize, std::int64_t(1 << 20));
+    : world_(world), linger_(linger) {
+  comm::ListenOptions lo;
+  lo.max_message_bytes = 1 << 20;
+  lo.linger = std::chrono::milliseconds(1000);
   try {
-    sock_.bind(endpoint);
-  } catch (const zmq::error_t& e) {
-    throw std::runtime_error("coordinator: cannot bind " + endpoint + ": " + e.what());
+    listener_ = transport.listen(endpoint, lo);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("coordinator: ") + e.what());
   }
   thread_ = std::thread([this] { serve(); });
 }
@@ -48,23 +48,19 @@ void Coordinator::serve() {
   std::vector<PendingGet> pending;
   std::vector<Heard> heard(static_cast<std::size_t>(world_));
   wire::Encoder enc;
-  std::vector<zmq::message_t> frames;
-  auto send = [&](const std::string& id, const wire::Body& b) {
-    sock_.send(zmq::buffer(id), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-    sock_.send(enc.encode(wire::Header{wire::kServer, -1, b}), zmq::send_flags::dontwait);
+  comm::Message msg;
+  comm::PeerId id;
+  // Replies are best effort: a rank that stopped reading times out on its own side.
+  auto send = [&](const std::string& to, const wire::Body& b) {
+    listener_->send(to, enc.encode(wire::Header{wire::kServer, -1, b}));
   };
   while (!stop_.load()) {
-    zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
-    try {
-      zmq::poll(&item, 1, std::chrono::milliseconds(50));
-    } catch (const zmq::error_t& e) {
-      if (e.num() != EINTR) throw;
-    }
-    while (net::recv_all(sock_, frames)) {
-      if (frames.size() != 2) continue;
-      const std::string id = frames[0].to_string();
+    // Wakes every 50 ms to expire held KvGets and to notice stop_.
+    for (auto until = Clock::now() + std::chrono::milliseconds(50); listener_->recv(msg, id, until);
+         until = Clock::now()) {
+      if (!msg.malformed().empty() || msg.has_payload()) continue;
       std::string why;
-      const auto h = wire::decode(frames[1].data(), frames[1].size(), why);
+      const auto h = wire::decode(msg.header(), why);
       if (!h) {
         send(id, wire::Error{wire::ErrorCode::malformed, why});
         continue;
@@ -119,38 +115,30 @@ void Coordinator::serve() {
 
 // ---- RendezvousClient ----
 
-RendezvousClient::RendezvousClient(zmq::context_t& ctx, std::string endpoint, int rank, int world,
+RendezvousClient::RendezvousClient(comm::Transport& transport, std::string endpoint, int rank, int world,
                                    std::chrono::milliseconds timeout)
-    : sock_(ctx, zmq::socket_type::dealer), endpoint_(std::move(endpoint)), rank_(rank), world_(world),
-      timeout_(timeout) {
-  sock_.set(zmq::sockopt::linger, 500);
-  sock_.set(zmq::sockopt::sndhwm, 1000);
-  sock_.connect(endpoint_);
+    : endpoint_(std::move(endpoint)), rank_(rank), world_(world), timeout_(timeout) {
+  comm::ConnectOptions co;
+  co.linger = std::chrono::milliseconds(500);
+  conn_ = transport.connect({endpoint_}, co);
   report_step(-1);  // "joined"
 }
 
 RendezvousClient::~RendezvousClient() = default;
 
 wire::Header RendezvousClient::request(const wire::Body& body, std::chrono::milliseconds wait) {
-  sock_.send(enc_.encode(wire::Header{rank_, -1, body}), zmq::send_flags::none);
-  std::vector<zmq::message_t> frames;
   const auto deadline = Clock::now() + wait;
+  auto no_answer = [&] {
+    return std::runtime_error("the coordinator (rank 0 at " + endpoint_ + ") did not answer " + wire::body_name(body) +
+                              " within " + std::to_string(wait.count() / 1000.0).substr(0, 4) + " s: is rank 0 running?");
+  };
+  if (!conn_->send(0, enc_.encode(wire::Header{rank_, -1, body}), {}, deadline)) throw no_answer();
+  std::size_t from = 0;
   while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0)
-      throw std::runtime_error("the coordinator (rank 0 at " + endpoint_ + ") did not answer " +
-                               wire::body_name(body) + " within " + std::to_string(wait.count() / 1000.0).substr(0, 4) +
-                               " s: is rank 0 running?");
-    zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
-    try {
-      zmq::poll(&item, 1, left);
-    } catch (const zmq::error_t& e) {
-      if (e.num() != EINTR) throw;
-    }
-    if (!net::recv_all(sock_, frames) || frames.empty()) continue;
+    if (!conn_->recv(msg_, from, deadline)) throw no_answer();
     std::string why;
-    auto h = wire::decode(frames[0].data(), frames[0].size(), why);
-    if (!h) throw std::runtime_error("coordinator at " + endpoint_ + ": malformed reply: " + why);
+    const auto h = msg_.malformed().empty() ? wire::decode(msg_.header(), why) : std::nullopt;
+    if (!h) throw std::runtime_error("coordinator at " + endpoint_ + ": malformed reply: " + why + msg_.malformed());
     if (const auto* e = std::get_if<wire::Error>(&h->body))
       throw std::runtime_error("coordinator at " + endpoint_ + ": " + e->message);
     // A late answer to an earlier request that timed out: not ours.
@@ -165,26 +153,28 @@ void RendezvousClient::set(const std::string& key, const std::vector<char>& data
   request(wire::KvSet{key, std::string(data.begin(), data.end())}, timeout_);
 }
 
-std::vector<char> RendezvousClient::get(const std::string& key) {
-  const auto h = request(wire::KvGet{key, timeout_.count()}, timeout_ + std::chrono::seconds(2));
+std::vector<char> RendezvousClient::get(const std::string& key, std::chrono::milliseconds wait,
+                                        std::chrono::milliseconds stated) {
+  // The coordinator answers "not found" after `wait`; the request waits a little longer.
+  const auto h = request(wire::KvGet{key, wait.count()}, wait + std::chrono::seconds(2));
   const auto* v = std::get_if<wire::KvValue>(&h.body);
   if (!v) throw std::runtime_error(std::string("coordinator answered KvGet with ") + wire::body_name(h.body));
   if (!v->found)
     throw std::runtime_error("rendezvous: \"" + key + "\" was not published within " +
-                             std::to_string(timeout_.count() / 1000) + " s; " + laggards(0));
+                             std::to_string(stated.count() / 1000.0).substr(0, 4) + " s; " + laggards(0));
   return std::vector<char>(v->value.begin(), v->value.end());
 }
 
-void RendezvousClient::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) {
-  for (const auto& k : keys) get(k);
+void RendezvousClient::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (const auto& k : keys)
+    get(k, std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())),
+        timeout);
 }
 
 void RendezvousClient::report_step(long step) {
-  try {
-    sock_.send(enc_.encode(wire::Header{rank_, -1, wire::Beat{step}}), zmq::send_flags::dontwait);
-  } catch (const zmq::error_t&) {
-    // Progress reports are best effort: a full queue drops one.
-  }
+  // Progress reports are best effort: a full queue drops one (a deadline of now never waits).
+  conn_->send(0, enc_.encode(wire::Header{rank_, -1, wire::Beat{step}}), {}, Clock::now());
 }
 
 std::string RendezvousClient::laggards(long step) {

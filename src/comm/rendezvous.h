@@ -18,17 +18,17 @@
 #include <vector>
 
 #include <gloo/rendezvous/store.h>
-#include <zmq.hpp>
 
+#include "comm/transport/transport.h"
 #include "comm/wire.h"
 
 namespace pslab {
 
 // Threading: the constructor starts the serving thread; the destructor waits (up to
-// `linger`) until every rank has said Bye, then stops it.
+// `linger`) until every rank has said Bye, then stops it. `transport` must outlive it.
 class Coordinator {
  public:
-  Coordinator(zmq::context_t& ctx, const std::string& endpoint, int world,
+  Coordinator(comm::Transport& transport, const std::string& endpoint, int world,
               std::chrono::milliseconds linger = std::chrono::seconds(5));
   ~Coordinator();
   Coordinator(const Coordinator&) = delete;
@@ -36,7 +36,7 @@ class Coordinator {
 
  private:
   void serve();
-  zmq::socket_t sock_;
+  std::unique_ptr<comm::Listener> listener_;
   int world_;
   std::chrono::milliseconds linger_;
   std::atomic<bool> stop_{false};
@@ -48,14 +48,15 @@ class Coordinator {
 // context; the training loop calls report_step from the same thread).
 class RendezvousClient : public gloo::rendezvous::Store {
  public:
-  RendezvousClient(zmq::context_t& ctx, std::string endpoint, int rank, int world,
+  RendezvousClient(comm::Transport& transport, std::string endpoint, int rank, int world,
                    std::chrono::milliseconds timeout);
   ~RendezvousClient() override;
 
   void set(const std::string& key, const std::vector<char>& data) override;
   // Blocks until the key is set, or throws after the timeout naming the key and the
   // coordinator.
-  std::vector<char> get(const std::string& key) override;
+  std::vector<char> get(const std::string& key) override { return get(key, timeout_, timeout_); }
+  // Blocks until every key is set: one deadline, `timeout` from now, for all of them.
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
 
@@ -73,8 +74,11 @@ class RendezvousClient : public gloo::rendezvous::Store {
   const std::string& endpoint() const { return endpoint_; }
 
  private:
+  // Waits `wait` for the key; a failure says "within `stated`" (the caller's whole timeout).
+  std::vector<char> get(const std::string& key, std::chrono::milliseconds wait, std::chrono::milliseconds stated);
   wire::Header request(const wire::Body& body, std::chrono::milliseconds wait);
-  zmq::socket_t sock_;
+  std::unique_ptr<comm::Connections> conn_;
+  comm::Message msg_;
   std::string endpoint_;
   int rank_, world_;
   std::chrono::milliseconds timeout_;

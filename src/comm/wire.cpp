@@ -102,11 +102,11 @@ std::string str(const flatbuffers::Vector<std::uint8_t>* v) {
 
 }  // namespace
 
-zmq::message_t Encoder::encode(const Header& h) {
+std::span<const std::byte> Encoder::encode(const Header& h) {
   fbb_.Clear();
   const auto [type, body] = std::visit(BodyEncoder{fbb_}, h.body);
   fb::FinishMessageBuffer(fbb_, fb::CreateMessage(fbb_, kMagic, kProtocol, h.sender, h.shard, type, body));
-  return zmq::message_t(fbb_.GetBufferPointer(), fbb_.GetSize());
+  return {reinterpret_cast<const std::byte*>(fbb_.GetBufferPointer()), fbb_.GetSize()};
 }
 
 std::optional<Header> decode(const void* data, std::size_t size, std::string& error) {
@@ -199,43 +199,66 @@ std::optional<Header> decode(const void* data, std::size_t size, std::string& er
 }
 
 // Lanes: word i of the payload goes to lane i % 4; a[l] sums the words of lane l, b[l] sums
-// the running a[l] (position-weighted), so word order matters too.
-void Checksum::update(const float* src, std::size_t n) {
-  const auto* w = reinterpret_cast<const std::uint32_t*>(src);
+// the running a[l] (position-weighted), so word order matters too. A last partial word is
+// zero-padded, and the byte count is folded in, so that padding cannot collide.
+void Checksum::words(const std::byte* src, std::size_t n) {
   std::size_t i = 0;
   auto one = [&](std::size_t k) {
     std::uint32_t x;
-    std::memcpy(&x, w + k, 4);
-    const std::size_t l = (n_ + k) & 3;
+    std::memcpy(&x, src + 4 * k, 4);
+    const std::size_t l = (words_ + k) & 3;
     a_[l] += x;
     b_[l] += a_[l];
   };
-  for (; i < n && ((n_ + i) & 3) != 0; ++i) one(i);  // up to the next lane-0 word
+  for (; i < n && ((words_ + i) & 3) != 0; ++i) one(i);  // up to the next lane-0 word
   std::uint64_t a0 = a_[0], a1 = a_[1], a2 = a_[2], a3 = a_[3], b0 = b_[0], b1 = b_[1], b2 = b_[2], b3 = b_[3];
   for (; i + 4 <= n; i += 4) {
     std::uint32_t x[4];
-    std::memcpy(x, w + i, 16);
+    std::memcpy(x, src + 4 * i, 16);
     a0 += x[0], a1 += x[1], a2 += x[2], a3 += x[3];
     b0 += a0, b1 += a1, b2 += a2, b3 += a3;
   }
   a_[0] = a0, a_[1] = a1, a_[2] = a2, a_[3] = a3, b_[0] = b0, b_[1] = b1, b_[2] = b2, b_[3] = b3;
   for (; i < n; ++i) one(i);
-  n_ += n;
+  words_ += n;
+}
+
+void Checksum::update_bytes(const void* data, std::size_t n) {
+  const auto* p = static_cast<const std::byte*>(data);
+  bytes_ += n;
+  if (tail_n_) {  // complete the partial word of the previous piece
+    const std::size_t take = std::min(n, 4 - tail_n_);
+    std::memcpy(tail_ + tail_n_, p, take);
+    tail_n_ += take, p += take, n -= take;
+    if (tail_n_ < 4) return;
+    words(tail_, 1);
+    tail_n_ = 0;
+  }
+  words(p, n / 4);
+  tail_n_ = n % 4;
+  std::memcpy(tail_, p + n - tail_n_, tail_n_);
 }
 
 std::uint64_t Checksum::value() const {
+  Checksum c = *this;
+  if (c.tail_n_) {
+    std::memset(c.tail_ + c.tail_n_, 0, 4 - c.tail_n_);
+    c.words(c.tail_, 1);
+  }
   // Combine lanes with odd multipliers (invertible mod 2^64) and fold in the length.
-  std::uint64_t h = std::uint64_t(n_) * 0x9E3779B97F4A7C15ull;
-  for (std::uint64_t v : {a_[0], a_[1], a_[2], a_[3], b_[0], b_[1], b_[2], b_[3]})
+  std::uint64_t h = std::uint64_t(c.bytes_) * 0x9E3779B97F4A7C15ull;
+  for (std::uint64_t v : {c.a_[0], c.a_[1], c.a_[2], c.a_[3], c.b_[0], c.b_[1], c.b_[2], c.b_[3]})
     h = (h ^ v) * 0xBF58476D1CE4E5B9ull + 0x94D049BB133111EBull;
   return h ^ (h >> 31);
 }
 
-std::uint64_t checksum(const float* data, std::size_t n) {
+std::uint64_t checksum_bytes(const void* data, std::size_t bytes) {
   Checksum c;
-  c.update(data, n);
+  c.update_bytes(data, bytes);
   return c.value();
 }
+
+std::uint64_t checksum(const float* data, std::size_t n) { return checksum_bytes(data, n * sizeof(float)); }
 
 std::uint64_t copy_with_checksum(float* dst, const float* src, std::size_t n) {
   // Piece by piece: checksum a piece while it is read into cache, then copy it with memcpy

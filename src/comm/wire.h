@@ -14,8 +14,9 @@
 #include <string>
 #include <variant>
 
+#include <span>
+
 #include <flatbuffers/flatbuffers.h>
-#include <zmq.hpp>
 
 namespace pslab::wire {
 
@@ -63,11 +64,12 @@ struct Header {
   Body body;
 };
 
-// Encodes headers into ZeroMQ messages. Holds one FlatBufferBuilder that is reused, so no
-// allocation happens per message once it has grown. Threading: one thread per Encoder.
+// Encodes headers. Holds one FlatBufferBuilder that is reused, so no allocation happens per
+// message once it has grown. Threading: one thread per Encoder.
 class Encoder {
  public:
-  zmq::message_t encode(const Header& h);
+  // The encoded header, valid until the next encode().
+  std::span<const std::byte> encode(const Header& h);
 
  private:
   flatbuffers::FlatBufferBuilder fbb_{256};
@@ -75,12 +77,18 @@ class Encoder {
 
 // Verifies and decodes a header frame. Returns nullopt and sets `error` on anything malformed.
 std::optional<Header> decode(const void* data, std::size_t size, std::string& error);
+inline std::optional<Header> decode(std::span<const std::byte> frame, std::string& error) {
+  return decode(frame.data(), frame.size(), error);
+}
 
 // ---- payload checksum ----
-// A 64-bit Fletcher-style sum over the payload's 32-bit words in 4 independent lanes, mixed
-// into 64 bits at the end: a change confined to one word always changes the lane sums (and the
-// result, but for a 2^-64 chance), and it runs at memory speed (no table, no division).
-// Integrity against corruption, not against an adversary.
+// A 64-bit Fletcher-style sum over the payload's bytes, read as 32-bit words in 4 independent
+// lanes (a last partial word zero-padded), mixed with the byte count into 64 bits at the end:
+// a change confined to one word always changes the lane sums (and the result, but for a 2^-64
+// chance), and it runs at memory speed (no table, no division). Integrity against corruption,
+// not against an adversary. Floats are checksummed as their bytes: checksum(p, n) ==
+// checksum_bytes(p, 4 n).
+std::uint64_t checksum_bytes(const void* data, std::size_t bytes);
 std::uint64_t checksum(const float* data, std::size_t n);
 // Copies n floats from src to dst and returns the checksum of the data, in one pass.
 std::uint64_t copy_with_checksum(float* dst, const float* src, std::size_t n);
@@ -89,12 +97,17 @@ std::uint64_t copy_with_checksum(float* dst, const float* src, std::size_t n);
 // cache after an update): update() in order over consecutive pieces, then value().
 class Checksum {
  public:
-  void update(const float* data, std::size_t n);
+  void update_bytes(const void* data, std::size_t bytes);
+  void update(const float* data, std::size_t n) { update_bytes(data, n * sizeof(float)); }
   std::uint64_t value() const;
 
  private:
+  void words(const std::byte* src, std::size_t n);  // n whole 32-bit words
   std::uint64_t a_[4] = {0, 0, 0, 0}, b_[4] = {0, 0, 0, 0};
-  std::size_t n_ = 0;  // words so far; word i goes to lane i % 4
+  std::size_t words_ = 0;  // words so far; word i goes to lane i % 4
+  std::size_t bytes_ = 0;
+  std::byte tail_[4] = {};  // a partial word waiting for the next piece
+  std::size_t tail_n_ = 0;
 };
 
 }  // namespace pslab::wire

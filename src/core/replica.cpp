@@ -34,6 +34,30 @@ double Replica::compute_gradient(std::span<const std::uint32_t> idx, float grad_
   return model_.forward_backward(b.x, b.labels, b.targets, int(idx.size()), grad_scale);
 }
 
+float* Replica::host_params() {
+  if (be_.device() == Device::cpu) return model_.params();
+  if (theta_host_.empty()) theta_host_.resize(model_.num_params());
+  return theta_host_.data();
+}
+
+void Replica::upload_params() {
+  if (be_.device() != Device::cpu) be_.copy_from_host(model_.params(), host_params(), model_.num_params() * sizeof(float));
+}
+
+const float* Replica::download_params() {
+  if (be_.device() == Device::cpu) return model_.params();
+  float* host = host_params();
+  be_.copy_to_host(host, model_.params(), model_.num_params() * sizeof(float));
+  return host;
+}
+
+const float* Replica::download_grads() {
+  if (be_.device() == Device::cpu) return model_.grads();
+  if (grad_host_.empty()) grad_host_.resize(model_.num_params());
+  be_.copy_to_host(grad_host_.data(), model_.grads(), model_.num_params() * sizeof(float));
+  return grad_host_.data();
+}
+
 EvalCounts Replica::evaluate(const Dataset& d) {
   EvalCounts total;
   for (int lo = 0; lo < d.n; lo += max_batch_) {

@@ -1,6 +1,9 @@
 // One model replica and the data it trains on: the compute part of every worker, whatever
 // the consistency mode. Batches are gathered into preallocated host staging buffers and, on a
 // GPU, uploaded to preallocated device buffers: no allocation per step.
+//
+// θ and ∇θ travel (push, pull, snapshots) as host buffers: on the CPU the model's own; on a
+// GPU host staging copies, allocated once, that upload_params() and download_*() move.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +31,15 @@ class Replica {
   // Loss and accuracy of the current θ on a whole data set, in batches of max_batch.
   EvalCounts evaluate(const Dataset& d);
 
+  // θ as a host buffer of P floats (write it, then upload_params()).
+  float* host_params();
+  // host_params() -> the model's θ (no-op on the CPU).
+  void upload_params();
+  // The model's θ -> host_params(), which it returns (no-op on the CPU).
+  const float* download_params();
+  // The model's ∇θ -> a host buffer of P floats, which it returns (no-op on the CPU).
+  const float* download_grads();
+
  private:
   // Gathers samples of `d` into the staging buffers; returns device pointers of x, labels, targets.
   struct Batch { const float* x; const std::int32_t* labels; const float* targets; };
@@ -42,6 +54,7 @@ class Replica {
   DeviceBuffer<float> x_dev_, t_dev_;  // GPU only; the CPU backend reads the host buffers
   DeviceBuffer<std::int32_t> y_dev_;
   std::vector<std::uint32_t> eval_idx_;
+  std::vector<float> theta_host_, grad_host_;  // GPU only: θ and ∇θ staging, allocated on first use
 };
 
 }  // namespace pslab

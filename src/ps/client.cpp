@@ -9,7 +9,7 @@ namespace pslab {
 
 using Clock = std::chrono::steady_clock;
 
-PsClient::PsClient(zmq::context_t& ctx, std::vector<std::string> endpoints, wire::Role role, int rank,
+PsClient::PsClient(comm::Transport& transport, std::vector<std::string> endpoints, wire::Role role, int rank,
                    std::size_t num_params, std::uint64_t config_hash, double timeout_s)
     : role_(role), rank_(rank), num_params_(num_params), config_hash_(config_hash),
       // A little longer than the servers' own timeout, so that a server's Error (which names
@@ -17,18 +17,16 @@ PsClient::PsClient(zmq::context_t& ctx, std::vector<std::string> endpoints, wire
       timeout_(std::chrono::milliseconds(long(timeout_s * 1000 * 1.25) + 1000)) {
   if (endpoints.empty()) throw std::invalid_argument("PsClient: no server endpoints");
   const int S = int(endpoints.size());
-  for (int k = 0; k < S; ++k) {
-    socks_.emplace_back(ctx, zmq::socket_type::dealer);
-    socks_.back().set(zmq::sockopt::linger, 1000);
-    socks_.back().connect(endpoints[std::size_t(k)]);
-    shards_.push_back(ShardInfo{endpoints[std::size_t(k)], shard_range(num_params, S, k), 0});
-  }
+  for (int k = 0; k < S; ++k) shards_.push_back(ShardInfo{endpoints[std::size_t(k)], shard_range(num_params, S, k), 0});
+  comm::ConnectOptions co;
+  co.linger = std::chrono::milliseconds(1000);
+  conns_ = transport.connect(endpoints, co);
 }
 
 PsClient::~PsClient() {
-  // ZeroMQ may still hold zero-copy frames of a gradient (e.g. after an error): close the
-  // sockets and wait for it to let go before the counter goes away.
-  for (auto& s : socks_) s.close();
+  // The transport may still hold zero-copy payloads of a gradient (e.g. after an error):
+  // close the connections and wait for it to let go before the counter goes away.
+  conns_.reset();
   try {
     in_flight_.wait_idle(std::chrono::milliseconds(3000), "a gradient at shutdown");
   } catch (const std::exception& e) {
@@ -40,22 +38,19 @@ void PsClient::fail(int k, const std::string& what) const {
   throw std::runtime_error("server " + std::to_string(k) + " at " + shards_[std::size_t(k)].endpoint + ": " + what);
 }
 
-void PsClient::send(int k, const wire::Body& body, zmq::message_t* payload) {
-  zmq::message_t head = enc_.encode(wire::Header{rank_, k, body});
-  zmq::socket_t& s = socks_[std::size_t(k)];
-  s.send(head, payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
-  if (payload) s.send(*payload, zmq::send_flags::none);
+void PsClient::send(int k, const wire::Body& body, comm::OutPayload payload) {
+  if (!conns_->send(std::size_t(k), enc_.encode(wire::Header{rank_, k, body}), payload, comm::Clock::now() + timeout_))
+    fail(k, std::string("could not send ") + wire::body_name(body) + " within " + std::to_string(timeout_.count() / 1000) +
+                " s: its queue stayed full (is it running? its log says why it stopped)");
 }
 
 template <typename F>
 void PsClient::collect(const std::string& what, std::vector<char>& pending, F&& on_reply) {
-  const int S = int(socks_.size());
-  const auto deadline = Clock::now() + timeout_;
-  std::vector<zmq::pollitem_t> items(socks_.size());
-  std::vector<zmq::message_t> frames;
+  const int S = int(shards_.size());
+  const auto deadline = comm::Clock::now() + timeout_;
   while (std::find(pending.begin(), pending.end(), 1) != pending.end()) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) {
+    std::size_t from = 0;
+    if (!conns_->recv(msg_, from, deadline)) {
       std::string who;
       for (int k = 0; k < S; ++k)
         if (pending[std::size_t(k)])
@@ -63,37 +58,27 @@ void PsClient::collect(const std::string& what, std::vector<char>& pending, F&& 
       throw std::runtime_error("no reply to " + what + " within " + std::to_string(timeout_.count() / 1000) +
                                " s from " + who + " (is it running? its log says why it stopped)");
     }
-    for (int k = 0; k < S; ++k) items[std::size_t(k)] = {socks_[std::size_t(k)].handle(), 0, ZMQ_POLLIN, 0};
-    try {
-      zmq::poll(items.data(), items.size(), std::min(left, std::chrono::milliseconds(1000)));
-    } catch (const zmq::error_t& e) {
-      if (e.num() != EINTR) throw;
-    }
-    for (int k = 0; k < S; ++k) {
-      if (!(items[std::size_t(k)].revents & ZMQ_POLLIN)) continue;
-      while (net::recv_all(socks_[std::size_t(k)], frames)) {
-        std::string why;
-        auto h = frames.empty() ? std::nullopt : wire::decode(frames[0].data(), frames[0].size(), why);
-        if (!h) fail(k, "malformed reply to " + what + ": " + why);
-        if (const auto* e = std::get_if<wire::Error>(&h->body))
-          fail(k, std::string(wire::error_code_name(e->code)) + ": " + e->message);
-        if (!pending[std::size_t(k)]) fail(k, std::string("unexpected ") + wire::body_name(h->body) + " during " + what);
-        Reply r{std::move(*h), frames.size() > 1 ? std::move(frames[1]) : zmq::message_t()};
-        on_reply(k, r);
-        pending[std::size_t(k)] = 0;
-      }
-    }
+    const int k = int(from);
+    if (!msg_.malformed().empty()) fail(k, "malformed reply to " + what + ": " + msg_.malformed());
+    std::string why;
+    const auto h = wire::decode(msg_.header(), why);
+    if (!h) fail(k, "malformed reply to " + what + ": " + why);
+    if (const auto* e = std::get_if<wire::Error>(&h->body))
+      fail(k, std::string(wire::error_code_name(e->code)) + ": " + e->message);
+    if (!pending[std::size_t(k)]) fail(k, std::string("unexpected ") + wire::body_name(h->body) + " during " + what);
+    on_reply(k, h->body);
+    pending[std::size_t(k)] = 0;
   }
 }
 
 void PsClient::connect() {
-  const int S = int(socks_.size());
+  const int S = int(shards_.size());
   for (int k = 0; k < S; ++k) send(k, wire::Hello{role_, rank_, num_params_, config_hash_});
   std::vector<char> pending(std::size_t(S), 1);
   const std::string what = role_ == wire::Role::worker ? "Hello (the start barrier: a server answers once every worker said Hello)" : "Hello";
-  collect(what, pending, [&](int k, Reply& r) {
-    const auto* w = std::get_if<wire::Welcome>(&r.header.body);
-    if (!w) fail(k, std::string("answered Hello with ") + wire::body_name(r.header.body));
+  collect(what, pending, [&](int k, const wire::Body& body) {
+    const auto* w = std::get_if<wire::Welcome>(&body);
+    if (!w) fail(k, std::string("answered Hello with ") + wire::body_name(body));
     const ShardRange& mine = shards_[std::size_t(k)].range;
     if (w->shard != k || w->num_shards != S || w->offset != mine.offset || w->length != mine.length)
       fail(k, "serves shard " + std::to_string(w->shard) + "/" + std::to_string(w->num_shards) + " = floats [" +
@@ -104,14 +89,16 @@ void PsClient::connect() {
   });
 }
 
-void PsClient::take_params(int k, const wire::PullReply& r, zmq::message_t& payload, float* theta, PullResult& acc) {
+void PsClient::take_params(int k, const wire::PullReply& r, std::span<const std::byte> payload, float* theta,
+                           PullResult& acc) {
   ShardInfo& s = shards_[std::size_t(k)];
   if (r.offset != s.range.offset || r.length != s.range.length)
     fail(k, "PullReply for floats [" + std::to_string(r.offset) + ", " + std::to_string(r.offset + r.length) + ")");
   if (payload.size() != r.length * sizeof(float))
     fail(k, "PullReply payload of " + std::to_string(payload.size()) + " bytes, expected " +
                 std::to_string(r.length * sizeof(float)));
-  const std::uint64_t sum = wire::copy_with_checksum(theta + r.offset, static_cast<const float*>(payload.data()), r.length);
+  const std::uint64_t sum =
+      wire::copy_with_checksum(theta + r.offset, reinterpret_cast<const float*>(payload.data()), r.length);
   if (sum != r.checksum) fail(k, "PullReply payload checksum mismatch (corrupted in transit)");
   s.version = r.version;
   acc.min_version = std::min(acc.min_version, r.version);
@@ -133,66 +120,69 @@ PullResult empty_result() {
 }  // namespace
 
 PullResult PsClient::pull(long clock, float* theta) {
-  const int S = int(socks_.size());
+  const int S = int(shards_.size());
   for (int k = 0; k < S; ++k) send(k, wire::Pull{clock});
   std::vector<char> pending(std::size_t(S), 1);
   PullResult acc = empty_result();
-  collect("Pull (clock " + std::to_string(clock) + ")", pending, [&](int k, Reply& r) {
-    const auto* pr = std::get_if<wire::PullReply>(&r.header.body);
-    if (!pr) fail(k, std::string("answered Pull with ") + wire::body_name(r.header.body));
-    take_params(k, *pr, r.payload, theta, acc);
+  collect("Pull (clock " + std::to_string(clock) + ")", pending, [&](int k, const wire::Body& body) {
+    const auto* pr = std::get_if<wire::PullReply>(&body);
+    if (!pr) fail(k, std::string("answered Pull with ") + wire::body_name(body));
+    take_params(k, *pr, msg_.payload(), theta, acc);
   });
   return acc;
 }
 
 PullResult PsClient::push(long clock, int batch, const float* grad, float* theta) {
-  const int S = int(socks_.size());
+  const int S = int(shards_.size());
   for (int k = 0; k < S; ++k) {
     const ShardInfo& s = shards_[std::size_t(k)];
     const float* g = grad + s.range.offset;
-    zmq::message_t payload = in_flight_.frame(g, s.range.length);
-    send(k, wire::Push{clock, s.version, batch, wire::checksum(g, s.range.length), s.range.offset, s.range.length,
-                       theta != nullptr},
-         &payload);
+    send(k,
+         wire::Push{clock, s.version, batch, wire::checksum(g, s.range.length), s.range.offset, s.range.length,
+                    theta != nullptr},
+         in_flight_.payload(g, s.range.length * sizeof(float)));
   }
   std::vector<char> pending(std::size_t(S), 1);
   PullResult acc = empty_result();
-  collect("Push (clock " + std::to_string(clock) + ")", pending, [&](int k, Reply& r) {
+  collect("Push (clock " + std::to_string(clock) + ")", pending, [&](int k, const wire::Body& body) {
     if (theta) {
-      const auto* pr = std::get_if<wire::PullReply>(&r.header.body);
-      if (!pr) fail(k, std::string("answered Push+Pull with ") + wire::body_name(r.header.body));
-      take_params(k, *pr, r.payload, theta, acc);
-    } else if (!std::holds_alternative<wire::PushAck>(r.header.body)) {
-      fail(k, std::string("answered Push with ") + wire::body_name(r.header.body));
+      const auto* pr = std::get_if<wire::PullReply>(&body);
+      if (!pr) fail(k, std::string("answered Push+Pull with ") + wire::body_name(body));
+      take_params(k, *pr, msg_.payload(), theta, acc);
+    } else if (!std::holds_alternative<wire::PushAck>(body)) {
+      fail(k, std::string("answered Push with ") + wire::body_name(body));
     }
   });
-  // Every server has the gradient, so ZeroMQ is done with our buffer or about to be.
+  // Every server has the gradient, so the transport is done with our buffer or about to be.
   in_flight_.wait_idle(timeout_, "the gradient");
   return acc;
 }
 
+void PsClient::expect_ack(const char* what) {
+  std::vector<char> pending(shards_.size(), 1);
+  collect(what, pending, [&](int k, const wire::Body& body) {
+    if (!std::holds_alternative<wire::Ack>(body)) fail(k, std::string("answered ") + what + " with " + wire::body_name(body));
+  });
+}
+
 void PsClient::bye(long clock) {
-  const int S = int(socks_.size());
-  for (int k = 0; k < S; ++k) send(k, wire::Bye{clock});
-  std::vector<char> pending(std::size_t(S), 1);
-  collect("Bye", pending, [&](int, Reply&) {});
+  for (int k = 0; k < int(shards_.size()); ++k) send(k, wire::Bye{clock});
+  expect_ack("Bye");
 }
 
 void PsClient::shutdown() {
-  const int S = int(socks_.size());
-  for (int k = 0; k < S; ++k) send(k, wire::Shutdown{});
-  std::vector<char> pending(std::size_t(S), 1);
-  collect("Shutdown", pending, [&](int, Reply&) {});
+  for (int k = 0; k < int(shards_.size()); ++k) send(k, wire::Shutdown{});
+  expect_ack("Shutdown");
 }
 
 std::string PsClient::stats(int shard) {
   send(shard, wire::Stats{});
-  std::vector<char> pending(socks_.size(), 0);
+  std::vector<char> pending(shards_.size(), 0);
   pending[std::size_t(shard)] = 1;
   std::string json;
-  collect("Stats", pending, [&](int k, Reply& r) {
-    const auto* s = std::get_if<wire::StatsReply>(&r.header.body);
-    if (!s) fail(k, std::string("answered Stats with ") + wire::body_name(r.header.body));
+  collect("Stats", pending, [&](int k, const wire::Body& body) {
+    const auto* s = std::get_if<wire::StatsReply>(&body);
+    if (!s) fail(k, std::string("answered Stats with ") + wire::body_name(body));
     json = s->json;
   });
   return json;

@@ -1,11 +1,12 @@
-// The parameter-server client of a worker or an evaluator: one DEALER socket per server,
-// every request sent to all servers at once and the replies collected as they come.
+// The parameter-server client of a worker or an evaluator: a connection to every server
+// (comm::Connections of the run's transport), every request sent to all servers at once and
+// the replies collected as they come.
 //
 // θ and ∇θ are host buffers of all P floats; shard k is the contiguous range the server
 // announced in its Welcome (checked against the local computation). Gradients leave
-// zero-copy (the caller's buffer is referenced until ZeroMQ is done, and push() waits for
-// that before returning); parameters arrive in ZeroMQ's buffer and are copied into θ in the
-// same pass that verifies their checksum.
+// zero-copy (the caller's buffer is referenced until the transport is done, and push() waits
+// for that before returning); parameters arrive in the transport's buffer and are copied into
+// θ in the same pass that verifies their checksum.
 //
 // Every wait has a deadline; a missing reply throws naming the server, its address, and
 // what was waited for. An Error from a server throws with the server's message.
@@ -16,11 +17,10 @@
 #include <string>
 #include <vector>
 
-#include <zmq.hpp>
-
-#include "ps/shard_state.h"
-#include "comm/net.h"
+#include "comm/transport/in_flight.h"
+#include "comm/transport/transport.h"
 #include "comm/wire.h"
+#include "ps/shard_state.h"
 
 namespace pslab {
 
@@ -41,8 +41,9 @@ struct PullResult {
 
 class PsClient {
  public:
-  // rank: the worker's rank, or wire::kEvaluator with role evaluator.
-  PsClient(zmq::context_t& ctx, std::vector<std::string> endpoints, wire::Role role, int rank,
+  // rank: the worker's rank, or wire::kEvaluator with role evaluator. `transport` must outlive
+  // the client.
+  PsClient(comm::Transport& transport, std::vector<std::string> endpoints, wire::Role role, int rank,
            std::size_t num_params, std::uint64_t config_hash, double timeout_s);
   ~PsClient();
 
@@ -55,9 +56,9 @@ class PsClient {
   // samples. With theta != nullptr the servers answer with the parameters for clock + 1,
   // written into theta; otherwise they acknowledge.
   PullResult push(long clock, int batch, const float* grad, float* theta);
-  // Tells every server this worker is done (after its last push).
+  // Tells every server this worker is done (after its last push); each answers Ack.
   void bye(long clock);
-  // Asks every server to exit once training is over (evaluator / launcher).
+  // Asks every server to exit once training is over (evaluator / launcher); each answers Ack.
   void shutdown();
   // One server's counters (JSON text).
   std::string stats(int shard);
@@ -66,18 +67,16 @@ class PsClient {
   std::size_t num_params() const { return num_params_; }
 
  private:
-  struct Reply {
-    wire::Header header;
-    zmq::message_t payload;
-  };
-  // Waits for one reply from each server in `pending`, handing it to on_reply(k, reply).
+  // Waits for one reply from each server in `pending`, handing it to on_reply(k, header,
+  // message) (the message's payload is valid during the call).
   template <typename F>
   void collect(const std::string& what, std::vector<char>& pending, F&& on_reply);
-  void send(int k, const wire::Body& body, zmq::message_t* payload = nullptr);
+  void send(int k, const wire::Body& body, comm::OutPayload payload = {});
   [[noreturn]] void fail(int k, const std::string& what) const;
-  void take_params(int k, const wire::PullReply& r, zmq::message_t& payload, float* theta, PullResult& acc);
+  void take_params(int k, const wire::PullReply& r, std::span<const std::byte> payload, float* theta, PullResult& acc);
+  void expect_ack(const char* what);
 
-  std::vector<zmq::socket_t> socks_;
+  std::unique_ptr<comm::Connections> conns_;
   std::vector<ShardInfo> shards_;
   wire::Role role_;
   int rank_;
@@ -85,7 +84,8 @@ class PsClient {
   std::uint64_t config_hash_;
   std::chrono::milliseconds timeout_;
   wire::Encoder enc_;
-  net::InFlight in_flight_;
+  comm::Message msg_;  // reused for every reply
+  comm::InFlight in_flight_;
 };
 
 }  // namespace pslab

@@ -364,6 +364,12 @@ std::string to_toml(const ExperimentConfig& c) {
   return s.str();
 }
 
+std::uint64_t config_fingerprint(const ExperimentConfig& c) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : to_toml(c)) h = (h ^ ch) * 0x100000001b3ull;
+  return h;
+}
+
 std::string describe_keys() {
   constexpr std::size_t key_width = 26;
   ExperimentConfig c;

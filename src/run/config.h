@@ -100,6 +100,8 @@ ExperimentConfig parse_config(const std::string& toml_text, const std::string& o
                               const std::vector<std::string>& overrides = {});
 // Every key with its value, defaults included, as TOML that parse_config reads back equal.
 std::string to_toml(const ExperimentConfig& c);
+// A 64-bit fingerprint of the config (FNV-1a of to_toml): peers of one run must agree on it.
+std::uint64_t config_fingerprint(const ExperimentConfig& c);
 // Range and cross-field checks; throws ConfigError("<origin>: <key>: ...").
 void validate(const ExperimentConfig& c, const std::string& origin);
 

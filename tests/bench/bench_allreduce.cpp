@@ -21,7 +21,6 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/collective.h"
-#include "comm/net.h"
 #include "roles.h"
 #include "run/setup.h"
 
@@ -37,10 +36,10 @@ double median(std::vector<double> v) {
 
 
 nlohmann::ordered_json run_rank(int rank, int W, const std::string& ep, const std::string& ep_train, int runs, long steps) {
-  zmq::context_t ctx(1);
+  const auto transport = comm::make_transport("tcp");
   std::unique_ptr<Coordinator> coord;
-  if (rank == 0) coord = std::make_unique<Coordinator>(ctx, ep, W);
-  RendezvousClient rv(ctx, ep, rank, W, std::chrono::seconds(60));
+  if (rank == 0) coord = std::make_unique<Coordinator>(*transport, ep, W);
+  RendezvousClient rv(*transport, ep, rank, W, std::chrono::seconds(60));
   auto coll = make_gloo_collective(rv, "127.0.0.1");
   nlohmann::ordered_json out;
 
@@ -75,7 +74,7 @@ nlohmann::ordered_json run_rank(int rank, int W, const std::string& ep, const st
   o.coordinator = ep_train;
   o.out_dir = "/tmp/pslab_bench_allreduce_rank" + std::to_string(rank) + "_" + std::to_string(::getpid());
   o.progress = false;
-  o.ctx = &ctx;
+  o.transport = transport.get();
   run_allreduce_worker(cfg, o);
   std::vector<double> rate, compute, comm;
   std::ifstream f(o.out_dir + "/metrics/worker" + std::to_string(rank) + ".jsonl");
@@ -122,8 +121,9 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  const std::string ep = "tcp://127.0.0.1:" + std::to_string(net::free_tcp_port());
-  const std::string ep_train = "tcp://127.0.0.1:" + std::to_string(net::free_tcp_port());
+  const auto transport = comm::make_transport("tcp");  // for addresses only
+  const std::string ep = transport->local_address("coordinator");
+  const std::string ep_train = transport->local_address("coordinator-train");
   const std::string out0 = "/tmp/pslab_bench_allreduce_" + std::to_string(::getpid()) + ".json";
   std::vector<pid_t> children;
   for (int r = 0; r < ranks; ++r) {

@@ -1,14 +1,14 @@
-// Parameter-server transfer benchmark: 1 server process x 1 worker on TCP loopback, one
-// tensor, one request at a time. Writes JSON.
+// Parameter-server transfer benchmark: 1 server process x 1 worker on one host (TCP loopback,
+// or Unix sockets with --transport ipc), one tensor, one request at a time. Writes JSON.
 //
-//   bench_ps [--runs 5] [--json FILE] [--sizes-kib 4,256,4096,16384]
+//   bench_ps [--runs 5] [--json FILE] [--sizes-kib 4,256,4096,16384] [--transport tcp|ipc]
 //
 // Metrics, per tensor size (median over runs; each run = many iterations after a warm-up):
 //   push_pull   one Push with then_pull answered by the new parameters (what a worker does
 //               every step): round-trip time, and GB/s = (bytes pushed + bytes pulled) / time
 //   push_then_pull  a Push answered by an ack, then a Pull: two round trips
-//   raw_zmq     a bare ZeroMQ DEALER/ROUTER echo of the same bytes, zero-copy both ways, no
-//               pslab code: the transport's ceiling on this machine
+//   raw_zmq     a bare ZeroMQ DEALER/ROUTER echo of the same bytes over the same kind of
+//               socket, zero-copy both ways, no pslab code: the transport's ceiling here
 //   apply       the server's update alone (SGD on the shard, in process, checksums of the
 //               gradient and the new version included): GB/s of gradient applied, against
 //               memcpy of the same bytes
@@ -25,9 +25,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include <zmq.hpp>
+
 #include "run/config.h"
 #include "ps/shard_state.h"
-#include "comm/net.h"
 #include "ps/client.h"
 #include "server.h"
 #include "run/setup.h"
@@ -72,17 +73,20 @@ std::vector<double> time_runs(int runs, long iters, F fn) {
 
 long iterations_for(std::size_t bytes) { return std::clamp<long>(long((256u << 20) / bytes), 20, 3000); }
 
-nlohmann::ordered_json bench_pslab(std::size_t floats, int runs) {
-  const ExperimentConfig cfg = config_for(floats);
-  const std::string ep = "tcp://127.0.0.1:" + std::to_string(net::free_tcp_port());
+nlohmann::ordered_json bench_pslab(std::size_t floats, int runs, const std::string& transport_name) {
+  ExperimentConfig cfg = config_for(floats);
+  cfg.cluster.transport = transport_name;
+  const auto transport = comm::make_transport(transport_name);  // its ZeroMQ context starts after the fork
+  const std::string ep = transport->local_address("bench-server");
   const pid_t child = ::fork();
   if (child == 0) {
     try {
       {  // destructors close the socket, letting the last Ack leave before _exit
-        zmq::context_t ctx(1);
+        set_cpu_backend_threads(1);  // as pslab_server does
+        const auto server_transport = comm::make_transport(transport_name);
         ServerOptions o;
         o.endpoint = ep;
-        Server server(ctx, cfg, o);
+        Server server(*server_transport, cfg, o);
         server.run();
       }
       _exit(0);
@@ -91,9 +95,8 @@ nlohmann::ordered_json bench_pslab(std::size_t floats, int runs) {
       _exit(1);
     }
   }
-  zmq::context_t ctx(1);
   const std::size_t P = count_params(model_spec(cfg));
-  PsClient client(ctx, {ep}, wire::Role::worker, 0, P, net::fnv1a(to_toml(cfg)), 30);
+  PsClient client(*transport, {ep}, wire::Role::worker, 0, P, config_fingerprint(cfg), 30);
   client.connect();
   std::vector<float> theta(P), grad(P, 1e-3f);
   client.pull(0, theta.data());
@@ -115,10 +118,11 @@ nlohmann::ordered_json bench_pslab(std::size_t floats, int runs) {
           {"push_pull_us_runs", fused}};
 }
 
-// A bare ZeroMQ echo over TCP loopback: DEALER sends n bytes zero-copy, ROUTER (another
-// process) sends the same bytes back zero-copy.
-nlohmann::ordered_json bench_raw(std::size_t bytes, int runs) {
-  const std::string ep = "tcp://127.0.0.1:" + std::to_string(net::free_tcp_port());
+// A bare ZeroMQ echo over the same kind of socket: DEALER sends n bytes zero-copy, ROUTER
+// (another process) sends the same bytes back zero-copy.
+nlohmann::ordered_json bench_raw(std::size_t bytes, int runs, const std::string& transport_name) {
+  const auto transport = comm::make_transport(transport_name);  // for an address only
+  const std::string ep = transport->local_address("bench-raw");
   const pid_t child = ::fork();
   const long iters = iterations_for(bytes / 2);
   const long total = std::max(10L, iters / 10) + long(runs) * iters;
@@ -172,21 +176,23 @@ nlohmann::ordered_json bench_apply(std::size_t floats, int runs) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"pslab parameter-server transfer benchmark (1 server x 1 worker, TCP loopback)"};
+  CLI::App app{"pslab parameter-server transfer benchmark (1 server x 1 worker on this host)"};
   int runs = 5;
   std::string json_path;
   std::vector<int> sizes_kib = {4, 256, 4096, 16384};
+  std::string transport = "tcp";
   app.add_option("--runs", runs, "timed runs per measurement (median reported)")->capture_default_str();
   app.add_option("--json", json_path, "write results here");
   app.add_option("--sizes-kib", sizes_kib, "tensor sizes in KiB")->delimiter(',')->capture_default_str();
+  app.add_option("--transport", transport, "tcp (loopback) or ipc (Unix sockets)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   for (int kib : sizes_kib) {
     const std::size_t floats = std::size_t(kib) * 1024 / 4;
     nlohmann::ordered_json r{{"size_kib", kib}, {"floats", floats}};
-    r["pslab"] = bench_pslab(floats, runs);
-    r["raw_zmq"] = bench_raw(floats * 4, runs);
+    r["pslab"] = bench_pslab(floats, runs, transport);
+    r["raw_zmq"] = bench_raw(floats * 4, runs, transport);
     r["server_apply"] = bench_apply(floats, runs);
     std::fprintf(stderr, "%6d KiB: push+pull %8.1f us  %5.2f GB/s | push, pull %8.1f us | raw zmq %8.1f us %5.2f GB/s | apply %5.2f GB/s, memcpy %5.2f GB/s\n",
                  kib, r["pslab"]["push_pull_us"].get<double>(), r["pslab"]["push_pull_GBps"].get<double>(),
@@ -195,7 +201,7 @@ int main(int argc, char** argv) {
                  r["server_apply"]["memcpy_GBps"].get<double>());
     results.push_back(r);
   }
-  nlohmann::ordered_json out{{"benchmark", "ps_push_pull"}, {"runs", runs},
+  nlohmann::ordered_json out{{"benchmark", "ps_push_pull"}, {"transport", transport}, {"runs", runs},
                              {"metric", "median over runs of the mean time per request; GB/s counts bytes pushed + bytes pulled"},
                              {"results", results}};
   std::printf("%s\n", out.dump(2).c_str());

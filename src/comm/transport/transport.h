@@ -1,0 +1,160 @@
+// How the processes of a run exchange messages. A message is a header (the FlatBuffers bytes
+// of comm/wire.h) and at most one payload (tensor bytes). A Listener (a parameter server, the
+// all-reduce coordinator, the evaluator's snapshot port) receives from any peer that connects
+// and answers it; Connections (a worker's, the evaluator's, a rank's) talk to a fixed list of
+// listeners, addressed by index.
+//
+// Implementations mirror each other, one folder each, chosen by cluster.transport through
+// transport_registry():
+//   zmq/   ZeroMQ: "tcp" (tcp://host:port) and "ipc" (ipc:///path, Unix sockets between
+//          processes on one host)
+// and the place where the next ones plug in (shared memory between co-located peers). A test
+// adds its own (tests/test_seams.cpp: an in-memory queue).
+//
+// Contracts, the same for every implementation:
+//   - Every wait has a deadline: recv() returns false when it passes with nothing received, so
+//     that the caller's error can name what it waited for and from whom. A signal that
+//     interrupts a wait is not an error: recv() goes on waiting until the deadline.
+//   - Payload lifetime: a payload given with a release function is referenced, not copied, until
+//     the transport is done with it; then the transport calls release(data, hint), from any
+//     thread (e.g. its I/O thread). A payload without one is copied before send() returns.
+//     A message that cannot be sent is dropped, and its payload released all the same.
+//   - A received Message's bytes stay valid until the Message is reused for the next receive
+//     or destroyed; reusing one Message for every receive allocates nothing per message.
+//   - What arrives malformed at the transport's level (e.g. a frame too many) is delivered with
+//     Message::malformed() saying what, so that the receiver counts and answers it.
+//
+// Threading: one thread uses a Listener or a Connections at a time; a Transport may be shared
+// by the threads of one process (each creating its own listeners and connections), and must
+// outlive every listener and connections it made.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/registry.h"
+
+namespace pslab::comm {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+inline Deadline after(std::chrono::milliseconds ms) { return Clock::now() + ms; }
+
+// Called when the transport no longer references a payload.
+using ReleaseFn = void (*)(void* data, void* hint);
+
+// Bytes to send. With `release`, they are referenced until release(data, hint) is called.
+struct OutPayload {
+  const void* data = nullptr;
+  std::size_t size = 0;
+  ReleaseFn release = nullptr;
+  void* hint = nullptr;
+  bool empty() const { return data == nullptr; }
+};
+
+// A received message. Move-only; its storage belongs to the transport that filled it and is
+// reused by the next receive into the same Message.
+class Message {
+ public:
+  std::span<const std::byte> header() const { return header_; }
+  std::span<const std::byte> payload() const { return payload_; }
+  bool has_payload() const { return has_payload_; }
+  // Why the message is malformed at the transport's level ("" if it is not).
+  const std::string& malformed() const { return malformed_; }
+  // Bytes received for this message (header, payload and framing the transport counts).
+  std::size_t wire_bytes() const { return wire_bytes_; }
+
+  // ---- for transports ----
+  struct Storage {
+    virtual ~Storage() = default;
+  };
+  // The transport's storage in this message, created on first use and then reused.
+  template <typename S>
+  S& storage() {
+    if (auto* s = dynamic_cast<S*>(storage_.get())) return *s;
+    storage_ = std::make_unique<S>();
+    return static_cast<S&>(*storage_);
+  }
+  void set(std::span<const std::byte> header, std::span<const std::byte> payload, bool has_payload,
+           std::size_t wire_bytes) {
+    header_ = header, payload_ = payload, has_payload_ = has_payload, wire_bytes_ = wire_bytes;
+    malformed_.clear();
+  }
+  void set_malformed(std::string why, std::size_t wire_bytes) {
+    header_ = {}, payload_ = {}, has_payload_ = false, wire_bytes_ = wire_bytes;
+    malformed_ = std::move(why);
+  }
+
+ private:
+  std::unique_ptr<Storage> storage_;
+  std::span<const std::byte> header_, payload_;
+  bool has_payload_ = false;
+  std::size_t wire_bytes_ = 0;
+  std::string malformed_;
+};
+
+// Identifies a peer of a Listener (opaque bytes chosen by the transport).
+using PeerId = std::string;
+
+struct ListenOptions {
+  std::size_t max_message_bytes = 0;  // larger messages are dropped by the transport (0: no limit)
+  int queue = 1000;                   // messages queued per peer, each way
+  std::chrono::milliseconds linger{2000};  // how long closing waits for queued replies to leave
+};
+
+struct ConnectOptions {
+  int queue = 1000;                        // messages queued per listener, each way
+  std::chrono::milliseconds linger{1000};  // how long closing waits for queued messages to leave
+};
+
+class Listener {
+ public:
+  virtual ~Listener() = default;
+  // The address peers connect to (as given to listen()).
+  virtual const std::string& address() const = 0;
+  // Waits for a message from any peer until `deadline`; false if none came.
+  virtual bool recv(Message& m, PeerId& from, Deadline deadline) = 0;
+  // Queues a message to a peer without blocking. False if it cannot be queued now (the peer is
+  // gone or its queue is full): the message is dropped (and its payload released).
+  virtual bool send(const PeerId& to, std::span<const std::byte> header, OutPayload payload = {}) = 0;
+};
+
+class Connections {
+ public:
+  virtual ~Connections() = default;
+  virtual std::size_t size() const = 0;
+  virtual const std::string& address(std::size_t k) const = 0;
+  // Queues a message to listener k, waiting while its queue is full until `deadline` (a
+  // deadline in the past: never waits). False if it could not be queued in time: the message
+  // is dropped (and its payload released).
+  virtual bool send(std::size_t k, std::span<const std::byte> header, OutPayload payload, Deadline deadline) = 0;
+  // Waits for a message from any listener until `deadline`; false if none came. Sets `from`.
+  virtual bool recv(Message& m, std::size_t& from, Deadline deadline) = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  // As cluster.transport names it, e.g. "tcp".
+  virtual std::string name() const = 0;
+  // An address on this host for a listener named `name` (e.g. "server0"), for tests and tools:
+  // tcp://127.0.0.1:PORT with a port that was free a moment ago; ipc://DIR/NAME in a private
+  // directory that lives as long as the transport.
+  virtual std::string local_address(const std::string& name) = 0;
+  // Starts listening at `address`; throws std::runtime_error naming the address and why not.
+  virtual std::unique_ptr<Listener> listen(const std::string& address, const ListenOptions& opt = {}) = 0;
+  // Connects to every address (connections complete in the background; sends queue meanwhile).
+  // Throws std::invalid_argument for an address this transport cannot use.
+  virtual std::unique_ptr<Connections> connect(const std::vector<std::string>& addresses,
+                                               const ConnectOptions& opt = {}) = 0;
+};
+
+// cluster.transport -> transport. Built-ins: tcp, ipc (comm/transport/registry.cpp).
+Registry<Transport>& transport_registry();
+inline std::unique_ptr<Transport> make_transport(const std::string& name) { return transport_registry().make(name); }
+
+}  // namespace pslab::comm

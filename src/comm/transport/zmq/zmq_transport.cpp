@@ -1,0 +1,287 @@
+#include "comm/transport/zmq/zmq_transport.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <stdexcept>
+
+#include <zmq.hpp>
+
+namespace pslab::comm {
+namespace {
+
+// The one deadline-poll of the ZeroMQ transports: waits until an item is ready or `deadline`
+// passes. A signal (EINTR) ends the wait early like readiness does: callers try again and
+// loop until their deadline.
+void poll_until(zmq::pollitem_t* items, std::size_t n, Deadline deadline) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+  try {
+    zmq::poll(items, n, std::max(left, std::chrono::milliseconds(0)));
+  } catch (const zmq::error_t& e) {
+    if (e.num() != EINTR) throw;
+  }
+}
+
+// The frames of the message being received, kept in the Message and reused.
+struct ZmqFrames final : Message::Storage {
+  std::vector<zmq::message_t> frames;
+};
+
+// Receives every frame of one message without waiting; false if none is queued.
+bool recv_frames(zmq::socket_t& s, std::vector<zmq::message_t>& frames) {
+  frames.clear();
+  zmq::message_t m;
+  if (!s.recv(m, zmq::recv_flags::dontwait)) return false;
+  bool more = m.more();
+  frames.push_back(std::move(m));
+  while (more) {
+    zmq::message_t part;
+    if (!s.recv(part, zmq::recv_flags::none)) break;  // the parts of a message arrive together
+    more = part.more();
+    frames.push_back(std::move(part));
+  }
+  return true;
+}
+
+std::span<const std::byte> bytes_of(const zmq::message_t& m) {
+  return {static_cast<const std::byte*>(m.data()), m.size()};
+}
+
+// Sets `m` from frames[first] (header) and frames[first + 1] (payload, if any).
+void deliver(Message& m, const std::vector<zmq::message_t>& frames, std::size_t first) {
+  std::size_t bytes = 0;
+  for (std::size_t i = first; i < frames.size(); ++i) bytes += frames[i].size();
+  const std::size_t parts = frames.size() - first;
+  if (parts == 0) return m.set_malformed("a message without a header frame", bytes);
+  if (parts > 2)
+    return m.set_malformed("message of " + std::to_string(parts) + " frames (expected a header and at most one payload)",
+                           bytes);
+  m.set(bytes_of(frames[first]), parts == 2 ? bytes_of(frames[first + 1]) : std::span<const std::byte>(), parts == 2,
+        bytes);
+}
+
+// The payload as a frame: referenced (released by ZeroMQ's free callback) or copied.
+zmq::message_t payload_frame(const OutPayload& p) {
+  if (p.release) return zmq::message_t(const_cast<void*>(p.data), p.size, p.release, p.hint);
+  return zmq::message_t(p.data, p.size);
+}
+
+void release(const OutPayload& p) {
+  if (p.release) p.release(const_cast<void*>(p.data), p.hint);
+}
+
+class ZmqListener final : public Listener {
+ public:
+  ZmqListener(zmq::context_t& ctx, std::string address, const std::string& bind, const ListenOptions& o)
+      : sock_(ctx, zmq::socket_type::router), address_(std::move(address)) {
+    sock_.set(zmq::sockopt::router_mandatory, 1);  // a reply that cannot be queued is reported, not lost silently
+    if (o.max_message_bytes) sock_.set(zmq::sockopt::maxmsgsize, std::int64_t(o.max_message_bytes));
+    sock_.set(zmq::sockopt::sndhwm, o.queue);
+    sock_.set(zmq::sockopt::rcvhwm, o.queue);
+    sock_.set(zmq::sockopt::linger, int(o.linger.count()));
+    try {
+      sock_.bind(bind);
+    } catch (const zmq::error_t& e) {
+      throw std::runtime_error("cannot bind " + address_ + ": " + e.what());
+    }
+  }
+  const std::string& address() const override { return address_; }
+
+  bool recv(Message& m, PeerId& from, Deadline deadline) override {
+    auto& frames = m.storage<ZmqFrames>().frames;
+    while (!recv_frames(sock_, frames)) {
+      if (Clock::now() >= deadline) return false;
+      zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
+      poll_until(&item, 1, deadline);
+    }
+    from.assign(static_cast<const char*>(frames[0].data()), frames[0].size());
+    deliver(m, frames, 1);
+    return true;
+  }
+
+  bool send(const PeerId& to, std::span<const std::byte> header, OutPayload payload) override {
+    const auto more = zmq::send_flags::sndmore | zmq::send_flags::dontwait;
+    try {
+      zmq::message_t id(to.data(), to.size());
+      if (!sock_.send(id, more)) {  // the peer's queue is full
+        release(payload);
+        return false;
+      }
+      // The rest of a message is queued with its first frame.
+      zmq::message_t head(header.data(), header.size());
+      sock_.send(head, payload.empty() ? zmq::send_flags::dontwait : more);
+      if (!payload.empty()) {
+        zmq::message_t body = payload_frame(payload);
+        payload = {};  // the frame owns the release now
+        sock_.send(body, zmq::send_flags::dontwait);
+      }
+      return true;
+    } catch (const zmq::error_t&) {  // EHOSTUNREACH: the peer is gone
+      release(payload);
+      return false;
+    }
+  }
+
+ private:
+  zmq::socket_t sock_;
+  std::string address_;
+};
+
+class ZmqConnections final : public Connections {
+ public:
+  ZmqConnections(zmq::context_t& ctx, const std::vector<std::string>& addresses, const ConnectOptions& o)
+      : addresses_(addresses) {
+    for (const auto& a : addresses) {
+      socks_.emplace_back(ctx, zmq::socket_type::dealer);
+      socks_.back().set(zmq::sockopt::linger, int(o.linger.count()));
+      socks_.back().set(zmq::sockopt::sndhwm, o.queue);
+      socks_.back().set(zmq::sockopt::rcvhwm, o.queue);
+      socks_.back().connect(a);
+    }
+    items_.resize(socks_.size());
+  }
+  std::size_t size() const override { return socks_.size(); }
+  const std::string& address(std::size_t k) const override { return addresses_.at(k); }
+
+  bool send(std::size_t k, std::span<const std::byte> header, OutPayload payload, Deadline deadline) override {
+    zmq::socket_t& s = socks_.at(k);
+    zmq::message_t head(header.data(), header.size());
+    const auto flags = payload.empty() ? zmq::send_flags::dontwait : zmq::send_flags::sndmore | zmq::send_flags::dontwait;
+    while (!s.send(head, flags)) {  // the queue to listener k is full
+      if (Clock::now() >= deadline) {
+        release(payload);
+        return false;
+      }
+      zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLOUT, 0};
+      poll_until(&item, 1, deadline);
+    }
+    if (!payload.empty()) {
+      zmq::message_t body = payload_frame(payload);
+      s.send(body, zmq::send_flags::dontwait);  // queued with its header
+    }
+    return true;
+  }
+
+  bool recv(Message& m, std::size_t& from, Deadline deadline) override {
+    auto& frames = m.storage<ZmqFrames>().frames;
+    const std::size_t n = socks_.size();
+    while (true) {
+      for (std::size_t i = 0; i < n; ++i) {  // round robin, so that no listener starves another
+        const std::size_t k = (next_ + i) % n;
+        if (recv_frames(socks_[k], frames)) {
+          next_ = k + 1;
+          from = k;
+          deliver(m, frames, 0);
+          return true;
+        }
+      }
+      if (Clock::now() >= deadline) return false;
+      for (std::size_t k = 0; k < n; ++k) items_[k] = {socks_[k].handle(), 0, ZMQ_POLLIN, 0};
+      poll_until(items_.data(), n, deadline);
+    }
+  }
+
+ private:
+  std::vector<zmq::socket_t> socks_;
+  std::vector<std::string> addresses_;
+  std::vector<zmq::pollitem_t> items_;
+  std::size_t next_ = 0;
+};
+
+int free_tcp_port() {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (s < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  const bool ok = ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  ::close(s);
+  if (!ok) throw std::runtime_error("no free TCP port on 127.0.0.1");
+  return ntohs(a.sin_port);
+}
+
+class ZmqTransport final : public Transport {
+ public:
+  explicit ZmqTransport(std::string scheme) : scheme_(std::move(scheme)) {}
+  ~ZmqTransport() override {
+    if (!private_dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(private_dir_, ec);
+    }
+  }
+  std::string name() const override { return scheme_; }
+
+  std::string local_address(const std::string& name) override {
+    if (scheme_ == "tcp") return "tcp://127.0.0.1:" + std::to_string(free_tcp_port());
+    std::lock_guard<std::mutex> lock(mu_);
+    if (private_dir_.empty()) {
+      char tmpl[] = "/tmp/pslab-XXXXXX";  // mode 0700: only this user reaches the sockets
+      if (!::mkdtemp(tmpl)) throw std::runtime_error(std::string("mkdtemp /tmp/pslab-XXXXXX: ") + std::strerror(errno));
+      private_dir_ = tmpl;
+    }
+    return "ipc://" + private_dir_ + "/" + name;
+  }
+
+  std::unique_ptr<Listener> listen(const std::string& address, const ListenOptions& opt) override {
+    check(address);
+    return std::make_unique<ZmqListener>(context(), address, zmq_bind_address(address), opt);
+  }
+
+  std::unique_ptr<Connections> connect(const std::vector<std::string>& addresses, const ConnectOptions& opt) override {
+    for (const auto& a : addresses) check(a);
+    return std::make_unique<ZmqConnections>(context(), addresses, opt);
+  }
+
+ private:
+  void check(const std::string& address) const {
+    const std::string prefix = scheme_ + "://";
+    const char* form = scheme_ == "tcp" ? "tcp://HOST:PORT" : "ipc:///PATH";
+    if (address.rfind(prefix, 0) != 0 || address.size() == prefix.size())
+      throw std::invalid_argument("\"" + address + "\" is not an address of the " + scheme_ + " transport (" + form +
+                                  "; cluster.transport = \"" + scheme_ + "\")");
+    if (scheme_ == "ipc" && address.size() - prefix.size() >= sizeof(sockaddr_un::sun_path))
+      throw std::invalid_argument("\"" + address + "\": a Unix socket path has at most " +
+                                  std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes");
+  }
+  zmq::context_t& context() {
+    std::call_once(ctx_once_, [&] { ctx_ = std::make_unique<zmq::context_t>(1); });
+    return *ctx_;
+  }
+
+  std::string scheme_;
+  std::once_flag ctx_once_;
+  std::unique_ptr<zmq::context_t> ctx_;
+  std::mutex mu_;
+  std::string private_dir_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_zmq_transport(const std::string& scheme) {
+  if (scheme != "tcp" && scheme != "ipc") throw std::invalid_argument("ZeroMQ transports: tcp or ipc, not " + scheme);
+  return std::make_unique<ZmqTransport>(scheme);
+}
+
+std::string zmq_bind_address(const std::string& address) {
+  if (address.rfind("tcp://", 0) != 0) return address;
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos || colon < 6) return address;
+  const std::string host = address.substr(6, colon - 6), port = address.substr(colon);
+  if (host == "localhost") return "tcp://127.0.0.1" + port;
+  const bool numeric = host == "*" || host.find_first_not_of("0123456789.") == std::string::npos ||
+                       (host.size() > 2 && host.front() == '[' && host.back() == ']');
+  return numeric ? address : "tcp://*" + port;
+}
+
+}  // namespace pslab::comm

@@ -1,0 +1,201 @@
+// The transports (comm/transport/): the contracts every implementation keeps, checked on
+// each ZeroMQ one (tcp, ipc): messages with and without payload, deadlines, payload
+// lifetime, malformed messages delivered with a reason, replies to a peer that is gone
+// reported, addresses checked.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <thread>
+
+#include <zmq.hpp>
+
+#include "comm/transport/transport.h"
+#include "comm/transport/zmq/zmq_transport.h"
+
+using namespace pslab;
+using namespace pslab::comm;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::span<const std::byte> bytes(const std::string& s) { return {reinterpret_cast<const std::byte*>(s.data()), s.size()}; }
+std::string text(std::span<const std::byte> b) { return {reinterpret_cast<const char*>(b.data()), b.size()}; }
+
+class EveryTransport : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::unique_ptr<Transport> t = make_transport(GetParam());
+};
+
+TEST_P(EveryTransport, MessagesGoBothWaysWithAndWithoutPayload) {
+  const std::string a0 = t->local_address("a0"), a1 = t->local_address("a1");
+  auto l0 = t->listen(a0), l1 = t->listen(a1);
+  EXPECT_EQ(l0->address(), a0);
+  auto c = t->connect({a0, a1});
+  ASSERT_EQ(c->size(), 2u);
+  EXPECT_EQ(c->address(1), a1);
+  ASSERT_TRUE(c->send(1, bytes("hello"), {}, after(5s)));
+  const std::string tensor(100000, 'x');
+  ASSERT_TRUE(c->send(0, bytes("push"), OutPayload{tensor.data(), tensor.size()}, after(5s)));
+
+  Message m;
+  PeerId from;
+  ASSERT_TRUE(l1->recv(m, from, after(5s)));
+  EXPECT_EQ(text(m.header()), "hello");
+  EXPECT_FALSE(m.has_payload());
+  EXPECT_EQ(m.malformed(), "");
+  ASSERT_TRUE(l1->send(from, bytes("welcome")));
+  ASSERT_TRUE(l0->recv(m, from, after(5s)));
+  EXPECT_EQ(text(m.header()), "push");
+  ASSERT_TRUE(m.has_payload());
+  EXPECT_EQ(text(m.payload()), tensor);
+  EXPECT_EQ(m.wire_bytes(), 4 + tensor.size());
+  ASSERT_TRUE(l0->send(from, bytes("reply"), OutPayload{tensor.data(), 10}));
+
+  std::size_t k = 9;
+  std::set<std::string> got;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(c->recv(m, k, after(5s)));
+    got.insert(std::to_string(k) + ":" + text(m.header()) + (m.has_payload() ? "+" + text(m.payload()) : ""));
+  }
+  EXPECT_EQ(got, (std::set<std::string>{"1:welcome", "0:reply+xxxxxxxxxx"}));
+}
+
+TEST_P(EveryTransport, ARecvWithNothingToReceiveEndsAtItsDeadline) {
+  const std::string a = t->local_address("quiet");
+  auto l = t->listen(a);
+  auto c = t->connect({a});
+  Message m;
+  PeerId from;
+  std::size_t k;
+  const auto t0 = Clock::now();
+  EXPECT_FALSE(l->recv(m, from, after(100ms)));
+  EXPECT_FALSE(c->recv(m, k, after(100ms)));
+  const auto waited = Clock::now() - t0;
+  EXPECT_GE(waited, 200ms);
+  EXPECT_LT(waited, 3s);
+  EXPECT_FALSE(l->recv(m, from, Clock::now())) << "a deadline in the past only looks";
+}
+
+struct Released {
+  std::atomic<int> n{0};
+  static void release(void*, void* hint) { ++static_cast<Released*>(hint)->n; }
+};
+
+TEST_P(EveryTransport, AReferencedPayloadIsReleasedOnceWhenSentOrDropped) {
+  const std::string a = t->local_address("sink");
+  auto l = t->listen(a);
+  auto c = t->connect({a});
+  Released r;
+  std::vector<float> grad(1000, 1.5f);
+  ASSERT_TRUE(c->send(0, bytes("g"), OutPayload{grad.data(), grad.size() * 4, &Released::release, &r}, after(5s)));
+  Message m;
+  PeerId from;
+  ASSERT_TRUE(l->recv(m, from, after(5s)));
+  EXPECT_EQ(m.payload().size(), 4000u);
+  for (int i = 0; i < 500 && r.n.load() == 0; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(r.n.load(), 1);
+  // A reply to a peer that does not exist is dropped, reported, and its payload released.
+  EXPECT_FALSE(l->send("no such peer", bytes("x"), OutPayload{grad.data(), 4, &Released::release, &r}));
+  EXPECT_EQ(r.n.load(), 2);
+}
+
+TEST_P(EveryTransport, AReplyToAPeerThatIsGoneIsReportedNotLostSilently) {
+  const std::string a = t->local_address("srv");
+  auto l = t->listen(a);
+  auto c = t->connect({a});
+  ASSERT_TRUE(c->send(0, bytes("hi"), {}, after(5s)));
+  Message m;
+  PeerId from;
+  ASSERT_TRUE(l->recv(m, from, after(5s)));
+  c.reset();  // the peer goes away
+  bool refused = false;
+  for (int i = 0; i < 400 && !refused; ++i) {  // once the listener has noticed
+    refused = !l->send(from, bytes("late reply"));
+    if (!refused) std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_TRUE(refused);
+}
+
+TEST_P(EveryTransport, AddressesOfAnotherTransportAreRefusedNamingIt) {
+  const std::string other = GetParam() == "tcp" ? "ipc:///tmp/x" : "tcp://127.0.0.1:5555";
+  try {
+    t->listen(other);
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("is not an address of the " + GetParam() + " transport"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(t->connect({other}), std::invalid_argument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Zmq, EveryTransport, ::testing::Values("tcp", "ipc"), [](const auto& i) { return i.param; });
+
+TEST(ZmqTransport, TooManyFramesArriveMarkedMalformed) {
+  auto t = make_transport("tcp");
+  const std::string a = t->local_address("srv");
+  auto l = t->listen(a);
+  zmq::context_t ctx(1);
+  zmq::socket_t raw(ctx, zmq::socket_type::dealer);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.connect(a);
+  raw.send(zmq::str_buffer("h"), zmq::send_flags::sndmore);
+  raw.send(zmq::str_buffer("p"), zmq::send_flags::sndmore);
+  raw.send(zmq::str_buffer("extra"), zmq::send_flags::none);
+  Message m;
+  PeerId from;
+  ASSERT_TRUE(l->recv(m, from, after(5s)));
+  EXPECT_EQ(m.malformed(), "message of 3 frames (expected a header and at most one payload)");
+  EXPECT_FALSE(from.empty()) << "a malformed message still says whom to answer";
+}
+
+TEST(ZmqTransport, APortInUseAndAnOverlongSocketPathAreNamed) {
+  auto tcp = make_transport("tcp");
+  const std::string a = tcp->local_address("srv");
+  auto l = tcp->listen(a);
+  try {
+    tcp->listen(a);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot bind " + a), std::string::npos) << e.what();
+  }
+  auto ipc = make_transport("ipc");
+  EXPECT_THROW(ipc->listen("ipc:///tmp/" + std::string(200, 'p')), std::invalid_argument);
+}
+
+TEST(ZmqTransport, BindAddressesAreWhatZeroMqCanBind) {
+  EXPECT_EQ(zmq_bind_address("tcp://127.0.0.1:5555"), "tcp://127.0.0.1:5555");
+  EXPECT_EQ(zmq_bind_address("tcp://localhost:5555"), "tcp://127.0.0.1:5555");
+  EXPECT_EQ(zmq_bind_address("tcp://node07:5555"), "tcp://*:5555");
+  EXPECT_EQ(zmq_bind_address("tcp://10.1.2.3:5555"), "tcp://10.1.2.3:5555");
+  EXPECT_EQ(zmq_bind_address("tcp://[::1]:5555"), "tcp://[::1]:5555");
+  EXPECT_EQ(zmq_bind_address("ipc:///tmp/x"), "ipc:///tmp/x");
+}
+
+TEST(TransportRegistry, NamesTheTransportsItKnows) {
+  EXPECT_EQ(make_transport("tcp")->name(), "tcp");
+  EXPECT_EQ(make_transport("ipc")->name(), "ipc");
+  try {
+    make_transport("udp");
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "\"udp\" is not a transport: expected \"tcp\" or \"ipc\"");
+  }
+}
+
+TEST(TransportRegistry, AnIpcTransportsPrivateDirectoryGoesWithIt) {
+  std::string dir;
+  {
+    auto t = make_transport("ipc");
+    const std::string a = t->local_address("s");
+    dir = a.substr(6, a.rfind('/') - 6);
+    auto l = t->listen(a);
+    EXPECT_TRUE(std::filesystem::exists(dir));
+    EXPECT_EQ(std::filesystem::status(dir).permissions() & std::filesystem::perms::all, std::filesystem::perms::owner_all);
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
+}  // namespace

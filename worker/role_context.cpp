@@ -1,0 +1,82 @@
+#include "role_context.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <stdexcept>
+
+#include "run/setup.h"
+
+namespace pslab {
+
+namespace {
+
+bool trains(RoleKind k) { return k != RoleKind::evaluator; }
+
+std::unique_ptr<Backend> backend_for(const ExperimentConfig& cfg, const RoleOptions& opt, RoleKind kind) {
+  const Device d = cfg.train.device == "cuda" ? Device::cuda : Device::cpu;
+  // Single-process training has the host to itself; the roles of a run share it.
+  const int procs = kind == RoleKind::single ? 1 : opt.procs_on_host;
+  return make_backend(d, blas_threads(cfg, procs), opt.gpu_slot);
+}
+
+int replica_batch(const ExperimentConfig& cfg, RoleKind kind) {
+  switch (kind) {
+    case RoleKind::evaluator: return cfg.eval.batch;
+    case RoleKind::single: return std::max(cfg.train.batch, cfg.eval.batch);  // it evaluates too
+    default: return cfg.train.batch;
+  }
+}
+
+std::string who(RoleKind kind, int rank) {
+  switch (kind) {
+    case RoleKind::single: return "train";
+    case RoleKind::ps_worker: return "worker " + std::to_string(rank);
+    case RoleKind::allreduce_rank: return "rank " + std::to_string(rank);
+    case RoleKind::evaluator: return "evaluator";
+  }
+  return "?";
+}
+
+}  // namespace
+
+RoleContext::RoleContext(const ExperimentConfig& c, const RoleOptions& o, RoleKind k) : cfg(c), opt(o), kind(k) {
+  const int W = kind == RoleKind::single ? 1 : cfg.cluster.workers;
+  const int rank = kind == RoleKind::single ? 0 : opt.rank;
+  if (trains(kind) && (rank < 0 || rank >= W))
+    throw std::invalid_argument("--rank " + std::to_string(rank) + " is not in [0, cluster.workers = " + std::to_string(W) + ")");
+  backend_ = backend_for(cfg, opt, kind);
+  data_ = load_data(cfg);
+  replica_ = std::make_unique<Replica>(*backend_, model_spec(cfg), data_.train, replica_batch(cfg, kind));
+  const std::string file = kind == RoleKind::evaluator ? "evaluator" : "worker" + std::to_string(rank);
+  metrics_ = std::make_unique<MetricsWriter>(opt.out_dir + "/metrics/" + file + ".jsonl", opt.run_start);
+  if (!trains(kind)) return;
+  sampler_.emplace(std::size_t(data_.train.n), W, rank, cfg.seed);
+  steps_per_epoch_ = sampler_->steps_per_epoch(cfg.train.batch);
+  total_steps_ = pslab::total_steps(cfg, steps_per_epoch_);
+  progress_.emplace(who(kind, rank), opt.progress && rank == 0);
+  log_.emplace(*metrics_, *progress_, rank, cfg.train.log_every, total_steps_);
+  straggler_.emplace(cfg.straggler, cfg.seed, rank);
+}
+
+RoleContext::~RoleContext() = default;
+
+comm::Transport& RoleContext::transport() {
+  if (opt.transport) return *opt.transport;
+  if (!own_transport_) own_transport_ = comm::make_transport(cfg.cluster.transport);
+  return *own_transport_;
+}
+
+std::span<const std::uint32_t> RoleContext::batch(long step) {
+  sampler_->set_epoch(step / steps_per_epoch_);
+  return sampler_->batch(step % steps_per_epoch_, cfg.train.batch);
+}
+
+void RoleContext::announce(const std::string& what) {
+  const int rank = kind == RoleKind::single ? 0 : opt.rank;
+  if (rank != 0 && !(straggler_ && straggler_->active())) return;
+  std::fprintf(stderr, "[%s] %s on %s; %s; %ld steps of batch %d (%ld per epoch)%s\n", who(kind, rank).c_str(),
+               model().describe().c_str(), backend_->describe().c_str(), what.c_str(), total_steps_, cfg.train.batch,
+               steps_per_epoch_, straggler_ && straggler_->active() ? "; straggler" : "");
+}
+
+}  // namespace pslab
