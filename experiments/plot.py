@@ -29,7 +29,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from launch import read_jsonl  # noqa: E402  (launch.py: stdlib only, beside this file)
+from launcher.metrics import read_jsonl  # noqa: E402  (stdlib only, beside this file)
 
 COMPONENTS = [  # (train-line key, legend, colour)
     ("compute_ms", "compute (forward + backward)", "#4C72B0"),

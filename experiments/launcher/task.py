@@ -1,0 +1,55 @@
+"""One task of a Slurm run (`launch.py task RUN_DIR`): its role from SLURM_PROCID and the node
+list, then exec its binary with its output in RUN_DIR/logs/."""
+import json
+import os
+import pathlib
+import shlex
+import sys
+
+from .common import REPO, UsageError, cmd_out
+from .placement import plan_cluster, process_layout
+from .plan import Binaries, read_run_info
+
+
+def run_task(run_dir, hosts=None, print_only=False):
+    """One Slurm task: find this task's role, exec its binary (or --print its command)."""
+    run_dir = pathlib.Path(run_dir).resolve()
+    launch = json.loads((run_dir / "launch.json").read_text())
+    info = read_run_info(run_dir / "config.toml")
+    try:
+        procid, ntasks = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+    except (KeyError, ValueError) as e:
+        raise UsageError(f"task: SLURM_PROCID and SLURM_NTASKS must be set (by srun): {e}")
+    n = len(process_layout(info))
+    if ntasks != n:
+        raise UsageError(f"task: SLURM_NTASKS = {ntasks}, but this run has {n} processes "
+                         f"({info.servers} servers + {info.workers} workers + 1 evaluator)")
+    if hosts:
+        nodes = [h for h in hosts.split(",") if h]
+    else:
+        nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
+        if not nodelist:
+            raise UsageError("task: neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set")
+        out = cmd_out(["scontrol", "show", "hostnames", nodelist])
+        if not out:
+            raise UsageError(f"task: `scontrol show hostnames {nodelist}` failed")
+        nodes = out.split()
+    bins = Binaries(pathlib.Path(launch["build_dir"]), pathlib.Path(launch["build_dir"]) / "worker" / "pslab_worker",
+                    pathlib.Path(launch["build_dir"]) / "server" / "pslab_server")
+    procs = plan_cluster(info, run_dir, launch["run_start"], bins, nodes, launch["base_port"])
+    me = procs[procid]
+    here = os.environ.get("SLURMD_NODENAME")
+    if not print_only and here and nodes and here != me.host and here.split(".")[0] != me.host.split(".")[0]:
+        raise UsageError(f"task {procid} ({me.name}) runs on {here}, but the cyclic placement puts it on {me.host}; "
+                         f"the launcher's srun uses --distribution=cyclic")
+    if print_only:
+        print(f"# task {procid}/{ntasks}: {me.name} on {me.host}", file=sys.stderr)
+        print(shlex.join(me.argv))
+        return 0
+    me.log.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(me.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.chdir(REPO)
+    os.execv(me.argv[0], me.argv)
