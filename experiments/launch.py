@@ -6,15 +6,16 @@
   launch.py task RUN_DIR [--print] [--hosts H1,H2,...]      (one Slurm task; srun runs it)
 
 `run` expands the sweep in CONFIG (a list where one value is expected is swept; the cross
-product of all such lists is run, one run after the other), validates every point with the
-pslab_worker binary before anything starts, and then for each point starts the servers, the
-workers and the evaluator, prints a progress line about once a second, and writes
+product of all such lists is run, one run after the other), has the pslab_worker binary
+validate and plan every point (`pslab_worker config --plan`: processes, steps, data sizes)
+before anything starts, and then for each point starts the servers, the workers and the
+evaluator, prints a progress line about once a second, and writes
 
   runs/<name>/<YYYYmmdd-HHMMSS>/            one invocation
     comparison.md, comparison.csv          one row per run
     plots/*.png                            the runs overlaid
     <label>/                               one run (label from the sweep, e.g. mode=ssp_2; "run" without a sweep)
-      config.toml manifest.json summary.json metrics/*.jsonl logs/*.log plots/*.png
+      config.toml plan.json manifest.json summary.json metrics/*.jsonl logs/*.log plots/*.png
 
 Placement (cluster.launcher in the config):
   local  every process on this machine, on cluster.bind, on free ports (bind to port 0).
@@ -69,11 +70,11 @@ def cmd_run(a):
     bins = find_binaries(a.build_dir)
     runs_dir = pathlib.Path(a.runs_dir) if a.runs_dir else REPO / "runs"
     with tempfile.TemporaryDirectory(prefix="pslab-launch-") as tmp:  # gone before anything starts
-        points = expand_sweep(bins, config, a.set or [], pathlib.Path(tmp))
+        plans = expand_sweep(bins, config, a.set or [], pathlib.Path(tmp))
     if a.dry_run:
-        dry_run(points, bins, a, runs_dir)
+        dry_run(plans, bins, a, runs_dir)
         return 0
-    return run_all(points, config, bins, a, runs_dir)
+    return run_all(plans, config, bins, a, runs_dir)
 
 
 def main(argv=None):
@@ -99,7 +100,7 @@ def main(argv=None):
     t = sub.add_parser("task", help="one task of a Slurm run (srun starts it; not for direct use)",
                        description="One task of a Slurm run: reads SLURM_PROCID, SLURM_NTASKS and the node list, "
                                    "and execs the binary of its role with its output in RUN_DIR/logs/.")
-    t.add_argument("run_dir", help="the run directory the launcher prepared (config.toml, launch.json)")
+    t.add_argument("run_dir", help="the run directory the launcher prepared (config.toml, plan.json, launch.json)")
     t.add_argument("--print", action="store_true", help="print this task's command instead of running it")
     t.add_argument("--hosts", help="the node list, comma-separated (default: `scontrol show hostnames` of "
                                    "SLURM_STEP_NODELIST or SLURM_JOB_NODELIST)")

@@ -341,6 +341,26 @@ class LauncherTest(unittest.TestCase):
         self.assertTrue((inv / "comparison.md").read_text().count("| run | bsp |") == 1)
         self.assert_no_processes_left()
 
+    def test_run_follows_the_binarys_plan(self):
+        # the steps, processes and sizes come from `pslab_worker config --plan`, saved as plan.json
+        dry = self.launch("run", TINY, "--set", "train.steps=37", "--runs-dir", self.runs, "--dry-run")
+        self.assertEqual(dry.returncode, 0, dry.stderr)
+        self.assertIn("37 steps per worker]", dry.stdout)
+        r = self.launch("run", TINY, "--set", "train.steps=37", "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn(", 37 steps each ->", r.stdout)
+        run = self.only_invocation("tiny") / "run"
+        plan = json.loads((run / "plan.json").read_text())
+        self.assertEqual((plan["total_steps"], plan["workers"], plan["servers"], plan["uses_servers"]), (37, 2, 1, True))
+        self.assertEqual([p["name"] for p in plan["processes"]], ["server0", "worker0", "worker1", "evaluator"])
+        binary = subprocess.run([str(WORKER_BIN), "config", "-c", str(run / "config.toml"), "--plan", "-"],
+                                capture_output=True, text=True, check=True)
+        self.assertEqual(json.loads(binary.stdout), plan)  # what the run's own config plans
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual((s["steps_per_worker"], s["status"]), (37, "ok"))
+        self.assertAlmostEqual(s["train_samples"], 37 * 2 * 32, delta=1)
+        self.assert_no_processes_left()
+
     def test_diverged_run_is_reported(self):
         r = self.launch("run", TINY, "--set", "optimizer.lr=1e38", "--set", "train.steps=100",
                         "--set", "straggler.delay_ms=0", "--runs-dir", self.runs, "--no-plots")

@@ -48,14 +48,14 @@ def host_facts():
     }
 
 
-def write_manifest(run_dir, info, label, procs, run_start, bins, extra=None):
+def write_manifest(run_dir, plan, procs, run_start, bins, extra=None):
     m = dict(host_facts())
     m.update({
-        "name": info.name,
-        "label": label,
-        "mode": info.mode,
-        "seed": info.seed,
-        "launcher": info.launcher,
+        "name": plan.name,
+        "label": plan.label,
+        "mode": plan.mode,
+        "seed": plan.seed,
+        "launcher": plan.launcher,
         "start_time": datetime.datetime.fromtimestamp(run_start).astimezone().isoformat(timespec="seconds"),
         "run_start_unix_s": run_start,
         "build_dir": str(bins.build),

@@ -45,9 +45,9 @@ def fmt_duration(s):
 class Progress:
     """One line about the state of a run, from the newest metrics lines."""
 
-    def __init__(self, info, run_dir, prefix):
-        self.info, self.prefix = info, prefix
-        self.tails = {r: Tail(run_dir / "metrics" / f"worker{r}.jsonl") for r in range(info.workers)}
+    def __init__(self, plan, run_dir, prefix):
+        self.plan, self.prefix = plan, prefix
+        self.tails = {r: Tail(run_dir / "metrics" / f"worker{r}.jsonl") for r in range(plan.workers)}
         self.eval_tail = Tail(run_dir / "metrics" / "evaluator.jsonl")
         self.first = {}   # rank -> first train line
         self.latest = {}  # rank -> newest train line
@@ -64,21 +64,21 @@ class Progress:
                 self.last_eval = row
 
     def line(self, elapsed):
-        info = self.info
+        plan = self.plan
         parts = [f"[{self.prefix}]"]
         acc = self.last_eval.get("test_acc") if self.last_eval else None
         if not self.latest:
             parts.append("starting: waiting for the first training metrics")
         else:
-            total = info.total_steps
+            total = plan.total_steps
             epochs = [self.latest[r]["epoch"] for r in self.latest]
-            mean_epoch = sum(epochs) / info.workers
-            steps = [self.latest.get(r, {}).get("step", 0) for r in range(info.workers)]
-            slow = min(range(info.workers), key=lambda r: steps[r])
+            mean_epoch = sum(epochs) / plan.workers
+            steps = [self.latest.get(r, {}).get("step", 0) for r in range(plan.workers)]
+            slow = min(range(plan.workers), key=lambda r: steps[r])
             now_t = elapsed
             rate = sum(row.get("samples_per_s", 0.0) for r, row in self.latest.items()
                        if row["step"] < total and now_t - row["t"] < 5.0)
-            parts.append(f"epoch {mean_epoch:.2f}/{info.epochs:g}" if info.raw["train"]["steps"] <= 0
+            parts.append(f"epoch {mean_epoch:.2f}/{plan.epochs_asked:g}" if plan.epochs_asked is not None
                          else f"epoch {mean_epoch:.2f}")
             parts.append(f"step {min(steps)}/{total}" if min(steps) == max(steps)
                          else f"step {min(steps)}-{max(steps)}/{total}")

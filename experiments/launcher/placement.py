@@ -1,5 +1,6 @@
-"""Where each process of a run goes and its command line: local (free ports), ssh (round-robin
-over cluster.hosts, fixed ports), Slurm (one srun; task i on node i mod nodes)."""
+"""Where each process of the plan (plan["processes"], in start order) runs and its command line:
+local (free ports), ssh (round-robin over cluster.hosts, fixed ports), Slurm (one srun; task i
+on node i mod nodes)."""
 import pathlib
 import shlex
 import socket
@@ -43,63 +44,69 @@ def tcp(host, port):
     return f"tcp://[{host}]:{port}" if ":" in host and host != "*" else f"tcp://{host}:{port}"
 
 
-def process_layout(info):
-    """[(role, rank)] in start order: servers, workers, the evaluator."""
-    layout = [("server", k) for k in range(info.servers)]
-    layout += [("worker", r) for r in range(info.workers)]
-    layout.append(("evaluator", -1))
-    return layout
+class TcpEndpoints:
+    """Endpoints of the listeners on TCP: process i listens on port_of(i) of its host hosts[i]."""
+
+    def __init__(self, hosts, port_of, bind_addr, connect_addr):
+        self.hosts, self.port_of, self.bind_addr, self.connect_addr = hosts, port_of, bind_addr, connect_addr
+
+    def bind(self, i, name):
+        """What listener i binds (name: server0, ..., coordinator, snapshots)."""
+        return tcp(self.bind_addr(self.hosts[i]), self.port_of(i))
+
+    def connect(self, i, name):
+        """What its peers connect to."""
+        return tcp(self.connect_addr(self.hosts[i]), self.port_of(i))
 
 
-def place(info, run_dir, run_start, bins, hosts_of, port_of, bind_addr, connect_addr, gloo_host=None):
-    """The command line of every process of a run.
+def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_host=False):
+    """The command line of every process of a run, in the plan's start order.
 
-    hosts_of(i): host of process i; port_of(i): its listening port (servers, allreduce rank 0,
-    allreduce evaluator); bind_addr(host) / connect_addr(host): the address a listener on
-    `host` binds to / peers connect to.
+    hosts[i]: the host of process i; endpoints.bind(i, name) / .connect(i, name): what listener i
+    (a server, all-reduce rank 0, the all-reduce evaluator) binds / its peers connect to;
+    gloo_host: all-reduce ranks' Gloo connections listen on their host's name (multi-host).
     """
-    layout = process_layout(info)
-    hosts = [hosts_of(i) for i in range(len(layout))]
+    layout = plan.processes
     per_host = {h: hosts.count(h) for h in hosts}
     cfg = str(run_dir / "config.toml")
     common = ["-o", str(run_dir), "--run-start", f"{run_start:.6f}"]
-    S, W = info.servers, info.workers
-    server_eps = ",".join(tcp(connect_addr(hosts[k]), port_of(k)) for k in range(S))
-    coordinator = tcp(connect_addr(hosts[S]), port_of(S))          # allreduce: rank 0 binds it
-    snapshots = tcp(connect_addr(hosts[S + W]), port_of(S + W))    # allreduce: the evaluator binds it
+    if plan.uses_servers:
+        server_eps = ",".join(endpoints.connect(i, p["name"]) for i, p in enumerate(layout) if p["role"] == "server")
+    else:
+        rank0 = next(i for i, p in enumerate(layout) if p["role"] == "worker" and p["rank"] == 0)
+        evaluator = next(i for i, p in enumerate(layout) if p["role"] == "evaluator")
+        coordinator = endpoints.connect(rank0, "coordinator")  # rank 0 listens on it
+        snapshots = endpoints.connect(evaluator, "snapshots")  # the evaluator listens on it
     procs = []
     gpu_slots = {}  # host -> GPU slots handed out there (workers and the evaluator; servers use no GPU)
-    for i, (role, rank) in enumerate(layout):
-        host = hosts[i]
+    for i, p in enumerate(layout):
+        name, role, rank, host = p["name"], p["role"], p["rank"], hosts[i]
         poh = ["--procs-on-host", str(per_host[host]), "-q"]
         if role != "server":
             poh += ["--gpu-slot", str(gpu_slots.get(host, 0))]
             gpu_slots[host] = gpu_slots.get(host, 0) + 1
         if role == "server":
-            name = f"server{rank}"
-            argv = [str(bins.server), "-c", cfg, "--shard", str(rank), "--bind", tcp(bind_addr(host), port_of(i)),
+            argv = [str(bins.server), "-c", cfg, "--shard", str(rank), "--bind", endpoints.bind(i, name),
                     "--metrics", str(run_dir / "metrics" / f"{name}.jsonl"), "--run-start", f"{run_start:.6f}",
                     "--wait-for-shutdown"]
+        elif role == "worker" and plan.uses_servers:
+            argv = [str(bins.worker), "ps", "-c", cfg, "--rank", str(rank), "--servers", server_eps, *common, *poh]
         elif role == "worker":
-            name = f"worker{rank}"
-            if info.mode == "allreduce":
-                argv = [str(bins.worker), "allreduce", "-c", cfg, "--rank", str(rank), "--coordinator", coordinator,
-                        "--snapshots", snapshots, *common, *poh]
-                if gloo_host:  # multi-host: Gloo listens on this rank's own address, not cluster.bind
-                    argv += ["--host", gloo_host(host)]
-            else:
-                argv = [str(bins.worker), "ps", "-c", cfg, "--rank", str(rank), "--servers", server_eps, *common, *poh]
+            argv = [str(bins.worker), "allreduce", "-c", cfg, "--rank", str(rank), "--coordinator", coordinator,
+                    "--snapshots", snapshots, *common, *poh]
+            if gloo_host:  # multi-host: Gloo listens on this rank's own address, not cluster.bind
+                argv += ["--host", host]
         else:
-            name = "evaluator"
-            where = ["--snapshots", snapshots] if info.mode == "allreduce" else ["--servers", server_eps]
+            where = ["--servers", server_eps] if plan.uses_servers else ["--snapshots", snapshots]
             argv = [str(bins.worker), "eval", "-c", cfg, *where, *common, *poh]
         procs.append(Proc(name=name, role=role, rank=rank, index=i, host=host, argv=argv,
                           log=run_dir / "logs" / f"{name}.log"))
     return procs
 
 
-def plan_local(info, run_dir, run_start, bins):
-    bind = info.bind
+def plan_local(plan, run_dir, run_start, bins):
+    """Every process on this machine; listeners on free ports of cluster.bind."""
+    bind = plan.bind
     connect = {"*": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind, bind)
     ports = {}
 
@@ -108,20 +115,27 @@ def plan_local(info, run_dir, run_start, bins):
             ports[i] = free_port(bind)
         return ports[i]
 
-    procs = place(info, run_dir, run_start, bins, lambda i: "local", port_of, lambda h: bind, lambda h: connect)
+    hosts = ["local"] * len(plan.processes)
+    procs = place(plan, run_dir, run_start, bins, hosts, TcpEndpoints(hosts, port_of, lambda h: bind, lambda h: connect))
     for p in procs:
         p.command = p.argv
     return procs
 
 
-def remote_bind(info):
-    return "*" if is_loopback(info.bind) else info.bind
+def remote_bind(plan):
+    return "*" if is_loopback(plan.bind) else plan.bind
 
 
-def plan_cluster(info, run_dir, run_start, bins, hosts, base_port):
+def cluster_hosts(plan, hosts):
+    """ssh and Slurm: process i runs on hosts[i % len(hosts)]."""
+    return [hosts[i % len(hosts)] for i in range(len(plan.processes))]
+
+
+def plan_cluster(plan, run_dir, run_start, bins, hosts, base_port):
     """ssh and Slurm: process i on hosts[i % len(hosts)], listening on base_port + i."""
-    return place(info, run_dir, run_start, bins, lambda i: hosts[i % len(hosts)], lambda i: base_port + i,
-                lambda h: remote_bind(info), lambda h: h, gloo_host=lambda h: h)
+    where = cluster_hosts(plan, hosts)
+    endpoints = TcpEndpoints(where, lambda i: base_port + i, lambda h: remote_bind(plan), lambda h: h)
+    return place(plan, run_dir, run_start, bins, where, endpoints, gloo_host=True)
 
 
 def ssh_command(host, argv):
@@ -129,14 +143,13 @@ def ssh_command(host, argv):
     return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", host, remote]
 
 
-def plan_ssh(info, run_dir, run_start, bins, base_port):
-    procs = plan_cluster(info, run_dir, run_start, bins, info.hosts, base_port)
+def plan_ssh(plan, run_dir, run_start, bins, base_port):
+    procs = plan_cluster(plan, run_dir, run_start, bins, plan.hosts, base_port)
     for p in procs:
         p.command = ssh_command(p.host, p.argv)
     return procs
 
 
-def srun_command(info, run_dir):
-    n = len(process_layout(info))
-    return ["srun", f"--ntasks={n}", "--kill-on-bad-exit=1", "--distribution=cyclic",
+def srun_command(plan, run_dir):
+    return ["srun", f"--ntasks={len(plan.processes)}", "--kill-on-bad-exit=1", "--distribution=cyclic",
             "/usr/bin/python3", "experiments/launch.py", "task", str(run_dir)]

@@ -1,7 +1,8 @@
-"""What a run is: the binaries, a config's sweep expanded and validated by pslab_worker, what
-the launcher needs from each resolved config, and the names of run directories."""
+"""What each run of an invocation is, as the binary plans it: the sweep expanded and every point
+validated by `pslab_worker config` (--expand, then --write and --plan per point), the RunPlan the
+launcher works from, and the names of run and invocation directories."""
 import datetime
-import math
+import json
 import os
 import pathlib
 import re
@@ -12,9 +13,6 @@ from dataclasses import dataclass
 from .common import REPO, UsageError
 from .processes import check_signal
 
-FASHION_TRAIN = 60000
-SYNTHETIC_TRAIN = 8192
-
 
 @dataclass
 class Binaries:
@@ -22,10 +20,14 @@ class Binaries:
     worker: pathlib.Path
     server: pathlib.Path
 
+    @classmethod
+    def at(cls, build):
+        build = pathlib.Path(build)
+        return cls(build, build / "worker" / "pslab_worker", build / "server" / "pslab_server")
+
 
 def find_binaries(build_dir):
-    build = pathlib.Path(build_dir or os.environ.get("PSLAB_BUILD") or REPO / "build").resolve()
-    b = Binaries(build, build / "worker" / "pslab_worker", build / "server" / "pslab_server")
+    b = Binaries.at(pathlib.Path(build_dir or os.environ.get("PSLAB_BUILD") or REPO / "build").resolve())
     for path in (b.worker, b.server):
         if not os.access(path, os.X_OK):
             raise UsageError(f"{path} not found; build it with experiments/setup.sh, or point "
@@ -42,8 +44,56 @@ def binary_config(bins, args):
     return p.stdout
 
 
+@dataclass(frozen=True)
+class RunPlan:
+    """One run: its resolved config and the binary's plan of it (plan.json), which says how many
+    processes of which role, how long and on what data; nothing here is computed from the config."""
+    label: str | None   # the sweep label, e.g. "mode=ssp:2"; None without a sweep
+    config_text: str    # config.toml of the run: the config, every default filled in
+    plan_text: str      # plan.json of the run, as the binary wrote it
+    plan: dict          # the same, parsed
+    epochs_asked: float | None  # train.epochs when it sets the run's length; None when train.steps does
+
+    @classmethod
+    def from_texts(cls, plan_text, config_text, label=None):
+        train = tomllib.loads(config_text)["train"]
+        return cls(label=label, config_text=config_text, plan_text=plan_text, plan=json.loads(plan_text),
+                   epochs_asked=None if train["steps"] > 0 else train["epochs"])
+
+    @classmethod
+    def load(cls, run_dir):
+        """The plan a run directory holds (plan.json, config.toml)."""
+        run_dir = pathlib.Path(run_dir)
+        try:
+            return cls.from_texts((run_dir / "plan.json").read_text(), (run_dir / "config.toml").read_text())
+        except (OSError, ValueError, KeyError) as e:
+            raise UsageError(f"{run_dir}: not a run directory the launcher prepared (plan.json, config.toml): {e}")
+
+    def write(self, run_dir):
+        (run_dir / "config.toml").write_text(self.config_text)
+        (run_dir / "plan.json").write_text(self.plan_text)
+
+    # The plan's keys the launcher uses (`pslab_worker config --plan -` shows them all).
+    name = property(lambda self: self.plan["name"])
+    mode = property(lambda self: self.plan["mode"])                   # a name, e.g. "ssp:2"
+    uses_servers = property(lambda self: self.plan["uses_servers"])   # False: all-reduce
+    workers = property(lambda self: self.plan["workers"])
+    servers = property(lambda self: self.plan["servers"])             # 0 when uses_servers is false
+    transport = property(lambda self: self.plan["transport"])         # "tcp" or "ipc"
+    launcher = property(lambda self: self.plan["launcher"])           # "local", "ssh" or "slurm"
+    hosts = property(lambda self: list(self.plan["hosts"]))
+    bind = property(lambda self: self.plan["bind"])
+    device = property(lambda self: self.plan["device"])
+    seed = property(lambda self: self.plan["seed"])
+    batch = property(lambda self: self.plan["batch"])                 # per worker and step
+    classification = property(lambda self: self.plan["data"]["classification"])
+    total_steps = property(lambda self: self.plan["total_steps"])     # per worker
+    target_acc = property(lambda self: self.plan["target_acc"])
+    processes = property(lambda self: self.plan["processes"])         # [{name, role, rank}] in start order
+
+
 def expand_sweep(bins, config, sets, tmp):
-    """Returns [(resolved config text, label or None)] for every sweep point, each validated.
+    """Returns the RunPlan of every sweep point, each validated and planned by the binary.
     The binary applies --set before expanding: a swept key overridden with one value is no
     longer swept."""
     args = ["-c", str(config)]
@@ -58,54 +108,13 @@ def expand_sweep(bins, config, sets, tmp):
         points.append((pathlib.Path(path), None if label in ("", "-") else label))
     if not points:
         raise UsageError(f"{config}: the sweep has no points")
-    # Validate each point once more through the binary and keep its fully resolved form.
-    resolved = []
+    # Each point once more through the binary: its fully resolved form and its plan.
+    plans = []
     for i, (path, label) in enumerate(points):
-        out_path = tmp / f"resolved{i:03d}.toml"
-        binary_config(bins, ["-c", str(path), "--write", str(out_path)])
-        resolved.append((out_path.read_text(), label))
-    return resolved
-
-
-@dataclass
-class RunInfo:
-    """What the launcher needs from a resolved config (read with tomllib; never validated here)."""
-    name: str
-    mode: str
-    workers: int
-    servers: int  # 0 for allreduce
-    launcher: str
-    hosts: list
-    bind: str
-    seed: int
-    device: str
-    target_acc: float
-    epochs: float
-    total_steps: int
-    raw: dict
-
-
-def read_run_info(source):
-    """From a resolved config: a path, or its text."""
-    if isinstance(source, str):
-        c = tomllib.loads(source)
-    else:
-        with open(source, "rb") as f:
-            c = tomllib.load(f)
-    cl, tr, data = c["cluster"], c["train"], c["data"]
-    mode = cl["mode"]
-    W = int(cl["workers"])
-    S = 0 if mode == "allreduce" else int(cl["servers"])
-    # Steps per worker, the same formula as the workers' (sampler.cpp, setup.cpp).
-    if data["kind"] == "fashion-mnist":
-        N = min(data["train_samples"], FASHION_TRAIN) if data["train_samples"] > 0 else FASHION_TRAIN
-    else:
-        N = data["train_samples"] if data["train_samples"] > 0 else SYNTHETIC_TRAIN
-    steps_per_epoch = math.ceil(math.ceil(N / W) / tr["batch"])
-    total = tr["steps"] if tr["steps"] > 0 else max(1, math.ceil(tr["epochs"] * steps_per_epoch - 1e-9))
-    return RunInfo(name=c["name"], mode=mode, workers=W, servers=S, launcher=cl["launcher"],
-                   hosts=list(cl.get("hosts", [])), bind=cl["bind"], seed=c["seed"], device=tr["device"],
-                   target_acc=c["eval"]["target_acc"], epochs=tr["epochs"], total_steps=total, raw=c)
+        config_out, plan_out = tmp / f"resolved{i:03d}.toml", tmp / f"plan{i:03d}.json"
+        binary_config(bins, ["-c", str(path), "--write", str(config_out), "--plan", str(plan_out)])
+        plans.append(RunPlan.from_texts(plan_out.read_text(), config_out.read_text(), label))
+    return plans
 
 
 def safe_dir_name(label):

@@ -13,8 +13,8 @@ from .common import REPO, RunFailed, say, warn
 from .comparison import write_comparison
 from .manifest import write_manifest
 from .monitor import Progress, monitor, process_failure, srun_failure
-from .placement import Proc, plan_cluster, plan_local, plan_ssh, process_layout, srun_command
-from .plan import new_invocation_dir, read_run_info, safe_dir_name
+from .placement import Proc, plan_cluster, plan_local, plan_ssh, srun_command
+from .plan import new_invocation_dir, safe_dir_name
 from .processes import Interrupted, check_signal, sleep_checked, start, stop_all
 from .summary import COMPLETED, result_line, summarize
 
@@ -40,40 +40,39 @@ def run_plot(args_list, quiet=False):
         sys.stdout.write(out)
 
 
-def execute_run(point, label, run_dir, bins, opts, prefix):
+def execute_run(plan, run_dir, bins, opts, prefix):
     """Starts one run, waits for it and writes its files; returns its summary (raises RunFailed)."""
-    info = read_run_info(point)
     run_dir.mkdir(parents=True)
     (run_dir / "metrics").mkdir()
     (run_dir / "logs").mkdir()
-    (run_dir / "config.toml").write_text(point)
+    plan.write(run_dir)  # config.toml, plan.json
     run_start = time.time()
     extra = {}
-    if info.launcher == "local":
-        procs = plan_local(info, run_dir, run_start, bins)
+    if plan.launcher == "local":
+        procs = plan_local(plan, run_dir, run_start, bins)
         started = procs
-    elif info.launcher == "ssh":
-        procs = plan_ssh(info, run_dir, run_start, bins, opts.base_port)
+    elif plan.launcher == "ssh":
+        procs = plan_ssh(plan, run_dir, run_start, bins, opts.base_port)
         started = procs
     else:  # slurm: one srun; each task finds its role (launch.py task)
-        procs = plan_cluster(info, run_dir, run_start, bins, [f"<node of task {i}>" for i in range(len(process_layout(info)))],
+        procs = plan_cluster(plan, run_dir, run_start, bins, [f"<node of task {i}>" for i in range(len(plan.processes))],
                              opts.base_port)
         (run_dir / "launch.json").write_text(json.dumps({
             "run_start": run_start, "build_dir": str(bins.build), "base_port": opts.base_port}, indent=2) + "\n")
-        srun = Proc(name="srun", role="srun", rank=-1, index=-1, host="local", argv=srun_command(info, run_dir),
+        srun = Proc(name="srun", role="srun", rank=-1, index=-1, host="local", argv=srun_command(plan, run_dir),
                     log=run_dir / "logs" / "srun.log")
         srun.command = srun.argv
         started = [srun]
         extra["srun_command"] = shlex.join(srun.argv)
-    write_manifest(run_dir, info, label, procs, run_start, bins, extra)
-    progress = Progress(info, run_dir, prefix)
-    failure_of = srun_failure(procs, started[0], run_dir) if info.launcher == "slurm" else process_failure
+    write_manifest(run_dir, plan, procs, run_start, bins, extra)
+    progress = Progress(plan, run_dir, prefix)
+    failure_of = srun_failure(procs, started[0], run_dir) if plan.launcher == "slurm" else process_failure
     try:
         for p in started:
             check_signal()
             start(p, REPO)
-        if info.launcher != "slurm":
-            write_manifest(run_dir, info, label, procs, run_start, bins, extra)  # now with pids
+        if plan.launcher != "slurm":
+            write_manifest(run_dir, plan, procs, run_start, bins, extra)  # now with pids
         monitor(started, progress, run_start, opts.max_minutes * 60, failure_of)
     except BaseException as e:
         stopped = stop_all(started)
@@ -81,14 +80,14 @@ def execute_run(point, label, run_dir, bins, opts, prefix):
             raise  # a launcher bug: its processes are stopped all the same
         wall = time.time() - run_start
         failure = str(e) if isinstance(e, RunFailed) else f"stopped by {e}"
-        s = summarize(info, run_dir, wall, status="failed" if isinstance(e, RunFailed) else "interrupted",
+        s = summarize(plan, run_dir, wall, status="failed" if isinstance(e, RunFailed) else "interrupted",
                       failure=failure.splitlines()[0])
         (run_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
         if stopped:
             warn(f"stopped {len(stopped)} other process(es): {', '.join(p.name for p in stopped)}")
         raise
     wall = time.time() - run_start
-    s = summarize(info, run_dir, wall)
+    s = summarize(plan, run_dir, wall)
     (run_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
     say(result_line(prefix, s))
     if not opts.no_plots:
@@ -96,31 +95,28 @@ def execute_run(point, label, run_dir, bins, opts, prefix):
     return s
 
 
-def dry_run(points, bins, opts, runs_dir):
+def dry_run(plans, bins, opts, runs_dir):
     """Prints every process's command line of every point; starts and writes nothing."""
-    name = read_run_info(points[0][0]).name
-    inv = pathlib.Path(runs_dir).resolve() / name / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    say(f"# dry run: {len(points)} run(s); nothing is started or written. Invocation directory would be {inv}")
-    for i, (point, label) in enumerate(points):
-        info = read_run_info(point)
-        run_dir = inv / safe_dir_name(label)
+    inv = pathlib.Path(runs_dir).resolve() / plans[0].name / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    say(f"# dry run: {len(plans)} run(s); nothing is started or written. Invocation directory would be {inv}")
+    for i, plan in enumerate(plans):
+        run_dir = inv / safe_dir_name(plan.label)
         t = time.time()
-        say(f"# run {i + 1}/{len(points)}: {label or '(no sweep)'} -> {run_dir}  "
-            f"[launcher {info.launcher}, mode {info.mode}, {info.workers} workers, {info.servers} servers, "
-            f"{info.total_steps} steps per worker]")
-        if info.launcher == "local":
+        say(f"# run {i + 1}/{len(plans)}: {plan.label or '(no sweep)'} -> {run_dir}  "
+            f"[launcher {plan.launcher}, mode {plan.mode}, {plan.workers} workers, {plan.servers} servers, "
+            f"{plan.total_steps} steps per worker]")
+        if plan.launcher == "local":
             say("# local: ports are free ports chosen afresh at launch")
-            procs = plan_local(info, run_dir, t, bins)
-        elif info.launcher == "ssh":
-            procs = plan_ssh(info, run_dir, t, bins, opts.base_port)
+            procs = plan_local(plan, run_dir, t, bins)
+        elif plan.launcher == "ssh":
+            procs = plan_ssh(plan, run_dir, t, bins, opts.base_port)
         else:
-            n = len(process_layout(info))
-            say(f"[srun] {shlex.join(srun_command(info, run_dir))}")
-            nodes = info.hosts or [f"NODE{i}" for i in range(n)]
+            say(f"[srun] {shlex.join(srun_command(plan, run_dir))}")
+            nodes = plan.hosts or [f"NODE{i}" for i in range(len(plan.processes))]
             say(f"# slurm: each task runs `launch.py task {run_dir}`, which execs the command below "
-                f"(node list here: {'cluster.hosts' if info.hosts else 'placeholders NODEi, one per task'}; "
+                f"(node list here: {'cluster.hosts' if plan.hosts else 'placeholders NODEi, one per task'}; "
                 f"inside the job: the step's node list)")
-            procs = plan_cluster(info, run_dir, t, bins, nodes, opts.base_port)
+            procs = plan_cluster(plan, run_dir, t, bins, nodes, opts.base_port)
             for p in procs:
                 p.command = p.argv
                 say(f"[task{p.index} {p.name}@{p.host}] {shlex.join(p.command)}")
@@ -129,11 +125,10 @@ def dry_run(points, bins, opts, runs_dir):
             say(f"[{p.name}@{p.host}] {shlex.join(p.command)}")
 
 
-def run_all(points, config, bins, opts, runs_dir):
+def run_all(plans, config, bins, opts, runs_dir):
     """Runs every point, one after the other, into a new invocation directory; then the plots
     of the completed runs and the comparison. Returns the exit status (0, or 1: a run failed)."""
-    first = read_run_info(points[0][0])
-    inv = new_invocation_dir(runs_dir, first.name)
+    inv = new_invocation_dir(runs_dir, plans[0].name)
     latest = inv.parent / "latest"
     try:
         if latest.is_symlink() or not latest.exists():
@@ -142,18 +137,18 @@ def run_all(points, config, bins, opts, runs_dir):
             latest.symlink_to(inv.name)
     except OSError:
         pass
-    say(f"launch.py: {len(points)} run(s) of {config} -> {inv}")
+    say(f"launch.py: {len(plans)} run(s) of {config} -> {inv}")
     results, failed = [], []
-    for i, (point, label) in enumerate(points):
+    for i, plan in enumerate(plans):
         check_signal()
+        label = plan.label
         dirname = safe_dir_name(label)
-        info = read_run_info(point)
-        prefix = f"{label or info.mode}" if len(points) == 1 else f"{i + 1}/{len(points)} {label or info.mode}"
-        say(f"--- run {i + 1}/{len(points)}: {label or '(no sweep)'}: {info.mode}, {info.workers} workers"
-            + (f", {info.servers} server{'s' if info.servers > 1 else ''}" if info.servers else "") + f", {info.total_steps} steps each "
-            f"-> {inv / dirname}")
+        prefix = f"{label or plan.mode}" if len(plans) == 1 else f"{i + 1}/{len(plans)} {label or plan.mode}"
+        say(f"--- run {i + 1}/{len(plans)}: {label or '(no sweep)'}: {plan.mode}, {plan.workers} workers"
+            + (f", {plan.servers} server{'s' if plan.servers > 1 else ''}" if plan.servers else "")
+            + f", {plan.total_steps} steps each -> {inv / dirname}")
         try:
-            s = execute_run(point, label, inv / dirname, bins, opts, prefix)
+            s = execute_run(plan, inv / dirname, bins, opts, prefix)
             results.append((dirname, s))
         except RunFailed as e:
             print(f"launch.py: FAILED {dirname}: {e}", file=sys.stderr, flush=True)
@@ -168,7 +163,7 @@ def run_all(points, config, bins, opts, runs_dir):
         if not opts.no_plots and any(s["status"] in COMPLETED for _, s in results):
             run_plot([*(str(inv / d) for d, s in results if s["status"] in COMPLETED), "--out", str(inv / "plots")],
                      quiet=True)
-        table, notes = write_comparison(inv, results, first.target_acc)
+        table, notes = write_comparison(inv, results, plans[0].target_acc)
         say("")
         say(table)
         for n in notes:

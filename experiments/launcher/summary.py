@@ -7,7 +7,7 @@ from .metrics import merged_staleness, read_jsonl
 COMPLETED = ("ok", "diverged")
 
 
-def summarize(info, run_dir, wall_s, status="ok", failure=None):
+def summarize(plan, run_dir, wall_s, status="ok", failure=None):
     """summary.json: the keys of design.md, plus step-time means and a few extras.
 
     samples_per_s (all workers together) = total samples / training span, where a worker's
@@ -16,8 +16,8 @@ def summarize(info, run_dir, wall_s, status="ok", failure=None):
     earliest window start (first line's t minus its window's length) to the last train line.
     """
     metrics = run_dir / "metrics"
-    batch = info.raw["train"]["batch"]
-    worker_rows = {r: read_jsonl(metrics / f"worker{r}.jsonl") for r in range(info.workers)}
+    batch = plan.batch
+    worker_rows = {r: read_jsonl(metrics / f"worker{r}.jsonl") for r in range(plan.workers)}
     train = {r: [x for x in rows if x.get("kind") == "train"] for r, rows in worker_rows.items()}
     # A worker whose loss stopped being finite wrote one "diverged" line; the earliest counts.
     diverged = min((x for rows in worker_rows.values() for x in rows if x.get("kind") == "diverged"),
@@ -25,8 +25,8 @@ def summarize(info, run_dir, wall_s, status="ok", failure=None):
     if diverged and status == "ok":
         status = "diverged"
     evals = [x for x in read_jsonl(metrics / "evaluator.jsonl") if x.get("kind") == "eval"]
-    finals = [x for k in range(info.servers) for x in read_jsonl(metrics / f"server{k}.jsonl")
-              if x.get("kind") == "server_final"]
+    servers = [p["name"] for p in plan.processes if p["role"] == "server"]
+    finals = [x for name in servers for x in read_jsonl(metrics / f"{name}.jsonl") if x.get("kind") == "server_final"]
 
     total_samples, starts, ends = 0.0, [], []
     step_ms = {"compute": 0.0, "comm": 0.0, "wait": 0.0, "delay": 0.0}
@@ -58,36 +58,36 @@ def summarize(info, run_dir, wall_s, status="ok", failure=None):
 
     acc = [x for x in evals if "test_acc" in x]
     final = evals[-1] if evals else None
-    hit = next((x for x in acc if x["test_acc"] >= info.target_acc), None)
-    classification = info.raw["data"]["kind"] != "least-squares"
+    hit = next((x for x in acc if x["test_acc"] >= plan.target_acc), None)
+    classification = plan.classification
     s = {
-        "mode": info.mode,
-        "workers": info.workers,
-        "servers": info.servers,
-        "device": info.device,
-        "seed": info.seed,
+        "mode": plan.mode,
+        "workers": plan.workers,
+        "servers": plan.servers,
+        "device": plan.device,
+        "seed": plan.seed,
         "final_test_acc": final.get("test_acc") if final and classification else None,
         "best_test_acc": max(x["test_acc"] for x in acc) if acc else None,
-        "target_acc": info.target_acc,
+        "target_acc": plan.target_acc,
         "time_to_target_s": hit["t"] if hit else None,
         "epochs_to_target": hit["epoch"] if hit else None,
         "epochs": final["epoch"] if final else None,
         "samples_per_s": total_samples / span if span > 0 else None,
         "bytes_pushed": sum(f.get("bytes_in", 0) for f in finals) if finals else None,
         "bytes_pulled": sum(f.get("bytes_out", 0) for f in finals) if finals else None,
-        "staleness": merged_staleness(finals) if info.mode != "allreduce" else None,
+        "staleness": merged_staleness(finals) if plan.uses_servers else None,
         "wall_s": wall_s,
         # extras
         "status": status,
         "final_test_loss": final.get("test_loss") if final else None,
         "final_is_last_eval": bool(final and final.get("final")),
         "evaluations": len(evals),
-        "steps_per_worker": info.total_steps,
+        "steps_per_worker": plan.total_steps,
         "step_time_ms": {k: v / n_steps for k, v in step_ms.items()} if n_steps else None,
         "step_time_ms_per_worker": per_worker or None,
         "train_samples": total_samples,
     }
-    if info.mode == "allreduce":
+    if not plan.uses_servers:
         ar = [x.get("allreduce_bytes") for rows in train.values() for x in rows[-1:]]
         if ar and all(v is not None for v in ar):
             s["bytes_pushed"] = s["bytes_pulled"] = sum(ar)

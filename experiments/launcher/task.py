@@ -7,23 +7,26 @@ import shlex
 import sys
 
 from .common import REPO, UsageError, cmd_out
-from .placement import plan_cluster, process_layout
-from .plan import Binaries, read_run_info
+from .placement import plan_cluster
+from .plan import Binaries, RunPlan
 
 
 def run_task(run_dir, hosts=None, print_only=False):
     """One Slurm task: find this task's role, exec its binary (or --print its command)."""
     run_dir = pathlib.Path(run_dir).resolve()
-    launch = json.loads((run_dir / "launch.json").read_text())
-    info = read_run_info(run_dir / "config.toml")
+    plan = RunPlan.load(run_dir)
+    try:
+        launch = json.loads((run_dir / "launch.json").read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"task: {run_dir}: no launch.json from the launcher: {e}")
     try:
         procid, ntasks = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
     except (KeyError, ValueError) as e:
         raise UsageError(f"task: SLURM_PROCID and SLURM_NTASKS must be set (by srun): {e}")
-    n = len(process_layout(info))
+    n = len(plan.processes)
     if ntasks != n:
         raise UsageError(f"task: SLURM_NTASKS = {ntasks}, but this run has {n} processes "
-                         f"({info.servers} servers + {info.workers} workers + 1 evaluator)")
+                         f"({plan.servers} servers + {plan.workers} workers + 1 evaluator)")
     if hosts:
         nodes = [h for h in hosts.split(",") if h]
     else:
@@ -34,9 +37,8 @@ def run_task(run_dir, hosts=None, print_only=False):
         if not out:
             raise UsageError(f"task: `scontrol show hostnames {nodelist}` failed")
         nodes = out.split()
-    bins = Binaries(pathlib.Path(launch["build_dir"]), pathlib.Path(launch["build_dir"]) / "worker" / "pslab_worker",
-                    pathlib.Path(launch["build_dir"]) / "server" / "pslab_server")
-    procs = plan_cluster(info, run_dir, launch["run_start"], bins, nodes, launch["base_port"])
+    bins = Binaries.at(launch["build_dir"])
+    procs = plan_cluster(plan, run_dir, launch["run_start"], bins, nodes, launch["base_port"])
     me = procs[procid]
     here = os.environ.get("SLURMD_NODENAME")
     if not print_only and here and nodes and here != me.host and here.split(".")[0] != me.host.split(".")[0]:
