@@ -343,23 +343,65 @@ class LauncherTest(unittest.TestCase):
 
     def test_run_follows_the_binarys_plan(self):
         # the steps, processes and sizes come from `pslab_worker config --plan`, saved as plan.json
-        dry = self.launch("run", TINY, "--set", "train.steps=37", "--runs-dir", self.runs, "--dry-run")
+        sets = ["--set", "train.steps=37", "--set", "cluster.servers=2"]
+        dry = self.launch("run", TINY, *sets, "--runs-dir", self.runs, "--dry-run")
         self.assertEqual(dry.returncode, 0, dry.stderr)
-        self.assertIn("37 steps per worker]", dry.stdout)
-        r = self.launch("run", TINY, "--set", "train.steps=37", "--runs-dir", self.runs, "--no-plots")
+        self.assertIn("2 servers, 37 steps per worker]", dry.stdout)
+        r = self.launch("run", TINY, *sets, "--runs-dir", self.runs, "--no-plots")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn(", 37 steps each ->", r.stdout)
         run = self.only_invocation("tiny") / "run"
         plan = json.loads((run / "plan.json").read_text())
-        self.assertEqual((plan["total_steps"], plan["workers"], plan["servers"], plan["uses_servers"]), (37, 2, 1, True))
-        self.assertEqual([p["name"] for p in plan["processes"]], ["server0", "worker0", "worker1", "evaluator"])
+        self.assertEqual((plan["total_steps"], plan["workers"], plan["servers"], plan["uses_servers"]), (37, 2, 2, True))
+        self.assertEqual([p["name"] for p in plan["processes"]],
+                         ["server0", "server1", "worker0", "worker1", "evaluator"])
         binary = subprocess.run([str(WORKER_BIN), "config", "-c", str(run / "config.toml"), "--plan", "-"],
                                 capture_output=True, text=True, check=True)
         self.assertEqual(json.loads(binary.stdout), plan)  # what the run's own config plans
         s = json.loads((run / "summary.json").read_text())
         self.assertEqual((s["steps_per_worker"], s["status"]), (37, "ok"))
         self.assertAlmostEqual(s["train_samples"], 37 * 2 * 32, delta=1)
+        # each of the 37 x 2 pushes reached both servers, and counts once
+        self.assertEqual((s["staleness"]["count"], s["staleness"]["max"]), (37 * 2, 0))  # bsp
         self.assert_no_processes_left()
+        # plot.py still draws a run from before plan.json (cluster.mode from config.toml instead)
+        (run / "plan.json").unlink()
+        p = subprocess.run([PYTHON, str(REPO / "experiments" / "plot.py"), str(run), "--out", str(self.tmp / "plots")],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        for png in ["convergence", "throughput", "step_time", "staleness"]:
+            self.assertEqual((self.tmp / "plots" / f"{png}.png").read_bytes()[:8], PNG_MAGIC, png)
+
+    # ---- staleness statistics and plot.py's imports -----------------------------------------
+    def test_staleness_counts_each_push_once(self):
+        sys.path.insert(0, str(REPO / "experiments"))
+        try:
+            from launcher.metrics import staleness_stats
+        finally:
+            sys.path.remove(str(REPO / "experiments"))
+        # 2 servers; worker 0 pushed 3 times, worker 1 twice: every push is in both histograms
+        finals = [{"kind": "server_final", "shard": 0, "staleness": {"count": 999},
+                   "staleness_hist": {"0": [2, 1], "1": [0, 1, 1]}},
+                  {"kind": "server_final", "shard": 1, "staleness_hist": {"0": [1, 1, 1], "1": [2]}}]
+        st = staleness_stats(finals)  # merged: 5 at 0, 3 at 1, 2 at 2
+        self.assertEqual(st["count"], 5)
+        self.assertAlmostEqual(st["mean"], (1 * 3 + 2 * 2) / 10)
+        self.assertEqual((st["p99"], st["max"]), (2, 2))
+        # p99 is the smallest staleness with at least 99% of the (push, shard) pairs at or below it
+        finals = [{"staleness_hist": {"0": [99, 0, 0, 0, 0, 1]}}, {"staleness_hist": {"0": [99, 0, 0, 0, 0, 1]}},
+                  {"kind": "server_final", "shard": 2}]  # a server without a histogram does not count
+        st = staleness_stats(finals)
+        self.assertEqual((st["count"], st["p99"], st["max"]), (100, 0, 5))
+        self.assertAlmostEqual(st["mean"], 10 / 200)
+        self.assertIsNone(staleness_stats([{"staleness_hist": {"0": [0, 0]}}]))
+        self.assertIsNone(staleness_stats([]))
+
+    def test_plot_imports_the_metrics_module_alone(self):
+        code = ("import sys; sys.path.insert(0, 'experiments'); import plot; assert 'launch' not in sys.modules; "
+                "print(sorted(m for m in sys.modules if m.split('.')[0] == 'launcher'))")
+        r = subprocess.run([PYTHON, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "['launcher', 'launcher.metrics']")
 
     def test_diverged_run_is_reported(self):
         r = self.launch("run", TINY, "--set", "optimizer.lr=1e38", "--set", "train.steps=100",

@@ -1,5 +1,5 @@
 """summary.json of a run (from its metrics files) and the one line said when a run ends."""
-from .metrics import merged_staleness, read_jsonl
+from .metrics import read_jsonl, staleness_stats
 
 
 # Statuses of runs whose processes all finished (plotted and compared); "diverged": the
@@ -8,12 +8,32 @@ COMPLETED = ("ok", "diverged")
 
 
 def summarize(plan, run_dir, wall_s, status="ok", failure=None):
-    """summary.json: the keys of design.md, plus step-time means and a few extras.
+    """summary.json of a run. Its keys:
 
-    samples_per_s (all workers together) = total samples / training span, where a worker's
-    samples in a metrics window = samples_per_s * window length (t minus its previous line's
-    t; for its first line the window's samples are step * batch), and the span runs from the
-    earliest window start (first line's t minus its window's length) to the last train line.
+    mode, workers, servers, device, seed, target_acc   from the run's plan (plan.json)
+    status              "ok", "diverged" (the training loss stopped being finite: see "diverged",
+                        {worker, step, epoch} of the earliest), "failed" (see "failure") or
+                        "interrupted"
+    final_test_acc      the evaluator's last test accuracy (None when the data is not a
+                        classification); best_test_acc: the best of all its evaluations
+    time_to_target_s, epochs_to_target   at the first evaluation with test accuracy >= target_acc
+    epochs              of the last evaluation: passes over the training set by all workers
+    samples_per_s       all workers together = total samples / training span, where a worker's
+                        samples in a metrics window = samples_per_s * window length (t minus its
+                        previous line's t; for its first line the window's samples are step *
+                        batch), and the span runs from the earliest window start (first line's
+                        t minus its window's length) to the last train line; train_samples:
+                        the total samples
+    bytes_pushed, bytes_pulled   as the servers counted them (all-reduce: the bytes each rank
+                        all-reduced, summed over the ranks, in both)
+    staleness           PS modes: {mean, p99, max, count} (metrics.staleness_stats): the
+                        distribution over (push, shard) pairs of the servers' merged histograms,
+                        in versions of the shard; count is the number of pushes, each counted
+                        once (not once per server); None for all-reduce
+    wall_s              the run's wall-clock time, from its start to its last process's exit
+    final_test_loss, final_is_last_eval (the evaluator's final evaluation after training),
+    evaluations, steps_per_worker (the plan's total_steps), step_time_ms (mean ms per step of
+    every worker: compute, comm, wait, delay) and step_time_ms_per_worker
     """
     metrics = run_dir / "metrics"
     batch = plan.batch
@@ -75,7 +95,7 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None):
         "samples_per_s": total_samples / span if span > 0 else None,
         "bytes_pushed": sum(f.get("bytes_in", 0) for f in finals) if finals else None,
         "bytes_pulled": sum(f.get("bytes_out", 0) for f in finals) if finals else None,
-        "staleness": merged_staleness(finals) if plan.uses_servers else None,
+        "staleness": staleness_stats(finals) if plan.uses_servers else None,
         "wall_s": wall_s,
         # extras
         "status": status,
