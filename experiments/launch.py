@@ -40,6 +40,16 @@ Placement (cluster.launcher in the config):
          inside an allocation (salloc / sbatch) so that srun starts at once: metric times count
          from the launcher's start. Shared file system assumed, as for ssh.
 
+Endpoints (cluster.transport):
+  tcp    the listeners (servers; allreduce: rank 0's rendezvous and the evaluator's snapshot
+         port) on the ports above.
+  ipc    Unix sockets in a private directory made for each run (mode 0700, /tmp/pslab-XXXXXXXX;
+         a dry run shows a placeholder and makes nothing), removed when the run ends, however
+         it ends: ipc://DIR/server0 ... ipc://DIR/server<S-1>, ipc://DIR/coordinator (allreduce
+         rank 0), ipc://DIR/snapshots (allreduce evaluator). Every process must be on one host:
+         ssh or slurm over more than one host in cluster.hosts is refused (exit 2); over ssh the
+         host makes DIR if it is not there; srun gets --nodes=1.
+
 Binaries: <repo>/build/{worker/pslab_worker,server/pslab_server} (experiments/setup.sh builds
 them there); --build-dir or the environment variable PSLAB_BUILD point elsewhere.
 
@@ -56,7 +66,7 @@ import sys
 import tempfile
 
 from launcher.common import REPO, UsageError, warn
-from launcher.placement import DEFAULT_BASE_PORT
+from launcher.placement import DEFAULT_BASE_PORT, check_placement
 from launcher.plan import expand_sweep, find_binaries
 from launcher.processes import Interrupted, catch_signals
 from launcher.run import dry_run, run_all
@@ -71,6 +81,8 @@ def cmd_run(a):
     runs_dir = pathlib.Path(a.runs_dir) if a.runs_dir else REPO / "runs"
     with tempfile.TemporaryDirectory(prefix="pslab-launch-") as tmp:  # gone before anything starts
         plans = expand_sweep(bins, config, a.set or [], pathlib.Path(tmp))
+    for plan in plans:
+        check_placement(plan)
     if a.dry_run:
         dry_run(plans, bins, a, runs_dir)
         return 0

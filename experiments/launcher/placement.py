@@ -1,14 +1,22 @@
 """Where each process of the plan (plan["processes"], in start order) runs and its command line:
 local (free ports), ssh (round-robin over cluster.hosts, fixed ports), Slurm (one srun; task i
-on node i mod nodes)."""
+on node i mod nodes); the listeners' endpoints per cluster.transport (tcp: ports; ipc: sockets
+in a private directory of the run, every process on one host)."""
+import contextlib
+import os
 import pathlib
 import shlex
+import shutil
 import socket
+import stat
+import tempfile
 from dataclasses import dataclass
 
-from .common import REPO
+from .common import REPO, UsageError
 
 DEFAULT_BASE_PORT = 29500
+DRY_RUN_SOCKET_DIR = pathlib.Path("/tmp/pslab-XXXXXXXX")  # what a dry run shows for ipc
+MAX_SOCKET_PATH = 107  # bytes of a Unix socket's path (sun_path, less its terminating NUL)
 
 
 @dataclass
@@ -59,6 +67,61 @@ class TcpEndpoints:
         return tcp(self.connect_addr(self.hosts[i]), self.port_of(i))
 
 
+class IpcEndpoints:
+    """Endpoints of the listeners on ipc: one Unix socket per listener, named after it, in the
+    run's socket directory; bound and connected to by the same name."""
+
+    def __init__(self, directory):
+        self.directory = pathlib.Path(directory)
+
+    def bind(self, i, name):
+        path = str(self.directory / name)
+        if len(path.encode()) > MAX_SOCKET_PATH:
+            raise UsageError(f"ipc socket path {path} is longer than {MAX_SOCKET_PATH} bytes")
+        return "ipc://" + path
+
+    connect = bind
+
+
+@contextlib.contextmanager
+def socket_dir(plan):
+    """ipc: a new private directory for the run's sockets (mode 0700, a short path under /tmp),
+    removed when the block ends, however it ends; tcp: None."""
+    if plan.transport != "ipc":
+        yield None
+        return
+    path = pathlib.Path(tempfile.mkdtemp(prefix="pslab-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def ensure_socket_dir(path):
+    """A Slurm task on ipc: the launcher made the socket directory on its own host; create it on
+    this node if it is not there (mode 0700) and check that it is this user's private directory."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as e:
+        raise UsageError(f"task: cannot create the ipc socket directory {path}: {e}")
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise UsageError(f"task: {path} is not a private directory of this user (ipc sockets go there)")
+
+
+def check_placement(plan):
+    """Refuses, before anything starts, a placement the transport cannot serve: ipc over more
+    than one host (ssh: cluster.hosts as used round-robin; Slurm: cluster.hosts when given)."""
+    if plan.transport != "ipc" or plan.launcher == "local" or not plan.hosts:
+        return
+    hosts = sorted(set(cluster_hosts(plan, plan.hosts)))
+    if len(hosts) > 1:
+        point = f"{plan.label}: " if plan.label else ""
+        raise UsageError(f'{point}cluster.transport = "ipc" needs every process on one host, but '
+                         f'cluster.launcher = "{plan.launcher}" places them on {len(hosts)} hosts '
+                         f'({", ".join(hosts)}); use cluster.transport = "tcp", or one host in cluster.hosts')
+
+
 def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_host=False):
     """The command line of every process of a run, in the plan's start order.
 
@@ -104,8 +167,15 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_host=False):
     return procs
 
 
-def plan_local(plan, run_dir, run_start, bins):
-    """Every process on this machine; listeners on free ports of cluster.bind."""
+def plan_local(plan, run_dir, run_start, bins, sockets=None):
+    """Every process on this machine; listeners on free ports of cluster.bind (tcp) or in the
+    socket directory `sockets` (ipc)."""
+    hosts = ["local"] * len(plan.processes)
+    if plan.transport == "ipc":
+        procs = place(plan, run_dir, run_start, bins, hosts, IpcEndpoints(sockets))
+        for p in procs:
+            p.command = p.argv
+        return procs
     bind = plan.bind
     connect = {"*": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind, bind)
     ports = {}
@@ -115,7 +185,6 @@ def plan_local(plan, run_dir, run_start, bins):
             ports[i] = free_port(bind)
         return ports[i]
 
-    hosts = ["local"] * len(plan.processes)
     procs = place(plan, run_dir, run_start, bins, hosts, TcpEndpoints(hosts, port_of, lambda h: bind, lambda h: connect))
     for p in procs:
         p.command = p.argv
@@ -131,25 +200,34 @@ def cluster_hosts(plan, hosts):
     return [hosts[i % len(hosts)] for i in range(len(plan.processes))]
 
 
-def plan_cluster(plan, run_dir, run_start, bins, hosts, base_port):
-    """ssh and Slurm: process i on hosts[i % len(hosts)], listening on base_port + i."""
+def plan_cluster(plan, run_dir, run_start, bins, hosts, base_port, sockets=None):
+    """ssh and Slurm: process i on hosts[i % len(hosts)], listening on base_port + i (tcp) or in
+    the socket directory `sockets` (ipc: one host, see check_placement)."""
     where = cluster_hosts(plan, hosts)
-    endpoints = TcpEndpoints(where, lambda i: base_port + i, lambda h: remote_bind(plan), lambda h: h)
+    if plan.transport == "ipc":
+        endpoints = IpcEndpoints(sockets)
+    else:
+        endpoints = TcpEndpoints(where, lambda i: base_port + i, lambda h: remote_bind(plan), lambda h: h)
     return place(plan, run_dir, run_start, bins, where, endpoints, gloo_host=True)
 
 
-def ssh_command(host, argv):
-    remote = f"cd {shlex.quote(str(REPO))} && exec {shlex.join(argv)}"
+def ssh_command(host, argv, sockets=None):
+    """ssh HOST 'cd REPO && exec ARGV'; with ipc, the socket directory is made there first (on
+    this machine the launcher has made it already)."""
+    mkdir = f"mkdir -p -m 700 {shlex.quote(str(sockets))} && " if sockets else ""
+    remote = f"cd {shlex.quote(str(REPO))} && {mkdir}exec {shlex.join(argv)}"
     return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", host, remote]
 
 
-def plan_ssh(plan, run_dir, run_start, bins, base_port):
-    procs = plan_cluster(plan, run_dir, run_start, bins, plan.hosts, base_port)
+def plan_ssh(plan, run_dir, run_start, bins, base_port, sockets=None):
+    procs = plan_cluster(plan, run_dir, run_start, bins, plan.hosts, base_port, sockets)
     for p in procs:
-        p.command = ssh_command(p.host, p.argv)
+        p.command = ssh_command(p.host, p.argv, sockets)
     return procs
 
 
 def srun_command(plan, run_dir):
-    return ["srun", f"--ntasks={len(plan.processes)}", "--kill-on-bad-exit=1", "--distribution=cyclic",
+    """One srun for every task; ipc: all of them on one node."""
+    one_node = ["--nodes=1"] if plan.transport == "ipc" else []
+    return ["srun", f"--ntasks={len(plan.processes)}", *one_node, "--kill-on-bad-exit=1", "--distribution=cyclic",
             "/usr/bin/python3", "experiments/launch.py", "task", str(run_dir)]

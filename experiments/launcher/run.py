@@ -13,7 +13,7 @@ from .common import REPO, RunFailed, say, warn
 from .comparison import write_comparison
 from .manifest import write_manifest
 from .monitor import Progress, monitor, process_failure, srun_failure
-from .placement import Proc, plan_cluster, plan_local, plan_ssh, srun_command
+from .placement import DRY_RUN_SOCKET_DIR, Proc, plan_cluster, plan_local, plan_ssh, socket_dir, srun_command
 from .plan import new_invocation_dir, safe_dir_name
 from .processes import Interrupted, check_signal, sleep_checked, start, stop_all
 from .summary import COMPLETED, result_line, summarize
@@ -41,24 +41,38 @@ def run_plot(args_list, quiet=False):
 
 
 def execute_run(plan, run_dir, bins, opts, prefix):
-    """Starts one run, waits for it and writes its files; returns its summary (raises RunFailed)."""
+    """Starts one run, waits for it and writes its files; returns its summary (raises RunFailed,
+    Interrupted). ipc: its socket directory exists while the run does."""
     run_dir.mkdir(parents=True)
     (run_dir / "metrics").mkdir()
     (run_dir / "logs").mkdir()
     plan.write(run_dir)  # config.toml, plan.json
+    with socket_dir(plan) as sockets:
+        s = start_and_watch(plan, run_dir, bins, opts, prefix, sockets)
+    say(result_line(prefix, s))
+    if not opts.no_plots:
+        run_plot([str(run_dir), "--out", str(run_dir / "plots")], quiet=True)
+    return s
+
+
+def start_and_watch(plan, run_dir, bins, opts, prefix, sockets):
+    """Starts the run's processes, waits for them all, writes manifest.json and summary.json."""
     run_start = time.time()
-    extra = {}
+    extra = {"transport": plan.transport}
+    if sockets:
+        extra["socket_dir"] = str(sockets)
     if plan.launcher == "local":
-        procs = plan_local(plan, run_dir, run_start, bins)
+        procs = plan_local(plan, run_dir, run_start, bins, sockets)
         started = procs
     elif plan.launcher == "ssh":
-        procs = plan_ssh(plan, run_dir, run_start, bins, opts.base_port)
+        procs = plan_ssh(plan, run_dir, run_start, bins, opts.base_port, sockets)
         started = procs
     else:  # slurm: one srun; each task finds its role (launch.py task)
-        procs = plan_cluster(plan, run_dir, run_start, bins, [f"<node of task {i}>" for i in range(len(plan.processes))],
-                             opts.base_port)
+        nodes = ["<the node>"] if plan.transport == "ipc" else [f"<node of task {i}>" for i in range(len(plan.processes))]
+        procs = plan_cluster(plan, run_dir, run_start, bins, nodes, opts.base_port, sockets)
         (run_dir / "launch.json").write_text(json.dumps({
-            "run_start": run_start, "build_dir": str(bins.build), "base_port": opts.base_port}, indent=2) + "\n")
+            "run_start": run_start, "build_dir": str(bins.build), "base_port": opts.base_port,
+            "socket_dir": str(sockets) if sockets else None}, indent=2) + "\n")
         srun = Proc(name="srun", role="srun", rank=-1, index=-1, host="local", argv=srun_command(plan, run_dir),
                     log=run_dir / "logs" / "srun.log")
         srun.command = srun.argv
@@ -86,37 +100,44 @@ def execute_run(plan, run_dir, bins, opts, prefix):
         if stopped:
             warn(f"stopped {len(stopped)} other process(es): {', '.join(p.name for p in stopped)}")
         raise
-    wall = time.time() - run_start
-    s = summarize(plan, run_dir, wall)
+    s = summarize(plan, run_dir, time.time() - run_start)
     (run_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
-    say(result_line(prefix, s))
-    if not opts.no_plots:
-        run_plot([str(run_dir), "--out", str(run_dir / "plots")], quiet=True)
     return s
 
 
 def dry_run(plans, bins, opts, runs_dir):
-    """Prints every process's command line of every point; starts and writes nothing."""
+    """Prints every process's command line of every point; starts and writes nothing (ipc: the
+    socket directory is a placeholder, made afresh for each run at launch)."""
     inv = pathlib.Path(runs_dir).resolve() / plans[0].name / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     say(f"# dry run: {len(plans)} run(s); nothing is started or written. Invocation directory would be {inv}")
     for i, plan in enumerate(plans):
         run_dir = inv / safe_dir_name(plan.label)
         t = time.time()
+        ipc = plan.transport == "ipc"
+        sockets = DRY_RUN_SOCKET_DIR if ipc else None
         say(f"# run {i + 1}/{len(plans)}: {plan.label or '(no sweep)'} -> {run_dir}  "
             f"[launcher {plan.launcher}, mode {plan.mode}, {plan.workers} workers, {plan.servers} servers, "
             f"{plan.total_steps} steps per worker]")
+        if ipc:
+            say(f"# ipc: the sockets go into a private directory made afresh at launch ({sockets} here), "
+                f"removed when the run ends")
         if plan.launcher == "local":
-            say("# local: ports are free ports chosen afresh at launch")
-            procs = plan_local(plan, run_dir, t, bins)
+            if not ipc:
+                say("# local: ports are free ports chosen afresh at launch")
+            procs = plan_local(plan, run_dir, t, bins, sockets)
         elif plan.launcher == "ssh":
-            procs = plan_ssh(plan, run_dir, t, bins, opts.base_port)
+            procs = plan_ssh(plan, run_dir, t, bins, opts.base_port, sockets)
         else:
             say(f"[srun] {shlex.join(srun_command(plan, run_dir))}")
-            nodes = plan.hosts or [f"NODE{i}" for i in range(len(plan.processes))]
+            if plan.hosts:
+                nodes, where = plan.hosts, "cluster.hosts"
+            elif ipc:
+                nodes, where = ["NODE0"], "placeholder NODE0, the one node of ipc"
+            else:
+                nodes, where = [f"NODE{i}" for i in range(len(plan.processes))], "placeholders NODEi, one per task"
             say(f"# slurm: each task runs `launch.py task {run_dir}`, which execs the command below "
-                f"(node list here: {'cluster.hosts' if plan.hosts else 'placeholders NODEi, one per task'}; "
-                f"inside the job: the step's node list)")
-            procs = plan_cluster(plan, run_dir, t, bins, nodes, opts.base_port)
+                f"(node list here: {where}; inside the job: the step's node list)")
+            procs = plan_cluster(plan, run_dir, t, bins, nodes, opts.base_port, sockets)
             for p in procs:
                 p.command = p.argv
                 say(f"[task{p.index} {p.name}@{p.host}] {shlex.join(p.command)}")

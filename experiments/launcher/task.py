@@ -7,7 +7,7 @@ import shlex
 import sys
 
 from .common import REPO, UsageError, cmd_out
-from .placement import plan_cluster
+from .placement import cluster_hosts, ensure_socket_dir, plan_cluster
 from .plan import Binaries, RunPlan
 
 
@@ -37,8 +37,15 @@ def run_task(run_dir, hosts=None, print_only=False):
         if not out:
             raise UsageError(f"task: `scontrol show hostnames {nodelist}` failed")
         nodes = out.split()
+    sockets = launch.get("socket_dir")
+    if plan.transport == "ipc":
+        if not sockets:
+            raise UsageError(f"task: {run_dir}/launch.json names no socket directory, but cluster.transport is ipc")
+        if len(set(cluster_hosts(plan, nodes))) > 1:
+            raise UsageError(f'task: cluster.transport = "ipc" needs every task on one node, but the node list is '
+                             f'{",".join(nodes)}; the launcher\'s srun uses --nodes=1')
     bins = Binaries.at(launch["build_dir"])
-    procs = plan_cluster(plan, run_dir, launch["run_start"], bins, nodes, launch["base_port"])
+    procs = plan_cluster(plan, run_dir, launch["run_start"], bins, nodes, launch["base_port"], sockets)
     me = procs[procid]
     here = os.environ.get("SLURMD_NODENAME")
     if not print_only and here and nodes and here != me.host and here.split(".")[0] != me.host.split(".")[0]:
@@ -48,6 +55,8 @@ def run_task(run_dir, hosts=None, print_only=False):
         print(f"# task {procid}/{ntasks}: {me.name} on {me.host}", file=sys.stderr)
         print(shlex.join(me.argv))
         return 0
+    if sockets:
+        ensure_socket_dir(sockets)
     me.log.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(me.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
