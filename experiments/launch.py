@@ -18,7 +18,7 @@ evaluator, prints a progress line about once a second, and writes
       config.toml plan.json manifest.json summary.json metrics/*.jsonl logs/*.log plots/*.png
 
 Placement (cluster.launcher in the config):
-  local  every process on this machine, on cluster.bind, on free ports (bind to port 0).
+  local  every process on this machine; tcp: on cluster.bind, on free ports (bind to port 0).
   ssh    processes round-robin over cluster.hosts (servers first, then workers, then the
          evaluator), each started as
            ssh -o BatchMode=yes -o ConnectTimeout=10 HOST 'cd REPO && exec CMD'
@@ -33,12 +33,13 @@ Placement (cluster.launcher in the config):
            srun --ntasks=N --kill-on-bad-exit=1 --distribution=cyclic /usr/bin/python3 experiments/launch.py task RUN_DIR
          (N = S + W + 1; allreduce: W + 1). Each task reads SLURM_PROCID, SLURM_NTASKS and the
          step's node list (SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST, expanded with
-         `scontrol show hostnames`), takes its role (tasks 0..S-1 servers, then workers, the
-         last one the evaluator; allreduce: workers, then the evaluator), derives every endpoint
-         from the node list (task i runs on node i mod nodes: cyclic distribution) and the
-         fixed ports above, and execs its binary with its output in RUN_DIR/logs/. Run it
-         inside an allocation (salloc / sbatch) so that srun starts at once: metric times count
-         from the launcher's start. Shared file system assumed, as for ssh.
+         `scontrol show hostnames`), takes its role from RUN_DIR/plan.json (tasks 0..S-1
+         servers, then workers, the last one the evaluator; allreduce: workers, then the
+         evaluator), derives every endpoint from the node list (task i runs on node i mod
+         nodes: cyclic distribution) and the fixed ports above, and execs its binary with its
+         output in RUN_DIR/logs/. Run it inside an allocation (salloc / sbatch) so that srun
+         starts at once: metric times count from the launcher's start. Shared file system
+         assumed, as for ssh.
 
 Endpoints (cluster.transport):
   tcp    the listeners (servers; allreduce: rank 0's rendezvous and the evaluator's snapshot
@@ -51,7 +52,9 @@ Endpoints (cluster.transport):
          host makes DIR if it is not there; srun gets --nodes=1.
 
 Binaries: <repo>/build/{worker/pslab_worker,server/pslab_server} (experiments/setup.sh builds
-them there); --build-dir or the environment variable PSLAB_BUILD point elsewhere.
+them there); --build-dir or the environment variable PSLAB_BUILD point elsewhere. The launcher's
+code: experiments/launcher/, one module per concern (plan, placement, processes, monitor,
+metrics, summary, manifest, comparison, run, task).
 
 A run whose training loss stops being finite ends with status "diverged" (its workers say at
 which step); that is the experiment's outcome, not a failure.
@@ -94,7 +97,8 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run an experiment config (a sweep: one run per point)",
                        description="Run an experiment config; a sweep runs one point after the other. "
-                                   "See `launch.py --help` for the layout and the launchers.")
+                                   "See `launch.py --help` for the run directories, the launchers, the "
+                                   "transports and the exit status.")
     r.add_argument("config", help="experiment config (TOML); `pslab_worker config --keys` lists the keys")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a key for every run, e.g. --set optimizer.lr=0.05 (TOML value; repeatable); "
@@ -102,7 +106,7 @@ def main(argv=None):
     r.add_argument("--runs-dir", help="the directory that holds <name>/<YYYYmmdd-HHMMSS>/ (default: <repo>/runs)")
     r.add_argument("--build-dir", help="build directory with worker/pslab_worker and server/pslab_server "
                                        "(default: $PSLAB_BUILD, else <repo>/build)")
-    r.add_argument("--dry-run", action="store_true", help="print every process's command line; start nothing")
+    r.add_argument("--dry-run", action="store_true", help="print every process's command line; start, create or write nothing")
     r.add_argument("--no-plots", action="store_true", help="do not draw plots")
     r.add_argument("--keep-going", action="store_true", help="in a sweep, go on with the next run after a failed one")
     r.add_argument("--max-minutes", type=float, default=60.0,
