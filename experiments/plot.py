@@ -3,15 +3,17 @@
 
     plot.py RUN_DIR [RUN_DIR ...] [--out DIR]
 
-Reads each RUN_DIR's config.toml, metrics/*.jsonl (and manifest.json for its sweep label) and
-writes into --out (default: RUN_DIR/plots for one run, ./plots for several):
+Reads each RUN_DIR's config.toml, plan.json (runs before it existed: config.toml alone),
+metrics/*.jsonl (and manifest.json for its sweep label) and writes into --out (default:
+RUN_DIR/plots for one run, ./plots for several):
 
   convergence.png  test accuracy and training loss vs wall-clock time and vs epochs (2x2);
                    dashed line: target accuracy (eval.target_acc); dot: where a run first reaches it
   throughput.png   samples/s of every worker over time, one panel per run
   step_time.png    mean time per step of every worker, stacked: compute, communication
                    (comm minus wait), waiting for consistency (wait), injected straggler delay
-  staleness.png    staleness of the applied updates (PS runs only; skipped when there is none)
+  staleness.png    staleness of the applied updates (PS runs only; skipped when there is none);
+                   mean, p99, max and pushes as in summary.json (launcher.metrics.staleness_stats)
 
 Runs are named by their consistency mode (bsp, ssp:2, ...) when the modes differ, else by
 their sweep label. Epochs on the x axes are passes over the training set by all workers
@@ -29,7 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from launch import read_jsonl  # noqa: E402  (launch.py: stdlib only, beside this file)
+from launcher.metrics import read_jsonl, staleness_by_worker, staleness_stats  # noqa: E402  (stdlib only)
 
 COMPONENTS = [  # (train-line key, legend, colour)
     ("compute_ms", "compute (forward + backward)", "#4C72B0"),
@@ -49,6 +51,9 @@ class Run:
         if (self.dir / "config.toml").exists():
             with open(self.dir / "config.toml", "rb") as f:
                 self.cfg = tomllib.load(f)
+        plan = None  # the binary's plan of the run; older runs have none
+        if (self.dir / "plan.json").exists():
+            plan = json.loads((self.dir / "plan.json").read_text())
         manifest = {}
         if (self.dir / "manifest.json").exists():
             manifest = json.loads((self.dir / "manifest.json").read_text())
@@ -57,6 +62,11 @@ class Run:
             self.summary = json.loads((self.dir / "summary.json").read_text())
         cl = self.cfg.get("cluster", {})
         self.mode = cl.get("mode", "?")
+        if plan:
+            self.uses_servers, self.classification = plan["uses_servers"], plan["data"]["classification"]
+        else:
+            self.uses_servers = self.mode != "allreduce"
+            self.classification = self.cfg.get("data", {}).get("kind") != "least-squares"
         self.sweep_label = manifest.get("label") or self.dir.name
         self.target = self.cfg.get("eval", {}).get("target_acc")
         self.stragglers = set(self.cfg.get("straggler", {}).get("workers", [])) \
@@ -117,14 +127,7 @@ class Run:
 
     def staleness(self):
         """{worker: counts per staleness} merged over the servers, or None."""
-        hist = {}
-        for fin in self.finals:
-            for w, counts in (fin.get("staleness_hist") or {}).items():
-                acc = hist.setdefault(int(w), [])
-                if len(counts) > len(acc):
-                    acc.extend([0] * (len(counts) - len(acc)))
-                for s, c in enumerate(counts):
-                    acc[s] += c
+        hist = staleness_by_worker(self.finals)
         return hist if any(sum(c) for c in hist.values()) else None
 
 
@@ -218,8 +221,7 @@ def plot_convergence(runs, out):
     l_t.set_title("training loss vs time (mean over workers)")
     l_e.set_title("training loss vs epochs")
     for ax in (l_t, l_e):
-        ax.set_ylabel("training loss (cross-entropy)" if runs[0].cfg.get("data", {}).get("kind") != "least-squares"
-                      else "training loss (MSE)")
+        ax.set_ylabel("training loss (cross-entropy)" if runs[0].classification else "training loss (MSE)")
         lines = [ln for ln in ax.get_lines() if len(ln.get_ydata())]
         ys = np.concatenate([ln.get_ydata() for ln in lines]) if lines else np.array([])
         if len(ys) and ys.min() > 0 and ys.max() / ys.min() > 20:
@@ -313,7 +315,7 @@ def plot_step_time(runs, out):
 
 
 def plot_staleness(runs, out):
-    data = [(r, r.staleness()) for r in runs if r.mode != "allreduce"]
+    data = [(r, r.staleness()) for r in runs if r.uses_servers]
     data = [(r, h) for r, h in data if h]
     if not data:
         return
@@ -323,23 +325,19 @@ def plot_staleness(runs, out):
     for ax, (r, hist) in zip(axes.flat, data):
         smax = max(len(c) for c in hist.values())
         total = sum(sum(c) for c in hist.values())
-        merged = np.zeros(smax)
         bottom = np.zeros(smax)
         W = max(hist) + 1
         for w, counts in sorted(hist.items()):
             v = np.zeros(smax)
             v[:len(counts)] = counts
-            merged += v
             straggler = w in r.stragglers
             ax.bar(np.arange(smax), 100 * v / total, bottom=100 * bottom / total, width=0.85,
                    color="#C44E52" if straggler else cmap(w / max(1, W)),
                    label=f"worker {w}" + (" (straggler)" if straggler else ""))
             bottom += v
-        mean = float((np.arange(smax) * merged).sum() / total)
-        cum = np.cumsum(merged)
-        p99 = int(np.searchsorted(cum, 0.99 * total))
-        ax.set_title(f"{r.label}: mean {mean:.2f}, p99 {p99}, max {int(np.nonzero(merged)[0].max())} "
-                     f"({total:,} updates)", fontsize=10)
+        st = staleness_stats(r.finals)
+        ax.set_title(f"{r.label}: mean {st['mean']:.2f}, p99 {st['p99']}, max {st['max']} ({st['count']:,} pushes)",
+                     fontsize=10)
         ax.set_xlabel("staleness of an applied update (shard versions behind)")
         ax.set_ylabel("% of all applied updates")
         ax.set_xlim(-0.6, max(smax, 3) - 0.4)

@@ -282,6 +282,80 @@ class LauncherTest(unittest.TestCase):
         self.assertEqual(tasks, [("0", "server0"), ("1", "worker0"), ("2", "worker1"), ("3", "evaluator")])
         self.assertFalse(self.runs.exists())
 
+    def launch_watching_mkdir(self, *args):
+        """launch.py ARGS in a Python that reports every directory it creates (audit hook):
+        (completed process, [paths])."""
+        code = textwrap.dedent("""\
+            import json, runpy, sys
+            made = []
+            sys.addaudithook(lambda event, a: made.append(str(a[0])) if event == "os.mkdir" else None)
+            sys.argv = sys.argv[1:]
+            sys.path.insert(0, sys.argv[0].rsplit("/", 1)[0])
+            try:
+                runpy.run_path(sys.argv[0], run_name="__main__")
+            finally:
+                print("MKDIR " + json.dumps(made), file=sys.stderr)
+            """)
+        r = subprocess.run([PYTHON, "-c", code, str(LAUNCH), *map(str, args)], cwd=REPO, env=self.env,
+                           capture_output=True, text=True, timeout=90)
+        made = [json.loads(line[len("MKDIR "):]) for line in r.stderr.splitlines() if line.startswith("MKDIR ")]
+        self.assertEqual(len(made), 1, r.stderr)
+        return r, made[0]
+
+    def test_ipc_dry_run(self):
+        # ipc: every listener is a socket in one private directory, shown but not made by a dry run
+        for mode, servers in (("bsp", 2), ("allreduce", 0)):
+            path = self.tiny_variant(f"ipc-{mode}.toml", [('mode = "bsp"', f'mode = "{mode}"'),
+                                                          ("servers = 1", "servers = 2"),
+                                                          ("[cluster]", '[cluster]\ntransport = "ipc"')])
+            r, made = self.launch_watching_mkdir("run", path, "--runs-dir", self.runs, "--dry-run")
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertEqual([d for d in made if "pslab-launch-" not in d], [], "a dry run created a directory")
+            self.assertFalse(self.runs.exists())
+            cmds = dry_run_commands(r.stdout)
+            if servers:
+                binds = [option(cmds[f"server{k}"][1], "--bind") for k in range(servers)]
+                sockets = os.path.dirname(binds[0][len("ipc://"):])
+                self.assertEqual(binds, [f"ipc://{sockets}/server{k}" for k in range(servers)])
+                for name in ("worker0", "worker1", "evaluator"):
+                    self.assertEqual(option(cmds[name][1], "--servers"), ",".join(binds))
+            else:
+                coordinator = option(cmds["worker0"][1], "--coordinator")
+                sockets = os.path.dirname(coordinator[len("ipc://"):])
+                self.assertEqual(coordinator, f"ipc://{sockets}/coordinator")
+                for name in ("worker0", "worker1"):
+                    self.assertEqual(option(cmds[name][1], "--coordinator"), coordinator)
+                    self.assertEqual(option(cmds[name][1], "--snapshots"), f"ipc://{sockets}/snapshots")
+                self.assertEqual(option(cmds["evaluator"][1], "--snapshots"), f"ipc://{sockets}/snapshots")
+                self.assertNotIn("tcp://", r.stdout)
+            self.assertTrue(sockets.startswith("/tmp/pslab-"), sockets)
+            self.assertFalse(os.path.exists(sockets))
+
+    def test_ipc_needs_one_host(self):
+        path = self.ssh_config(["hostA", "hostB"])
+        path.write_text(path.read_text().replace("[cluster]", '[cluster]\ntransport = "ipc"'))
+        for extra in ([], ["--dry-run"]):
+            r = self.launch("run", path, "--runs-dir", self.runs, *extra)
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertIn("cluster.transport", r.stderr)
+            self.assertIn("hostA, hostB", r.stderr)
+            self.assertFalse(self.runs.exists(), "a run directory was created")
+        slurm = self.slurm_config()
+        slurm.write_text(slurm.read_text().replace("[cluster]", '[cluster]\ntransport = "ipc"\nhosts = ["n1", "n2"]'))
+        r = self.launch("run", slurm, "--runs-dir", self.runs, "--dry-run")
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("cluster.transport", r.stderr)
+        # one host is fine: ssh makes the socket directory there; srun keeps every task on one node
+        path.write_text(path.read_text().replace('hosts = ["hostA", "hostB"]', 'hosts = ["hostA"]'))
+        r = self.launch("run", path, "--runs-dir", self.runs, "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        remote = dry_run_commands(r.stdout)["server0"][1][6]
+        self.assertRegex(remote, r" && mkdir -p -m 700 /tmp/pslab-\S+ && exec .* --bind ipc:///tmp/pslab-\S+/server0 ")
+        slurm.write_text(slurm.read_text().replace('\nhosts = ["n1", "n2"]', ""))
+        r = self.launch("run", slurm, "--runs-dir", self.runs, "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn(" --nodes=1 ", r.stdout)
+
     # ---- real runs -------------------------------------------------------------------------
     def test_tiny_end_to_end(self):
         r = self.launch("run", TINY, "--runs-dir", self.runs)
@@ -289,7 +363,7 @@ class LauncherTest(unittest.TestCase):
         inv = self.only_invocation("tiny")
         self.assertRegex(inv.name, r"^\d{8}-\d{6}$")
         run = inv / "run"
-        for f in ["config.toml", "manifest.json", "summary.json", "metrics/worker0.jsonl", "metrics/worker1.jsonl",
+        for f in ["config.toml", "plan.json", "manifest.json", "summary.json", "metrics/worker0.jsonl", "metrics/worker1.jsonl",
                   "metrics/server0.jsonl", "metrics/evaluator.jsonl", "logs/server0.log", "logs/worker0.log",
                   "logs/worker1.log", "logs/evaluator.log"]:
             self.assertTrue((run / f).is_file(), f)
@@ -312,6 +386,7 @@ class LauncherTest(unittest.TestCase):
         for key in ["git", "host", "cpu", "gpu", "libraries", "seed", "start_time", "launcher_command"]:
             self.assertIn(key, m)
         self.assertIn("run", m["launcher_command"])
+        self.assertEqual(m["transport"], "tcp")
         self.assertIn("python", m["libraries"])
         # summary
         s = json.loads((run / "summary.json").read_text())
@@ -340,6 +415,68 @@ class LauncherTest(unittest.TestCase):
         self.assertEqual(len(rows), 2)
         self.assertTrue((inv / "comparison.md").read_text().count("| run | bsp |") == 1)
         self.assert_no_processes_left()
+
+    def test_run_follows_the_binarys_plan(self):
+        # the steps, processes and sizes come from `pslab_worker config --plan`, saved as plan.json
+        sets = ["--set", "train.steps=37", "--set", "cluster.servers=2"]
+        dry = self.launch("run", TINY, *sets, "--runs-dir", self.runs, "--dry-run")
+        self.assertEqual(dry.returncode, 0, dry.stderr)
+        self.assertIn("2 servers, 37 steps per worker]", dry.stdout)
+        r = self.launch("run", TINY, *sets, "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn(", 37 steps each ->", r.stdout)
+        run = self.only_invocation("tiny") / "run"
+        plan = json.loads((run / "plan.json").read_text())
+        self.assertEqual((plan["total_steps"], plan["workers"], plan["servers"], plan["uses_servers"]), (37, 2, 2, True))
+        self.assertEqual([p["name"] for p in plan["processes"]],
+                         ["server0", "server1", "worker0", "worker1", "evaluator"])
+        binary = subprocess.run([str(WORKER_BIN), "config", "-c", str(run / "config.toml"), "--plan", "-"],
+                                capture_output=True, text=True, check=True)
+        self.assertEqual(json.loads(binary.stdout), plan)  # what the run's own config plans
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual((s["steps_per_worker"], s["status"]), (37, "ok"))
+        self.assertAlmostEqual(s["train_samples"], 37 * 2 * 32, delta=1)
+        # each of the 37 x 2 pushes reached both servers, and counts once
+        self.assertEqual((s["staleness"]["count"], s["staleness"]["max"]), (37 * 2, 0))  # bsp
+        self.assert_no_processes_left()
+        # plot.py still draws a run from before plan.json (cluster.mode from config.toml instead)
+        (run / "plan.json").unlink()
+        p = subprocess.run([PYTHON, str(REPO / "experiments" / "plot.py"), str(run), "--out", str(self.tmp / "plots")],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        for png in ["convergence", "throughput", "step_time", "staleness"]:
+            self.assertEqual((self.tmp / "plots" / f"{png}.png").read_bytes()[:8], PNG_MAGIC, png)
+
+    # ---- staleness statistics and plot.py's imports -----------------------------------------
+    def test_staleness_counts_each_push_once(self):
+        sys.path.insert(0, str(REPO / "experiments"))
+        try:
+            from launcher.metrics import staleness_stats
+        finally:
+            sys.path.remove(str(REPO / "experiments"))
+        # 2 servers; worker 0 pushed 3 times, worker 1 twice: every push is in both histograms
+        finals = [{"kind": "server_final", "shard": 0, "staleness": {"count": 999},
+                   "staleness_hist": {"0": [2, 1], "1": [0, 1, 1]}},
+                  {"kind": "server_final", "shard": 1, "staleness_hist": {"0": [1, 1, 1], "1": [2]}}]
+        st = staleness_stats(finals)  # merged: 5 at 0, 3 at 1, 2 at 2
+        self.assertEqual(st["count"], 5)
+        self.assertAlmostEqual(st["mean"], (1 * 3 + 2 * 2) / 10)
+        self.assertEqual((st["p99"], st["max"]), (2, 2))
+        # p99 is the smallest staleness with at least 99% of the (push, shard) pairs at or below it
+        finals = [{"staleness_hist": {"0": [99, 0, 0, 0, 0, 1]}}, {"staleness_hist": {"0": [99, 0, 0, 0, 0, 1]}},
+                  {"kind": "server_final", "shard": 2}]  # a server without a histogram does not count
+        st = staleness_stats(finals)
+        self.assertEqual((st["count"], st["p99"], st["max"]), (100, 0, 5))
+        self.assertAlmostEqual(st["mean"], 10 / 200)
+        self.assertIsNone(staleness_stats([{"staleness_hist": {"0": [0, 0]}}]))
+        self.assertIsNone(staleness_stats([]))
+
+    def test_plot_imports_the_metrics_module_alone(self):
+        code = ("import sys; sys.path.insert(0, 'experiments'); import plot; assert 'launch' not in sys.modules; "
+                "print(sorted(m for m in sys.modules if m.split('.')[0] == 'launcher'))")
+        r = subprocess.run([PYTHON, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "['launcher', 'launcher.metrics']")
 
     def test_diverged_run_is_reported(self):
         r = self.launch("run", TINY, "--set", "optimizer.lr=1e38", "--set", "train.steps=100",
@@ -587,6 +724,34 @@ class LauncherTest(unittest.TestCase):
         self.assertEqual(option(out[1], "--coordinator"), "tcp://n1:31000")
         self.assertEqual(option(out[1], "--snapshots"), "tcp://n3:31002")
         self.assertEqual(option(out[2], "--snapshots"), "tcp://n3:31002")
+
+    def test_slurm_ipc_task_roles(self):
+        # ipc: srun on one node; the tasks' endpoints are the run's sockets; the directory goes with the run
+        calls = self.install_fake_slurm()
+        self.fake_bin("srun", f"#!/bin/bash\necho \"$@\" >> {calls}\nexit 0\n")  # prepare the run dir only
+        path = self.slurm_config()
+        path.write_text(path.read_text().replace("[cluster]", '[cluster]\ntransport = "ipc"'))
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("--nodes=1", calls.read_text().split())
+        run = self.only_invocation("tiny") / "run"
+        sockets = json.loads((run / "launch.json").read_text())["socket_dir"]
+        self.assertEqual(json.loads((run / "manifest.json").read_text())["transport"], "ipc")
+        self.assertTrue(sockets.startswith("/tmp/pslab-"), sockets)
+        self.assertFalse(os.path.exists(sockets), "the socket directory outlived the run")
+        out = {}
+        for i in range(4):
+            env = dict(self.env, SLURM_PROCID=str(i), SLURM_NTASKS="4")
+            t = self.launch("task", run, "--print", "--hosts", "n1", env=env)
+            self.assertEqual(t.returncode, 0, t.stderr)
+            out[i] = shlex.split(t.stdout.strip())
+        self.assertEqual(option(out[0], "--bind"), f"ipc://{sockets}/server0")
+        for i in (1, 2, 3):
+            self.assertEqual(option(out[i], "--servers"), f"ipc://{sockets}/server0")
+        env = dict(self.env, SLURM_PROCID="0", SLURM_NTASKS="4")
+        t = self.launch("task", run, "--print", "--hosts", "n1,n2", env=env)
+        self.assertEqual(t.returncode, 2, t.stdout + t.stderr)
+        self.assertIn("cluster.transport", t.stderr)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,4 @@
+"""The experiment launcher's parts, one module per concern; experiments/launch.py is its command line.
+
+Importing the package imports none of its modules: plot.py imports launcher.metrics alone.
+"""

@@ -1,0 +1,68 @@
+"""Reading metrics files (one JSON object per line) and the staleness statistics of a PS run.
+plot.py imports this module: it imports nothing of the rest of the launcher."""
+import json
+
+
+def read_jsonl(path):
+    """The JSON objects of a metrics file, one per line; [] when there is no file. A line cut
+    short (a killed process) is skipped."""
+    rows = []
+    try:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    try:
+                        rows.append(json.loads(line))
+                    except ValueError:
+                        pass
+    except FileNotFoundError:
+        pass
+    return rows
+
+
+def staleness_by_worker(server_finals):
+    """{worker: [count per staleness value]} over the servers' final lines (kind "server_final"):
+    the sum of every server's "staleness_hist" (keys are worker ranks, as strings)."""
+    hist = {}
+    for fin in server_finals:
+        for w, counts in (fin.get("staleness_hist") or {}).items():
+            acc = hist.setdefault(int(w), [])
+            if len(counts) > len(acc):
+                acc.extend([0] * (len(counts) - len(acc)))
+            for s, c in enumerate(counts):
+                acc[s] += c
+    return hist
+
+
+def staleness_stats(server_finals):
+    """{mean, p99, max, count} of the staleness of the applied pushes, or None without any.
+
+    The staleness of a push at a server is the number of versions of that server's shard made
+    between the pull the worker computed its gradient on and the push's arrival. Every push
+    reaches all S servers, and each server counts it in its "staleness_hist" (per worker, one
+    count per staleness value; the last value of the server's histogram also holds every larger
+    one). mean, p99 and max are those of the merged histograms of all servers, the distribution
+    over (push, shard) pairs; p99 is the smallest s with at least 99% of the pairs at s or less.
+    count is the number of pushes: the merged total divided by the number of servers that
+    reported a histogram (an integer unless a server missed pushes the others counted).
+    """
+    reported = [fin for fin in server_finals if fin.get("staleness_hist") is not None]
+    merged = []
+    for counts in staleness_by_worker(reported).values():
+        if len(counts) > len(merged):
+            merged.extend([0] * (len(counts) - len(merged)))
+        for s, c in enumerate(counts):
+            merged[s] += c
+    total = sum(merged)
+    if total == 0:
+        return None
+    cum, p99 = 0, 0
+    for s, c in enumerate(merged):
+        cum += c
+        if 100 * cum >= 99 * total:
+            p99 = s
+            break
+    count = total // len(reported) if total % len(reported) == 0 else total / len(reported)
+    return {"mean": sum(s * c for s, c in enumerate(merged)) / total, "p99": p99,
+            "max": max(s for s, c in enumerate(merged) if c > 0), "count": count}

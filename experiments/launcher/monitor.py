@@ -1,0 +1,153 @@
+"""Watching a run: new metrics lines as they are written, the progress line, the wait for every
+process, and what the launcher says when one fails."""
+import json
+import math
+import re
+import time
+
+from .common import RunFailed, say
+from .processes import check_signal, describe_exit, log_tail
+
+
+class Tail:
+    """New complete JSON lines of a file that another process is appending to."""
+
+    def __init__(self, path):
+        self.path, self.offset, self.partial = path, 0, b""
+
+    def read(self):
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(chunk)
+        data = self.partial + chunk
+        lines = data.split(b"\n")
+        self.partial = lines.pop()
+        rows = []
+        for line in lines:
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass
+        return rows
+
+
+def fmt_duration(s):
+    if s is None or s != s or s == math.inf:
+        return "?"
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+class Progress:
+    """One line about the state of a run, from the newest metrics lines."""
+
+    def __init__(self, plan, run_dir, prefix):
+        self.plan, self.prefix = plan, prefix
+        self.tails = {r: Tail(run_dir / "metrics" / f"worker{r}.jsonl") for r in range(plan.workers)}
+        self.eval_tail = Tail(run_dir / "metrics" / "evaluator.jsonl")
+        self.first = {}   # rank -> first train line
+        self.latest = {}  # rank -> newest train line
+        self.last_eval = None
+
+    def poll(self):
+        for r, tail in self.tails.items():
+            for row in tail.read():
+                if row.get("kind") == "train":
+                    self.first.setdefault(r, row)
+                    self.latest[r] = row
+        for row in self.eval_tail.read():
+            if row.get("kind") == "eval":
+                self.last_eval = row
+
+    def line(self, elapsed):
+        plan = self.plan
+        parts = [f"[{self.prefix}]"]
+        acc = self.last_eval.get("test_acc") if self.last_eval else None
+        if not self.latest:
+            parts.append("starting: waiting for the first training metrics")
+        else:
+            total = plan.total_steps
+            epochs = [self.latest[r]["epoch"] for r in self.latest]
+            mean_epoch = sum(epochs) / plan.workers
+            steps = [self.latest.get(r, {}).get("step", 0) for r in range(plan.workers)]
+            slow = min(range(plan.workers), key=lambda r: steps[r])
+            now_t = elapsed
+            rate = sum(row.get("samples_per_s", 0.0) for r, row in self.latest.items()
+                       if row["step"] < total and now_t - row["t"] < 5.0)
+            parts.append(f"epoch {mean_epoch:.2f}/{plan.epochs_asked:g}" if plan.epochs_asked is not None
+                         else f"epoch {mean_epoch:.2f}")
+            parts.append(f"step {min(steps)}/{total}" if min(steps) == max(steps)
+                         else f"step {min(steps)}-{max(steps)}/{total}")
+            losses = [row.get("loss") for row in self.latest.values()]
+            losses = [x if isinstance(x, (int, float)) else math.nan for x in losses]  # NaN is written as null
+            parts.append(f"loss {sum(losses) / len(losses):.4f}")
+            parts.append(f"test acc {100 * acc:.2f}%" if acc is not None else "test acc -")
+            parts.append(f"{rate:,.0f} samples/s")
+            parts.append(f"elapsed {fmt_duration(elapsed)}")
+            # ETA from the slowest worker's own pace between its first and newest lines.
+            eta = None
+            s_last = steps[slow]
+            if s_last >= total:
+                eta = 0.0
+            elif slow in self.first and self.latest[slow]["t"] > self.first[slow]["t"]:
+                f, l = self.first[slow], self.latest[slow]
+                pace = (l["step"] - f["step"]) / (l["t"] - f["t"])
+                if pace > 0:
+                    eta = max(0.0, (total - s_last) / pace - (now_t - l["t"]))
+            elif s_last > 0:
+                eta = elapsed * (total - s_last) / s_last
+            parts.append(f"ETA {fmt_duration(eta)}")
+            return "  ".join(parts)
+        if acc is not None:
+            parts.append(f"test acc {100 * acc:.2f}%")
+        parts.append(f"elapsed {fmt_duration(elapsed)}")
+        return "  ".join(parts)
+
+
+def monitor(procs, progress, run_start, deadline_s, failure_of):
+    """Waits for every process; returns when all exited 0, raises RunFailed otherwise."""
+    last_line = 0.0
+    while True:
+        check_signal()
+        for p in procs:
+            if p.returncode is None:
+                rc = p.popen.poll()
+                if rc is not None:
+                    p.returncode = rc
+                    if rc != 0:
+                        raise failure_of(p)
+        if all(p.returncode is not None for p in procs):
+            return
+        now = time.time()
+        if now - run_start > deadline_s:
+            running = ", ".join(p.name for p in procs if p.returncode is None)
+            raise RunFailed(f"the run exceeded --max-minutes {deadline_s / 60:g} (wall-clock guard); "
+                            f"still running: {running}")
+        if now - last_line >= 1.0:
+            progress.poll()
+            say(progress.line(now - run_start))
+            last_line = now
+        time.sleep(0.1)
+
+
+def process_failure(p):
+    return RunFailed(f"{p.describe()} on {p.host} {describe_exit(p.returncode)}; the last lines of {p.log}:\n"
+                     f"{log_tail(p.log)}")
+
+
+def srun_failure(procs, srun_proc, run_dir):
+    """Which task failed, from srun's own log ("srun: error: NODE: task 3: Exited with exit code 1")."""
+    def make(p):
+        text = p.log.read_text(errors="replace") if p.log.exists() else ""
+        m = re.search(r"error:.*?tasks? (\d+)", text)
+        msg = f"srun {describe_exit(p.returncode)}"
+        if m and int(m.group(1)) < len(procs):
+            t = procs[int(m.group(1))]
+            tlog = run_dir / "logs" / f"{t.name}.log"
+            msg += f"; task {t.index} = {t.describe()} failed; the last lines of {tlog}:\n{log_tail(tlog)}"
+        return RunFailed(msg + f"\nthe last lines of {p.log}:\n{log_tail(p.log)}")
+    return make

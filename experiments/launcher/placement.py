@@ -1,0 +1,233 @@
+"""Where each process of the plan (plan["processes"], in start order) runs and its command line:
+local (free ports), ssh (round-robin over cluster.hosts, fixed ports), Slurm (one srun; task i
+on node i mod nodes); the listeners' endpoints per cluster.transport (tcp: ports; ipc: sockets
+in a private directory of the run, every process on one host)."""
+import contextlib
+import os
+import pathlib
+import shlex
+import shutil
+import socket
+import stat
+import tempfile
+from dataclasses import dataclass
+
+from .common import REPO, UsageError
+
+DEFAULT_BASE_PORT = 29500
+DRY_RUN_SOCKET_DIR = pathlib.Path("/tmp/pslab-XXXXXXXX")  # what a dry run shows for ipc
+MAX_SOCKET_PATH = 107  # bytes of a Unix socket's path (sun_path, less its terminating NUL)
+
+
+@dataclass
+class Proc:
+    name: str           # server0, worker1, evaluator
+    role: str           # server, worker, evaluator
+    rank: int           # shard or worker rank; -1 for the evaluator
+    index: int          # position in start order (servers, workers, evaluator)
+    host: str           # where it runs ("local" for the local launcher)
+    argv: list          # the pslab binary's command line
+    command: list = None  # what the launcher runs (argv, or ssh ... argv)
+    popen: object = None
+    returncode: int = None
+    log: pathlib.Path = None
+
+    def describe(self):
+        return f"{self.name}" + (f" (rank {self.rank})" if self.role == "worker" else
+                                 f" (shard {self.rank})" if self.role == "server" else "")
+
+
+def is_loopback(addr):
+    return addr in ("localhost", "::1") or addr.startswith("127.")
+
+
+def free_port(addr):
+    host = "0.0.0.0" if addr in ("*", "0.0.0.0") else addr
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def tcp(host, port):
+    return f"tcp://[{host}]:{port}" if ":" in host and host != "*" else f"tcp://{host}:{port}"
+
+
+class TcpEndpoints:
+    """Endpoints of the listeners on TCP: process i listens on port_of(i) of its host hosts[i]."""
+
+    def __init__(self, hosts, port_of, bind_addr, connect_addr):
+        self.hosts, self.port_of, self.bind_addr, self.connect_addr = hosts, port_of, bind_addr, connect_addr
+
+    def bind(self, i, name):
+        """What listener i binds (name: server0, ..., coordinator, snapshots)."""
+        return tcp(self.bind_addr(self.hosts[i]), self.port_of(i))
+
+    def connect(self, i, name):
+        """What its peers connect to."""
+        return tcp(self.connect_addr(self.hosts[i]), self.port_of(i))
+
+
+class IpcEndpoints:
+    """Endpoints of the listeners on ipc: one Unix socket per listener, named after it, in the
+    run's socket directory; bound and connected to by the same name."""
+
+    def __init__(self, directory):
+        self.directory = pathlib.Path(directory)
+
+    def bind(self, i, name):
+        path = str(self.directory / name)
+        if len(path.encode()) > MAX_SOCKET_PATH:
+            raise UsageError(f"ipc socket path {path} is longer than {MAX_SOCKET_PATH} bytes")
+        return "ipc://" + path
+
+    connect = bind
+
+
+@contextlib.contextmanager
+def socket_dir(plan):
+    """ipc: a new private directory for the run's sockets (mode 0700, a short path under /tmp),
+    removed when the block ends, however it ends; tcp: None."""
+    if plan.transport != "ipc":
+        yield None
+        return
+    path = pathlib.Path(tempfile.mkdtemp(prefix="pslab-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def ensure_socket_dir(path):
+    """A Slurm task on ipc: the launcher made the socket directory on its own host; create it on
+    this node if it is not there (mode 0700) and check that it is this user's private directory."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as e:
+        raise UsageError(f"task: cannot create the ipc socket directory {path}: {e}")
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise UsageError(f"task: {path} is not a private directory of this user (ipc sockets go there)")
+
+
+def check_placement(plan):
+    """Refuses, before anything starts, a placement the transport cannot serve: ipc over more
+    than one host (ssh: cluster.hosts as used round-robin; Slurm: cluster.hosts when given)."""
+    if plan.transport != "ipc" or plan.launcher == "local" or not plan.hosts:
+        return
+    hosts = sorted(set(cluster_hosts(plan, plan.hosts)))
+    if len(hosts) > 1:
+        point = f"{plan.label}: " if plan.label else ""
+        raise UsageError(f'{point}cluster.transport = "ipc" needs every process on one host, but '
+                         f'cluster.launcher = "{plan.launcher}" places them on {len(hosts)} hosts '
+                         f'({", ".join(hosts)}); use cluster.transport = "tcp", or one host in cluster.hosts')
+
+
+def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_host=False):
+    """The command line of every process of a run, in the plan's start order.
+
+    hosts[i]: the host of process i; endpoints.bind(i, name) / .connect(i, name): what listener i
+    (a server, all-reduce rank 0, the all-reduce evaluator) binds / its peers connect to;
+    gloo_host: all-reduce ranks' Gloo connections listen on their host's name (multi-host).
+    """
+    layout = plan.processes
+    per_host = {h: hosts.count(h) for h in hosts}
+    cfg = str(run_dir / "config.toml")
+    common = ["-o", str(run_dir), "--run-start", f"{run_start:.6f}"]
+    if plan.uses_servers:
+        server_eps = ",".join(endpoints.connect(i, p["name"]) for i, p in enumerate(layout) if p["role"] == "server")
+    else:
+        rank0 = next(i for i, p in enumerate(layout) if p["role"] == "worker" and p["rank"] == 0)
+        evaluator = next(i for i, p in enumerate(layout) if p["role"] == "evaluator")
+        coordinator = endpoints.connect(rank0, "coordinator")  # rank 0 listens on it
+        snapshots = endpoints.connect(evaluator, "snapshots")  # the evaluator listens on it
+    procs = []
+    gpu_slots = {}  # host -> GPU slots handed out there (workers and the evaluator; servers use no GPU)
+    for i, p in enumerate(layout):
+        name, role, rank, host = p["name"], p["role"], p["rank"], hosts[i]
+        poh = ["--procs-on-host", str(per_host[host]), "-q"]
+        if role != "server":
+            poh += ["--gpu-slot", str(gpu_slots.get(host, 0))]
+            gpu_slots[host] = gpu_slots.get(host, 0) + 1
+        if role == "server":
+            argv = [str(bins.server), "-c", cfg, "--shard", str(rank), "--bind", endpoints.bind(i, name),
+                    "--metrics", str(run_dir / "metrics" / f"{name}.jsonl"), "--run-start", f"{run_start:.6f}",
+                    "--wait-for-shutdown"]
+        elif role == "worker" and plan.uses_servers:
+            argv = [str(bins.worker), "ps", "-c", cfg, "--rank", str(rank), "--servers", server_eps, *common, *poh]
+        elif role == "worker":
+            argv = [str(bins.worker), "allreduce", "-c", cfg, "--rank", str(rank), "--coordinator", coordinator,
+                    "--snapshots", snapshots, *common, *poh]
+            if gloo_host:  # multi-host: Gloo listens on this rank's own address, not cluster.bind
+                argv += ["--host", host]
+        else:
+            where = ["--servers", server_eps] if plan.uses_servers else ["--snapshots", snapshots]
+            argv = [str(bins.worker), "eval", "-c", cfg, *where, *common, *poh]
+        procs.append(Proc(name=name, role=role, rank=rank, index=i, host=host, argv=argv,
+                          log=run_dir / "logs" / f"{name}.log"))
+    return procs
+
+
+def plan_local(plan, run_dir, run_start, bins, sockets=None):
+    """Every process on this machine; listeners on free ports of cluster.bind (tcp) or in the
+    socket directory `sockets` (ipc)."""
+    hosts = ["local"] * len(plan.processes)
+    if plan.transport == "ipc":
+        procs = place(plan, run_dir, run_start, bins, hosts, IpcEndpoints(sockets))
+        for p in procs:
+            p.command = p.argv
+        return procs
+    bind = plan.bind
+    connect = {"*": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind, bind)
+    ports = {}
+
+    def port_of(i):
+        if i not in ports:
+            ports[i] = free_port(bind)
+        return ports[i]
+
+    procs = place(plan, run_dir, run_start, bins, hosts, TcpEndpoints(hosts, port_of, lambda h: bind, lambda h: connect))
+    for p in procs:
+        p.command = p.argv
+    return procs
+
+
+def remote_bind(plan):
+    return "*" if is_loopback(plan.bind) else plan.bind
+
+
+def cluster_hosts(plan, hosts):
+    """ssh and Slurm: process i runs on hosts[i % len(hosts)]."""
+    return [hosts[i % len(hosts)] for i in range(len(plan.processes))]
+
+
+def plan_cluster(plan, run_dir, run_start, bins, hosts, base_port, sockets=None):
+    """ssh and Slurm: process i on hosts[i % len(hosts)], listening on base_port + i (tcp) or in
+    the socket directory `sockets` (ipc: one host, see check_placement)."""
+    where = cluster_hosts(plan, hosts)
+    if plan.transport == "ipc":
+        endpoints = IpcEndpoints(sockets)
+    else:
+        endpoints = TcpEndpoints(where, lambda i: base_port + i, lambda h: remote_bind(plan), lambda h: h)
+    return place(plan, run_dir, run_start, bins, where, endpoints, gloo_host=True)
+
+
+def ssh_command(host, argv, sockets=None):
+    """ssh HOST 'cd REPO && exec ARGV'; with ipc, the socket directory is made there first (on
+    this machine the launcher has made it already)."""
+    mkdir = f"mkdir -p -m 700 {shlex.quote(str(sockets))} && " if sockets else ""
+    remote = f"cd {shlex.quote(str(REPO))} && {mkdir}exec {shlex.join(argv)}"
+    return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", host, remote]
+
+
+def plan_ssh(plan, run_dir, run_start, bins, base_port, sockets=None):
+    procs = plan_cluster(plan, run_dir, run_start, bins, plan.hosts, base_port, sockets)
+    for p in procs:
+        p.command = ssh_command(p.host, p.argv, sockets)
+    return procs
+
+
+def srun_command(plan, run_dir):
+    """One srun for every task; ipc: all of them on one node."""
+    one_node = ["--nodes=1"] if plan.transport == "ipc" else []
+    return ["srun", f"--ntasks={len(plan.processes)}", *one_node, "--kill-on-bad-exit=1", "--distribution=cyclic",
+            "/usr/bin/python3", "experiments/launch.py", "task", str(run_dir)]

@@ -1,0 +1,137 @@
+"""What each run of an invocation is, as the binary plans it: the sweep expanded and every point
+validated by `pslab_worker config` (--expand, then --write and --plan per point), the RunPlan the
+launcher works from, and the names of run and invocation directories."""
+import datetime
+import json
+import os
+import pathlib
+import re
+import subprocess
+import tomllib
+from dataclasses import dataclass
+
+from .common import REPO, UsageError
+from .processes import check_signal
+
+
+@dataclass
+class Binaries:
+    build: pathlib.Path
+    worker: pathlib.Path
+    server: pathlib.Path
+
+    @classmethod
+    def at(cls, build):
+        build = pathlib.Path(build)
+        return cls(build, build / "worker" / "pslab_worker", build / "server" / "pslab_server")
+
+
+def find_binaries(build_dir):
+    b = Binaries.at(pathlib.Path(build_dir or os.environ.get("PSLAB_BUILD") or REPO / "build").resolve())
+    for path in (b.worker, b.server):
+        if not os.access(path, os.X_OK):
+            raise UsageError(f"{path} not found; build it with experiments/setup.sh, or point "
+                             f"--build-dir / PSLAB_BUILD at a build directory")
+    return b
+
+
+def binary_config(bins, args):
+    """Runs `pslab_worker config ARGS`; returns stdout or raises UsageError with the binary's error."""
+    p = subprocess.run([str(bins.worker), "config", *args], capture_output=True, text=True)
+    check_signal()  # a Ctrl-C reaches the binary too
+    if p.returncode != 0:
+        raise UsageError((p.stderr or p.stdout).strip() or f"pslab_worker config exited {p.returncode}")
+    return p.stdout
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """One run: its resolved config and the binary's plan of it (plan.json), which says how many
+    processes of which role, how long and on what data; nothing here is computed from the config."""
+    label: str | None   # the sweep label, e.g. "mode=ssp:2"; None without a sweep
+    config_text: str    # config.toml of the run: the config, every default filled in
+    plan_text: str      # plan.json of the run, as the binary wrote it
+    plan: dict          # the same, parsed
+    epochs_asked: float | None  # train.epochs when it sets the run's length; None when train.steps does
+
+    @classmethod
+    def from_texts(cls, plan_text, config_text, label=None):
+        train = tomllib.loads(config_text)["train"]
+        return cls(label=label, config_text=config_text, plan_text=plan_text, plan=json.loads(plan_text),
+                   epochs_asked=None if train["steps"] > 0 else train["epochs"])
+
+    @classmethod
+    def load(cls, run_dir):
+        """The plan a run directory holds (plan.json, config.toml)."""
+        run_dir = pathlib.Path(run_dir)
+        try:
+            return cls.from_texts((run_dir / "plan.json").read_text(), (run_dir / "config.toml").read_text())
+        except (OSError, ValueError, KeyError) as e:
+            raise UsageError(f"{run_dir}: not a run directory the launcher prepared (plan.json, config.toml): {e}")
+
+    def write(self, run_dir):
+        (run_dir / "config.toml").write_text(self.config_text)
+        (run_dir / "plan.json").write_text(self.plan_text)
+
+    # The plan's keys the launcher uses (`pslab_worker config --plan -` shows them all).
+    name = property(lambda self: self.plan["name"])
+    mode = property(lambda self: self.plan["mode"])                   # a name, e.g. "ssp:2"
+    uses_servers = property(lambda self: self.plan["uses_servers"])   # False: all-reduce
+    workers = property(lambda self: self.plan["workers"])
+    servers = property(lambda self: self.plan["servers"])             # 0 when uses_servers is false
+    transport = property(lambda self: self.plan["transport"])         # "tcp" or "ipc"
+    launcher = property(lambda self: self.plan["launcher"])           # "local", "ssh" or "slurm"
+    hosts = property(lambda self: list(self.plan["hosts"]))
+    bind = property(lambda self: self.plan["bind"])
+    device = property(lambda self: self.plan["device"])
+    seed = property(lambda self: self.plan["seed"])
+    batch = property(lambda self: self.plan["batch"])                 # per worker and step
+    classification = property(lambda self: self.plan["data"]["classification"])
+    total_steps = property(lambda self: self.plan["total_steps"])     # per worker
+    target_acc = property(lambda self: self.plan["target_acc"])
+    processes = property(lambda self: self.plan["processes"])         # [{name, role, rank}] in start order
+
+
+def expand_sweep(bins, config, sets, tmp):
+    """Returns the RunPlan of every sweep point, each validated and planned by the binary.
+    The binary applies --set before expanding: a swept key overridden with one value is no
+    longer swept."""
+    args = ["-c", str(config)]
+    for s in sets:
+        args += ["--set", s]
+    out = binary_config(bins, args + ["--expand", str(tmp / "points")])
+    points = []
+    for line in out.splitlines():
+        if not line.strip():
+            continue
+        path, _, label = line.partition("\t")
+        points.append((pathlib.Path(path), None if label in ("", "-") else label))
+    if not points:
+        raise UsageError(f"{config}: the sweep has no points")
+    # Each point once more through the binary: its fully resolved form and its plan.
+    plans = []
+    for i, (path, label) in enumerate(points):
+        config_out, plan_out = tmp / f"resolved{i:03d}.toml", tmp / f"plan{i:03d}.json"
+        binary_config(bins, ["-c", str(path), "--write", str(config_out), "--plan", str(plan_out)])
+        plans.append(RunPlan.from_texts(plan_out.read_text(), config_out.read_text(), label))
+    return plans
+
+
+def safe_dir_name(label):
+    if not label:
+        return "run"
+    name = re.sub(r"[^A-Za-z0-9._,=+-]", "_", label).strip("._") or "run"
+    return name[:120]
+
+
+def new_invocation_dir(runs_dir, name):
+    base = pathlib.Path(runs_dir).resolve() / name
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for n in range(1, 1000):
+        d = base / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            d.mkdir(parents=True)
+            return d
+        except FileExistsError:
+            continue
+    raise UsageError(f"cannot create a run directory under {base}")

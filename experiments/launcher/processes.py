@@ -1,0 +1,113 @@
+"""Processes of a run: the signal flag every wait checks, starting a process with its log,
+stopping them all (nothing left behind), and words for how one ended."""
+import ctypes
+import os
+import pathlib
+import signal
+import subprocess
+import time
+
+KILL_GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM reached the launcher: exit 128 + signum once everything is stopped."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# ---- signals: a flag, checked wherever the launcher waits ----------------------------------
+_signal_received = None
+
+
+def _on_signal(signum, _frame):
+    global _signal_received
+    if _signal_received is None:
+        _signal_received = signum
+
+
+def catch_signals():
+    """SIGINT and SIGTERM set the flag instead of ending the launcher at once."""
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+
+
+def check_signal():
+    if _signal_received is not None:
+        raise Interrupted(_signal_received)
+
+
+def sleep_checked(seconds):
+    end = time.monotonic() + seconds
+    while True:
+        check_signal()
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.1))
+
+
+# ---- starting and stopping -----------------------------------------------------------------
+def _die_with_parent():
+    """Child side, before exec: SIGKILL this process if the launcher dies (even by SIGKILL)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def start(proc, cwd):
+    """Starts proc.command in its own session, output to proc.log; sets proc.popen."""
+    proc.log.parent.mkdir(parents=True, exist_ok=True)
+    with open(proc.log, "wb") as log:
+        proc.popen = subprocess.Popen(proc.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                      cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent)
+
+
+def stop_all(procs):
+    """SIGTERM to every live process group, SIGKILL after KILL_GRACE_S; reaps them all.
+    Returns the processes that were still running."""
+    live = [p for p in procs if p.popen is not None and p.popen.poll() is None]
+    for p in live:
+        try:
+            os.killpg(p.popen.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + KILL_GRACE_S
+    while time.monotonic() < deadline and any(p.popen.poll() is None for p in live):
+        time.sleep(0.05)
+    for p in live:
+        if p.popen.poll() is None:
+            try:
+                os.killpg(p.popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for p in live:
+        p.popen.wait()
+        # Anything else left in its group (none expected: the binaries do not fork).
+        try:
+            os.killpg(p.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return live
+
+
+def describe_exit(rc):
+    if rc is not None and rc < 0:
+        try:
+            return f"was killed by signal {-rc} ({signal.Signals(-rc).name})"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"exited with code {rc}"
+
+
+def log_tail(path, n=20):
+    try:
+        lines = pathlib.Path(path).read_text(errors="replace").splitlines()
+    except OSError as e:
+        return f"    (no log: {e})"
+    if not lines:
+        return "    (the log is empty)"
+    return "\n".join("    " + line for line in lines[-n:])

@@ -1,0 +1,197 @@
+"""One invocation of `launch.py run`: the dry run, each run started, watched and summarized, the
+plots and the comparison."""
+import datetime
+import json
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+import time
+
+from .common import REPO, RunFailed, say, warn
+from .comparison import write_comparison
+from .manifest import write_manifest
+from .monitor import Progress, monitor, process_failure, srun_failure
+from .placement import DRY_RUN_SOCKET_DIR, Proc, plan_cluster, plan_local, plan_ssh, socket_dir, srun_command
+from .plan import new_invocation_dir, safe_dir_name
+from .processes import Interrupted, check_signal, sleep_checked, start, stop_all
+from .summary import COMPLETED, result_line, summarize
+
+PLOT_PY = REPO / "experiments" / "plot.py"
+
+
+def run_plot(args_list, quiet=False):
+    """Runs plot.py (Debian's python, which has matplotlib); a failure is a warning."""
+    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    p = subprocess.Popen([py, str(PLOT_PY), *args_list], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        while p.poll() is None:
+            sleep_checked(0.05)
+    except Interrupted:
+        p.kill()
+        p.wait()
+        raise
+    out = p.stdout.read()
+    p.stdout.close()
+    if p.returncode != 0:
+        warn(f"plot.py failed (exit {p.returncode}); the run's data is complete:\n{out.strip()}")
+    elif not quiet:
+        sys.stdout.write(out)
+
+
+def execute_run(plan, run_dir, bins, opts, prefix):
+    """Starts one run, waits for it and writes its files; returns its summary (raises RunFailed,
+    Interrupted). ipc: its socket directory exists while the run does."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics").mkdir()
+    (run_dir / "logs").mkdir()
+    plan.write(run_dir)  # config.toml, plan.json
+    with socket_dir(plan) as sockets:
+        s = start_and_watch(plan, run_dir, bins, opts, prefix, sockets)
+    say(result_line(prefix, s))
+    if not opts.no_plots:
+        run_plot([str(run_dir), "--out", str(run_dir / "plots")], quiet=True)
+    return s
+
+
+def start_and_watch(plan, run_dir, bins, opts, prefix, sockets):
+    """Starts the run's processes, waits for them all, writes manifest.json and summary.json."""
+    run_start = time.time()
+    extra = {"transport": plan.transport}
+    if sockets:
+        extra["socket_dir"] = str(sockets)
+    if plan.launcher == "local":
+        procs = plan_local(plan, run_dir, run_start, bins, sockets)
+        started = procs
+    elif plan.launcher == "ssh":
+        procs = plan_ssh(plan, run_dir, run_start, bins, opts.base_port, sockets)
+        started = procs
+    else:  # slurm: one srun; each task finds its role (launch.py task)
+        nodes = ["<the node>"] if plan.transport == "ipc" else [f"<node of task {i}>" for i in range(len(plan.processes))]
+        procs = plan_cluster(plan, run_dir, run_start, bins, nodes, opts.base_port, sockets)
+        (run_dir / "launch.json").write_text(json.dumps({
+            "run_start": run_start, "build_dir": str(bins.build), "base_port": opts.base_port,
+            "socket_dir": str(sockets) if sockets else None}, indent=2) + "\n")
+        srun = Proc(name="srun", role="srun", rank=-1, index=-1, host="local", argv=srun_command(plan, run_dir),
+                    log=run_dir / "logs" / "srun.log")
+        srun.command = srun.argv
+        started = [srun]
+        extra["srun_command"] = shlex.join(srun.argv)
+    write_manifest(run_dir, plan, procs, run_start, bins, extra)
+    progress = Progress(plan, run_dir, prefix)
+    failure_of = srun_failure(procs, started[0], run_dir) if plan.launcher == "slurm" else process_failure
+    try:
+        for p in started:
+            check_signal()
+            start(p, REPO)
+        if plan.launcher != "slurm":
+            write_manifest(run_dir, plan, procs, run_start, bins, extra)  # now with pids
+        monitor(started, progress, run_start, opts.max_minutes * 60, failure_of)
+    except BaseException as e:
+        stopped = stop_all(started)
+        if not isinstance(e, (RunFailed, Interrupted)):
+            raise  # a launcher bug: its processes are stopped all the same
+        wall = time.time() - run_start
+        failure = str(e) if isinstance(e, RunFailed) else f"stopped by {e}"
+        s = summarize(plan, run_dir, wall, status="failed" if isinstance(e, RunFailed) else "interrupted",
+                      failure=failure.splitlines()[0])
+        (run_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
+        if stopped:
+            warn(f"stopped {len(stopped)} other process(es): {', '.join(p.name for p in stopped)}")
+        raise
+    s = summarize(plan, run_dir, time.time() - run_start)
+    (run_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
+    return s
+
+
+def dry_run(plans, bins, opts, runs_dir):
+    """Prints every process's command line of every point; starts and writes nothing (ipc: the
+    socket directory is a placeholder, made afresh for each run at launch)."""
+    inv = pathlib.Path(runs_dir).resolve() / plans[0].name / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    say(f"# dry run: {len(plans)} run(s); nothing is started or written. Invocation directory would be {inv}")
+    for i, plan in enumerate(plans):
+        run_dir = inv / safe_dir_name(plan.label)
+        t = time.time()
+        ipc = plan.transport == "ipc"
+        sockets = DRY_RUN_SOCKET_DIR if ipc else None
+        say(f"# run {i + 1}/{len(plans)}: {plan.label or '(no sweep)'} -> {run_dir}  "
+            f"[launcher {plan.launcher}, mode {plan.mode}, {plan.workers} workers, {plan.servers} servers, "
+            f"{plan.total_steps} steps per worker]")
+        if ipc:
+            say(f"# ipc: the sockets go into a private directory made afresh at launch ({sockets} here), "
+                f"removed when the run ends")
+        if plan.launcher == "local":
+            if not ipc:
+                say("# local: ports are free ports chosen afresh at launch")
+            procs = plan_local(plan, run_dir, t, bins, sockets)
+        elif plan.launcher == "ssh":
+            procs = plan_ssh(plan, run_dir, t, bins, opts.base_port, sockets)
+        else:
+            say(f"[srun] {shlex.join(srun_command(plan, run_dir))}")
+            if plan.hosts:
+                nodes, where = plan.hosts, "cluster.hosts"
+            elif ipc:
+                nodes, where = ["NODE0"], "placeholder NODE0, the one node of ipc"
+            else:
+                nodes, where = [f"NODE{i}" for i in range(len(plan.processes))], "placeholders NODEi, one per task"
+            say(f"# slurm: each task runs `launch.py task {run_dir}`, which execs the command below "
+                f"(node list here: {where}; inside the job: the step's node list)")
+            procs = plan_cluster(plan, run_dir, t, bins, nodes, opts.base_port, sockets)
+            for p in procs:
+                p.command = p.argv
+                say(f"[task{p.index} {p.name}@{p.host}] {shlex.join(p.command)}")
+            continue
+        for p in procs:
+            say(f"[{p.name}@{p.host}] {shlex.join(p.command)}")
+
+
+def run_all(plans, config, bins, opts, runs_dir):
+    """Runs every point, one after the other, into a new invocation directory; then the plots
+    of the completed runs and the comparison. Returns the exit status (0, or 1: a run failed)."""
+    inv = new_invocation_dir(runs_dir, plans[0].name)
+    latest = inv.parent / "latest"
+    try:
+        if latest.is_symlink() or not latest.exists():
+            if latest.is_symlink():
+                latest.unlink()
+            latest.symlink_to(inv.name)
+    except OSError:
+        pass
+    say(f"launch.py: {len(plans)} run(s) of {config} -> {inv}")
+    results, failed = [], []
+    for i, plan in enumerate(plans):
+        check_signal()
+        label = plan.label
+        dirname = safe_dir_name(label)
+        prefix = f"{label or plan.mode}" if len(plans) == 1 else f"{i + 1}/{len(plans)} {label or plan.mode}"
+        say(f"--- run {i + 1}/{len(plans)}: {label or '(no sweep)'}: {plan.mode}, {plan.workers} workers"
+            + (f", {plan.servers} server{'s' if plan.servers > 1 else ''}" if plan.servers else "")
+            + f", {plan.total_steps} steps each -> {inv / dirname}")
+        try:
+            s = execute_run(plan, inv / dirname, bins, opts, prefix)
+            results.append((dirname, s))
+        except RunFailed as e:
+            print(f"launch.py: FAILED {dirname}: {e}", file=sys.stderr, flush=True)
+            failed.append(dirname)
+            try:
+                results.append((dirname, json.loads((inv / dirname / "summary.json").read_text())))
+            except (OSError, ValueError):
+                pass
+            if not opts.keep_going:
+                break
+    if results:
+        if not opts.no_plots and any(s["status"] in COMPLETED for _, s in results):
+            run_plot([*(str(inv / d) for d, s in results if s["status"] in COMPLETED), "--out", str(inv / "plots")],
+                     quiet=True)
+        table, notes = write_comparison(inv, results, plans[0].target_acc)
+        say("")
+        say(table)
+        for n in notes:
+            say(n.replace("**", ""))
+        say("")
+    say(f"launch.py: run directories, comparison.md/.csv and plots/ in {inv}")
+    if failed:
+        warn(f"{len(failed)} run(s) failed: {', '.join(failed)}")
+        return 1
+    return 0

@@ -1,0 +1,135 @@
+"""summary.json of a run (from its metrics files) and the one line said when a run ends."""
+from .metrics import read_jsonl, staleness_stats
+
+
+# Statuses of runs whose processes all finished (plotted and compared); "diverged": the
+# training loss stopped being finite, which is the experiment's outcome, not a failure.
+COMPLETED = ("ok", "diverged")
+
+
+def summarize(plan, run_dir, wall_s, status="ok", failure=None):
+    """summary.json of a run. Its keys:
+
+    mode, workers, servers, device, seed, target_acc   from the run's plan (plan.json)
+    status              "ok", "diverged" (the training loss stopped being finite: see "diverged",
+                        {worker, step, epoch} of the earliest), "failed" (see "failure") or
+                        "interrupted"
+    final_test_acc      the evaluator's last test accuracy (None when the data is not a
+                        classification); best_test_acc: the best of all its evaluations
+    time_to_target_s, epochs_to_target   at the first evaluation with test accuracy >= target_acc
+    epochs              of the last evaluation: passes over the training set by all workers
+    samples_per_s       all workers together = total samples / training span, where a worker's
+                        samples in a metrics window = samples_per_s * window length (t minus its
+                        previous line's t; for its first line the window's samples are step *
+                        batch), and the span runs from the earliest window start (first line's
+                        t minus its window's length) to the last train line; train_samples:
+                        the total samples
+    bytes_pushed, bytes_pulled   as the servers counted them (all-reduce: the bytes each rank
+                        all-reduced, summed over the ranks, in both)
+    staleness           PS modes: {mean, p99, max, count} (metrics.staleness_stats): the
+                        distribution over (push, shard) pairs of the servers' merged histograms,
+                        in versions of the shard; count is the number of pushes, each counted
+                        once (not once per server); None for all-reduce
+    wall_s              the run's wall-clock time, from its start to its last process's exit
+    final_test_loss, final_is_last_eval (the evaluator's final evaluation after training),
+    evaluations, steps_per_worker (the plan's total_steps), step_time_ms (mean ms per step of
+    every worker: compute, comm, wait, delay) and step_time_ms_per_worker
+    """
+    metrics = run_dir / "metrics"
+    batch = plan.batch
+    worker_rows = {r: read_jsonl(metrics / f"worker{r}.jsonl") for r in range(plan.workers)}
+    train = {r: [x for x in rows if x.get("kind") == "train"] for r, rows in worker_rows.items()}
+    # A worker whose loss stopped being finite wrote one "diverged" line; the earliest counts.
+    diverged = min((x for rows in worker_rows.values() for x in rows if x.get("kind") == "diverged"),
+                   key=lambda x: x.get("epoch", 0.0), default=None)
+    if diverged and status == "ok":
+        status = "diverged"
+    evals = [x for x in read_jsonl(metrics / "evaluator.jsonl") if x.get("kind") == "eval"]
+    servers = [p["name"] for p in plan.processes if p["role"] == "server"]
+    finals = [x for name in servers for x in read_jsonl(metrics / f"{name}.jsonl") if x.get("kind") == "server_final"]
+
+    total_samples, starts, ends = 0.0, [], []
+    step_ms = {"compute": 0.0, "comm": 0.0, "wait": 0.0, "delay": 0.0}
+    n_steps = 0
+    per_worker = {}
+    for r, rows in train.items():
+        prev_t, prev_step = None, 0
+        w_steps, w_ms = 0, {k: 0.0 for k in step_ms}
+        for x in rows:
+            steps = x["step"] - prev_step
+            if prev_t is None:
+                samples = steps * batch
+                window = samples / x["samples_per_s"] if x["samples_per_s"] > 0 else 0.0
+                starts.append(x["t"] - window)
+            else:
+                samples = x["samples_per_s"] * (x["t"] - prev_t)
+            total_samples += samples
+            for k in step_ms:
+                w_ms[k] += x.get(f"{k}_ms", 0.0) * steps
+            w_steps += steps
+            prev_t, prev_step = x["t"], x["step"]
+        if rows:
+            ends.append(rows[-1]["t"])
+            per_worker[str(r)] = {k: v / w_steps for k, v in w_ms.items()} if w_steps else None
+            for k in step_ms:
+                step_ms[k] += w_ms[k]
+            n_steps += w_steps
+    span = (max(ends) - min(starts)) if starts and ends else 0.0
+
+    acc = [x for x in evals if "test_acc" in x]
+    final = evals[-1] if evals else None
+    hit = next((x for x in acc if x["test_acc"] >= plan.target_acc), None)
+    classification = plan.classification
+    s = {
+        "mode": plan.mode,
+        "workers": plan.workers,
+        "servers": plan.servers,
+        "device": plan.device,
+        "seed": plan.seed,
+        "final_test_acc": final.get("test_acc") if final and classification else None,
+        "best_test_acc": max(x["test_acc"] for x in acc) if acc else None,
+        "target_acc": plan.target_acc,
+        "time_to_target_s": hit["t"] if hit else None,
+        "epochs_to_target": hit["epoch"] if hit else None,
+        "epochs": final["epoch"] if final else None,
+        "samples_per_s": total_samples / span if span > 0 else None,
+        "bytes_pushed": sum(f.get("bytes_in", 0) for f in finals) if finals else None,
+        "bytes_pulled": sum(f.get("bytes_out", 0) for f in finals) if finals else None,
+        "staleness": staleness_stats(finals) if plan.uses_servers else None,
+        "wall_s": wall_s,
+        # extras
+        "status": status,
+        "final_test_loss": final.get("test_loss") if final else None,
+        "final_is_last_eval": bool(final and final.get("final")),
+        "evaluations": len(evals),
+        "steps_per_worker": plan.total_steps,
+        "step_time_ms": {k: v / n_steps for k, v in step_ms.items()} if n_steps else None,
+        "step_time_ms_per_worker": per_worker or None,
+        "train_samples": total_samples,
+    }
+    if not plan.uses_servers:
+        ar = [x.get("allreduce_bytes") for rows in train.values() for x in rows[-1:]]
+        if ar and all(v is not None for v in ar):
+            s["bytes_pushed"] = s["bytes_pulled"] = sum(ar)
+    if diverged:
+        s["diverged"] = {k: diverged.get(k) for k in ("worker", "step", "epoch")}
+    if failure:
+        s["failure"] = failure
+    return s
+
+
+def result_line(label, s):
+    def pct(v):
+        return f"{100 * v:.2f}%" if v is not None else "-"
+    parts = [f"[{label}] {s['status']}: final test acc {pct(s['final_test_acc'])} (best {pct(s['best_test_acc'])})"]
+    if s["time_to_target_s"] is not None:
+        parts.append(f"{pct(s['target_acc'])} reached at {s['time_to_target_s']:.1f} s, epoch {s['epochs_to_target']:.2f}")
+    else:
+        parts.append(f"{pct(s['target_acc'])} not reached")
+    if s.get("diverged"):
+        parts.append(f"training diverged at epoch {s['diverged']['epoch']:.2f} (loss not finite: lower "
+                     "optimizer.lr or lengthen schedule.warmup_epochs)")
+    if s["samples_per_s"]:
+        parts.append(f"{s['samples_per_s']:,.0f} samples/s")
+    parts.append(f"wall {s['wall_s']:.1f} s")
+    return ", ".join(parts)
