@@ -72,14 +72,13 @@ class Progress:
         else:
             total = plan.total_steps
             epochs = [self.latest[r]["epoch"] for r in self.latest]
-            mean_epoch = sum(epochs) / plan.workers
+            mean_epoch = sum(epochs) / len(epochs)  # over the workers that have reported
             steps = [self.latest.get(r, {}).get("step", 0) for r in range(plan.workers)]
             slow = min(range(plan.workers), key=lambda r: steps[r])
             now_t = elapsed
             rate = sum(row.get("samples_per_s", 0.0) for r, row in self.latest.items()
                        if row["step"] < total and now_t - row["t"] < 5.0)
-            parts.append(f"epoch {mean_epoch:.2f}/{plan.epochs_asked:g}" if plan.epochs_asked is not None
-                         else f"epoch {mean_epoch:.2f}")
+            parts.append(f"epoch {mean_epoch:.2f}/{plan.epochs:.3g}")
             parts.append(f"step {min(steps)}/{total}" if min(steps) == max(steps)
                          else f"step {min(steps)}-{max(steps)}/{total}")
             losses = [row.get("loss") for row in self.latest.values()]

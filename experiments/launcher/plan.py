@@ -7,7 +7,6 @@ import os
 import pathlib
 import re
 import subprocess
-import tomllib
 from dataclasses import dataclass
 
 from .common import REPO, UsageError
@@ -52,13 +51,10 @@ class RunPlan:
     config_text: str    # config.toml of the run: the config, every default filled in
     plan_text: str      # plan.json of the run, as the binary wrote it
     plan: dict          # the same, parsed
-    epochs_asked: float | None  # train.epochs when it sets the run's length; None when train.steps does
 
     @classmethod
     def from_texts(cls, plan_text, config_text, label=None):
-        train = tomllib.loads(config_text)["train"]
-        return cls(label=label, config_text=config_text, plan_text=plan_text, plan=json.loads(plan_text),
-                   epochs_asked=None if train["steps"] > 0 else train["epochs"])
+        return cls(label=label, config_text=config_text, plan_text=plan_text, plan=json.loads(plan_text))
 
     @classmethod
     def load(cls, run_dir):
@@ -88,6 +84,7 @@ class RunPlan:
     batch = property(lambda self: self.plan["batch"])                 # per worker and step
     classification = property(lambda self: self.plan["data"]["classification"])
     total_steps = property(lambda self: self.plan["total_steps"])     # per worker
+    epochs = property(lambda self: self.plan["epochs"])               # what the total steps amount to
     target_acc = property(lambda self: self.plan["target_acc"])
     processes = property(lambda self: self.plan["processes"])         # [{name, role, rank}] in start order
 
