@@ -13,6 +13,13 @@ namespace {
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// {"f32": {"pushes": N, "payload_bytes": B}}: accepted pushes by codec.
+nlohmann::ordered_json pushed_json(const ServerCounters& c) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& [codec, p] : c.pushed) j[codec] = {{"pushes", p.pushes}, {"payload_bytes", p.payload_bytes}};
+  return j;
+}
+
 void free_param_buffer(void*, void* hint) {
   ParamVersions::release(static_cast<ParamVersions::Buffer*>(hint));
 }
@@ -39,6 +46,7 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   cpu_ = make_cpu_backend(0);  // BLAS threads are the process's setting (server/main.cpp: 1)
   ShardState::Options so;
   so.mode = cfg.cluster.mode;
+  so.codec = cfg.cluster.codec;
   so.workers = cfg.cluster.workers;
   so.range = range_;
   so.optimizer = cfg.optimizer;
@@ -193,7 +201,8 @@ void Server::handle(const comm::PeerId& id, const comm::Message& m) {
                              {"pulls", counters_.pulls},
                              {"bad_total", counters_.bad_total()},
                              {"bad", counters_.bad},
-                             {"dropped_replies", counters_.dropped_replies}};
+                             {"dropped_replies", counters_.dropped_replies},
+                             {"pushed", pushed_json(counters_)}};
     send(id, header(wire::StatsReply{j.dump()}));
   } else {
     reply_error(id, wire::ErrorCode::unknown_type, std::string("a server does not take ") + wire::body_name(h->body));
@@ -278,24 +287,37 @@ void Server::on_push(const std::string& id, const Peer& p, const wire::Push& m, 
                     std::to_string(range_.offset + range_.length) + ")");
     return;
   }
-  const std::size_t want = m.length * sizeof(float);
-  if (!msg.has_payload() || msg.payload().size() != want) {
-    reply_error(id, wire::ErrorCode::wrong_size, "push payload of " + std::to_string(msg.payload().size()) +
-                                                     " bytes; the header says " + std::to_string(m.length) +
-                                                     " floats (" + std::to_string(want) + " bytes)");
+  const PushCodec& codec = state_->codec();
+  if (m.codec != codec.wire_id()) {
+    reply_error(id, wire::ErrorCode::config, "push encoded with codec id " + std::to_string(m.codec) +
+                                                 "; this run's cluster.codec is \"" + codec.name() + "\" (id " +
+                                                 std::to_string(codec.wire_id()) + ")");
+    return;
+  }
+  const std::size_t got = msg.has_payload() ? msg.payload().size() : 0, most = codec.max_bytes(m.length);
+  if (!msg.has_payload() || got != m.bytes || got > most) {
+    reply_error(id, wire::ErrorCode::wrong_size, "push payload of " + std::to_string(got) + " bytes; the header says " +
+                                                     std::to_string(m.bytes) + " bytes, " + codec.name() + " of " +
+                                                     std::to_string(m.length) + " floats takes at most " +
+                                                     std::to_string(most));
     return;
   }
   try {
-    state_->push(p.rank, m.clock, m.version_pulled, m.batch, reinterpret_cast<const float*>(msg.payload().data()),
-                 m.checksum);
+    state_->push(p.rank, m.clock, m.version_pulled, m.batch, msg.payload(), m.checksum);
   } catch (const ProtocolError& e) {
     reply_error(id, wire::ErrorCode::protocol, e.what());
     return;
-  } catch (const PayloadError& e) {
+  } catch (const ChecksumError& e) {
     reply_error(id, wire::ErrorCode::bad_checksum, e.what());
+    return;
+  } catch (const PayloadError& e) {
+    reply_error(id, wire::ErrorCode::bad_payload, e.what());
     return;
   }
   ++counters_.pushes;
+  auto& pushed = counters_.pushed[codec.name()];
+  ++pushed.pushes;
+  pushed.payload_bytes += long(got);
   if (m.then_pull) {
     ++counters_.pulls;
     on_pull(id, p, m.clock + 1);
@@ -311,7 +333,8 @@ void Server::serve_pull(const std::string& id, int rank, long clock, Clock::time
   if (rank >= 0) state_->record_pull(rank, clock);
   ParamVersions& pv = state_->params();
   wire::PullReply r{clock, state_->version(), state_->min_clock(), state_->samples_applied(), long(held_s * 1e6),
-                    byes_ == cfg_.cluster.workers, state_->current_checksum(), range_.offset, range_.length};
+                    byes_ == cfg_.cluster.workers, state_->current_checksum(), range_.offset, range_.length,
+                    /*codec: dense f32*/ 0, range_.length * sizeof(float)};
   ParamVersions::Buffer* buf = pv.acquire_current();  // released by the transport once sent
   send(id, header(r), comm::OutPayload{buf->data.data(), buf->data.size() * sizeof(float), &free_param_buffer, buf});
   if (opt_.record_pulls && metrics_ && rank >= 0)
@@ -392,7 +415,8 @@ void Server::write_stats(bool final) {
                            {"bytes_out", counters_.bytes_out},
                            {"bad_total", counters_.bad_total()},
                            {"bad", counters_.bad},
-                           {"dropped_replies", counters_.dropped_replies}};
+                           {"dropped_replies", counters_.dropped_replies},
+                           {"pushed", pushed_json(counters_)}};
   if (final) {
     // The histograms only: the launcher's summary derives the statistics, once, over every shard.
     nlohmann::ordered_json hist;

@@ -43,6 +43,10 @@ struct ServerCounters {
   double hold_ms_total = 0.0, hold_ms_max = 0.0;
   long bytes_in = 0, bytes_out = 0;
   long dropped_replies = 0;         // replies the transport could not queue (peer gone or not reading)
+  struct Pushed {
+    long pushes = 0, payload_bytes = 0;
+  };
+  std::map<std::string, Pushed> pushed;  // push codec -> accepted pushes and their payload bytes
   std::map<std::string, long> bad;  // reason -> count
   long bad_total() const;
 };

@@ -16,6 +16,13 @@ std::uint64_t sum(const float (&g)[N]) {
   return wire::checksum(g, N);
 }
 
+// A push of the dense f32 payload `g`, as the server hands it to the shard.
+template <std::size_t N>
+void push(ShardState& s, int worker, long clock, long version_pulled, int batch, const float (&g)[N],
+          std::uint64_t checksum) {
+  s.push(worker, clock, version_pulled, batch, std::as_bytes(std::span<const float>(g, N)), checksum);
+}
+
 ShardState::Options options(const char* mode, int workers, std::size_t n) {
   ShardState::Options o;
   o.mode = mode;
@@ -48,12 +55,12 @@ TEST(ShardState, BspAveragesTheClockWeightedByBatchAndAppliesOnce) {
   ShardState s(*cpu, options("bsp", 3, 2), {10.0f, 20.0f});
   const float g0[] = {1, 2}, g1[] = {4, 8}, g2[] = {7, 5};
   EXPECT_TRUE(s.pull_ready(0));
-  s.push(0, 0, 0, 1, g0, sum(g0));
+  push(s, 0, 0, 0, 1, g0, sum(g0));
   EXPECT_FALSE(s.pull_ready(1)) << "clock 1 opens only after every worker pushed clock 0";
   EXPECT_EQ(s.why_held(1), "bsp clock 0 still needs pushes from worker 1 (clock 0), worker 2 (clock 0)");
-  s.push(2, 0, 0, 2, g2, sum(g2));
+  push(s, 2, 0, 0, 2, g2, sum(g2));
   EXPECT_EQ(s.version(), 0);
-  s.push(1, 0, 0, 1, g1, sum(g1));
+  push(s, 1, 0, 0, 1, g1, sum(g1));
   // Mean over 4 samples: (1*g0 + 1*g1 + 2*g2) / 4 = (19/4, 20/4); lr 1.
   EXPECT_FLOAT_EQ(s.current()[0], 10.0f - 19.0f / 4);
   EXPECT_FLOAT_EQ(s.current()[1], 20.0f - 5.0f);
@@ -67,14 +74,14 @@ TEST(ShardState, BspRejectsDuplicatesAndSkippedClocksWithoutChangingAnything) {
   auto cpu = make_cpu_backend(1);
   ShardState s(*cpu, options("bsp", 2, 1), {5.0f});
   const float g[] = {1};
-  s.push(0, 0, 0, 1, g, sum(g));
-  EXPECT_THROW(s.push(0, 0, 0, 1, g, sum(g)), ProtocolError);  // second push of clock 0
-  EXPECT_THROW(s.push(1, 3, 0, 1, g, sum(g)), ProtocolError);  // not its next clock
-  EXPECT_THROW(s.push(1, 0, 7, 1, g, sum(g)), ProtocolError);  // a version the shard never had
-  EXPECT_THROW(s.push(5, 0, 0, 1, g, sum(g)), ProtocolError);  // not a worker
+  push(s, 0, 0, 0, 1, g, sum(g));
+  EXPECT_THROW(push(s, 0, 0, 0, 1, g, sum(g)), ProtocolError);  // second push of clock 0
+  EXPECT_THROW(push(s, 1, 3, 0, 1, g, sum(g)), ProtocolError);  // not its next clock
+  EXPECT_THROW(push(s, 1, 0, 7, 1, g, sum(g)), ProtocolError);  // a version the shard never had
+  EXPECT_THROW(push(s, 5, 0, 0, 1, g, sum(g)), ProtocolError);  // not a worker
   EXPECT_EQ(s.version(), 0);
   EXPECT_EQ(s.clock_of(1), 0);
-  s.push(1, 0, 0, 1, g, sum(g));
+  push(s, 1, 0, 0, 1, g, sum(g));
   EXPECT_EQ(s.version(), 1);
   EXPECT_FLOAT_EQ(s.current()[0], 4.0f);
 }
@@ -85,9 +92,9 @@ TEST(ShardState, SspGatesPullsOnTheSlowestWorker) {
   const float g[] = {1};
   // Worker 0 runs ahead; worker 1 stays at clock 0.
   EXPECT_TRUE(s.pull_ready(1));   // 1 - 1 <= min clock 0
-  s.push(0, 0, 0, 1, g, sum(g));
+  push(s, 0, 0, 0, 1, g, sum(g));
   EXPECT_FALSE(s.pull_ready(2));  // would be 2 clocks ahead of worker 1
-  s.push(1, 0, 0, 1, g, sum(g));          // worker 1 catches up one clock
+  push(s, 1, 0, 0, 1, g, sum(g));          // worker 1 catches up one clock
   EXPECT_TRUE(s.pull_ready(2));
   EXPECT_EQ(s.version(), 2) << "ssp applies each push on arrival";
   EXPECT_FLOAT_EQ(s.current()[0], -2.0f);
@@ -98,9 +105,9 @@ TEST(ShardState, AspNeverHoldsAndMeasuresStaleness) {
   ShardState s(*cpu, options("asp", 2, 1), {0.0f});
   const float g[] = {1};
   EXPECT_TRUE(s.pull_ready(1000));
-  s.push(0, 0, 0, 1, g, sum(g));  // applied at version 0 on version 0: staleness 0
-  s.push(0, 1, 1, 1, g, sum(g));  // staleness 0
-  s.push(1, 0, 0, 1, g, sum(g));  // computed on version 0, applied at version 2: staleness 2
+  push(s, 0, 0, 0, 1, g, sum(g));  // applied at version 0 on version 0: staleness 0
+  push(s, 0, 1, 1, 1, g, sum(g));  // staleness 0
+  push(s, 1, 0, 0, 1, g, sum(g));  // computed on version 0, applied at version 2: staleness 2
   EXPECT_EQ(s.staleness_histogram()[0], (std::vector<long>{2}));
   EXPECT_EQ(s.staleness_histogram()[1], (std::vector<long>{0, 0, 1}));
   EXPECT_EQ(s.version(), 3);
@@ -115,13 +122,13 @@ TEST(ShardState, ACorruptedPushChangesNothingWithEitherKindOfOptimizer) {
       ShardState s(*cpu, o, {1.0f, 2.0f, 3.0f});
       const std::uint64_t before = s.current_checksum();
       const float g[] = {1, 1, 1};
-      EXPECT_THROW(s.push(0, 0, 0, 1, g, sum(g) ^ 1), PayloadError) << kind << " " << mode;
+      EXPECT_THROW(push(s, 0, 0, 0, 1, g, sum(g) ^ 1), PayloadError) << kind << " " << mode;
       EXPECT_EQ(s.version(), 0);
       EXPECT_EQ(s.clock_of(0), 0);
       EXPECT_EQ(s.current()[0], 1.0f);
       EXPECT_EQ(s.current_checksum(), before);
       // The next good push applies as if the bad one never came (momentum state untouched).
-      s.push(0, 0, 0, 1, g, sum(g));
+      push(s, 0, 0, 0, 1, g, sum(g));
       EXPECT_FLOAT_EQ(s.current()[0], 0.0f) << kind << " " << mode;
       EXPECT_EQ(s.current_checksum(), wire::checksum(s.current(), 3));
     }
@@ -153,9 +160,9 @@ TEST(Rules, AHeldSspPullNamesTheWorkersBehind) {
   auto cpu = make_cpu_backend(1);
   ShardState s(*cpu, options("ssp:1", 3, 1), {0.0f});
   const float g[] = {1};
-  s.push(0, 0, 0, 1, g, sum(g));
-  s.push(0, 1, 1, 1, g, sum(g));
-  s.push(1, 0, 0, 1, g, sum(g));
+  push(s, 0, 0, 0, 1, g, sum(g));
+  push(s, 0, 1, 1, 1, g, sum(g));
+  push(s, 1, 0, 0, 1, g, sum(g));
   EXPECT_FALSE(s.pull_ready(2));
   EXPECT_EQ(s.why_held(2), "ssp:1 needs every worker at clock >= 1; behind: worker 2 (clock 0)");
 }
@@ -179,14 +186,14 @@ TEST(ShardState, AnEmptyBatchPushChangesNothingButTheWorkersClock) {
     o.optimizer.momentum = 0.9;
     ShardState s(*cpu, o, {1.0f, 2.0f});
     const float g[] = {1, 1}, zero[] = {0, 0};
-    s.push(0, 0, 0, 1, g, sum(g));  // momentum now holds a velocity
+    push(s, 0, 0, 0, 1, g, sum(g));  // momentum now holds a velocity
     const std::vector<float> before(s.current(), s.current() + 2);
-    s.push(0, 1, 1, 0, zero, sum(zero));
+    push(s, 0, 1, 1, 0, zero, sum(zero));
     EXPECT_EQ(std::vector<float>(s.current(), s.current() + 2), before) << mode;
     EXPECT_EQ(s.version(), 1) << mode;
     EXPECT_EQ(s.clock_of(0), 2) << mode;
     EXPECT_EQ(s.samples_applied(), 1) << mode;
-    EXPECT_THROW(s.push(0, 2, 1, 0, zero, sum(zero) ^ 1), PayloadError) << "an empty push is still checked";
+    EXPECT_THROW(push(s, 0, 2, 1, 0, zero, sum(zero) ^ 1), PayloadError) << "an empty push is still checked";
   }
 }
 
@@ -196,12 +203,12 @@ TEST(ShardState, ABspClockWithoutSamplesAdvancesTheVersionButNotTheta) {
   o.optimizer.kind = "momentum";
   ShardState s(*cpu, o, {1.0f});
   const float g[] = {1}, zero[] = {0};
-  s.push(0, 0, 0, 1, g, sum(g));
-  s.push(1, 0, 0, 1, g, sum(g));
+  push(s, 0, 0, 0, 1, g, sum(g));
+  push(s, 1, 0, 0, 1, g, sum(g));
   ASSERT_EQ(s.version(), 1);
   const float after_one = s.current()[0];
-  s.push(0, 1, 1, 0, zero, sum(zero));
-  s.push(1, 1, 1, 0, zero, sum(zero));
+  push(s, 0, 1, 1, 0, zero, sum(zero));
+  push(s, 1, 1, 1, 0, zero, sum(zero));
   EXPECT_EQ(s.version(), 2) << "the clock advances, so pulls for clock 2 are served";
   EXPECT_TRUE(s.pull_ready(2));
   EXPECT_EQ(s.current()[0], after_one);

@@ -401,6 +401,7 @@ class LauncherTest(unittest.TestCase):
         self.assertAlmostEqual(s["epochs"], 500 * 2 * 32 / 4096, places=6)
         self.assertEqual(s["staleness"]["max"], 0)  # bsp
         self.assertGreater(s["bytes_pushed"], 500 * 2 * 132 * 4)  # 500 steps x 2 workers x 132 floats
+        self.assertEqual(s["pushed_by_codec"], {"f32": {"pushes": 500 * 2, "payload_bytes": 500 * 2 * 132 * 4}})
         self.assertGreater(s["bytes_pulled"], 0)
         self.assertAlmostEqual(s["train_samples"], 500 * 2 * 32, delta=500 * 2 * 32 * 1e-3)
         # samples/s cannot exceed the training samples over the time the workers trained

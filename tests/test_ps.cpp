@@ -115,7 +115,7 @@ TEST_P(SspBound, NoPullServedMoreThanSClocksAheadOfTheSlowest) {
   const std::size_t P = count_params(model_spec(cfg));
   const std::uint64_t hash = config_fingerprint(cfg);
   run_threads(W, [&](int r) {
-    PsClient c(*cluster.transport, cluster.endpoints, wire::Role::worker, r, P, hash, 20);
+    PsClient c(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, r));
     std::vector<float> theta(P), grad(P, 0.0f);
     c.connect();
     c.pull(0, theta.data());
@@ -164,7 +164,7 @@ TEST_P(Asp, ThirtyTwoWorkersFourShardsEveryUpdateAppliedExactlyOnce) {
   // Integer-valued gradients: every partial sum is exact in float32, in any order.
   auto g = [](int r, int k, std::size_t i) { return float(int((r * 7 + k * 3 + int(i)) % 5) - 2); };
   run_threads(W, [&](int r) {
-    PsClient c(*cluster.transport, cluster.endpoints, wire::Role::worker, r, P, config_fingerprint(cfg), 30);
+    PsClient c(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, r));
     std::vector<float> theta(P), grad(P);
     c.connect();
     c.pull(0, theta.data());
@@ -205,8 +205,8 @@ class BadInput : public ::testing::TestWithParam<std::string> {
     raw = std::make_unique<zmq::socket_t>(raw_ctx, zmq::socket_type::dealer);
     raw->set(zmq::sockopt::linger, 0);
     raw->connect(cluster->endpoints[0]);
-    evaluator = std::make_unique<PsClient>(*cluster->transport, cluster->endpoints, wire::Role::evaluator,
-                                           wire::kEvaluator, P, config_fingerprint(cfg), 10);
+    evaluator = std::make_unique<PsClient>(*cluster->transport, cluster->endpoints,
+                                           client_options(cfg, wire::Role::evaluator, wire::kEvaluator));
     evaluator->connect();
   }
   void TearDown() override {
@@ -287,16 +287,20 @@ TEST_P(BadInput, EveryKindIsCountedAnsweredAndLeavesThetaBitwiseUnchanged) {
   // As a registered worker.
   EXPECT_EQ(send_expect_error(msg(header(wire::Pull{0}, /*sender=*/5))), "unknown_peer");  // wrong sender id
   EXPECT_EQ(send_expect_error(msg(header(wire::Pull{0}, 0, /*shard=*/3))), "wrong_shard");
-  EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false}),
+  EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false, 0, 4 * P}),
                                   floats(std::vector<float>(10, 0.5f)))), "wrong_size");
-  EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P - 1, false}), floats(g))), "wrong_shard");
-  EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false}))), "wrong_size");  // no payload
+  EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P - 1, false, 0, 4 * (P - 1)}), floats(g))), "wrong_shard");
+  EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false, 0, 4 * P}))), "wrong_size");  // no payload
   {
     std::vector<float> flipped = g;
     reinterpret_cast<unsigned char*>(flipped.data())[13] ^= 0x10;
-    EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false}), floats(flipped))), "bad_checksum");
+    EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false, 0, 4 * P}), floats(flipped))), "bad_checksum");
   }
-  EXPECT_EQ(send_expect_error(msg(header(wire::Push{5, 0, 1, gsum, 0, P, false}), floats(g))), "protocol");  // not its clock
+  EXPECT_EQ(send_expect_error(msg(header(wire::Push{5, 0, 1, gsum, 0, P, false, 0, 4 * P}), floats(g))), "protocol");  // not its clock
+  EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false, /*codec*/ 7, 4 * P}), floats(g))),
+            "config");  // not the run's codec
+  EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false, 0, 4 * P + 4}), floats(g))),
+            "wrong_size");  // the header's byte count is not the payload's
   EXPECT_EQ(send_expect_error(msg(header(wire::Pull{0}), floats(g))), "wrong_size");  // payload on a Pull
   EXPECT_EQ(send_expect_error(msg(header(wire::Welcome{}))), "unknown_type");
   {
@@ -307,14 +311,15 @@ TEST_P(BadInput, EveryKindIsCountedAnsweredAndLeavesThetaBitwiseUnchanged) {
 
   EXPECT_EQ(before, theta()) << "θ changed after bad input";
   const auto stats = nlohmann::json::parse(evaluator->stats(0));
-  EXPECT_EQ(stats["bad_total"], 16) << stats.dump();
+  EXPECT_EQ(stats["bad_total"], 18) << stats.dump();
   EXPECT_EQ(stats["bad"]["malformed"], 4) << stats.dump();
-  EXPECT_EQ(stats["bad"]["wrong_size"], 3) << stats.dump();
+  EXPECT_EQ(stats["bad"]["wrong_size"], 4) << stats.dump();
+  EXPECT_EQ(stats["bad"]["config"], 3) << stats.dump();
   EXPECT_EQ(stats["bad"]["bad_checksum"], 1) << stats.dump();
   EXPECT_EQ(stats["version"], 0);
 
   // Still serving: a good push is applied (SGD, lr 1) and answered with the new θ.
-  EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, true}), floats(g))), "(PullReply)");
+  EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, true, 0, 4 * P}), floats(g))), "(PullReply)");
   const std::vector<float> after = theta();
   for (std::size_t i = 0; i < P; ++i) ASSERT_EQ(after[i], before[i] - 0.5f) << i;
 }
@@ -327,7 +332,7 @@ TEST(Timeouts, AWorkerWhoseServerIsGoneFailsNamingTheServer) {
   cfg.cluster.timeout_s = 0.5;
   const auto transport = comm::make_transport("tcp");
   const std::string nobody = transport->local_address("nobody");  // nothing listens there
-  PsClient c(*transport, {nobody}, wire::Role::worker, 0, count_params(model_spec(cfg)), 1, 0.5);
+  PsClient c(*transport, {nobody}, client_options(cfg, wire::Role::worker, 0));
   try {
     c.connect();
     FAIL() << "no error";
@@ -344,8 +349,8 @@ TEST(Timeouts, AHeldPullIsAnsweredWithWhomItWaitedFor) {
   Cluster cluster(cfg);
   const std::size_t P = count_params(model_spec(cfg));
   const std::uint64_t hash = config_fingerprint(cfg);
-  PsClient w0(*cluster.transport, cluster.endpoints, wire::Role::worker, 0, P, hash, 0.5);
-  PsClient w1(*cluster.transport, cluster.endpoints, wire::Role::worker, 1, P, hash, 0.5);
+  PsClient w0(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
+  PsClient w1(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 1));
   std::thread t([&] { w1.connect(); });
   w0.connect();
   t.join();
@@ -393,7 +398,7 @@ TEST(Client, ByeAndShutdownWantAnAckFromEveryServer) {
       listener->send(from, enc.encode(wire::Header{wire::kServer, 0, reply}));
     }
   });
-  PsClient c(*transport, {ep}, wire::Role::worker, 0, count_params(model_spec(cfg)), config_fingerprint(cfg), 5);
+  PsClient c(*transport, {ep}, client_options(cfg, wire::Role::worker, 0));
   c.connect();
   try {
     c.bye(0);

@@ -13,6 +13,7 @@
 
 #include "ps/client.h"
 #include "role_context.h"
+#include "run/setup.h"
 #include "snapshots.h"
 
 namespace pslab {
@@ -34,9 +35,8 @@ struct ParamSource {
 // PS modes: every interval, an ungated pull of every shard; after the last, Shutdown.
 class ServerSource final : public ParamSource {
  public:
-  ServerSource(RoleContext& ctx, std::size_t P)
-      : client_(ctx.transport(), ctx.opt.servers, wire::Role::evaluator, wire::kEvaluator, P,
-                config_fingerprint(ctx.cfg), ctx.cfg.cluster.timeout_s),
+  explicit ServerSource(RoleContext& ctx)
+      : client_(ctx.transport(), ctx.opt.servers, client_options(ctx.cfg, wire::Role::evaluator, wire::kEvaluator)),
         interval_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
             std::chrono::duration<double>(ctx.cfg.eval.interval_s))) {
     client_.connect();
@@ -79,7 +79,7 @@ double run_evaluator(const ExperimentConfig& cfg, const RoleOptions& opt) {
   const std::size_t P = replica.model().num_params();
   std::unique_ptr<ParamSource> source;
   if (!opt.snapshots.empty()) source = std::make_unique<SnapshotSource>(ctx, P);
-  else source = std::make_unique<ServerSource>(ctx, P);
+  else source = std::make_unique<ServerSource>(ctx);
 
   const DataSplit& data = ctx.data();
   const double train_n = double(data.train.n);

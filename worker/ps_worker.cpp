@@ -4,6 +4,7 @@
 
 #include "ps/client.h"
 #include "role_context.h"
+#include "run/setup.h"
 
 namespace pslab {
 
@@ -18,9 +19,9 @@ void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
     throw std::invalid_argument(std::to_string(opt.servers.size()) + " server addresses given, cluster.servers = " +
                                 std::to_string(cfg.cluster.servers));
   Replica& replica = ctx.replica();
-  PsClient client(ctx.transport(), opt.servers, wire::Role::worker, opt.rank, replica.model().num_params(),
-                  config_fingerprint(cfg), cfg.cluster.timeout_s);
-  ctx.announce(cfg.cluster.mode + " over " + std::to_string(opt.servers.size()) + " server(s), " + cfg.cluster.transport);
+  PsClient client(ctx.transport(), opt.servers, client_options(cfg, wire::Role::worker, opt.rank));
+  ctx.announce(cfg.cluster.mode + " over " + std::to_string(opt.servers.size()) + " server(s), " + cfg.cluster.transport +
+               ", pushes in " + cfg.cluster.codec);
 
   client.connect();  // the start barrier: returns when every worker has said Hello
   PullResult pulled = client.pull(0, replica.host_params());

@@ -17,7 +17,8 @@ SnapshotSender::SnapshotSender(comm::Transport& transport, const std::string& en
 
 void SnapshotSender::send(const float* theta, std::size_t n, long step, long samples, bool final) {
   next_ = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(interval_);
-  const wire::PullReply h{step, step, 0, samples, 0, final, wire::checksum(theta, n), 0, n};
+  const wire::PullReply h{step, step, 0, samples, 0, final, wire::checksum(theta, n), 0, n, /*codec: dense f32*/ 0,
+                          n * sizeof(float)};
   // No release function: the transport copies θ, which changes with the next step.
   const comm::OutPayload payload{theta, n * sizeof(float)};
   const auto deadline = final ? comm::Clock::now() + timeout_ : comm::Clock::now();

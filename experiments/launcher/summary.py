@@ -7,6 +7,17 @@ from .metrics import read_jsonl, staleness_stats
 COMPLETED = ("ok", "diverged")
 
 
+def pushed_by_codec(finals):
+    """{codec: {"pushes", "payload_bytes"}} summed over the servers' final lines."""
+    out = {}
+    for f in finals:
+        for codec, c in (f.get("pushed") or {}).items():
+            acc = out.setdefault(codec, {"pushes": 0, "payload_bytes": 0})
+            acc["pushes"] += c.get("pushes", 0)
+            acc["payload_bytes"] += c.get("payload_bytes", 0)
+    return out or None
+
+
 def summarize(plan, run_dir, wall_s, status="ok", failure=None):
     """summary.json of a run. Its keys:
 
@@ -26,6 +37,8 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None):
                         the total samples
     bytes_pushed, bytes_pulled   as the servers counted them (all-reduce: the bytes each rank
                         all-reduced, summed over the ranks, in both)
+    pushed_by_codec     PS modes: {codec: {"pushes", "payload_bytes"}}, the accepted pushes and
+                        their payload bytes summed over the servers (cluster.codec)
     staleness           PS modes: {mean, p99, max, count} (metrics.staleness_stats): the
                         distribution over (push, shard) pairs of the servers' merged histograms,
                         in versions of the shard; count is the number of pushes, each counted
@@ -96,6 +109,7 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None):
         "bytes_pushed": sum(f.get("bytes_in", 0) for f in finals) if finals else None,
         "bytes_pulled": sum(f.get("bytes_out", 0) for f in finals) if finals else None,
         "staleness": staleness_stats(finals) if plan.uses_servers else None,
+        "pushed_by_codec": pushed_by_codec(finals) if plan.uses_servers else None,
         "wall_s": wall_s,
         # extras
         "status": status,

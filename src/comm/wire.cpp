@@ -18,6 +18,7 @@ const char* error_code_name(ErrorCode c) {
     case ErrorCode::protocol: return "protocol";
     case ErrorCode::timeout: return "timeout";
     case ErrorCode::config: return "config";
+    case ErrorCode::bad_payload: return "bad_payload";
   }
   return "unknown";
 }
@@ -50,11 +51,11 @@ struct BodyEncoder {
   std::pair<fb::Body, Off> operator()(const PullReply& m) const {
     return {fb::Body_PullReply, fb::CreatePullReply(f, m.clock, m.version, m.min_clock, m.samples_applied,
                                                     m.held_us, m.training_done, m.checksum, m.offset,
-                                                    m.length).Union()};
+                                                    m.length, m.codec, m.bytes).Union()};
   }
   std::pair<fb::Body, Off> operator()(const Push& m) const {
     return {fb::Body_Push, fb::CreatePush(f, m.clock, m.version_pulled, m.batch, m.checksum, m.offset,
-                                          m.length, m.then_pull).Union()};
+                                          m.length, m.then_pull, m.codec, m.bytes).Union()};
   }
   std::pair<fb::Body, Off> operator()(const PushAck& m) const {
     return {fb::Body_PushAck, fb::CreatePushAck(f, m.clock, m.version).Union()};
@@ -157,13 +158,15 @@ std::optional<Header> decode(const void* data, std::size_t size, std::string& er
     case fb::Body_Pull: h.body = Pull{m->body_as_Pull()->clock()}; break;
     case fb::Body_PullReply: {
       const auto* b = m->body_as_PullReply();
-      h.body = PullReply{b->clock(), b->version(), b->min_clock(), b->samples_applied(), b->held_us(),
-                         b->training_done(), b->checksum(), b->offset(), b->length()};
+      h.body = PullReply{b->clock(),         b->version(),  b->min_clock(), b->samples_applied(),
+                         b->held_us(),       b->training_done(), b->checksum(), b->offset(),
+                         b->length(),        b->codec(),    b->bytes()};
       break;
     }
     case fb::Body_Push: {
       const auto* b = m->body_as_Push();
-      h.body = Push{b->clock(), b->version_pulled(), b->batch(), b->checksum(), b->offset(), b->length(), b->then_pull()};
+      h.body = Push{b->clock(),  b->version_pulled(), b->batch(),     b->checksum(), b->offset(),
+                    b->length(), b->then_pull(),      b->codec(),     b->bytes()};
       break;
     }
     case fb::Body_PushAck: h.body = PushAck{m->body_as_PushAck()->clock(), m->body_as_PushAck()->version()}; break;
@@ -175,7 +178,7 @@ std::optional<Header> decode(const void* data, std::size_t size, std::string& er
     case fb::Body_Error: {
       const auto* b = m->body_as_Error();
       const int code = b->code();
-      if (code < 0 || code > int(ErrorCode::config)) {
+      if (code < 0 || code > int(ErrorCode::bad_payload)) {
         error = "Error message with unknown code " + std::to_string(code);
         return std::nullopt;
       }

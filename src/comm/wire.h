@@ -21,14 +21,14 @@
 namespace pslab::wire {
 
 constexpr std::uint32_t kMagic = 0x50534C42;  // "PSLB"
-constexpr std::uint16_t kProtocol = 1;
+constexpr std::uint16_t kProtocol = 2;  // 2: payloads carry a codec and a byte length
 // Sender ids that are not worker ranks.
 constexpr int kEvaluator = -1, kServer = -2, kTool = -3;
 
 enum class Role : std::int8_t { worker = 0, evaluator = 1 };
 enum class ErrorCode : std::int16_t {
   malformed = 0, unknown_type, unknown_peer, wrong_shard, wrong_size, bad_checksum, protocol,
-  timeout, config
+  timeout, config, bad_payload
 };
 const char* error_code_name(ErrorCode c);
 
@@ -36,10 +36,13 @@ struct Hello { Role role = Role::worker; int rank = 0; std::uint64_t param_count
 struct Welcome { int shard = 0; int num_shards = 0; std::uint64_t offset = 0, length = 0; int workers = 0;
                  std::string mode; std::int64_t version = 0; };
 struct Pull { std::int64_t clock = 0; };
+// Payloads: `length` floats (elements) of the shard starting at `offset`, encoded by codec
+// `codec` into `bytes` bytes, whose checksum_bytes is `checksum`.
 struct PullReply { std::int64_t clock = 0, version = 0, min_clock = 0, samples_applied = 0, held_us = 0;
-                   bool training_done = false; std::uint64_t checksum = 0, offset = 0, length = 0; };
+                   bool training_done = false; std::uint64_t checksum = 0, offset = 0, length = 0;
+                   std::uint8_t codec = 0; std::uint64_t bytes = 0; };
 struct Push { std::int64_t clock = 0, version_pulled = 0; int batch = 0; std::uint64_t checksum = 0, offset = 0,
-              length = 0; bool then_pull = false; };
+              length = 0; bool then_pull = false; std::uint8_t codec = 0; std::uint64_t bytes = 0; };
 struct PushAck { std::int64_t clock = 0, version = 0; };
 struct Bye { std::int64_t clock = 0; };
 struct Shutdown {};

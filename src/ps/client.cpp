@@ -9,15 +9,18 @@ namespace pslab {
 
 using Clock = std::chrono::steady_clock;
 
-PsClient::PsClient(comm::Transport& transport, std::vector<std::string> endpoints, wire::Role role, int rank,
-                   std::size_t num_params, std::uint64_t config_hash, double timeout_s)
-    : role_(role), rank_(rank), num_params_(num_params), config_hash_(config_hash),
+PsClient::PsClient(comm::Transport& transport, std::vector<std::string> endpoints, const Options& opt)
+    : opt_(opt),
       // A little longer than the servers' own timeout, so that a server's Error (which names
       // whom it waited for) arrives before this side gives up.
-      timeout_(std::chrono::milliseconds(long(timeout_s * 1000 * 1.25) + 1000)) {
+      timeout_(std::chrono::milliseconds(long(opt.timeout_s * 1000 * 1.25) + 1000)), codec_(make_codec(opt.codec)) {
   if (endpoints.empty()) throw std::invalid_argument("PsClient: no server endpoints");
   const int S = int(endpoints.size());
-  for (int k = 0; k < S; ++k) shards_.push_back(ShardInfo{endpoints[std::size_t(k)], shard_range(num_params, S, k), 0});
+  for (int k = 0; k < S; ++k) {
+    shards_.push_back(ShardInfo{endpoints[std::size_t(k)], shard_range(opt.num_params, S, k), 0});
+    if (!codec_->dense_f32() && opt.role == wire::Role::worker)
+      encoded_.emplace_back(codec_->max_bytes(shards_.back().range.length));
+  }
   comm::ConnectOptions co;
   co.linger = std::chrono::milliseconds(1000);
   conns_ = transport.connect(endpoints, co);
@@ -39,7 +42,7 @@ void PsClient::fail(int k, const std::string& what) const {
 }
 
 void PsClient::send(int k, const wire::Body& body, comm::OutPayload payload) {
-  if (!conns_->send(std::size_t(k), enc_.encode(wire::Header{rank_, k, body}), payload, comm::Clock::now() + timeout_))
+  if (!conns_->send(std::size_t(k), enc_.encode(wire::Header{opt_.rank, k, body}), payload, comm::Clock::now() + timeout_))
     fail(k, std::string("could not send ") + wire::body_name(body) + " within " + std::to_string(timeout_.count() / 1000) +
                 " s: its queue stayed full (is it running? its log says why it stopped)");
 }
@@ -73,9 +76,9 @@ void PsClient::collect(const std::string& what, std::vector<char>& pending, F&& 
 
 void PsClient::connect() {
   const int S = int(shards_.size());
-  for (int k = 0; k < S; ++k) send(k, wire::Hello{role_, rank_, num_params_, config_hash_});
+  for (int k = 0; k < S; ++k) send(k, wire::Hello{opt_.role, opt_.rank, opt_.num_params, opt_.config_hash});
   std::vector<char> pending(std::size_t(S), 1);
-  const std::string what = role_ == wire::Role::worker ? "Hello (the start barrier: a server answers once every worker said Hello)" : "Hello";
+  const std::string what = opt_.role == wire::Role::worker ? "Hello (the start barrier: a server answers once every worker said Hello)" : "Hello";
   collect(what, pending, [&](int k, const wire::Body& body) {
     const auto* w = std::get_if<wire::Welcome>(&body);
     if (!w) fail(k, std::string("answered Hello with ") + wire::body_name(body));
@@ -94,9 +97,9 @@ void PsClient::take_params(int k, const wire::PullReply& r, std::span<const std:
   ShardInfo& s = shards_[std::size_t(k)];
   if (r.offset != s.range.offset || r.length != s.range.length)
     fail(k, "PullReply for floats [" + std::to_string(r.offset) + ", " + std::to_string(r.offset + r.length) + ")");
-  if (payload.size() != r.length * sizeof(float))
-    fail(k, "PullReply payload of " + std::to_string(payload.size()) + " bytes, expected " +
-                std::to_string(r.length * sizeof(float)));
+  if (r.codec != 0 || r.bytes != r.length * sizeof(float) || payload.size() != r.bytes)
+    fail(k, "PullReply payload of " + std::to_string(payload.size()) + " bytes in codec " + std::to_string(r.codec) +
+                ", expected " + std::to_string(r.length * sizeof(float)) + " bytes of dense f32 (codec 0)");
   const std::uint64_t sum =
       wire::copy_with_checksum(theta + r.offset, reinterpret_cast<const float*>(payload.data()), r.length);
   if (sum != r.checksum) fail(k, "PullReply payload checksum mismatch (corrupted in transit)");
@@ -137,10 +140,17 @@ PullResult PsClient::push(long clock, int batch, const float* grad, float* theta
   for (int k = 0; k < S; ++k) {
     const ShardInfo& s = shards_[std::size_t(k)];
     const float* g = grad + s.range.offset;
-    send(k,
-         wire::Push{clock, s.version, batch, wire::checksum(g, s.range.length), s.range.offset, s.range.length,
-                    theta != nullptr},
-         in_flight_.payload(g, s.range.length * sizeof(float)));
+    wire::Push h{clock, s.version, batch, 0, s.range.offset, s.range.length, theta != nullptr, codec_->wire_id(), 0};
+    const void* bytes = g;
+    if (codec_->dense_f32()) {
+      h.bytes = s.range.length * sizeof(float);
+    } else {
+      std::vector<std::byte>& buf = encoded_[std::size_t(k)];
+      h.bytes = codec_->encode(g, s.range.length, buf.data());
+      bytes = buf.data();
+    }
+    h.checksum = wire::checksum_bytes(bytes, h.bytes);
+    send(k, h, in_flight_.payload(bytes, h.bytes));
   }
   std::vector<char> pending(std::size_t(S), 1);
   PullResult acc = empty_result();

@@ -3,10 +3,11 @@
 // the replies collected as they come.
 //
 // θ and ∇θ are host buffers of all P floats; shard k is the contiguous range the server
-// announced in its Welcome (checked against the local computation). Gradients leave
-// zero-copy (the caller's buffer is referenced until the transport is done, and push() waits
-// for that before returning); parameters arrive in the transport's buffer and are copied into
-// θ in the same pass that verifies their checksum.
+// announced in its Welcome (checked against the local computation). Gradients leave encoded by
+// the run's push codec (ps/codecs/): dense f32 zero-copy from the caller's buffer, others from
+// a buffer per shard allocated once; either is referenced until the transport is done, and
+// push() waits for that before returning. Parameters arrive in the transport's buffer and are
+// copied into θ in the same pass that verifies their checksum.
 //
 // Every wait has a deadline; a missing reply throws naming the server, its address, and
 // what was waited for. An Error from a server throws with the server's message.
@@ -20,6 +21,7 @@
 #include "comm/transport/in_flight.h"
 #include "comm/transport/transport.h"
 #include "comm/wire.h"
+#include "ps/codecs/codec.h"
 #include "ps/shard_state.h"
 
 namespace pslab {
@@ -41,10 +43,16 @@ struct PullResult {
 
 class PsClient {
  public:
-  // rank: the worker's rank, or wire::kEvaluator with role evaluator. `transport` must outlive
-  // the client.
-  PsClient(comm::Transport& transport, std::vector<std::string> endpoints, wire::Role role, int rank,
-           std::size_t num_params, std::uint64_t config_hash, double timeout_s);
+  struct Options {
+    wire::Role role = wire::Role::worker;
+    int rank = 0;                   // the worker's rank; wire::kEvaluator for the evaluator
+    std::size_t num_params = 0;     // P, the length of θ
+    std::uint64_t config_hash = 0;  // config_fingerprint() of the run's config (servers check it)
+    double timeout_s = 60.0;        // the run's cluster.timeout_s
+    std::string codec = "f32";      // the run's cluster.codec, how pushes are encoded
+  };
+  // `endpoints`: the servers' addresses in shard order. `transport` must outlive the client.
+  PsClient(comm::Transport& transport, std::vector<std::string> endpoints, const Options& opt);
   ~PsClient();
 
   // Hello to every server, then waits for every Welcome (for workers, the start barrier:
@@ -64,7 +72,7 @@ class PsClient {
   std::string stats(int shard);
 
   const std::vector<ShardInfo>& shards() const { return shards_; }
-  std::size_t num_params() const { return num_params_; }
+  std::size_t num_params() const { return opt_.num_params; }
 
  private:
   // Waits for one reply from each server in `pending`, handing it to on_reply(k, header,
@@ -78,11 +86,10 @@ class PsClient {
 
   std::unique_ptr<comm::Connections> conns_;
   std::vector<ShardInfo> shards_;
-  wire::Role role_;
-  int rank_;
-  std::size_t num_params_;
-  std::uint64_t config_hash_;
+  Options opt_;
   std::chrono::milliseconds timeout_;
+  std::unique_ptr<PushCodec> codec_;
+  std::vector<std::vector<std::byte>> encoded_;  // per shard: its encoded gradient (codecs but f32)
   wire::Encoder enc_;
   comm::Message msg_;  // reused for every reply
   comm::InFlight in_flight_;

@@ -12,11 +12,16 @@ class ProtocolError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// A payload that fails its integrity check (checksum mismatch, or bytes its codec cannot
-// decode). what() says which.
+// A payload that cannot be used: bytes its codec cannot decode. what() says why.
 class PayloadError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// A payload whose checksum does not match the one its header carried (corrupted in transit).
+class ChecksumError : public PayloadError {
+ public:
+  using PayloadError::PayloadError;
 };
 
 }  // namespace pslab

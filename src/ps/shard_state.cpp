@@ -56,17 +56,19 @@ constexpr std::size_t kStalenessBuckets = 1024;
 constexpr std::size_t kChunk = 8192;  // floats per piece of an update: 32 KiB, stays in L1/L2
 
 [[noreturn]] void bad_checksum() {
-  throw PayloadError("push payload checksum mismatch (corrupted in transit)");
+  throw ChecksumError("push payload checksum mismatch (corrupted in transit)");
 }
 }  // namespace
 
 ShardState::ShardState(Backend& cpu, const Options& opt, std::vector<float> initial)
-    : opt_(opt), be_(cpu), rule_(make_rule(opt.mode)), optimizer_(cpu, opt.optimizer, opt.range.length),
+    : opt_(opt), be_(cpu), rule_(make_rule(opt.mode)), codec_(make_codec(opt.codec)),
+      optimizer_(cpu, opt.optimizer, opt.range.length),
       params_(std::move(initial)), clocks_(std::size_t(opt.workers), 0), staleness_(std::size_t(opt.workers)) {
   if (params_.size() != opt.range.length)
     throw std::invalid_argument("ShardState: initial slice has " + std::to_string(params_.size()) +
                                 " floats, the shard " + std::to_string(opt.range.length));
   checksum_ = wire::checksum(params_.current(), params_.size());
+  if (!codec_->dense_f32()) decoded_.resize(opt.range.length);
 }
 
 void ShardState::record_pull(int worker, long clock) {
@@ -148,7 +150,7 @@ void ShardState::apply_accumulated() {
   acc_empty_ = true;
 }
 
-void ShardState::push(int worker, long clock, long version_pulled, int batch, const float* grad,
+void ShardState::push(int worker, long clock, long version_pulled, int batch, std::span<const std::byte> payload,
                       std::uint64_t checksum) {
   if (worker < 0 || worker >= opt_.workers)
     throw ProtocolError("push from worker " + std::to_string(worker) + ", expected a rank in [0, " +
@@ -164,10 +166,32 @@ void ShardState::push(int worker, long clock, long version_pulled, int batch, co
   const PushInfo info{worker, clock, version_pulled, batch};
   rule_->check_push(info, view());
 
+  // The gradient, dense. Dense f32 is read in place and checked in the first pass over it
+  // (fused with the update where it can be); other codecs are checked, then decoded.
+  const std::size_t n = opt_.range.length;
+  const float* grad = decoded_.data();
+  bool verified = false;
+  if (codec_->dense_f32()) {
+    if (payload.size() != n * sizeof(float))
+      throw PayloadError("f32 payload of " + std::to_string(payload.size()) + " bytes for a shard of " +
+                         std::to_string(n) + " floats");
+    if (reinterpret_cast<std::uintptr_t>(payload.data()) % alignof(float) == 0) {
+      grad = reinterpret_cast<const float*>(payload.data());
+    } else {
+      if (decoded_.size() != n) decoded_.resize(n);  // a transport that does not align: copy once
+      codec_->decode(payload, n, decoded_.data());
+      grad = decoded_.data();
+    }
+  } else {
+    if (wire::checksum_bytes(payload.data(), payload.size()) != checksum) bad_checksum();
+    codec_->decode(payload, n, decoded_.data());
+    verified = true;
+  }
+
   // The rule sees the worker's clock with this push counted; a payload that fails its check
   // inside the rule's first ShardOps call changed nothing, and the clock goes back.
   const long arrived_at = version_;
-  pending_ = Pending{grad, checksum, batch, false, false};
+  pending_ = Pending{grad, checksum, batch, verified, false};
   ++wclock;
   try {
     rule_->on_push(info, view(), *this);

@@ -5,7 +5,8 @@
 // What a push does and when a pull may be served is the consistency rule's decision
 // (ps/rules/rule.h, chosen by Options::mode); the shard checks what every rule needs
 // (a worker's rank, its next clock, a version the shard has had, the payload's checksum),
-// then asks the rule, which updates θ through ShardOps.
+// decodes the payload with the run's push codec (ps/codecs/, Options::codec) and asks the
+// rule, which updates θ through ShardOps.
 //
 // Versions: `version` counts updates applied to the shard. Staleness of a push = the shard's
 // version when it arrived - the version its gradient was computed on (0 under bsp).
@@ -22,6 +23,7 @@
 
 #include "backend.h"
 #include "core/optimizer.h"
+#include "ps/codecs/codec.h"
 #include "ps/errors.h"
 #include "ps/rules/rule.h"
 
@@ -75,6 +77,7 @@ class ShardState : private ShardOps {
  public:
   struct Options {
     std::string mode = "asp";    // the consistency rule, as cluster.mode names it
+    std::string codec = "f32";   // the push codec, as cluster.codec names it
     int workers = 1;
     ShardRange range;
     OptimizerConfig optimizer;
@@ -84,15 +87,17 @@ class ShardState : private ShardOps {
     bool record_pulls = false;   // keep a PullRecord per served pull
   };
   // `initial` is the shard's slice of the initial θ (range.length floats). Throws
-  // std::invalid_argument for an unknown mode.
+  // std::invalid_argument for an unknown mode or codec.
   ShardState(Backend& cpu, const Options& opt, std::vector<float> initial);
 
-  // A worker's gradient (range.length floats) for its step `clock`, computed on parameters
-  // of `version_pulled`, over `batch` samples, with payload checksum `checksum`
-  // (wire::checksum). The rule decides what it does (asp/ssp: applied now; bsp: accumulated
-  // and applied with the clock). Throws ProtocolError when the push breaks the rules and
-  // PayloadError when the checksum does not match; either way nothing changes.
-  void push(int worker, long clock, long version_pulled, int batch, const float* grad, std::uint64_t checksum);
+  // A worker's gradient for its step `clock`, computed on parameters of `version_pulled`, over
+  // `batch` samples: `payload` is its range.length floats encoded by the codec, `checksum`
+  // the payload's wire::checksum_bytes. The rule decides what it does (asp/ssp: applied now;
+  // bsp: accumulated and applied with the clock). Throws ProtocolError when the push breaks
+  // the rules and PayloadError when the payload fails its checksum or cannot be decoded;
+  // either way nothing changes.
+  void push(int worker, long clock, long version_pulled, int batch, std::span<const std::byte> payload,
+            std::uint64_t checksum);
   // Whether a pull by a worker at `clock` may be served now (evaluators are never held).
   bool pull_ready(long clock) const { return rule_->pull_ready(clock, view()); }
   // Why a pull for `clock` is held, naming the workers it waits for.
@@ -101,6 +106,7 @@ class ShardState : private ShardOps {
   void record_pull(int worker, long clock);
 
   const ConsistencyRule& rule() const { return *rule_; }
+  const PushCodec& codec() const { return *codec_; }
   long version() const { return version_; }
   long min_clock() const { return view().min_clock(); }
   long clock_of(int worker) const { return clocks_[std::size_t(worker)]; }
@@ -120,8 +126,8 @@ class ShardState : private ShardOps {
  private:
   // The push being handled, for the ShardOps the rule calls.
   struct Pending {
-    const float* grad = nullptr;
-    std::uint64_t checksum = 0;
+    const float* grad = nullptr;  // dense, range.length floats
+    std::uint64_t checksum = 0;   // of the payload bytes; for dense f32, grad's own bytes
     int batch = 0;
     bool verified = false;  // the gradient's checksum was checked
     bool counted = false;   // its samples were added to samples_applied_
@@ -141,6 +147,8 @@ class ShardState : private ShardOps {
   Options opt_;
   Backend& be_;
   std::unique_ptr<ConsistencyRule> rule_;
+  std::unique_ptr<PushCodec> codec_;
+  std::vector<float> decoded_;  // a push decoded to dense floats (codecs other than dense f32)
   Optimizer optimizer_;
   ParamVersions params_;
   std::uint64_t checksum_ = 0;

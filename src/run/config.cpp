@@ -1,5 +1,7 @@
 #include "run/config.h"
 
+#include "comm/transport/transport.h"
+#include "ps/codecs/codec.h"
 #include "ps/rules/rule.h"
 
 #include <toml++/toml.h>
@@ -59,11 +61,11 @@ void visit_fields(Config& c, F&& f) {
   f("train.device", c.train.device, "\"cpu\" or \"cuda\"");
   f("train.threads", c.train.threads, "BLAS threads per process (0 = host cores / processes on it)");
   f("train.log_every", c.train.log_every, "steps between metric lines");
-  f("cluster.mode", c.cluster.mode, "\"allreduce\", \"bsp\", \"ssp:<s>\" or \"asp\"");
+  f("cluster.mode", c.cluster.mode, "the consistency model (listed below)");
   f("cluster.workers", c.cluster.workers, "worker processes");
   f("cluster.servers", c.cluster.servers, "parameter servers (PS modes)");
-  f("cluster.transport", c.cluster.transport, "how peers exchange messages: \"tcp\", or \"ipc\" (Unix sockets, every process on one host)");
-  f("cluster.codec", c.cluster.codec, "how pushes encode gradients: \"f32\" (dense float32)");
+  f("cluster.transport", c.cluster.transport, "how processes exchange messages (listed below)");
+  f("cluster.codec", c.cluster.codec, "how pushes encode gradients (listed below)");
   f("cluster.launcher", c.cluster.launcher, "\"local\", \"ssh\" or \"slurm\"");
   f("cluster.hosts", c.cluster.hosts, "ssh: hosts, processes placed round-robin");
   f("cluster.bind", c.cluster.bind, "address servers and the rendezvous listen on");
@@ -319,9 +321,16 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
       fail(origin, "cluster.mode", std::string(e.what()) + "; or \"allreduce\" (gradients all-reduced, no servers)");
     }
   }
-  check(c.cluster.transport == "tcp" || c.cluster.transport == "ipc", "cluster.transport",
-        "expected \"tcp\" or \"ipc\", got \"" + c.cluster.transport + "\"");
-  check(c.cluster.codec == "f32", "cluster.codec", "expected \"f32\", got \"" + c.cluster.codec + "\"");
+  // The seams' names, through their registries (built-ins and whatever a test registered).
+  auto check_name = [&](const auto& registry, const std::string& name, const char* key) {
+    try {
+      registry.check(name);
+    } catch (const std::invalid_argument& e) {
+      fail(origin, key, e.what());
+    }
+  };
+  check_name(comm::transport_registry(), c.cluster.transport, "cluster.transport");
+  check_name(codec_registry(), c.cluster.codec, "cluster.codec");
   check(c.cluster.workers >= 1, "cluster.workers", "must be >= 1");
   check(c.cluster.servers >= 1, "cluster.servers", "must be >= 1");
   check(c.cluster.launcher == "local" || c.cluster.launcher == "ssh" || c.cluster.launcher == "slurm",
@@ -381,6 +390,15 @@ std::string describe_keys() {
     s << key << std::string(key_width - std::min(key_width, std::strlen(key)), ' ') << " = "
       << node_text(*t["v"].node()) << "\n      " << type_name<T>() << ": " << doc << "\n";
   });
+  // What each seam has registered (ps/rules/, ps/codecs/, comm/transport/).
+  auto list = [&](const char* key, const auto& registry, const char* more) {
+    s << "\n" << key << " takes:\n";
+    for (const auto& e : registry.entries()) s << "  " << e.usage << std::string(12 - std::min<std::size_t>(12, e.usage.size()), ' ') << e.help << "\n";
+    if (*more) s << "  " << more << "\n";
+  };
+  list("cluster.mode", rule_registry(), "allreduce   all-reduce the gradients between the workers every step; no servers");
+  list("cluster.codec", codec_registry(), "");
+  list("cluster.transport", comm::transport_registry(), "");
   return s.str();
 }
 

@@ -59,6 +59,17 @@ long total_steps(const ExperimentConfig& c, long steps_per_epoch) {
   return std::max(1L, long(std::ceil(c.train.epochs * double(steps_per_epoch) - 1e-9)));
 }
 
+PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int rank) {
+  PsClient::Options o;
+  o.role = role;
+  o.rank = rank;
+  o.num_params = count_params(model_spec(c));
+  o.config_hash = config_fingerprint(c);
+  o.timeout_s = c.cluster.timeout_s;
+  o.codec = c.cluster.codec;
+  return o;
+}
+
 int blas_threads(const ExperimentConfig& c, int processes_on_host) {
   if (c.train.threads > 0) return c.train.threads;
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));

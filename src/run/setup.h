@@ -2,9 +2,10 @@
 // Every process of a run derives these the same way, so they agree without talking.
 #pragma once
 
-#include "run/config.h"
 #include "core/data.h"
 #include "core/model.h"
+#include "ps/client.h"
+#include "run/config.h"
 
 namespace pslab {
 
@@ -24,6 +25,9 @@ std::size_t test_set_size(const ExperimentConfig& c);
 long steps_per_epoch(const ExperimentConfig& c, int workers);
 // Steps every worker runs: train.steps if > 0, else ceil(epochs * steps per epoch).
 long total_steps(const ExperimentConfig& c, long steps_per_epoch);
+// How a worker (role worker, its rank) or the evaluator (role evaluator, wire::kEvaluator)
+// of this run talks to the servers.
+PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int rank);
 // BLAS threads for a process: train.threads, or the host's cores / processes_on_host.
 int blas_threads(const ExperimentConfig& c, int processes_on_host);
 // The schedule with its length (total_epochs) set from the run: train.epochs, or, when

@@ -96,7 +96,7 @@ nlohmann::ordered_json bench_pslab(std::size_t floats, int runs, const std::stri
     }
   }
   const std::size_t P = count_params(model_spec(cfg));
-  PsClient client(*transport, {ep}, wire::Role::worker, 0, P, config_fingerprint(cfg), 30);
+  PsClient client(*transport, {ep}, client_options(cfg, wire::Role::worker, 0));
   client.connect();
   std::vector<float> theta(P), grad(P, 1e-3f);
   client.pull(0, theta.data());
@@ -167,7 +167,8 @@ nlohmann::ordered_json bench_apply(std::size_t floats, int runs) {
   long clock = 0;
   const long iters = iterations_for(floats * 4);
   const std::uint64_t gsum = wire::checksum(g.data(), floats);
-  const auto apply = time_runs(runs, iters, [&] { s.push(0, clock, clock, 1, g.data(), gsum), ++clock; });
+  const std::span<const std::byte> payload(reinterpret_cast<const std::byte*>(g.data()), floats * sizeof(float));
+  const auto apply = time_runs(runs, iters, [&] { s.push(0, clock, clock, 1, payload, gsum), ++clock; });
   const auto copy = time_runs(runs, iters, [&] { std::memcpy(b.data(), a.data(), floats * 4), std::swap(a, b); });
   return {{"apply_GBps", double(floats) * 4 / median(apply) / 1e9},
           {"memcpy_GBps", double(floats) * 4 / median(copy) / 1e9}};
