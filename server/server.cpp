@@ -389,9 +389,14 @@ void Server::send(const std::string& id, const wire::Header& h, comm::OutPayload
   }
   // The peer is gone, or not reading its replies: the reply is dropped. Counted, and said on
   // stderr for the first few, so that a timeout elsewhere can be traced back here.
-  if (++counters_.dropped_replies <= 5)
-    std::fprintf(stderr, "server %d: could not queue a %s reply (%ld bytes) to a peer that is gone or not reading%s\n",
-                 opt_.shard, wire::body_name(h.body), bytes, counters_.dropped_replies == 5 ? " (further drops are only counted)" : "");
+  if (++counters_.dropped_replies <= 5) {
+    const auto it = peers_.find(id);
+    const std::string who = it == peers_.end()                      ? "a peer that never said Hello"
+                            : it->second.role == wire::Role::worker ? "worker " + std::to_string(it->second.rank)
+                                                                    : "the evaluator";
+    std::fprintf(stderr, "server %d: could not queue the %s reply (%ld bytes) to %s: gone, or not reading%s\n", opt_.shard,
+                 wire::body_name(h.body), bytes, who.c_str(), counters_.dropped_replies == 5 ? " (further drops are only counted)" : "");
+  }
 }
 
 void Server::reply_error(const std::string& id, wire::ErrorCode code, const std::string& message) {
