@@ -12,6 +12,11 @@ std::unique_ptr<Backend> make_cuda_backend(int) {
       "device = \"cuda\" was asked for, but this build of pslab has no CUDA backend "
       "(nvcc was not found when CMake configured the build); use device = \"cpu\"");
 }
+
+int cuda_device_count(std::string* why) {
+  if (why) *why = "this build of pslab has no CUDA backend (nvcc was not found when CMake configured the build)";
+  return 0;
+}
 #endif
 
 std::unique_ptr<Backend> make_backend(Device d, int cpu_threads, int gpu_slot) {

@@ -123,6 +123,10 @@ void set_cpu_backend_threads(int threads);
 // count their slots 0, 1, 2, ... on one host spread over its GPUs; throws if pslab was built
 // without CUDA or no GPU is usable (the message says which).
 std::unique_ptr<Backend> make_cuda_backend(int gpu_slot = 0);
+// How many CUDA GPUs this process sees. 0 when there are none to use: pslab built without
+// CUDA, no driver, or no device; then `why` (if given) says which. Any other CUDA error (a
+// driver that is there but fails) throws: a GPU may be present, so it is not "no GPU".
+int cuda_device_count(std::string* why = nullptr);
 std::unique_ptr<Backend> make_backend(Device d, int cpu_threads = 0, int gpu_slot = 0);
 
 // Owning array of n elements of T on a backend's device. Move-only; freed on destruction.

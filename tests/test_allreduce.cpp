@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "comm/collective.h"
+#include "gpu.h"
 #include "harness.h"
 #include "roles.h"
 #include "run/setup.h"
@@ -146,16 +147,12 @@ TEST(AllReduceTimeouts, ARankThatStopsMidRunIsNamedWithItsStep) {
 
 TEST(Nccl, AllReduceOnOneGpuOrSkip) {
   if (!nccl_built()) GTEST_SKIP() << "this build has no NCCL collective (no CUDA toolkit / NCCL at configure time)";
+  PSLAB_SKIP_WITHOUT_GPU();
   const auto tr = transport();
   const std::string ep = tr->local_address("coordinator");
   Coordinator coord(*tr, ep, 1);
   RendezvousClient rv(*tr, ep, 0, 1, std::chrono::seconds(20));
-  std::unique_ptr<Collective> coll;
-  try {
-    coll = make_nccl_collective(rv, 0);
-  } catch (const std::runtime_error& e) {
-    GTEST_SKIP() << e.what();
-  }
+  const auto coll = make_nccl_collective(rv, 0);
   auto be = make_cuda_backend(0);
   DeviceBuffer<float> x(*be, 1000);
   std::vector<float> host(1000);

@@ -113,7 +113,6 @@ TEST_P(SspBound, NoPullServedMoreThanSClocksAheadOfTheSlowest) {
   const ExperimentConfig cfg = make_config("ssp:" + std::to_string(s), W, S, std::get<1>(GetParam()));
   Cluster cluster(cfg, /*record_pulls=*/true);
   const std::size_t P = count_params(model_spec(cfg));
-  const std::uint64_t hash = config_fingerprint(cfg);
   run_threads(W, [&](int r) {
     PsClient c(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, r));
     std::vector<float> theta(P), grad(P, 0.0f);
@@ -348,7 +347,6 @@ TEST(Timeouts, AHeldPullIsAnsweredWithWhomItWaitedFor) {
   cfg.cluster.timeout_s = 0.5;
   Cluster cluster(cfg);
   const std::size_t P = count_params(model_spec(cfg));
-  const std::uint64_t hash = config_fingerprint(cfg);
   PsClient w0(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
   PsClient w1(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 1));
   std::thread t([&] { w1.connect(); });

@@ -396,6 +396,19 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
+int cuda_device_count(std::string* why) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
+    (void)cudaGetLastError();
+    if (why) *why = std::string("no CUDA GPU here: ") + cudaGetErrorString(e) + " (" + cudaGetErrorName(e) + ")";
+    return 0;
+  }
+  usable_or_throw(e, "cudaGetDeviceCount");
+  if (count == 0 && why) *why = "no CUDA GPU here: cudaGetDeviceCount found no device";
+  return count;
+}
+
 std::unique_ptr<Backend> make_cuda_backend(int gpu_slot) {
   int count = 0;
   usable_or_throw(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
