@@ -50,6 +50,8 @@ Endpoints (cluster.transport):
          rank 0), ipc://DIR/snapshots (allreduce evaluator). Every process must be on one host:
          ssh or slurm over more than one host in cluster.hosts is refused (exit 2); over ssh the
          host makes DIR if it is not there; srun gets --nodes=1.
+  shm    as ipc (the same sockets carry the headers); payloads go through shared memory
+         (memfd segments, which vanish with the processes, however they end).
 
 Binaries: <repo>/build/{worker/pslab_worker,server/pslab_server} (experiments/setup.sh builds
 them there); --build-dir or the environment variable PSLAB_BUILD point elsewhere. The launcher's

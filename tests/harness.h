@@ -148,7 +148,7 @@ inline std::filesystem::path temp_dir(const std::string& name) {
 
 // The transports every exactness test runs on.
 inline const std::vector<std::string>& exact_transports() {
-  static const std::vector<std::string> t = {"tcp", "ipc"};
+  static const std::vector<std::string> t = {"tcp", "ipc", "shm"};
   return t;
 }
 

@@ -333,13 +333,15 @@ class LauncherTest(unittest.TestCase):
 
     def test_ipc_needs_one_host(self):
         path = self.ssh_config(["hostA", "hostB"])
-        path.write_text(path.read_text().replace("[cluster]", '[cluster]\ntransport = "ipc"'))
-        for extra in ([], ["--dry-run"]):
-            r = self.launch("run", path, "--runs-dir", self.runs, *extra)
-            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
-            self.assertIn("cluster.transport", r.stderr)
-            self.assertIn("hostA, hostB", r.stderr)
-            self.assertFalse(self.runs.exists(), "a run directory was created")
+        ssh_text = path.read_text()
+        for transport in ("shm", "ipc"):  # shm's headers go over the same sockets
+            path.write_text(ssh_text.replace("[cluster]", f'[cluster]\ntransport = "{transport}"'))
+            for extra in ([], ["--dry-run"]):
+                r = self.launch("run", path, "--runs-dir", self.runs, *extra)
+                self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+                self.assertIn(f'cluster.transport = "{transport}"', r.stderr)
+                self.assertIn("hostA, hostB", r.stderr)
+                self.assertFalse(self.runs.exists(), "a run directory was created")
         slurm = self.slurm_config()
         slurm.write_text(slurm.read_text().replace("[cluster]", '[cluster]\ntransport = "ipc"\nhosts = ["n1", "n2"]'))
         r = self.launch("run", slurm, "--runs-dir", self.runs, "--dry-run")
@@ -528,6 +530,53 @@ class LauncherTest(unittest.TestCase):
         s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
         self.assertEqual(s["status"], "failed")
         self.assertIn("worker1", s["failure"])
+
+    def test_shm_run_and_a_killed_server_leave_no_segment(self):
+        # shm: payloads through memfd segments, which go with the processes; the sockets' directory
+        # goes with the run. A finished run, then one whose server is killed mid-run.
+        def pslab_segments():
+            held = set()
+            for fd_dir in pathlib.Path("/proc").glob("[0-9]*/fd"):
+                try:
+                    for fd in fd_dir.iterdir():
+                        if os.readlink(fd).startswith("/memfd:pslab-shm"):
+                            held.add(fd_dir.parent.name)
+                except OSError:
+                    pass
+            return held
+        dev_shm = set(os.listdir("/dev/shm"))
+        ok = self.tiny_variant("shm.toml", [("steps = 500", "steps = 60"), ("[cluster]", '[cluster]\ntransport = "shm"')])
+        r = self.launch("run", ok, "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        run = self.only_invocation("tiny") / "run"
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok")
+        self.assertEqual(s["pushed_by_codec"]["f32"]["pushes"], 2 * 60)
+        sockets = json.loads((run / "manifest.json").read_text())["socket_dir"]
+        self.assertFalse(os.path.exists(sockets), sockets)
+
+        p = self.launch_bg("run", self.tiny_variant("shm-long.toml", [("steps = 500", "steps = 100000"),
+                                                                      ("[cluster]", '[cluster]\ntransport = "shm"')]),
+                           "--runs-dir", self.runs, "--no-plots")
+        procs = self.wait_for_processes(4)
+        end = time.monotonic() + 20
+        while len(pslab_segments() & set(map(str, procs))) < 3 and time.monotonic() < end:
+            time.sleep(0.1)  # until the server and both workers have sent a payload
+        self.assertGreaterEqual(len(pslab_segments() & set(map(str, procs))), 3, "segments of the run")
+        server = [pid for pid, argv in procs.items() if "--shard" in argv]
+        self.assertEqual(len(server), 1, procs)
+        os.kill(server[0], signal.SIGKILL)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 1, out + err)
+        self.assertRegex(err, r"server0 \(shard 0\) on local was killed by signal 9")
+        self.assert_no_processes_left()
+        self.assertEqual(pslab_segments() & set(map(str, procs)), set())
+        self.assertEqual(set(os.listdir("/dev/shm")) - dev_shm, set(), "something was left in /dev/shm")
+        killed = [m for m in (self.runs / "tiny").glob("*/run/manifest.json")
+                  if m.parent != run and not m.parent.parent.is_symlink()]
+        self.assertEqual(len(killed), 1, killed)
+        sockets = json.loads(killed[0].read_text())["socket_dir"]
+        self.assertFalse(os.path.exists(sockets), sockets)
 
     def test_failed_run_is_cleaned_up_before_the_next_one(self):
         # --keep-going: while the sweep's second run trains, nothing of the failed first run is left

@@ -134,7 +134,7 @@ TEST_P(MultiProcessRun, PsRunFinishesCleanlyAndLearns) {
   std::vector<std::string> eps;
   for (int k = 0; k < 2; ++k)
     eps.push_back(transport == "tcp" ? "tcp://127.0.0.1:" + std::to_string(free_port())
-                                     : "ipc://" + (dir / ("server" + std::to_string(k))).string());
+                                     : "ipc://" + (dir / ("server" + std::to_string(k))).string());  // ipc, shm
   const std::string servers = eps[0] + "," + eps[1];
   std::vector<std::size_t> ids;
   for (int k = 0; k < 2; ++k)
@@ -171,7 +171,8 @@ TEST_P(MultiProcessRun, PsRunFinishesCleanlyAndLearns) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, MultiProcessRun, ::testing::Values("tcp", "ipc"), [](const auto& i) { return i.param; });
+INSTANTIATE_TEST_SUITE_P(Transports, MultiProcessRun, ::testing::Values("tcp", "ipc", "shm"),
+                         [](const auto& i) { return i.param; });
 
 TEST_F(MultiProcess, AWorkerWhoseServerDiesFailsNamingIt) {
   const std::string cfg = write_config("asp", 1, 1, 100000, 1.0);

@@ -11,6 +11,7 @@
 
 #include <zmq.hpp>
 
+#include "comm/transport/shm/shm_transport.h"
 #include "run/config.h"
 #include "harness.h"
 #include "core/optimizer.h"
@@ -192,7 +193,8 @@ INSTANTIATE_TEST_SUITE_P(Transports, Asp, ::testing::ValuesIn(test::exact_transp
 
 // ---- bad input: counted, answered, θ untouched, server keeps serving ----
 
-// A raw ZeroMQ socket speaks to the server (tcp and ipc are ZeroMQ transports).
+// A raw ZeroMQ socket speaks to the server (tcp and ipc are ZeroMQ transports; shm sends its
+// headers over ZeroMQ ipc and its payloads as references to shared-memory slots).
 class BadInput : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -204,6 +206,7 @@ class BadInput : public ::testing::TestWithParam<std::string> {
     raw = std::make_unique<zmq::socket_t>(raw_ctx, zmq::socket_type::dealer);
     raw->set(zmq::sockopt::linger, 0);
     raw->connect(cluster->endpoints[0]);
+    if (GetParam() == "shm") slots = std::make_unique<comm::ShmSlots>();
     evaluator = std::make_unique<PsClient>(*cluster->transport, cluster->endpoints,
                                            client_options(cfg, wire::Role::evaluator, wire::kEvaluator));
     evaluator->connect();
@@ -236,7 +239,13 @@ class BadInput : public ::testing::TestWithParam<std::string> {
     const auto bytes = enc.encode(wire::Header{sender, shard, b});
     return zmq::message_t(bytes.data(), bytes.size());
   }
-  zmq::message_t floats(const std::vector<float>& v) { return zmq::message_t(v.data(), v.size() * sizeof(float)); }
+  // A payload frame: the bytes, or (shm) a reference to a slot holding them.
+  zmq::message_t floats(const std::vector<float>& v) {
+    if (!slots) return zmq::message_t(v.data(), v.size() * sizeof(float));
+    comm::ShmRef ref{};
+    EXPECT_TRUE(slots->put(v.data(), v.size() * sizeof(float), ref));
+    return zmq::message_t(&ref, sizeof ref);
+  }
   std::vector<zmq::message_t> msg(zmq::message_t a) {
     std::vector<zmq::message_t> v;
     v.push_back(std::move(a));
@@ -259,6 +268,7 @@ class BadInput : public ::testing::TestWithParam<std::string> {
   zmq::context_t raw_ctx{1};
   std::unique_ptr<zmq::socket_t> raw;
   std::unique_ptr<PsClient> evaluator;
+  std::unique_ptr<comm::ShmSlots> slots;  // shm
   wire::Encoder enc;
 };
 
@@ -325,6 +335,43 @@ TEST_P(BadInput, EveryKindIsCountedAnsweredAndLeavesThetaBitwiseUnchanged) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, BadInput, ::testing::ValuesIn(test::exact_transports()),
                          [](const auto& i) { return i.param; });
+
+// shm: a reference that names no live slot of a pslab segment is malformed input like any other.
+using BadShmReference = BadInput;
+
+TEST_P(BadShmReference, IsCountedAnsweredAndLeavesThetaBitwiseUnchanged) {
+  const std::vector<float> before = theta();
+  EXPECT_EQ(send_expect_error(msg(header(wire::Hello{wire::Role::worker, 0, P, config_fingerprint(cfg)}))), "(Welcome)");
+  std::vector<float> g(P, 0.5f);
+  const std::uint64_t gsum = wire::checksum(g.data(), P);
+  const auto push = [&] { return header(wire::Push{0, 0, 1, gsum, 0, P, false, 0, 4 * P}); };
+  comm::ShmRef good{};
+  ASSERT_TRUE(slots->put(g.data(), 4 * P, good));
+  const auto as_frame = [](const comm::ShmRef& r) { return zmq::message_t(&r, sizeof r); };
+  auto forged = [&](auto change) {
+    comm::ShmRef r = good;
+    change(r);
+    return as_frame(r);
+  };
+  EXPECT_EQ(send_expect_error(msg(push(), forged([](auto& r) { r.magic ^= 1; }))), "malformed");
+  EXPECT_EQ(send_expect_error(msg(push(), forged([](auto& r) { ++r.generation; }))), "malformed");  // stale
+  EXPECT_EQ(send_expect_error(msg(push(), forged([](auto& r) { r.length = 1ull << 40; }))), "malformed");  // beyond the slot
+  EXPECT_EQ(send_expect_error(msg(push(), forged([](auto& r) { r.segment_id ^= 1; }))), "malformed");
+  EXPECT_EQ(send_expect_error(msg(push(), forged([](auto& r) { r.fd = 0; }))), "malformed");  // not a pslab segment
+  EXPECT_EQ(send_expect_error(msg(push(), forged([](auto& r) { r.pid = 0x7ffffffe; }))), "malformed");  // no such process
+  EXPECT_EQ(send_expect_error(msg(push(), zmq::message_t(&good, sizeof good - 1))), "malformed");  // not a reference
+
+  EXPECT_EQ(before, theta()) << "θ changed after bad references";
+  const auto stats = nlohmann::json::parse(evaluator->stats(0));
+  EXPECT_EQ(stats["bad"]["malformed"], 7) << stats.dump();
+  EXPECT_EQ(stats["version"], 0);
+  // The slot the forged references copied from is still good.
+  EXPECT_EQ(send_expect_error(msg(push(), as_frame(good))), "(PushAck)");
+  const std::vector<float> after = theta();
+  for (std::size_t i = 0; i < P; ++i) ASSERT_EQ(after[i], before[i] - 0.5f) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, BadShmReference, ::testing::Values("shm"), [](const auto& i) { return i.param; });
 
 TEST(Timeouts, AWorkerWhoseServerIsGoneFailsNamingTheServer) {
   ExperimentConfig cfg = make_config("asp", 1, 1);

@@ -250,6 +250,7 @@ class Connections final : public comm::Connections {
 class Transport final : public comm::Transport {
  public:
   std::string name() const override { return "memq"; }
+  std::string address_scheme() const override { return "memq"; }
   std::string local_address(const std::string& name) override {
     static std::atomic<int> n{0};
     return "memq://" + std::to_string(n++) + "/" + name;

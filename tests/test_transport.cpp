@@ -1,7 +1,7 @@
 // The transports (comm/transport/): the contracts every implementation keeps, checked on
-// each ZeroMQ one (tcp, ipc): messages with and without payload, deadlines, payload
+// each built-in one (tcp, ipc, shm): messages with and without payload, deadlines, payload
 // lifetime, malformed messages delivered with a reason, replies to a peer that is gone
-// reported, addresses checked.
+// reported, addresses checked. Then what is particular to ZeroMQ and to shm's slots.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,6 +12,7 @@
 
 #include <zmq.hpp>
 
+#include "comm/transport/shm/shm_transport.h"
 #include "comm/transport/transport.h"
 #include "comm/transport/zmq/zmq_transport.h"
 
@@ -131,7 +132,86 @@ TEST_P(EveryTransport, AddressesOfAnotherTransportAreRefusedNamingIt) {
   EXPECT_THROW(t->connect({other}), std::invalid_argument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Zmq, EveryTransport, ::testing::Values("tcp", "ipc"), [](const auto& i) { return i.param; });
+INSTANTIATE_TEST_SUITE_P(Builtin, EveryTransport, ::testing::Values("tcp", "ipc", "shm"),
+                         [](const auto& i) { return i.param; });
+
+// How many shm segments this process has open (its own slots; a receiver's mappings hold no fd).
+int open_segments() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    n += std::filesystem::read_symlink(e.path(), ec).string().rfind("/memfd:pslab-shm", 0) == 0;
+  }
+  return n;
+}
+
+TEST(ShmTransport, ASlotIsReusedOnceItsReceiverIsDoneAndNotBefore) {
+  auto t = make_transport("shm");
+  const std::string a = t->local_address("srv");
+  auto l = t->listen(a);
+  auto c = t->connect({a});
+  const int before = open_segments();
+  std::vector<float> g(1000);
+  Message m;
+  PeerId from;
+  for (int i = 0; i < 100; ++i) {  // each receive into m gives the previous payload's slot back
+    std::fill(g.begin(), g.end(), float(i));
+    ASSERT_TRUE(c->send(0, bytes("g"), OutPayload{g.data(), g.size() * 4}, after(5s)));
+    ASSERT_TRUE(l->recv(m, from, after(5s)));
+    ASSERT_EQ(m.payload().size(), 4000u);
+    float first;
+    std::memcpy(&first, m.payload().data(), 4);
+    ASSERT_EQ(first, float(i));
+  }
+  EXPECT_LE(open_segments() - before, 2) << "100 sends, one at a time, need one or two slots";
+  // While a receiver holds a payload, the sender's next send goes to another slot: the held
+  // bytes do not change under the receiver.
+  Message held;
+  std::fill(g.begin(), g.end(), 7.0f);
+  ASSERT_TRUE(c->send(0, bytes("g"), OutPayload{g.data(), g.size() * 4}, after(5s)));
+  ASSERT_TRUE(l->recv(held, from, after(5s)));
+  std::fill(g.begin(), g.end(), 8.0f);
+  ASSERT_TRUE(c->send(0, bytes("g"), OutPayload{g.data(), g.size() * 4}, after(5s)));
+  ASSERT_TRUE(l->recv(m, from, after(5s)));
+  float x, y;
+  std::memcpy(&x, held.payload().data() + 400, 4);
+  std::memcpy(&y, m.payload().data() + 400, 4);
+  EXPECT_EQ(x, 7.0f);
+  EXPECT_EQ(y, 8.0f);
+}
+
+TEST(ShmTransport, AReferenceToNoLiveSlotArrivesMalformedSayingWhy) {
+  auto t = make_transport("shm");
+  const std::string a = t->local_address("srv");
+  auto l = t->listen(a);
+  ShmSlots slots;
+  ShmRef ref{};
+  const std::string payload(64, 'p');
+  ASSERT_TRUE(slots.put(payload.data(), payload.size(), ref));
+  zmq::context_t ctx(1);
+  zmq::socket_t raw(ctx, zmq::socket_type::dealer);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.connect(a);
+  auto send = [&](const ShmRef& r) {
+    raw.send(zmq::message_t(std::string("h")), zmq::send_flags::sndmore);
+    raw.send(zmq::message_t(&r, sizeof r), zmq::send_flags::none);
+  };
+  Message m;
+  PeerId from;
+  send(ref);
+  ASSERT_TRUE(l->recv(m, from, after(5s)));
+  EXPECT_EQ(text(m.payload()), payload);
+  ShmRef stale = ref;
+  stale.generation += 1;
+  send(stale);
+  ASSERT_TRUE(l->recv(m, from, after(5s)));
+  EXPECT_NE(m.malformed().find("stale"), std::string::npos) << m.malformed();
+  ShmRef not_ours = ref;
+  not_ours.fd = 1;
+  send(not_ours);
+  ASSERT_TRUE(l->recv(m, from, after(5s)));
+  EXPECT_NE(m.malformed().find("is not a pslab segment"), std::string::npos) << m.malformed();
+}
 
 TEST(ZmqTransport, TooManyFramesArriveMarkedMalformed) {
   auto t = make_transport("tcp");
@@ -177,11 +257,12 @@ TEST(ZmqTransport, BindAddressesAreWhatZeroMqCanBind) {
 TEST(TransportRegistry, NamesTheTransportsItKnows) {
   EXPECT_EQ(make_transport("tcp")->name(), "tcp");
   EXPECT_EQ(make_transport("ipc")->name(), "ipc");
+  EXPECT_EQ(make_transport("shm")->name(), "shm");
   try {
     make_transport("udp");
     FAIL() << "no error";
   } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()), "\"udp\" is not a transport: expected \"tcp\" or \"ipc\"");
+    EXPECT_EQ(std::string(e.what()), "\"udp\" is not a transport: expected \"tcp\", \"ipc\" or \"shm\"");
   }
 }
 

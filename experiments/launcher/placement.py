@@ -1,7 +1,7 @@
 """Where each process of the plan (plan["processes"], in start order) runs and its command line:
 local (free ports), ssh (round-robin over cluster.hosts, fixed ports), Slurm (one srun; task i
-on node i mod nodes); the listeners' endpoints per cluster.transport (tcp: ports; ipc: sockets
-in a private directory of the run, every process on one host)."""
+on node i mod nodes); the listeners' endpoints per cluster.transport (tcp: ports; ipc and shm:
+sockets in a private directory of the run, every process on one host)."""
 import contextlib
 import os
 import pathlib
@@ -85,9 +85,9 @@ class IpcEndpoints:
 
 @contextlib.contextmanager
 def socket_dir(plan):
-    """ipc: a new private directory for the run's sockets (mode 0700, a short path under /tmp),
+    """ipc, shm: a new private directory for the run's sockets (mode 0700, a short path under /tmp),
     removed when the block ends, however it ends; tcp: None."""
-    if plan.transport != "ipc":
+    if not plan.unix_sockets:
         yield None
         return
     path = pathlib.Path(tempfile.mkdtemp(prefix="pslab-", dir="/tmp"))
@@ -110,14 +110,14 @@ def ensure_socket_dir(path):
 
 
 def check_placement(plan):
-    """Refuses, before anything starts, a placement the transport cannot serve: ipc over more
+    """Refuses, before anything starts, a placement the transport cannot serve: ipc or shm over more
     than one host (ssh: cluster.hosts as used round-robin; Slurm: cluster.hosts when given)."""
-    if plan.transport != "ipc" or plan.launcher == "local" or not plan.hosts:
+    if not plan.unix_sockets or plan.launcher == "local" or not plan.hosts:
         return
     hosts = sorted(set(cluster_hosts(plan, plan.hosts)))
     if len(hosts) > 1:
         point = f"{plan.label}: " if plan.label else ""
-        raise UsageError(f'{point}cluster.transport = "ipc" needs every process on one host, but '
+        raise UsageError(f'{point}cluster.transport = "{plan.transport}" needs every process on one host, but '
                          f'cluster.launcher = "{plan.launcher}" places them on {len(hosts)} hosts '
                          f'({", ".join(hosts)}); use cluster.transport = "tcp", or one host in cluster.hosts')
 
@@ -171,7 +171,7 @@ def plan_local(plan, run_dir, run_start, bins, sockets=None):
     """Every process on this machine; listeners on free ports of cluster.bind (tcp) or in the
     socket directory `sockets` (ipc)."""
     hosts = ["local"] * len(plan.processes)
-    if plan.transport == "ipc":
+    if plan.unix_sockets:
         procs = place(plan, run_dir, run_start, bins, hosts, IpcEndpoints(sockets))
         for p in procs:
             p.command = p.argv
@@ -204,7 +204,7 @@ def plan_cluster(plan, run_dir, run_start, bins, hosts, base_port, sockets=None)
     """ssh and Slurm: process i on hosts[i % len(hosts)], listening on base_port + i (tcp) or in
     the socket directory `sockets` (ipc: one host, see check_placement)."""
     where = cluster_hosts(plan, hosts)
-    if plan.transport == "ipc":
+    if plan.unix_sockets:
         endpoints = IpcEndpoints(sockets)
     else:
         endpoints = TcpEndpoints(where, lambda i: base_port + i, lambda h: remote_bind(plan), lambda h: h)
@@ -228,6 +228,6 @@ def plan_ssh(plan, run_dir, run_start, bins, base_port, sockets=None):
 
 def srun_command(plan, run_dir):
     """One srun for every task; ipc: all of them on one node."""
-    one_node = ["--nodes=1"] if plan.transport == "ipc" else []
+    one_node = ["--nodes=1"] if plan.unix_sockets else []
     return ["srun", f"--ntasks={len(plan.processes)}", *one_node, "--kill-on-bad-exit=1", "--distribution=cyclic",
             "/usr/bin/python3", "experiments/launch.py", "task", str(run_dir)]

@@ -75,7 +75,10 @@ class RunPlan:
     uses_servers = property(lambda self: self.plan["uses_servers"])   # False: all-reduce
     workers = property(lambda self: self.plan["workers"])
     servers = property(lambda self: self.plan["servers"])             # 0 when uses_servers is false
-    transport = property(lambda self: self.plan["transport"])         # "tcp" or "ipc"
+    transport = property(lambda self: self.plan["transport"])         # "tcp", "ipc", "shm"
+    # The listeners are Unix sockets in a directory of the run (ipc, shm): every process on one
+    # host. Plans from before "addresses" was written had ipc alone.
+    unix_sockets = property(lambda self: self.plan.get("addresses", self.plan["transport"]) == "ipc")
     launcher = property(lambda self: self.plan["launcher"])           # "local", "ssh" or "slurm"
     hosts = property(lambda self: list(self.plan["hosts"]))
     bind = property(lambda self: self.plan["bind"])

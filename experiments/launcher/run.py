@@ -68,7 +68,7 @@ def start_and_watch(plan, run_dir, bins, opts, prefix, sockets):
         procs = plan_ssh(plan, run_dir, run_start, bins, opts.base_port, sockets)
         started = procs
     else:  # slurm: one srun; each task finds its role (launch.py task)
-        nodes = ["<the node>"] if plan.transport == "ipc" else [f"<node of task {i}>" for i in range(len(plan.processes))]
+        nodes = ["<the node>"] if plan.unix_sockets else [f"<node of task {i}>" for i in range(len(plan.processes))]
         procs = plan_cluster(plan, run_dir, run_start, bins, nodes, opts.base_port, sockets)
         (run_dir / "launch.json").write_text(json.dumps({
             "run_start": run_start, "build_dir": str(bins.build), "base_port": opts.base_port,
@@ -113,13 +113,13 @@ def dry_run(plans, bins, opts, runs_dir):
     for i, plan in enumerate(plans):
         run_dir = inv / safe_dir_name(plan.label)
         t = time.time()
-        ipc = plan.transport == "ipc"
+        ipc = plan.unix_sockets
         sockets = DRY_RUN_SOCKET_DIR if ipc else None
         say(f"# run {i + 1}/{len(plans)}: {plan.label or '(no sweep)'} -> {run_dir}  "
             f"[launcher {plan.launcher}, mode {plan.mode}, {plan.workers} workers, {plan.servers} servers, "
             f"{plan.total_steps} steps per worker]")
         if ipc:
-            say(f"# ipc: the sockets go into a private directory made afresh at launch ({sockets} here), "
+            say(f"# {plan.transport}: the sockets go into a private directory made afresh at launch ({sockets} here), "
                 f"removed when the run ends")
         if plan.launcher == "local":
             if not ipc:

@@ -38,11 +38,11 @@ def run_task(run_dir, hosts=None, print_only=False):
             raise UsageError(f"task: `scontrol show hostnames {nodelist}` failed")
         nodes = out.split()
     sockets = launch.get("socket_dir")
-    if plan.transport == "ipc":
+    if plan.unix_sockets:
         if not sockets:
-            raise UsageError(f"task: {run_dir}/launch.json names no socket directory, but cluster.transport is ipc")
+            raise UsageError(f"task: {run_dir}/launch.json names no socket directory, but cluster.transport is {plan.transport}")
         if len(set(cluster_hosts(plan, nodes))) > 1:
-            raise UsageError(f'task: cluster.transport = "ipc" needs every task on one node, but the node list is '
+            raise UsageError(f'task: cluster.transport = "{plan.transport}" needs every task on one node, but the node list is '
                              f'{",".join(nodes)}; the launcher\'s srun uses --nodes=1')
     bins = Binaries.at(launch["build_dir"])
     procs = plan_cluster(plan, run_dir, launch["run_start"], bins, nodes, launch["base_port"], sockets)

@@ -1,5 +1,6 @@
 #include "run/plan.h"
 
+#include "comm/transport/transport.h"
 #include "run/setup.h"
 
 namespace pslab {
@@ -18,6 +19,7 @@ nlohmann::ordered_json run_plan(const ExperimentConfig& c) {
           {"workers", W},
           {"servers", S},
           {"transport", c.cluster.transport},
+          {"addresses", comm::make_transport(c.cluster.transport)->address_scheme()},
           {"codec", c.cluster.codec},
           {"launcher", c.cluster.launcher},
           {"hosts", c.cluster.hosts},

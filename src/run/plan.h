@@ -10,7 +10,8 @@
 
 namespace pslab {
 
-//  {"name", "mode", "uses_servers", "workers", "servers" (0 without), "transport", "codec",
+//  {"name", "mode", "uses_servers", "workers", "servers" (0 without), "transport",
+//   "addresses" (the transport's: "tcp", or "ipc" = Unix sockets, every process on one host), "codec",
 //   "launcher", "hosts", "bind", "device", "seed", "batch" (per worker),
 //   "data": {"kind", "train_samples", "test_samples", "classification"},
 //   "params", "steps_per_epoch", "total_steps", "epochs" (what the steps amount to),

@@ -221,6 +221,7 @@ class ZmqTransport final : public Transport {
     }
   }
   std::string name() const override { return scheme_; }
+  std::string address_scheme() const override { return scheme_; }
 
   std::string local_address(const std::string& name) override {
     if (scheme_ == "tcp") return "tcp://127.0.0.1:" + std::to_string(free_tcp_port());
