@@ -31,6 +31,8 @@ int main(int argc, char** argv) {
                                          "or ipc:///PATH")->required();
   app.add_option("--metrics", opt.metrics_path, "write metrics as JSON lines to this file");
   app.add_option("--run-start", opt.run_start, "run start, Unix seconds (metric times count from it)");
+  app.add_option("--procs-on-host", opt.procs_on_host,
+                 "processes sharing this host's cores (sets the server's threads when cluster.server_threads = 0)");
   app.add_flag("--wait-for-shutdown", opt.wait_for_shutdown, "after every worker's Bye, serve until a Shutdown arrives");
   app.add_flag("--trace-pulls", opt.record_pulls, "write a metrics line for every served pull (clock, slowest clock)");
   CLI11_PARSE(app, argc, argv);
@@ -46,9 +48,9 @@ int main(int argc, char** argv) {
     set_cpu_backend_threads(1);  // a server's updates are memory-bound: one BLAS thread
     const auto transport = comm::make_transport(cfg.cluster.transport);
     Server server(*transport, cfg, opt);
-    std::fprintf(stderr, "[server %d] %s: shard [%zu, %zu) of θ, %s, %d workers, listening on %s\n", opt.shard,
-                 cfg.name.c_str(), server.range().offset, server.range().offset + server.range().length,
-                 cfg.cluster.mode.c_str(), cfg.cluster.workers, opt.endpoint.c_str());
+    std::fprintf(stderr, "[server %d] %s: shard [%zu, %zu) of θ, %s, %d workers, %d update thread(s), listening on %s\n",
+                 opt.shard, cfg.name.c_str(), server.range().offset, server.range().offset + server.range().length,
+                 cfg.cluster.mode.c_str(), cfg.cluster.workers, server.state().options().threads, opt.endpoint.c_str());
     server.run();
     const auto& c = server.counters();
     std::fprintf(stderr, "[server %d] done: version %ld, %ld pushes, %ld pulls (%ld held), %ld bad messages, %ld replies dropped\n",

@@ -54,6 +54,7 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   so.train_size = train_set_size(cfg);
   so.batch = cfg.train.batch;
   so.record_pulls = opt.record_pulls;
+  so.threads = server_threads(cfg, opt.procs_on_host);
   state_ = std::make_unique<ShardState>(*cpu_, so, std::move(slice));
 
   const int W = cfg.cluster.workers;

@@ -35,6 +35,7 @@ struct ServerOptions {
   bool wait_for_shutdown = false;  // after every worker's Bye, keep serving until a Shutdown
   bool record_pulls = false;     // keep (and write) a record of every served pull
   double stats_every_s = 1.0;    // period of the "server" metrics line
+  int procs_on_host = 1;         // processes sharing this host's cores (cluster.server_threads = 0)
   const std::atomic<bool>* stop = nullptr;  // set (e.g. by a signal handler) to stop serving
 };
 

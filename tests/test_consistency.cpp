@@ -5,6 +5,8 @@
 #include "ps/rules/rule.h"
 #include "ps/shard_state.h"
 #include "comm/wire.h"
+#include "core/rng.h"
+#include "core/thread_team.h"
 
 using namespace pslab;
 
@@ -133,6 +135,46 @@ TEST(ShardState, ACorruptedPushChangesNothingWithEitherKindOfOptimizer) {
       EXPECT_EQ(s.current_checksum(), wire::checksum(s.current(), 3));
     }
   }
+}
+
+// A large shard's update split over threads: bitwise the same θ, checksums and optimizer state
+// as one thread, and a corrupted push still changes nothing.
+TEST(ShardState, AnUpdateSplitOverThreadsIsBitwiseTheOneThreadUpdate) {
+  auto cpu = make_cpu_backend(1);
+  const std::size_t n = (std::size_t(1) << 19) + 5;  // 4 slices of whole lines and a ragged end
+  std::vector<float> theta(n), g(n);
+  Rng r(3);
+  for (std::size_t i = 0; i < n; ++i) theta[i] = float(r.uniform() - 0.5), g[i] = float(r.uniform() - 0.5);
+  const auto bytes = std::as_bytes(std::span<const float>(g));
+  for (const char* kind : {"sgd", "momentum", "adam"}) {
+    std::vector<std::vector<float>> results;
+    for (int threads : {1, 3, 4}) {
+      auto o = options("asp", 1, n);
+      o.optimizer.kind = kind;
+      o.optimizer.lr = 0.01;
+      o.threads = threads;
+      ShardState s(*cpu, o, theta);
+      EXPECT_EQ(s.current_checksum(), wire::checksum(theta.data(), n));
+      EXPECT_THROW(s.push(0, 0, 0, 1, bytes, wire::checksum(g.data(), n) ^ 1), PayloadError);
+      EXPECT_EQ(s.version(), 0);
+      for (long c = 0; c < 3; ++c) s.push(0, c, c, 1, bytes, wire::checksum(g.data(), n));
+      EXPECT_EQ(s.current_checksum(), wire::checksum(s.current(), n)) << kind << " threads " << threads;
+      results.emplace_back(s.current(), s.current() + n);
+    }
+    EXPECT_EQ(results[1], results[0]) << kind;
+    EXPECT_EQ(results[2], results[0]) << kind;
+    EXPECT_NE(results[0], theta);
+  }
+}
+
+TEST(ThreadTeam, RunsEveryMemberAndRethrowsAFailure) {
+  ThreadTeam team(3);
+  std::vector<int> ran(3, 0);
+  for (int i = 0; i < 100; ++i) team.run([&](int t) { ++ran[std::size_t(t)]; });
+  EXPECT_EQ(ran, (std::vector<int>{100, 100, 100}));
+  EXPECT_THROW(team.run([](int t) { if (t == 2) throw std::runtime_error("member 2"); }), std::runtime_error);
+  team.run([&](int t) { ++ran[std::size_t(t)]; });  // still works after a failure
+  EXPECT_EQ(ran, (std::vector<int>{101, 101, 101}));
 }
 
 TEST(Rules, TheRegistryMakesEachModeFromItsName) {

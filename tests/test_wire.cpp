@@ -230,4 +230,26 @@ TEST(Wire, ChecksumCoversBytesInAnyPiecesAndFloatsAreTheirBytes) {
   EXPECT_EQ(checksum(f, 3), checksum_bytes(f, sizeof f));
 }
 
+// Slices checksummed apart (by a server's threads) and appended in order give the checksum of
+// the whole; a first piece that is not whole 16-byte rounds is refused.
+TEST(Wire, ChecksumsOfSlicesAppendToTheWhole) {
+  std::vector<unsigned char> x(4099);
+  Rng r(11);
+  for (auto& v : x) v = static_cast<unsigned char>(r.below(256));
+  for (std::size_t n : {0u, 16u, 17u, 100u, 4099u}) {
+    for (std::size_t piece : {16u, 32u, 48u, 1024u}) {
+      Checksum whole;
+      for (std::size_t lo = 0; lo < n; lo += piece) {
+        Checksum c;
+        c.update_bytes(x.data() + lo, std::min(piece, n - lo));
+        if (lo == 0) whole = c; else whole.append(c);
+      }
+      EXPECT_EQ(whole.value(), checksum_bytes(x.data(), n)) << n << " bytes in slices of " << piece;
+    }
+  }
+  Checksum odd, next;
+  odd.update_bytes(x.data(), 20);
+  EXPECT_THROW(odd.append(next), std::logic_error);
+}
+
 }  // namespace

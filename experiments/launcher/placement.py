@@ -151,7 +151,7 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_host=False):
         if role == "server":
             argv = [str(bins.server), "-c", cfg, "--shard", str(rank), "--bind", endpoints.bind(i, name),
                     "--metrics", str(run_dir / "metrics" / f"{name}.jsonl"), "--run-start", f"{run_start:.6f}",
-                    "--wait-for-shutdown"]
+                    "--wait-for-shutdown", "--procs-on-host", str(per_host[host])]
         elif role == "worker" and plan.uses_servers:
             argv = [str(bins.worker), "ps", "-c", cfg, "--rank", str(rank), "--servers", server_eps, *common, *poh]
         elif role == "worker":

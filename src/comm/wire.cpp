@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 
 #include "wire_generated.h"
 
@@ -253,6 +254,21 @@ std::uint64_t Checksum::value() const {
   for (std::uint64_t v : {c.a_[0], c.a_[1], c.a_[2], c.a_[3], c.b_[0], c.b_[1], c.b_[2], c.b_[3]})
     h = (h ^ v) * 0xBF58476D1CE4E5B9ull + 0x94D049BB133111EBull;
   return h ^ (h >> 31);
+}
+
+void Checksum::append(const Checksum& next) {
+  if (bytes_ % 16 != 0) throw std::logic_error("Checksum::append: the first piece is not a multiple of 16 bytes");
+  // Word j of `next` is lane j % 4 here too; each of a's words adds to b once per later word
+  // of its lane: b = b1 + b2 + a1 * (words of `next` in the lane).
+  for (std::size_t l = 0; l < 4; ++l) {
+    const std::uint64_t later = next.words_ / 4 + (l < next.words_ % 4 ? 1 : 0);
+    b_[l] += next.b_[l] + a_[l] * later;
+    a_[l] += next.a_[l];
+  }
+  words_ += next.words_;
+  bytes_ += next.bytes_;
+  std::memcpy(tail_, next.tail_, sizeof tail_);
+  tail_n_ = next.tail_n_;
 }
 
 std::uint64_t checksum_bytes(const void* data, std::size_t bytes) {

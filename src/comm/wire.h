@@ -103,6 +103,10 @@ class Checksum {
   void update_bytes(const void* data, std::size_t bytes);
   void update(const float* data, std::size_t n) { update_bytes(data, n * sizeof(float)); }
   std::uint64_t value() const;
+  // Appends the checksum of the bytes that follow: afterwards this is the checksum of both
+  // pieces in order (e.g. slices checksummed by different threads). This one's bytes must be
+  // a multiple of 16 (whole rounds of the 4 lanes).
+  void append(const Checksum& next);
 
  private:
   void words(const std::byte* src, std::size_t n);  // n whole 32-bit words

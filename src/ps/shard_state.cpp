@@ -54,6 +54,9 @@ void ParamVersions::publish() {
 namespace {
 constexpr std::size_t kStalenessBuckets = 1024;
 constexpr std::size_t kChunk = 8192;  // floats per piece of an update: 32 KiB, stays in L1/L2
+// Below this many floats per thread an update is not split: waking a thread costs more than
+// the pass it would share (512 KiB takes ~70 us at memory speed).
+constexpr std::size_t kMinFloatsPerThread = std::size_t(1) << 17;
 
 [[noreturn]] void bad_checksum() {
   throw ChecksumError("push payload checksum mismatch (corrupted in transit)");
@@ -63,11 +66,12 @@ constexpr std::size_t kChunk = 8192;  // floats per piece of an update: 32 KiB, 
 ShardState::ShardState(Backend& cpu, const Options& opt, std::vector<float> initial)
     : opt_(opt), be_(cpu), rule_(make_rule(opt.mode)), codec_(make_codec(opt.codec)),
       optimizer_(cpu, opt.optimizer, opt.range.length),
-      params_(std::move(initial)), clocks_(std::size_t(opt.workers), 0), staleness_(std::size_t(opt.workers)) {
+      params_(std::move(initial)), clocks_(std::size_t(opt.workers), 0), staleness_(std::size_t(opt.workers)),
+      team_(std::max(1, opt.threads)), grad_sums_(std::size_t(team_.size())), param_sums_(std::size_t(team_.size())) {
   if (params_.size() != opt.range.length)
     throw std::invalid_argument("ShardState: initial slice has " + std::to_string(params_.size()) +
                                 " floats, the shard " + std::to_string(opt.range.length));
-  checksum_ = wire::checksum(params_.current(), params_.size());
+  checksum_ = checksum_of(params_.current());
   if (!codec_->dense_f32()) decoded_.resize(opt.range.length);
 }
 
@@ -88,24 +92,53 @@ void ShardState::step(const float* grad, long update_samples, double lr_factor, 
   const double lr = lr_factor * learning_rate(opt_.schedule, opt_.optimizer.lr, lr_batch, epoch);
   const float* cur = params_.current();
   float* next = params_.next();
-  wire::Checksum grad_sum, param_sum;
   optimizer_.begin_step();
-  for (std::size_t lo = 0; lo < opt_.range.length; lo += kChunk) {
-    const std::size_t n = std::min(kChunk, opt_.range.length - lo);
-    if (verify) grad_sum.update(grad + lo, n);
-    optimizer_.step_range(cur + lo, grad + lo, next + lo, lo, n, lr);
-    param_sum.update(next + lo, n);
-  }
-  if (verify && grad_sum.value() != *verify) bad_checksum();  // `next` is never published
+  const int slices = for_slices([&](std::size_t begin, std::size_t end, int t) {
+    wire::Checksum grad_sum, param_sum;
+    for (std::size_t lo = begin; lo < end; lo += kChunk) {
+      const std::size_t n = std::min(kChunk, end - lo);
+      if (verify) grad_sum.update(grad + lo, n);
+      optimizer_.step_range(cur + lo, grad + lo, next + lo, lo, n, lr);
+      param_sum.update(next + lo, n);
+    }
+    grad_sums_[std::size_t(t)] = grad_sum, param_sums_[std::size_t(t)] = param_sum;
+  });
+  for (int t = 1; t < slices; ++t) grad_sums_[0].append(grad_sums_[std::size_t(t)]), param_sums_[0].append(param_sums_[std::size_t(t)]);
+  if (verify && grad_sums_[0].value() != *verify) bad_checksum();  // `next` is never published
   params_.publish();
-  checksum_ = param_sum.value();
+  checksum_ = param_sums_[0].value();
   ++version_;
   samples_applied_ += update_samples;
 }
 
+int ShardState::for_slices(const std::function<void(std::size_t, std::size_t, int)>& fn) {
+  const std::size_t n = opt_.range.length;
+  const int slices = int(std::clamp<std::size_t>(n / kMinFloatsPerThread, 1, std::size_t(team_.size())));
+  if (slices == 1) {
+    fn(0, n, 0);
+    return 1;
+  }
+  const std::size_t per = ((n + std::size_t(slices) - 1) / std::size_t(slices) + 15) / 16 * 16;  // 64-byte multiples
+  team_.run([&](int t) {
+    const std::size_t lo = std::min(n, std::size_t(t) * per), hi = std::min(n, lo + per);
+    if (t < slices) fn(lo, hi, t);
+  });
+  return slices;
+}
+
+std::uint64_t ShardState::checksum_of(const float* data) {
+  const int slices = for_slices([&](std::size_t lo, std::size_t hi, int t) {
+    wire::Checksum c;
+    c.update(data + lo, hi - lo);
+    grad_sums_[std::size_t(t)] = c;
+  });
+  for (int t = 1; t < slices; ++t) grad_sums_[0].append(grad_sums_[std::size_t(t)]);
+  return grad_sums_[0].value();
+}
+
 void ShardState::verify_pending() {
   if (pending_.verified) return;
-  if (wire::checksum(pending_.grad, opt_.range.length) != pending_.checksum) bad_checksum();
+  if (checksum_of(pending_.grad) != pending_.checksum) bad_checksum();
   pending_.verified = true;
 }
 

@@ -17,11 +17,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "backend.h"
+#include "comm/wire.h"
+#include "core/thread_team.h"
 #include "core/optimizer.h"
 #include "ps/codecs/codec.h"
 #include "ps/errors.h"
@@ -85,6 +88,7 @@ class ShardState : private ShardOps {
     std::size_t train_size = 1;  // samples per epoch, for the schedule's progress
     int batch = 1;               // per-worker batch, for the linear scaling rule
     bool record_pulls = false;   // keep a PullRecord per served pull
+    int threads = 1;             // threads that share a large update (cluster.server_threads)
   };
   // `initial` is the shard's slice of the initial θ (range.length floats). Throws
   // std::invalid_argument for an unknown mode or codec.
@@ -142,6 +146,11 @@ class ShardState : private ShardOps {
   // new version's checksum on the way (and, with verify, the gradient's: on a mismatch the
   // new version is dropped before publication and PayloadError thrown).
   void step(const float* grad, long update_samples, double lr_factor, const std::uint64_t* verify);
+  // Runs fn(lo, hi, t) over slices [lo, hi) of the shard, on the team's threads when the shard
+  // is large enough to gain (slices of whole 64-byte lines; t = the slice's index); returns how
+  // many slices there were.
+  int for_slices(const std::function<void(std::size_t, std::size_t, int)>& fn);
+  std::uint64_t checksum_of(const float* data);  // of range.length floats, over the slices
   void count_staleness(int worker, long staleness);
 
   Options opt_;
@@ -162,6 +171,8 @@ class ShardState : private ShardOps {
   bool acc_empty_ = true;
   std::vector<std::vector<long>> staleness_;
   std::vector<PullRecord> pulls_;
+  ThreadTeam team_;
+  std::vector<wire::Checksum> grad_sums_, param_sums_;  // per slice, reused
 };
 
 }  // namespace pslab

@@ -64,6 +64,8 @@ void visit_fields(Config& c, F&& f) {
   f("cluster.mode", c.cluster.mode, "the consistency model (listed below)");
   f("cluster.workers", c.cluster.workers, "worker processes");
   f("cluster.servers", c.cluster.servers, "parameter servers (PS modes)");
+  f("cluster.server_threads", c.cluster.server_threads,
+    "threads a server splits a large update over (0 = host cores / processes on it)");
   f("cluster.transport", c.cluster.transport, "how processes exchange messages (listed below)");
   f("cluster.codec", c.cluster.codec, "how pushes encode gradients (listed below)");
   f("cluster.launcher", c.cluster.launcher, "\"local\", \"ssh\" or \"slurm\"");
@@ -333,6 +335,7 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
   check_name(codec_registry(), c.cluster.codec, "cluster.codec");
   check(c.cluster.workers >= 1, "cluster.workers", "must be >= 1");
   check(c.cluster.servers >= 1, "cluster.servers", "must be >= 1");
+  check(c.cluster.server_threads >= 0, "cluster.server_threads", "must be >= 0");
   check(c.cluster.launcher == "local" || c.cluster.launcher == "ssh" || c.cluster.launcher == "slurm",
         "cluster.launcher", "expected \"local\", \"ssh\" or \"slurm\", got \"" + c.cluster.launcher + "\"");
   check(c.cluster.launcher != "ssh" || !c.cluster.hosts.empty(), "cluster.hosts",

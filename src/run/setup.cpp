@@ -76,6 +76,12 @@ int blas_threads(const ExperimentConfig& c, int processes_on_host) {
   return std::max(1, cores / std::max(1, processes_on_host));
 }
 
+int server_threads(const ExperimentConfig& c, int processes_on_host) {
+  if (c.cluster.server_threads > 0) return c.cluster.server_threads;
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, processes_on_host));
+}
+
 ScheduleConfig schedule_for_run(const ExperimentConfig& c, long steps_per_epoch) {
   ScheduleConfig s = c.schedule;
   s.total_epochs = c.train.steps > 0 ? double(c.train.steps) / double(steps_per_epoch) : c.train.epochs;

@@ -30,6 +30,9 @@ long total_steps(const ExperimentConfig& c, long steps_per_epoch);
 PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int rank);
 // BLAS threads for a process: train.threads, or the host's cores / processes_on_host.
 int blas_threads(const ExperimentConfig& c, int processes_on_host);
+// Threads a server splits a large update over: cluster.server_threads, or the host's cores /
+// processes_on_host.
+int server_threads(const ExperimentConfig& c, int processes_on_host);
 // The schedule with its length (total_epochs) set from the run: train.epochs, or, when
 // train.steps decides the run's length, those steps in epochs of `steps_per_epoch` steps.
 ScheduleConfig schedule_for_run(const ExperimentConfig& c, long steps_per_epoch);

@@ -3,6 +3,7 @@
 // request at a time. Writes JSON.
 //
 //   bench_ps [--runs 5] [--json FILE] [--sizes-kib 4,256,4096,16384] [--transport tcp|ipc|shm]
+//            [--server-threads N]
 //
 // Metrics, per tensor size (median over runs; each run = many iterations after a warm-up):
 //   push_pull   one Push with then_pull answered by the new parameters (what a worker does
@@ -75,9 +76,10 @@ std::vector<double> time_runs(int runs, long iters, F fn) {
 
 long iterations_for(std::size_t bytes) { return std::clamp<long>(long((256u << 20) / bytes), 20, 3000); }
 
-nlohmann::ordered_json bench_pslab(std::size_t floats, int runs, const std::string& transport_name) {
+nlohmann::ordered_json bench_pslab(std::size_t floats, int runs, const std::string& transport_name, int server_threads) {
   ExperimentConfig cfg = config_for(floats);
   cfg.cluster.transport = transport_name;
+  cfg.cluster.server_threads = server_threads;
   const auto transport = comm::make_transport(transport_name);  // its ZeroMQ context starts after the fork
   const std::string ep = transport->local_address("bench-server");
   const pid_t child = ::fork();
@@ -187,6 +189,9 @@ int main(int argc, char** argv) {
   app.add_option("--runs", runs, "timed runs per measurement (median reported)")->capture_default_str();
   app.add_option("--json", json_path, "write results here");
   app.add_option("--sizes-kib", sizes_kib, "tensor sizes in KiB")->delimiter(',')->capture_default_str();
+  int server_threads = 1;
+  app.add_option("--server-threads", server_threads, "threads the server splits an update over (cluster.server_threads)")
+      ->capture_default_str();
   app.add_option("--transport", transport, "tcp (loopback), ipc (Unix sockets) or shm (shared memory)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -195,7 +200,7 @@ int main(int argc, char** argv) {
   for (int kib : sizes_kib) {
     const std::size_t floats = std::size_t(kib) * 1024 / 4;
     nlohmann::ordered_json r{{"size_kib", kib}, {"floats", floats}};
-    r["pslab"] = bench_pslab(floats, runs, transport);
+    r["pslab"] = bench_pslab(floats, runs, transport, server_threads);
     r["raw_zmq"] = bench_raw(floats * 4, runs, transport);
     r["raw_zmq_tcp"] = transport == "tcp" ? r["raw_zmq"] : bench_raw(floats * 4, runs, "tcp");
     r["server_apply"] = bench_apply(floats, runs);
@@ -208,7 +213,7 @@ int main(int argc, char** argv) {
                  r["server_apply"]["apply_GBps"].get<double>(), r["server_apply"]["memcpy_GBps"].get<double>());
     results.push_back(r);
   }
-  nlohmann::ordered_json out{{"benchmark", "ps_push_pull"}, {"transport", transport}, {"runs", runs},
+  nlohmann::ordered_json out{{"benchmark", "ps_push_pull"}, {"transport", transport}, {"server_threads", server_threads}, {"runs", runs},
                              {"metric", "median over runs of the mean time per request; GB/s counts bytes pushed + bytes pulled"},
                              {"results", results}};
   std::printf("%s\n", out.dump(2).c_str());
