@@ -52,6 +52,8 @@ Endpoints (cluster.transport):
          host makes DIR if it is not there; srun gets --nodes=1.
   shm    as ipc (the same sockets carry the headers); payloads go through shared memory
          (memfd segments, which vanish with the processes, however they end).
+  auto   shm when every process is on one host (local; ssh or Slurm with one host), tcp
+         otherwise.
 
 Binaries: <repo>/build/{worker/pslab_worker,server/pslab_server} (experiments/setup.sh builds
 them there); --build-dir or the environment variable PSLAB_BUILD point elsewhere. The launcher's

@@ -358,6 +358,28 @@ class LauncherTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn(" --nodes=1 ", r.stdout)
 
+    def test_auto_transport_is_shm_on_one_host_and_tcp_across_hosts(self):
+        local = self.tiny_variant("auto.toml", [("steps = 500", "steps = 60"), ("[cluster]", '[cluster]\ntransport = "auto"')])
+        r = self.launch("run", local, "--runs-dir", self.runs, "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertRegex(option(dry_run_commands(r.stdout)["server0"][1], "--bind"), r"^ipc:///tmp/pslab-\S+/server0$")
+        self.assertNotIn("tcp://", r.stdout)
+        path = self.ssh_config(["hostA", "hostB"])
+        path.write_text(path.read_text().replace("[cluster]", '[cluster]\ntransport = "auto"'))
+        r = self.launch("run", path, "--runs-dir", self.runs, "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        remote = dry_run_commands(r.stdout)["server0"][1][6]  # ssh ... HOST 'cd REPO && exec ARGV'
+        self.assertEqual(option(shlex.split(remote.split(" exec ")[1]), "--bind"), "tcp://*:29500")
+        self.assertNotIn("ipc://", r.stdout)
+        # a real run on this host: shared memory, the sockets' directory gone at the end
+        r = self.launch("run", local, "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        run = self.only_invocation("tiny") / "run"
+        self.assertEqual(json.loads((run / "summary.json").read_text())["status"], "ok")
+        manifest = json.loads((run / "manifest.json").read_text())
+        self.assertEqual(manifest["transport"], "auto")
+        self.assertFalse(os.path.exists(manifest["socket_dir"]))
+
     # ---- real runs -------------------------------------------------------------------------
     def test_tiny_end_to_end(self):
         r = self.launch("run", TINY, "--runs-dir", self.runs)

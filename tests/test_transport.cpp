@@ -180,6 +180,34 @@ TEST(ShmTransport, ASlotIsReusedOnceItsReceiverIsDoneAndNotBefore) {
   EXPECT_EQ(y, 8.0f);
 }
 
+// auto: ipc:// addresses (one host) go through shared memory, tcp:// ones over TCP; one
+// process's connections are of one kind.
+TEST(AutoTransport, SharedMemoryOnOneHostTcpAcrossHosts) {
+  auto t = make_transport("auto");
+  const std::string local = t->local_address("srv");
+  ASSERT_EQ(local.rfind("ipc://", 0), 0u) << local;
+  const std::string remote = make_transport("tcp")->local_address("srv");
+  for (const std::string& a : {local, remote}) {
+    auto l = t->listen(a);
+    auto c = t->connect({a});
+    const int before = open_segments();
+    const std::string payload(5000, 'q');
+    ASSERT_TRUE(c->send(0, bytes("p"), OutPayload{payload.data(), payload.size()}, after(5s)));
+    Message m;
+    PeerId from;
+    ASSERT_TRUE(l->recv(m, from, after(5s)));
+    EXPECT_EQ(text(m.payload()), payload);
+    EXPECT_EQ(open_segments() - before, a == local ? 1 : 0) << a;
+  }
+  try {
+    t->connect({local, remote});
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("are of different kinds"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(t->listen("inproc://x"), std::invalid_argument);
+}
+
 TEST(ShmTransport, AReferenceToNoLiveSlotArrivesMalformedSayingWhy) {
   auto t = make_transport("shm");
   const std::string a = t->local_address("srv");
@@ -258,11 +286,12 @@ TEST(TransportRegistry, NamesTheTransportsItKnows) {
   EXPECT_EQ(make_transport("tcp")->name(), "tcp");
   EXPECT_EQ(make_transport("ipc")->name(), "ipc");
   EXPECT_EQ(make_transport("shm")->name(), "shm");
+  EXPECT_EQ(make_transport("auto")->name(), "auto");
   try {
     make_transport("udp");
     FAIL() << "no error";
   } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()), "\"udp\" is not a transport: expected \"tcp\", \"ipc\" or \"shm\"");
+    EXPECT_EQ(std::string(e.what()), "\"udp\" is not a transport: expected \"tcp\", \"ipc\", \"shm\" or \"auto\"");
   }
 }
 

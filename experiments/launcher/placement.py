@@ -112,7 +112,7 @@ def ensure_socket_dir(path):
 def check_placement(plan):
     """Refuses, before anything starts, a placement the transport cannot serve: ipc or shm over more
     than one host (ssh: cluster.hosts as used round-robin; Slurm: cluster.hosts when given)."""
-    if not plan.unix_sockets or plan.launcher == "local" or not plan.hosts:
+    if plan.addresses != "ipc" or plan.launcher == "local" or not plan.hosts:
         return
     hosts = sorted(set(cluster_hosts(plan, plan.hosts)))
     if len(hosts) > 1:

@@ -75,10 +75,19 @@ class RunPlan:
     uses_servers = property(lambda self: self.plan["uses_servers"])   # False: all-reduce
     workers = property(lambda self: self.plan["workers"])
     servers = property(lambda self: self.plan["servers"])             # 0 when uses_servers is false
-    transport = property(lambda self: self.plan["transport"])         # "tcp", "ipc", "shm"
-    # The listeners are Unix sockets in a directory of the run (ipc, shm): every process on one
-    # host. Plans from before "addresses" was written had ipc alone.
-    unix_sockets = property(lambda self: self.plan.get("addresses", self.plan["transport"]) == "ipc")
+    transport = property(lambda self: self.plan["transport"])         # "tcp", "ipc", "shm", "auto"
+    # The form of the transport's addresses: "tcp", "ipc" (Unix sockets: every process on one
+    # host) or "auto" (ipc when every process is on one host). Plans from before it was written
+    # had tcp and ipc alone.
+    addresses = property(lambda self: self.plan.get("addresses", self.plan["transport"]))
+
+    @property
+    def unix_sockets(self):
+        """The listeners are Unix sockets in a directory of the run: ipc and shm always; auto when
+        the launcher puts every process on one host (local, or ssh / Slurm with one host)."""
+        if self.addresses == "auto":
+            return self.launcher == "local" or len(set(self.hosts)) == 1
+        return self.addresses == "ipc"
     launcher = property(lambda self: self.plan["launcher"])           # "local", "ssh" or "slurm"
     hosts = property(lambda self: list(self.plan["hosts"]))
     bind = property(lambda self: self.plan["bind"])

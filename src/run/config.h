@@ -56,7 +56,7 @@ struct ClusterConfig {
   int workers = 1;
   int servers = 1;           // PS modes only
   int server_threads = 0;    // threads per server for large updates (0 = host cores / processes on it)
-  std::string transport = "tcp";     // comm/transport/: "tcp", "ipc"
+  std::string transport = "tcp";     // comm/transport/: "tcp", "ipc", "shm", "auto"
   std::string codec = "f32";         // ps/codecs/: how pushes encode gradients
   std::string launcher = "local";    // "local", "ssh", "slurm"
   std::vector<std::string> hosts;    // ssh: hosts, round-robin over processes

@@ -11,7 +11,8 @@
 namespace pslab {
 
 //  {"name", "mode", "uses_servers", "workers", "servers" (0 without), "transport",
-//   "addresses" (the transport's: "tcp", or "ipc" = Unix sockets, every process on one host), "codec",
+//   "addresses" (the transport's: "tcp"; "ipc" = Unix sockets, every process on one host; "auto" =
+//   ipc when the launcher places every process on one host, tcp otherwise), "codec",
 //   "launcher", "hosts", "bind", "device", "seed", "batch" (per worker),
 //   "data": {"kind", "train_samples", "test_samples", "classification"},
 //   "params", "steps_per_epoch", "total_steps", "epochs" (what the steps amount to),

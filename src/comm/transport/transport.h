@@ -9,6 +9,7 @@
 //   zmq/   ZeroMQ: "tcp" (tcp://host:port) and "ipc" (ipc:///path, Unix sockets between
 //          processes on one host)
 //   shm/   "shm": headers over ZeroMQ ipc, payloads through shared memory (processes on one host)
+//   auto/  "auto": shm for ipc:// addresses, tcp for tcp:// ones (the launcher chooses)
 // A test adds its own (tests/test_seams.cpp: an in-memory queue).
 //
 // Contracts, the same for every implementation:
@@ -141,8 +142,9 @@ class Transport {
   virtual ~Transport() = default;
   // As cluster.transport names it, e.g. "tcp".
   virtual std::string name() const = 0;
-  // The form of its addresses, for launchers: "tcp" (tcp://HOST:PORT, processes on any hosts)
-  // or "ipc" (ipc:///PATH, Unix sockets: every process on one host).
+  // The form of its addresses, for launchers: "tcp" (tcp://HOST:PORT, processes on any hosts),
+  // "ipc" (ipc:///PATH, Unix sockets: every process on one host), or "auto" (either: ipc when
+  // the launcher places every process on one host).
   virtual std::string address_scheme() const = 0;
   // An address on this host for a listener named `name` (e.g. "server0"), for tests and tools:
   // tcp://127.0.0.1:PORT with a port that was free a moment ago; ipc://DIR/NAME in a private
