@@ -162,7 +162,18 @@ class Mappings {
  public:
   explicit Mappings(std::size_t max_bytes) : max_bytes_(max_bytes) {}
 
-  // Sets `m` from held.inner: its header, and the payload its reference names.
+  // Receives into `m` with recv_inner(inner message): first hands back the slot of the payload
+  // `m` held, then sets `m` from the inner message and the payload its reference names.
+  template <typename RecvInner>
+  bool receive(Message& m, RecvInner recv_inner) {
+    ShmHeld& held = m.storage<ShmHeld>();
+    held.give_back();
+    if (!recv_inner(held.inner)) return false;
+    deliver(m, held);
+    return true;
+  }
+
+ private:
   void deliver(Message& m, ShmHeld& held) {
     const Message& in = held.inner;
     if (!in.malformed().empty()) return m.set_malformed(in.malformed(), in.wire_bytes());
@@ -181,7 +192,6 @@ class Mappings {
     m.set(in.header(), {payload, std::size_t(ref.length)}, true, in.header().size() + std::size_t(ref.length));
   }
 
- private:
   // The mapping of the live slot `ref` names, or nullptr with why not.
   std::shared_ptr<Mapping> resolve(const ShmRef& ref, std::string& why) {
     if (ref.magic != kShmRefMagic) return why = "bad magic", nullptr;
@@ -241,11 +251,7 @@ class ShmListener final : public Listener {
   const std::string& address() const override { return inner_->address(); }
 
   bool recv(Message& m, PeerId& from, Deadline deadline) override {
-    ShmHeld& held = m.storage<ShmHeld>();
-    held.give_back();
-    if (!inner_->recv(held.inner, from, deadline)) return false;
-    mappings_.deliver(m, held);
-    return true;
+    return mappings_.receive(m, [&](Message& inner) { return inner_->recv(inner, from, deadline); });
   }
 
   bool send(const PeerId& to, std::span<const std::byte> header, OutPayload payload) override {
@@ -288,11 +294,7 @@ class ShmConnections final : public Connections {
   }
 
   bool recv(Message& m, std::size_t& from, Deadline deadline) override {
-    ShmHeld& held = m.storage<ShmHeld>();
-    held.give_back();
-    if (!inner_->recv(held.inner, from, deadline)) return false;
-    mappings_.deliver(m, held);
-    return true;
+    return mappings_.receive(m, [&](Message& inner) { return inner_->recv(inner, from, deadline); });
   }
 
  private:
