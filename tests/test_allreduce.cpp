@@ -1,5 +1,5 @@
-// The all-reduce mode: Gloo collectives with 1, 2, 3 and 4 ranks (threads, TCP loopback),
-// replicas bitwise identical after training, all-reduce == bsp on the parameter servers,
+// The all-reduce mode: Gloo and shm collectives with 1, 2, 3 and 4 ranks (threads; TCP loopback
+// or one shared segment), replicas bitwise identical after training, all-reduce == bsp on the parameter servers,
 // timeouts naming the missing rank, and the NCCL path (skipped without a GPU).
 #include <gtest/gtest.h>
 
@@ -22,21 +22,28 @@ namespace {
 // The coordinator's transport in these tests (Gloo itself always runs over TCP).
 std::unique_ptr<comm::Transport> transport() { return comm::make_transport("tcp"); }
 
-class GlooRanks : public ::testing::TestWithParam<int> {};
+// A collective of one implementation ("gloo" or "shm").
+std::unique_ptr<Collective> make(const std::string& kind, RendezvousClient& rv) {
+  return kind == "shm" ? make_shm_collective(rv) : make_gloo_collective(rv, "127.0.0.1");
+}
 
-TEST_P(GlooRanks, AllReduceBroadcastAndBarrierAreExact) {
-  const int W = GetParam();
+// (implementation, ranks)
+class Collectives : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(Collectives, AllReduceBroadcastAndBarrierAreExact) {
+  const auto [kind, W] = GetParam();
   const auto tr = transport();
   const std::string ep = tr->local_address("coordinator");
   Coordinator coord(*tr, ep, W);
   std::vector<std::vector<float>> results(static_cast<std::size_t>(W));
   run_threads(W, [&](int r) {
     RendezvousClient rv(*tr, ep, r, W, std::chrono::seconds(20));
-    auto coll = make_gloo_collective(rv, "127.0.0.1");
+    auto coll = make(kind, rv);
     EXPECT_EQ(coll->size(), W);
-    // Integer-valued data: the sum is exact in any order. Sizes include 0 and odd ones, and
-    // one above the size where 4 ranks switch from recursive doubling to the ring.
-    for (std::size_t n : {0u, 1u, 7u, 1000u, 100003u, 600001u}) {
+    // Integer-valued data: the sum is exact in any order. Sizes include 0 and odd ones, one
+    // above the size where 4 ranks switch from recursive doubling to the ring, and ones that
+    // make the shm collective grow its segment (64Ki floats at first), then smaller again.
+    for (std::size_t n : {0u, 1u, 7u, 1000u, 100003u, 600001u, 5u, 65536u}) {
       std::vector<float> x(n);
       for (std::size_t i = 0; i < n; ++i) x[i] = float(int((r + 1) * 3 + i % 11) - 5);
       coll->allreduce_sum(x.data(), n, 0);
@@ -56,9 +63,9 @@ TEST_P(GlooRanks, AllReduceBroadcastAndBarrierAreExact) {
   });
 }
 
-TEST_P(GlooRanks, ReplicasAreBitwiseIdenticalAfterTraining) {
-  const int W = GetParam();
-  const ExperimentConfig cfg = test::small_config("allreduce", W, 1);
+TEST_P(Collectives, ReplicasAreBitwiseIdenticalAfterTraining) {
+  const auto [kind, W] = GetParam();
+  const ExperimentConfig cfg = test::small_config("allreduce", W, 1, kind == "shm" ? "shm" : "tcp");
   const auto dir = temp_dir("ar");
   const auto theta = test::run_allreduce_workers(cfg, dir);
   const std::uint64_t sum0 = wire::checksum(theta[0].data(), theta[0].size());
@@ -68,8 +75,9 @@ TEST_P(GlooRanks, ReplicasAreBitwiseIdenticalAfterTraining) {
   std::filesystem::remove_all(dir);
 }
 
-// 2 and 4: recursive doubling (4 with the ring for large buffers); 3: the ring.
-INSTANTIATE_TEST_SUITE_P(Ranks, GlooRanks, ::testing::Values(1, 2, 3, 4));
+// Gloo: 2 and 4 recursive doubling (4 with the ring for large buffers); 3 the ring.
+INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Combine(::testing::Values("gloo", "shm"), ::testing::Values(1, 2, 3, 4)),
+                         [](const auto& i) { return std::get<0>(i.param) + std::to_string(std::get<1>(i.param)); });
 
 class AllReduce : public ::testing::TestWithParam<std::string> {};
 
@@ -121,14 +129,16 @@ TEST(AllReduceTimeouts, TimeoutNamesTheRankThatDidNotArrive) {
   std::filesystem::remove_all(o.out_dir);
 }
 
-TEST(AllReduceTimeouts, ARankThatStopsMidRunIsNamedWithItsStep) {
+class AllReduceStops : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(AllReduceStops, ARankThatStopsMidRunIsNamedWithItsStep) {
   const auto tr = transport();
   const std::string ep = tr->local_address("coordinator");
   Coordinator coord(*tr, ep, 2, std::chrono::milliseconds(100));
   std::string error;
   run_threads(2, [&](int r) {
     RendezvousClient rv(*tr, ep, r, 2, std::chrono::milliseconds(1000));
-    auto coll = make_gloo_collective(rv, "127.0.0.1");
+    auto coll = make(GetParam(), rv);
     std::vector<float> x(100, 1.0f);
     for (long step = 0; step < 5; ++step) {
       if (r == 1 && step == 3) return;  // rank 1 stops after step 2
@@ -143,6 +153,29 @@ TEST(AllReduceTimeouts, ARankThatStopsMidRunIsNamedWithItsStep) {
   });
   EXPECT_NE(error.find("all-reduce of step 3 on rank 0"), std::string::npos) << error;
   EXPECT_NE(error.find("rank 1 (at step 2"), std::string::npos) << error;
+  if (GetParam() == "shm") {
+    EXPECT_NE(error.find("shared-memory barrier 8 for rank 1 (at barrier 7)"), std::string::npos) << error;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Collectives, AllReduceStops, ::testing::Values("gloo", "shm"));
+
+// Defect this guards: cluster.transport = "auto" must reduce through shared memory when every
+// rank is on one host, and the worker must say so; "tcp" keeps Gloo.
+TEST(AllReduceTransports, AutoAndShmUseSharedMemoryOnOneHostTcpUsesGloo) {
+  for (const std::string t : {"auto", "shm", "tcp"}) {
+    const auto tr = transport();
+    const std::string ep = tr->local_address("coordinator");
+    Coordinator coord(*tr, ep, 2);
+    std::vector<std::string> said(2);
+    run_threads(2, [&](int r) {
+      RendezvousClient rv(*tr, ep, r, 2, std::chrono::seconds(20));
+      auto be = make_cpu_backend(1);
+      said[std::size_t(r)] = make_collective(*be, rv, "127.0.0.1", t)->describe();
+      rv.bye();
+    });
+    for (const auto& d : said) EXPECT_EQ(d.rfind(t == "tcp" ? "gloo" : "shared memory", 0), 0u) << t << ": " << d;
+  }
 }
 
 TEST(Nccl, AllReduceOnOneGpuOrSkip) {

@@ -11,6 +11,8 @@
 
 #include <stdexcept>
 
+#include "comm/memfd.h"
+
 namespace pslab {
 
 std::string Collective::timeout_message(const std::string& what, long step, const std::string& cause) {
@@ -136,8 +138,31 @@ std::unique_ptr<Collective> make_nccl_collective(RendezvousClient&, int) {
 }
 #endif
 
-std::unique_ptr<Collective> make_collective(const Backend& be, RendezvousClient& rv, const std::string& host) {
-  return be.device() == Device::cuda ? make_nccl_collective(rv, be.gpu()) : make_gloo_collective(rv, host);
+namespace {
+// The ranks whose shared-memory domain (host) differs from rank 0's, as "rank 2 (on ...)";
+// empty when all share it. Every rank publishes its own and reads all.
+std::string ranks_on_other_hosts(RendezvousClient& rv) {
+  const std::string mine = comm::shared_memory_domain();
+  rv.set("host/" + std::to_string(rv.rank()), std::vector<char>(mine.begin(), mine.end()));
+  std::string first, others;
+  for (int q = 0; q < rv.world(); ++q) {
+    const std::vector<char> v = rv.get("host/" + std::to_string(q));
+    const std::string d(v.begin(), v.end());
+    if (q == 0) first = d;
+    else if (d != first) others += (others.empty() ? "" : ", ") + std::string("rank ") + std::to_string(q) + " (" + d + ")";
+  }
+  return others.empty() ? others : others + " not on rank 0's host (" + first + ")";
+}
+}  // namespace
+
+std::unique_ptr<Collective> make_collective(const Backend& be, RendezvousClient& rv, const std::string& host,
+                                            const std::string& transport) {
+  if (be.device() == Device::cuda) return make_nccl_collective(rv, be.gpu());
+  if (transport != "shm" && transport != "auto") return make_gloo_collective(rv, host);
+  const std::string elsewhere = rv.world() > 1 ? ranks_on_other_hosts(rv) : std::string();
+  if (elsewhere.empty()) return make_shm_collective(rv);
+  if (transport == "auto") return make_gloo_collective(rv, host);
+  throw std::runtime_error("cluster.transport = \"shm\" needs every all-reduce rank on one host: " + elsewhere);
 }
 
 }  // namespace pslab

@@ -1,11 +1,13 @@
 // Collectives of an all-reduce group: all-reduce (sum) of a float32 buffer, broadcast and
-// barrier, over the group's ranks. Two implementations mirror each other:
+// barrier, over the group's ranks. Three implementations mirror each other:
 //   Gloo  CPU buffers, TCP transport (CPU workers): recursive doubling over Gloo's pairs for
 //         power-of-two groups (small buffers; any size with 2 ranks), else gloo::allreduce
 //         with options (ring)
+//   shm   CPU buffers of ranks on one host: one shared segment, each rank sums a chunk
+//         (collective_shm.cpp)
 //   NCCL  GPU buffers on a CUDA stream, communicator from an ncclUniqueId that rank 0 makes
 //         and the rendezvous hands to every rank (GPU workers; built with CUDA + NCCL)
-// Which one runs follows the worker's device (make_collective). Every call has the group's
+// Which one runs follows the worker's device and cluster.transport (make_collective). Every call has the group's
 // timeout; on expiry the error names the ranks that did not arrive (asked of the
 // coordinator) and the step.
 //
@@ -47,8 +49,13 @@ std::unique_ptr<Collective> make_gloo_collective(RendezvousClient& rv, const std
 // NCCL on GPU `device`; throws when pslab was built without NCCL or no GPU is usable.
 std::unique_ptr<Collective> make_nccl_collective(RendezvousClient& rv, int device);
 bool nccl_built();
-// Gloo for CPU backends, NCCL for CUDA ones.
-// (NCCL on the backend's GPU).
-std::unique_ptr<Collective> make_collective(const Backend& be, RendezvousClient& rv, const std::string& host);
+// Shared memory; every rank must be on one host (comm::shared_memory_domain()) and user.
+std::unique_ptr<Collective> make_shm_collective(RendezvousClient& rv);
+// CUDA backends: NCCL on the backend's GPU. CPU backends by `transport` (cluster.transport):
+// "shm" the shm collective (an error names the ranks on other hosts), "auto" the shm collective
+// when every rank is on one host and Gloo otherwise, "tcp" / "ipc" Gloo. Every rank must call it
+// (it asks each rank where it runs).
+std::unique_ptr<Collective> make_collective(const Backend& be, RendezvousClient& rv, const std::string& host,
+                                            const std::string& transport);
 
 }  // namespace pslab

@@ -1,6 +1,7 @@
-// All-reduce benchmark: W rank processes on this machine (Gloo over TCP loopback).
+// All-reduce benchmark: W rank processes on this machine, reducing as cluster.transport
+// `--transport` makes them (auto and shm: one shared segment; tcp: Gloo over TCP loopback).
 //
-//   bench_allreduce [--ranks 2] [--runs 5] [--steps 500] [--json FILE]
+//   bench_allreduce [--ranks 2] [--runs 5] [--steps 500] [--transport auto] [--json FILE]
 //
 // Metrics (median over runs; each run after a warm-up):
 //   allreduce_ms   one all-reduce (sum) of n floats, n = 235146 (the MLP), 1M, 4M
@@ -35,13 +36,15 @@ double median(std::vector<double> v) {
 }
 
 
-nlohmann::ordered_json run_rank(int rank, int W, const std::string& ep, const std::string& ep_train, int runs, long steps) {
+nlohmann::ordered_json run_rank(int rank, int W, const std::string& ep, const std::string& ep_train, int runs, long steps,
+                                const std::string& how) {
   const auto transport = comm::make_transport("tcp");
   std::unique_ptr<Coordinator> coord;
   if (rank == 0) coord = std::make_unique<Coordinator>(*transport, ep, W);
   RendezvousClient rv(*transport, ep, rank, W, std::chrono::seconds(60));
-  auto coll = make_gloo_collective(rv, "127.0.0.1");
+  auto coll = make_collective(*make_cpu_backend(1), rv, "127.0.0.1", how);
   nlohmann::ordered_json out;
+  out["collective"] = coll->describe();
 
   for (std::size_t n : {std::size_t(235146), std::size_t(1) << 20, std::size_t(4) << 20}) {
     std::vector<float> x(n, 1.0f);
@@ -65,6 +68,7 @@ nlohmann::ordered_json run_rank(int rank, int W, const std::string& ep, const st
   // steps after a 200-step warm-up window; medians over the windows of its own metrics.
   ExperimentConfig cfg = parse_config("name = \"bench\"\n[cluster]\nmode = \"allreduce\"\n", "bench");
   cfg.cluster.workers = W;
+  cfg.cluster.transport = how;
   cfg.train.threads = 1;
   cfg.train.log_every = int(steps);
   cfg.train.steps = 200 + long(runs) * steps;
@@ -95,14 +99,17 @@ nlohmann::ordered_json run_rank(int rank, int W, const std::string& ep, const st
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"pslab all-reduce benchmark (Gloo over TCP loopback, one process per rank)"};
+  CLI::App app{"pslab all-reduce benchmark (one process per rank on this machine)"};
   int ranks = 2, runs = 5, rank = -1;
   long steps = 500;
-  std::string json_path, endpoint, endpoint_train, rank_out;
+  std::string json_path, endpoint, endpoint_train, rank_out, how = "auto";
   app.add_option("--ranks", ranks)->capture_default_str();
   app.add_option("--runs", runs)->capture_default_str();
   app.add_option("--steps", steps, "training steps per run")->capture_default_str();
   app.add_option("--json", json_path, "write results here");
+  app.add_option("--transport", how, "cluster.transport: auto and shm reduce in shared memory, tcp with Gloo")
+      ->check(CLI::IsMember({"auto", "shm", "tcp", "ipc"}))
+      ->capture_default_str();
   // Internal: the benchmark starts one fresh process per rank (exec, not just fork, so that
   // every rank initialises OpenBLAS and ZeroMQ itself, as pslab_worker does).
   app.add_option("--rank", rank)->group("");
@@ -113,7 +120,7 @@ int main(int argc, char** argv) {
 
   if (rank >= 0) {
     try {
-      const auto r = run_rank(rank, ranks, endpoint, endpoint_train, runs, steps);
+      const auto r = run_rank(rank, ranks, endpoint, endpoint_train, runs, steps, how);
       if (!rank_out.empty()) std::ofstream(rank_out) << r.dump() << "\n";
       return 0;
     } catch (const std::exception& e) {
@@ -128,7 +135,7 @@ int main(int argc, char** argv) {
   std::vector<pid_t> children;
   for (int r = 0; r < ranks; ++r) {
     std::vector<std::string> args = {"/proc/self/exe", "--rank", std::to_string(r), "--ranks", std::to_string(ranks),
-                                     "--runs", std::to_string(runs), "--steps", std::to_string(steps),
+                                     "--runs", std::to_string(runs), "--steps", std::to_string(steps), "--transport", how,
                                      "--endpoint", ep, "--endpoint-train", ep_train, "--rank-out", r == 0 ? out0 : ""};
     const pid_t pid = ::fork();
     if (pid == 0) {
@@ -151,8 +158,7 @@ int main(int argc, char** argv) {
   const auto r0 = nlohmann::ordered_json::parse(in);
   std::remove(out0.c_str());
   nlohmann::ordered_json out{{"benchmark", "allreduce"}, {"ranks", ranks}, {"runs", runs},
-                             {"metric", "medians over runs; samples_per_s counts all ranks"},
-                             {"collective", "gloo allreduce (tcp, 127.0.0.1)"}};
+                             {"metric", "medians over runs; samples_per_s counts all ranks"}, {"transport", how}};
   for (auto& [k, v] : r0.items()) out[k] = v;
   std::printf("%s\n", out.dump(2).c_str());
   if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";

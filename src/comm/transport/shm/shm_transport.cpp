@@ -1,8 +1,5 @@
 #include "comm/transport/shm/shm_transport.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,6 +10,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "comm/memfd.h"
 #include "comm/transport/zmq/zmq_transport.h"
 
 namespace pslab::comm {
@@ -30,13 +28,6 @@ static_assert(sizeof(SlotHeader) <= kPayloadOffset);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 constexpr char kSegmentName[] = "pslab-shm";  // memfd name; /proc/PID/fd/FD reads "/memfd:pslab-shm (deleted)"
 
-std::size_t page_round(std::size_t n) {
-  const std::size_t page = std::size_t(::sysconf(_SC_PAGESIZE));
-  return (n + page - 1) / page * page;
-}
-
-std::string errno_text() { return std::strerror(errno); }
-
 void release(OutPayload& p) {
   if (p.release) p.release(const_cast<void*>(p.data), p.hint);
   p = {};
@@ -46,47 +37,31 @@ void release(OutPayload& p) {
 // receiver (another process) only clears `busy`.
 class Segment {
  public:
-  explicit Segment(std::size_t capacity) : size_(page_round(kPayloadOffset + capacity)) {
-    fd_ = ::memfd_create(kSegmentName, MFD_CLOEXEC);
-    if (fd_ < 0) throw std::runtime_error("shm transport: memfd_create: " + errno_text());
-    if (::ftruncate(fd_, off_t(size_)) != 0 ||
-        (base_ = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0)) == MAP_FAILED) {
-      const std::string why = errno_text();
-      ::close(fd_);
-      throw std::runtime_error("shm transport: a segment of " + std::to_string(size_) + " bytes: " + why);
-    }
+  explicit Segment(std::size_t capacity) : mem_(MemfdSegment::create(kSegmentName, kPayloadOffset + capacity)) {
     static thread_local std::mt19937_64 rng{std::random_device{}()};
     head()->segment_id = rng();
-    head()->capacity = size_ - kPayloadOffset;
+    head()->capacity = mem_->size() - kPayloadOffset;
     head()->busy.store(0, std::memory_order_relaxed);
     head()->generation = 0;
   }
-  ~Segment() {
-    ::munmap(base_, size_);
-    ::close(fd_);
-  }
-  Segment(const Segment&) = delete;
-  Segment& operator=(const Segment&) = delete;
 
-  SlotHeader* head() const { return static_cast<SlotHeader*>(base_); }
-  std::size_t capacity() const { return size_ - kPayloadOffset; }
+  SlotHeader* head() const { return static_cast<SlotHeader*>(mem_->base()); }
+  std::size_t capacity() const { return mem_->size() - kPayloadOffset; }
   bool free() const { return head()->busy.load(std::memory_order_acquire) == 0; }
 
   // Copies the payload in and returns the reference that names it; the slot is busy until the
   // receiver is done (or abandon()).
   ShmRef fill(const void* data, std::size_t n) {
     head()->busy.store(1, std::memory_order_relaxed);
-    if (n) std::memcpy(static_cast<std::byte*>(base_) + kPayloadOffset, data, n);
+    if (n) std::memcpy(static_cast<std::byte*>(mem_->base()) + kPayloadOffset, data, n);
     ++head()->generation;
-    return ShmRef{kShmRefMagic, std::uint32_t(::getpid()), fd_, head()->generation, head()->segment_id, n, 0};
+    return ShmRef{kShmRefMagic, std::uint32_t(::getpid()), mem_->fd(), head()->generation, head()->segment_id, n, 0};
   }
   void abandon() { head()->busy.store(0, std::memory_order_release); }
-  int fd() const { return fd_; }
+  int fd() const { return mem_->fd(); }
 
  private:
-  std::size_t size_;
-  int fd_ = -1;
-  void* base_ = nullptr;
+  std::unique_ptr<MemfdSegment> mem_;
 };
 
 }  // namespace
@@ -137,12 +112,10 @@ namespace {
 
 // A sender's segment as a receiver maps it.
 struct Mapping {
-  void* base = nullptr;
-  std::size_t size = 0;
-  ~Mapping() {
-    if (base) ::munmap(base, size);
-  }
-  SlotHeader* head() const { return static_cast<SlotHeader*>(base); }
+  std::unique_ptr<MemfdSegment> mem;
+  void* base() const { return mem->base(); }
+  std::size_t size() const { return mem->size(); }
+  SlotHeader* head() const { return static_cast<SlotHeader*>(mem->base()); }
 };
 
 // A received message's storage: the inner (ZeroMQ) message and the slot its payload lies in,
@@ -188,7 +161,7 @@ class Mappings {
     auto mapping = resolve(ref, why);
     if (!mapping) return m.set_malformed("shared-memory reference: " + why, in.wire_bytes());
     held.mapping = std::move(mapping);
-    const auto* payload = static_cast<const std::byte*>(held.mapping->base) + kPayloadOffset;
+    const auto* payload = static_cast<const std::byte*>(held.mapping->base()) + kPayloadOffset;
     m.set(in.header(), {payload, std::size_t(ref.length)}, true, in.header().size() + std::size_t(ref.length));
   }
 
@@ -207,7 +180,7 @@ class Mappings {
     }
     const SlotHeader* h = it->second->head();
     if (h->segment_id != ref.segment_id) return why = "no segment " + std::to_string(ref.segment_id) + " at that fd", nullptr;
-    if (ref.length > h->capacity || kPayloadOffset + h->capacity > it->second->size)
+    if (ref.length > h->capacity || kPayloadOffset + h->capacity > it->second->size())
       return why = "a payload of " + std::to_string(ref.length) + " bytes in a slot of " + std::to_string(h->capacity), nullptr;
     if (h->generation != ref.generation || h->busy.load(std::memory_order_acquire) != 1)
       return why = "stale: generation " + std::to_string(ref.generation) + " of a slot now at " +
@@ -218,26 +191,11 @@ class Mappings {
 
   // Maps the sender's segment: only a pslab memfd of a process this user may read.
   static std::shared_ptr<Mapping> open(const ShmRef& ref, std::string& why) {
-    const std::string path = "/proc/" + std::to_string(ref.pid) + "/fd/" + std::to_string(ref.fd);
-    char target[64] = {};
-    const ssize_t n = ::readlink(path.c_str(), target, sizeof target - 1);
-    const std::string expect = std::string("/memfd:") + kSegmentName;
-    if (n < 0) return why = path + ": " + errno_text(), nullptr;
-    if (std::string(target, std::size_t(n)).rfind(expect, 0) != 0)
-      return why = path + " is not a pslab segment (" + std::string(target, std::size_t(n)) + ")", nullptr;
-    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) return why = path + ": " + errno_text(), nullptr;
-    struct stat st {};
+    auto mem = map_peer_memfd(pid_t(ref.pid), ref.fd, kSegmentName, why);
+    if (!mem) return nullptr;
     auto m = std::make_shared<Mapping>();
-    if (::fstat(fd, &st) == 0 && std::size_t(st.st_size) >= kPayloadOffset) {
-      m->size = std::size_t(st.st_size);
-      m->base = ::mmap(nullptr, m->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      if (m->base == MAP_FAILED) m->base = nullptr, why = path + ": mmap: " + errno_text();
-    } else {
-      why = path + ": too small for a segment";
-    }
-    ::close(fd);
-    return m->base ? m : nullptr;
+    m->mem = std::move(mem);
+    return m;
   }
 
   std::size_t max_bytes_;
