@@ -14,6 +14,7 @@ import pathlib
 import random
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -698,6 +699,70 @@ class LauncherTest(unittest.TestCase):
         s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
         self.assertEqual((s["mode"], s["servers"], s["status"], s["staleness"]), ("allreduce", 0, "ok", None))
         self.assertGreater(s["final_test_acc"], 0.85)
+        self.assert_no_processes_left()
+
+    # ---- two hosts in network namespaces ----------------------------------------------------
+    def two_namespace_hosts(self):
+        """Two network namespaces joined by a veth pair stand in for two hosts: (ip A, ip B), and a
+        stand-in ssh on PATH that runs a command "on" an address in its namespace. Skips (saying
+        why) where namespaces cannot be made: not root, or no CAP_SYS_ADMIN (some containers)."""
+        if os.geteuid() != 0 or not shutil.which("ip"):
+            self.skipTest("two-host test: needs root and iproute2 to make network namespaces")
+        tag = f"{os.getpid() % 10000}{random.randrange(100)}"
+        ns, net = (f"pslab-a{tag}", f"pslab-b{tag}"), f"10.231.{random.randrange(1, 250)}"
+        ips = (f"{net}.1", f"{net}.2")
+        def ip(*args):
+            return subprocess.run(["ip", *args], capture_output=True, text=True)
+        r = ip("netns", "add", ns[0])
+        if r.returncode != 0:
+            self.skipTest(f"two-host test: cannot make a network namespace here ({r.stderr.strip()})")
+        self.addCleanup(lambda: [ip("netns", "del", n) for n in ns])
+        for cmd in (["netns", "add", ns[1]],
+                    ["link", "add", f"va{tag}", "netns", ns[0], "type", "veth", "peer", "name", f"vb{tag}", "netns", ns[1]],
+                    ["-n", ns[0], "addr", "add", f"{ips[0]}/24", "dev", f"va{tag}"],
+                    ["-n", ns[1], "addr", "add", f"{ips[1]}/24", "dev", f"vb{tag}"],
+                    ["-n", ns[0], "link", "set", f"va{tag}", "up"], ["-n", ns[1], "link", "set", f"vb{tag}", "up"],
+                    ["-n", ns[0], "link", "set", "lo", "up"], ["-n", ns[1], "link", "set", "lo", "up"]):
+            r = ip(*cmd)
+            self.assertEqual(r.returncode, 0, f"ip {' '.join(cmd)}: {r.stderr}")
+        self.fake_bin("ssh", f"""\
+            #!/bin/bash
+            # stand-in: ssh [-o OPT]... ADDRESS COMMAND -> COMMAND in that address's namespace
+            while [[ $1 == -o ]]; do shift 2; done
+            case $1 in {ips[0]}) ns={ns[0]} ;; {ips[1]}) ns={ns[1]} ;; *) echo "no host $1" >&2; exit 255 ;; esac
+            exec ip netns exec $ns bash -c "$2"
+            """)
+        def bytes_across():  # bytes that went through host A's end of the link, both ways
+            out = ip("-n", ns[0], "-s", "-j", "link", "show", f"va{tag}").stdout
+            st = json.loads(out)[0]["stats64"]
+            return st["rx"]["bytes"] + st["tx"]["bytes"]
+        return ips, bytes_across
+
+    def test_a_run_over_two_hosts_uses_tcp_between_them(self):
+        """cluster.transport = "auto" across two hosts (network namespaces): the launcher gives
+        tcp addresses, the parameter-server run and an all-reduce run (Gloo, not shared memory)
+        finish, and their traffic crossed the link between the hosts."""
+        ips, bytes_across = self.two_namespace_hosts()
+        path = self.ssh_config(list(ips), servers=2, workers=2)
+        path.write_text(path.read_text().replace("[cluster]", '[cluster]\ntransport = "auto"'))
+        for mode in ("bsp", "allreduce"):
+            path.write_text(re.sub(r'mode = "\w+"', f'mode = "{mode}"', path.read_text()))
+            before = bytes_across()
+            base = random.randrange(20000, 60000, 10)
+            r = self.launch("run", path, "--runs-dir", self.runs / mode, "--no-plots", "--base-port", base)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            run = next((self.runs / mode).glob("tiny/*/run"))
+            s = json.loads((run / "summary.json").read_text())
+            self.assertEqual((s["mode"], s["status"]), (mode, "ok"))
+            self.assertGreater(s["final_test_acc"], 0.85)
+            plan = json.loads((run / "plan.json").read_text())
+            self.assertNotIn("ipc://", json.dumps(plan))
+            crossed = bytes_across() - before
+            # every step moves the model (132 floats) between the hosts; 500 steps x 2 workers
+            self.assertGreater(crossed, 500 * 132 * 4, "the run's traffic did not cross the link between the hosts")
+            if mode == "allreduce":
+                log = (run / "logs" / "worker1.log").read_text()
+                self.assertIn("allreduce over gloo", log)
         self.assert_no_processes_left()
 
     def install_fake_slurm(self):
