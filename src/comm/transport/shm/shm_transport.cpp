@@ -37,7 +37,8 @@ void release(OutPayload& p) {
 // receiver (another process) only clears `busy`.
 class Segment {
  public:
-  explicit Segment(std::size_t capacity) : mem_(MemfdSegment::create(kSegmentName, kPayloadOffset + capacity)) {
+  explicit Segment(std::size_t capacity)
+      : mem_(MemfdSegment::create(kSegmentName, kPayloadOffset + capacity)), pid_(std::uint32_t(::getpid())) {
     static thread_local std::mt19937_64 rng{std::random_device{}()};
     head()->segment_id = rng();
     head()->capacity = mem_->size() - kPayloadOffset;
@@ -55,13 +56,14 @@ class Segment {
     head()->busy.store(1, std::memory_order_relaxed);
     if (n) std::memcpy(static_cast<std::byte*>(mem_->base()) + kPayloadOffset, data, n);
     ++head()->generation;
-    return ShmRef{kShmRefMagic, std::uint32_t(::getpid()), mem_->fd(), head()->generation, head()->segment_id, n, 0};
+    return ShmRef{kShmRefMagic, pid_, mem_->fd(), head()->generation, head()->segment_id, n, 0};
   }
   void abandon() { head()->busy.store(0, std::memory_order_release); }
   int fd() const { return mem_->fd(); }
 
  private:
   std::unique_ptr<MemfdSegment> mem_;
+  std::uint32_t pid_;  // the process that made it (and holds its fd)
 };
 
 }  // namespace
