@@ -724,7 +724,8 @@ class LauncherTest(unittest.TestCase):
                     ["-n", ns[0], "link", "set", f"va{tag}", "up"], ["-n", ns[1], "link", "set", f"vb{tag}", "up"],
                     ["-n", ns[0], "link", "set", "lo", "up"], ["-n", ns[1], "link", "set", "lo", "up"]):
             r = ip(*cmd)
-            self.assertEqual(r.returncode, 0, f"ip {' '.join(cmd)}: {r.stderr}")
+            if r.returncode != 0:
+                self.skipTest(f"two-host test: cannot link the namespaces here (ip {' '.join(cmd)}: {r.stderr.strip()})")
         self.fake_bin("ssh", f"""\
             #!/bin/bash
             # stand-in: ssh [-o OPT]... ADDRESS COMMAND -> COMMAND in that address's namespace
