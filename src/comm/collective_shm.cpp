@@ -16,15 +16,18 @@
 // rank has mapped it. Barriers: one shared arrival counter (also the futex word); the k-th barrier of this segment
 // is passed when the counter reaches k * W. A waiter spins a few microseconds when every rank
 // can have a core, then sleeps on the futex; every wait has the group's timeout and then names
-// the ranks that had not arrived. A larger buffer than the segment holds makes rank 0 publish a
+// the ranks that had not arrived; a rank whose process is gone (checked every 100 ms of waiting)
+// ends the wait at once, named. A larger buffer than the segment holds makes rank 0 publish a
 // new segment through the rendezvous (all ranks make the same calls, so all switch together).
 //
 // Threading: one thread per rank (like every Collective).
 #include <linux/futex.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
@@ -49,6 +52,7 @@ struct Control {
   alignas(64) std::atomic<std::uint32_t> arrivals;  // all ranks' barrier arrivals; the futex word
   std::atomic<std::uint32_t> sleepers;               // ranks asleep on it (a wake is needed)
   alignas(64) std::atomic<std::uint32_t> reached[kMaxRanks];  // barriers each rank has arrived at
+  std::atomic<std::int32_t> pid[kMaxRanks];                   // each rank's process, once it has mapped the segment
 };
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 constexpr std::size_t kControlBytes = (sizeof(Control) + 63) / 64 * 64;
@@ -145,6 +149,7 @@ class ShmCollective final : public Collective {
           segment_->size() < kControlBytes + std::size_t(size() + 2) * cap * sizeof(float))
         throw std::runtime_error("shm collective: rank 0's segment for " + key + " does not match this group");
     }
+    control()->pid[rank()].store(std::int32_t(::getpid()), std::memory_order_relaxed);
     capacity_ = cap;
     barriers_ = 0;
     barrier_or_throw("shared-memory setup", -1);  // rank 0 keeps the segment open until all have mapped it
@@ -169,9 +174,16 @@ class ShmCollective final : public Collective {
       }
     }
     const auto deadline = Clock::now() + rv_.timeout();
+    auto next_check = Clock::now() + std::chrono::milliseconds(100);
     while (!passed()) {
       const auto now = Clock::now();
       if (now >= deadline) throw std::runtime_error(timeout_message(what, step, missing(k)));
+      if (now >= next_check) {
+        next_check = now + std::chrono::milliseconds(100);
+        if (const std::string gone = exited(k); !gone.empty())
+          throw std::runtime_error(std::string(what) + (step >= 0 ? " of step " + std::to_string(step) : std::string()) +
+                                   " on rank " + std::to_string(rank()) + " failed: " + gone);
+      }
       const auto slice = std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(100));
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
       const timespec ts{time_t(ns / 1000000000), long(ns % 1000000000)};
@@ -180,6 +192,19 @@ class ShmCollective final : public Collective {
       if (std::int32_t(seen - target) < 0) futex(&c->arrivals, FUTEX_WAIT, seen, &ts);
       c->sleepers.fetch_sub(1, std::memory_order_seq_cst);
     }
+  }
+
+  // The ranks that have not reached barrier k and whose process is gone ("" if none): a dead
+  // peer ends the wait at once instead of at the timeout.
+  std::string exited(std::uint32_t k) const {
+    std::string s;
+    for (int q = 0; q < size(); ++q) {
+      const std::int32_t pid = control()->pid[q].load(std::memory_order_relaxed);
+      if (pid <= 0 || std::int32_t(control()->reached[q].load(std::memory_order_relaxed) - k) >= 0) continue;
+      if (::kill(pid, 0) != 0 && errno == ESRCH)
+        s += (s.empty() ? "" : ", ") + std::string("rank ") + std::to_string(q) + " (process " + std::to_string(pid) + ") exited";
+    }
+    return s.empty() ? s : s + " before shared-memory barrier " + std::to_string(k);
   }
 
   // "waited at barrier k of the shared segment for rank 1 (at barrier k-1), ..."
