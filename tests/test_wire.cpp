@@ -230,6 +230,46 @@ TEST(Wire, ChecksumCoversBytesInAnyPiecesAndFloatsAreTheirBytes) {
   EXPECT_EQ(checksum(f, 3), checksum_bytes(f, sizeof f));
 }
 
+// The checksum's definition, written plainly: word i (little-endian, a last partial word
+// zero-padded) goes to lane i % 4; a[l] += word, b[l] += a[l]; the byte count and the 8 sums
+// are mixed at the end. The library's (vectorised where the CPU can) must give the same value
+// for every length, alignment and split: a change of definition breaks every peer of an older
+// build, so it must be deliberate.
+std::uint64_t reference_checksum(const unsigned char* p, std::size_t n) {
+  std::uint64_t a[4] = {}, b[4] = {};
+  for (std::size_t i = 0; 4 * i < n; ++i) {
+    std::uint32_t w = 0;
+    for (std::size_t k = 0; k < 4 && 4 * i + k < n; ++k) w |= std::uint32_t(p[4 * i + k]) << (8 * k);
+    a[i % 4] += w;
+    b[i % 4] += a[i % 4];
+  }
+  std::uint64_t h = std::uint64_t(n) * 0x9E3779B97F4A7C15ull;
+  for (std::uint64_t v : {a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]}) h = (h ^ v) * 0xBF58476D1CE4E5B9ull + 0x94D049BB133111EBull;
+  return h ^ (h >> 31);
+}
+
+TEST(Wire, ChecksumMatchesItsPlainDefinitionAtEveryLengthAlignmentAndSplit) {
+  std::vector<unsigned char> x(70000 + 64);
+  Rng r(13);
+  for (auto& v : x) v = static_cast<unsigned char>(r.below(256));
+  for (std::size_t align : {0u, 1u, 4u, 12u}) {
+    for (std::size_t n : {0u, 1u, 15u, 63u, 64u, 65u, 127u, 128u, 255u, 1000u, 4099u, 70000u}) {
+      const unsigned char* p = x.data() + align;
+      const std::uint64_t want = reference_checksum(p, n);
+      EXPECT_EQ(checksum_bytes(p, n), want) << n << " bytes at offset " << align;
+      for (std::size_t piece : {7u, 60u, 68u, 4096u}) {  // splits inside and across the 64-byte blocks
+        Checksum c;
+        for (std::size_t lo = 0; lo < n; lo += piece) c.update_bytes(p + lo, std::min(piece, n - lo));
+        EXPECT_EQ(c.value(), want) << n << " bytes at offset " << align << " in pieces of " << piece;
+      }
+    }
+  }
+  std::vector<float> f(70001), g(70001);
+  for (auto& v : f) v = float(r.normal());
+  EXPECT_EQ(copy_with_checksum(g.data(), f.data(), f.size()),
+            reference_checksum(reinterpret_cast<const unsigned char*>(f.data()), f.size() * sizeof(float)));
+}
+
 // Slices checksummed apart (by a server's threads) and appended in order give the checksum of
 // the whole; a first piece that is not whole 16-byte rounds is refused.
 TEST(Wire, ChecksumsOfSlicesAppendToTheWhole) {
