@@ -214,7 +214,9 @@ TEST(AllReduceTransports, AutoAndShmUseSharedMemoryOnOneHostTcpUsesGloo) {
     run_threads(2, [&](int r) {
       RendezvousClient rv(*tr, ep, r, 2, std::chrono::seconds(20));
       auto be = make_cpu_backend(1);
-      said[std::size_t(r)] = make_collective(*be, rv, "127.0.0.1", t)->describe();
+      const auto coll = make_collective(*be, rv, "127.0.0.1", t);
+      said[std::size_t(r)] = coll->describe();
+      coll->barrier();  // no rank goes (closing its connections) while another still connects
       rv.bye();
     });
     for (const auto& d : said) EXPECT_EQ(d.rfind(t == "tcp" ? "gloo" : "shared memory", 0), 0u) << t << ": " << d;
