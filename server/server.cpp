@@ -55,6 +55,7 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   so.batch = cfg.train.batch;
   so.record_pulls = opt.record_pulls;
   so.threads = server_threads(cfg, opt.procs_on_host);
+  so.memory = [&transport](std::size_t bytes) { return transport.payload_memory(bytes); };  // shm: replies without a copy
   state_ = std::make_unique<ShardState>(*cpu_, so, std::move(slice));
 
   const int W = cfg.cluster.workers;
@@ -337,7 +338,7 @@ void Server::serve_pull(const std::string& id, int rank, long clock, Clock::time
                     byes_ == cfg_.cluster.workers, state_->current_checksum(), range_.offset, range_.length,
                     /*codec: dense f32*/ 0, range_.length * sizeof(float)};
   ParamVersions::Buffer* buf = pv.acquire_current();  // released by the transport once sent
-  send(id, header(r), comm::OutPayload{buf->data.data(), buf->data.size() * sizeof(float), &free_param_buffer, buf});
+  send(id, header(r), comm::OutPayload{buf->data, pv.size() * sizeof(float), &free_param_buffer, buf});
   if (opt_.record_pulls && metrics_ && rank >= 0)
     metrics_->write({{"kind", "pull"}, {"worker", rank}, {"clock", clock}, {"min_clock", r.min_clock},
                      {"version", r.version}, {"held_ms", held_s * 1e3}});

@@ -180,6 +180,52 @@ TEST(ShmTransport, ASlotIsReusedOnceItsReceiverIsDoneAndNotBefore) {
   EXPECT_EQ(y, 8.0f);
 }
 
+// A payload sent from the transport's payload_memory() with a release function is lent, not
+// copied: the receiver reads it where it lies (a write after the send shows), and it is
+// released only once the receiver is done with it; one region lends to many receivers at once.
+TEST(ShmTransport, APayloadFromItsMemoryIsLentNotCopiedAndReleasedWhenTheReceiverIsDone) {
+  auto t = make_transport("shm");
+  const std::string a = t->local_address("srv");
+  auto l = t->listen(a);
+  auto c1 = t->connect({a}), c2 = t->connect({a});
+  const auto mem = t->payload_memory(4096);
+  auto* f = static_cast<float*>(mem->data());
+  std::fill(f, f + 1024, 1.0f);
+  Message m1, m2;
+  PeerId p1, p2;
+  std::size_t k = 0;
+  ASSERT_TRUE(c1->send(0, bytes("hello"), {}, after(5s)));
+  ASSERT_TRUE(l->recv(m1, p1, after(5s)));
+  ASSERT_TRUE(c2->send(0, bytes("hello"), {}, after(5s)));
+  ASSERT_TRUE(l->recv(m2, p2, after(5s)));
+  std::atomic<int> released{0};
+  const ReleaseFn count = [](void*, void* hint) { static_cast<std::atomic<int>*>(hint)->fetch_add(1); };
+  ASSERT_TRUE(l->send(p1, bytes("theta"), OutPayload{f, 4096, count, &released}));
+  ASSERT_TRUE(l->send(p2, bytes("theta"), OutPayload{f, 4096, count, &released}));  // the same version, twice
+  f[100] = 5.0f;  // after the sends: a copy would not show it
+  ASSERT_TRUE(c1->recv(m1, k, after(5s)));
+  ASSERT_TRUE(c2->recv(m2, k, after(5s)));
+  float x1, x2;
+  std::memcpy(&x1, m1.payload().data() + 400, 4);
+  std::memcpy(&x2, m2.payload().data() + 400, 4);
+  EXPECT_EQ(x1, 5.0f) << "the payload was copied, not lent";
+  EXPECT_EQ(x2, 5.0f) << "the payload was copied, not lent";
+  EXPECT_FALSE(l->recv(m1, p1, after(50ms)));  // the listener looks at its loans: both still held
+  EXPECT_EQ(released.load(), 0);
+  m1 = Message();  // receiver 1 is done
+  EXPECT_FALSE(l->recv(m1, p1, after(50ms)));
+  EXPECT_EQ(released.load(), 1);
+  m2 = Message();
+  EXPECT_FALSE(l->recv(m2, p2, after(50ms)));
+  EXPECT_EQ(released.load(), 2);
+  // Without a release function the contract is a copy before send() returns.
+  ASSERT_TRUE(l->send(p1, bytes("copy"), OutPayload{f, 4096}));
+  f[100] = 6.0f;
+  ASSERT_TRUE(c1->recv(m1, k, after(5s)));
+  std::memcpy(&x1, m1.payload().data() + 400, 4);
+  EXPECT_EQ(x1, 5.0f);
+}
+
 // auto: ipc:// addresses (one host) go through shared memory, tcp:// ones over TCP; one
 // process's connections are of one kind.
 TEST(AutoTransport, SharedMemoryOnOneHostTcpAcrossHosts) {
@@ -234,6 +280,16 @@ TEST(ShmTransport, AReferenceToNoLiveSlotArrivesMalformedSayingWhy) {
   send(stale);
   ASSERT_TRUE(l->recv(m, from, after(5s)));
   EXPECT_NE(m.malformed().find("stale"), std::string::npos) << m.malformed();
+  ShmRef no_loan = ref;
+  no_loan.loan = 1000;
+  send(no_loan);
+  ASSERT_TRUE(l->recv(m, from, after(5s)));
+  EXPECT_NE(m.malformed().find("no loan 1000"), std::string::npos) << m.malformed();
+  ShmRef outside = ref;
+  outside.offset = 8;  // inside the segment's header
+  send(outside);
+  ASSERT_TRUE(l->recv(m, from, after(5s)));
+  EXPECT_NE(m.malformed().find("at offset 8"), std::string::npos) << m.malformed();
   ShmRef not_ours = ref;
   not_ours.fd = 1;
   send(not_ours);

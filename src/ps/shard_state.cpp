@@ -17,10 +17,23 @@ ShardRange shard_range(std::size_t num_params, int num_shards, int shard) {
 
 // ---- ParamVersions ----
 
-ParamVersions::ParamVersions(std::vector<float> initial) {
-  pool_.push_back(std::make_unique<Buffer>());
-  pool_.back()->data = std::move(initial);
-  current_ = pool_.back().get();
+ParamVersions::ParamVersions(std::vector<float> initial, Memory memory) : size_(initial.size()), memory_(std::move(memory)) {
+  Buffer& first = add_buffer();
+  std::copy(initial.begin(), initial.end(), first.data);
+  current_ = &first;
+}
+
+ParamVersions::Buffer& ParamVersions::add_buffer() {
+  auto b = std::make_unique<Buffer>();
+  if (memory_) {
+    b->memory = memory_(std::max<std::size_t>(size_, 1) * sizeof(float));
+    b->data = static_cast<float*>(b->memory->data());
+  } else {
+    b->heap.resize(std::max<std::size_t>(size_, 1));
+    b->data = b->heap.data();
+  }
+  pool_.push_back(std::move(b));
+  return *pool_.back();
 }
 
 ParamVersions::Buffer* ParamVersions::acquire_current() {
@@ -35,12 +48,8 @@ float* ParamVersions::next() {
       next_ = b.get();
       break;
     }
-  if (!next_) {
-    pool_.push_back(std::make_unique<Buffer>());
-    pool_.back()->data.resize(current_->data.size());
-    next_ = pool_.back().get();
-  }
-  return next_->data.data();
+  if (!next_) next_ = &add_buffer();
+  return next_->data;
 }
 
 void ParamVersions::publish() {
@@ -66,7 +75,7 @@ constexpr std::size_t kMinFloatsPerThread = std::size_t(1) << 17;
 ShardState::ShardState(Backend& cpu, const Options& opt, std::vector<float> initial)
     : opt_(opt), be_(cpu), rule_(make_rule(opt.mode)), codec_(make_codec(opt.codec)),
       optimizer_(cpu, opt.optimizer, opt.range.length),
-      params_(std::move(initial)), clocks_(std::size_t(opt.workers), 0), staleness_(std::size_t(opt.workers)),
+      params_(std::move(initial), opt.memory), clocks_(std::size_t(opt.workers), 0), staleness_(std::size_t(opt.workers)),
       team_(std::max(1, opt.threads)), grad_sums_(std::size_t(team_.size())), param_sums_(std::size_t(team_.size())) {
   if (params_.size() != opt.range.length)
     throw std::invalid_argument("ShardState: initial slice has " + std::to_string(params_.size()) +

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "comm/transport/transport.h"
 #include "comm/wire.h"
 #include "core/thread_team.h"
 #include "core/optimizer.h"
@@ -42,16 +43,21 @@ ShardRange shard_range(std::size_t num_params, int num_shards, int shard);
 // The shard's parameters by version, for zero-copy pull replies: a reply references the
 // current buffer until ZeroMQ has sent it, so an update writes the next version into a
 // buffer that no send references (out of place; no copy) and then makes it current.
+// Buffers come from `memory` when given (the transport's payload_memory(): shared memory that the
+// shm transport lends instead of copying), else from the heap.
 class ParamVersions {
  public:
+  using Memory = std::function<std::unique_ptr<comm::PayloadMemory>(std::size_t bytes)>;
   struct Buffer {
-    std::vector<float> data;
+    float* data = nullptr;  // size() floats
     std::atomic<int> in_flight{0};  // zero-copy sends referencing this buffer
+    std::vector<float> heap;                     // the floats, or
+    std::unique_ptr<comm::PayloadMemory> memory;  // where they are
   };
-  explicit ParamVersions(std::vector<float> initial);
+  explicit ParamVersions(std::vector<float> initial, Memory memory = {});
 
-  const float* current() const { return current_->data.data(); }
-  std::size_t size() const { return current_->data.size(); }
+  const float* current() const { return current_->data; }
+  std::size_t size() const { return size_; }
   // Marks the current buffer as referenced by one more send; pass the result to release()
   // (the transport's release callback) when the send is done.
   Buffer* acquire_current();
@@ -63,6 +69,9 @@ class ParamVersions {
   std::size_t buffers() const { return pool_.size(); }
 
  private:
+  Buffer& add_buffer();
+  std::size_t size_;
+  Memory memory_;
   std::vector<std::unique_ptr<Buffer>> pool_;
   Buffer* current_;
   Buffer* next_ = nullptr;
@@ -89,6 +98,7 @@ class ShardState : private ShardOps {
     int batch = 1;               // per-worker batch, for the linear scaling rule
     bool record_pulls = false;   // keep a PullRecord per served pull
     int threads = 1;             // threads that share a large update (cluster.server_threads)
+    ParamVersions::Memory memory;  // where θ versions live (default: the heap)
   };
   // `initial` is the shard's slice of the initial θ (range.length floats). Throws
   // std::invalid_argument for an unknown mode or codec.

@@ -6,7 +6,31 @@
 #include "comm/transport/shm/shm_transport.h"
 #include "comm/transport/zmq/zmq_transport.h"
 
+#include <cstring>
+#include <new>
+
 namespace pslab::comm {
+
+namespace {
+class HeapPayloadMemory final : public PayloadMemory {
+ public:
+  explicit HeapPayloadMemory(std::size_t bytes)
+      : size_(bytes), data_(static_cast<std::byte*>(::operator new[]((bytes + 63) / 64 * 64, std::align_val_t(64)))) {
+    std::memset(data_, 0, size_);
+  }
+  ~HeapPayloadMemory() override { ::operator delete[](data_, std::align_val_t(64)); }
+  void* data() const override { return data_; }
+  std::size_t size() const override { return size_; }
+
+ private:
+  std::size_t size_;
+  std::byte* data_;
+};
+}  // namespace
+
+std::unique_ptr<PayloadMemory> Transport::payload_memory(std::size_t bytes) {
+  return std::make_unique<HeapPayloadMemory>(bytes);
+}
 
 Registry<Transport>& transport_registry() {
   static Registry<Transport> r("transport", {

@@ -57,6 +57,14 @@ struct OutPayload {
   bool empty() const { return data == nullptr; }
 };
 
+// Memory to keep payloads in (Transport::payload_memory): 64-byte aligned, zero-filled.
+class PayloadMemory {
+ public:
+  virtual ~PayloadMemory() = default;
+  virtual void* data() const = 0;
+  virtual std::size_t size() const = 0;
+};
+
 // A received message. Move-only; its storage belongs to the transport that filled it and is
 // reused by the next receive into the same Message.
 class Message {
@@ -156,6 +164,12 @@ class Transport {
   // Throws std::invalid_argument for an address this transport cannot use.
   virtual std::unique_ptr<Connections> connect(const std::vector<std::string>& addresses,
                                                const ConnectOptions& opt = {}) = 0;
+  // `bytes` of memory for payloads that are sent again and again (a server's θ versions). A
+  // transport that passes payloads by reference (shm) makes it memory its receivers can map:
+  // a payload sent from it with a release function is then lent, not copied, until the
+  // receiver is done with it. Others give ordinary memory (the default). The transport must
+  // outlive it; it must outlive every send from it.
+  virtual std::unique_ptr<PayloadMemory> payload_memory(std::size_t bytes);
 };
 
 // cluster.transport -> transport. Built-ins: tcp, ipc (comm/transport/registry.cpp).

@@ -29,6 +29,8 @@ class AutoTransport final : public Transport {
                                     "tcp:// across hosts)");
     return t.connect(addresses, opt);
   }
+  // Shared memory: lent by reference where the peer is on this host, ordinary memory to TCP.
+  std::unique_ptr<PayloadMemory> payload_memory(std::size_t bytes) override { return shm_->payload_memory(bytes); }
 
  private:
   Transport& for_address(const std::string& address) {

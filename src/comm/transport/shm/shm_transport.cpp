@@ -5,7 +5,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <map>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -16,15 +18,23 @@
 namespace pslab::comm {
 namespace {
 
-// The head of every segment; the payload starts kPayloadOffset bytes in (cache-line aligned).
-struct SlotHeader {
-  std::uint64_t segment_id;         // random; what a reference must name
-  std::uint64_t capacity;           // payload bytes the segment holds
-  std::atomic<std::uint32_t> busy;  // 1 from send until the receiver is done with the payload
-  std::uint32_t generation;         // the slot's current use
+// The head of every segment: its id and a table of loans. A loan is one payload lent to one
+// receiver, [offset, offset + length) of the segment: busy from send until the receiver is
+// done. A slot (a payload copied in) has one loan; a region (Transport::payload_memory, e.g. a
+// server's θ versions) has kRegionLoans, so that one version can be lent to many workers.
+struct Loan {
+  std::atomic<std::uint32_t> busy;  // 1 from send until the receiver is done
+  std::uint32_t generation;         // the loan's current use
 };
-constexpr std::size_t kPayloadOffset = 64;
-static_assert(sizeof(SlotHeader) <= kPayloadOffset);
+constexpr std::uint32_t kRegionLoans = 64;
+struct SegmentHeader {
+  std::uint64_t segment_id;  // random; what a reference must name
+  std::uint64_t size;        // bytes of the segment, header included
+  std::uint32_t loans;       // entries of `loan` in use
+  std::uint32_t unused;
+  Loan loan[kRegionLoans];
+};
+constexpr std::size_t kDataOffset = (sizeof(SegmentHeader) + 63) / 64 * 64;  // payloads start here
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 constexpr char kSegmentName[] = "pslab-shm";  // memfd name; /proc/PID/fd/FD reads "/memfd:pslab-shm (deleted)"
 
@@ -33,32 +43,48 @@ void release(OutPayload& p) {
   p = {};
 }
 
-// One slot of a sender: a memfd segment of its own, mapped. Threading: the owner's thread; the
+// A memfd segment of a sender, mapped: a slot or a region. Threading: loans are taken with an
+// atomic exchange (a region may be sent from by several listeners or connections); the
 // receiver (another process) only clears `busy`.
 class Segment {
  public:
-  explicit Segment(std::size_t capacity)
-      : mem_(MemfdSegment::create(kSegmentName, kPayloadOffset + capacity)), pid_(std::uint32_t(::getpid())) {
+  Segment(std::size_t capacity, std::uint32_t loans)
+      : mem_(MemfdSegment::create(kSegmentName, kDataOffset + capacity)), pid_(std::uint32_t(::getpid())) {
     static thread_local std::mt19937_64 rng{std::random_device{}()};
     head()->segment_id = rng();
-    head()->capacity = mem_->size() - kPayloadOffset;
-    head()->busy.store(0, std::memory_order_relaxed);
-    head()->generation = 0;
+    head()->size = mem_->size();
+    head()->loans = loans;
   }
 
-  SlotHeader* head() const { return static_cast<SlotHeader*>(mem_->base()); }
-  std::size_t capacity() const { return mem_->size() - kPayloadOffset; }
-  bool free() const { return head()->busy.load(std::memory_order_acquire) == 0; }
+  SegmentHeader* head() const { return static_cast<SegmentHeader*>(mem_->base()); }
+  std::byte* data() const { return static_cast<std::byte*>(mem_->base()) + kDataOffset; }
+  std::size_t capacity() const { return mem_->size() - kDataOffset; }
+  bool contains(const void* p, std::size_t n) const {
+    const auto* b = static_cast<const std::byte*>(p);
+    return b >= data() && n <= capacity() && std::size_t(b - data()) <= capacity() - n;
+  }
+  bool free(std::uint32_t k) const { return head()->loan[k].busy.load(std::memory_order_acquire) == 0; }
 
-  // Copies the payload in and returns the reference that names it; the slot is busy until the
-  // receiver is done (or abandon()).
+  // Lends [p, p + n) (inside the segment) through a free loan: false if every loan is out.
+  bool lend(const void* p, std::size_t n, ShmRef& ref) {
+    for (std::uint32_t k = 0; k < head()->loans; ++k) {
+      Loan& l = head()->loan[k];
+      if (l.busy.load(std::memory_order_relaxed) != 0 || l.busy.exchange(1, std::memory_order_acquire) != 0) continue;
+      ++l.generation;
+      ref = ShmRef{kShmRefMagic, pid_, mem_->fd(), k, l.generation, 0, head()->segment_id,
+                   std::uint64_t(static_cast<const std::byte*>(p) - static_cast<std::byte*>(mem_->base())), n};
+      return true;
+    }
+    return false;
+  }
+  // Copies the payload into a slot (loan 0) and lends it.
   ShmRef fill(const void* data, std::size_t n) {
-    head()->busy.store(1, std::memory_order_relaxed);
-    if (n) std::memcpy(static_cast<std::byte*>(mem_->base()) + kPayloadOffset, data, n);
-    ++head()->generation;
-    return ShmRef{kShmRefMagic, pid_, mem_->fd(), head()->generation, head()->segment_id, n, 0};
+    if (n) std::memcpy(this->data(), data, n);
+    ShmRef ref{};
+    if (!lend(this->data(), n, ref)) throw std::logic_error("shm transport: filled a slot that is in use");
+    return ref;
   }
-  void abandon() { head()->busy.store(0, std::memory_order_release); }
+  void abandon(std::uint32_t k) { head()->loan[k].busy.store(0, std::memory_order_release); }
   int fd() const { return mem_->fd(); }
 
  private:
@@ -79,7 +105,7 @@ struct ShmSlots::Pool {
     std::size_t small_free = slots_.size();
     for (std::size_t i = 0; i < slots_.size(); ++i) {
       Segment& s = *slots_[i];
-      if (!s.free()) continue;
+      if (!s.free(0)) continue;
       if (s.capacity() < n) {
         small_free = i;
         continue;
@@ -87,8 +113,8 @@ struct ShmSlots::Pool {
       if (!best || s.capacity() < best->capacity()) best = &s;
     }
     if (best) return best;
-    if (slots_.size() < kMaxSlots) return slots_.emplace_back(std::make_unique<Segment>(n)).get();
-    if (small_free < slots_.size()) return (slots_[small_free] = std::make_unique<Segment>(n)).get();  // grows one
+    if (slots_.size() < kMaxSlots) return slots_.emplace_back(std::make_unique<Segment>(n, 1)).get();
+    if (small_free < slots_.size()) return (slots_[small_free] = std::make_unique<Segment>(n, 1)).get();  // grows one
     return nullptr;
   }
 
@@ -107,8 +133,113 @@ bool ShmSlots::put(const void* data, std::size_t n, ShmRef& ref) {
 
 void ShmSlots::abandon(const ShmRef& ref) {
   for (auto& s : pool_->slots_)
-    if (s->fd() == ref.fd) s->abandon();
+    if (s->fd() == ref.fd) s->abandon(ref.loan);
 }
+
+namespace {
+
+// The regions of one shm transport (Transport::payload_memory), shared with its listeners and
+// connections, which lend payloads that lie in one instead of copying them.
+// Threading: any thread (a mutex).
+class Regions {
+ public:
+  void add(Segment* s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    segments_.push_back(s);
+  }
+  void remove(Segment* s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    segments_.erase(std::remove(segments_.begin(), segments_.end(), s), segments_.end());
+  }
+  // The region [p, p + n) lies in, or nullptr.
+  Segment* find(const void* p, std::size_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Segment* s : segments_)
+      if (s->contains(p, n)) return s;
+    return nullptr;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Segment*> segments_;
+};
+
+class ShmRegion final : public PayloadMemory {
+ public:
+  ShmRegion(std::shared_ptr<Regions> regions, std::size_t bytes)
+      : regions_(std::move(regions)), segment_(bytes, kRegionLoans) {
+    regions_->add(&segment_);
+  }
+  ~ShmRegion() override { regions_->remove(&segment_); }
+  void* data() const override { return segment_.data(); }
+  std::size_t size() const override { return segment_.capacity(); }
+
+ private:
+  std::shared_ptr<Regions> regions_;
+  Segment segment_;
+};
+
+// What one listener or connections sends through shared memory: payloads copied into its
+// slots, and payloads lent from regions, whose release functions it calls once their receivers
+// are done (checked on every send and receive). Threading: the owner's thread.
+class Sender {
+ public:
+  explicit Sender(std::shared_ptr<Regions> regions) : regions_(std::move(regions)) {}
+  ~Sender() {
+    for (auto& l : lent_) release(l.payload);  // the receivers keep their mappings
+  }
+
+  // The reference to send for `payload`, which is released (now, or once its receiver is done);
+  // false if no slot is free now (the payload is kept: try again, or release it).
+  bool reference(OutPayload& payload, ShmRef& ref) {
+    poll();
+    if (payload.release) {
+      if (Segment* region = regions_->find(payload.data, payload.size); region && region->lend(payload.data, payload.size, ref)) {
+        lent_.push_back({region, ref.loan, payload});
+        payload = {};
+        return true;
+      }
+    }
+    if (!slots_.put(payload.data, payload.size, ref)) return false;
+    release(payload);
+    return true;
+  }
+  // `ref` (from reference()) was not sent: its loan is free again.
+  void unsent(const ShmRef& ref) {
+    for (auto it = lent_.begin(); it != lent_.end(); ++it)
+      if (it->region->fd() == ref.fd && it->loan == ref.loan) {
+        it->region->abandon(it->loan);
+        release(it->payload);
+        lent_.erase(it);
+        return;
+      }
+    slots_.abandon(ref);
+  }
+  // Releases the lent payloads whose receivers are done.
+  void poll() {
+    for (std::size_t i = 0; i < lent_.size();) {
+      if (lent_[i].region->free(lent_[i].loan)) {
+        release(lent_[i].payload);
+        lent_[i] = lent_.back();
+        lent_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+
+ private:
+  struct Lent {
+    Segment* region;
+    std::uint32_t loan;
+    OutPayload payload;
+  };
+  std::shared_ptr<Regions> regions_;
+  ShmSlots slots_;
+  std::vector<Lent> lent_;
+};
+
+}  // namespace
 
 namespace {
 
@@ -117,16 +248,17 @@ struct Mapping {
   std::unique_ptr<MemfdSegment> mem;
   void* base() const { return mem->base(); }
   std::size_t size() const { return mem->size(); }
-  SlotHeader* head() const { return static_cast<SlotHeader*>(mem->base()); }
+  SegmentHeader* head() const { return static_cast<SegmentHeader*>(mem->base()); }
 };
 
-// A received message's storage: the inner (ZeroMQ) message and the slot its payload lies in,
+// A received message's storage: the inner (ZeroMQ) message and the loan its payload lies in,
 // handed back when the next receive into the same Message starts or the Message goes.
 struct ShmHeld final : Message::Storage {
   Message inner;
   std::shared_ptr<Mapping> mapping;
+  std::uint32_t loan = 0;
   void give_back() {
-    if (mapping) mapping->head()->busy.store(0, std::memory_order_release);
+    if (mapping) mapping->head()->loan[loan].busy.store(0, std::memory_order_release);
     mapping.reset();
   }
   ~ShmHeld() override { give_back(); }
@@ -163,7 +295,8 @@ class Mappings {
     auto mapping = resolve(ref, why);
     if (!mapping) return m.set_malformed("shared-memory reference: " + why, in.wire_bytes());
     held.mapping = std::move(mapping);
-    const auto* payload = static_cast<const std::byte*>(held.mapping->base()) + kPayloadOffset;
+    held.loan = ref.loan;
+    const auto* payload = static_cast<const std::byte*>(held.mapping->base()) + ref.offset;
     m.set(in.header(), {payload, std::size_t(ref.length)}, true, in.header().size() + std::size_t(ref.length));
   }
 
@@ -180,13 +313,18 @@ class Mappings {
       if (!fresh) return nullptr;
       it = maps_.insert_or_assign(key, std::move(fresh)).first;
     }
-    const SlotHeader* h = it->second->head();
+    SegmentHeader* h = it->second->head();
+    const std::size_t size = it->second->size();
     if (h->segment_id != ref.segment_id) return why = "no segment " + std::to_string(ref.segment_id) + " at that fd", nullptr;
-    if (ref.length > h->capacity || kPayloadOffset + h->capacity > it->second->size())
-      return why = "a payload of " + std::to_string(ref.length) + " bytes in a slot of " + std::to_string(h->capacity), nullptr;
-    if (h->generation != ref.generation || h->busy.load(std::memory_order_acquire) != 1)
-      return why = "stale: generation " + std::to_string(ref.generation) + " of a slot now at " +
-                   std::to_string(h->generation) + (h->busy.load() ? "" : " (not in use)"),
+    if (ref.offset < kDataOffset || ref.offset > size || ref.length > size - ref.offset)
+      return why = "a payload of " + std::to_string(ref.length) + " bytes at offset " + std::to_string(ref.offset) +
+                   " of a segment of " + std::to_string(size),
+             nullptr;
+    if (ref.loan >= std::min(h->loans, kRegionLoans)) return why = "no loan " + std::to_string(ref.loan) + " in that segment", nullptr;
+    const Loan& l = h->loan[ref.loan];
+    if (l.generation != ref.generation || l.busy.load(std::memory_order_acquire) != 1)
+      return why = "stale: generation " + std::to_string(ref.generation) + " of a loan now at " +
+                   std::to_string(l.generation) + (l.busy.load() ? "" : " (not in use)"),
              nullptr;
     return it->second;
   }
@@ -206,77 +344,83 @@ class Mappings {
 
 class ShmListener final : public Listener {
  public:
-  ShmListener(std::unique_ptr<Listener> inner, const ListenOptions& o)
-      : inner_(std::move(inner)), mappings_(o.max_message_bytes) {}
+  ShmListener(std::unique_ptr<Listener> inner, const ListenOptions& o, std::shared_ptr<Regions> regions)
+      : inner_(std::move(inner)), mappings_(o.max_message_bytes), sender_(std::move(regions)) {}
   const std::string& address() const override { return inner_->address(); }
 
   bool recv(Message& m, PeerId& from, Deadline deadline) override {
+    sender_.poll();
     return mappings_.receive(m, [&](Message& inner) { return inner_->recv(inner, from, deadline); });
   }
 
   bool send(const PeerId& to, std::span<const std::byte> header, OutPayload payload) override {
     if (payload.empty()) return inner_->send(to, header, {});
     ShmRef ref;
-    const bool put = slots_.put(payload.data, payload.size, ref);
-    release(payload);
-    if (!put) return false;  // every slot still held by its receiver: dropped, like a full queue
+    if (!sender_.reference(payload, ref)) {  // every slot still held by its receiver: dropped, like a full queue
+      release(payload);
+      return false;
+    }
     if (inner_->send(to, header, OutPayload{&ref, sizeof ref})) return true;
-    slots_.abandon(ref);
+    sender_.unsent(ref);
     return false;
   }
 
  private:
   std::unique_ptr<Listener> inner_;
   Mappings mappings_;
-  ShmSlots slots_;
+  Sender sender_;
 };
 
 class ShmConnections final : public Connections {
  public:
-  explicit ShmConnections(std::unique_ptr<Connections> inner) : inner_(std::move(inner)), mappings_(0) {}
+  ShmConnections(std::unique_ptr<Connections> inner, std::shared_ptr<Regions> regions)
+      : inner_(std::move(inner)), mappings_(0), sender_(std::move(regions)) {}
   std::size_t size() const override { return inner_->size(); }
   const std::string& address(std::size_t k) const override { return inner_->address(k); }
 
   bool send(std::size_t k, std::span<const std::byte> header, OutPayload payload, Deadline deadline) override {
     if (payload.empty()) return inner_->send(k, header, {}, deadline);
     ShmRef ref;
-    while (!slots_.put(payload.data, payload.size, ref)) {  // every slot still held by its receiver
+    while (!sender_.reference(payload, ref)) {  // every slot still held by its receiver
       if (Clock::now() >= deadline) {
         release(payload);
         return false;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
-    release(payload);
     if (inner_->send(k, header, OutPayload{&ref, sizeof ref}, deadline)) return true;
-    slots_.abandon(ref);
+    sender_.unsent(ref);
     return false;
   }
 
   bool recv(Message& m, std::size_t& from, Deadline deadline) override {
+    sender_.poll();
     return mappings_.receive(m, [&](Message& inner) { return inner_->recv(inner, from, deadline); });
   }
 
  private:
   std::unique_ptr<Connections> inner_;
   Mappings mappings_;
-  ShmSlots slots_;
+  Sender sender_;
 };
 
 class ShmTransport final : public Transport {
  public:
-  ShmTransport() : ipc_(make_zmq_transport("ipc")) {}
+  ShmTransport() : ipc_(make_zmq_transport("ipc")), regions_(std::make_shared<Regions>()) {}
   std::string name() const override { return "shm"; }
   std::string address_scheme() const override { return "ipc"; }
   std::string local_address(const std::string& name) override { return ipc_->local_address(name); }
 
   std::unique_ptr<Listener> listen(const std::string& address, const ListenOptions& opt) override {
     check(address);
-    return std::make_unique<ShmListener>(ipc_->listen(address, opt), opt);
+    return std::make_unique<ShmListener>(ipc_->listen(address, opt), opt, regions_);
   }
   std::unique_ptr<Connections> connect(const std::vector<std::string>& addresses, const ConnectOptions& opt) override {
     for (const auto& a : addresses) check(a);
-    return std::make_unique<ShmConnections>(ipc_->connect(addresses, opt));
+    return std::make_unique<ShmConnections>(ipc_->connect(addresses, opt), regions_);
+  }
+  std::unique_ptr<PayloadMemory> payload_memory(std::size_t bytes) override {
+    return std::make_unique<ShmRegion>(regions_, bytes);
   }
 
  private:
@@ -286,6 +430,7 @@ class ShmTransport final : public Transport {
                                   "go over Unix sockets, its payloads through shared memory; cluster.transport = \"shm\")");
   }
   std::unique_ptr<Transport> ipc_;  // headers
+  std::shared_ptr<Regions> regions_;  // payload_memory(), which listeners and connections lend from
 };
 
 }  // namespace

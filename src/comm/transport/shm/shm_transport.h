@@ -4,6 +4,10 @@
 // slot, reused) and sends a 40-byte reference in its place; the receiver maps the sender's
 // segment once (/proc/PID/fd/FD: only the same user can) and reads the payload where it lies.
 // The slot is the sender's again when the receiver's Message is reused or destroyed.
+// A payload that lies in the transport's payload_memory() (a region: a segment with a table of
+// loans), sent with a release function, is not copied at all: it is lent, and released once
+// its receiver is done (the sender checks on every send and receive). A server keeps its θ
+// versions there, so that a pull reply costs no copy on its side.
 //
 // A reference that does not name a live slot of a pslab segment (wrong id, stale generation,
 // a length beyond the slot, a process or fd that is not there) is delivered as malformed, like
@@ -27,12 +31,14 @@ struct ShmRef {
   std::uint32_t magic;       // kShmRefMagic
   std::uint32_t pid;         // the sender
   std::int32_t fd;           // its segment's fd in the sender
-  std::uint32_t generation;  // the slot's use: a reference to an earlier use is stale
+  std::uint32_t loan;        // the entry of the segment's loan table that lends the payload
+  std::uint32_t generation;  // the loan's use: a reference to an earlier use is stale
+  std::uint32_t reserved;
   std::uint64_t segment_id;  // random, in the segment's header: an fd number can be reused
+  std::uint64_t offset;      // of the payload in the segment, bytes
   std::uint64_t length;      // payload bytes
-  std::uint64_t reserved;
 };
-inline constexpr std::uint32_t kShmRefMagic = 0x50534d31;  // "PSM1"
+inline constexpr std::uint32_t kShmRefMagic = 0x50534d32;  // "PSM2"
 
 // A sender's slots: what the transport's listeners and connections send from, and what a tool
 // or test that writes frames itself uses. A slot is reused once its receiver is done with it.
