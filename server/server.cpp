@@ -304,15 +304,21 @@ void Server::on_push(const std::string& id, const Peer& p, const wire::Push& m, 
                                                      std::to_string(most));
     return;
   }
+  // The gradient is applied (or accumulated, or refused) before any answer leaves: its bytes go
+  // back to the worker first (shm lends them), so the worker may reuse them once answered.
   try {
     state_->push(p.rank, m.clock, m.version_pulled, m.batch, msg.payload(), m.checksum);
+    msg_.done_with_payload();
   } catch (const ProtocolError& e) {
+    msg_.done_with_payload();
     reply_error(id, wire::ErrorCode::protocol, e.what());
     return;
   } catch (const ChecksumError& e) {
+    msg_.done_with_payload();
     reply_error(id, wire::ErrorCode::bad_checksum, e.what());
     return;
   } catch (const PayloadError& e) {
+    msg_.done_with_payload();
     reply_error(id, wire::ErrorCode::bad_payload, e.what());
     return;
   }

@@ -218,6 +218,17 @@ TEST(ShmTransport, APayloadFromItsMemoryIsLentNotCopiedAndReleasedWhenTheReceive
   m2 = Message();
   EXPECT_FALSE(l->recv(m2, p2, after(50ms)));
   EXPECT_EQ(released.load(), 2);
+  // The other way (a worker's gradient): the receiver gives the payload back before it answers
+  // (done_with_payload), so the sender has it back as soon as the answer is in.
+  std::atomic<int> back{0};
+  ASSERT_TRUE(c1->send(0, bytes("grad"), OutPayload{f, 4096, count, &back}, after(5s)));
+  ASSERT_TRUE(l->recv(m1, p1, after(5s)));
+  ASSERT_EQ(m1.payload().size(), 4096u);
+  m1.done_with_payload();
+  EXPECT_TRUE(m1.payload().empty());
+  ASSERT_TRUE(l->send(p1, bytes("ack")));
+  ASSERT_TRUE(c1->recv(m2, k, after(5s)));
+  EXPECT_EQ(back.load(), 1) << "the gradient was not released by the time its answer arrived";
   // Without a release function the contract is a copy before send() returns.
   ASSERT_TRUE(l->send(p1, bytes("copy"), OutPayload{f, 4096}));
   f[100] = 6.0f;

@@ -46,7 +46,10 @@ RoleContext::RoleContext(const ExperimentConfig& c, const RoleOptions& o, RoleKi
     throw std::invalid_argument("--rank " + std::to_string(rank) + " is not in [0, cluster.workers = " + std::to_string(W) + ")");
   backend_ = backend_for(cfg, opt, kind);
   data_ = load_data(cfg);
-  replica_ = std::make_unique<Replica>(*backend_, model_spec(cfg), data_.train, replica_batch(cfg, kind));
+  // A PS worker's gradient lives in memory its transport pushes from without a copy (shm).
+  if (kind == RoleKind::ps_worker) grad_memory_ = transport().payload_memory(count_params(model_spec(cfg)) * sizeof(float));
+  replica_ = std::make_unique<Replica>(*backend_, model_spec(cfg), data_.train, replica_batch(cfg, kind),
+                                       grad_memory_ ? static_cast<float*>(grad_memory_->data()) : nullptr);
   const std::string file = kind == RoleKind::evaluator ? "evaluator" : "worker" + std::to_string(rank);
   metrics_ = std::make_unique<MetricsWriter>(opt.out_dir + "/metrics/" + file + ".jsonl", opt.run_start);
   if (!trains(kind)) return;

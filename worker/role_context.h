@@ -60,6 +60,7 @@ class RoleContext {
  private:
   std::unique_ptr<Backend> backend_;
   DataSplit data_;
+  std::unique_ptr<comm::PayloadMemory> grad_memory_;  // PS workers: ∇θ as it is pushed (the transport's)
   std::unique_ptr<Replica> replica_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<comm::Transport> own_transport_;

@@ -188,18 +188,20 @@ std::vector<float> initial_params(const ModelSpec& spec, std::uint64_t seed) {
   return theta;
 }
 
-Model::Model(Backend& be, const ModelSpec& spec, int max_batch)
+Model::Model(Backend& be, const ModelSpec& spec, int max_batch, float* grad_storage)
     : be_(be), spec_(spec), max_batch_(max_batch), layers_(build_layers(spec)) {
   if (max_batch < 1) throw std::invalid_argument("Model: max_batch must be >= 1");
+  if (grad_storage && be.device() != Device::cpu) throw std::invalid_argument("Model: grad_storage is for CPU backends");
   const std::size_t P = count_params(spec);
   params_ = DeviceBuffer<float>(be, P);
-  grads_ = DeviceBuffer<float>(be, P);
+  if (!grad_storage) grads_ = DeviceBuffer<float>(be, P);
+  grads_ptr_ = grad_storage ? grad_storage : grads_.data();
   std::size_t off = 0;
   std::size_t widest = std::size_t(spec.channels) * spec.height * spec.width;
   acts_.emplace_back();  // the input is the caller's buffer
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     Layer& l = *layers_[i];
-    l.bind(params_.data() + off, grads_.data() + off);
+    l.bind(params_.data() + off, grads_ptr_ + off);
     off += l.num_params();
     acts_.emplace_back(be, std::size_t(max_batch) * l.out().size());
     scratch_.emplace_back(be, l.scratch_floats(max_batch));
@@ -212,7 +214,7 @@ Model::Model(Backend& be, const ModelSpec& spec, int max_batch)
   dpong_ = DeviceBuffer<float>(be, std::size_t(max_batch) * widest);
   inputs_.resize(layers_.size());
   be.fill(params_.data(), params_.size(), 0.0f);
-  be.fill(grads_.data(), grads_.size(), 0.0f);
+  be.fill(grads_ptr_, P, 0.0f);
 }
 
 void Model::init(std::uint64_t seed) { load_params(initial_params(spec_, seed).data()); }
@@ -265,7 +267,7 @@ double Model::loss(const float* out, const std::int32_t* labels, const float* ta
 double Model::forward_backward(const float* x, const std::int32_t* labels, const float* targets,
                                int B, float grad_scale) {
   if (B == 0) {
-    be_.fill(grads_.data(), grads_.size(), 0.0f);
+    be_.fill(grads_ptr_, num_params(), 0.0f);
     return 0.0;
   }
   const float* out = forward(x, B);

@@ -86,12 +86,14 @@ struct EvalCounts {
 
 class Model {
  public:
-  Model(Backend& be, const ModelSpec& spec, int max_batch);
+  // grad_storage: num_params() floats of host memory to hold ∇θ instead of a buffer of the
+  // model's own (CPU backends only; e.g. memory a transport sends from without a copy).
+  Model(Backend& be, const ModelSpec& spec, int max_batch, float* grad_storage = nullptr);
 
   const ModelSpec& spec() const { return spec_; }
   std::size_t num_params() const { return params_.size(); }
   float* params() { return params_.data(); }  // θ, device
-  float* grads() { return grads_.data(); }    // ∇θ, device
+  float* grads() { return grads_ptr_; }       // ∇θ, device
   int max_batch() const { return max_batch_; }
   std::vector<ParamInfo> param_info() const;
   std::string describe() const;
@@ -122,6 +124,7 @@ class Model {
   int max_batch_;
   std::vector<std::unique_ptr<Layer>> layers_;
   DeviceBuffer<float> params_, grads_;
+  float* grads_ptr_ = nullptr;  // grads_, or the caller's grad_storage
   std::vector<DeviceBuffer<float>> acts_;     // acts_[i]: input of layer i (acts_[0] unused: x)
   std::vector<DeviceBuffer<float>> scratch_;  // per layer
   DeviceBuffer<float> dout_, dping_, dpong_;  // loss gradient and ping-pong input gradients

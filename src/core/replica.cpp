@@ -5,8 +5,9 @@
 
 namespace pslab {
 
-Replica::Replica(Backend& be, const ModelSpec& spec, const Dataset& train, int max_batch)
-    : be_(be), train_(train), model_(be, spec, max_batch), max_batch_(max_batch) {
+Replica::Replica(Backend& be, const ModelSpec& spec, const Dataset& train, int max_batch, float* grad_host)
+    : be_(be), train_(train), model_(be, spec, max_batch, be.device() == Device::cpu ? grad_host : nullptr),
+      max_batch_(max_batch), grad_host_given_(grad_host) {
   const std::size_t f = std::size_t(train.features()), o = std::size_t(spec.outputs);
   x_host_.resize(std::size_t(max_batch) * f);
   y_host_.resize(std::size_t(max_batch));
@@ -53,9 +54,13 @@ const float* Replica::download_params() {
 
 const float* Replica::download_grads() {
   if (be_.device() == Device::cpu) return model_.grads();
-  if (grad_host_.empty()) grad_host_.resize(model_.num_params());
-  be_.copy_to_host(grad_host_.data(), model_.grads(), model_.num_params() * sizeof(float));
-  return grad_host_.data();
+  float* host = grad_host_given_;
+  if (!host) {
+    if (grad_host_.empty()) grad_host_.resize(model_.num_params());
+    host = grad_host_.data();
+  }
+  be_.copy_to_host(host, model_.grads(), model_.num_params() * sizeof(float));
+  return host;
 }
 
 EvalCounts Replica::evaluate(const Dataset& d) {

@@ -19,7 +19,10 @@ namespace pslab {
 class Replica {
  public:
   // `train` must outlive the replica. max_batch covers both training and evaluation batches.
-  Replica(Backend& be, const ModelSpec& spec, const Dataset& train, int max_batch);
+  // grad_host (P floats, optional, must outlive the replica): where ∇θ leaves for the network,
+  // e.g. memory the transport sends from without a copy: on the CPU the model's ∇θ itself, on
+  // a GPU the buffer download_grads() copies into.
+  Replica(Backend& be, const ModelSpec& spec, const Dataset& train, int max_batch, float* grad_host = nullptr);
 
   Model& model() { return model_; }
   Backend& backend() { return be_; }
@@ -55,6 +58,7 @@ class Replica {
   DeviceBuffer<std::int32_t> y_dev_;
   std::vector<std::uint32_t> eval_idx_;
   std::vector<float> theta_host_, grad_host_;  // GPU only: θ and ∇θ staging, allocated on first use
+  float* grad_host_given_;                     // the caller's grad_host, or nullptr
 };
 
 }  // namespace pslab

@@ -164,7 +164,7 @@ PullResult PsClient::push(long clock, int batch, const float* grad, float* theta
     }
   });
   // Every server has the gradient, so the transport is done with our buffer or about to be.
-  in_flight_.wait_idle(timeout_, "the gradient");
+  in_flight_.wait_idle(timeout_, "the gradient", [&] { conns_->progress(); });
   return acc;
 }
 

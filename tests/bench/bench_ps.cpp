@@ -102,13 +102,18 @@ nlohmann::ordered_json bench_pslab(std::size_t floats, int runs, const std::stri
   const std::size_t P = count_params(model_spec(cfg));
   PsClient client(*transport, {ep}, client_options(cfg, wire::Role::worker, 0));
   client.connect();
-  std::vector<float> theta(P), grad(P, 1e-3f);
+  // The gradient where a PS worker keeps it: in the transport's payload memory (shm: pushed
+  // by reference, no copy).
+  const auto grad_memory = transport->payload_memory(P * sizeof(float));
+  float* grad = static_cast<float*>(grad_memory->data());
+  std::fill(grad, grad + P, 1e-3f);
+  std::vector<float> theta(P);
   client.pull(0, theta.data());
   long clock = 0;
   const long iters = iterations_for(P * 4);
-  const auto fused = time_runs(runs, iters, [&] { client.push(clock++, 1, grad.data(), theta.data()); });
+  const auto fused = time_runs(runs, iters, [&] { client.push(clock++, 1, grad, theta.data()); });
   const auto split = time_runs(runs, std::max(10L, iters / 2), [&] {
-    client.push(clock++, 1, grad.data(), nullptr);
+    client.push(clock++, 1, grad, nullptr);
     client.pull(clock, theta.data());
   });
   client.bye(clock);

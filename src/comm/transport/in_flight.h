@@ -28,6 +28,20 @@ class InFlight {
       throw std::runtime_error(std::to_string(n_) + " send(s) of " + what + " still not done after " +
                                std::to_string(timeout.count()) + " ms");
   }
+  // The same, for payloads whose release the waiting thread must drive (a transport that lends
+  // them releases them in its progress(), called here between short waits).
+  template <typename Progress>
+  void wait_idle(std::chrono::milliseconds timeout, const std::string& what, Progress progress) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      progress();
+      std::unique_lock<std::mutex> lock(mu_);
+      if (cv_.wait_for(lock, std::chrono::microseconds(100), [&] { return n_ == 0; })) return;
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw std::runtime_error(std::to_string(n_) + " send(s) of " + what + " still not done after " +
+                                 std::to_string(timeout.count()) + " ms");
+    }
+  }
   int count() const {
     std::lock_guard<std::mutex> lock(mu_);
     return n_;

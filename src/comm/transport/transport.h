@@ -80,7 +80,15 @@ class Message {
   // ---- for transports ----
   struct Storage {
     virtual ~Storage() = default;
+    virtual void payload_done() {}  // see done_with_payload()
   };
+  // The receiver no longer needs the payload's bytes (payload() is empty afterwards): a
+  // transport that lent them (shm) gives them back now rather than at the next receive, e.g.
+  // before the receiver answers, so that the sender may reuse them once it has the answer.
+  void done_with_payload() {
+    if (storage_) storage_->payload_done();
+    payload_ = {};
+  }
   // The transport's storage in this message, created on first use and then reused.
   template <typename S>
   S& storage() {
@@ -143,6 +151,9 @@ class Connections {
   virtual bool send(std::size_t k, std::span<const std::byte> header, OutPayload payload, Deadline deadline) = 0;
   // Waits for a message from any listener until `deadline`; false if none came. Sets `from`.
   virtual bool recv(Message& m, std::size_t& from, Deadline deadline) = 0;
+  // Finishes what it can of earlier sends without waiting (shm: releases the lent payloads
+  // whose receivers are done). recv() and send() do this too.
+  virtual void progress() {}
 };
 
 class Transport {

@@ -261,6 +261,7 @@ struct ShmHeld final : Message::Storage {
     if (mapping) mapping->head()->loan[loan].busy.store(0, std::memory_order_release);
     mapping.reset();
   }
+  void payload_done() override { give_back(); }
   ~ShmHeld() override { give_back(); }
 };
 
@@ -395,8 +396,11 @@ class ShmConnections final : public Connections {
 
   bool recv(Message& m, std::size_t& from, Deadline deadline) override {
     sender_.poll();
-    return mappings_.receive(m, [&](Message& inner) { return inner_->recv(inner, from, deadline); });
+    const bool got = mappings_.receive(m, [&](Message& inner) { return inner_->recv(inner, from, deadline); });
+    sender_.poll();  // an answer usually means its receiver gave the payload back before answering
+    return got;
   }
+  void progress() override { sender_.poll(); }
 
  private:
   std::unique_ptr<Connections> inner_;
