@@ -38,9 +38,11 @@ Registry<Transport>& transport_registry() {
        [](const std::string&) { return make_zmq_transport("tcp"); }},
       {"ipc", "ipc", "ZeroMQ over Unix sockets, ipc:///PATH: every process on one host", false,
        [](const std::string&) { return make_zmq_transport("ipc"); }},
-      {"shm", "shm", "headers over Unix sockets, payloads through shared memory, ipc:///PATH: every process on one host",
+      {"shm", "shm", "headers over Unix sockets, payloads through shared memory (gradients and θ lent, not copied), "
+                     "ipc:///PATH: every process on one host; all-reduce in shared memory",
        false, [](const std::string&) { return make_shm_transport(); }},
-      {"auto", "auto", "shm where the launcher puts every process on one host, tcp otherwise", false,
+      {"auto", "auto", "shm where the launcher puts every process on one host, tcp otherwise (all-reduce: shared "
+                       "memory when every rank is on one host, else Gloo)", false,
        [](const std::string&) { return make_auto_transport(); }},
   });
   return r;
