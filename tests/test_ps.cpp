@@ -14,6 +14,7 @@
 #include "comm/transport/shm/shm_transport.h"
 #include "run/config.h"
 #include "harness.h"
+#include "raw_packets.h"
 #include "core/optimizer.h"
 #include "ps/client.h"
 #include "core/replica.h"
@@ -193,8 +194,8 @@ INSTANTIATE_TEST_SUITE_P(Transports, Asp, ::testing::ValuesIn(test::exact_transp
 
 // ---- bad input: counted, answered, θ untouched, server keeps serving ----
 
-// A raw ZeroMQ socket speaks to the server (tcp and ipc are ZeroMQ transports; shm sends its
-// headers over ZeroMQ ipc and its payloads as references to shared-memory slots).
+// A raw peer speaks to the server: a ZeroMQ socket for tcp and ipc; for shm a Unix packet socket
+// (its header channel) whose payloads are references to shared-memory slots.
 class BadInput : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -203,10 +204,14 @@ class BadInput : public ::testing::TestWithParam<std::string> {
     cfg.optimizer.lr = 1.0;
     cluster = std::make_unique<Cluster>(cfg);
     P = count_params(model_spec(cfg));
-    raw = std::make_unique<zmq::socket_t>(raw_ctx, zmq::socket_type::dealer);
-    raw->set(zmq::sockopt::linger, 0);
-    raw->connect(cluster->endpoints[0]);
-    if (GetParam() == "shm") slots = std::make_unique<comm::ShmSlots>();
+    if (GetParam() == "shm") {
+      slots = std::make_unique<comm::ShmSlots>();
+      packets = std::make_unique<test::RawPackets>(cluster->endpoints[0]);
+    } else {
+      raw = std::make_unique<zmq::socket_t>(raw_ctx, zmq::socket_type::dealer);
+      raw->set(zmq::sockopt::linger, 0);
+      raw->connect(cluster->endpoints[0]);
+    }
     evaluator = std::make_unique<PsClient>(*cluster->transport, cluster->endpoints,
                                            client_options(cfg, wire::Role::evaluator, wire::kEvaluator));
     evaluator->connect();
@@ -214,23 +219,34 @@ class BadInput : public ::testing::TestWithParam<std::string> {
   void TearDown() override {
     evaluator.reset();
     raw.reset();
+    packets.reset();
     cluster.reset();
   }
   // Sends frames on the raw socket and returns the Error code of the reply.
   std::string send_expect_error(std::vector<zmq::message_t> frames) {
-    for (std::size_t i = 0; i < frames.size(); ++i)
-      raw->send(frames[i], i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
-    zmq::pollitem_t item{raw->handle(), 0, ZMQ_POLLIN, 0};
-    zmq::poll(&item, 1, std::chrono::milliseconds(5000));
-    zmq::message_t reply;
-    if (!raw->recv(reply, zmq::recv_flags::dontwait)) return "(no reply)";
-    while (reply.more()) {  // a PullReply's payload follows its header
-      zmq::message_t rest;
-      (void)raw->recv(rest);
-      if (!rest.more()) break;
+    std::string head;
+    if (packets) {
+      std::vector<std::string> parts;
+      for (const auto& f : frames) parts.emplace_back(static_cast<const char*>(f.data()), f.size());
+      packets->send(parts);
+      head = packets->recv_header(5000);
+      if (head.empty()) return "(no reply)";
+    } else {
+      for (std::size_t i = 0; i < frames.size(); ++i)
+        raw->send(frames[i], i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+      zmq::pollitem_t item{raw->handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(5000));
+      zmq::message_t reply;
+      if (!raw->recv(reply, zmq::recv_flags::dontwait)) return "(no reply)";
+      head.assign(static_cast<const char*>(reply.data()), reply.size());
+      while (reply.more()) {  // a PullReply's payload follows its header
+        zmq::message_t rest;
+        (void)raw->recv(rest);
+        if (!rest.more()) break;
+      }
     }
     std::string why;
-    auto h = wire::decode(reply.data(), reply.size(), why);
+    auto h = wire::decode(head.data(), head.size(), why);
     if (!h) return "(malformed reply: " + why + ")";
     if (const auto* e = std::get_if<wire::Error>(&h->body)) return wire::error_code_name(e->code);
     return std::string("(") + wire::body_name(h->body) + ")";
@@ -269,6 +285,7 @@ class BadInput : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<zmq::socket_t> raw;
   std::unique_ptr<PsClient> evaluator;
   std::unique_ptr<comm::ShmSlots> slots;  // shm
+  std::unique_ptr<test::RawPackets> packets;  // shm
   wire::Encoder enc;
 };
 

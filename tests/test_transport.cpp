@@ -14,6 +14,7 @@
 
 #include "comm/transport/shm/shm_transport.h"
 #include "comm/transport/transport.h"
+#include "raw_packets.h"
 #include "comm/transport/zmq/zmq_transport.h"
 
 using namespace pslab;
@@ -273,14 +274,8 @@ TEST(ShmTransport, AReferenceToNoLiveSlotArrivesMalformedSayingWhy) {
   ShmRef ref{};
   const std::string payload(64, 'p');
   ASSERT_TRUE(slots.put(payload.data(), payload.size(), ref));
-  zmq::context_t ctx(1);
-  zmq::socket_t raw(ctx, zmq::socket_type::dealer);
-  raw.set(zmq::sockopt::linger, 0);
-  raw.connect(a);
-  auto send = [&](const ShmRef& r) {
-    raw.send(zmq::message_t(std::string("h")), zmq::send_flags::sndmore);
-    raw.send(zmq::message_t(&r, sizeof r), zmq::send_flags::none);
-  };
+  test::RawPackets raw(a);
+  auto send = [&](const ShmRef& r) { raw.send({"h", std::string(reinterpret_cast<const char*>(&r), sizeof r)}); };
   Message m;
   PeerId from;
   send(ref);
@@ -306,6 +301,14 @@ TEST(ShmTransport, AReferenceToNoLiveSlotArrivesMalformedSayingWhy) {
   send(not_ours);
   ASSERT_TRUE(l->recv(m, from, after(5s)));
   EXPECT_NE(m.malformed().find("is not a pslab segment"), std::string::npos) << m.malformed();
+  // Packets whose prefix does not fit them arrive malformed too, saying why.
+  raw.send_bytes(std::string("abc"));
+  ASSERT_TRUE(l->recv(m, from, after(5s)));
+  EXPECT_NE(m.malformed().find("shorter than its prefix"), std::string::npos) << m.malformed();
+  raw.send({"h", "p", "extra"});
+  ASSERT_TRUE(l->recv(m, from, after(5s)));
+  EXPECT_NE(m.malformed().find("whose prefix says"), std::string::npos) << m.malformed();
+  EXPECT_FALSE(from.empty()) << "a malformed message still says whom to answer";
 }
 
 TEST(ZmqTransport, TooManyFramesArriveMarkedMalformed) {

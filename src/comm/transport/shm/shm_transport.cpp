@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "comm/memfd.h"
+#include "comm/transport/shm/unix_packets.h"
 #include "comm/transport/zmq/zmq_transport.h"
 
 namespace pslab::comm {
@@ -417,11 +418,11 @@ class ShmTransport final : public Transport {
 
   std::unique_ptr<Listener> listen(const std::string& address, const ListenOptions& opt) override {
     check(address);
-    return std::make_unique<ShmListener>(ipc_->listen(address, opt), opt, regions_);
+    return std::make_unique<ShmListener>(listen_unix_packets(address, opt), opt, regions_);
   }
   std::unique_ptr<Connections> connect(const std::vector<std::string>& addresses, const ConnectOptions& opt) override {
     for (const auto& a : addresses) check(a);
-    return std::make_unique<ShmConnections>(ipc_->connect(addresses, opt), regions_);
+    return std::make_unique<ShmConnections>(connect_unix_packets(addresses, opt), regions_);
   }
   std::unique_ptr<PayloadMemory> payload_memory(std::size_t bytes) override {
     return std::make_unique<ShmRegion>(regions_, bytes);
@@ -433,7 +434,7 @@ class ShmTransport final : public Transport {
       throw std::invalid_argument("\"" + address + "\" is not an address of the shm transport (ipc:///PATH: its headers "
                                   "go over Unix sockets, its payloads through shared memory; cluster.transport = \"shm\")");
   }
-  std::unique_ptr<Transport> ipc_;  // headers
+  std::unique_ptr<Transport> ipc_;  // local_address(): the ipc transport's private directory
   std::shared_ptr<Regions> regions_;  // payload_memory(), which listeners and connections lend from
 };
 
