@@ -8,7 +8,7 @@
 // transport_registry():
 //   zmq/   ZeroMQ: "tcp" (tcp://host:port) and "ipc" (ipc:///path, Unix sockets between
 //          processes on one host)
-//   shm/   "shm": headers over ZeroMQ ipc, payloads through shared memory (processes on one host)
+//   shm/   "shm": headers as Unix packets, payloads through shared memory (processes on one host)
 //   auto/  "auto": shm for ipc:// addresses, tcp for tcp:// ones (the launcher chooses)
 // A test adds its own (tests/test_seams.cpp: an in-memory queue).
 //

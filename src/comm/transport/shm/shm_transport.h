@@ -1,7 +1,7 @@
-// The "shm" transport: processes on one host. Headers travel over ZeroMQ ipc (ipc:///PATH, as
-// the "ipc" transport), so ordering, deadlines and peers are ZeroMQ's; a payload travels
-// through shared memory: the sender copies it into a slot of its own (a memfd segment, one per
-// slot, reused) and sends a 40-byte reference in its place; the receiver maps the sender's
+// The "shm" transport: processes on one host. Headers travel as packets over Unix
+// sequenced-packet sockets at ipc:///PATH (unix_packets.h: read by the receiving thread, no
+// I/O thread in between); a payload travels through shared memory: the sender copies it into a
+// slot of its own (a memfd segment, reused) and sends a 48-byte reference in its place; the receiver maps the sender's
 // segment once (/proc/PID/fd/FD: only the same user can) and reads the payload where it lies.
 // The slot is the sender's again when the receiver's Message is reused or destroyed.
 // A payload that lies in the transport's payload_memory() (a region: a segment with a table of
