@@ -80,11 +80,6 @@ using comm::Clock;
 using comm::Deadline;
 using comm::OutPayload;
 
-void release(OutPayload& p) {
-  if (p.release) p.release(const_cast<void*>(p.data), p.hint);
-  p = {};
-}
-
 // One message in a queue: header and payload copied (the sender's payload is released as soon
 // as it is copied, as a socket transport releases it once its bytes are on the wire), and who
 // sent it.

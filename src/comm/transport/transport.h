@@ -57,6 +57,13 @@ struct OutPayload {
   bool empty() const { return data == nullptr; }
 };
 
+// Gives a payload back to its owner: calls its release function, if it has one, and empties it
+// (so that it cannot be released twice).
+inline void release(OutPayload& p) {
+  if (p.release) p.release(const_cast<void*>(p.data), p.hint);
+  p = {};
+}
+
 // Memory to keep payloads in (Transport::payload_memory): 64-byte aligned, zero-filled.
 class PayloadMemory {
  public:

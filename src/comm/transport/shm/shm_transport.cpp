@@ -39,11 +39,6 @@ constexpr std::size_t kDataOffset = (sizeof(SegmentHeader) + 63) / 64 * 64;  // 
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 constexpr char kSegmentName[] = "pslab-shm";  // memfd name; /proc/PID/fd/FD reads "/memfd:pslab-shm (deleted)"
 
-void release(OutPayload& p) {
-  if (p.release) p.release(const_cast<void*>(p.data), p.hint);
-  p = {};
-}
-
 // A memfd segment of a sender, mapped: a slot or a region. Threading: loans are taken with an
 // atomic exchange (a region may be sent from by several listeners or connections); the
 // receiver (another process) only clears `busy`.

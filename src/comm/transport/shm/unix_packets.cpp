@@ -59,11 +59,6 @@ ssize_t send_packet(int fd, std::span<const std::byte> header, const OutPayload&
   return ::sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
-void release(OutPayload& p) {
-  if (p.release) p.release(const_cast<void*>(p.data), p.hint);
-  p = {};
-}
-
 // A received packet, kept until the Message is reused.
 struct Packet final : Message::Storage {
   std::vector<std::byte> buf = std::vector<std::byte>(kMaxPacket);

@@ -75,10 +75,6 @@ zmq::message_t payload_frame(const OutPayload& p) {
   return zmq::message_t(p.data, p.size);
 }
 
-void release(const OutPayload& p) {
-  if (p.release) p.release(const_cast<void*>(p.data), p.hint);
-}
-
 class ZmqListener final : public Listener {
  public:
   ZmqListener(zmq::context_t& ctx, std::string address, const std::string& bind, const ListenOptions& o)
