@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "comm/transport/transport.h"
+#include "ps/client.h"
 #include "roles.h"
 #include "run/config.h"
 #include "server.h"
@@ -21,8 +22,13 @@
 namespace pslab::test {
 
 // A small synthetic problem (logistic, MLP 16-16-3, batch 8, 50 steps) with the given mode.
+// `variant`: a transport name, or one with "_overlap" appended (cluster.overlap = true, and
+// buckets of 1 KiB so that an all-reduce of the 323 floats goes in two).
 inline ExperimentConfig small_config(const std::string& mode, int workers, int servers,
-                                     const std::string& transport = "tcp") {
+                                     const std::string& variant = "tcp") {
+  const std::string suffix = "_overlap";
+  const bool overlap = variant.size() > suffix.size() && variant.ends_with(suffix);
+  const std::string transport = overlap ? variant.substr(0, variant.size() - suffix.size()) : variant;
   return parse_config("name = \"test\"\n"
                       "[data]\nkind = \"logistic\"\ndim = 16\noutputs = 3\ntrain_samples = 512\ntest_samples = 64\n"
                       "[model]\nkind = \"mlp\"\nhidden = [16]\n"
@@ -30,7 +36,7 @@ inline ExperimentConfig small_config(const std::string& mode, int workers, int s
                       "[train]\nbatch = 8\nthreads = 1\nlog_every = 1000\nsteps = 50\n"
                       "[cluster]\nmode = \"" + mode + "\"\nworkers = " + std::to_string(workers) +
                           "\nservers = " + std::to_string(servers) + "\ntransport = \"" + transport +
-                          "\"\ntimeout_s = 20\n",
+                          "\"\ntimeout_s = 20\n" + (overlap ? "overlap = true\nbucket_kb = 1\n" : ""),
                       "test");
 }
 
@@ -150,6 +156,25 @@ inline std::filesystem::path temp_dir(const std::string& name) {
 inline const std::vector<std::string>& exact_transports() {
   static const std::vector<std::string> t = {"tcp", "ipc", "shm"};
   return t;
+}
+
+// ... and each also with overlap on (small_config's variants; CPU workers only).
+inline const std::vector<std::string>& exact_variants() {
+  static const std::vector<std::string> t = {"tcp", "ipc", "shm", "tcp_overlap", "ipc_overlap", "shm_overlap"};
+  return t;
+}
+
+// A push as a worker of `cfg` sends it: whole, or with cluster.overlap in pieces as backward
+// finishes them (the tail first, `piece` floats at a time).
+inline PullResult push(const ExperimentConfig& cfg, PsClient& c, long clock, int batch, const float* grad, float* theta,
+                       std::size_t piece = 7) {
+  if (!cfg.cluster.overlap) return c.push(clock, batch, grad, theta);
+  c.begin_push(clock, batch, grad, theta);
+  for (std::size_t lo = c.num_params(); lo > 0;) {
+    lo = lo > piece ? lo - piece : 0;
+    c.push_ready(lo);
+  }
+  return c.finish_push();
 }
 
 }  // namespace pslab::test

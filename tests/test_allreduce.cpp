@@ -7,8 +7,11 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 
+#include "bucketed_allreduce.h"
 #include "comm/collective.h"
 #include "gpu.h"
 #include "harness.h"
@@ -109,7 +112,7 @@ TEST_P(AllReduce, EqualsBspOnTheParameterServersWithin1e5) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, AllReduce, ::testing::ValuesIn(test::exact_transports()),
+INSTANTIATE_TEST_SUITE_P(Transports, AllReduce, ::testing::ValuesIn(test::exact_variants()),
                          [](const auto& i) { return i.param; });
 
 TEST(AllReduceTimeouts, TimeoutNamesTheRankThatDidNotArrive) {
@@ -162,6 +165,105 @@ TEST_P(AllReduceStops, ARankThatStopsMidRunIsNamedWithItsStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Collectives, AllReduceStops, ::testing::Values("gloo", "shm"));
+
+// ---- overlap: buckets all-reduced as backward finishes them ----
+
+// Bucketed and overlapped, the same sums as one whole all-reduce, bit for bit (shm: each
+// element summed in rank order; Gloo with 2 ranks: a + b), on a model whose first layer comes in
+// pieces and with small buckets (13 of them).
+class AllReduceOverlap : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(AllReduceOverlap, BucketsGiveBitwiseTheParametersOfOneWholeAllReduce) {
+  const auto [transport, W] = GetParam();
+  std::vector<std::vector<float>> theta[2];
+  for (const bool overlap : {false, true}) {
+    ExperimentConfig cfg = test::small_config("allreduce", W, 1, transport + (overlap ? "_overlap" : ""));
+    cfg.data.dim = 784;
+    cfg.model.hidden = {64};
+    cfg.train.steps = 20;
+    cfg.cluster.bucket_kb = 16;
+    const auto dir = temp_dir("ar_overlap");
+    theta[overlap] = test::run_allreduce_workers(cfg, dir);
+    std::filesystem::remove_all(dir);
+  }
+  for (int r = 0; r < W; ++r) EXPECT_EQ(theta[1][std::size_t(r)], theta[0][std::size_t(r)]) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Collectives, AllReduceOverlap,
+                         ::testing::Values(std::make_tuple("tcp", 2), std::make_tuple("shm", 2), std::make_tuple("shm", 3)),
+                         [](const auto& i) { return std::get<0>(i.param) + std::to_string(std::get<1>(i.param)); });
+
+// A bucket is all-reduced as soon as backward has finished it, before the rest of ∇θ is:
+// a collective that records its calls sees bucket [70, 100) while backward still holds the rest.
+TEST(AllReduceOverlap, ABucketStartsAsSoonAsBackwardFinishesIt) {
+  struct Recorder final : Collective {
+    explicit Recorder(RendezvousClient& rv, const float* base) : Collective(rv), base(base) {}
+    std::string describe() const override { return "recorder"; }
+    void allreduce_sum(float* data, std::size_t n, long) override {
+      std::lock_guard<std::mutex> lock(mu);
+      calls.emplace_back(std::size_t(data - base), n);
+      cv.notify_all();
+    }
+    void broadcast(float*, std::size_t, int) override {}
+    void barrier() override {}
+    const float* base;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::pair<std::size_t, std::size_t>> calls;  // (offset, floats)
+  };
+  const auto tr = transport();
+  const std::string ep = tr->local_address("coordinator");
+  Coordinator coord(*tr, ep, 1, std::chrono::milliseconds(1000));
+  RendezvousClient rv(*tr, ep, 0, 1, std::chrono::milliseconds(1000));
+  std::vector<float> g(100);
+  Recorder rec(rv, g.data());
+  BucketedAllreduce buckets(rec, g.data(), g.size(), 30, 1.0);
+  using Call = std::pair<std::size_t, std::size_t>;
+  buckets.start(0);
+  buckets.ready(71);  // not all of the last bucket yet
+  buckets.ready(70);
+  {
+    std::unique_lock<std::mutex> lock(rec.mu);
+    ASSERT_TRUE(rec.cv.wait_for(lock, std::chrono::seconds(10), [&] { return !rec.calls.empty(); }))
+        << "the last bucket was not all-reduced before the rest of the gradient was final";
+    EXPECT_EQ(rec.calls, (std::vector<Call>{{70, 30}}));
+  }
+  buckets.ready(0);
+  buckets.finish();
+  EXPECT_EQ(rec.calls, (std::vector<Call>{{70, 30}, {40, 30}, {10, 30}, {0, 10}}));
+}
+
+// A rank that stops: the reducing thread's timeout reaches the training thread in finish(),
+// naming the rank and the step; the buckets are cut from the end, the first takes the rest.
+TEST(AllReduceOverlap, ARankThatStopsIsNamedFromTheReducingThread) {
+  const auto tr = transport();
+  const std::string ep = tr->local_address("coordinator");
+  Coordinator coord(*tr, ep, 2, std::chrono::milliseconds(100));
+  std::string error;
+  run_threads(2, [&](int r) {
+    RendezvousClient rv(*tr, ep, r, 2, std::chrono::milliseconds(1000));
+    auto coll = make("shm", rv);
+    std::vector<float> g(100, 1.0f);
+    BucketedAllreduce buckets(*coll, g.data(), g.size(), 30, 1.0);
+    EXPECT_EQ(buckets.buckets(), 4u);  // [0, 10) [10, 40) [40, 70) [70, 100)
+    for (long step = 0; step < 5; ++step) {
+      if (r == 1 && step == 3) return;  // rank 1 stops after step 2
+      rv.report_step(step);
+      std::fill(g.begin(), g.end(), 1.0f);
+      buckets.start(step);
+      for (std::size_t lo : {70u, 40u, 10u, 0u}) buckets.ready(lo);
+      try {
+        buckets.finish();
+      } catch (const std::runtime_error& e) {
+        error = e.what();
+        return;
+      }
+      EXPECT_EQ(g, std::vector<float>(100, 2.0f)) << "step " << step;
+    }
+  });
+  EXPECT_NE(error.find("all-reduce of step 3 on rank 0"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank 1 (at step 2"), std::string::npos) << error;
+}
 
 // A rank whose process exits ends the others' shared-memory wait at once (not at the timeout),
 // naming it. Rank 1 is a forked process that joins the segment and exits.

@@ -69,6 +69,9 @@ TEST(Config, RangeAndCrossFieldChecks) {
             "exp.toml: straggler.workers: rank 2 is not a worker (cluster.workers = 2)");
   EXPECT_NE(error_of("name = \"x\"\n[optimizer]\nkind = \"rmsprop\"\n").find("optimizer.kind"), std::string::npos);
   EXPECT_NE(error_of("name = \"x\"\n[data]\nkind = \"least-squares\"\n").find("model.kind"), std::string::npos);
+  EXPECT_EQ(error_of("name = \"x\"\n[train]\ndevice = \"cuda\"\n[cluster]\noverlap = true\n"),
+            "exp.toml: cluster.overlap: GPU workers do not overlap yet: set it false with train.device = \"cuda\"");
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\noverlap = true\nbucket_kb = 0\n"), "exp.toml: cluster.bucket_kb: must be >= 1");
 }
 
 TEST(Config, InvalidTomlGivesLineAndColumn) {

@@ -218,6 +218,58 @@ TEST(ModelBatch, EmptyBatchGivesZeroGradient) {
   for (std::size_t i = 0; i < m.num_params(); ++i) ASSERT_EQ(m.grads()[i], 0.0f);
 }
 
+// Overlap: a listener hears tails of ∇θ as they become final. Each tail it was told about must
+// already hold its final values, the tails must only grow, the last report must be 0, and the
+// gradient must be bitwise the one computed without a listener.
+TEST(ModelBatch, AListenerHearsFinalTailsEarlyAndChangesNoBit) {
+  for (const ModelSpec& spec : {make("mlp", 1, 28, 28, 10, {256, 128}, {}, Loss::softmax_xent),
+                                make("cnn", 2, 9, 8, 3, {}, {3, 4}, Loss::softmax_xent)}) {
+    auto be = make_cpu_backend(1);
+    const int B = 37;
+    Model m(*be, spec, B);
+    m.init(3);
+    const std::size_t P = m.num_params(), F = std::size_t(spec.channels) * spec.height * spec.width;
+    Rng rng(9);
+    std::vector<float> x(std::size_t(B) * F);
+    for (auto& v : x) v = float(rng.uniform(-1, 1));
+    std::vector<std::int32_t> y(B);
+    for (int i = 0; i < B; ++i) y[std::size_t(i)] = i % spec.outputs;
+    m.forward_backward(x.data(), y.data(), nullptr, B);
+    const std::vector<float> plain(m.grads(), m.grads() + P);
+
+    struct Recorder : GradListener {
+      Model* m;
+      std::vector<std::size_t> reports;
+      std::vector<std::vector<float>> tails;  // ∇θ[lo, P) at the time of each report
+      void ready(std::size_t lo) override {
+        reports.push_back(lo);
+        tails.emplace_back(m->grads() + lo, m->grads() + m->num_params());
+      }
+    } rec;
+    rec.m = &m;
+    be->fill(m.grads(), P, 7.0f);
+    m.forward_backward(x.data(), y.data(), nullptr, B, -1.0f, &rec);
+    EXPECT_EQ(std::vector<float>(m.grads(), m.grads() + P), plain) << "a listener changed the gradient";
+    ASSERT_FALSE(rec.reports.empty());
+    EXPECT_EQ(rec.reports.back(), 0u);
+    for (std::size_t k = 0; k < rec.reports.size(); ++k) {
+      if (k > 0) {
+        EXPECT_LE(rec.reports[k], rec.reports[k - 1]) << "a tail shrank";
+      }
+      EXPECT_EQ(rec.tails[k], std::vector<float>(plain.begin() + long(rec.reports[k]), plain.end()))
+          << "the tail from " << rec.reports[k] << " was reported before it was final";
+    }
+    if (spec.kind == "mlp") {  // the first layer (85% of θ) is reported in pieces
+      const std::size_t first_layer = 784u * 256 + 256;
+      long inside = 0;
+      for (std::size_t lo : rec.reports) {
+        if (lo > 0 && lo < first_layer) ++inside;
+      }
+      EXPECT_GE(inside, 5) << "the first layer's weight gradient should come in pieces";
+    }
+  }
+}
+
 TEST(ModelBatch, OversizedBatchIsRefusedWithTheSizes) {
   auto be = make_cpu_backend(1);
   Model m(*be, make("mlp", 1, 1, 6, 3, {4}, {}, Loss::softmax_xent), 2);

@@ -99,7 +99,7 @@ TEST_P(BspEqualsUnionBatch, ParametersWithin1e5RelativeAfter50Steps) {
 
 INSTANTIATE_TEST_SUITE_P(Workers, BspEqualsUnionBatch,
                          ::testing::Combine(::testing::Values(BspCase{1, 1}, BspCase{3, 2}, BspCase{4, 2}),
-                                            ::testing::ValuesIn(test::exact_transports())),
+                                            ::testing::ValuesIn(test::exact_variants())),
                          [](const auto& i) {
                            const BspCase c = std::get<0>(i.param);
                            return "W" + std::to_string(c.workers) + "S" + std::to_string(c.servers) + "_" +
@@ -122,7 +122,7 @@ TEST_P(SspBound, NoPullServedMoreThanSClocksAheadOfTheSlowest) {
     c.pull(0, theta.data());
     for (int k = 0; k < clocks; ++k) {
       if (r == W - 1) std::this_thread::sleep_for(std::chrono::milliseconds(3));  // the straggler
-      c.push(k, 1, grad.data(), k + 1 < clocks ? theta.data() : nullptr);
+      test::push(cfg, c, k, 1, grad.data(), k + 1 < clocks ? theta.data() : nullptr);
     }
     c.bye(clocks);
   });
@@ -143,7 +143,7 @@ TEST_P(SspBound, NoPullServedMoreThanSClocksAheadOfTheSlowest) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Staleness, SspBound,
-                         ::testing::Combine(::testing::Values(0, 1, 3), ::testing::ValuesIn(test::exact_transports())),
+                         ::testing::Combine(::testing::Values(0, 1, 3), ::testing::ValuesIn(test::exact_variants())),
                          [](const auto& i) { return "s" + std::to_string(std::get<0>(i.param)) + "_" + std::get<1>(i.param); });
 
 // ---- asp: no update lost or applied twice ----
@@ -171,7 +171,7 @@ TEST_P(Asp, ThirtyTwoWorkersFourShardsEveryUpdateAppliedExactlyOnce) {
     c.pull(0, theta.data());
     for (int k = 0; k < pushes; ++k) {
       for (std::size_t i = 0; i < P; ++i) grad[i] = g(r, k, i);
-      c.push(k, 1, grad.data(), k + 1 < pushes ? theta.data() : nullptr);
+      test::push(cfg, c, k, 1, grad.data(), k + 1 < pushes ? theta.data() : nullptr, 13);
     }
     c.bye(pushes);
   });
@@ -189,8 +189,74 @@ TEST_P(Asp, ThirtyTwoWorkersFourShardsEveryUpdateAppliedExactlyOnce) {
   for (const auto& s : cluster.servers) EXPECT_EQ(s->state().updates_applied(), W * pushes);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, Asp, ::testing::ValuesIn(test::exact_transports()),
+INSTANTIATE_TEST_SUITE_P(Transports, Asp, ::testing::ValuesIn(test::exact_variants()),
                          [](const auto& i) { return i.param; });
+
+// ---- overlap: pushes leave during backward; the same math ----
+
+// A shard's push leaves as soon as backward has finished the shard, before the rest of the
+// gradient is: server 1 has applied it (an evaluator sees its θ move) while server 0 has
+// nothing yet.
+TEST(Overlap, AShardsPushLeavesAsSoonAsItsRangeIsReady) {
+  ExperimentConfig cfg = make_config("asp", 1, 2, "tcp_overlap");
+  Cluster cluster(cfg, /*record_pulls=*/false, /*wait_for_shutdown=*/true);
+  const std::size_t P = count_params(model_spec(cfg));
+  PsClient worker(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
+  PsClient watcher(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::evaluator, wire::kEvaluator));
+  worker.connect();
+  watcher.connect();
+  std::vector<float> theta(P), before(P), seen(P), grad(P, 1.0f);
+  worker.pull(0, theta.data());
+  watcher.pull(0, before.data());
+  const ShardRange second = worker.shards()[1].range;
+
+  worker.begin_push(0, 1, grad.data(), theta.data());
+  worker.push_ready(second.offset + 1);  // not all of shard 1: nothing leaves
+  worker.push_ready(second.offset);      // shard 1 is final
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  bool moved = false;
+  while (!moved && std::chrono::steady_clock::now() < deadline) {
+    watcher.pull(0, seen.data());
+    moved = seen[second.offset] != before[second.offset];
+    if (!moved) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_TRUE(moved) << "shard 1's push did not reach its server before finish_push()";
+  EXPECT_TRUE(std::equal(seen.begin(), seen.begin() + long(second.offset), before.begin()))
+      << "shard 0 moved before its part of the gradient was final";
+  const PullResult r = worker.finish_push();
+  EXPECT_EQ(r.min_version, 1);
+  worker.bye(1);
+  watcher.shutdown();
+  cluster.join();
+  cluster.rethrow();
+}
+
+// A model whose first layer's gradient comes in several pieces and whose shard boundary lies
+// inside it (so that shard 1 leaves during backward): logistic 784 -> 64 -> 3.
+ExperimentConfig wide_config(const std::string& mode, int W, int S, bool overlap) {
+  ExperimentConfig cfg = test::small_config(mode, W, S, overlap ? "shm_overlap" : "shm");
+  cfg.data.dim = 784;
+  cfg.model.hidden = {64};
+  cfg.train.steps = 20;
+  return cfg;
+}
+
+// One worker, so that the servers' sums do not depend on the order pushes arrive in.
+TEST(Overlap, AWorkerGivesBitwiseTheParametersOfARunWithout) {
+  std::vector<float> theta[2];
+  for (const bool overlap : {false, true}) {
+    const ExperimentConfig cfg = wide_config("bsp", 1, 2, overlap);
+    const fs::path dir = temp_dir("overlap_bsp");
+    Cluster cluster(cfg);
+    test::run_ps_workers(cfg, cluster, dir);
+    cluster.join();
+    cluster.rethrow();
+    theta[overlap] = cluster.params();
+    fs::remove_all(dir);
+  }
+  EXPECT_EQ(theta[0], theta[1]);
+  EXPECT_NE(theta[0], initial_params(model_spec(wide_config("bsp", 1, 2, false)), 1));
+}
 
 // ---- bad input: counted, answered, θ untouched, server keeps serving ----
 

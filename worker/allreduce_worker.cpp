@@ -4,6 +4,8 @@
 //   every step: forward + backward on the local batch with the loss scaled by
 //   1 / global batch, so that the all-reduce SUM of the flat gradient is the global mean
 //   (weighted by each rank's batch size, with no extra pass); local optimizer step.
+//   With cluster.overlap the all-reduce goes in buckets, each started as soon as backward
+//   has finished it (BucketedAllreduce).
 //
 // Every rank runs the same number of steps (the sampler gives each the same count; a rank
 // whose shard is shorter contributes a smaller or empty last batch), so no rank waits on a
@@ -11,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "bucketed_allreduce.h"
 #include "comm/collective.h"
 #include "core/optimizer.h"
 #include "role_context.h"
@@ -49,23 +52,36 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
   std::unique_ptr<SnapshotSender> snapshots;
   if (opt.rank == 0 && !opt.snapshots.empty())
     snapshots = std::make_unique<SnapshotSender>(ctx.transport(), opt.snapshots, cfg.eval.interval_s, cfg.cluster.timeout_s);
-  ctx.announce("allreduce over " + coll->describe());
+  std::unique_ptr<BucketedAllreduce> buckets;
+  if (cfg.cluster.overlap)
+    buckets = std::make_unique<BucketedAllreduce>(*coll, model.grads(), P, std::size_t(cfg.cluster.bucket_kb) * 1024 / sizeof(float),
+                                                  cfg.cluster.timeout_s);
+  // A slowed rank's buckets start as late as on a slower machine (Straggler::paced).
+  GradListener* listener = buckets ? ctx.straggler().paced(buckets.get()) : nullptr;
+  ctx.announce("allreduce over " + coll->describe() +
+               (buckets ? ", " + std::to_string(buckets->buckets()) + (buckets->buckets() == 1 ? " bucket" : " buckets") +
+                             " overlapped with backward"
+                       : std::string()));
 
   long samples = 0;  // all ranks together
   for (long step = 0; step < steps; ++step) {
     const auto idx = ctx.batch(step);
     const long global_batch = ctx.global_batch(step);
+    // Reported before the step's first all-reduce call (with overlap: during backward).
+    rv.report_step(step);
+    if (buckets) buckets->start(step);
     const auto t0 = Clock::now();
+    ctx.straggler().start_step();
     StepRecord rec;
-    rec.loss = replica.compute_gradient(idx, 1.0f / float(global_batch));
+    rec.loss = replica.compute_gradient(idx, 1.0f / float(global_batch), listener);
     ctx.backend().synchronize();
-    rec.compute_s = since(t0);
+    rec.compute_s = since(t0) - ctx.straggler().paced_s();
     rec.delay_s = ctx.straggler().sleep_after(rec.compute_s);
     rec.samples = int(idx.size());
-    rv.report_step(step);
 
     const auto t1 = Clock::now();
-    coll->allreduce_sum(model.grads(), P, step);
+    if (buckets) buckets->finish();  // what is left after backward: the exposed communication
+    else coll->allreduce_sum(model.grads(), P, step);
     rec.comm_s = since(t1);
     rec.allreduce_bytes = long(P * sizeof(float));
     rec.lr = learning_rate(schedule, cfg.optimizer.lr, W * b, double(samples) / n_train);

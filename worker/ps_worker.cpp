@@ -1,5 +1,6 @@
 // One worker of a parameter-server run: pull θ, then every step compute the gradient and
-// push it, the servers answering with θ for the next step (one round trip per step).
+// push it, the servers answering with θ for the next step (one round trip per step). With
+// cluster.overlap each shard's push leaves as soon as backward has finished that shard.
 #include <chrono>
 
 #include "ps/client.h"
@@ -11,6 +12,13 @@ namespace pslab {
 namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Backward's progress -> the pushes of the shards it finished.
+struct PushWhenReady final : GradListener {
+  PsClient& client;
+  explicit PushWhenReady(PsClient& c) : client(c) {}
+  void ready(std::size_t lo) override { client.push_ready(lo); }
+};
 }  // namespace
 
 void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
@@ -21,7 +29,11 @@ void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
   Replica& replica = ctx.replica();
   PsClient client(ctx.transport(), opt.servers, client_options(cfg, wire::Role::worker, opt.rank));
   ctx.announce(cfg.cluster.mode + " over " + std::to_string(opt.servers.size()) + " server(s), " + cfg.cluster.transport +
-               ", pushes in " + cfg.cluster.codec);
+               ", pushes in " + cfg.cluster.codec + (cfg.cluster.overlap ? ", overlapped with backward" : ""));
+  PushWhenReady push_when_ready(client);
+  // Overlap (CPU only, so ∇θ is final when backward says so): shards leave during backward
+  // (a slowed rank's as late as on a slower machine: Straggler::paced).
+  GradListener* listener = cfg.cluster.overlap ? ctx.straggler().paced(&push_when_ready) : nullptr;
 
   client.connect();  // the start barrier: returns when every worker has said Hello
   PullResult pulled = client.pull(0, replica.host_params());
@@ -30,20 +42,23 @@ void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
   const long steps = ctx.total_steps(), spe = ctx.steps_per_epoch();
   for (long step = 0; step < steps; ++step) {
     const auto idx = ctx.batch(step);
+    const bool last = step == steps - 1;
+    // Push, and pull θ for step + 1 in the same round trip (none after the last step).
+    if (listener) client.begin_push(step, int(idx.size()), replica.model().grads(), last ? nullptr : replica.host_params());
     const auto t0 = Clock::now();
+    ctx.straggler().start_step();
     StepRecord rec;
-    rec.loss = replica.compute_gradient(idx);
+    rec.loss = replica.compute_gradient(idx, -1.0f, listener);
     const float* grad = replica.download_grads();
     ctx.backend().synchronize();
-    rec.compute_s = since(t0);
+    rec.compute_s = since(t0) - ctx.straggler().paced_s();
     rec.delay_s = ctx.straggler().sleep_after(rec.compute_s);
     rec.samples = int(idx.size());
     rec.version = pulled.min_version;
 
-    const bool last = step == steps - 1;
     const auto t1 = Clock::now();
-    // Push, and pull θ for step + 1 in the same round trip (none after the last step).
-    pulled = client.push(step, int(idx.size()), grad, last ? nullptr : replica.host_params());
+    if (!listener) client.begin_push(step, int(idx.size()), grad, last ? nullptr : replica.host_params());
+    pulled = client.finish_push();
     rec.comm_s = since(t1);
     rec.wait_s = last ? 0.0 : pulled.held_us * 1e-6;
     if (!last) replica.upload_params();

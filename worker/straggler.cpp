@@ -1,10 +1,19 @@
 #include "straggler.h"
 
 #include <algorithm>
-#include <chrono>
 #include <thread>
 
 namespace pslab {
+
+namespace {
+// Sleeps `s` seconds (if > 0); returns the seconds really slept.
+double sleep_s(double s) {
+  if (s <= 0) return 0.0;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(s));
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
 
 Straggler::Straggler(const StragglerConfig& cfg, std::uint64_t seed, int rank)
     : rng_(Rng::derive(seed, {0x57A6u, std::uint64_t(rank)})) {
@@ -12,6 +21,7 @@ Straggler::Straggler(const StragglerConfig& cfg, std::uint64_t seed, int rank)
   fixed_s_ = cfg.delay_ms / 1e3;
   exp_mean_s_ = cfg.exp_delay_ms / 1e3;
   active_ = slowdown_ > 1.0 || fixed_s_ > 0 || exp_mean_s_ > 0;
+  paced_.self = this;
 }
 
 double Straggler::delay_s(double compute_s) {
@@ -21,12 +31,37 @@ double Straggler::delay_s(double compute_s) {
   return d;
 }
 
+void Straggler::start_step() {
+  mark_ = Clock::now();
+  paced_s_ = owed_s_ = 0.0;
+}
+
+GradListener* Straggler::paced(GradListener* inner) {
+  if (slowdown_ <= 1.0) return inner;
+  paced_.inner = inner;
+  return &paced_;
+}
+
+void Straggler::Paced::ready(std::size_t lo) {
+  // Owed sleep is paid in sleeps of at least 0.2 ms: a sleep overshoots by the timer slack
+  // (~50 us), which on a dozen tiny sleeps per step would double the slowdown. An overshoot
+  // is credited against what is owed next.
+  Straggler& s = *self;
+  const auto now = Clock::now();
+  s.owed_s_ += (s.slowdown_ - 1.0) * std::chrono::duration<double>(now - s.mark_).count();
+  if (s.owed_s_ >= 2e-4) {
+    const double slept = sleep_s(s.owed_s_);
+    s.paced_s_ += slept;
+    s.owed_s_ -= slept;
+  }
+  s.mark_ = Clock::now();
+  if (inner) inner->ready(lo);
+}
+
 double Straggler::sleep_after(double compute_s) {
-  const double d = delay_s(compute_s);
-  if (d <= 0) return 0.0;
-  const auto t0 = std::chrono::steady_clock::now();
-  std::this_thread::sleep_for(std::chrono::duration<double>(d));
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double slept = paced_s_;
+  paced_s_ = owed_s_ = 0.0;
+  return slept + sleep_s(delay_s(compute_s) - slept);
 }
 
 }  // namespace pslab

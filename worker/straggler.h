@@ -4,10 +4,17 @@
 //   slowdown f for the listed ranks: sleep (f - 1) x this step's compute time
 //   delay_ms: a fixed sleep per step, every worker
 //   exp_delay_ms: a sleep ~ Exp(mean) per step, every worker, drawn from (seed, rank, step)
+//
+// With overlap, pieces of the gradient leave during backward; a slowed rank then sleeps part
+// of its (f - 1) x compute inside backward, before each piece is announced (paced()), so its
+// pieces leave when they would on a machine f times slower. The step's total sleep is the same.
 #pragma once
 
-#include "run/config.h"
+#include <chrono>
+
+#include "core/model.h"
 #include "core/rng.h"
+#include "run/config.h"
 
 namespace pslab {
 
@@ -16,14 +23,34 @@ class Straggler {
   Straggler(const StragglerConfig& cfg, std::uint64_t seed, int rank);
   // Seconds to sleep after a step whose compute took `compute_s`.
   double delay_s(double compute_s);
-  // Sleeps that long; returns the seconds slept.
-  double sleep_after(double compute_s);
   bool active() const { return active_; }
 
+  // Call when the step's compute starts.
+  void start_step();
+  // `inner` (may be null), or for a slowed rank a listener that sleeps before passing each
+  // report on. Valid while this Straggler lives.
+  GradListener* paced(GradListener* inner);
+  // Seconds slept inside this step's compute so far (by the paced listener).
+  double paced_s() const { return paced_s_; }
+  // Sleeps what is left of delay_s(compute_s) after the paced sleeps; returns the seconds
+  // slept in the step, paced ones included. compute_s excludes the paced sleeps.
+  double sleep_after(double compute_s);
+
  private:
+  using Clock = std::chrono::steady_clock;
+  struct Paced final : GradListener {
+    Straggler* self = nullptr;
+    GradListener* inner = nullptr;
+    void ready(std::size_t lo) override;
+  };
+
   double slowdown_ = 1.0, fixed_s_ = 0.0, exp_mean_s_ = 0.0;
   bool active_ = false;
   Rng rng_;
+  Paced paced_;
+  Clock::time_point mark_{};  // the step's start, or the end of the last paced sleep
+  double paced_s_ = 0.0;      // slept inside this step's compute
+  double owed_s_ = 0.0;       // pacing not slept yet: sleeps wait for 0.2 ms (timer slack)
 };
 
 }  // namespace pslab

@@ -9,6 +9,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "comm/memfd.h"
@@ -65,26 +66,44 @@ class GlooCollective final : public Collective {
   // 2 ranks; for larger groups fewer rounds win while buffers are small (4 ranks on 2 cores:
   // 235K floats 5.9 -> 3.3-4.2 ms, 512K about even, 1M floats the ring is faster).
   void doubling_sum(float* data, std::size_t n, long step) {
-    // The registrations are kept while the buffers stay the same (the gradient every step).
-    const std::size_t bytes = n * sizeof(float);
-    if (peer_buf_.size() < n) peer_buf_.assign(n, 0.0f), in_.reset();
-    if (!out_ || out_->ptr != data || out_->size != bytes) out_ = context_->createUnboundBuffer(data, bytes);
-    if (!in_ || in_->size != bytes) in_ = context_->createUnboundBuffer(peer_buf_.data(), bytes);
+    const Registration& reg = registration(data, n);
     const gloo::Slot slot = gloo::Slot::build(kDoublingSlot, tag_++);
     std::uint8_t round = 0;
     for (int bit = 1; bit < size(); bit <<= 1, ++round) {
       const int peer = rank() ^ bit;
-      in_->recv(peer, slot + round);
-      out_->send(peer, slot + round);
+      reg.in->recv(peer, slot + round);
+      reg.out->send(peer, slot + round);
       try {
-        if (!in_->waitRecv(rv_.timeout())) throw std::runtime_error("receive from rank " + std::to_string(peer) + " aborted");
-        if (!out_->waitSend(rv_.timeout())) throw std::runtime_error("send to rank " + std::to_string(peer) + " aborted");
+        if (!reg.in->waitRecv(rv_.timeout())) throw std::runtime_error("receive from rank " + std::to_string(peer) + " aborted");
+        if (!reg.out->waitSend(rv_.timeout())) throw std::runtime_error("send to rank " + std::to_string(peer) + " aborted");
       } catch (const std::exception& e) {
         throw std::runtime_error(timeout_message("all-reduce", step, e.what()));
       }
       const float* other = peer_buf_.data();
       for (std::size_t i = 0; i < n; ++i) data[i] += other[i];
     }
+  }
+  // The buffers' registrations are kept while the buffers stay the same: the gradient every
+  // step, or each of its buckets (a handful; the cache starts over if it ever grows past 64).
+  struct Registration {
+    const float* data;
+    std::size_t bytes;
+    std::unique_ptr<gloo::transport::UnboundBuffer> out, in;  // data; the partner's part of peer_buf_
+  };
+  const Registration& registration(float* data, std::size_t n) {
+    const std::size_t bytes = n * sizeof(float);
+    if (peer_buf_.size() < n) {
+      peer_buf_.assign(n, 0.0f);
+      for (Registration& r : regs_) r.in.reset();
+    }
+    auto it = std::find_if(regs_.begin(), regs_.end(), [&](const Registration& r) { return r.data == data && r.bytes == bytes; });
+    if (it == regs_.end()) {
+      if (regs_.size() >= 64) regs_.clear();
+      regs_.push_back(Registration{data, bytes, context_->createUnboundBuffer(data, bytes), nullptr});
+      it = regs_.end() - 1;
+    }
+    if (!it->in) it->in = context_->createUnboundBuffer(peer_buf_.data(), bytes);
+    return *it;
   }
   bool power_of_two() const { return (size() & (size() - 1)) == 0; }
   bool use_doubling(std::size_t n) const { return power_of_two() && (size() == 2 || n <= kDoublingMaxFloats); }
@@ -120,7 +139,7 @@ class GlooCollective final : public Collective {
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::uint32_t tag_ = 0;
   std::vector<float> peer_buf_;  // the partner's buffer (doubling_sum)
-  std::unique_ptr<gloo::transport::UnboundBuffer> out_, in_;  // doubling_sum's registrations
+  std::vector<Registration> regs_;  // doubling_sum's
   static constexpr std::uint8_t kDoublingSlot = 0x50;
   static constexpr std::size_t kDoublingMaxFloats = std::size_t(1) << 19;  // 2 MiB, groups > 2
 };

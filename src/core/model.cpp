@@ -39,16 +39,27 @@ class Linear final : public Layer {
     be.add_bias(y, b_, B, O, 1);
   }
   void backward(Backend& be, const float* x, const float*, const float* dy, float* dx, int B,
-                float*) override {
+                float*, const GradProgress& progress) override {
     const int I = fan_in(), O = fan_out();
-    be.gemm(Trans::yes, Trans::no, I, O, B, 1.0f, x, I, dy, O, 0.0f, dW_, O);  // dW = x^T dy
-    be.bias_grad(dy, B, O, 1, db_);
+    be.bias_grad(dy, B, O, 1, db_);  // the tail of the slice: b follows W
+    progress.ready_from(std::size_t(I) * O);
+    // dW = x^T dy, (I, O). On the CPU in blocks of rows from the last, so that a listener
+    // hears the tail early; always in the same blocks, listener or not, because BLAS rounds a
+    // block's dot products differently from the whole product's. (GPU: one GEMM, one launch.)
+    const int rows = be.device() == Device::cpu ? block_rows(O) : I;
+    for (int hi = I; hi > 0; hi -= rows) {
+      const int lo = std::max(0, hi - rows);
+      be.gemm(Trans::yes, Trans::no, hi - lo, O, B, 1.0f, x + lo, I, dy, O, 0.0f, dW_ + std::size_t(lo) * O, O);
+      progress.ready_from(std::size_t(lo) * O);
+    }
     if (dx) be.gemm(Trans::no, Trans::yes, B, I, O, 1.0f, dy, O, W_, O, 0.0f, dx, I);  // dy W^T
   }
 
  private:
   int fan_in() const { return in().size(); }
   int fan_out() const { return out().size(); }
+  // Rows of dW per piece: about kGradPieceFloats, a multiple of 16 (BLAS's row blocking).
+  static int block_rows(int O) { return std::max(16, int(kGradPieceFloats / std::size_t(O)) / 16 * 16); }
   Init init_;
   float *W_ = nullptr, *b_ = nullptr, *dW_ = nullptr, *db_ = nullptr;
 };
@@ -61,7 +72,7 @@ class Relu final : public Layer {
     be.relu_forward(x, y, std::size_t(B) * in().size());
   }
   void backward(Backend& be, const float*, const float* y, const float* dy, float* dx, int B,
-                float*) override {
+                float*, const GradProgress&) override {
     if (dx) be.relu_backward(dy, y, dx, std::size_t(B) * in().size());
   }
 };
@@ -108,7 +119,7 @@ class Conv2d final : public Layer {
     be.add_bias(y, b_, B, OC, N);
   }
   void backward(Backend& be, const float*, const float*, const float* dy, float* dx, int B,
-                float* scratch) override {
+                float* scratch, const GradProgress&) override {
     const int OC = out().c, K = ckk(), N = ohw();
     float* dcols = scratch + std::size_t(B) * K * N;
     for (int i = 0; i < B; ++i) {
@@ -265,18 +276,23 @@ double Model::loss(const float* out, const std::int32_t* labels, const float* ta
 }
 
 double Model::forward_backward(const float* x, const std::int32_t* labels, const float* targets,
-                               int B, float grad_scale) {
+                               int B, float grad_scale, GradListener* listener) {
   if (B == 0) {
     be_.fill(grads_ptr_, num_params(), 0.0f);
+    if (listener) listener->ready(0);
     return 0.0;
   }
   const float* out = forward(x, B);
   const double mean_loss = loss(out, labels, targets, B, grad_scale < 0 ? 1.0f / float(B) : grad_scale) / B;
   const float* dy = dout_.data();
   float* bufs[2] = {dping_.data(), dpong_.data()};
+  std::size_t offset = num_params();  // of layer i's slice in ∇θ
   for (std::size_t i = layers_.size(); i-- > 0;) {
     float* dx = i == 0 ? nullptr : bufs[i % 2];
-    layers_[i]->backward(be_, inputs_[i], acts_[i + 1].data(), dy, dx, B, scratch_[i].data());
+    offset -= layers_[i]->num_params();
+    const GradProgress progress{listener, offset};
+    layers_[i]->backward(be_, inputs_[i], acts_[i + 1].data(), dy, dx, B, scratch_[i].data(), progress);
+    progress.ready_from(0);
     dy = dx;
   }
   return mean_loss;

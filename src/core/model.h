@@ -30,6 +30,30 @@ struct ModelSpec {
   std::string init = "he";  // "he": He/Xavier-uniform weights, zero biases; "zeros": all zero
 };
 
+// Told during backward which part of ∇θ is final, so that communication can start on it
+// while backward goes on (overlap). ready(lo): ∇θ[lo, P) will not change again this step. lo
+// never grows within a step and the last call of a step has lo = 0. On a GPU backend the
+// kernels writing ∇θ[lo, P) are enqueued, not necessarily finished.
+// Threading: called on the thread that runs backward.
+class GradListener {
+ public:
+  virtual ~GradListener() = default;
+  virtual void ready(std::size_t lo) = 0;
+};
+
+// A layer's view of the listener: its gradient slice starts at `base` in ∇θ.
+struct GradProgress {
+  GradListener* listener = nullptr;
+  std::size_t base = 0;
+  void ready_from(std::size_t local_lo) const {
+    if (listener) listener->ready(base + local_lo);
+  }
+};
+
+// Floats of ∇θ a layer finishes between two ready() calls when someone listens (about
+// 128 KiB: small enough to start pushes early, large enough for BLAS to stay efficient).
+inline constexpr std::size_t kGradPieceFloats = 32768;
+
 struct Shape {
   int c = 1, h = 1, w = 1;
   int size() const { return c * h * w; }
@@ -55,9 +79,10 @@ class Layer {
   // x (B, in) -> y (B, out).
   virtual void forward(Backend& be, const float* x, float* y, int B, float* scratch) = 0;
   // dy (B, out) -> dx (B, in) and this layer's gradient slice (overwritten, not accumulated).
-  // dx == nullptr when the input gradient is not needed (the first layer).
+  // dx == nullptr when the input gradient is not needed (the first layer). A layer may report
+  // finished tails of its slice to `progress` as it goes (same values, just told earlier).
   virtual void backward(Backend& be, const float* x, const float* y, const float* dy, float* dx,
-                        int B, float* scratch) = 0;
+                        int B, float* scratch, const GradProgress& progress) = 0;
 
  private:
   Shape in_, out_;
@@ -109,8 +134,10 @@ class Model {
   // grad_scale x the summed loss (grad_scale < 0: 1/B, the batch mean) and returns the mean
   // loss of the batch. B == 0 gives a zero gradient and loss 0. (All-reduce passes
   // 1/global batch, so that the sum over ranks is the global mean with no extra pass.)
+  // `listener` (optional) hears which tail of ∇θ is final as backward goes; the gradient is
+  // bitwise the same with or without one.
   double forward_backward(const float* x, const std::int32_t* labels, const float* targets, int B,
-                          float grad_scale = -1.0f);
+                          float grad_scale = -1.0f, GradListener* listener = nullptr);
   // Forward only: summed loss and number of correct argmax predictions.
   EvalCounts evaluate(const float* x, const std::int32_t* labels, const float* targets, int B);
 

@@ -30,9 +30,9 @@ Replica::Batch Replica::stage(const Dataset& d, std::span<const std::uint32_t> i
   return {x_dev_.data(), y_dev_.data(), t_dev_.data()};
 }
 
-double Replica::compute_gradient(std::span<const std::uint32_t> idx, float grad_scale) {
+double Replica::compute_gradient(std::span<const std::uint32_t> idx, float grad_scale, GradListener* listener) {
   const Batch b = stage(train_, idx);
-  return model_.forward_backward(b.x, b.labels, b.targets, int(idx.size()), grad_scale);
+  return model_.forward_backward(b.x, b.labels, b.targets, int(idx.size()), grad_scale, listener);
 }
 
 float* Replica::host_params() {

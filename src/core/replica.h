@@ -29,8 +29,10 @@ class Replica {
 
   // Forward and backward on the training samples `idx`; ∇θ holds the gradient of their mean
   // loss afterwards (of grad_scale x their summed loss, if grad_scale >= 0). Returns the mean
-  // loss (0 for an empty batch, with ∇θ = 0).
-  double compute_gradient(std::span<const std::uint32_t> idx, float grad_scale = -1.0f);
+  // loss (0 for an empty batch, with ∇θ = 0). `listener` hears which tail of ∇θ is final as
+  // backward goes (Model::forward_backward).
+  double compute_gradient(std::span<const std::uint32_t> idx, float grad_scale = -1.0f,
+                          GradListener* listener = nullptr);
   // Loss and accuracy of the current θ on a whole data set, in batches of max_batch.
   EvalCounts evaluate(const Dataset& d);
 

@@ -136,22 +136,41 @@ PullResult PsClient::pull(long clock, float* theta) {
 }
 
 PullResult PsClient::push(long clock, int batch, const float* grad, float* theta) {
-  const int S = int(shards_.size());
-  for (int k = 0; k < S; ++k) {
-    const ShardInfo& s = shards_[std::size_t(k)];
-    const float* g = grad + s.range.offset;
-    wire::Push h{clock, s.version, batch, 0, s.range.offset, s.range.length, theta != nullptr, codec_->wire_id(), 0};
-    const void* bytes = g;
-    if (codec_->dense_f32()) {
-      h.bytes = s.range.length * sizeof(float);
-    } else {
-      std::vector<std::byte>& buf = encoded_[std::size_t(k)];
-      h.bytes = codec_->encode(g, s.range.length, buf.data());
-      bytes = buf.data();
-    }
-    h.checksum = wire::checksum_bytes(bytes, h.bytes);
-    send(k, h, in_flight_.payload(bytes, h.bytes));
+  begin_push(clock, batch, grad, theta);
+  return finish_push();
+}
+
+void PsClient::begin_push(long clock, int batch, const float* grad, float* theta) {
+  if (push_.next >= 0) throw std::logic_error("PsClient: begin_push before the last push finished");
+  push_ = PushInProgress{clock, batch, grad, theta, int(shards_.size()) - 1};
+}
+
+void PsClient::push_ready(std::size_t lo) {
+  while (push_.next >= 0 && shards_[std::size_t(push_.next)].range.offset >= lo) send_push(push_.next--);
+}
+
+void PsClient::send_push(int k) {
+  const ShardInfo& s = shards_[std::size_t(k)];
+  const float* g = push_.grad + s.range.offset;
+  wire::Push h{push_.clock, s.version, push_.batch, 0, s.range.offset, s.range.length, push_.theta != nullptr,
+               codec_->wire_id(), 0};
+  const void* bytes = g;
+  if (codec_->dense_f32()) {
+    h.bytes = s.range.length * sizeof(float);
+  } else {
+    std::vector<std::byte>& buf = encoded_[std::size_t(k)];
+    h.bytes = codec_->encode(g, s.range.length, buf.data());
+    bytes = buf.data();
   }
+  h.checksum = wire::checksum_bytes(bytes, h.bytes);
+  send(k, h, in_flight_.payload(bytes, h.bytes));
+}
+
+PullResult PsClient::finish_push() {
+  push_ready(0);
+  const int S = int(shards_.size());
+  const long clock = push_.clock;
+  float* theta = push_.theta;
   std::vector<char> pending(std::size_t(S), 1);
   PullResult acc = empty_result();
   collect("Push (clock " + std::to_string(clock) + ")", pending, [&](int k, const wire::Body& body) {

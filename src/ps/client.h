@@ -64,6 +64,13 @@ class PsClient {
   // samples. With theta != nullptr the servers answer with the parameters for clock + 1,
   // written into theta; otherwise they acknowledge.
   PullResult push(long clock, int batch, const float* grad, float* theta);
+  // The same push in three parts, so that shards leave while backward still computes the rest
+  // of grad (overlap): begin_push(); push_ready(lo) each time grad[lo, P) is final, which
+  // sends every shard lying inside it that has not left; finish_push() sends what is left and
+  // collects the replies (θ is written only there, after backward is done with it).
+  void begin_push(long clock, int batch, const float* grad, float* theta);
+  void push_ready(std::size_t lo);
+  PullResult finish_push();
   // Tells every server this worker is done (after its last push); each answers Ack.
   void bye(long clock);
   // Asks every server to exit once training is over (evaluator / launcher); each answers Ack.
@@ -82,6 +89,7 @@ class PsClient {
   void send(int k, const wire::Body& body, comm::OutPayload payload = {});
   [[noreturn]] void fail(int k, const std::string& what) const;
   void take_params(int k, const wire::PullReply& r, std::span<const std::byte> payload, float* theta, PullResult& acc);
+  void send_push(int k);
   void expect_ack(const char* what);
 
   std::unique_ptr<comm::Connections> conns_;
@@ -93,6 +101,14 @@ class PsClient {
   wire::Encoder enc_;
   comm::Message msg_;  // reused for every reply
   comm::InFlight in_flight_;
+  // The push between begin_push() and finish_push().
+  struct PushInProgress {
+    long clock = 0;
+    int batch = 0;
+    const float* grad = nullptr;
+    float* theta = nullptr;
+    int next = -1;  // shards next, next-1, ..., 0 have not left (they leave last to first)
+  } push_;
 };
 
 }  // namespace pslab

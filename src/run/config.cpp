@@ -68,6 +68,9 @@ void visit_fields(Config& c, F&& f) {
     "threads a server splits a large update over (0 = host cores / processes on it)");
   f("cluster.transport", c.cluster.transport, "how processes exchange messages (listed below)");
   f("cluster.codec", c.cluster.codec, "how pushes encode gradients (listed below)");
+  f("cluster.overlap", c.cluster.overlap,
+    "push (PS modes) or all-reduce (allreduce) each finished piece of the gradient while backward goes on");
+  f("cluster.bucket_kb", c.cluster.bucket_kb, "allreduce with overlap: KiB of the gradient per all-reduce bucket");
   f("cluster.launcher", c.cluster.launcher, "\"local\", \"ssh\" or \"slurm\"");
   f("cluster.hosts", c.cluster.hosts, "ssh: hosts, processes placed round-robin");
   f("cluster.bind", c.cluster.bind, "address servers and the rendezvous listen on");
@@ -336,6 +339,9 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
   check(c.cluster.workers >= 1, "cluster.workers", "must be >= 1");
   check(c.cluster.servers >= 1, "cluster.servers", "must be >= 1");
   check(c.cluster.server_threads >= 0, "cluster.server_threads", "must be >= 0");
+  check(c.cluster.bucket_kb >= 1, "cluster.bucket_kb", "must be >= 1");
+  check(!c.cluster.overlap || c.train.device == "cpu", "cluster.overlap",
+        "GPU workers do not overlap yet: set it false with train.device = \"" + c.train.device + "\"");
   check(c.cluster.launcher == "local" || c.cluster.launcher == "ssh" || c.cluster.launcher == "slurm",
         "cluster.launcher", "expected \"local\", \"ssh\" or \"slurm\", got \"" + c.cluster.launcher + "\"");
   check(c.cluster.launcher != "ssh" || !c.cluster.hosts.empty(), "cluster.hosts",

@@ -58,6 +58,8 @@ struct ClusterConfig {
   int server_threads = 0;    // threads per server for large updates (0 = host cores / processes on it)
   std::string transport = "tcp";     // comm/transport/: "tcp", "ipc", "shm", "auto"
   std::string codec = "f32";         // ps/codecs/: how pushes encode gradients
+  bool overlap = false;      // send each finished piece of ∇θ while backward goes on (CPU workers)
+  int bucket_kb = 256;       // allreduce with overlap: KiB of ∇θ per bucket
   std::string launcher = "local";    // "local", "ssh", "slurm"
   std::vector<std::string> hosts;    // ssh: hosts, round-robin over processes
   std::string bind = "127.0.0.1";    // address servers and rendezvous bind to

@@ -1,7 +1,7 @@
 // All-reduce benchmark: W rank processes on this machine, reducing as cluster.transport
 // `--transport` makes them (auto and shm: one shared segment; tcp: Gloo over TCP loopback).
 //
-//   bench_allreduce [--ranks 2] [--runs 5] [--steps 500] [--transport auto] [--json FILE]
+//   bench_allreduce [--ranks 2] [--runs 5] [--steps 500] [--transport auto] [--overlap [--bucket-kb 256]] [--json FILE]
 //
 // Metrics (median over runs; each run after a warm-up):
 //   allreduce_ms   one all-reduce (sum) of n floats, n = 235146 (the MLP), 1M, 4M
@@ -37,7 +37,7 @@ double median(std::vector<double> v) {
 
 
 nlohmann::ordered_json run_rank(int rank, int W, const std::string& ep, const std::string& ep_train, int runs, long steps,
-                                const std::string& how) {
+                                const std::string& how, bool overlap, int bucket_kb) {
   const auto transport = comm::make_transport("tcp");
   std::unique_ptr<Coordinator> coord;
   if (rank == 0) coord = std::make_unique<Coordinator>(*transport, ep, W);
@@ -69,6 +69,8 @@ nlohmann::ordered_json run_rank(int rank, int W, const std::string& ep, const st
   ExperimentConfig cfg = parse_config("name = \"bench\"\n[cluster]\nmode = \"allreduce\"\n", "bench");
   cfg.cluster.workers = W;
   cfg.cluster.transport = how;
+  cfg.cluster.overlap = overlap;
+  cfg.cluster.bucket_kb = bucket_kb;
   cfg.train.threads = 1;
   cfg.train.log_every = int(steps);
   cfg.train.steps = 200 + long(runs) * steps;
@@ -100,8 +102,9 @@ nlohmann::ordered_json run_rank(int rank, int W, const std::string& ep, const st
 
 int main(int argc, char** argv) {
   CLI::App app{"pslab all-reduce benchmark (one process per rank on this machine)"};
-  int ranks = 2, runs = 5, rank = -1;
+  int ranks = 2, runs = 5, rank = -1, bucket_kb = 256;
   long steps = 500;
+  bool overlap = false;
   std::string json_path, endpoint, endpoint_train, rank_out, how = "auto";
   app.add_option("--ranks", ranks)->capture_default_str();
   app.add_option("--runs", runs)->capture_default_str();
@@ -110,6 +113,8 @@ int main(int argc, char** argv) {
   app.add_option("--transport", how, "cluster.transport: auto and shm reduce in shared memory, tcp with Gloo")
       ->check(CLI::IsMember({"auto", "shm", "tcp", "ipc"}))
       ->capture_default_str();
+  app.add_flag("--overlap", overlap, "cluster.overlap: buckets all-reduced as backward finishes them");
+  app.add_option("--bucket-kb", bucket_kb, "cluster.bucket_kb, with --overlap")->capture_default_str();
   // Internal: the benchmark starts one fresh process per rank (exec, not just fork, so that
   // every rank initialises OpenBLAS and ZeroMQ itself, as pslab_worker does).
   app.add_option("--rank", rank)->group("");
@@ -120,7 +125,7 @@ int main(int argc, char** argv) {
 
   if (rank >= 0) {
     try {
-      const auto r = run_rank(rank, ranks, endpoint, endpoint_train, runs, steps, how);
+      const auto r = run_rank(rank, ranks, endpoint, endpoint_train, runs, steps, how, overlap, bucket_kb);
       if (!rank_out.empty()) std::ofstream(rank_out) << r.dump() << "\n";
       return 0;
     } catch (const std::exception& e) {
@@ -136,7 +141,9 @@ int main(int argc, char** argv) {
   for (int r = 0; r < ranks; ++r) {
     std::vector<std::string> args = {"/proc/self/exe", "--rank", std::to_string(r), "--ranks", std::to_string(ranks),
                                      "--runs", std::to_string(runs), "--steps", std::to_string(steps), "--transport", how,
-                                     "--endpoint", ep, "--endpoint-train", ep_train, "--rank-out", r == 0 ? out0 : ""};
+                                     "--endpoint", ep, "--endpoint-train", ep_train, "--rank-out", r == 0 ? out0 : "",
+                                     "--bucket-kb", std::to_string(bucket_kb)};
+    if (overlap) args.push_back("--overlap");
     const pid_t pid = ::fork();
     if (pid == 0) {
       std::vector<char*> argv2;
@@ -158,7 +165,8 @@ int main(int argc, char** argv) {
   const auto r0 = nlohmann::ordered_json::parse(in);
   std::remove(out0.c_str());
   nlohmann::ordered_json out{{"benchmark", "allreduce"}, {"ranks", ranks}, {"runs", runs},
-                             {"metric", "medians over runs; samples_per_s counts all ranks"}, {"transport", how}};
+                             {"metric", "medians over runs; samples_per_s counts all ranks"}, {"transport", how},
+                             {"overlap", overlap}, {"bucket_kb", bucket_kb}};
   for (auto& [k, v] : r0.items()) out[k] = v;
   std::printf("%s\n", out.dump(2).c_str());
   if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
