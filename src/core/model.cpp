@@ -46,7 +46,7 @@ class Linear final : public Layer {
     // dW = x^T dy, (I, O). On the CPU in blocks of rows from the last, so that a listener
     // hears the tail early; always in the same blocks, listener or not, because BLAS rounds a
     // block's dot products differently from the whole product's. (GPU: one GEMM, one launch.)
-    const int rows = be.device() == Device::cpu ? block_rows(O) : I;
+    const int rows = be.device() == Device::cpu ? block_rows(I, O) : I;
     for (int hi = I; hi > 0; hi -= rows) {
       const int lo = std::max(0, hi - rows);
       be.gemm(Trans::yes, Trans::no, hi - lo, O, B, 1.0f, x + lo, I, dy, O, 0.0f, dW_ + std::size_t(lo) * O, O);
@@ -58,8 +58,12 @@ class Linear final : public Layer {
  private:
   int fan_in() const { return in().size(); }
   int fan_out() const { return out().size(); }
-  // Rows of dW per piece: about kGradPieceFloats, a multiple of 16 (BLAS's row blocking).
-  static int block_rows(int O) { return std::max(16, int(kGradPieceFloats / std::size_t(O)) / 16 * 16); }
+  // Rows of dW per block: I rows in blocks of about kGradPieceFloats floats, as even as a
+  // multiple of 16 rows (BLAS's row blocking) allows, so that no block is a sliver.
+  static int block_rows(int I, int O) {
+    const std::size_t blocks = std::max<std::size_t>(1, (std::size_t(I) * O + kGradPieceFloats - 1) / kGradPieceFloats);
+    return int((std::size_t(I) + blocks - 1) / blocks + 15) / 16 * 16;
+  }
   Init init_;
   float *W_ = nullptr, *b_ = nullptr, *dW_ = nullptr, *db_ = nullptr;
 };
