@@ -60,6 +60,10 @@ them there); --build-dir or the environment variable PSLAB_BUILD point elsewhere
 code: experiments/launcher/, one module per concern (plan, placement, processes, monitor,
 metrics, summary, manifest, comparison, run, task).
 
+Plots: plot.py runs under the first Python that imports matplotlib, of this launcher's, Debian's
+/usr/bin/python3 and python3 on PATH (or $PSLAB_PLOT_PYTHON alone, if set). With none, the
+launcher says so before the first run and the runs go on without plots.
+
 A run whose training loss stops being finite ends with status "diverged" (its workers say at
 which step); that is the experiment's outcome, not a failure.
 

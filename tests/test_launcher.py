@@ -504,6 +504,25 @@ class LauncherTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.strip(), "['launcher', 'launcher.metrics']")
 
+    def test_plots_use_a_python_that_has_matplotlib(self):
+        # plot.py ran under /usr/bin/python3 even where only python3 on PATH had matplotlib.
+        bad, good = self.tmp / "no-mpl-python", self.tmp / "mpl-python"
+        for path, status in ((bad, 1), (good, 0)):  # answer "import matplotlib" with this status
+            path.write_text(f"#!/bin/sh\nexit {status}\n")
+            path.chmod(0o755)
+        code = ("import sys; sys.path.insert(0, 'experiments'); from launcher.run import plot_python; "
+                f"print(plot_python([{str(bad)!r}, {str(good)!r}]), plot_python([{str(bad)!r}]))")
+        r = subprocess.run([PYTHON, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.split(), [str(good), "None"])
+        # None at all: said before the first run, and the runs go on without plots.
+        env = dict(self.env, PSLAB_PLOT_PYTHON=str(bad))
+        r = self.launch("run", TINY, "--set", "train.steps=30", "--runs-dir", self.runs, env=env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn(f"no Python with matplotlib found (tried: {bad})", r.stderr)
+        self.assertNotIn("plot.py failed", r.stderr)
+        self.assertFalse((self.only_invocation("tiny") / "run" / "plots").exists())
+
     def test_diverged_run_is_reported(self):
         r = self.launch("run", TINY, "--set", "optimizer.lr=1e38", "--set", "train.steps=100",
                         "--set", "straggler.delay_ms=0", "--runs-dir", self.runs, "--no-plots")

@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -21,9 +22,50 @@ from .summary import COMPLETED, result_line, summarize
 PLOT_PY = REPO / "experiments" / "plot.py"
 
 
+def plot_interpreters():
+    """Where plot.py may run, in the order tried: $PSLAB_PLOT_PYTHON alone if set; else this
+    launcher's Python, Debian's /usr/bin/python3, and python3 on PATH."""
+    if os.environ.get("PSLAB_PLOT_PYTHON"):
+        return [os.environ["PSLAB_PLOT_PYTHON"]]
+    found = []
+    for c in (sys.executable, "/usr/bin/python3", shutil.which("python3")):
+        if c and os.path.exists(c) and c not in found:
+            found.append(c)
+    return found
+
+
+_plot_python = {}  # tuple of candidates -> the first that imports matplotlib, or None
+
+
+def plot_python(candidates=None):
+    """The first of `candidates` (default: plot_interpreters()) that can import matplotlib, or
+    None; each list is checked once per launcher."""
+    key = tuple(plot_interpreters() if candidates is None else candidates)
+    if key not in _plot_python:
+        _plot_python[key] = None
+        for py in key:
+            try:
+                ok = subprocess.run([py, "-c", "import matplotlib"], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, timeout=60).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                ok = False
+            if ok:
+                _plot_python[key] = py
+                break
+    return _plot_python[key]
+
+
+def no_plot_python_warning():
+    return (f"no Python with matplotlib found (tried: {', '.join(plot_interpreters()) or 'none'}); the runs go on "
+            "without plots: apt-get install python3-matplotlib, set PSLAB_PLOT_PYTHON, or pass --no-plots")
+
+
 def run_plot(args_list, quiet=False):
-    """Runs plot.py (Debian's python, which has matplotlib); a failure is a warning."""
-    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    """Runs plot.py with an interpreter that has matplotlib (plot_python()); a failure is a warning."""
+    py = plot_python()
+    if py is None:
+        warn(no_plot_python_warning())
+        return
     p = subprocess.Popen([py, str(PLOT_PY), *args_list], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         while p.poll() is None:
@@ -159,6 +201,9 @@ def run_all(plans, config, bins, opts, runs_dir):
     except OSError:
         pass
     say(f"launch.py: {len(plans)} run(s) of {config} -> {inv}")
+    if not opts.no_plots and plot_python() is None:
+        warn(no_plot_python_warning())  # said before the runs, not after them
+        opts.no_plots = True
     results, failed = [], []
     for i, plan in enumerate(plans):
         check_signal()
