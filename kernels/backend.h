@@ -106,11 +106,14 @@ class Backend {
   virtual void adam_step(const float* w, float* m, float* v, const float* g, float* w_out,
                          std::size_t n, const AdamArgs& a) = 0;
 
-  // ---- convolution helpers, one image ----
-  // x (C,H,W) -> cols (C*KH*KW, OH*OW)
-  virtual void im2col(const float* x, const math::ConvGeometry& g, float* cols) = 0;
-  // cols (C*KH*KW, OH*OW) -> dx (C,H,W), overwriting dx with the summed contributions
-  virtual void col2im(const float* cols, const math::ConvGeometry& g, float* dx) = 0;
+  // ---- convolution helpers, a whole batch per call ----
+  // x (B,C,H,W) -> cols (C*KH*KW, B*OH*OW), column b*OH*OW + n = output pixel n of image b
+  virtual void im2col(const float* x, const math::ConvGeometry& g, int B, float* cols) = 0;
+  // cols (C*KH*KW, B*OH*OW) -> dx (B,C,H,W), overwriting dx with the summed contributions
+  virtual void col2im(const float* cols, const math::ConvGeometry& g, int B, float* dx) = 0;
+  // y (B, A, N) = x (A, B, N): the two outer dimensions swapped (y must not overlap x). A
+  // convolution's GEMM gives (OC, B, N); its layers pass (B, OC, N).
+  virtual void swap_outer(const float* x, int A, int B, int N, float* y) = 0;
 };
 
 // The CPU backend. OpenBLAS has one thread count per process: threads > 0 sets it (the

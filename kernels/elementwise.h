@@ -91,7 +91,9 @@ PSLAB_HD float adam_update(float w, float& m, float& v, float g, float lr, float
 }
 
 // ---- convolution index math (im2col) ------------------------------------------------------
-// Image layout (C, H, W) row-major; column matrix layout (C*KH*KW, OH*OW) row-major.
+// Image layout (C, H, W) row-major; a batch (B, C, H, W). Column matrix of a batch: (C*KH*KW,
+// B*OH*OW) row-major, column b*OH*OW + n being output pixel n of image b, so that one GEMM
+// covers the whole batch.
 
 struct ConvGeometry {
   int C, H, W;      // input channels, height, width
@@ -115,8 +117,16 @@ PSLAB_HD float im2col_value(const float* x, const ConvGeometry& g, int row, int 
   return x[(c * g.H + ih) * g.W + iw];
 }
 
-// Gradient w.r.t. image element (c, ih, iw): the sum of all column entries that read it.
-PSLAB_HD float col2im_value(const float* cols, const ConvGeometry& g, int c, int ih, int iw) {
+// Element (row, col) of a batch's column matrix, read from the batch x (B, C, H, W).
+PSLAB_HD float im2col_batch_value(const float* x, const ConvGeometry& g, int row, int col) {
+  const int N = g.OH() * g.OW();
+  return im2col_value(x + static_cast<long>(col / N) * g.C * g.H * g.W, g, row, col % N);
+}
+
+// Gradient w.r.t. image element (c, ih, iw): the sum of all column entries that read it, from
+// the image's column matrix `cols` whose rows are `ld` floats apart (OH*OW for one image;
+// B*OH*OW for image b of a batch, with cols advanced by b*OH*OW).
+PSLAB_HD float col2im_value(const float* cols, const ConvGeometry& g, int c, int ih, int iw, int ld) {
   const int OH = g.OH(), OW = g.OW();
   float sum = 0.0f;
   for (int kh = 0; kh < g.KH; ++kh) {
@@ -130,7 +140,7 @@ PSLAB_HD float col2im_value(const float* cols, const ConvGeometry& g, int c, int
       const int ow = ow_num / g.stride;
       if (ow >= OW) continue;
       const int row = (c * g.KH + kh) * g.KW + kw;
-      sum += cols[row * (OH * OW) + oh * OW + ow];
+      sum += cols[static_cast<long>(row) * ld + oh * OW + ow];
     }
   }
   return sum;

@@ -472,24 +472,35 @@ TEST_F(GpuBackend, Im2colCol2im) {
     os << "C=" << g.C << " H=" << g.H << " W=" << g.W << " K=" << g.KH << "x" << g.KW
        << " stride=" << g.stride << " pad=" << g.pad;
     SCOPED_TRACE(os.str());
-    const std::size_t img = std::size_t(g.C) * g.H * g.W;
-    const std::size_t ncols = std::size_t(g.C) * g.KH * g.KW * std::size_t(g.OH() * g.OW());
+    const int B = 3;  // a batch per call: (B, C, H, W) <-> (C*KH*KW, B*OH*OW)
+    const std::size_t img = std::size_t(B) * g.C * g.H * g.W;
+    const std::size_t ncols = std::size_t(g.C) * g.KH * g.KW * std::size_t(B * g.OH() * g.OW());
     const auto x = random_floats(img, ++seed);
     // Outputs start as NaN: every element must be written.
     const std::vector<float> nan_cols(ncols, std::numeric_limits<float>::quiet_NaN());
     DeviceBuffer<float> cx = upload(cpu(), x), ccols = upload(cpu(), nan_cols);
     DeviceBuffer<float> gx = upload(gpu(), x), gcols = upload(gpu(), nan_cols);
-    cpu().im2col(cx.data(), g, ccols.data());
-    gpu().im2col(gx.data(), g, gcols.data());
+    cpu().im2col(cx.data(), g, B, ccols.data());
+    gpu().im2col(gx.data(), g, B, gcols.data());
     EXPECT_TRUE(agree("im2col " + os.str(), download(cpu(), ccols), download(gpu(), gcols), 0.0));
 
     const auto cols = random_floats(ncols, ++seed);
     const std::vector<float> nan_img(img, std::numeric_limits<float>::quiet_NaN());
     DeviceBuffer<float> ccols2 = upload(cpu(), cols), cdx = upload(cpu(), nan_img);
     DeviceBuffer<float> gcols2 = upload(gpu(), cols), gdx = upload(gpu(), nan_img);
-    cpu().col2im(ccols2.data(), g, cdx.data());
-    gpu().col2im(gcols2.data(), g, gdx.data());
+    cpu().col2im(ccols2.data(), g, B, cdx.data());
+    gpu().col2im(gcols2.data(), g, B, gdx.data());
     EXPECT_TRUE(agree("col2im " + os.str(), download(cpu(), cdx), download(gpu(), gdx)));
+
+    // The (OC, B, N) <-> (B, OC, N) swap around the convolution's GEMM: bitwise a copy.
+    const int OC = 4, N = g.OH() * g.OW();
+    const auto t = random_floats(std::size_t(OC) * B * N, ++seed);
+    const std::vector<float> nan_t(t.size(), std::numeric_limits<float>::quiet_NaN());
+    DeviceBuffer<float> ct = upload(cpu(), t), cy = upload(cpu(), nan_t);
+    DeviceBuffer<float> gt = upload(gpu(), t), gy = upload(gpu(), nan_t);
+    cpu().swap_outer(ct.data(), OC, B, N, cy.data());
+    gpu().swap_outer(gt.data(), OC, B, N, gy.data());
+    EXPECT_TRUE(agree("swap_outer " + os.str(), download(cpu(), cy), download(gpu(), gy), 0.0));
   }
 }
 

@@ -270,6 +270,80 @@ TEST(ModelBatch, AListenerHearsFinalTailsEarlyAndChangesNoBit) {
   }
 }
 
+// A backend that counts the calls it forwards to another (the CPU backend).
+class CountingBackend final : public Backend {
+ public:
+  explicit CountingBackend(Backend& inner) : in_(inner) {}
+  long calls = 0;
+  Device device() const override { return in_.device(); }
+  std::string describe() const override { return "counting " + in_.describe(); }
+  void* allocate(std::size_t b) override { return ++calls, in_.allocate(b); }
+  void deallocate(void* p) noexcept override { in_.deallocate(p); }
+  void copy_from_host(void* d, const void* s, std::size_t b) override { ++calls, in_.copy_from_host(d, s, b); }
+  void copy_to_host(void* d, const void* s, std::size_t b) override { ++calls, in_.copy_to_host(d, s, b); }
+  void copy(void* d, const void* s, std::size_t b) override { ++calls, in_.copy(d, s, b); }
+  void fill(float* x, std::size_t n, float v) override { ++calls, in_.fill(x, n, v); }
+  void synchronize() override { ++calls, in_.synchronize(); }
+  void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
+            float beta, float* C, int ldc) override {
+    ++calls, in_.gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+  void axpy(std::size_t n, float a, const float* x, float* y) override { ++calls, in_.axpy(n, a, x, y); }
+  void scale(std::size_t n, float a, float* x) override { ++calls, in_.scale(n, a, x); }
+  double sum_squares(const float* x, std::size_t n) override { return ++calls, in_.sum_squares(x, n); }
+  void add_bias(float* y, const float* b, int o, int c, int i) override { ++calls, in_.add_bias(y, b, o, c, i); }
+  void bias_grad(const float* dy, int o, int c, int i, float* db) override { ++calls, in_.bias_grad(dy, o, c, i, db); }
+  void relu_forward(const float* x, float* y, std::size_t n) override { ++calls, in_.relu_forward(x, y, n); }
+  void relu_backward(const float* dy, const float* y, float* dx, std::size_t n) override {
+    ++calls, in_.relu_backward(dy, y, dx, n);
+  }
+  double softmax_xent(const float* l, const std::int32_t* y, int r, int C, float s, float* d) override {
+    return ++calls, in_.softmax_xent(l, y, r, C, s, d);
+  }
+  double mse(const float* y, const float* t, int r, int C, float s, float* d) override { return ++calls, in_.mse(y, t, r, C, s, d); }
+  long count_correct(const float* l, const std::int32_t* y, int r, int C) override { return ++calls, in_.count_correct(l, y, r, C); }
+  void sgd_step(const float* w, const float* g, float* o, std::size_t n, const SgdArgs& a) override {
+    ++calls, in_.sgd_step(w, g, o, n, a);
+  }
+  void momentum_step(const float* w, float* v, const float* g, float* o, std::size_t n, const MomentumArgs& a) override {
+    ++calls, in_.momentum_step(w, v, g, o, n, a);
+  }
+  void adam_step(const float* w, float* m, float* v, const float* g, float* o, std::size_t n, const AdamArgs& a) override {
+    ++calls, in_.adam_step(w, m, v, g, o, n, a);
+  }
+  void im2col(const float* x, const math::ConvGeometry& g, int B, float* c) override { ++calls, in_.im2col(x, g, B, c); }
+  void col2im(const float* c, const math::ConvGeometry& g, int B, float* dx) override { ++calls, in_.col2im(c, g, B, dx); }
+  void swap_outer(const float* x, int A, int B, int N, float* y) override { ++calls, in_.swap_outer(x, A, B, N, y); }
+
+ private:
+  Backend& in_;
+};
+
+// A training step (forward, backward, SGD) issues as many backend calls at batch 512 as at
+// batch 8: a GPU pays per launch, so no call may be per sample (the CNN's convolutions were).
+TEST(ModelBatch, BackendCallsPerStepDoNotGrowWithTheBatch) {
+  for (const ModelSpec& spec : {make("mlp", 1, 28, 28, 10, {256, 128}, {}, Loss::softmax_xent),
+                                make("cnn", 1, 28, 28, 10, {}, {16, 32}, Loss::softmax_xent)}) {
+    auto cpu = make_cpu_backend(1);
+    CountingBackend be(*cpu);
+    Model m(be, spec, 512);
+    m.init(1);
+    const std::size_t F = 28 * 28;
+    std::vector<float> x(512 * F, 0.5f);
+    std::vector<std::int32_t> y(512, 3);
+    long calls[2];
+    for (int k = 0; k < 2; ++k) {
+      const int B = k == 0 ? 8 : 512;
+      be.calls = 0;
+      m.forward_backward(x.data(), y.data(), nullptr, B);
+      be.sgd_step(m.params(), m.grads(), m.params(), m.num_params(), SgdArgs{0.01f, 0.0f});
+      calls[k] = be.calls;
+    }
+    EXPECT_EQ(calls[0], calls[1]) << spec.kind << ": backend calls per step at batch 8 vs 512";
+    EXPECT_GT(calls[0], 5) << spec.kind;
+  }
+}
+
 TEST(ModelBatch, OversizedBatchIsRefusedWithTheSizes) {
   auto be = make_cpu_backend(1);
   Model m(*be, make("mlp", 1, 1, 6, 3, {4}, {}, Loss::softmax_xent), 2);

@@ -141,8 +141,8 @@ TEST_F(CpuKernels, Im2colCol2imAreAdjointAndMatchDirectIndexing) {
     const auto x = random_vec(std::size_t(n), 7);
     const auto c = random_vec(std::size_t(rows) * cols, 8);
     std::vector<float> xc(std::size_t(rows) * cols), cx(static_cast<std::size_t>(n));
-    be->im2col(x.data(), g, xc.data());
-    be->col2im(c.data(), g, cx.data());
+    be->im2col(x.data(), g, 1, xc.data());
+    be->col2im(c.data(), g, 1, cx.data());
     double lhs = 0, rhs = 0;
     for (std::size_t i = 0; i < xc.size(); ++i) lhs += double(xc[i]) * c[i];
     for (std::size_t i = 0; i < cx.size(); ++i) rhs += double(x[i]) * cx[i];
@@ -174,19 +174,40 @@ TEST_F(CpuKernels, Im2colCol2imEqualTheSharedPerElementMathBitwise) {
     const int rows = g.C * g.KH * g.KW, cols = g.OH() * g.OW(), n = g.C * g.H * g.W;
     const auto x = random_vec(std::size_t(n), 17);
     const auto c = random_vec(std::size_t(rows) * cols, 18);
-    std::vector<float> xc(std::size_t(rows) * cols, -1.0f), cx(static_cast<std::size_t>(n), -1.0f);
-    be->im2col(x.data(), g, xc.data());
-    be->col2im(c.data(), g, cx.data());
-    long wrong = 0;
-    for (int r = 0; r < rows; ++r)
-      for (int p = 0; p < cols; ++p) wrong += xc[std::size_t(r) * cols + p] != math::im2col_value(x.data(), g, r, p);
-    for (int ch = 0; ch < g.C; ++ch)
-      for (int h = 0; h < g.H; ++h)
-        for (int w = 0; w < g.W; ++w)
-          wrong += cx[(std::size_t(ch) * g.H + h) * g.W + w] != math::col2im_value(c.data(), g, ch, h, w);
-    EXPECT_EQ(wrong, 0) << "C " << g.C << " H " << g.H << " W " << g.W << " K " << g.KH << "x" << g.KW
-                        << " stride " << g.stride << " pad " << g.pad;
+    for (const int B : {1, 3}) {  // a batch's matrix: (rows, B*cols), image b's columns at b*cols
+      const int bc = B * cols;
+      const auto x = random_vec(std::size_t(B) * n, 17);
+      const auto c = random_vec(std::size_t(rows) * bc, 18);
+      std::vector<float> xc(std::size_t(rows) * bc, -1.0f), cx(std::size_t(B) * n, -1.0f);
+      be->im2col(x.data(), g, B, xc.data());
+      be->col2im(c.data(), g, B, cx.data());
+      long wrong = 0;
+      for (int r = 0; r < rows; ++r)
+        for (int p = 0; p < bc; ++p) {
+          wrong += xc[std::size_t(r) * bc + p] != math::im2col_batch_value(x.data(), g, r, p);
+          wrong += xc[std::size_t(r) * bc + p] != math::im2col_value(x.data() + std::size_t(p / cols) * n, g, r, p % cols);
+        }
+      for (int b = 0; b < B; ++b)
+        for (int ch = 0; ch < g.C; ++ch)
+          for (int h = 0; h < g.H; ++h)
+            for (int w = 0; w < g.W; ++w)
+              wrong += cx[std::size_t(b) * n + (std::size_t(ch) * g.H + h) * g.W + w] !=
+                       math::col2im_value(c.data() + std::size_t(b) * cols, g, ch, h, w, bc);
+      EXPECT_EQ(wrong, 0) << "B " << B << " C " << g.C << " H " << g.H << " W " << g.W << " K " << g.KH << "x"
+                          << g.KW << " stride " << g.stride << " pad " << g.pad;
+    }
   }
+}
+
+TEST_F(CpuKernels, SwapOuterSwapsTheTwoOuterDimensions) {
+  const int A = 3, B = 4, N = 5;
+  const auto x = random_vec(std::size_t(A) * B * N, 21);
+  std::vector<float> y(x.size(), -1.0f);
+  be->swap_outer(x.data(), A, B, N, y.data());
+  for (int a = 0; a < A; ++a)
+    for (int b = 0; b < B; ++b)
+      for (int k = 0; k < N; ++k)
+        ASSERT_EQ(y[(std::size_t(b) * A + a) * N + k], x[(std::size_t(a) * B + b) * N + k]) << a << " " << b << " " << k;
 }
 
 TEST_F(CpuKernels, DeviceBufferOwnsAndMoves) {

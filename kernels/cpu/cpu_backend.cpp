@@ -159,36 +159,45 @@ class CpuBackend final : public Backend {
   // im2col and col2im walk the column matrix in order, row (c, kh, kw) by row, with no
   // per-element index division: the same values as math::im2col_value / col2im_value (what
   // the GPU computes per element), bitwise; col2im adds each pixel's terms in the same order.
-  void im2col(const float* x, const math::ConvGeometry& g, float* cols) override {
-    walk_columns(g, x, cols, [](float& col, const float* px) { col = *px; }, [](float& col) { col = 0.0f; });
+  void im2col(const float* x, const math::ConvGeometry& g, int B, float* cols) override {
+    walk_columns(g, B, x, cols, [](float& col, const float* px) { col = *px; }, [](float& col) { col = 0.0f; });
   }
-  void col2im(const float* cols, const math::ConvGeometry& g, float* dx) override {
-    std::fill(dx, dx + std::size_t(g.C) * g.H * g.W, 0.0f);
-    walk_columns(g, dx, cols, [](const float& col, float* px) { *px += col; }, [](const float&) {});
+  void col2im(const float* cols, const math::ConvGeometry& g, int B, float* dx) override {
+    std::fill(dx, dx + std::size_t(B) * g.C * g.H * g.W, 0.0f);
+    walk_columns(g, B, dx, cols, [](const float& col, float* px) { *px += col; }, [](const float&) {});
+  }
+  void swap_outer(const float* x, int A, int B, int N, float* y) override {
+    for (int a = 0; a < A; ++a)
+      for (int b = 0; b < B; ++b)
+        std::memcpy(y + (std::size_t(b) * A + a) * N, x + (std::size_t(a) * B + b) * N, std::size_t(N) * sizeof(float));
   }
 
  private:
-  // Visits every entry of the column matrix in memory order: inside(entry, the image pixel
-  // it reads) or, in the zero padding, padding(entry).
+  // Visits every entry of a batch's column matrix in memory order: inside(entry, the image
+  // pixel it reads) or, in the zero padding, padding(entry).
   template <typename Image, typename Cols, typename Inside, typename Padding>
-  static void walk_columns(const math::ConvGeometry& g, Image* img, Cols* cols, Inside inside, Padding padding) {
+  static void walk_columns(const math::ConvGeometry& g, int B, Image* batch, Cols* cols, Inside inside, Padding padding) {
     const int OH = g.OH(), OW = g.OW(), s = g.stride;
+    const std::size_t image = std::size_t(g.C) * g.H * g.W;
     for (int c = 0; c < g.C; ++c)
       for (int kh = 0; kh < g.KH; ++kh)
         for (int kw = 0; kw < g.KW; ++kw) {
           // Output columns [lo, hi) read inside the image: iw = ow * s - pad + kw in [0, W).
           const int lo = std::clamp((g.pad - kw + s - 1) / s, 0, OW);
           const int hi = std::clamp((g.W + g.pad - kw + s - 1) / s, lo, OW);
-          for (int oh = 0; oh < OH; ++oh) {
-            const int ih = oh * s - g.pad + kh;
-            if (ih < 0 || ih >= g.H) {
-              for (int ow = 0; ow < OW; ++ow) padding(*cols++);
-              continue;
+          for (int b = 0; b < B; ++b) {
+            Image* img = batch + std::size_t(b) * image;
+            for (int oh = 0; oh < OH; ++oh) {
+              const int ih = oh * s - g.pad + kh;
+              if (ih < 0 || ih >= g.H) {
+                for (int ow = 0; ow < OW; ++ow) padding(*cols++);
+                continue;
+              }
+              Image* px = img + (std::size_t(c) * g.H + ih) * g.W + (lo * s - g.pad + kw);
+              for (int ow = 0; ow < lo; ++ow) padding(*cols++);
+              for (int ow = lo; ow < hi; ++ow, px += s) inside(*cols++, px);
+              for (int ow = hi; ow < OW; ++ow) padding(*cols++);
             }
-            Image* px = img + (std::size_t(c) * g.H + ih) * g.W + (lo * s - g.pad + kw);
-            for (int ow = 0; ow < lo; ++ow) padding(*cols++);
-            for (int ow = lo; ow < hi; ++ow, px += s) inside(*cols++, px);
-            for (int ow = hi; ow < OW; ++ow) padding(*cols++);
           }
         }
   }

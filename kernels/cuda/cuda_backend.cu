@@ -355,13 +355,17 @@ class CudaBackend final : public Backend {
   }
 
   // ---- convolution helpers ----
-  void im2col(const float* x, const math::ConvGeometry& g, float* cols) override {
+  void im2col(const float* x, const math::ConvGeometry& g, int B, float* cols) override {
     activate();
-    cuda::launch_im2col(x, g, cols, stream_->get());
+    cuda::launch_im2col(x, g, B, cols, stream_->get());
   }
-  void col2im(const float* cols, const math::ConvGeometry& g, float* dx) override {
+  void col2im(const float* cols, const math::ConvGeometry& g, int B, float* dx) override {
     activate();
-    cuda::launch_col2im(cols, g, dx, stream_->get());
+    cuda::launch_col2im(cols, g, B, dx, stream_->get());
+  }
+  void swap_outer(const float* x, int A, int B, int N, float* y) override {
+    activate();
+    cuda::launch_swap_outer(x, A, B, N, y, stream_->get());
   }
 
  private:

@@ -175,22 +175,36 @@ __global__ void adam_kernel(const float* w, float* m, float* v, const float* g, 
 
 // ---- convolution helpers -------------------------------------------------------------------
 
+// One thread per element of the batch's column matrix (rows, ncols = B*OH*OW).
 __global__ void im2col_kernel(const float* x, const math::ConvGeometry g, float* cols,
                               std::size_t n, int ncols) {
   for (std::size_t i = global_index(); i < n; i += grid_stride()) {
     const int row = static_cast<int>(i / std::size_t(ncols));
     const int col = static_cast<int>(i % std::size_t(ncols));
-    cols[i] = math::im2col_value(x, g, row, col);
+    cols[i] = math::im2col_batch_value(x, g, row, col);
   }
 }
 
-__global__ void col2im_kernel(const float* cols, const math::ConvGeometry g, float* dx,
+// One thread per element of dx (B, C, H, W).
+__global__ void col2im_kernel(const float* cols, const math::ConvGeometry g, int B, float* dx,
                               std::size_t n) {
+  const int npix = g.OH() * g.OW();
   for (std::size_t i = global_index(); i < n; i += grid_stride()) {
     const int w = static_cast<int>(i % std::size_t(g.W));
     const int h = static_cast<int>((i / std::size_t(g.W)) % std::size_t(g.H));
-    const int c = static_cast<int>(i / (std::size_t(g.W) * std::size_t(g.H)));
-    dx[i] = math::col2im_value(cols, g, c, h, w);
+    const int c = static_cast<int>((i / (std::size_t(g.W) * std::size_t(g.H))) % std::size_t(g.C));
+    const int b = static_cast<int>(i / (std::size_t(g.W) * std::size_t(g.H) * std::size_t(g.C)));
+    dx[i] = math::col2im_value(cols + std::size_t(b) * npix, g, c, h, w, B * npix);
+  }
+}
+
+// y (B, A, N) = x (A, B, N); one thread per element of y.
+__global__ void swap_outer_kernel(const float* x, int A, int B, int N, float* y, std::size_t n) {
+  for (std::size_t i = global_index(); i < n; i += grid_stride()) {
+    const std::size_t k = i % std::size_t(N);
+    const std::size_t a = (i / std::size_t(N)) % std::size_t(A);
+    const std::size_t b = i / (std::size_t(N) * std::size_t(A));
+    y[i] = x[(a * std::size_t(B) + b) * std::size_t(N) + k];
   }
 }
 
@@ -366,11 +380,12 @@ void launch_adam_step(const float* w, float* m, float* v, const float* g, float*
   PSLAB_CUDA_CHECK_LAUNCH();
 }
 
-void launch_im2col(const float* x, const math::ConvGeometry& g, float* cols,
+void launch_im2col(const float* x, const math::ConvGeometry& g, int B, float* cols,
                    cudaStream_t stream) {
   check_geometry(g, "launch_im2col");
+  require(B >= 0, "launch_im2col", "B must be >= 0");
   const std::size_t rows = std::size_t(g.C) * std::size_t(g.KH) * std::size_t(g.KW);
-  const int ncols = g.OH() * g.OW();
+  const int ncols = B * g.OH() * g.OW();
   const std::size_t n = rows * std::size_t(ncols);
   if (n == 0) return;
   require(cols != nullptr && (x != nullptr || std::size_t(g.H) * std::size_t(g.W) == 0),
@@ -379,14 +394,24 @@ void launch_im2col(const float* x, const math::ConvGeometry& g, float* cols,
   PSLAB_CUDA_CHECK_LAUNCH();
 }
 
-void launch_col2im(const float* cols, const math::ConvGeometry& g, float* dx,
+void launch_col2im(const float* cols, const math::ConvGeometry& g, int B, float* dx,
                    cudaStream_t stream) {
   check_geometry(g, "launch_col2im");
-  const std::size_t n = std::size_t(g.C) * std::size_t(g.H) * std::size_t(g.W);
+  require(B >= 0, "launch_col2im", "B must be >= 0");
+  const std::size_t n = std::size_t(B) * std::size_t(g.C) * std::size_t(g.H) * std::size_t(g.W);
   if (n == 0) return;
   require(dx != nullptr && (cols != nullptr || g.OH() * g.OW() == 0), "launch_col2im",
           "cols or dx is null");
-  col2im_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(cols, g, dx, n);
+  col2im_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(cols, g, B, dx, n);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_swap_outer(const float* x, int A, int B, int N, float* y, cudaStream_t stream) {
+  require(A >= 0 && B >= 0 && N >= 0, "launch_swap_outer", "A, B and N must be >= 0");
+  const std::size_t n = std::size_t(A) * std::size_t(B) * std::size_t(N);
+  if (n == 0) return;
+  require(x != nullptr && y != nullptr, "launch_swap_outer", "x or y is null");
+  swap_outer_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, A, B, N, y, n);
   PSLAB_CUDA_CHECK_LAUNCH();
 }
 

@@ -92,17 +92,19 @@ void launch_adam_step(const float* w, float* m, float* v, const float* g, float*
                       std::size_t n, float lr, float beta1, float beta2, float eps,
                       float weight_decay, float bc1, float bc2, cudaStream_t stream);
 
-// ---- convolution helpers, one image --------------------------------------------------------
+// ---- convolution helpers, a whole batch per launch -----------------------------------------
 // Geometry preconditions: C, H, W, pad >= 0; KH, KW, stride >= 1; OH, OW >= 0.
 
-// x (C, H, W) -> cols (C*KH*KW, OH*OW), one thread per column-matrix element
-// (math::im2col_value)
-void launch_im2col(const float* x, const math::ConvGeometry& g, float* cols,
+// x (B, C, H, W) -> cols (C*KH*KW, B*OH*OW), one thread per column-matrix element
+// (math::im2col_batch_value)
+void launch_im2col(const float* x, const math::ConvGeometry& g, int B, float* cols,
                    cudaStream_t stream);
-// cols (C*KH*KW, OH*OW) -> dx (C, H, W) overwritten, one thread per image element gathering
-// its contributions (math::col2im_value; no atomics, deterministic)
-void launch_col2im(const float* cols, const math::ConvGeometry& g, float* dx,
+// cols (C*KH*KW, B*OH*OW) -> dx (B, C, H, W) overwritten, one thread per image element
+// gathering its contributions (math::col2im_value; no atomics, deterministic)
+void launch_col2im(const float* cols, const math::ConvGeometry& g, int B, float* dx,
                    cudaStream_t stream);
+// y (B, A, N) = x (A, B, N), one thread per element
+void launch_swap_outer(const float* x, int A, int B, int N, float* y, cudaStream_t stream);
 
 // ---- GEMM helper ---------------------------------------------------------------------------
 

@@ -81,10 +81,12 @@ class Relu final : public Layer {
   }
 };
 
-// 2-D convolution by im2col + GEMM, one image at a time.
+// 2-D convolution by im2col + GEMM over the whole batch: a constant number of backend calls
+// per pass, whatever the batch size.
 //   x (B, C, H, W) -> y (B, OC, OH, OW); W (OC, C*K*K) row-major, b (OC).
-// Scratch: the column matrices of the whole batch (B, C*K*K, OH*OW), kept from forward for
-// the weight gradient, plus one column matrix for the input gradient.
+// Scratch: the batch's column matrix cols (C*K*K, B*N), N = OH*OW, kept from forward for the
+// weight gradient (then overwritten by the input gradient's columns), and t (OC, B*N): the
+// GEMM's output before its outer dimensions are swapped into y, and dy swapped likewise.
 class Conv2d final : public Layer {
  public:
   Conv2d(Shape in, int out_channels, int k, int stride, int pad, Init init)
@@ -110,34 +112,34 @@ class Conv2d final : public Layer {
     db_ = g + std::size_t(out().c) * ckk();
   }
   std::size_t scratch_floats(int batch) const override {
-    return std::size_t(batch + 1) * ckk() * ohw();
+    return std::size_t(batch) * ohw() * std::size_t(ckk() + out().c);
   }
   void forward(Backend& be, const float* x, float* y, int B, float* scratch) override {
-    const int OC = out().c, K = ckk(), N = ohw();
-    for (int i = 0; i < B; ++i) {
-      float* cols = scratch + std::size_t(i) * K * N;
-      be.im2col(x + std::size_t(i) * in().size(), g_, cols);
-      be.gemm(Trans::no, Trans::no, OC, N, K, 1.0f, W_, K, cols, N, 0.0f,
-              y + std::size_t(i) * out().size(), N);  // (OC,K)(K,N)
-    }
-    be.add_bias(y, b_, B, OC, N);
+    const int OC = out().c, K = ckk(), BN = B * ohw();
+    float* cols = scratch;
+    float* t = scratch + std::size_t(K) * BN;
+    be.im2col(x, g_, B, cols);
+    be.gemm(Trans::no, Trans::no, OC, BN, K, 1.0f, W_, K, cols, BN, 0.0f, t, BN);  // (OC,K)(K,B*N)
+    be.swap_outer(t, OC, B, ohw(), y);                                             // (OC,B,N) -> (B,OC,N)
+    be.add_bias(y, b_, B, OC, ohw());
   }
   void backward(Backend& be, const float*, const float*, const float* dy, float* dx, int B,
                 float* scratch, const GradProgress&) override {
-    const int OC = out().c, K = ckk(), N = ohw();
-    float* dcols = scratch + std::size_t(B) * K * N;
-    for (int i = 0; i < B; ++i) {
-      const float* cols = scratch + std::size_t(i) * K * N;
-      const float* dyi = dy + std::size_t(i) * out().size();
-      // dW (OC,K) += dy_i (OC,N) cols^T (N,K)
-      be.gemm(Trans::no, Trans::yes, OC, K, N, 1.0f, dyi, N, cols, N, i == 0 ? 0.0f : 1.0f, dW_, K);
-      if (dx) {
-        be.gemm(Trans::yes, Trans::no, K, N, OC, 1.0f, W_, K, dyi, N, 0.0f, dcols, N);  // W^T dy_i
-        be.col2im(dcols, g_, dx + std::size_t(i) * in().size());
-      }
+    const int OC = out().c, K = ckk(), BN = B * ohw();
+    if (B == 0) {
+      be.fill(dW_, std::size_t(OC) * K, 0.0f);
+      be.fill(db_, std::size_t(OC), 0.0f);
+      return;
     }
-    if (B == 0) be.fill(dW_, std::size_t(OC) * K, 0.0f);
-    be.bias_grad(dy, B, OC, N, db_);
+    float* cols = scratch;
+    float* t = scratch + std::size_t(K) * BN;
+    be.swap_outer(dy, B, OC, ohw(), t);                                              // (B,OC,N) -> (OC,B,N)
+    be.gemm(Trans::no, Trans::yes, OC, K, BN, 1.0f, t, BN, cols, BN, 0.0f, dW_, K);  // dW = dy cols^T
+    be.bias_grad(dy, B, OC, ohw(), db_);
+    if (dx) {
+      be.gemm(Trans::yes, Trans::no, K, BN, OC, 1.0f, W_, K, t, BN, 0.0f, cols, BN);  // W^T dy, over cols
+      be.col2im(cols, g_, B, dx);
+    }
   }
 
  private:
