@@ -62,6 +62,10 @@ class Backend {
   virtual void fill(float* x, std::size_t n, float value) = 0;
   // Waits until all queued work is done (no-op on the CPU).
   virtual void synchronize() = 0;
+  // dst row k = src row idx[k] for k < n; rows of `row_bytes` bytes (a multiple of 4: floats or
+  // int32); idx (n) and both buffers on the device. Gathers a batch from a resident data set.
+  virtual void gather_rows(const void* src, const std::uint32_t* idx, std::size_t n, std::size_t row_bytes,
+                           void* dst) = 0;
 
   // ---- linear algebra ----
   // C (M,N) = alpha * op(A) * op(B) + beta * C; op(A) is (M,K), op(B) is (K,N); row-major,

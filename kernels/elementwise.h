@@ -90,6 +90,13 @@ PSLAB_HD float adam_update(float w, float& m, float& v, float g, float lr, float
   return w - lr * mhat / (sqrtf(vhat) + eps);
 }
 
+// ---- gathering a batch's rows -------------------------------------------------------------
+// Word i of a gather of rows idx[0..n) of `words_per_row` 32-bit words each (a sample's
+// features, its label or its targets): the word it copies from the source.
+PSLAB_HD unsigned long gather_source_word(const unsigned int* idx, unsigned long words_per_row, unsigned long i) {
+  return static_cast<unsigned long>(idx[i / words_per_row]) * words_per_row + i % words_per_row;
+}
+
 // ---- convolution index math (im2col) ------------------------------------------------------
 // Image layout (C, H, W) row-major; a batch (B, C, H, W). Column matrix of a batch: (C*KH*KW,
 // B*OH*OW) row-major, column b*OH*OW + n being output pixel n of image b, so that one GEMM

@@ -173,6 +173,25 @@ TEST_F(GpuBackend, Fill) {
   }
 }
 
+// A batch gathered on the device from its sample indices: rows of features and of labels.
+TEST_F(GpuBackend, GatherRowsIsBitwiseTheCpus) {
+  const std::size_t rows = 1000, f = 784, n = 300;
+  const auto x = random_floats(rows * f, 41);
+  const auto labels = random_labels(rows, 10, 42);
+  std::vector<std::uint32_t> idx(n);
+  std::mt19937 rng(43);
+  for (auto& i : idx) i = std::uint32_t(rng() % rows);
+  DeviceBuffer<float> cx = upload(cpu(), x), gx = upload(gpu(), x), cb(cpu(), n * f), gb(gpu(), n * f);
+  DeviceBuffer<std::int32_t> cl = upload(cpu(), labels), gl = upload(gpu(), labels), cy(cpu(), n), gy(gpu(), n);
+  DeviceBuffer<std::uint32_t> ci = upload(cpu(), idx), gi = upload(gpu(), idx);
+  cpu().gather_rows(cx.data(), ci.data(), n, f * sizeof(float), cb.data());
+  gpu().gather_rows(gx.data(), gi.data(), n, f * sizeof(float), gb.data());
+  cpu().gather_rows(cl.data(), ci.data(), n, sizeof(std::int32_t), cy.data());
+  gpu().gather_rows(gl.data(), gi.data(), n, sizeof(std::int32_t), gy.data());
+  EXPECT_TRUE(agree("gather_rows x", download(cpu(), cb), download(gpu(), gb), 0.0));
+  EXPECT_EQ(download(cpu(), cy), download(gpu(), gy));
+}
+
 // ---- linear algebra ------------------------------------------------------------------------
 
 struct GemmShape {

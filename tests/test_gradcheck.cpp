@@ -284,6 +284,9 @@ class CountingBackend final : public Backend {
   void copy(void* d, const void* s, std::size_t b) override { ++calls, in_.copy(d, s, b); }
   void fill(float* x, std::size_t n, float v) override { ++calls, in_.fill(x, n, v); }
   void synchronize() override { ++calls, in_.synchronize(); }
+  void gather_rows(const void* s, const std::uint32_t* i, std::size_t n, std::size_t b, void* d) override {
+    ++calls, in_.gather_rows(s, i, n, b, d);
+  }
   void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
             float beta, float* C, int ldc) override {
     ++calls, in_.gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

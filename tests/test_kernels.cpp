@@ -199,6 +199,27 @@ TEST_F(CpuKernels, Im2colCol2imEqualTheSharedPerElementMathBitwise) {
   }
 }
 
+// Gathering a batch's rows (features, labels) from sample indices: what the shared math
+// (which the GPU computes per word) and direct indexing say.
+TEST_F(CpuKernels, GatherRowsCopiesTheIndexedRows) {
+  const std::size_t rows = 50, f = 7;
+  const auto x = random_vec(rows * f, 31);
+  std::vector<std::int32_t> labels(rows);
+  for (std::size_t r = 0; r < rows; ++r) labels[r] = std::int32_t(r * 3 + 1);
+  const std::vector<std::uint32_t> idx = {4, 0, 49, 4, 17};
+  std::vector<float> xb(idx.size() * f, -1.0f);
+  std::vector<std::int32_t> yb(idx.size(), -1);
+  be->gather_rows(x.data(), idx.data(), idx.size(), f * sizeof(float), xb.data());
+  be->gather_rows(labels.data(), idx.data(), idx.size(), sizeof(std::int32_t), yb.data());
+  for (std::size_t k = 0; k < idx.size(); ++k) {
+    EXPECT_EQ(yb[k], labels[idx[k]]);
+    for (std::size_t j = 0; j < f; ++j) {
+      ASSERT_EQ(xb[k * f + j], x[idx[k] * f + j]) << k << " " << j;
+      ASSERT_EQ(math::gather_source_word(idx.data(), f, k * f + j), idx[k] * f + j);
+    }
+  }
+}
+
 TEST_F(CpuKernels, SwapOuterSwapsTheTwoOuterDimensions) {
   const int A = 3, B = 4, N = 5;
   const auto x = random_vec(std::size_t(A) * B * N, 21);

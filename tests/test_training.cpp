@@ -44,6 +44,47 @@ ExperimentConfig synthetic(const char* data_kind, const char* model_kind) {
                       "synthetic");
 }
 
+// The replica gathers a step's batch where the data set lives (on the CPU its own arrays) and
+// evaluates contiguous slices in place: bitwise what a host gather and the model give, for a
+// classification and a regression data set.
+TEST(Training, TheReplicaGathersBatchesFromTheDataSetItself) {
+  for (const char* kind : {"logistic", "least-squares"}) {
+    const ExperimentConfig cfg = synthetic(kind, kind == std::string("logistic") ? "mlp" : "linear");
+    auto be = make_cpu_backend(1);
+    const DataSplit data = load_data(cfg);
+    Replica r(*be, model_spec(cfg), data.train, 100);
+    r.model().init(cfg.seed);
+    const Dataset& d = data.train;
+    const std::vector<std::uint32_t> idx = {5, 900, 5, 17, 1023, 0, 64};
+    const double loss = r.compute_gradient(idx);
+    const std::vector<float> grad(r.model().grads(), r.model().grads() + r.model().num_params());
+
+    Model m(*be, model_spec(cfg), 100);
+    m.init(cfg.seed);
+    std::vector<float> x(idx.size() * std::size_t(d.features())), t(idx.size() * std::size_t(d.target_dim));
+    std::vector<std::int32_t> y(idx.size());
+    gather_batch(d, idx, x.data(), y.data(), t.data());
+    EXPECT_EQ(loss, m.forward_backward(x.data(), y.data(), t.data(), int(idx.size()))) << kind;
+    EXPECT_EQ(grad, std::vector<float>(m.grads(), m.grads() + m.num_params())) << kind;
+
+    // Evaluation in slices of max_batch (100) over 512 test samples, against one pass.
+    const EvalCounts e = r.evaluate(data.test);
+    Model whole(*be, model_spec(cfg), data.test.n);
+    whole.init(cfg.seed);
+    EvalCounts want;
+    for (int lo = 0; lo < data.test.n; lo += 100) {
+      const int n = std::min(100, data.test.n - lo);
+      const EvalCounts c = whole.evaluate(data.test.x.data() + std::size_t(lo) * data.test.features(),
+                                          d.classes > 0 ? data.test.labels.data() + lo : nullptr,
+                                          d.classes > 0 ? nullptr : data.test.targets.data() + std::size_t(lo) * data.test.target_dim, n);
+      want.loss_sum += c.loss_sum, want.correct += c.correct, want.samples += c.samples;
+    }
+    EXPECT_EQ(e.samples, data.test.n) << kind;
+    EXPECT_EQ(e.loss_sum, want.loss_sum) << kind;
+    EXPECT_EQ(e.correct, want.correct) << kind;
+  }
+}
+
 TEST(Training, SameSeedGivesBitwiseIdenticalParameters) {
   ExperimentConfig cfg = synthetic("logistic", "mlp");
   cfg.optimizer.kind = "adam";

@@ -166,6 +166,12 @@ class CpuBackend final : public Backend {
     std::fill(dx, dx + std::size_t(B) * g.C * g.H * g.W, 0.0f);
     walk_columns(g, B, dx, cols, [](const float& col, float* px) { *px += col; }, [](const float&) {});
   }
+  void gather_rows(const void* src, const std::uint32_t* idx, std::size_t n, std::size_t row_bytes,
+                   void* dst) override {
+    const auto* s = static_cast<const std::byte*>(src);
+    auto* d = static_cast<std::byte*>(dst);
+    for (std::size_t k = 0; k < n; ++k) std::memcpy(d + k * row_bytes, s + std::size_t(idx[k]) * row_bytes, row_bytes);
+  }
   void swap_outer(const float* x, int A, int B, int N, float* y) override {
     for (int a = 0; a < A; ++a)
       for (int b = 0; b < B; ++b)

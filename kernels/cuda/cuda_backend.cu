@@ -363,6 +363,11 @@ class CudaBackend final : public Backend {
     activate();
     cuda::launch_col2im(cols, g, B, dx, stream_->get());
   }
+  void gather_rows(const void* src, const std::uint32_t* idx, std::size_t n, std::size_t row_bytes,
+                   void* dst) override {
+    activate();
+    cuda::launch_gather_rows(src, idx, n, row_bytes, dst, stream_->get());
+  }
   void swap_outer(const float* x, int A, int B, int N, float* y) override {
     activate();
     cuda::launch_swap_outer(x, A, B, N, y, stream_->get());

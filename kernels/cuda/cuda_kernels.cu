@@ -198,6 +198,13 @@ __global__ void col2im_kernel(const float* cols, const math::ConvGeometry g, int
   }
 }
 
+// One thread per 32-bit word of dst (math::gather_source_word).
+__global__ void gather_rows_kernel(const std::uint32_t* src, const std::uint32_t* idx, unsigned long words_per_row,
+                                   std::uint32_t* dst, std::size_t n) {
+  for (std::size_t i = global_index(); i < n; i += grid_stride())
+    dst[i] = src[math::gather_source_word(reinterpret_cast<const unsigned int*>(idx), words_per_row, i)];
+}
+
 // y (B, A, N) = x (A, B, N); one thread per element of y.
 __global__ void swap_outer_kernel(const float* x, int A, int B, int N, float* y, std::size_t n) {
   for (std::size_t i = global_index(); i < n; i += grid_stride()) {
@@ -403,6 +410,17 @@ void launch_col2im(const float* cols, const math::ConvGeometry& g, int B, float*
   require(dx != nullptr && (cols != nullptr || g.OH() * g.OW() == 0), "launch_col2im",
           "cols or dx is null");
   col2im_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(cols, g, B, dx, n);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_gather_rows(const void* src, const std::uint32_t* idx, std::size_t n, std::size_t row_bytes, void* dst,
+                        cudaStream_t stream) {
+  require(row_bytes % 4 == 0, "launch_gather_rows", "row_bytes must be a multiple of 4");
+  const std::size_t words = n * (row_bytes / 4);
+  if (words == 0) return;
+  require(src != nullptr && idx != nullptr && dst != nullptr, "launch_gather_rows", "src, idx or dst is null");
+  gather_rows_kernel<<<grid_for(words, kThreads), kThreads, 0, stream>>>(
+      static_cast<const std::uint32_t*>(src), idx, row_bytes / 4, static_cast<std::uint32_t*>(dst), words);
   PSLAB_CUDA_CHECK_LAUNCH();
 }
 

@@ -103,6 +103,10 @@ void launch_im2col(const float* x, const math::ConvGeometry& g, int B, float* co
 // gathering its contributions (math::col2im_value; no atomics, deterministic)
 void launch_col2im(const float* cols, const math::ConvGeometry& g, int B, float* dx,
                    cudaStream_t stream);
+// dst row k = src row idx[k], rows of row_bytes (a multiple of 4), one thread per 32-bit word
+// (math::gather_source_word)
+void launch_gather_rows(const void* src, const std::uint32_t* idx, std::size_t n, std::size_t row_bytes, void* dst,
+                        cudaStream_t stream);
 // y (B, A, N) = x (A, B, N), one thread per element
 void launch_swap_outer(const float* x, int A, int B, int N, float* y, cudaStream_t stream);
 

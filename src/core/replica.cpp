@@ -1,7 +1,9 @@
 #include "core/replica.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
+#include <stdexcept>
 
 namespace pslab {
 
@@ -16,18 +18,68 @@ Replica::Replica(Backend& be, const ModelSpec& spec, const Dataset& train, int m
     x_dev_ = DeviceBuffer<float>(be, x_host_.size());
     y_dev_ = DeviceBuffer<std::int32_t>(be, y_host_.size());
     t_dev_ = DeviceBuffer<float>(be, t_host_.size());
+    idx_dev_ = DeviceBuffer<std::uint32_t>(be, std::size_t(max_batch));
   }
   eval_idx_.resize(std::size_t(max_batch));
 }
 
+const Replica::Resident* Replica::resident(const Dataset& d) {
+  if (be_.device() == Device::cpu) {  // the data set's own arrays, nothing to keep
+    cpu_view_.x = d.x.data(), cpu_view_.labels = d.labels.data(), cpu_view_.targets = d.targets.data();
+    return &cpu_view_;
+  }
+  // The copy of this data set (the same object with the same arrays) if one was made.
+  for (const auto& u : uploaded_)
+    if (u.set == &d && u.x == d.x.data() && u.n == d.n) return u.copy.get();
+  auto r = std::make_unique<Resident>();
+  try {
+    r->x_buf = DeviceBuffer<float>(be_, d.x.size());
+    r->y_buf = DeviceBuffer<std::int32_t>(be_, d.labels.size());
+    r->t_buf = DeviceBuffer<float>(be_, d.targets.size());
+    be_.copy_from_host(r->x_buf.data(), d.x.data(), r->x_buf.bytes());
+    be_.copy_from_host(r->y_buf.data(), d.labels.data(), r->y_buf.bytes());
+    be_.copy_from_host(r->t_buf.data(), d.targets.data(), r->t_buf.bytes());
+    r->x = r->x_buf.data(), r->labels = r->y_buf.data(), r->targets = r->t_buf.data();
+  } catch (const std::runtime_error& e) {  // no room on the GPU: stage its batches through the host
+    std::fprintf(stderr, "pslab: a data set of %.1f MB stays in host memory (%s); its batches are uploaded per step\n",
+                 double(d.x.size() * sizeof(float)) / 1e6, e.what());
+    r.reset();
+  }
+  uploaded_.push_back(Upload{&d, d.x.data(), d.n, std::move(r)});
+  return uploaded_.back().copy.get();
+}
+
 Replica::Batch Replica::stage(const Dataset& d, std::span<const std::uint32_t> idx) {
+  const std::size_t n = idx.size(), f = std::size_t(d.features()), t = std::size_t(d.target_dim);
+  const bool cpu = be_.device() == Device::cpu;
+  float* x = cpu ? x_host_.data() : x_dev_.data();
+  std::int32_t* y = cpu ? y_host_.data() : y_dev_.data();
+  float* tg = cpu ? t_host_.data() : t_dev_.data();
+  if (const Resident* r = resident(d)) {
+    const std::uint32_t* i = idx.data();
+    if (!cpu) {  // only the indices cross to the GPU
+      be_.copy_from_host(idx_dev_.data(), idx.data(), n * sizeof(std::uint32_t));
+      i = idx_dev_.data();
+    }
+    be_.gather_rows(r->x, i, n, f * sizeof(float), x);
+    if (d.classes > 0) be_.gather_rows(r->labels, i, n, sizeof(std::int32_t), y);
+    else be_.gather_rows(r->targets, i, n, t * sizeof(float), tg);
+    return {x, y, tg};
+  }
   gather_batch(d, idx, x_host_.data(), y_host_.data(), t_host_.data());
-  if (be_.device() == Device::cpu) return {x_host_.data(), y_host_.data(), t_host_.data()};
-  const std::size_t n = idx.size();
-  be_.copy_from_host(x_dev_.data(), x_host_.data(), n * std::size_t(d.features()) * sizeof(float));
+  be_.copy_from_host(x_dev_.data(), x_host_.data(), n * f * sizeof(float));
   if (d.classes > 0) be_.copy_from_host(y_dev_.data(), y_host_.data(), n * sizeof(std::int32_t));
-  else be_.copy_from_host(t_dev_.data(), t_host_.data(), n * std::size_t(d.target_dim) * sizeof(float));
+  else be_.copy_from_host(t_dev_.data(), t_host_.data(), n * t * sizeof(float));
   return {x_dev_.data(), y_dev_.data(), t_dev_.data()};
+}
+
+Replica::Batch Replica::slice(const Dataset& d, int lo, int n) {
+  if (const Resident* r = resident(d)) {
+    const std::size_t f = std::size_t(d.features()), t = std::size_t(d.target_dim), l = std::size_t(lo);
+    return {r->x + l * f, d.classes > 0 ? r->labels + l : nullptr, d.classes > 0 ? nullptr : r->targets + l * t};
+  }
+  std::iota(eval_idx_.begin(), eval_idx_.begin() + n, std::uint32_t(lo));
+  return stage(d, {eval_idx_.data(), std::size_t(n)});
 }
 
 double Replica::compute_gradient(std::span<const std::uint32_t> idx, float grad_scale, GradListener* listener) {
@@ -67,8 +119,7 @@ EvalCounts Replica::evaluate(const Dataset& d) {
   EvalCounts total;
   for (int lo = 0; lo < d.n; lo += max_batch_) {
     const int n = std::min(max_batch_, d.n - lo);
-    std::iota(eval_idx_.begin(), eval_idx_.begin() + n, std::uint32_t(lo));
-    const Batch b = stage(d, {eval_idx_.data(), std::size_t(n)});
+    const Batch b = slice(d, lo, n);
     const EvalCounts c = model_.evaluate(b.x, b.labels, b.targets, n);
     total.loss_sum += c.loss_sum;
     total.correct += c.correct;

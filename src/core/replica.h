@@ -1,12 +1,16 @@
 // One model replica and the data it trains on: the compute part of every worker, whatever
-// the consistency mode. Batches are gathered into preallocated host staging buffers and, on a
-// GPU, uploaded to preallocated device buffers: no allocation per step.
+// the consistency mode. The data sets live where the backend computes: on the CPU their own
+// host arrays; on a GPU a copy uploaded once, on first use. A step's batch is gathered there
+// from its sample indices (Backend::gather_rows; on a GPU only the indices cross), into
+// preallocated buffers: no allocation per step. A data set that does not fit on the GPU is
+// gathered on the host and its batches uploaded instead.
 //
 // θ and ∇θ travel (push, pull, snapshots) as host buffers: on the CPU the model's own; on a
 // GPU host staging copies, allocated once, that upload_params() and download_*() move.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -46,18 +50,39 @@ class Replica {
   const float* download_grads();
 
  private:
-  // Gathers samples of `d` into the staging buffers; returns device pointers of x, labels, targets.
   struct Batch { const float* x; const std::int32_t* labels; const float* targets; };
+  // A data set on the backend's device: x (n, features), labels (n) or targets (n, target_dim).
+  struct Resident {
+    const float* x = nullptr;
+    const std::int32_t* labels = nullptr;
+    const float* targets = nullptr;
+    DeviceBuffer<float> x_buf, t_buf;  // GPU: the uploaded copy
+    DeviceBuffer<std::int32_t> y_buf;
+  };
+  // `d` on the device (uploaded on first use), or nullptr if it does not fit there.
+  const Resident* resident(const Dataset& d);
+  // The samples `idx` of `d` gathered into the batch buffers; device pointers.
   Batch stage(const Dataset& d, std::span<const std::uint32_t> idx);
+  // Samples [lo, lo + n) of `d`: pointers into the resident copy, or staged.
+  Batch slice(const Dataset& d, int lo, int n);
 
   Backend& be_;
   const Dataset& train_;
   Model model_;
   int max_batch_;
-  std::vector<float> x_host_, t_host_;
+  Resident cpu_view_;  // CPU: points into the data set asked for last
+  struct Upload {        // GPU: a data set's copy (copy == nullptr: it did not fit)
+    const Dataset* set;
+    const float* x;
+    int n;
+    std::unique_ptr<Resident> copy;
+  };
+  std::vector<Upload> uploaded_;  // the training set, the test set
+  std::vector<float> x_host_, t_host_;  // GPU fallback staging; CPU: the batch buffers
   std::vector<std::int32_t> y_host_;
-  DeviceBuffer<float> x_dev_, t_dev_;  // GPU only; the CPU backend reads the host buffers
+  DeviceBuffer<float> x_dev_, t_dev_;  // GPU: the batch buffers
   DeviceBuffer<std::int32_t> y_dev_;
+  DeviceBuffer<std::uint32_t> idx_dev_;  // GPU: the step's sample indices
   std::vector<std::uint32_t> eval_idx_;
   std::vector<float> theta_host_, grad_host_;  // GPU only: θ and ∇θ staging, allocated on first use
   float* grad_host_given_;                     // the caller's grad_host, or nullptr
