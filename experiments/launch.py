@@ -55,10 +55,20 @@ Endpoints (cluster.transport):
   auto   shm when every process is on one host (local; ssh or Slurm with one host), tcp
          otherwise.
 
+GPUs (train.device = "cuda"): the workers and the evaluator of a host get GPU slots 0, 1, 2, ...
+and each uses GPU (slot mod the GPUs it sees). In allreduce, cluster.collective says how GPU
+ranks all-reduce: "nccl"; "gloo" (through host memory: Gloo, or shared memory on one host); or
+"auto" (default): NCCL when every rank of every host has a GPU of its own, else through host
+memory. Before anything starts the launcher asks each host for its GPUs (`nvidia-smi -L`; ssh:
+over ssh; local: within CUDA_VISIBLE_DEVICES), says what it chose in one line and records it in
+the run's config.toml; an explicit "nccl" that would put two ranks on one GPU is refused (exit
+2) naming the host, its ranks and its GPUs. Where it cannot know (Slurm, nvidia-smi failing),
+"auto" is left to the ranks, which compare their GPUs' PCI bus ids at start.
+
 Binaries: <repo>/build/{worker/pslab_worker,server/pslab_server} (experiments/setup.sh builds
 them there); --build-dir or the environment variable PSLAB_BUILD point elsewhere. The launcher's
 code: experiments/launcher/, one module per concern (plan, placement, processes, monitor,
-metrics, summary, manifest, comparison, run, task).
+metrics, summary, manifest, comparison, run, task, gpus).
 
 Plots: plot.py runs under the first Python that imports matplotlib, of this launcher's, Debian's
 /usr/bin/python3 and python3 on PATH (or $PSLAB_PLOT_PYTHON alone, if set). With none, the
@@ -76,9 +86,10 @@ import pathlib
 import sys
 import tempfile
 
-from launcher.common import REPO, UsageError, warn
+from launcher.common import REPO, UsageError, say, warn
+from launcher.gpus import decide_collective
 from launcher.placement import DEFAULT_BASE_PORT, check_placement
-from launcher.plan import expand_sweep, find_binaries
+from launcher.plan import expand_sweep, find_binaries, replan
 from launcher.processes import Interrupted, catch_signals
 from launcher.run import dry_run, run_all
 from launcher.task import run_task
@@ -92,8 +103,13 @@ def cmd_run(a):
     runs_dir = pathlib.Path(a.runs_dir) if a.runs_dir else REPO / "runs"
     with tempfile.TemporaryDirectory(prefix="pslab-launch-") as tmp:  # gone before anything starts
         plans = expand_sweep(bins, config, a.set or [], pathlib.Path(tmp))
-    for plan in plans:
-        check_placement(plan)
+        for i, plan in enumerate(plans):
+            check_placement(plan)
+            collective, why = decide_collective(plan)
+            if why:
+                say(why)
+            if collective and collective != plan.collective:
+                plans[i] = replan(bins, plan, [f'cluster.collective="{collective}"'], tmp)
     if a.dry_run:
         dry_run(plans, bins, a, runs_dir)
         return 0

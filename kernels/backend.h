@@ -12,6 +12,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <new>
 #include <memory>
 #include <string>
 #include <utility>
@@ -50,6 +52,9 @@ class Backend {
   virtual Device device() const = 0;
   // The CUDA device this backend computes on (-1: none).
   virtual int gpu() const { return -1; }
+  // The GPU's PCI bus id ("0000:17:00.0"): the same for every process on that GPU, whatever
+  // CUDA_VISIBLE_DEVICES each was given. Empty on the CPU.
+  virtual std::string gpu_bus_id() const { return {}; }
   // Human-readable description, e.g. "cpu (OpenBLAS 0.3.21, 2 threads)".
   virtual std::string describe() const = 0;
 
@@ -58,6 +63,15 @@ class Backend {
   virtual void deallocate(void* p) noexcept = 0;
   virtual void copy_from_host(void* dst, const void* host_src, std::size_t bytes) = 0;
   virtual void copy_to_host(void* host_dst, const void* src, std::size_t bytes) = 0;
+  // Host memory that copies to and from this device are fastest with (CUDA: page-locked, so a
+  // copy is one DMA without staging; CPU: ordinary). Allocate once, outside the step loop.
+  virtual void* allocate_host(std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  virtual void deallocate_host(void* p) noexcept { std::free(p); }
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
   virtual void fill(float* x, std::size_t n, float value) = 0;
   // Waits until all queued work is done (no-op on the CPU).

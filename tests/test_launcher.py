@@ -381,6 +381,85 @@ class LauncherTest(unittest.TestCase):
         self.assertEqual(manifest["transport"], "auto")
         self.assertFalse(os.path.exists(manifest["socket_dir"]))
 
+    def test_collective_on_gpus_follows_the_gpus_each_host_has(self):
+        # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): the launcher decides
+        # before anything starts, from `nvidia-smi -L` (here a stand-in with $FAKE_GPUS GPUs).
+        self.fake_bin("nvidia-smi", """\
+            #!/bin/bash
+            [[ $FAKE_GPUS == fail ]] && { echo "NVIDIA-SMI has failed" >&2; exit 9; }
+            for ((i = 0; i < ${FAKE_GPUS:-1}; i++)); do echo "GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-$i)"; done
+            """)
+        path = self.tiny_variant("gpu.toml", [('mode = "bsp"', 'mode = "allreduce"'),
+                                              ("[train]", '[train]\ndevice = "cuda"')])
+        text = path.read_text()
+
+        def dry(collective, gpus, cvd=None):
+            path.write_text(text.replace("[cluster]", f'[cluster]\ncollective = "{collective}"'))
+            env = dict(self.env, FAKE_GPUS=str(gpus))
+            env.pop("CUDA_VISIBLE_DEVICES", None)
+            if cvd is not None:
+                env["CUDA_VISIBLE_DEVICES"] = cvd
+            return self.launch("run", path, "--runs-dir", self.runs, "--dry-run", env=env)
+
+        shared = "host local runs ranks 0, 1 on 1 GPU (GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0))"
+        r = dry("auto", 1)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn(f'cluster.collective = "auto": {shared}, so GPU buffers are all-reduced through host memory', r.stdout)
+        r = dry("auto", 2)
+        self.assertIn('cluster.collective = "auto": NCCL, every rank has a GPU of its own', r.stdout)
+        r = dry("auto", 2, cvd="1")  # one of the two visible: GPU 1
+        self.assertIn("ranks 0, 1 on 1 GPU (GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-1))", r.stdout)
+        r = dry("gloo", 2)
+        self.assertIn('cluster.collective = "gloo": GPU buffers are all-reduced through host memory', r.stdout)
+        # an explicit "nccl" that cannot work: refused, naming the host, its ranks and its GPUs
+        for extra in ([], ["--dry-run"]):
+            path.write_text(text.replace("[cluster]", '[cluster]\ncollective = "nccl"'))
+            r = self.launch("run", path, "--runs-dir", self.runs, *extra, env=dict(self.env, FAKE_GPUS="1"))
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertIn('cluster.collective = "nccl" needs a GPU of its own for every all-reduce rank', r.stderr)
+            self.assertIn(shared, r.stderr)
+            self.assertFalse(self.runs.exists(), "a run directory was created")
+        r = dry("nccl", 2)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("NCCL, every rank has a GPU of its own", r.stdout)
+        r = dry("auto", 0)
+        self.assertIn("host local runs ranks 0, 1 on no visible GPU", r.stdout)
+        # nvidia-smi fails: unknown here, so "auto" is left to the ranks
+        r = dry("auto", "fail")
+        self.assertIn("the GPUs of local are not known here (nvidia-smi -L failed); the ranks decide at start", r.stdout)
+        # ssh: each host asked over ssh (stand-in: runs the command here); 4 ranks round-robin
+        # over 2 hosts = 2 per host
+        self.fake_bin("ssh", """\
+            #!/bin/bash
+            while [[ $1 == -o ]]; do shift 2; done
+            exec bash -c "$2"
+            """)
+        ssh = self.ssh_config(["hostA", "hostB"], workers=4)
+        ssh.write_text(ssh.read_text().replace('mode = "bsp"', 'mode = "allreduce"')
+                       .replace("[train]", '[train]\ndevice = "cuda"').replace("[cluster]", '[cluster]\ncollective = "nccl"'))
+        r = self.launch("run", ssh, "--runs-dir", self.runs, "--dry-run", env=dict(self.env, FAKE_GPUS="2"))
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        r = self.launch("run", ssh, "--runs-dir", self.runs, "--dry-run", env=dict(self.env, FAKE_GPUS="1"))
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("host hostA runs ranks 0, 2 on 1 GPU", r.stderr)
+        self.assertIn("host hostB runs ranks 1, 3 on 1 GPU", r.stderr)
+        # Slurm: the nodes are the job's; the ranks decide
+        slurm = self.slurm_config("allreduce")
+        slurm.write_text(slurm.read_text().replace("[train]", '[train]\ndevice = "cuda"'))
+        r = self.launch("run", slurm, "--runs-dir", self.runs, "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("the nodes are not known before the job; each rank checks at start", r.stdout)
+        # CPU workers: nothing to decide, nothing said
+        r = self.launch("run", self.tiny_variant("ar.toml", [('mode = "bsp"', 'mode = "allreduce"')]),
+                        "--runs-dir", self.runs, "--dry-run")
+        self.assertNotIn("collective", r.stdout)
+        # a real start records the decision in the run's config (the ranks then fail here: no GPU)
+        path.write_text(text)
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots", env=dict(self.env, FAKE_GPUS="1"))
+        config = tomllib.loads((self.only_invocation("tiny") / "run" / "config.toml").read_text())
+        self.assertEqual(config["cluster"]["collective"], "gloo", r.stdout + r.stderr)
+        self.assert_no_processes_left()
+
     # ---- real runs -------------------------------------------------------------------------
     def test_tiny_end_to_end(self):
         r = self.launch("run", TINY, "--runs-dir", self.runs)

@@ -41,7 +41,7 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
   if (opt.rank == 0) coordinator = std::make_unique<Coordinator>(ctx.transport(), opt.coordinator, W, timeout);
   RendezvousClient rv(ctx.transport(), opt.coordinator, opt.rank, W, timeout);
   std::unique_ptr<Collective> coll = make_collective(ctx.backend(), rv, opt.host.empty() ? cfg.cluster.bind : opt.host,
-                                                          cfg.cluster.transport);
+                                                     cfg.cluster.transport, cfg.cluster.collective);
   coll->broadcast(model.params(), P, 0);
 
   Optimizer optimizer(ctx.backend(), cfg.optimizer, P);

@@ -122,6 +122,17 @@ def check_placement(plan):
                          f'({", ".join(hosts)}); use cluster.transport = "tcp", or one host in cluster.hosts')
 
 
+def gpu_slots(plan, hosts):
+    """The GPU slot of each process (index -> slot; servers have none): workers and the evaluator
+    count up per host in start order. A process runs on GPU (slot mod the GPUs it sees)."""
+    slots, used = {}, {}
+    for i, p in enumerate(plan.processes):
+        if p["role"] != "server":
+            slots[i] = used.get(hosts[i], 0)
+            used[hosts[i]] = slots[i] + 1
+    return slots
+
+
 def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_host=False):
     """The command line of every process of a run, in the plan's start order.
 
@@ -141,13 +152,12 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_host=False):
         coordinator = endpoints.connect(rank0, "coordinator")  # rank 0 listens on it
         snapshots = endpoints.connect(evaluator, "snapshots")  # the evaluator listens on it
     procs = []
-    gpu_slots = {}  # host -> GPU slots handed out there (workers and the evaluator; servers use no GPU)
+    slots = gpu_slots(plan, hosts)
     for i, p in enumerate(layout):
         name, role, rank, host = p["name"], p["role"], p["rank"], hosts[i]
         poh = ["--procs-on-host", str(per_host[host]), "-q"]
         if role != "server":
-            poh += ["--gpu-slot", str(gpu_slots.get(host, 0))]
-            gpu_slots[host] = gpu_slots.get(host, 0) + 1
+            poh += ["--gpu-slot", str(slots[i])]
         if role == "server":
             argv = [str(bins.server), "-c", cfg, "--shard", str(rank), "--bind", endpoints.bind(i, name),
                     "--metrics", str(run_dir / "metrics" / f"{name}.jsonl"), "--run-start", f"{run_start:.6f}",

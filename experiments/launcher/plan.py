@@ -92,6 +92,7 @@ class RunPlan:
     hosts = property(lambda self: list(self.plan["hosts"]))
     bind = property(lambda self: self.plan["bind"])
     device = property(lambda self: self.plan["device"])
+    collective = property(lambda self: self.plan.get("collective", "auto"))  # allreduce on GPUs
     seed = property(lambda self: self.plan["seed"])
     batch = property(lambda self: self.plan["batch"])                 # per worker and step
     classification = property(lambda self: self.plan["data"]["classification"])
@@ -124,6 +125,19 @@ def expand_sweep(bins, config, sets, tmp):
         binary_config(bins, ["-c", str(path), "--write", str(config_out), "--plan", str(plan_out)])
         plans.append(RunPlan.from_texts(plan_out.read_text(), config_out.read_text(), label))
     return plans
+
+
+def replan(bins, plan, sets, tmp):
+    """The plan with `sets` (KEY=VALUE, as --set) applied, through the binary once more, so that
+    the run's config.toml and plan.json record what the launcher decided."""
+    tmp = pathlib.Path(tmp)
+    src, config_out, plan_out = tmp / "replan-in.toml", tmp / "replan.toml", tmp / "replan.json"
+    src.write_text(plan.config_text)
+    args = ["-c", str(src)]
+    for s in sets:
+        args += ["--set", s]
+    binary_config(bins, args + ["--write", str(config_out), "--plan", str(plan_out)])
+    return RunPlan.from_texts(plan_out.read_text(), config_out.read_text(), plan.label)
 
 
 def safe_dir_name(label):

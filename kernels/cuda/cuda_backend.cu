@@ -157,6 +157,11 @@ class CudaBackend final : public Backend {
 
   Device device() const override { return Device::cuda; }
   int gpu() const override { return device_; }
+  std::string gpu_bus_id() const override {
+    char id[32] = {};
+    PSLAB_CUDA_CHECK(cudaDeviceGetPCIBusId(id, int(sizeof id), device_));
+    return id;
+  }
   std::string describe() const override { return describe_; }
 
   // ---- memory ----
@@ -179,6 +184,20 @@ class CudaBackend final : public Backend {
     if (const cudaError_t e = cudaFree(p); e != cudaSuccess) {
       (void)cudaGetLastError();
       report_cleanup_error("cudaFree", cudaGetErrorString(e));
+    }
+  }
+  void* allocate_host(std::size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    activate();
+    void* p = nullptr;
+    PSLAB_CUDA_CHECK(cudaMallocHost(&p, bytes));
+    return p;
+  }
+  void deallocate_host(void* p) noexcept override {
+    if (!p) return;
+    if (const cudaError_t e = cudaFreeHost(p); e != cudaSuccess) {
+      (void)cudaGetLastError();
+      report_cleanup_error("cudaFreeHost", cudaGetErrorString(e));
     }
   }
   // Synchronous, like the CPU backend: on return the host buffer may be reused (it may be

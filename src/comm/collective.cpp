@@ -10,6 +10,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
+#include <map>
 #include <stdexcept>
 
 #include "comm/memfd.h"
@@ -174,14 +175,55 @@ std::string ranks_on_other_hosts(RendezvousClient& rv) {
 }
 }  // namespace
 
-std::unique_ptr<Collective> make_collective(const Backend& be, RendezvousClient& rv, const std::string& host,
-                                            const std::string& transport) {
-  if (be.device() == Device::cuda) return make_nccl_collective(rv, be.gpu());
+namespace {
+std::unique_ptr<Collective> make_host_collective(RendezvousClient& rv, const std::string& host, const std::string& transport) {
   if (transport != "shm" && transport != "auto") return make_gloo_collective(rv, host);
   const std::string elsewhere = rv.world() > 1 ? ranks_on_other_hosts(rv) : std::string();
   if (elsewhere.empty()) return make_shm_collective(rv);
   if (transport == "auto") return make_gloo_collective(rv, host);
   throw std::runtime_error("cluster.transport = \"shm\" needs every all-reduce rank on one host: " + elsewhere);
+}
+}  // namespace
+
+std::string ranks_sharing_a_gpu(const std::vector<std::string>& gpu_of_rank) {
+  std::map<std::string, std::vector<int>> ranks;  // "host|bus id" -> its ranks, ascending
+  for (std::size_t r = 0; r < gpu_of_rank.size(); ++r) ranks[gpu_of_rank[r]].push_back(int(r));
+  std::string out;
+  for (const auto& [where, rs] : ranks) {
+    if (rs.size() < 2) continue;
+    std::string list;
+    for (const int r : rs) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    const std::size_t bar = where.find('|');
+    out += (out.empty() ? "" : "; ") + std::string("ranks ") + list + " on GPU " + where.substr(bar + 1) + " of " +
+           where.substr(0, bar);
+  }
+  return out;
+}
+
+std::unique_ptr<Collective> make_collective(Backend& be, RendezvousClient& rv, const std::string& host,
+                                            const std::string& transport, const std::string& collective) {
+  if (be.device() != Device::cuda) {
+    if (collective == "nccl")
+      throw std::invalid_argument("cluster.collective = \"nccl\" needs train.device = \"cuda\"");
+    return make_host_collective(rv, host, transport);
+  }
+  if (collective == "nccl") return make_nccl_collective(rv, be.gpu());
+  if (collective == "gloo")
+    return make_host_staged_collective(rv, be, make_host_collective(rv, host, transport), "cluster.collective = \"gloo\"");
+  if (collective != "auto")
+    throw std::invalid_argument("cluster.collective: expected \"auto\", \"nccl\" or \"gloo\", got \"" + collective + "\"");
+  // Every rank says where it computes and reads where the others do, so all decide alike.
+  const std::string mine = comm::shared_memory_domain() + "|" + be.gpu_bus_id();
+  rv.set("gpu/" + std::to_string(rv.rank()), std::vector<char>(mine.begin(), mine.end()));
+  std::vector<std::string> gpu_of_rank;
+  for (int q = 0; q < rv.world(); ++q) {
+    const std::vector<char> v = rv.get("gpu/" + std::to_string(q));
+    gpu_of_rank.emplace_back(v.begin(), v.end());
+  }
+  const std::string shared = ranks_sharing_a_gpu(gpu_of_rank);
+  if (shared.empty() && nccl_built()) return make_nccl_collective(rv, be.gpu());
+  return make_host_staged_collective(rv, be, make_host_collective(rv, host, transport),
+                                     shared.empty() ? "this build has no NCCL" : shared);
 }
 
 }  // namespace pslab

@@ -7,7 +7,9 @@
 //         (collective_shm.cpp)
 //   NCCL  GPU buffers on a CUDA stream, communicator from an ncclUniqueId that rank 0 makes
 //         and the rendezvous hands to every rank (GPU workers; built with CUDA + NCCL)
-// Which one runs follows the worker's device and cluster.transport (make_collective). Every call has the group's
+// A fourth wraps any host collective for GPU buffers: copies through page-locked host memory
+// (collective_staged.cpp), for GPU ranks that share a GPU. Which one runs follows the worker's
+// device, cluster.collective and cluster.transport (make_collective). Every call has the group's
 // timeout; on expiry the error names the ranks that did not arrive (asked of the
 // coordinator) and the step.
 //
@@ -16,6 +18,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend.h"
 #include "comm/rendezvous.h"
@@ -51,11 +54,21 @@ std::unique_ptr<Collective> make_nccl_collective(RendezvousClient& rv, int devic
 bool nccl_built();
 // Shared memory; every rank must be on one host (comm::shared_memory_domain()) and user.
 std::unique_ptr<Collective> make_shm_collective(RendezvousClient& rv);
-// CUDA backends: NCCL on the backend's GPU. CPU backends by `transport` (cluster.transport):
-// "shm" the shm collective (an error names the ranks on other hosts), "auto" the shm collective
-// when every rank is on one host and Gloo otherwise, "tcp" / "ipc" Gloo. Every rank must call it
+// The host collective by `transport` (cluster.transport): "shm" the shm collective (an error
+// names the ranks on other hosts), "auto" the shm collective when every rank is on one host and
+// Gloo otherwise, "tcp" / "ipc" Gloo.
+// CPU backends: that host collective. CUDA backends by `collective` (cluster.collective): "nccl"
+// NCCL on the backend's GPU; "gloo" the host collective through host memory; "auto" NCCL
+// unless two ranks share a GPU (same host and PCI bus id), then through host memory, saying
+// which ranks share which GPU in describe(). Every rank must call it with the same arguments
 // (it asks each rank where it runs).
-std::unique_ptr<Collective> make_collective(const Backend& be, RendezvousClient& rv, const std::string& host,
-                                            const std::string& transport);
+std::unique_ptr<Collective> make_collective(Backend& be, RendezvousClient& rv, const std::string& host,
+                                            const std::string& transport, const std::string& collective);
+// `host` (CPU buffers) wrapped for buffers on be's device; `why` is said in describe().
+std::unique_ptr<Collective> make_host_staged_collective(RendezvousClient& rv, Backend& be,
+                                                        std::unique_ptr<Collective> host, const std::string& why);
+// Ranks that share a GPU, from where each rank runs (gpu_of_rank[r] = "host|PCI bus id"), e.g.
+// "ranks 0, 1 on GPU 0000:17:00.0 of host-a"; empty when every rank has a GPU of its own.
+std::string ranks_sharing_a_gpu(const std::vector<std::string>& gpu_of_rank);
 
 }  // namespace pslab

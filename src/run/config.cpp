@@ -71,6 +71,9 @@ void visit_fields(Config& c, F&& f) {
   f("cluster.overlap", c.cluster.overlap,
     "push (PS modes) or all-reduce (allreduce) each finished piece of the gradient while backward goes on");
   f("cluster.bucket_kb", c.cluster.bucket_kb, "allreduce with overlap: KiB of the gradient per all-reduce bucket");
+  f("cluster.collective", c.cluster.collective,
+    "allreduce with train.device = \"cuda\": \"nccl\", \"gloo\" (through host memory) or \"auto\" "
+    "(NCCL when no two ranks share a GPU)");
   f("cluster.launcher", c.cluster.launcher, "\"local\", \"ssh\" or \"slurm\"");
   f("cluster.hosts", c.cluster.hosts, "ssh: hosts, processes placed round-robin");
   f("cluster.bind", c.cluster.bind, "address servers and the rendezvous listen on");
@@ -342,6 +345,10 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
   check(c.cluster.bucket_kb >= 1, "cluster.bucket_kb", "must be >= 1");
   check(!c.cluster.overlap || c.train.device == "cpu", "cluster.overlap",
         "GPU workers do not overlap yet: set it false with train.device = \"" + c.train.device + "\"");
+  check(c.cluster.collective == "auto" || c.cluster.collective == "nccl" || c.cluster.collective == "gloo",
+        "cluster.collective", "expected \"auto\", \"nccl\" or \"gloo\", got \"" + c.cluster.collective + "\"");
+  check(c.cluster.collective != "nccl" || c.train.device == "cuda", "cluster.collective",
+        "\"nccl\" all-reduces GPU buffers: it needs train.device = \"cuda\" (CPU workers use Gloo or shm)");
   check(c.cluster.launcher == "local" || c.cluster.launcher == "ssh" || c.cluster.launcher == "slurm",
         "cluster.launcher", "expected \"local\", \"ssh\" or \"slurm\", got \"" + c.cluster.launcher + "\"");
   check(c.cluster.launcher != "ssh" || !c.cluster.hosts.empty(), "cluster.hosts",

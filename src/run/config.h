@@ -60,6 +60,7 @@ struct ClusterConfig {
   std::string codec = "f32";         // ps/codecs/: how pushes encode gradients
   bool overlap = false;      // send each finished piece of ∇θ while backward goes on (CPU workers)
   int bucket_kb = 256;       // allreduce with overlap: KiB of ∇θ per bucket
+  std::string collective = "auto";  // allreduce on GPUs: "nccl", "gloo" (through host memory), "auto"
   std::string launcher = "local";    // "local", "ssh", "slurm"
   std::vector<std::string> hosts;    // ssh: hosts, round-robin over processes
   std::string bind = "127.0.0.1";    // address servers and rendezvous bind to

@@ -25,6 +25,7 @@ nlohmann::ordered_json run_plan(const ExperimentConfig& c) {
           {"hosts", c.cluster.hosts},
           {"bind", c.cluster.bind},
           {"device", c.train.device},
+          {"collective", c.cluster.collective},
           {"seed", c.seed},
           {"batch", c.train.batch},
           {"data",

@@ -42,7 +42,8 @@ nlohmann::ordered_json run_rank(int rank, int W, const std::string& ep, const st
   std::unique_ptr<Coordinator> coord;
   if (rank == 0) coord = std::make_unique<Coordinator>(*transport, ep, W);
   RendezvousClient rv(*transport, ep, rank, W, std::chrono::seconds(60));
-  auto coll = make_collective(*make_cpu_backend(1), rv, "127.0.0.1", how);
+  const auto cpu = make_cpu_backend(1);
+  auto coll = make_collective(*cpu, rv, "127.0.0.1", how, "auto");
   nlohmann::ordered_json out;
   out["collective"] = coll->describe();
 
