@@ -181,6 +181,39 @@ TEST(ShmTransport, ASlotIsReusedOnceItsReceiverIsDoneAndNotBefore) {
   EXPECT_EQ(y, 8.0f);
 }
 
+// Defect (seen as "malformed θ snapshot ... /proc/PID/fd/N: No such file or directory" from the
+// evaluator of a short all-reduce run): a receiver opens a sender's segment when it first sees
+// it, so a sender that closed at once after sending left its last message unreadable. Closing
+// now waits, up to its linger, until the listener is done with the payloads sent it.
+TEST(ShmTransport, ClosingWaitsUntilTheListenerIsDoneWithWhatItWasSent) {
+  auto t = make_transport("shm");
+  const std::string a = t->local_address("evaluator");
+  auto l = t->listen(a);
+  std::vector<float> theta(5000, 3.5f);
+  std::atomic<bool> closed{false};
+  std::string got;
+  std::thread receiver([&] {
+    std::this_thread::sleep_for(300ms);  // the sender has closed (or is closing) by now
+    Message m;
+    PeerId from;
+    if (!l->recv(m, from, after(5s))) return void(got = "nothing arrived");
+    if (!m.malformed().empty()) return void(got = "malformed: " + m.malformed());
+    float last;
+    std::memcpy(&last, m.payload().data() + m.payload().size() - 4, 4);
+    got = closed ? "closed before the payload was read" : "ok " + std::to_string(m.payload().size()) + " " + std::to_string(last);
+    m.done_with_payload();
+  });
+  {
+    ConnectOptions o;
+    o.linger = 5000ms;
+    auto c = t->connect({a}, o);
+    ASSERT_TRUE(c->send(0, bytes("final"), OutPayload{theta.data(), theta.size() * 4}, after(5s)));
+  }  // closes here
+  closed = true;
+  receiver.join();
+  EXPECT_EQ(got, "ok 20000 3.500000");
+}
+
 // A payload sent from the transport's payload_memory() with a release function is lent, not
 // copied: the receiver reads it where it lies (a write after the send shows), and it is
 // released only once the receiver is done with it; one region lends to many receivers at once.

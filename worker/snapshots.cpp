@@ -44,6 +44,7 @@ Snapshot SnapshotReceiver::next(float* theta, std::size_t n) {
     throw std::runtime_error("no θ snapshot from rank 0 within " + std::to_string(timeout_.count() / 1000) +
                              " s (listening on " + endpoint_ + "): is rank 0 running? its log says why it stopped");
   while (listener_->recv(other_, from, comm::Clock::now())) std::swap(newest_, other_);  // keep only the newest
+  other_.done_with_payload();  // shm: rank 0 may exit once the evaluator is done with what it sent
   std::string why = newest_.malformed();
   const auto h = why.empty() ? wire::decode(newest_.header(), why) : std::nullopt;
   const auto* r = h ? std::get_if<wire::PullReply>(&h->body) : nullptr;
@@ -51,6 +52,7 @@ Snapshot SnapshotReceiver::next(float* theta, std::size_t n) {
     throw std::runtime_error("malformed θ snapshot on " + endpoint_ + (why.empty() ? "" : ": " + why));
   if (wire::copy_with_checksum(theta, reinterpret_cast<const float*>(newest_.payload().data()), n) != r->checksum)
     throw std::runtime_error("θ snapshot checksum mismatch on " + endpoint_);
+  newest_.done_with_payload();
   return Snapshot{r->clock, r->samples_applied, r->training_done};
 }
 

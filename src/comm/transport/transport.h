@@ -133,6 +133,7 @@ struct ListenOptions {
 struct ConnectOptions {
   int queue = 1000;                        // messages queued per listener, each way
   std::chrono::milliseconds linger{1000};  // how long closing waits for queued messages to leave
+                                           // (shm: until the listeners are done with their payloads)
 };
 
 class Listener {

@@ -132,6 +132,12 @@ void ShmSlots::abandon(const ShmRef& ref) {
     if (s->fd() == ref.fd) s->abandon(ref.loan);
 }
 
+bool ShmSlots::busy() const {
+  for (const auto& s : pool_->slots_)
+    if (!s->free(0)) return true;
+  return false;
+}
+
 namespace {
 
 // The regions of one shm transport (Transport::payload_memory), shared with its listeners and
@@ -210,6 +216,13 @@ class Sender {
         return;
       }
     slots_.abandon(ref);
+  }
+  // Waits until every receiver is done with what this sender sent, or until `deadline`. A
+  // receiver opens a segment through /proc/<this pid>/fd when it first sees it, so a sender
+  // that exits at once after sending can leave its last message unreadable.
+  void wait_until_taken(Deadline deadline) {
+    for (poll(); (!lent_.empty() || slots_.busy()) && Clock::now() < deadline; poll())
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   // Releases the lent payloads whose receivers are done.
   void poll() {
@@ -370,8 +383,11 @@ class ShmListener final : public Listener {
 
 class ShmConnections final : public Connections {
  public:
-  ShmConnections(std::unique_ptr<Connections> inner, std::shared_ptr<Regions> regions)
-      : inner_(std::move(inner)), mappings_(0), sender_(std::move(regions)) {}
+  ShmConnections(std::unique_ptr<Connections> inner, std::shared_ptr<Regions> regions, std::chrono::milliseconds linger)
+      : inner_(std::move(inner)), mappings_(0), sender_(std::move(regions)), linger_(linger) {}
+  // Like ZeroMQ's linger for queued messages: closing waits (at most `linger`) until the
+  // listeners are done with the payloads sent them.
+  ~ShmConnections() override { sender_.wait_until_taken(Clock::now() + linger_); }
   std::size_t size() const override { return inner_->size(); }
   const std::string& address(std::size_t k) const override { return inner_->address(k); }
 
@@ -402,6 +418,7 @@ class ShmConnections final : public Connections {
   std::unique_ptr<Connections> inner_;
   Mappings mappings_;
   Sender sender_;
+  std::chrono::milliseconds linger_;
 };
 
 class ShmTransport final : public Transport {
@@ -417,7 +434,7 @@ class ShmTransport final : public Transport {
   }
   std::unique_ptr<Connections> connect(const std::vector<std::string>& addresses, const ConnectOptions& opt) override {
     for (const auto& a : addresses) check(a);
-    return std::make_unique<ShmConnections>(connect_unix_packets(addresses, opt), regions_);
+    return std::make_unique<ShmConnections>(connect_unix_packets(addresses, opt), regions_, opt.linger);
   }
   std::unique_ptr<PayloadMemory> payload_memory(std::size_t bytes) override {
     return std::make_unique<ShmRegion>(regions_, bytes);

@@ -54,6 +54,8 @@ class ShmSlots {
   bool put(const void* data, std::size_t n, ShmRef& ref);
   // The slot `ref` names is free again (its message was never sent).
   void abandon(const ShmRef& ref);
+  // Whether a receiver still holds a slot (it may not have mapped it yet).
+  bool busy() const;
 
  private:
   struct Pool;
