@@ -425,7 +425,7 @@ TEST(HostStagedCollective, TwoRanksOnOneGpuAllReduceThroughHostMemoryOrSkip) {
 }
 
 TEST(Nccl, AllReduceOnOneGpuOrSkip) {
-  if (!nccl_built()) GTEST_SKIP() << "this build has no NCCL collective (no CUDA toolkit / NCCL at configure time)";
+  if (!nccl_built()) PSLAB_GPU_UNAVAILABLE("this build has no NCCL collective (no CUDA toolkit / NCCL at configure time)");
   PSLAB_SKIP_WITHOUT_GPU();
   const auto tr = transport();
   const std::string ep = tr->local_address("coordinator");

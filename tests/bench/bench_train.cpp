@@ -1,9 +1,10 @@
 // Training throughput of one replica: samples/s of forward + backward + optimizer step,
 // batch gathering included, evaluation excluded. Writes JSON.
 //
-//   bench_train [--model mlp] [--batch 64] [--threads N] [--steps 2000] [--runs 5] [--json FILE]
+//   bench_train [--model mlp] [--device cpu|cuda] [--batch 64] [--threads N] [--steps 2000]
+//               [--runs 5] [--warmup 200] [--json FILE]
 //
-// Metric: samples processed / wall time of `steps` consecutive steps, after 200 warm-up
+// Metric: samples processed / wall time of `steps` consecutive steps, after `warmup` warm-up
 // steps; median over `runs` repetitions. Data: Fashion-MNIST when installed, else random
 // inputs of the same shape (the arithmetic is the same).
 #include <CLI/CLI.hpp>
@@ -25,13 +26,14 @@ int main(int argc, char** argv) {
   CLI::App app{"pslab training-throughput benchmark"};
   std::string model = "mlp", json_path, device = "cpu";
   int batch = 64, threads = 2, runs = 5;
-  long steps = 2000; int max_batch = 0;
+  long steps = 2000, warmup = 200; int max_batch = 0;
   app.add_option("--model", model)->capture_default_str();
   app.add_option("--device", device)->capture_default_str();
   app.add_option("--batch", batch)->capture_default_str();
   app.add_option("--threads", threads, "OpenBLAS threads")->capture_default_str();
   app.add_option("--steps", steps)->capture_default_str();
   app.add_option("--runs", runs)->capture_default_str();
+  app.add_option("--warmup", warmup, "steps before the timed runs")->capture_default_str();
   app.add_option("--max-batch", max_batch);
   app.add_option("--json", json_path, "write results here");
   CLI11_PARSE(app, argc, argv);
@@ -68,7 +70,7 @@ int main(int argc, char** argv) {
     }
     be->synchronize();
   };
-  run_steps(200);
+  run_steps(warmup);
   std::vector<double> rates;
   for (int r = 0; r < runs; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -81,7 +83,7 @@ int main(int argc, char** argv) {
   std::sort(sorted.begin(), sorted.end());
   nlohmann::ordered_json j{{"benchmark", "train_throughput"}, {"model", replica.model().describe()},
                            {"backend", be->describe()}, {"batch", batch}, {"threads", threads},
-                           {"steps_per_run", steps}, {"runs", runs}, {"samples_per_s", rates},
+                           {"steps_per_run", steps}, {"warmup_steps", warmup}, {"runs", runs}, {"samples_per_s", rates},
                            {"median_samples_per_s", sorted[sorted.size() / 2]}};
   std::printf("%s\n", j.dump(2).c_str());
   if (!json_path.empty()) std::ofstream(json_path) << j.dump(2) << "\n";

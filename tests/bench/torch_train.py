@@ -1,0 +1,123 @@
+"""The peer of bench_train in PyTorch: the same models, data, batch and plain SGD, on a GPU.
+
+    python3 tests/bench/torch_train.py --model mlp|cnn --batch 64 [--steps 2000] [--runs 3]
+                                       [--warmup 200] [--device cuda] [--data DIR] [--json FILE]
+
+Models (as pslab builds them, src/core/model.cpp): mlp = 784-256-128-10 with ReLU; cnn = conv
+5x5/s2/p2 1->16, ReLU, conv 5x5/s2/p2 16->32, ReLU, linear 1568->10. Softmax cross-entropy
+(mean over the batch), SGD lr 0.01, no momentum. Each step: a batch of sample indices from a
+shuffled epoch, gather, forward, backward, step; nothing is read back to the host.
+
+Two ways to feed it, both measured, the better one reported as PyTorch's figure:
+  resident  the data set uploaded once; each batch gathered on the GPU by index
+  staged    the data set in pinned host memory; each batch gathered on the host and copied
+            asynchronously (non_blocking)
+Metric: samples / wall time of `steps` steps after `warmup` steps (torch.cuda.synchronize
+around each run), median over `runs`. Data: Fashion-MNIST from --data when there, else random
+inputs of the same shape."""
+import argparse
+import gzip
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def load(data_dir):
+    d = pathlib.Path(data_dir) if data_dir else None
+    img, lab = (d / "train-images-idx3-ubyte.gz", d / "train-labels-idx1-ubyte.gz") if d else (None, None)
+    if d and img.exists() and lab.exists():
+        x = np.frombuffer(gzip.open(img).read(), np.uint8, offset=16).reshape(-1, 784).astype(np.float32) / 255.0
+        x = (x - x.mean()) / x.std()
+        y = np.frombuffer(gzip.open(lab).read(), np.uint8, offset=8).astype(np.int64)
+        return torch.from_numpy(x.copy()), torch.from_numpy(y.copy()), "fashion-mnist"
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(60000, 784, generator=g), torch.randint(0, 10, (60000,), generator=g), "random"
+
+
+def model_of(kind):
+    if kind == "mlp":
+        return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
+    if kind == "cnn":
+        return nn.Sequential(nn.Unflatten(1, (1, 28, 28)), nn.Conv2d(1, 16, 5, 2, 2), nn.ReLU(),
+                             nn.Conv2d(16, 32, 5, 2, 2), nn.ReLU(), nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
+    raise SystemExit(f"torch_train.py: unknown --model {kind!r} (mlp or cnn)")
+
+
+def measure(a, x, y, feed):
+    dev = torch.device(a.device)
+    torch.manual_seed(1)
+    model = model_of(a.model).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    n = x.shape[0]
+    if feed == "resident":
+        xs, ys = x.to(dev), y.to(dev)
+    else:
+        xs, ys = x.pin_memory(), y.pin_memory()
+    per_epoch = n // a.batch
+    state = {"step": 0, "perm": None}
+
+    def batch():
+        k = state["step"] % per_epoch
+        if k == 0:
+            state["perm"] = torch.randperm(n, device=dev if feed == "resident" else "cpu")
+        idx = state["perm"][k * a.batch:(k + 1) * a.batch]
+        state["step"] += 1
+        if feed == "resident":
+            return xs[idx], ys[idx]
+        return (xs[idx].pin_memory().to(dev, non_blocking=True), ys[idx].pin_memory().to(dev, non_blocking=True))
+
+    def run(steps):
+        for _ in range(steps):
+            xb, yb = batch()
+            loss = F.cross_entropy(model(xb), yb)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        torch.cuda.synchronize() if dev.type == "cuda" else None
+
+    run(a.warmup)
+    rates = []
+    for _ in range(a.runs):
+        t0 = time.perf_counter()
+        run(a.steps)
+        rates.append(a.steps * a.batch / (time.perf_counter() - t0))
+    return rates
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    if a.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("torch_train.py: PyTorch sees no CUDA GPU")
+    x, y, data = load(a.data)
+    out = {"benchmark": "torch_train_throughput", "model": a.model, "batch": a.batch, "data": data,
+           "torch": torch.__version__, "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
+           "steps_per_run": a.steps, "warmup_steps": a.warmup, "runs": a.runs}
+    for feed in ("resident", "staged"):
+        rates = measure(a, x, y, feed)
+        out[feed] = {"samples_per_s": rates, "median_samples_per_s": statistics.median(rates)}
+    out["median_samples_per_s"] = max(out["resident"]["median_samples_per_s"], out["staged"]["median_samples_per_s"])
+    out["best_feed"] = "resident" if out["median_samples_per_s"] == out["resident"]["median_samples_per_s"] else "staged"
+    text = json.dumps(out, indent=2)
+    print(text)
+    if a.json:
+        pathlib.Path(a.json).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

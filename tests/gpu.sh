@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# One command to check every GPU claim of pslab on a machine with a GPU, from a build or from
+# an unpacked bundle (experiments/bundle.sh; same layout):
+#
+#   tests/gpu.sh [--build-dir DIR] [--quick]
+#
+#   1. the GPU tests (GPU backend against the CPU one, GPU training, NCCL, ranks sharing a GPU)
+#      with PSLAB_REQUIRE_GPU=1: a GPU test that cannot run fails instead of skipping
+#   2. bench_train --device cuda, MLP and CNN at batch 64, 256, 1024 and 4096, and, where
+#      `python3 -c "import torch"` works, the same models in PyTorch on the same GPU
+#      (tests/bench/torch_train.py); one table with the ratios; runs/bench/gpu.json
+#   3. the default comparison with train.device = "cuda" and its 4 workers on this machine's
+#      GPUs: all four modes must finish
+# --quick: fewer steps and runs (a smoke test of the command itself).
+# Exit: 0 every check passed; 1 a check failed (named at the end); 77 no GPU here (nothing checked).
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build="$root/build" quick=0
+while (($#)); do
+  case $1 in
+    --build-dir) build=$2; shift 2 ;;
+    --quick) quick=1; shift ;;
+    -h|--help) sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+build=$(cd "$build" 2>/dev/null && pwd) || { echo "gpu.sh: no build directory at $build" >&2; exit 2; }
+out="$root/runs/bench"
+mkdir -p "$out"
+failed=()
+step() { echo; echo "=== $*"; }
+
+if ! gpus=$(nvidia-smi -L 2>&1) || [[ -z $gpus ]]; then
+  echo "gpu.sh: no GPU here (nvidia-smi -L: ${gpus:-no output}); nothing checked"
+  exit 77
+fi
+echo "$gpus"
+
+# NCCL is not part of the CUDA toolkit: where the loader does not find it, use the copy that
+# PyTorch's nvidia-nccl package brings, if any.
+if ldd "$build/worker/pslab_worker" | grep -q "libnccl.*not found"; then
+  nccl=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
+  if [[ -n $nccl && -e $nccl/libnccl.so.2 ]]; then
+    echo "gpu.sh: libnccl.so.2 from $nccl (Python's nvidia-nccl)"
+    export LD_LIBRARY_PATH="$nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+fi
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do
+  if ldd "$build/worker/pslab_worker" | grep -q "not found" && [[ -d $d ]]; then export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"; fi
+done
+if ldd "$build/worker/pslab_worker" | grep "not found"; then
+  echo "gpu.sh: pslab_worker cannot load the libraries above (LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-})" >&2
+  exit 1
+fi
+
+step "1. GPU tests (PSLAB_REQUIRE_GPU=1: nothing skips)"
+export PSLAB_REQUIRE_GPU=1
+for t in "test_gpu_backend" "test_gpu_training" "test_allreduce --gtest_filter=Nccl.*:HostStagedCollective.*"; do
+  bin=${t%% *}
+  if [[ ! -x $build/tests/$bin ]]; then failed+=("$bin missing"); echo "missing: $build/tests/$bin"; continue; fi
+  if "$build"/tests/$t > "$out/gpu-$bin.log" 2>&1; then
+    echo "ok   $t ($(grep -o '[0-9]* tests\? from [0-9]* test suites\? ran' "$out/gpu-$bin.log" | head -1))"
+  else
+    failed+=("$bin"); echo "FAIL $t:"; grep -E "FAILED|Failure|error" "$out/gpu-$bin.log" | head -20
+  fi
+done
+unset PSLAB_REQUIRE_GPU
+
+step "2. training throughput, pslab (bench_train --device cuda) and PyTorch on the same GPU"
+# samples per timed run: about 1M (MLP) / 200K (CNN), at least 50 steps; 20 warm-up steps
+budget_mlp=1000000 budget_cnn=200000 runs=3
+((quick)) && budget_mlp=50000 budget_cnn=10000 runs=1
+torch=0
+python3 -c "import torch, numpy; assert torch.cuda.is_available()" 2>/dev/null && torch=1
+((torch)) || echo "gpu.sh: no PyTorch with CUDA here (python3 -c 'import torch'): pslab alone"
+data="$root/data/fashion-mnist"; [[ -d $data ]] || data=/usr/share/datasets/fashion-mnist
+rows=()
+for model in mlp cnn; do
+  for batch in 64 256 1024 4096; do
+    budget=$budget_mlp; [[ $model == cnn ]] && budget=$budget_cnn
+    s=$((budget / batch)); ((s < 50)) && s=50
+    if ! "$build/tests/bench_train" --device cuda --model "$model" --batch "$batch" --steps "$s" --runs "$runs" --warmup 20 \
+         --max-batch "$batch" --json "$out/gpu-pslab-$model-$batch.json" > "$out/gpu-pslab-$model-$batch.log" 2>&1; then
+      failed+=("bench_train $model $batch"); echo "FAIL bench_train $model batch $batch:"; tail -5 "$out/gpu-pslab-$model-$batch.log"; continue
+    fi
+    if ((torch)) && ! python3 "$root/tests/bench/torch_train.py" --model "$model" --batch "$batch" --steps "$s" --runs "$runs" \
+         --warmup 20 --data "$data" --json "$out/gpu-torch-$model-$batch.json" > "$out/gpu-torch-$model-$batch.log" 2>&1; then
+      failed+=("torch_train $model $batch"); echo "FAIL torch_train.py $model batch $batch:"; tail -5 "$out/gpu-torch-$model-$batch.log"
+    fi
+    rows+=("$model $batch")
+  done
+done
+python3 - "$out" "${rows[@]}" <<'EOF'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+table, lines = [], ["| model | batch | pslab cuda (samples/s) | PyTorch (samples/s, feed) | pslab / PyTorch |", "|---|---|---|---|---|"]
+for row in sys.argv[2:]:
+    model, batch = row.split()
+    p = json.loads((out / f"gpu-pslab-{model}-{batch}.json").read_text())
+    t_path = out / f"gpu-torch-{model}-{batch}.json"
+    t = json.loads(t_path.read_text()) if t_path.exists() else None
+    r = {"model": model, "batch": int(batch), "pslab_samples_per_s": p["median_samples_per_s"], "pslab_backend": p["backend"],
+         "torch_samples_per_s": t and t["median_samples_per_s"], "torch_feed": t and t["best_feed"],
+         "torch_version": t and t["torch"], "ratio": t and p["median_samples_per_s"] / t["median_samples_per_s"]}
+    table.append(r)
+    lines.append(f"| {model} | {batch} | {r['pslab_samples_per_s']:,.0f} | "
+                 + (f"{r['torch_samples_per_s']:,.0f} ({r['torch_feed']}) | {r['ratio']:.2f} |" if t else "- | - |"))
+(out / "gpu.json").write_text(json.dumps({"benchmark": "gpu_check", "rows": table}, indent=2) + "\n")
+print("\n".join(lines))
+print(f"\n(written: {out / 'gpu.json'})")
+EOF
+
+step "3. the default comparison on the GPU (train.device = \"cuda\", 4 workers)"
+csteps=600; ((quick)) && csteps=60
+if /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/default.toml" --build-dir "$build" \
+     --set 'train.device="cuda"' --set "train.steps=$csteps" --runs-dir "$root/runs/gpu-check" --no-plots --keep-going \
+     > "$out/gpu-comparison.log" 2>&1; then
+  grep -E "^\| " "$out/gpu-comparison.log"
+else
+  failed+=("default comparison on cuda"); grep -v "^\[" "$out/gpu-comparison.log" | tail -25
+fi
+
+echo
+if ((${#failed[@]})); then
+  echo "gpu.sh: FAILED: ${failed[*]} (logs in $out)"
+  exit 1
+fi
+echo "gpu.sh: every GPU check passed (logs and gpu.json in $out)"
