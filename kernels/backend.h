@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <new>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -57,6 +58,11 @@ class Backend {
   virtual std::string gpu_bus_id() const { return {}; }
   // Human-readable description, e.g. "cpu (OpenBLAS 0.3.21, 2 threads)".
   virtual std::string describe() const = 0;
+  // Whether GEMMs may round their inputs to TF32 on tensor cores (train.tf32; CUDA only, off
+  // by default): faster on Ampere and newer, with a 10-bit mantissa in the products.
+  virtual void allow_tf32(bool on) {
+    if (on) throw std::invalid_argument("TF32 is a CUDA option: " + describe() + " computes in float32");
+  }
 
   // ---- memory (bytes) ----
   virtual void* allocate(std::size_t bytes) = 0;

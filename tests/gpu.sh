@@ -10,7 +10,8 @@
 #      `python3 -c "import torch"` works, the same models in PyTorch on the same GPU
 #      (tests/bench/torch_train.py); one table with the ratios; runs/bench/gpu.json
 #   3. the default comparison with train.device = "cuda" and its 4 workers on this machine's
-#      GPUs: all four modes must finish
+#      GPUs: all four modes must finish; then again with train.tf32 = true, for the README's
+#      line on what TF32 changes in accuracy
 # --quick: fewer steps and runs (a smoke test of the command itself).
 # Exit: 0 every check passed; 1 a check failed (named at the end); 77 no GPU here (nothing checked).
 set -uo pipefail
@@ -110,15 +111,18 @@ print("\n".join(lines))
 print(f"\n(written: {out / 'gpu.json'})")
 EOF
 
-step "3. the default comparison on the GPU (train.device = \"cuda\", 4 workers)"
-csteps=600; ((quick)) && csteps=60
-if /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/default.toml" --build-dir "$build" \
-     --set 'train.device="cuda"' --set "train.steps=$csteps" --runs-dir "$root/runs/gpu-check" --no-plots --keep-going \
-     > "$out/gpu-comparison.log" 2>&1; then
-  grep -E "^\| " "$out/gpu-comparison.log"
-else
-  failed+=("default comparison on cuda"); grep -v "^\[" "$out/gpu-comparison.log" | tail -25
-fi
+step "3. the default comparison on the GPU (train.device = \"cuda\", 4 workers), float32 and TF32"
+quick_set=(); ((quick)) && quick_set=(--set train.steps=60)
+for tf32 in false true; do
+  log="$out/gpu-comparison-tf32-$tf32.log"
+  if /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/default.toml" --build-dir "$build" \
+       --set 'train.device="cuda"' --set "train.tf32=$tf32" "${quick_set[@]}" --runs-dir "$root/runs/gpu-check-tf32-$tf32" \
+       --no-plots --keep-going > "$log" 2>&1; then
+    echo "train.tf32 = $tf32:"; grep -E "^\| " "$log"
+  else
+    failed+=("default comparison on cuda, tf32 $tf32"); grep -v "^\[" "$log" | tail -25
+  fi
+done
 
 echo
 if ((${#failed[@]})); then

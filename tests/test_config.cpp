@@ -72,6 +72,8 @@ TEST(Config, RangeAndCrossFieldChecks) {
   EXPECT_EQ(error_of("name = \"x\"\n[train]\ndevice = \"cuda\"\n[cluster]\noverlap = true\n"),
             "exp.toml: cluster.overlap: GPU workers do not overlap yet: set it false with train.device = \"cuda\"");
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\noverlap = true\nbucket_kb = 0\n"), "exp.toml: cluster.bucket_kb: must be >= 1");
+  EXPECT_EQ(error_of("name = \"x\"\n[train]\ntf32 = true\n"),
+            "exp.toml: train.tf32: TF32 is a GPU option: it needs train.device = \"cuda\"");
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\ncollective = \"mpi\"\n"),
             "exp.toml: cluster.collective: expected \"auto\", \"nccl\" or \"gloo\", got \"mpi\"");
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nmode = \"allreduce\"\ncollective = \"nccl\"\n"),

@@ -232,6 +232,24 @@ TEST_F(GpuBackend, Gemm) {
       }
 }
 
+// train.tf32: the GEMMs may round inputs to TF32 (10-bit mantissa); results stay within
+// TF32's precision of the CPU's float32 ones, and the backend says so.
+TEST_F(GpuBackend, Tf32GemmIsOptInAndCloseToFloat32) {
+  const int n = 256;
+  const auto A = random_floats(std::size_t(n) * n, 7), B = random_floats(std::size_t(n) * n, 8);
+  DeviceBuffer<float> ca = upload(cpu(), A), cb = upload(cpu(), B), cc(cpu(), std::size_t(n) * n);
+  DeviceBuffer<float> ga = upload(gpu(), A), gb = upload(gpu(), B), gc(gpu(), std::size_t(n) * n);
+  cpu().gemm(Trans::no, Trans::no, n, n, n, 1.0f, ca.data(), n, cb.data(), n, 0.0f, cc.data(), n);
+  EXPECT_EQ(gpu().describe().find("TF32"), std::string::npos) << "TF32 must be off by default";
+  gpu().allow_tf32(true);
+  EXPECT_NE(gpu().describe().find("TF32 GEMMs"), std::string::npos) << gpu().describe();
+  gpu().gemm(Trans::no, Trans::no, n, n, n, 1.0f, ga.data(), n, gb.data(), n, 0.0f, gc.data(), n);
+  EXPECT_TRUE(agree("tf32 gemm 256^3", download(cpu(), cc), download(gpu(), gc), 2e-2));
+  gpu().allow_tf32(false);
+  gpu().gemm(Trans::no, Trans::no, n, n, n, 1.0f, ga.data(), n, gb.data(), n, 0.0f, gc.data(), n);
+  EXPECT_TRUE(agree("float32 gemm 256^3 after tf32 off", download(cpu(), cc), download(gpu(), gc)));
+}
+
 TEST_F(GpuBackend, GemmBetaZeroIgnoresGarbageInC) {
   const int M = 9, N = 11, K = 5;
   const auto A = random_floats(std::size_t(M) * K, 1), B = random_floats(std::size_t(K) * N, 2);

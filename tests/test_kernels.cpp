@@ -54,6 +54,16 @@ TEST_F(CpuKernels, GemmAllTransposesAndStrides) {
       }
 }
 
+TEST_F(CpuKernels, Tf32IsRefusedNamingTheBackend) {
+  EXPECT_NO_THROW(be->allow_tf32(false));
+  try {
+    be->allow_tf32(true);
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("TF32 is a CUDA option: cpu (", 0), 0u) << e.what();
+  }
+}
+
 TEST_F(CpuKernels, BiasAddAndGradient) {
   for (auto [outer, ch, inner] : {std::tuple{5, 7, 1}, {3, 4, 9}, {1, 1, 1}}) {
     auto y = random_vec(std::size_t(outer) * ch * inner, 4);

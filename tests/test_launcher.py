@@ -426,7 +426,7 @@ class LauncherTest(unittest.TestCase):
         self.assertIn("host local runs ranks 0, 1 on no visible GPU", r.stdout)
         # nvidia-smi fails: unknown here, so "auto" is left to the ranks
         r = dry("auto", "fail")
-        self.assertIn("the GPUs of local are not known here (nvidia-smi -L failed); the ranks decide at start", r.stdout)
+        self.assertIn("the GPUs of local are not known here (nvidia-smi -L did not answer); the ranks decide at start", r.stdout)
         # ssh: each host asked over ssh (stand-in: runs the command here); 4 ranks round-robin
         # over 2 hosts = 2 per host
         self.fake_bin("ssh", """\

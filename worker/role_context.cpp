@@ -16,7 +16,9 @@ std::unique_ptr<Backend> backend_for(const ExperimentConfig& cfg, const RoleOpti
   const Device d = cfg.train.device == "cuda" ? Device::cuda : Device::cpu;
   // Single-process training has the host to itself; the roles of a run share it.
   const int procs = kind == RoleKind::single ? 1 : opt.procs_on_host;
-  return make_backend(d, blas_threads(cfg, procs), opt.gpu_slot);
+  auto be = make_backend(d, blas_threads(cfg, procs), opt.gpu_slot);
+  be->allow_tf32(cfg.train.tf32);
+  return be;
 }
 
 int replica_batch(const ExperimentConfig& cfg, RoleKind kind) {

@@ -107,6 +107,6 @@ def decide_collective(plan, gpus_of=visible_gpus):
                         f'through host memory, not NCCL')
     if unknown:
         return asked, (f'allreduce: cluster.collective = "{asked}": the GPUs of {", ".join(unknown)} are not known '
-                       f'here (nvidia-smi -L failed); ' + ("the ranks decide at start" if asked == "auto" else
+                       f'here (nvidia-smi -L did not answer); ' + ("the ranks decide at start" if asked == "auto" else
                                                           "NCCL fails at start if two ranks share a GPU"))
     return "nccl", f'allreduce: cluster.collective = "{asked}": NCCL, every rank has a GPU of its own'

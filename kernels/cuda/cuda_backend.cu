@@ -162,7 +162,12 @@ class CudaBackend final : public Backend {
     PSLAB_CUDA_CHECK(cudaDeviceGetPCIBusId(id, int(sizeof id), device_));
     return id;
   }
-  std::string describe() const override { return describe_; }
+  std::string describe() const override { return describe_ + (tf32_ ? ", TF32 GEMMs" : ""); }
+  void allow_tf32(bool on) override {
+    activate();
+    PSLAB_CUBLAS_CHECK(cublasSetMathMode(cublas_->get(), on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    tf32_ = on;
+  }
 
   // ---- memory ----
   void* allocate(std::size_t bytes) override {
@@ -413,6 +418,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   std::string describe_;
+  bool tf32_ = false;
   // Declaration order = reverse destruction order: scratch, then handle, then stream.
   std::unique_ptr<Stream> stream_;
   std::unique_ptr<CublasHandle> cublas_;

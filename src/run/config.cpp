@@ -59,6 +59,7 @@ void visit_fields(Config& c, F&& f) {
   f("train.epochs", c.train.epochs, "passes over the training set, all workers together");
   f("train.steps", c.train.steps, "if > 0: steps per worker, overriding epochs");
   f("train.device", c.train.device, "\"cpu\" or \"cuda\"");
+  f("train.tf32", c.train.tf32, "cuda: let cuBLAS GEMMs use TF32 tensor cores (faster; 10-bit mantissa products)");
   f("train.threads", c.train.threads, "BLAS threads per process (0 = host cores / processes on it)");
   f("train.log_every", c.train.log_every, "steps between metric lines");
   f("cluster.mode", c.cluster.mode, "the consistency model (listed below)");
@@ -345,6 +346,8 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
   check(c.cluster.bucket_kb >= 1, "cluster.bucket_kb", "must be >= 1");
   check(!c.cluster.overlap || c.train.device == "cpu", "cluster.overlap",
         "GPU workers do not overlap yet: set it false with train.device = \"" + c.train.device + "\"");
+  check(!c.train.tf32 || c.train.device == "cuda", "train.tf32",
+        "TF32 is a GPU option: it needs train.device = \"cuda\"");
   check(c.cluster.collective == "auto" || c.cluster.collective == "nccl" || c.cluster.collective == "gloo",
         "cluster.collective", "expected \"auto\", \"nccl\" or \"gloo\", got \"" + c.cluster.collective + "\"");
   check(c.cluster.collective != "nccl" || c.train.device == "cuda", "cluster.collective",

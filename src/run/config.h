@@ -47,6 +47,7 @@ struct TrainConfig {
   double epochs = 10.0;  // passes over the training set (all workers together)
   long steps = 0;        // > 0: steps per worker, overrides epochs
   std::string device = "cpu";  // "cpu" or "cuda"
+  bool tf32 = false;            // cuda: GEMMs may use TF32 tensor cores
   int threads = 0;       // BLAS threads per process; 0 = cores on the host / processes on it
   int log_every = 20;    // steps between metric lines
 };

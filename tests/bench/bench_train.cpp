@@ -36,6 +36,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "steps before the timed runs")->capture_default_str();
   app.add_option("--max-batch", max_batch);
   app.add_option("--json", json_path, "write results here");
+  bool tf32 = false;
+  app.add_flag("--tf32", tf32, "cuda: GEMMs may use TF32 tensor cores (train.tf32)");
   CLI11_PARSE(app, argc, argv);
 
   ExperimentConfig cfg;
@@ -53,6 +55,7 @@ int main(int argc, char** argv) {
     for (auto& l : data.train.labels) l = std::int32_t(rng.below(10));
   }
   auto be = make_backend(device == "cuda" ? Device::cuda : Device::cpu, threads);
+  be->allow_tf32(tf32);
   Replica replica(*be, model_spec(cfg), data.train, std::max(batch, max_batch));
   replica.model().init(1);
   Optimizer opt(*be, cfg.optimizer, replica.model().num_params());
