@@ -116,6 +116,18 @@ class Backend {
   // y, t (rows, C); loss 0.5 * |y - t|^2 per row; dy = grad_scale * (y - t).
   virtual double mse(const float* y, const float* t, int rows, int C, float grad_scale,
                      float* dy) = 0;
+  // The same two losses without waiting for the device (a training step: backward is queued
+  // before the loss is read): queue it, then take_loss() returns the summed loss (and reports
+  // bad labels), waiting only for the loss itself. One loss pending at a time. By default
+  // (the CPU) computed at once.
+  virtual void softmax_xent_deferred(const float* logits, const std::int32_t* labels, int rows, int C,
+                                     float grad_scale, float* dlogits) {
+    pending_loss_ = softmax_xent(logits, labels, rows, C, grad_scale, dlogits);
+  }
+  virtual void mse_deferred(const float* y, const float* t, int rows, int C, float grad_scale, float* dy) {
+    pending_loss_ = mse(y, t, rows, C, grad_scale, dy);
+  }
+  virtual double take_loss() { return pending_loss_; }
   // Number of rows whose argmax equals the label.
   virtual long count_correct(const float* logits, const std::int32_t* labels, int rows,
                              int C) = 0;
@@ -138,6 +150,9 @@ class Backend {
   // y (B, A, N) = x (A, B, N): the two outer dimensions swapped (y must not overlap x). A
   // convolution's GEMM gives (OC, B, N); its layers pass (B, OC, N).
   virtual void swap_outer(const float* x, int A, int B, int N, float* y) = 0;
+
+ protected:
+  double pending_loss_ = 0.0;  // the default *_deferred and take_loss
 };
 
 // The CPU backend. OpenBLAS has one thread count per process: threads > 0 sets it (the

@@ -374,6 +374,35 @@ TEST_F(GpuBackend, SoftmaxXent) {
   }
 }
 
+// A training step queues backward before reading its loss (Model::forward_backward): the
+// deferred losses give bitwise the values of the waiting ones, even when work that reuses the
+// backend's scratch (sum_squares, softmax_xent) is queued between, and report bad labels when
+// taken.
+TEST_F(GpuBackend, DeferredLossesEqualTheWaitingOnes) {
+  const int rows = 257, C = 10;
+  const std::size_t n = std::size_t(rows) * C;
+  const auto logits = random_floats(n, 41, -8.0f, 8.0f), other = random_floats(n, 42, -8.0f, 8.0f);
+  const auto labels = random_labels(std::size_t(rows), C, 43);
+  DeviceBuffer<float> z = upload(gpu(), logits), z2 = upload(gpu(), other), dz(gpu(), n), dz2(gpu(), n);
+  DeviceBuffer<std::int32_t> l = upload(gpu(), labels);
+  const double waited = gpu().softmax_xent(z.data(), l.data(), rows, C, 0.5f, dz.data());
+  const auto dz_waited = download(gpu(), dz);
+  gpu().softmax_xent_deferred(z.data(), l.data(), rows, C, 0.5f, dz.data());
+  (void)gpu().sum_squares(z2.data(), n);                                    // reuses the scratch
+  (void)gpu().softmax_xent(z2.data(), l.data(), rows, C, 1.0f, dz2.data());  // and again
+  EXPECT_EQ(gpu().take_loss(), waited);
+  EXPECT_TRUE(agree("deferred dlogits", dz_waited, download(gpu(), dz), 0.0));
+  const double mse_waited = gpu().mse(z.data(), z2.data(), rows, C, 1.0f, dz.data());
+  gpu().mse_deferred(z.data(), z2.data(), rows, C, 1.0f, dz.data());
+  EXPECT_EQ(gpu().take_loss(), mse_waited);
+  const std::vector<std::int32_t> bad = {0, 5, -1, 4};
+  DeviceBuffer<std::int32_t> lb = upload(gpu(), bad);
+  gpu().softmax_xent_deferred(z.data(), lb.data(), 4, 5, 1.0f, dz.data());
+  EXPECT_THROW(gpu().take_loss(), std::invalid_argument);
+  gpu().softmax_xent_deferred(z.data(), l.data(), 0, C, 1.0f, dz.data());
+  EXPECT_EQ(gpu().take_loss(), 0.0);
+}
+
 TEST_F(GpuBackend, SoftmaxXentRejectsOutOfRangeLabels) {
   const int rows = 4, C = 5;
   const auto logits = random_floats(std::size_t(rows) * C, 1);

@@ -79,6 +79,24 @@ class CublasHandle {
   cublasHandle_t h_ = nullptr;
 };
 
+// A CUDA event without timing: marks a point in the stream to wait for.
+class Event {
+ public:
+  Event() { PSLAB_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
+  ~Event() {
+    if (const cudaError_t e = cudaEventDestroy(e_); e != cudaSuccess) {
+      (void)cudaGetLastError();
+      report_cleanup_error("cudaEventDestroy", cudaGetErrorString(e));
+    }
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_{};
+};
+
 // Device scratch for reductions (per-row losses, partial sums, counters). Grows to the
 // largest size asked for and is then reused: no allocation per call once grown. Growing frees
 // the old block first; cudaFree waits for the device, so no queued kernel still uses it.
@@ -153,6 +171,7 @@ class CudaBackend final : public Backend {
     // Let queued work finish before the stream, handle and scratch go away.
     if (const cudaError_t e = cudaStreamSynchronize(stream_->get()); e != cudaSuccess)
       report_cleanup_error("cudaStreamSynchronize", cudaGetErrorString(e));
+    deallocate_host(loss_host_);
   }
 
   Device device() const override { return Device::cuda; }
@@ -343,6 +362,46 @@ class CudaBackend final : public Backend {
     copy_to_host(host_bytes_.data(), row_loss, bytes);
     return sum_row_losses(host_bytes_.data(), rows);
   }
+  // Deferred: the per-row losses (and the bad-label count) go to buffers of their own, on the
+  // device and page-locked on the host, copied asynchronously behind the loss kernel; an
+  // event marks the copy, so take_loss() waits for it and not for the work queued after.
+  void softmax_xent_deferred(const float* logits, const std::int32_t* labels, int rows, int C, float grad_scale,
+                             float* dlogits) override {
+    if (rows < 0 || C < 0) throw std::invalid_argument("softmax_xent: rows and C must be >= 0");
+    pending_ = {rows, C};
+    if (rows == 0) return;
+    activate();
+    const std::size_t bytes = kCounterBytes + std::size_t(rows) * sizeof(float);
+    auto* base = static_cast<unsigned char*>(loss_dev_.get(bytes));
+    auto* bad = reinterpret_cast<int*>(base);
+    PSLAB_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(int), stream_->get()));
+    cuda::launch_softmax_xent(logits, labels, rows, C, grad_scale, dlogits,
+                              reinterpret_cast<float*>(base + kCounterBytes), bad, stream_->get());
+    copy_loss_back(base, bytes);
+  }
+  void mse_deferred(const float* y, const float* t, int rows, int C, float grad_scale, float* dy) override {
+    if (rows < 0 || C < 0) throw std::invalid_argument("mse: rows and C must be >= 0");
+    pending_ = {rows, C};
+    if (rows == 0) return;
+    activate();
+    const std::size_t bytes = kCounterBytes + std::size_t(rows) * sizeof(float);
+    auto* base = static_cast<unsigned char*>(loss_dev_.get(bytes));
+    PSLAB_CUDA_CHECK(cudaMemsetAsync(base, 0, sizeof(int), stream_->get()));  // no bad labels
+    cuda::launch_mse(y, t, rows, C, grad_scale, dy, reinterpret_cast<float*>(base + kCounterBytes), stream_->get());
+    copy_loss_back(base, bytes);
+  }
+  double take_loss() override {
+    if (pending_.rows == 0) return 0.0;
+    PSLAB_CUDA_CHECK(cudaEventSynchronize(loss_ready_->get()));
+    int bad_rows = 0;
+    std::memcpy(&bad_rows, loss_host_, sizeof bad_rows);
+    const int rows = pending_.rows;
+    pending_.rows = 0;
+    if (bad_rows != 0)
+      throw std::invalid_argument("softmax_xent: " + std::to_string(bad_rows) + " of " + std::to_string(rows) +
+                                  " labels lie outside [0, " + std::to_string(pending_.C) + ")");
+    return sum_row_losses(static_cast<unsigned char*>(loss_host_) + kCounterBytes, rows);
+  }
   long count_correct(const float* logits, const std::int32_t* labels, int rows,
                      int C) override {
     if (rows < 0 || C < 0) throw std::invalid_argument("count_correct: rows and C must be >= 0");
@@ -416,13 +475,33 @@ class CudaBackend final : public Backend {
     return loss;
   }
 
+  void copy_loss_back(const void* dev, std::size_t bytes) {
+    if (bytes > loss_host_bytes_) {
+      deallocate_host(loss_host_);
+      loss_host_ = nullptr;
+      loss_host_bytes_ = 0;
+      loss_host_ = allocate_host(bytes);
+      loss_host_bytes_ = bytes;
+    }
+    if (!loss_ready_) loss_ready_ = std::make_unique<Event>();
+    PSLAB_CUDA_CHECK(cudaMemcpyAsync(loss_host_, dev, bytes, cudaMemcpyDeviceToHost, stream_->get()));
+    PSLAB_CUDA_CHECK(cudaEventRecord(loss_ready_->get(), stream_->get()));
+  }
+
   int device_;
   std::string describe_;
   bool tf32_ = false;
+  struct Pending {
+    int rows = 0, C = 0;
+  } pending_;                  // the deferred loss not yet taken
+  void* loss_host_ = nullptr;  // page-locked: its (bad-label count, per-row losses)
+  std::size_t loss_host_bytes_ = 0;
   // Declaration order = reverse destruction order: scratch, then handle, then stream.
   std::unique_ptr<Stream> stream_;
   std::unique_ptr<CublasHandle> cublas_;
   Scratch scratch_;
+  Scratch loss_dev_;  // the deferred loss's, apart from scratch_ (which backward reuses)
+  std::unique_ptr<Event> loss_ready_;
   // Host staging for reduction results; grows like the scratch and is reused.
   std::vector<unsigned char> host_bytes_;
   std::vector<double> host_doubles_;

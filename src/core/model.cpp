@@ -289,7 +289,11 @@ double Model::forward_backward(const float* x, const std::int32_t* labels, const
     return 0.0;
   }
   const float* out = forward(x, B);
-  const double mean_loss = loss(out, labels, targets, B, grad_scale < 0 ? 1.0f / float(B) : grad_scale) / B;
+  // The loss is read after backward is queued: on a GPU it does not stall the step between
+  // the two (Backend::take_loss waits for the loss alone).
+  const float scale = grad_scale < 0 ? 1.0f / float(B) : grad_scale;
+  if (spec_.loss == Loss::softmax_xent) be_.softmax_xent_deferred(out, labels, B, spec_.outputs, scale, dout_.data());
+  else be_.mse_deferred(out, targets, B, spec_.outputs, scale, dout_.data());
   const float* dy = dout_.data();
   float* bufs[2] = {dping_.data(), dpong_.data()};
   std::size_t offset = num_params();  // of layer i's slice in ∇θ
@@ -301,7 +305,7 @@ double Model::forward_backward(const float* x, const std::int32_t* labels, const
     progress.ready_from(0);
     dy = dx;
   }
-  return mean_loss;
+  return be_.take_loss() / B;
 }
 
 EvalCounts Model::evaluate(const float* x, const std::int32_t* labels, const float* targets,
