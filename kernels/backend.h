@@ -171,17 +171,19 @@ std::unique_ptr<Backend> make_cuda_backend(int gpu_slot = 0);
 int cuda_device_count(std::string* why = nullptr);
 std::unique_ptr<Backend> make_backend(Device d, int cpu_threads = 0, int gpu_slot = 0);
 
-// Owning array of n elements of T on a backend's device. Move-only; freed on destruction.
-template <typename T>
-class DeviceBuffer {
+// Owning array of n elements of T that a backend allocated: on its device (DeviceBuffer), or
+// in the host memory it copies fastest to and from (HostBuffer: page-locked for CUDA).
+// Move-only; freed on destruction.
+template <typename T, bool kHost>
+class BackendBuffer {
  public:
-  DeviceBuffer() = default;
-  DeviceBuffer(Backend& be, std::size_t n)
-      : be_(&be), n_(n), p_(n ? static_cast<T*>(be.allocate(n * sizeof(T))) : nullptr) {}
-  DeviceBuffer(DeviceBuffer&& o) noexcept
+  BackendBuffer() = default;
+  BackendBuffer(Backend& be, std::size_t n)
+      : be_(&be), n_(n), p_(n ? static_cast<T*>(kHost ? be.allocate_host(n * sizeof(T)) : be.allocate(n * sizeof(T))) : nullptr) {}
+  BackendBuffer(BackendBuffer&& o) noexcept
       : be_(std::exchange(o.be_, nullptr)), n_(std::exchange(o.n_, 0)),
         p_(std::exchange(o.p_, nullptr)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+  BackendBuffer& operator=(BackendBuffer&& o) noexcept {
     if (this != &o) {
       release();
       be_ = std::exchange(o.be_, nullptr);
@@ -190,23 +192,28 @@ class DeviceBuffer {
     }
     return *this;
   }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { release(); }
+  BackendBuffer(const BackendBuffer&) = delete;
+  BackendBuffer& operator=(const BackendBuffer&) = delete;
+  ~BackendBuffer() { release(); }
 
   T* data() { return p_; }
   const T* data() const { return p_; }
   std::size_t size() const { return n_; }
   std::size_t bytes() const { return n_ * sizeof(T); }
+  bool empty() const { return n_ == 0; }
 
  private:
   void release() noexcept {
-    if (p_) be_->deallocate(p_);
+    if (p_) kHost ? be_->deallocate_host(p_) : be_->deallocate(p_);
     p_ = nullptr;
   }
   Backend* be_ = nullptr;
   std::size_t n_ = 0;
   T* p_ = nullptr;
 };
+template <typename T>
+using DeviceBuffer = BackendBuffer<T, false>;
+template <typename T>
+using HostBuffer = BackendBuffer<T, true>;
 
 }  // namespace pslab

@@ -11,9 +11,9 @@ Replica::Replica(Backend& be, const ModelSpec& spec, const Dataset& train, int m
     : be_(be), train_(train), model_(be, spec, max_batch, be.device() == Device::cpu ? grad_host : nullptr),
       max_batch_(max_batch), grad_host_given_(grad_host) {
   const std::size_t f = std::size_t(train.features()), o = std::size_t(spec.outputs);
-  x_host_.resize(std::size_t(max_batch) * f);
-  y_host_.resize(std::size_t(max_batch));
-  t_host_.resize(std::size_t(max_batch) * o);
+  x_host_ = HostBuffer<float>(be, std::size_t(max_batch) * f);
+  y_host_ = HostBuffer<std::int32_t>(be, std::size_t(max_batch));
+  t_host_ = HostBuffer<float>(be, std::size_t(max_batch) * o);
   if (be.device() != Device::cpu) {
     x_dev_ = DeviceBuffer<float>(be, x_host_.size());
     y_dev_ = DeviceBuffer<std::int32_t>(be, y_host_.size());
@@ -89,7 +89,7 @@ double Replica::compute_gradient(std::span<const std::uint32_t> idx, float grad_
 
 float* Replica::host_params() {
   if (be_.device() == Device::cpu) return model_.params();
-  if (theta_host_.empty()) theta_host_.resize(model_.num_params());
+  if (theta_host_.empty()) theta_host_ = HostBuffer<float>(be_, model_.num_params());
   return theta_host_.data();
 }
 
@@ -108,7 +108,7 @@ const float* Replica::download_grads() {
   if (be_.device() == Device::cpu) return model_.grads();
   float* host = grad_host_given_;
   if (!host) {
-    if (grad_host_.empty()) grad_host_.resize(model_.num_params());
+    if (grad_host_.empty()) grad_host_ = HostBuffer<float>(be_, model_.num_params());
     host = grad_host_.data();
   }
   be_.copy_to_host(host, model_.grads(), model_.num_params() * sizeof(float));

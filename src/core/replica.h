@@ -6,7 +6,8 @@
 // gathered on the host and its batches uploaded instead.
 //
 // θ and ∇θ travel (push, pull, snapshots) as host buffers: on the CPU the model's own; on a
-// GPU host staging copies, allocated once, that upload_params() and download_*() move.
+// GPU page-locked host staging copies, allocated once, that upload_params() and download_*()
+// move.
 #pragma once
 
 #include <cstdint>
@@ -78,13 +79,14 @@ class Replica {
     std::unique_ptr<Resident> copy;
   };
   std::vector<Upload> uploaded_;  // the training set, the test set
-  std::vector<float> x_host_, t_host_;  // GPU fallback staging; CPU: the batch buffers
-  std::vector<std::int32_t> y_host_;
+  // Host memory is the backend's (page-locked on a GPU: each copy one DMA, no staging).
+  HostBuffer<float> x_host_, t_host_;  // GPU fallback staging; CPU: the batch buffers
+  HostBuffer<std::int32_t> y_host_;
   DeviceBuffer<float> x_dev_, t_dev_;  // GPU: the batch buffers
   DeviceBuffer<std::int32_t> y_dev_;
   DeviceBuffer<std::uint32_t> idx_dev_;  // GPU: the step's sample indices
   std::vector<std::uint32_t> eval_idx_;
-  std::vector<float> theta_host_, grad_host_;  // GPU only: θ and ∇θ staging, allocated on first use
+  HostBuffer<float> theta_host_, grad_host_;  // GPU only: θ and ∇θ staging, allocated on first use
   float* grad_host_given_;                     // the caller's grad_host, or nullptr
 };
 
