@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -108,7 +109,7 @@ TEST_F(IdxFiles, ReadsUncompressedFilesToo) {
   for (int i = 0; i < 4; ++i) img.push_back(std::uint8_t(i));
   std::ofstream(dir / "plain", std::ios::binary).write(reinterpret_cast<const char*>(img.data()), std::streamsize(img.size()));
   std::vector<int> dims;
-  EXPECT_EQ(read_idx((dir / "plain").string(), 1, dims), (std::vector<std::uint8_t>{0, 1, 2, 3}));
+  EXPECT_EQ(read_idx((dir / "plain").string(), 1, dims), (SampleVector<std::uint8_t>{0, 1, 2, 3}));
   EXPECT_EQ(dims, std::vector<int>{4});
 }
 
@@ -197,3 +198,20 @@ TEST(Sampler, RejectsABadRank) {
 }
 
 }  // namespace
+
+// The sample arrays' allocator: large blocks 2 MiB-aligned (what huge pages need), small ones
+// 64-byte aligned; a SampleVector behaves as a vector otherwise.
+TEST(SampleAllocator, LargeBlocksAreHugePageAlignedAndVectorsWork) {
+  for (const std::size_t bytes : {std::size_t(1), std::size_t(4096), std::size_t(3) << 20, std::size_t(200) << 20}) {
+    void* p = allocate_sample_bytes(bytes);
+    const std::size_t align = bytes >= (std::size_t(2) << 20) ? std::size_t(2) << 20 : 64;
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % align, 0u) << bytes << " bytes";
+    std::memset(p, 1, bytes);  // all of it is ours
+    std::free(p);
+  }
+  SampleVector<float> v(5);
+  for (int i = 0; i < 5; ++i) v[std::size_t(i)] = float(i);
+  v.resize(3);
+  v.push_back(7.0f);
+  EXPECT_EQ(v, (SampleVector<float>{0.0f, 1.0f, 2.0f, 7.0f}));
+}

@@ -5,7 +5,10 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <sys/mman.h>
 #include <sys/stat.h>
+
+#include <algorithm>
 
 #include "core/rng.h"
 
@@ -42,7 +45,16 @@ std::uint32_t big_endian(const std::uint8_t* b) {
 
 }  // namespace
 
-std::vector<std::uint8_t> read_idx(const std::string& path, int expected_dims,
+void* allocate_sample_bytes(std::size_t bytes) {
+  constexpr std::size_t kHuge = std::size_t(2) << 20;
+  const std::size_t align = bytes >= kHuge ? kHuge : 64;
+  void* p = std::aligned_alloc(align, (std::max<std::size_t>(bytes, 1) + align - 1) / align * align);
+  if (!p) throw std::bad_alloc();
+  if (align == kHuge) (void)::madvise(p, (bytes + align - 1) / align * align, MADV_HUGEPAGE);  // a hint; may be refused
+  return p;
+}
+
+SampleVector<std::uint8_t> read_idx(const std::string& path, int expected_dims,
                                    std::vector<int>& dims) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
@@ -74,7 +86,7 @@ std::vector<std::uint8_t> read_idx(const std::string& path, int expected_dims,
     dims[std::size_t(i)] = int(d);
     total *= d;
   }
-  std::vector<std::uint8_t> data(total);
+  SampleVector<std::uint8_t> data(total);
   read_exact(f.get(), path, data.data(), total, "the data");
   return data;
 }

@@ -3,12 +3,41 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <utility>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace pslab {
+
+// aligned_alloc (free() releases it) + madvise(MADV_HUGEPAGE) for blocks of 2 MiB or more.
+void* allocate_sample_bytes(std::size_t bytes);
+
+// Allocator of the large per-sample arrays (a data set is hundreds of MB, read once per
+// process): resize() leaves elements unset (the loader writes every one next), and blocks of
+// 2 MiB or more are aligned and asked for huge pages (madvise), so a process's first touch of
+// its data set takes a few hundred page faults rather than tens of thousands.
+template <typename T>
+struct SampleAllocator {
+  using value_type = T;
+  SampleAllocator() = default;
+  template <typename U>
+  SampleAllocator(const SampleAllocator<U>&) noexcept {}
+  T* allocate(std::size_t n) { return static_cast<T*>(allocate_sample_bytes(n * sizeof(T))); }
+  void deallocate(T* p, std::size_t) noexcept { std::free(p); }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    if constexpr (sizeof...(Args) == 0) ::new (static_cast<void*>(p)) U;  // default-init: not zeroed
+    else ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+  template <typename U>
+  bool operator==(const SampleAllocator<U>&) const noexcept { return true; }
+};
+template <typename T>
+using SampleVector = std::vector<T, SampleAllocator<T>>;
 
 // A data file that is missing, truncated or malformed. what() names the file and the fault.
 class DataError : public std::runtime_error {
@@ -21,7 +50,7 @@ struct Dataset {
   int channels = 1, height = 1, width = 1;  // one sample's shape; features = C*H*W
   int classes = 0;               // > 0: classification (labels); 0: regression (targets)
   int target_dim = 0;            // regression output width
-  std::vector<float> x;          // (n, features) row-major
+  SampleVector<float> x;         // (n, features) row-major
   std::vector<std::int32_t> labels;  // (n), classification only
   std::vector<float> targets;    // (n, target_dim), regression only
 
@@ -36,7 +65,7 @@ struct DataSplit {
 
 // ---- IDX files (the MNIST format), gzip-compressed or plain ----
 // Images idx3 (magic 0x00000803) -> n x rows x cols bytes; labels idx1 (magic 0x00000801).
-std::vector<std::uint8_t> read_idx(const std::string& path, int expected_dims,
+SampleVector<std::uint8_t> read_idx(const std::string& path, int expected_dims,
                                    std::vector<int>& dims);
 
 // Fashion-MNIST from `dir` (train-images-idx3-ubyte.gz, ... as in Debian's
