@@ -33,6 +33,23 @@ std::unique_ptr<Collective> make(const std::string& kind, RendezvousClient& rv) 
   return kind == "shm" ? make_shm_collective(rv) : make_gloo_collective(rv, "127.0.0.1");
 }
 
+// Rank r's integer-valued data (the sum is exact in any order), and how many of the n sums of
+// W ranks' data in x are wrong.
+std::vector<float> rank_data(std::size_t n, int r) {
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = float(int((r + 1) * 3 + i % 11) - 5);
+  return x;
+}
+long wrong_sums(const std::vector<float>& x, int W) {
+  long wrong = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    long want = 0;
+    for (int q = 0; q < W; ++q) want += (q + 1) * 3 + long(i % 11) - 5;
+    wrong += x[i] != float(want);
+  }
+  return wrong;
+}
+
 // (implementation, ranks)
 class Collectives : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
@@ -46,20 +63,13 @@ TEST_P(Collectives, AllReduceBroadcastAndBarrierAreExact) {
     RendezvousClient rv(*tr, ep, r, W, std::chrono::seconds(20));
     auto coll = make(kind, rv);
     EXPECT_EQ(coll->size(), W);
-    // Integer-valued data: the sum is exact in any order. Sizes include 0 and odd ones, one
-    // above the size where 4 ranks switch from recursive doubling to the ring, and ones that
-    // make the shm collective grow its segment (64Ki floats at first), then smaller again.
+    // Sizes include 0 and odd ones, one above the size where 4 ranks switch from recursive
+    // doubling to the ring, and ones that make the shm collective grow its segment (64Ki
+    // floats at first), then smaller again.
     for (std::size_t n : {0u, 1u, 7u, 1000u, 100003u, 600001u, 5u, 65536u}) {
-      std::vector<float> x(n);
-      for (std::size_t i = 0; i < n; ++i) x[i] = float(int((r + 1) * 3 + i % 11) - 5);
+      std::vector<float> x = rank_data(n, r);
       coll->allreduce_sum(x.data(), n, 0);
-      long wrong = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        long want = 0;
-        for (int q = 0; q < W; ++q) want += (q + 1) * 3 + long(i % 11) - 5;
-        wrong += x[i] != float(want);
-      }
-      EXPECT_EQ(wrong, 0) << "rank " << r << " n " << n;
+      EXPECT_EQ(wrong_sums(x, W), 0) << "rank " << r << " n " << n;
     }
     std::vector<float> b(513, float(r));
     coll->broadcast(b.data(), b.size(), W - 1);
@@ -342,16 +352,9 @@ TEST(HostStagedCollective, EqualsTheHostCollectiveItWraps) {
       auto coll = make_host_staged_collective(rv, *be, make(kind, rv), "ranks 0, 1, 2 on GPU X of here");
       said[std::size_t(r)] = coll->describe();
       for (std::size_t n : {5u, 100003u, 7u, 300000u}) {
-        std::vector<float> x(n);
-        for (std::size_t i = 0; i < n; ++i) x[i] = float(int((r + 2) * 5 + i % 13) - 7);
+        std::vector<float> x = rank_data(n, r);
         coll->allreduce_sum(x.data(), n, 0);
-        long wrong = 0;
-        for (std::size_t i = 0; i < n; ++i) {
-          long want = 0;
-          for (int q = 0; q < W; ++q) want += (q + 2) * 5 + long(i % 13) - 7;
-          wrong += x[i] != float(want);
-        }
-        EXPECT_EQ(wrong, 0) << kind << " rank " << r << " n " << n;
+        EXPECT_EQ(wrong_sums(x, W), 0) << kind << " rank " << r << " n " << n;
         std::vector<float> y(n, float(r));
         coll->broadcast(y.data(), n, 2);
         EXPECT_EQ(y, std::vector<float>(n, 2.0f)) << kind << " rank " << r << " n " << n;
