@@ -367,28 +367,17 @@ class CudaBackend final : public Backend {
   // event marks the copy, so take_loss() waits for it and not for the work queued after.
   void softmax_xent_deferred(const float* logits, const std::int32_t* labels, int rows, int C, float grad_scale,
                              float* dlogits) override {
-    if (rows < 0 || C < 0) throw std::invalid_argument("softmax_xent: rows and C must be >= 0");
-    pending_ = {rows, C};
-    if (rows == 0) return;
-    activate();
-    const std::size_t bytes = kCounterBytes + std::size_t(rows) * sizeof(float);
-    auto* base = static_cast<unsigned char*>(loss_dev_.get(bytes));
-    auto* bad = reinterpret_cast<int*>(base);
-    PSLAB_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(int), stream_->get()));
+    auto* base = begin_deferred_loss("softmax_xent", rows, C);
+    if (!base) return;
     cuda::launch_softmax_xent(logits, labels, rows, C, grad_scale, dlogits,
-                              reinterpret_cast<float*>(base + kCounterBytes), bad, stream_->get());
-    copy_loss_back(base, bytes);
+                              reinterpret_cast<float*>(base + kCounterBytes), reinterpret_cast<int*>(base), stream_->get());
+    copy_loss_back(base, kCounterBytes + std::size_t(rows) * sizeof(float));
   }
   void mse_deferred(const float* y, const float* t, int rows, int C, float grad_scale, float* dy) override {
-    if (rows < 0 || C < 0) throw std::invalid_argument("mse: rows and C must be >= 0");
-    pending_ = {rows, C};
-    if (rows == 0) return;
-    activate();
-    const std::size_t bytes = kCounterBytes + std::size_t(rows) * sizeof(float);
-    auto* base = static_cast<unsigned char*>(loss_dev_.get(bytes));
-    PSLAB_CUDA_CHECK(cudaMemsetAsync(base, 0, sizeof(int), stream_->get()));  // no bad labels
+    auto* base = begin_deferred_loss("mse", rows, C);  // its bad-label count stays 0
+    if (!base) return;
     cuda::launch_mse(y, t, rows, C, grad_scale, dy, reinterpret_cast<float*>(base + kCounterBytes), stream_->get());
-    copy_loss_back(base, bytes);
+    copy_loss_back(base, kCounterBytes + std::size_t(rows) * sizeof(float));
   }
   double take_loss() override {
     if (pending_.rows == 0) return 0.0;
@@ -475,6 +464,17 @@ class CudaBackend final : public Backend {
     return loss;
   }
 
+  // The deferred loss's device buffer, (bad-label count = 0, rows per-row losses); nullptr for
+  // an empty batch (nothing to compute).
+  unsigned char* begin_deferred_loss(const char* what, int rows, int C) {
+    if (rows < 0 || C < 0) throw std::invalid_argument(std::string(what) + ": rows and C must be >= 0");
+    pending_ = {rows, C};
+    if (rows == 0) return nullptr;
+    activate();
+    auto* base = static_cast<unsigned char*>(loss_dev_.get(kCounterBytes + std::size_t(rows) * sizeof(float)));
+    PSLAB_CUDA_CHECK(cudaMemsetAsync(base, 0, sizeof(int), stream_->get()));
+    return base;
+  }
   void copy_loss_back(const void* dev, std::size_t bytes) {
     if (bytes > loss_host_bytes_) {
       deallocate_host(loss_host_);
