@@ -359,7 +359,7 @@ class LauncherTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn(" --nodes=1 ", r.stdout)
 
-    def test_auto_transport_is_shm_on_one_host_and_tcp_across_hosts(self):
+    def test_auto_transport_is_shm_on_one_host_and_per_pair_across_hosts(self):
         local = self.tiny_variant("auto.toml", [("steps = 500", "steps = 60"), ("[cluster]", '[cluster]\ntransport = "auto"')])
         r = self.launch("run", local, "--runs-dir", self.runs, "--dry-run")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
@@ -369,8 +369,29 @@ class LauncherTest(unittest.TestCase):
         path.write_text(path.read_text().replace("[cluster]", '[cluster]\ntransport = "auto"'))
         r = self.launch("run", path, "--runs-dir", self.runs, "--dry-run")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        remote = dry_run_commands(r.stdout)["server0"][1][6]  # ssh ... HOST 'cd REPO && exec ARGV'
-        self.assertEqual(option(shlex.split(remote.split(" exec ")[1]), "--bind"), "tcp://*:29500")
+        # two hosts: a server listens on a socket and a port; each peer uses the socket of a server
+        # on its host and the port of one elsewhere (hostA: server0, worker0, evaluator)
+        cmds = {name: shlex.split(argv[6].split(" exec ")[1]) for name, (_, argv) in dry_run_commands(r.stdout).items()}
+        self.assertEqual(option(cmds["server0"], "--bind"), "ipc:///tmp/pslab-XXXXXXXX/server0+tcp://*:29500")
+        self.assertEqual(option(cmds["server1"], "--bind"), "ipc:///tmp/pslab-XXXXXXXX/server1+tcp://*:29501")
+        for who in ("worker0", "evaluator"):
+            self.assertEqual(option(cmds[who], "--servers"), "ipc:///tmp/pslab-XXXXXXXX/server0,tcp://hostB:29501")
+        self.assertEqual(option(cmds["worker1"], "--servers"), "tcp://hostA:29500,ipc:///tmp/pslab-XXXXXXXX/server1")
+        self.assertIn("each server listens on a socket and a port", r.stdout)
+        # Slurm over two nodes: the same, by the cyclic placement (n1: server0, worker1; n2: worker0, evaluator)
+        slurm = self.slurm_config()
+        slurm.write_text(slurm.read_text().replace("[cluster]", '[cluster]\ntransport = "auto"\nhosts = ["n1", "n2"]'))
+        r = self.launch("run", slurm, "--runs-dir", self.runs, "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        tasks = {name.split()[1]: argv for name, (_, argv) in dry_run_commands(r.stdout).items() if " " in name}
+        self.assertEqual(option(tasks["server0"], "--bind"), "ipc:///tmp/pslab-XXXXXXXX/server0+tcp://*:29500")
+        self.assertEqual(option(tasks["worker1"], "--servers"), "ipc:///tmp/pslab-XXXXXXXX/server0")
+        self.assertEqual(option(tasks["worker0"], "--servers"), "tcp://n1:29500")
+        self.assertNotIn("--nodes=1", r.stdout)
+        # all-reduce over two hosts: TCP and Gloo throughout
+        path.write_text(path.read_text().replace('mode = "bsp"', 'mode = "allreduce"'))
+        r = self.launch("run", path, "--runs-dir", self.runs, "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertNotIn("ipc://", r.stdout)
         # a real run on this host: shared memory, the sockets' directory gone at the end
         r = self.launch("run", local, "--runs-dir", self.runs, "--no-plots")
@@ -840,9 +861,10 @@ class LauncherTest(unittest.TestCase):
         return ips, bytes_across
 
     def test_a_run_over_two_hosts_uses_tcp_between_them(self):
-        """cluster.transport = "auto" across two hosts (network namespaces): the launcher gives
-        tcp addresses, the parameter-server run and an all-reduce run (Gloo, not shared memory)
-        finish, and their traffic crossed the link between the hosts."""
+        """cluster.transport = "auto" across two hosts (network namespaces): in the parameter-server
+        run each pair of processes on one host talks over shared memory and each pair across
+        hosts over TCP (a server listens on both); the all-reduce run uses TCP and Gloo. Both
+        finish, their traffic crossed the link between the hosts, and nothing is left behind."""
         ips, bytes_across = self.two_namespace_hosts()
         path = self.ssh_config(list(ips), servers=2, workers=2)
         path.write_text(path.read_text().replace("[cluster]", '[cluster]\ntransport = "auto"'))
@@ -856,14 +878,32 @@ class LauncherTest(unittest.TestCase):
             s = json.loads((run / "summary.json").read_text())
             self.assertEqual((s["mode"], s["status"]), (mode, "ok"))
             self.assertGreater(s["final_test_acc"], 0.85)
-            plan = json.loads((run / "plan.json").read_text())
-            self.assertNotIn("ipc://", json.dumps(plan))
+            procs = {p["name"]: p for p in json.loads((run / "manifest.json").read_text())["processes"]}
             crossed = bytes_across() - before
             # every step moves the model (132 floats) between the hosts; 500 steps x 2 workers
             self.assertGreater(crossed, 500 * 132 * 4, "the run's traffic did not cross the link between the hosts")
             if mode == "allreduce":
+                self.assertNotIn("ipc://", json.dumps(procs))
                 log = (run / "logs" / "worker1.log").read_text()
                 self.assertIn("allreduce over gloo", log)
+                continue
+            # round robin: server0, worker0, evaluator on host A; server1, worker1 on host B
+            self.assertEqual([procs[n]["host"] for n in ("server0", "server1", "worker0", "worker1", "evaluator")],
+                             [ips[0], ips[1], ips[0], ips[1], ips[0]])
+            def arg(name, flag):
+                argv = shlex.split(procs[name]["command"])  # ssh ... HOST 'cd REPO && ... && exec ARGV'
+                remote = shlex.split(argv[-1])
+                argv = remote[remote.index("exec") + 1:]
+                return argv[argv.index(flag) + 1]
+            for k in (0, 1):
+                self.assertRegex(arg(f"server{k}", "--bind"), rf"^ipc:///tmp/pslab-[^+]+/server{k}\+tcp://\*:{base + k}$")
+            sock = arg("server0", "--bind").split("+")[0]
+            ipc1 = arg("server1", "--bind").split("+")[0]
+            for who, expected in (("worker0", [sock, f"tcp://{ips[1]}:{base + 1}"]),
+                                  ("evaluator", [sock, f"tcp://{ips[1]}:{base + 1}"]),
+                                  ("worker1", [f"tcp://{ips[0]}:{base}", ipc1])):
+                self.assertEqual(arg(who, "--servers").split(","), expected, who)
+            self.assertFalse(pathlib.Path(sock).parent.exists(), "the run's socket directory was left behind")
         self.assert_no_processes_left()
 
     def install_fake_slurm(self):

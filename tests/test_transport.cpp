@@ -271,8 +271,7 @@ TEST(ShmTransport, APayloadFromItsMemoryIsLentNotCopiedAndReleasedWhenTheReceive
   EXPECT_EQ(x1, 5.0f);
 }
 
-// auto: ipc:// addresses (one host) go through shared memory, tcp:// ones over TCP; one
-// process's connections are of one kind.
+// auto: ipc:// addresses (one host) go through shared memory, tcp:// ones over TCP.
 TEST(AutoTransport, SharedMemoryOnOneHostTcpAcrossHosts) {
   auto t = make_transport("auto");
   const std::string local = t->local_address("srv");
@@ -290,13 +289,80 @@ TEST(AutoTransport, SharedMemoryOnOneHostTcpAcrossHosts) {
     EXPECT_EQ(text(m.payload()), payload);
     EXPECT_EQ(open_segments() - before, a == local ? 1 : 0) << a;
   }
-  try {
-    t->connect({local, remote});
-    FAIL() << "no error";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("are of different kinds"), std::string::npos) << e.what();
-  }
   EXPECT_THROW(t->listen("inproc://x"), std::invalid_argument);
+  EXPECT_THROW(t->listen(local + "+" + local), std::invalid_argument);  // two parts of one kind
+}
+
+// A run over several hosts: a server listens at ipc:///PATH+tcp://HOST:PORT; a co-located
+// worker talks to it through shared memory, another over TCP, and one worker may use both
+// (shared memory to the server beside it, TCP to one elsewhere).
+TEST(AutoTransport, AListenerOnBothKindsAndConnectionsMixingThem) {
+  auto t = make_transport("auto");
+  auto tcp = make_transport("tcp");
+  const std::string ipc0 = t->local_address("server0"), tcp0 = tcp->local_address("s0"),
+                    ipc1 = t->local_address("server1"), tcp1 = tcp->local_address("s1");
+  auto l0 = t->listen(ipc0 + "+" + tcp0), l1 = t->listen(ipc1 + "+" + tcp1);
+  EXPECT_EQ(l0->address(), ipc0 + "+" + tcp0);
+  const int before = open_segments();
+  auto beside = t->connect({ipc0, ipc1});  // on the servers' host
+  auto far = t->connect({tcp0, tcp1});     // on another host
+  auto both = t->connect({tcp1, ipc0});    // beside server0, away from server1 (shard order need not be part order)
+  ASSERT_EQ(both->size(), 2u);
+  EXPECT_EQ(both->address(0), tcp1);
+
+  const std::string big(100000, 'g');
+  Message m;
+  PeerId from;
+  std::size_t k = 9;
+  // Each sends to server0 and server1, the header naming who and which server; each server
+  // answers every message with its header and 7 bytes of the payload. A listener's peer is
+  // named after its part: '0' the ipc one (shared memory), '1' the tcp one.
+  auto round = [&](const std::string& name, Connections& c) {
+    for (std::size_t s = 0; s < 2; ++s) {
+      const std::size_t to = name == "both" ? 1 - s : s;
+      ASSERT_TRUE(c.send(to, bytes(name + "->" + std::to_string(s)), OutPayload{big.data(), big.size()}, after(5s)));
+    }
+    for (std::size_t s = 0; s < 2; ++s) {
+      Listener& l = s == 0 ? *l0 : *l1;
+      ASSERT_TRUE(l.recv(m, from, after(5s)));
+      ASSERT_EQ(text(m.payload()), big);
+      const std::string h = text(m.header());
+      EXPECT_EQ(h, name + "->" + std::to_string(s));
+      const bool shared = name == "beside" || (name == "both" && s == 0);
+      EXPECT_EQ(from[0], shared ? '0' : '1') << h << ": came through the wrong part";
+      ASSERT_TRUE(l.send(from, bytes("re " + h), OutPayload{big.data(), 7}));
+    }
+    std::set<std::string> got;
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(c.recv(m, k, after(5s))) << name;
+      got.insert(std::to_string(k) + ":" + text(m.header()) + "+" + text(m.payload()));
+    }
+    const std::string a = name == "both" ? "1" : "0", b = name == "both" ? "0" : "1";
+    EXPECT_EQ(got, (std::set<std::string>{a + ":re " + name + "->0+ggggggg", b + ":re " + name + "->1+ggggggg"}));
+  };
+  round("far", *far);
+  EXPECT_EQ(open_segments(), before) << "TCP both ways: no shared memory";
+  round("beside", *beside);
+  round("both", *both);
+  EXPECT_GT(open_segments(), before);
+
+  // A wait wakes for a message on either part, not at its deadline.
+  for (const std::string& a : {ipc0, tcp0}) {
+    auto c = t->connect({a});
+    std::thread late([&] {
+      std::this_thread::sleep_for(50ms);
+      c->send(0, bytes("late"), {}, after(5s));
+    });
+    const auto t0 = Clock::now();
+    const bool got = l0->recv(m, from, after(30s));
+    late.join();
+    ASSERT_TRUE(got) << a;
+    EXPECT_EQ(text(m.header()), "late");
+    EXPECT_LT(Clock::now() - t0, 15s) << "the wait for " << a << " lasted until near its deadline";
+  }
+  EXPECT_FALSE(l0->recv(m, from, after(100ms)));
+  EXPECT_FALSE(l0->send("9x", bytes("to no part")));
+  EXPECT_FALSE(l0->send("", bytes("to no one")));
 }
 
 TEST(ShmTransport, AReferenceToNoLiveSlotArrivesMalformedSayingWhy) {

@@ -1,7 +1,8 @@
 """Where each process of the plan (plan["processes"], in start order) runs and its command line:
 local (free ports), ssh (round-robin over cluster.hosts, fixed ports), Slurm (one srun; task i
 on node i mod nodes); the listeners' endpoints per cluster.transport (tcp: ports; ipc and shm:
-sockets in a private directory of the run, every process on one host)."""
+sockets in a private directory of the run, every process on one host; auto: sockets on one
+host, and over several hosts both, each peer using the one that fits where it runs)."""
 import contextlib
 import os
 import pathlib
@@ -62,8 +63,8 @@ class TcpEndpoints:
         """What listener i binds (name: server0, ..., coordinator, snapshots)."""
         return tcp(self.bind_addr(self.hosts[i]), self.port_of(i))
 
-    def connect(self, i, name):
-        """What its peers connect to."""
+    def connect(self, i, name, peer_host=None):
+        """What its peers (on peer_host) connect to."""
         return tcp(self.connect_addr(self.hosts[i]), self.port_of(i))
 
 
@@ -80,14 +81,31 @@ class IpcEndpoints:
             raise UsageError(f"ipc socket path {path} is longer than {MAX_SOCKET_PATH} bytes")
         return "ipc://" + path
 
-    connect = bind
+    def connect(self, i, name, peer_host=None):
+        return self.bind(i, name)
+
+
+class MixedEndpoints:
+    """auto over several hosts: listener i binds both its Unix socket and its TCP port
+    (ipc:///DIR/NAME+tcp://BIND:PORT); a peer on the same host connects to the socket (shared
+    memory), a peer elsewhere to the port."""
+
+    def __init__(self, ipc, tcp_endpoints):
+        self.ipc, self.tcp = ipc, tcp_endpoints
+
+    def bind(self, i, name):
+        return self.ipc.bind(i, name) + "+" + self.tcp.bind(i, name)
+
+    def connect(self, i, name, peer_host=None):
+        beside = peer_host is not None and peer_host == self.tcp.hosts[i]
+        return self.ipc.connect(i, name) if beside else self.tcp.connect(i, name)
 
 
 @contextlib.contextmanager
 def socket_dir(plan):
-    """ipc, shm: a new private directory for the run's sockets (mode 0700, a short path under /tmp),
-    removed when the block ends, however it ends; tcp: None."""
-    if not plan.unix_sockets:
+    """ipc, shm, auto: a new private directory for the run's sockets (mode 0700, a short path under
+    /tmp), removed when the block ends, however it ends; tcp: None."""
+    if not plan.socket_dir_needed:
         yield None
         return
     path = pathlib.Path(tempfile.mkdtemp(prefix="pslab-", dir="/tmp"))
@@ -136,17 +154,19 @@ def gpu_slots(plan, hosts):
 def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_host=False):
     """The command line of every process of a run, in the plan's start order.
 
-    hosts[i]: the host of process i; endpoints.bind(i, name) / .connect(i, name): what listener i
-    (a server, all-reduce rank 0, the all-reduce evaluator) binds / its peers connect to;
+    hosts[i]: the host of process i; endpoints.bind(i, name) / .connect(i, name, peer_host): what
+    listener i (a server, all-reduce rank 0, the all-reduce evaluator) binds / its peers on
+    peer_host connect to;
     gloo_host: all-reduce ranks' Gloo connections listen on their host's name (multi-host).
     """
     layout = plan.processes
     per_host = {h: hosts.count(h) for h in hosts}
     cfg = str(run_dir / "config.toml")
     common = ["-o", str(run_dir), "--run-start", f"{run_start:.6f}"]
-    if plan.uses_servers:
-        server_eps = ",".join(endpoints.connect(i, p["name"]) for i, p in enumerate(layout) if p["role"] == "server")
-    else:
+    def server_eps(peer_host):
+        return ",".join(endpoints.connect(i, p["name"], peer_host) for i, p in enumerate(layout) if p["role"] == "server")
+
+    if not plan.uses_servers:
         rank0 = next(i for i, p in enumerate(layout) if p["role"] == "worker" and p["rank"] == 0)
         evaluator = next(i for i, p in enumerate(layout) if p["role"] == "evaluator")
         coordinator = endpoints.connect(rank0, "coordinator")  # rank 0 listens on it
@@ -163,14 +183,14 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_host=False):
                     "--metrics", str(run_dir / "metrics" / f"{name}.jsonl"), "--run-start", f"{run_start:.6f}",
                     "--wait-for-shutdown", "--procs-on-host", str(per_host[host])]
         elif role == "worker" and plan.uses_servers:
-            argv = [str(bins.worker), "ps", "-c", cfg, "--rank", str(rank), "--servers", server_eps, *common, *poh]
+            argv = [str(bins.worker), "ps", "-c", cfg, "--rank", str(rank), "--servers", server_eps(host), *common, *poh]
         elif role == "worker":
             argv = [str(bins.worker), "allreduce", "-c", cfg, "--rank", str(rank), "--coordinator", coordinator,
                     "--snapshots", snapshots, *common, *poh]
             if gloo_host:  # multi-host: Gloo listens on this rank's own address, not cluster.bind
                 argv += ["--host", host]
         else:
-            where = ["--servers", server_eps] if plan.uses_servers else ["--snapshots", snapshots]
+            where = ["--servers", server_eps(host)] if plan.uses_servers else ["--snapshots", snapshots]
             argv = [str(bins.worker), "eval", "-c", cfg, *where, *common, *poh]
         procs.append(Proc(name=name, role=role, rank=rank, index=i, host=host, argv=argv,
                           log=run_dir / "logs" / f"{name}.log"))
@@ -211,13 +231,17 @@ def cluster_hosts(plan, hosts):
 
 
 def plan_cluster(plan, run_dir, run_start, bins, hosts, base_port, sockets=None):
-    """ssh and Slurm: process i on hosts[i % len(hosts)], listening on base_port + i (tcp) or in
-    the socket directory `sockets` (ipc: one host, see check_placement)."""
+    """ssh and Slurm: process i on hosts[i % len(hosts)], listening on base_port + i (tcp), in the
+    socket directory `sockets` (ipc: one host, see check_placement), or both (auto over several
+    hosts: shm between processes on one host, TCP between hosts)."""
     where = cluster_hosts(plan, hosts)
+    tcp_endpoints = TcpEndpoints(where, lambda i: base_port + i, lambda h: remote_bind(plan), lambda h: h)
     if plan.unix_sockets:
         endpoints = IpcEndpoints(sockets)
+    elif plan.mixes_transports:
+        endpoints = MixedEndpoints(IpcEndpoints(sockets), tcp_endpoints)
     else:
-        endpoints = TcpEndpoints(where, lambda i: base_port + i, lambda h: remote_bind(plan), lambda h: h)
+        endpoints = tcp_endpoints
     return place(plan, run_dir, run_start, bins, where, endpoints, gloo_host=True)
 
 

@@ -88,6 +88,19 @@ class RunPlan:
         if self.addresses == "auto":
             return self.launcher == "local" or len(set(self.hosts)) == 1
         return self.addresses == "ipc"
+
+    @property
+    def mixes_transports(self):
+        """auto with the processes of a parameter-server run over several hosts: each pair talks
+        over shm where both are on one host, over TCP otherwise (a server listens on both). An
+        all-reduce run over several hosts uses TCP throughout (its collective is Gloo)."""
+        return self.addresses == "auto" and self.uses_servers and not self.unix_sockets
+
+    @property
+    def socket_dir_needed(self):
+        """Listeners bind Unix sockets in a private directory of the run (made on every host)."""
+        return self.unix_sockets or self.mixes_transports
+
     launcher = property(lambda self: self.plan["launcher"])           # "local", "ssh" or "slurm"
     hosts = property(lambda self: list(self.plan["hosts"]))
     bind = property(lambda self: self.plan["bind"])

@@ -156,13 +156,16 @@ def dry_run(plans, bins, opts, runs_dir):
         run_dir = inv / safe_dir_name(plan.label)
         t = time.time()
         ipc = plan.unix_sockets
-        sockets = DRY_RUN_SOCKET_DIR if ipc else None
+        sockets = DRY_RUN_SOCKET_DIR if plan.socket_dir_needed else None
         say(f"# run {i + 1}/{len(plans)}: {plan.label or '(no sweep)'} -> {run_dir}  "
             f"[launcher {plan.launcher}, mode {plan.mode}, {plan.workers} workers, {plan.servers} servers, "
             f"{plan.total_steps} steps per worker]")
-        if ipc:
+        if sockets:
             say(f"# {plan.transport}: the sockets go into a private directory made afresh at launch ({sockets} here), "
                 f"removed when the run ends")
+        if plan.mixes_transports:
+            say("# auto over several hosts: each server listens on a socket and a port; a peer on its host uses "
+                "the socket (shared memory), the others the port (TCP)")
         if plan.launcher == "local":
             if not ipc:
                 say("# local: ports are free ports chosen afresh at launch")

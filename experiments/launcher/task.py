@@ -38,9 +38,9 @@ def run_task(run_dir, hosts=None, print_only=False):
             raise UsageError(f"task: `scontrol show hostnames {nodelist}` failed")
         nodes = out.split()
     sockets = launch.get("socket_dir")
+    if plan.socket_dir_needed and not sockets:
+        raise UsageError(f"task: {run_dir}/launch.json names no socket directory, but cluster.transport is {plan.transport}")
     if plan.unix_sockets:
-        if not sockets:
-            raise UsageError(f"task: {run_dir}/launch.json names no socket directory, but cluster.transport is {plan.transport}")
         if len(set(cluster_hosts(plan, nodes))) > 1:
             raise UsageError(f'task: cluster.transport = "{plan.transport}" needs every task on one node, but the node list is '
                              f'{",".join(nodes)}; the launcher\'s srun uses --nodes=1')

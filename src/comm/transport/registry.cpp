@@ -41,8 +41,9 @@ Registry<Transport>& transport_registry() {
       {"shm", "shm", "headers over Unix sockets, payloads through shared memory (gradients and θ lent, not copied), "
                      "ipc:///PATH: every process on one host; all-reduce in shared memory",
        false, [](const std::string&) { return make_shm_transport(); }},
-      {"auto", "auto", "shm where the launcher puts every process on one host, tcp otherwise (all-reduce: shared "
-                       "memory when every rank is on one host, else Gloo)", false,
+      {"auto", "auto", "per pair of processes: shm between two on one host, tcp between hosts (a server of a run "
+                       "over several hosts listens on both; all-reduce: shared memory when every rank is on one "
+                       "host, else Gloo)", false,
        [](const std::string&) { return make_auto_transport(); }},
   });
   return r;

@@ -9,7 +9,8 @@
 //   zmq/   ZeroMQ: "tcp" (tcp://host:port) and "ipc" (ipc:///path, Unix sockets between
 //          processes on one host)
 //   shm/   "shm": headers as Unix packets, payloads through shared memory (processes on one host)
-//   auto/  "auto": shm for ipc:// addresses, tcp for tcp:// ones (the launcher chooses)
+//   auto/  "auto": shm for ipc:// addresses, tcp for tcp:// ones, both at once for a listener at
+//          ipc:///PATH+tcp://HOST:PORT (the launcher chooses per pair of processes)
 // A test adds its own (tests/test_seams.cpp: an in-memory queue).
 //
 // Contracts, the same for every implementation:
@@ -121,6 +122,15 @@ class Message {
   std::string malformed_;
 };
 
+// What a wait for messages polls, for a transport that waits on several listeners or
+// connections at once (auto's, over shm and TCP together): a ZeroMQ socket (its handle) or a
+// file descriptor, readable when a message may have arrived. A waiter polls the items, then
+// calls recv() with a past deadline; it must also do so before its first poll.
+struct PollItem {
+  void* zmq_socket = nullptr;
+  int fd = -1;
+};
+
 // Identifies a peer of a Listener (opaque bytes chosen by the transport).
 using PeerId = std::string;
 
@@ -146,6 +156,8 @@ class Listener {
   // Queues a message to a peer without blocking. False if it cannot be queued now (the peer is
   // gone or its queue is full): the message is dropped (and its payload released).
   virtual bool send(const PeerId& to, std::span<const std::byte> header, OutPayload payload = {}) = 0;
+  // Appends what a wait for its messages polls (none: a waiter looks every millisecond).
+  virtual void poll_items(std::vector<PollItem>&) const {}
 };
 
 class Connections {
@@ -162,6 +174,8 @@ class Connections {
   // Finishes what it can of earlier sends without waiting (shm: releases the lent payloads
   // whose receivers are done). recv() and send() do this too.
   virtual void progress() {}
+  // Appends what a wait for its messages polls (none: a waiter looks every millisecond).
+  virtual void poll_items(std::vector<PollItem>&) const {}
 };
 
 class Transport {

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "comm/transport/auto/mixed.h"
 #include "comm/transport/shm/shm_transport.h"
 #include "comm/transport/zmq/zmq_transport.h"
 
@@ -16,18 +17,35 @@ class AutoTransport final : public Transport {
   // Tests and tools on one host: shm's.
   std::string local_address(const std::string& name) override { return shm_->local_address(name); }
 
+  // ADDRESS, or ipc:///PATH+tcp://HOST:PORT: one listener on both (co-located peers connect to
+  // the first, the others to the second).
   std::unique_ptr<Listener> listen(const std::string& address, const ListenOptions& opt) override {
-    return for_address(address).listen(address, opt);
+    const auto plus = address.find('+');
+    if (plus == std::string::npos) return for_address(address).listen(address, opt);
+    const std::string a = address.substr(0, plus), b = address.substr(plus + 1);
+    if (&for_address(a) == &for_address(b) || b.find('+') != std::string::npos)
+      throw std::invalid_argument("\"" + address + "\": a listener of the auto transport on two addresses needs one of "
+                                  "each kind, ipc:///PATH+tcp://HOST:PORT");
+    std::vector<std::unique_ptr<Listener>> parts;
+    parts.push_back(for_address(a).listen(a, opt));
+    parts.push_back(for_address(b).listen(b, opt));
+    return mixed_listener(address, std::move(parts));
   }
+  // Each address by its kind: shm to ipc:// ones, TCP to tcp:// ones, both at once if need be.
   std::unique_ptr<Connections> connect(const std::vector<std::string>& addresses, const ConnectOptions& opt) override {
-    if (addresses.empty()) return tcp_->connect(addresses, opt);
-    Transport& t = for_address(addresses.front());
-    for (const auto& a : addresses)
-      if (&for_address(a) != &t)
-        throw std::invalid_argument("cluster.transport = \"auto\": " + addresses.front() + " and " + a +
-                                    " are of different kinds; one process talks over one (ipc:// on one host, "
-                                    "tcp:// across hosts)");
-    return t.connect(addresses, opt);
+    std::vector<std::string> of_shm, of_tcp;
+    std::vector<PartIndex> where;
+    for (const auto& a : addresses) {
+      auto& list = &for_address(a) == shm_.get() ? of_shm : of_tcp;
+      where.push_back({&list == &of_shm ? 0u : 1u, list.size()});
+      list.push_back(a);
+    }
+    if (of_tcp.empty()) return shm_->connect(addresses, opt);
+    if (of_shm.empty()) return tcp_->connect(addresses, opt);
+    std::vector<std::unique_ptr<Connections>> parts;
+    parts.push_back(shm_->connect(of_shm, opt));
+    parts.push_back(tcp_->connect(of_tcp, opt));
+    return mixed_connections(addresses, std::move(parts), std::move(where));
   }
   // Shared memory: lent by reference where the peer is on this host, ordinary memory to TCP.
   std::unique_ptr<PayloadMemory> payload_memory(std::size_t bytes) override { return shm_->payload_memory(bytes); }

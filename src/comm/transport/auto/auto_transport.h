@@ -1,7 +1,8 @@
 // The "auto" transport: shared memory where the processes share a host, TCP otherwise, decided
-// by the addresses the launcher hands out (it places the run): ipc:///PATH addresses go to the
-// shm transport, tcp://HOST:PORT addresses to the tcp one. One process's connections are all of
-// one kind: a run on one host uses shm throughout, a run over several hosts TCP throughout.
+// per pair of processes by the addresses the launcher hands out (it places the run): ipc:///PATH
+// addresses go to the shm transport, tcp://HOST:PORT addresses to the tcp one. A process may talk
+// over both (mixed.h): a server of a run over several hosts listens at ipc:///PATH+tcp://HOST:PORT,
+// and each worker connects to the part that fits where it runs.
 #pragma once
 
 #include <memory>

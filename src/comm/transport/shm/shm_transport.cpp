@@ -374,6 +374,7 @@ class ShmListener final : public Listener {
     sender_.unsent(ref);
     return false;
   }
+  void poll_items(std::vector<PollItem>& out) const override { inner_->poll_items(out); }
 
  private:
   std::unique_ptr<Listener> inner_;
@@ -413,6 +414,7 @@ class ShmConnections final : public Connections {
     return got;
   }
   void progress() override { sender_.poll(); }
+  void poll_items(std::vector<PollItem>& out) const override { inner_->poll_items(out); }
 
  private:
   std::unique_ptr<Connections> inner_;

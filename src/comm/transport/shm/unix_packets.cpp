@@ -156,6 +156,7 @@ class UnixListener final : public Listener {
     release(payload);
     return n >= 0;  // EAGAIN: its queue is full, dropped
   }
+  void poll_items(std::vector<PollItem>& out) const override { out.push_back({nullptr, ep_}); }
 
  private:
   static constexpr std::uint64_t kListening = ~std::uint64_t(0);
@@ -202,6 +203,11 @@ class UnixConnections final : public Connections {
   }
   std::size_t size() const override { return fds_.size(); }
   const std::string& address(std::size_t k) const override { return addresses_.at(k); }
+  // A listener not connected to yet sends nothing.
+  void poll_items(std::vector<PollItem>& out) const override {
+    for (int fd : fds_)
+      if (fd >= 0) out.push_back({nullptr, fd});
+  }
 
   bool send(std::size_t k, std::span<const std::byte> header, OutPayload payload, Deadline deadline) override {
     for (;;) {

@@ -126,6 +126,7 @@ class ZmqListener final : public Listener {
       return false;
     }
   }
+  void poll_items(std::vector<PollItem>& out) const override { out.push_back({const_cast<void*>(sock_.handle()), -1}); }
 
  private:
   zmq::socket_t sock_;
@@ -147,6 +148,9 @@ class ZmqConnections final : public Connections {
   }
   std::size_t size() const override { return socks_.size(); }
   const std::string& address(std::size_t k) const override { return addresses_.at(k); }
+  void poll_items(std::vector<PollItem>& out) const override {
+    for (const auto& s : socks_) out.push_back({const_cast<void*>(s.handle()), -1});
+  }
 
   bool send(std::size_t k, std::span<const std::byte> header, OutPayload payload, Deadline deadline) override {
     zmq::socket_t& s = socks_.at(k);
