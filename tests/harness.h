@@ -41,20 +41,26 @@ inline ExperimentConfig small_config(const std::string& mode, int workers, int s
 }
 
 // Servers of one run, each in its own thread, listening on addresses of the run's transport
-// (cluster.transport), which the workers of the run share (run_ps_workers).
+// (cluster.transport), which the workers of the run share (run_ps_workers). With "auto" as over
+// several hosts: each server listens on a socket and a TCP port, and worker r reaches server k
+// through shared memory when r + k is even, over TCP otherwise (endpoints_for).
 class Cluster {
  public:
   // wait_for_shutdown: after every worker's Bye, serve until a Shutdown (an evaluator's).
   explicit Cluster(const ExperimentConfig& cfg, bool record_pulls = false, bool wait_for_shutdown = false)
       : transport(comm::make_transport(cfg.cluster.transport)) {
+    const bool mixed = cfg.cluster.transport == "auto";
     for (int k = 0; k < cfg.cluster.servers; ++k) {
+      const std::string name = "server" + std::to_string(k);
       ServerOptions o;
-      o.endpoint = transport->local_address("server" + std::to_string(k));
+      o.endpoint = transport->local_address(name);
+      endpoints.push_back(o.endpoint);
+      tcp_endpoints.push_back(mixed ? comm::make_transport("tcp")->local_address(name) : o.endpoint);
+      if (mixed) o.endpoint += "+" + tcp_endpoints.back();
       o.shard = k;
       o.record_pulls = record_pulls;
       o.wait_for_shutdown = wait_for_shutdown;
       o.stop = &stop;
-      endpoints.push_back(o.endpoint);
       servers.push_back(std::make_unique<Server>(*transport, cfg, o));
     }
     errors.resize(servers.size());
@@ -86,11 +92,20 @@ class Cluster {
       if (e) std::rethrow_exception(e);
   }
 
+  // What worker `rank` connects to (see the class comment).
+  std::vector<std::string> endpoints_for(int rank) const {
+    std::vector<std::string> e = endpoints;
+    for (std::size_t k = 0; k < e.size(); ++k)
+      if ((std::size_t(rank) + k) % 2) e[k] = tcp_endpoints[k];
+    return e;
+  }
+
   std::unique_ptr<comm::Transport> transport;  // declared first: destroyed after the servers
   std::atomic<bool> stop{false};
   std::vector<std::unique_ptr<Server>> servers;
   std::vector<std::thread> threads;
-  std::vector<std::string> endpoints;
+  std::vector<std::string> endpoints;      // what a process beside the servers connects to
+  std::vector<std::string> tcp_endpoints;  // auto: the servers' TCP ports (else = endpoints)
   std::vector<std::exception_ptr> errors;
 };
 
@@ -117,7 +132,7 @@ inline void run_ps_workers(const ExperimentConfig& cfg, Cluster& cluster, const 
   run_threads(cfg.cluster.workers, [&](int r) {
     RoleOptions o;
     o.rank = r;
-    o.servers = cluster.endpoints;
+    o.servers = cluster.endpoints_for(r);
     o.out_dir = dir.string();
     o.progress = false;
     o.transport = cluster.transport.get();
@@ -158,9 +173,10 @@ inline const std::vector<std::string>& exact_transports() {
   return t;
 }
 
-// ... and each also with overlap on (small_config's variants; CPU workers only).
+// ... and each also with overlap on (small_config's variants; CPU workers only), and on auto as
+// over several hosts: shared memory with some servers, TCP with others (Cluster).
 inline const std::vector<std::string>& exact_variants() {
-  static const std::vector<std::string> t = {"tcp", "ipc", "shm", "tcp_overlap", "ipc_overlap", "shm_overlap"};
+  static const std::vector<std::string> t = {"tcp", "ipc", "shm", "tcp_overlap", "ipc_overlap", "shm_overlap", "auto"};
   return t;
 }
 

@@ -116,7 +116,7 @@ TEST_P(SspBound, NoPullServedMoreThanSClocksAheadOfTheSlowest) {
   Cluster cluster(cfg, /*record_pulls=*/true);
   const std::size_t P = count_params(model_spec(cfg));
   run_threads(W, [&](int r) {
-    PsClient c(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, r));
+    PsClient c(*cluster.transport, cluster.endpoints_for(r), client_options(cfg, wire::Role::worker, r));
     std::vector<float> theta(P), grad(P, 0.0f);
     c.connect();
     c.pull(0, theta.data());
@@ -165,7 +165,7 @@ TEST_P(Asp, ThirtyTwoWorkersFourShardsEveryUpdateAppliedExactlyOnce) {
   // Integer-valued gradients: every partial sum is exact in float32, in any order.
   auto g = [](int r, int k, std::size_t i) { return float(int((r * 7 + k * 3 + int(i)) % 5) - 2); };
   run_threads(W, [&](int r) {
-    PsClient c(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, r));
+    PsClient c(*cluster.transport, cluster.endpoints_for(r), client_options(cfg, wire::Role::worker, r));
     std::vector<float> theta(P), grad(P);
     c.connect();
     c.pull(0, theta.data());
