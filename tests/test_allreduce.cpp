@@ -17,6 +17,7 @@
 #include "harness.h"
 #include "roles.h"
 #include "run/setup.h"
+#include "snapshots.h"
 #include "comm/wire.h"
 
 using namespace pslab;
@@ -124,6 +125,59 @@ TEST_P(AllReduce, EqualsBspOnTheParameterServersWithin1e5) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, AllReduce, ::testing::ValuesIn(test::exact_variants()),
                          [](const auto& i) { return i.param; });
+
+// The evaluator's snapshot port: one bad message must not end or fake the run. Whatever is
+// not a good snapshot is counted by reason and dropped; θ comes from the newest good one.
+class Snapshots : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Snapshots, BadMessagesAreCountedAndDroppedNeverFatal) {
+  auto t = comm::make_transport(GetParam());
+  const std::string at = t->local_address("snapshots");
+  SnapshotReceiver rx(*t, at, /*timeout_s=*/1.0);
+  const std::size_t n = 100;
+  std::vector<float> good(n), theta(n, -7.0f);
+  for (std::size_t i = 0; i < n; ++i) good[i] = float(i) * 0.5f;
+  auto raw = t->connect({at});
+  wire::Encoder enc;
+  auto snapshot_header = [&](std::size_t length, std::uint64_t checksum, long step) {
+    return enc.encode(wire::Header{0, -1, wire::PullReply{step, step, 0, 10 * step, 0, false, checksum, 0, length, 0,
+                                                          length * sizeof(float)}});
+  };
+  auto send_bad = [&] {
+    const std::string junk(5, 'x');
+    ASSERT_TRUE(raw->send(0, {reinterpret_cast<const std::byte*>(junk.data()), junk.size()}, {}, comm::after(std::chrono::seconds(5))));
+    ASSERT_TRUE(raw->send(0, enc.encode(wire::Header{0, -1, wire::Shutdown{}}), {}, comm::after(std::chrono::seconds(5))));
+    ASSERT_TRUE(raw->send(0, snapshot_header(n - 1, wire::checksum(good.data(), n - 1), 99),
+                          comm::OutPayload{good.data(), (n - 1) * sizeof(float)}, comm::after(std::chrono::seconds(5))));
+    std::vector<float> zeros(n, 0.0f);  // a "snapshot" of θ = 0 whose checksum is good's
+    ASSERT_TRUE(raw->send(0, snapshot_header(n, wire::checksum(good.data(), n), 99),
+                          comm::OutPayload{zeros.data(), n * sizeof(float)}, comm::after(std::chrono::seconds(5))));
+  };
+  // Garbage before and after a good snapshot: the good one is taken, the rest counted.
+  send_bad();
+  ASSERT_TRUE(raw->send(0, snapshot_header(n, wire::checksum(good.data(), n), 5),
+                        comm::OutPayload{good.data(), n * sizeof(float)}, comm::after(std::chrono::seconds(5))));
+  send_bad();
+  const Snapshot s = rx.next(theta.data(), n);
+  EXPECT_EQ(s.step, 5);
+  EXPECT_EQ(s.samples, 50);
+  EXPECT_EQ(theta, good);
+  EXPECT_GE(s.dropped, 4);  // those before it; those after may still be on their way
+  // Only bad messages: the wait ends at its timeout, saying what was dropped; θ untouched.
+  send_bad();
+  try {
+    rx.next(theta.data(), n);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("no θ snapshot from rank 0 within 1 s"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("12 bad message(s) dropped"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(theta, good);
+  EXPECT_EQ(rx.dropped_by_reason(), (std::map<std::string, long>{
+                                        {"malformed", 3}, {"not a snapshot", 3}, {"wrong size", 3}, {"bad checksum", 3}}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, Snapshots, ::testing::Values("tcp", "shm"), [](const auto& i) { return i.param; });
 
 TEST(AllReduceTimeouts, TimeoutNamesTheRankThatDidNotArrive) {
   ExperimentConfig cfg = test::small_config("allreduce", 2, 1);

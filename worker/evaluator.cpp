@@ -27,6 +27,7 @@ struct ParamSource {
     long step = 0, samples = 0;
     long min_version = -1, max_version = -1;  // PS modes only
     bool final = false;
+    long dropped = 0;  // all-reduce mode: bad messages dropped on the snapshot port so far
   };
   virtual Info next(float* theta) = 0;
   virtual void finish() {}
@@ -63,7 +64,7 @@ class SnapshotSource final : public ParamSource {
   SnapshotSource(RoleContext& ctx, std::size_t P) : rx_(ctx.transport(), ctx.opt.snapshots, ctx.cfg.cluster.timeout_s), P_(P) {}
   Info next(float* theta) override {
     const Snapshot s = rx_.next(theta, P_);
-    return Info{s.step, s.samples, -1, -1, s.final};
+    return Info{s.step, s.samples, -1, -1, s.final, s.dropped};
   }
 
  private:
@@ -95,6 +96,7 @@ double run_evaluator(const ExperimentConfig& cfg, const RoleOptions& opt) {
     nlohmann::ordered_json j{{"kind", "eval"}, {"step", info.step}, {"epoch", epoch}, {"test_loss", loss}};
     if (classification) j["test_acc"] = acc;
     if (info.min_version >= 0) j["versions"] = {info.min_version, info.max_version};
+    if (info.dropped) j["dropped_messages"] = info.dropped;
     if (info.final) j["final"] = true;
     ctx.metrics().write(j);
     ctx.metrics().flush();

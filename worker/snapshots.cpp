@@ -1,5 +1,7 @@
 #include "snapshots.h"
 
+#include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <utility>
 
@@ -38,22 +40,54 @@ SnapshotReceiver::SnapshotReceiver(comm::Transport& transport, const std::string
   }
 }
 
+// Why `m` is not a θ snapshot of n floats ("" if it is one); sets `r` from its header.
+std::string SnapshotReceiver::check(const comm::Message& m, std::size_t n, wire::PullReply& r) {
+  if (!m.malformed().empty()) return "malformed";
+  std::string why;
+  const auto h = wire::decode(m.header(), why);
+  if (!h) return "malformed";
+  const auto* p = std::get_if<wire::PullReply>(&h->body);
+  if (!p) return "not a snapshot";
+  if (p->length != n || m.payload().size() != n * sizeof(float)) return "wrong size";
+  if (wire::checksum_bytes(m.payload().data(), m.payload().size()) != p->checksum) return "bad checksum";
+  r = *p;
+  return "";
+}
+
 Snapshot SnapshotReceiver::next(float* theta, std::size_t n) {
+  const auto deadline = comm::Clock::now() + timeout_;
   comm::PeerId from;
-  if (!listener_->recv(newest_, from, comm::Clock::now() + timeout_))
+  bool have = false;
+  wire::PullReply newest;
+  // Everything waiting, then (if none of it was a snapshot) more until the deadline; the newest
+  // good snapshot wins, anything else is counted and dropped.
+  while (listener_->recv(other_, from, have ? comm::Clock::now() : deadline)) {
+    wire::PullReply r;
+    const std::string why = check(other_, n, r);
+    if (why.empty()) {
+      std::swap(newest_, other_);
+      newest = r, have = true;
+    } else {
+      const long k = ++dropped_[why];
+      if (k <= 3 || k % 1000 == 0)
+        std::fprintf(stderr, "evaluator: dropped a message on %s: %s%s (%ld so far)\n", endpoint_.c_str(), why.c_str(),
+                     other_.malformed().empty() ? "" : (", " + other_.malformed()).c_str(), k);
+    }
+    other_.done_with_payload();  // shm: its sender may exit once the evaluator is done with it
+  }
+  if (!have)
     throw std::runtime_error("no θ snapshot from rank 0 within " + std::to_string(timeout_.count() / 1000) +
-                             " s (listening on " + endpoint_ + "): is rank 0 running? its log says why it stopped");
-  while (listener_->recv(other_, from, comm::Clock::now())) std::swap(newest_, other_);  // keep only the newest
-  other_.done_with_payload();  // shm: rank 0 may exit once the evaluator is done with what it sent
-  std::string why = newest_.malformed();
-  const auto h = why.empty() ? wire::decode(newest_.header(), why) : std::nullopt;
-  const auto* r = h ? std::get_if<wire::PullReply>(&h->body) : nullptr;
-  if (!r || r->length != n || newest_.payload().size() != n * sizeof(float))
-    throw std::runtime_error("malformed θ snapshot on " + endpoint_ + (why.empty() ? "" : ": " + why));
-  if (wire::copy_with_checksum(theta, reinterpret_cast<const float*>(newest_.payload().data()), n) != r->checksum)
-    throw std::runtime_error("θ snapshot checksum mismatch on " + endpoint_);
+                             " s (listening on " + endpoint_ + (dropped() ? ", " + std::to_string(dropped()) +
+                             " bad message(s) dropped" : "") + "): is rank 0 running? its log says why it stopped");
+  std::memcpy(theta, newest_.payload().data(), n * sizeof(float));
   newest_.done_with_payload();
-  return Snapshot{r->clock, r->samples_applied, r->training_done};
+  return Snapshot{newest.clock, newest.samples_applied, newest.training_done, dropped()};
+}
+
+long SnapshotReceiver::dropped() const {
+  long total = 0;
+  for (const auto& [why, k] : dropped_) total += k;
+  return total;
 }
 
 }  // namespace pslab

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -37,6 +38,7 @@ class SnapshotSender {
 struct Snapshot {
   long step = 0, samples = 0;
   bool final = false;
+  long dropped = 0;  // bad messages the receiver has dropped so far
 };
 
 class SnapshotReceiver {
@@ -44,14 +46,23 @@ class SnapshotReceiver {
   // Listens at `endpoint` (e.g. tcp://127.0.0.1:5600). `transport` must outlive the receiver.
   SnapshotReceiver(comm::Transport& transport, const std::string& endpoint, double timeout_s);
   // Waits for the next snapshot (keeping only the newest if several wait) and copies it into
-  // theta (n floats). Throws after the timeout naming what it waited for.
+  // theta (n floats). Throws after the timeout naming what it waited for. A message that is
+  // not a good snapshot (malformed, another kind, the wrong size, a bad checksum) is bad input,
+  // never fatal: counted by reason, said on stderr (the first 3 of each reason, then every
+  // 1000th) and dropped, θ untouched.
   Snapshot next(float* theta, std::size_t n);
+  // Bad messages dropped so far, by reason.
+  const std::map<std::string, long>& dropped_by_reason() const { return dropped_; }
+  long dropped() const;
 
  private:
+  static std::string check(const comm::Message& m, std::size_t n, wire::PullReply& r);
+
   std::unique_ptr<comm::Listener> listener_;
   std::string endpoint_;
   std::chrono::milliseconds timeout_;
   comm::Message newest_, other_;
+  std::map<std::string, long> dropped_;
 };
 
 }  // namespace pslab
