@@ -87,6 +87,8 @@ void Server::run() {
   const auto stats_every = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt_.stats_every_s));
   auto next_stats = started_ + stats_every;
   const std::string who = "server " + std::to_string(opt_.shard) + " (" + opt_.endpoint + ")";
+  char timeout_text[32];
+  std::snprintf(timeout_text, sizeof timeout_text, "%g", cfg_.cluster.timeout_s);
   try {
     while (!done()) {
       if (opt_.stop && opt_.stop->load()) throw std::runtime_error(who + ": stopped by a signal");
@@ -103,24 +105,28 @@ void Server::run() {
 
       const auto t = Clock::now();
       if (!barrier_open_ && t - started_ > timeout)
-        throw std::runtime_error(who + ": start barrier: waited " + std::to_string(int(cfg_.cluster.timeout_s)) +
+        throw std::runtime_error(who + ": start barrier: waited " + timeout_text +
                                  " s for Hello from " + missing_hellos());
       // Silence while nobody is held: held pulls expire first, with the more precise message.
       if (barrier_open_ && byes_ < cfg_.cluster.workers && held_.empty() && t - last_message_ > timeout) {
-        std::string heard;
+        // A worker whose next pull the mode would hold is waiting for the others, not training.
+        std::string training, waiting;
         for (int r = 0; r < cfg_.cluster.workers; ++r)
           if (!said_bye_[std::size_t(r)]) {
+            const long clock = state_->clock_of(r);
+            std::string& list = state_->pull_ready(clock) ? training : waiting;
             char b[96];
-            std::snprintf(b, sizeof b, "%sworker %d (clock %ld, last heard %.0f s ago)", heard.empty() ? "" : ", ", r,
-                          state_->clock_of(r), seconds(t - worker_heard_[std::size_t(r)]));
-            heard += b;
+            std::snprintf(b, sizeof b, "%sworker %d (clock %ld, last heard %.0f s ago)", list.empty() ? "" : ", ", r,
+                          clock, seconds(t - worker_heard_[std::size_t(r)]));
+            list += b;
           }
-        throw std::runtime_error(who + ": no message from any worker for " + std::to_string(int(cfg_.cluster.timeout_s)) +
-                                 " s; still training: " + heard);
+        throw std::runtime_error(who + ": no message from any worker for " + timeout_text +
+                                 " s; still training: " + (training.empty() ? "nobody" : training) +
+                                 (waiting.empty() ? "" : "; waiting for them: " + waiting));
       }
       // Training is over but the Shutdown that --wait-for-shutdown waits for does not come.
       if (byes_ == cfg_.cluster.workers && !shutdown_ && t - last_message_ > timeout)
-        throw std::runtime_error(who + ": every worker said Bye " + std::to_string(int(cfg_.cluster.timeout_s)) +
+        throw std::runtime_error(who + ": every worker said Bye " + timeout_text +
                                  " s ago, but no Shutdown came (is the evaluator running? its log says why it stopped)");
       if (t >= next_stats) {
         write_stats(false);

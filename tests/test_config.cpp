@@ -92,6 +92,27 @@ TEST(Config, OverridesApplyAndAreChecked) {
   EXPECT_EQ(c.cluster.mode, "ssp:2");
   EXPECT_EQ(c.model.hidden, std::vector<int>{8});
   EXPECT_NE(error_of("name = \"x\"\n", {"train.bach=3"}).find("train.bach: unknown key"), std::string::npos);
+  // An error a --set caused names the --set, not the file alone.
+  EXPECT_EQ(error_of("name = \"x\"\n", {"cluster.workers=2", "train.batch=0"}),
+            "exp.toml (with --set train.batch=0): train.batch: must be >= 1");
+  EXPECT_EQ(error_of("name = \"x\"\n[train]\nbatch = 0\n", {"cluster.workers=2"}), "exp.toml: train.batch: must be >= 1");
+  std::vector<std::string> labels;
+  try {
+    expand_sweep("name = \"s\"\n[cluster]\nmode = [\"bsp\", \"asp\"]\n", "s.toml", labels, {"optimizer.lr=-1"});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), "s.toml [mode=bsp] (with --set optimizer.lr=-1): optimizer.lr: must be > 0");
+  }
+}
+
+TEST(Config, NumbersMustBeFinite) {
+  // TOML has inf and nan; no key takes them (lr = inf used to pass and end the run "diverged").
+  EXPECT_EQ(error_of("name = \"x\"\n[optimizer]\nlr = inf\n"), "exp.toml: optimizer.lr: must be a finite number, got inf");
+  EXPECT_EQ(error_of("name = \"x\"\n[optimizer]\nlr = nan\n"), "exp.toml: optimizer.lr: must be a finite number, got nan");
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\ntimeout_s = -inf\n"),
+            "exp.toml: cluster.timeout_s: must be a finite number, got -inf");
+  EXPECT_EQ(error_of("name = \"x\"\n[schedule]\nmilestones = [1.0, inf]\n"),
+            "exp.toml: schedule.milestones: must be a finite number, got inf");
 }
 
 TEST(Config, WrittenBackConfigReadsBackEqual) {

@@ -662,7 +662,11 @@ class LauncherTest(unittest.TestCase):
         procs = self.wait_for_processes(4)
         worker1 = [pid for pid, argv in procs.items() if argv[1] == "ps" and option(argv, "--rank") == "1"]
         self.assertEqual(len(worker1), 1, procs)
-        time.sleep(0.5)  # training has started
+        end = time.monotonic() + 30  # training has started: worker 0 and the evaluator have written metrics
+        while not all(any(m.stat().st_size for m in self.runs.glob(f"tiny/*/run/metrics/{n}.jsonl"))
+                      for n in ("worker0", "evaluator")):
+            self.assertLess(time.monotonic(), end, "worker 0 and the evaluator wrote no metrics")
+            time.sleep(0.05)
         os.kill(worker1[0], signal.SIGKILL)
         out, err = p.communicate(timeout=30)
         self.assertEqual(p.returncode, 1, out + err)
@@ -672,6 +676,11 @@ class LauncherTest(unittest.TestCase):
         s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
         self.assertEqual(s["status"], "failed")
         self.assertIn("worker1", s["failure"])
+        self.assertGreater(len(s["failure"].splitlines()), 1, "the failure keeps the last lines of the process's log")
+        # the processes the launcher stopped say so in their logs
+        logs = self.only_invocation("tiny") / "run" / "logs"
+        self.assertIn("pslab_worker: worker 0: stopped by SIGTERM", (logs / "worker0.log").read_text())
+        self.assertIn("pslab_worker: evaluator: stopped by SIGTERM", (logs / "evaluator.log").read_text())
 
     def test_shm_run_and_a_killed_server_leave_no_segment(self):
         # shm: payloads through memfd segments, which go with the processes; the sockets' directory

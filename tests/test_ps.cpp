@@ -492,6 +492,18 @@ TEST(Timeouts, AHeldPullIsAnsweredWithWhomItWaitedFor) {
     EXPECT_NE(m.find("timeout: pull of worker 0 for clock 1"), std::string::npos) << m;
     EXPECT_NE(m.find("still needs pushes from worker 1 (clock 0)"), std::string::npos) << m;
   }
+  // Then the server hears nothing more and gives up, naming worker 1 as the one that went
+  // silent and worker 0 as waiting for it (not as "still training").
+  cluster.join();
+  try {
+    cluster.rethrow();
+    FAIL() << "the server did not give up";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("no message from any worker for 0.5 s; still training: worker 1 (clock 0, last heard"),
+              std::string::npos) << m;
+    EXPECT_NE(m.find("; waiting for them: worker 0 (clock 1, last heard"), std::string::npos) << m;
+  }
 }
 
 // Defect: the server's backend set OpenBLAS's thread count (one setting per process) to 1, so a

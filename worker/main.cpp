@@ -5,8 +5,11 @@
 //   eval       the evaluator (PS modes and all-reduce)
 //   config     validate a config, write it back with defaults, list the keys, expand a sweep
 #include <CLI/CLI.hpp>
+#include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -18,6 +21,33 @@
 #include "train_single.h"
 
 using namespace pslab;
+
+namespace {
+
+// A role stopped by a signal (the launcher's SIGTERM when another process failed, Ctrl-C) says
+// so in its log before it goes: what it was and which signal. The line is made before the
+// handler is installed; the handler only write()s it (async-signal-safe) and lets the
+// signal end the process as it would have.
+char stop_line[160];
+
+extern "C" void on_stop_signal(int sig) {
+  char line[sizeof stop_line + 32];
+  const char* name = sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "SIGHUP";
+  std::size_t n = 0;
+  for (const char* p : std::initializer_list<const char*>{stop_line, name, "\n"})
+    for (; *p && n < sizeof line; ++p) line[n++] = *p;
+  [[maybe_unused]] const auto w = ::write(STDERR_FILENO, line, n);
+  std::signal(sig, SIG_DFL);  // and ends as the signal would have ended it
+  std::raise(sig);
+}
+
+void say_when_stopped(const std::string& who) {
+  std::snprintf(stop_line, sizeof stop_line, "pslab_worker: %s: stopped by ", who.c_str());
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // nothing printed is lost when a signal ends the process
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) std::signal(sig, on_stop_signal);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"pslab worker: trains a model alone or as one rank of a distributed run"};
@@ -99,6 +129,7 @@ int main(int argc, char** argv) {
     if (*ps || *eval || *allreduce) {
       const ExperimentConfig cfg = load_config(config_path, overrides);
       role.progress = !role_quiet;
+      say_when_stopped(*eval ? std::string("evaluator") : (*ps ? "worker " : "rank ") + std::to_string(role.rank));
       for (std::size_t lo = 0; lo <= servers.size();) {
         const std::size_t hi = std::min(servers.find(',', lo), servers.size());
         if (hi > lo) role.servers.push_back(servers.substr(lo, hi - lo));

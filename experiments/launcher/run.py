@@ -137,7 +137,7 @@ def start_and_watch(plan, run_dir, bins, opts, prefix, sockets):
         wall = time.time() - run_start
         failure = str(e) if isinstance(e, RunFailed) else f"stopped by {e}"
         s = summarize(plan, run_dir, wall, status="failed" if isinstance(e, RunFailed) else "interrupted",
-                      failure=failure.splitlines()[0])
+                      failure=failure)
         (run_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
         if stopped:
             warn(f"stopped {len(stopped)} other process(es): {', '.join(p.name for p in stopped)}")

@@ -25,6 +25,7 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None):
     status              "ok", "diverged" (the training loss stopped being finite: see "diverged",
                         {worker, step, epoch} of the earliest), "failed" (see "failure") or
                         "interrupted"
+    failure             failed or interrupted: what failed, how, and the last lines of its log
     final_test_acc      the evaluator's last test accuracy (None when the data is not a
                         classification); best_test_acc: the best of all its evaluations
     time_to_target_s, epochs_to_target   at the first evaluation with test accuracy >= target_acc

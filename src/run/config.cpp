@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <functional>
+#include <cmath>
 #include <set>
 #include <sstream>
 #include <type_traits>
@@ -159,6 +160,13 @@ bool read_scalar(const toml::node& n, T& out) {
   return true;
 }
 
+// inf and nan are TOML numbers, but no key takes them.
+template <typename T>
+void check_finite(const T& x, const toml::node& n, const std::string& origin, const std::string& key) {
+  if constexpr (std::is_floating_point_v<T>)
+    if (!std::isfinite(x)) fail(origin, key, "must be a finite number, got " + node_text(n));
+}
+
 template <typename T>
 void read_field(const toml::node& n, T& out, const std::string& origin, const std::string& key) {
   auto wrong = [&] {
@@ -172,11 +180,13 @@ void read_field(const toml::node& n, T& out, const std::string& origin, const st
     for (const toml::node& e : *a) {
       typename T::value_type x{};
       if (!read_scalar(e, x)) wrong();
+      check_finite(x, e, origin, key);
       v.push_back(x);
     }
     out = std::move(v);
   } else {
     if (!read_scalar(n, out)) wrong();
+    check_finite(out, n, origin, key);
   }
 }
 
@@ -369,11 +379,32 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
   check(c.straggler.exp_delay_ms >= 0, "straggler.exp_delay_ms", "must be >= 0");
 }
 
+namespace {
+
+// Runs fn(); an error it throws about a key that an override set names the override too
+// ("run.toml (with --set optimizer.lr=inf): optimizer.lr: ..."), not the file alone.
+template <typename F>
+auto naming_overrides(const std::string& origin, const std::vector<std::string>& overrides, F fn) {
+  try {
+    return fn();
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    for (const auto& o : overrides) {
+      const auto at = m.find(": " + o.substr(0, o.find('=')) + ": ");
+      if (m.rfind(origin, 0) == 0 && at != std::string::npos && at >= origin.size())
+        throw ConfigError(m.substr(0, at) + " (with --set " + o + ")" + m.substr(at));
+    }
+    throw;
+  }
+}
+
+}  // namespace
+
 ExperimentConfig parse_config(const std::string& text, const std::string& origin,
                               const std::vector<std::string>& overrides) {
   toml::table root = parse_toml(text, origin);
   for (const auto& o : overrides) apply_override(root, o);
-  return from_table(root, origin);
+  return naming_overrides(origin, overrides, [&] { return from_table(root, origin); });
 }
 
 ExperimentConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
@@ -421,10 +452,11 @@ std::string describe_keys() {
   return s.str();
 }
 
-std::vector<std::string> expand_sweep(const std::string& text, const std::string& origin,
-                                      std::vector<std::string>& labels, const std::vector<std::string>& overrides) {
-  toml::table root = parse_toml(text, origin);
-  for (const auto& o : overrides) apply_override(root, o);
+namespace {
+
+// Every point of the sweep in `root` (see expand_sweep).
+std::vector<std::string> expand_points(const toml::table& root, const std::string& origin,
+                                       std::vector<std::string>& labels) {
   check_unknown_keys(root, origin);
   // Axes: keys whose value is a list where one value is expected.
   std::vector<std::pair<std::string, const toml::array*>> axes;
@@ -467,6 +499,15 @@ std::vector<std::string> expand_sweep(const std::string& text, const std::string
     if (i == 0) break;
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<std::string> expand_sweep(const std::string& text, const std::string& origin,
+                                      std::vector<std::string>& labels, const std::vector<std::string>& overrides) {
+  toml::table root = parse_toml(text, origin);
+  for (const auto& o : overrides) apply_override(root, o);
+  return naming_overrides(origin, overrides, [&] { return expand_points(root, origin, labels); });
 }
 
 }  // namespace pslab
