@@ -9,6 +9,7 @@
 
 #include "run/config.h"
 #include "run/metrics.h"
+#include "run/setup.h"
 #include "server.h"
 
 using namespace pslab;
@@ -33,6 +34,8 @@ int main(int argc, char** argv) {
   app.add_option("--run-start", opt.run_start, "run start, Unix seconds (metric times count from it)");
   app.add_option("--procs-on-host", opt.procs_on_host,
                  "processes sharing this host's cores (sets the server's threads when cluster.server_threads = 0)");
+  std::string auth_key;
+  app.add_option("--auth-key", auth_key, "the run's key file (mode 0600, made by the launcher): peers authenticate");
   app.add_flag("--wait-for-shutdown", opt.wait_for_shutdown, "after every worker's Bye, serve until a Shutdown arrives");
   app.add_flag("--trace-pulls", opt.record_pulls, "write a metrics line for every served pull (clock, slowest clock)");
   CLI11_PARSE(app, argc, argv);
@@ -46,15 +49,16 @@ int main(int argc, char** argv) {
       throw std::invalid_argument("--shard " + std::to_string(opt.shard) + " is not in [0, cluster.servers = " +
                                   std::to_string(cfg.cluster.servers) + ")");
     set_cpu_backend_threads(1);  // a server's updates are memory-bound: one BLAS thread
-    const auto transport = comm::make_transport(cfg.cluster.transport);
+    const auto transport = run_transport(cfg, auth_key);
     Server server(*transport, cfg, opt);
     std::fprintf(stderr, "[server %d] %s: shard [%zu, %zu) of θ, %s, %d workers, %d update thread(s), listening on %s\n",
                  opt.shard, cfg.name.c_str(), server.range().offset, server.range().offset + server.range().length,
                  cfg.cluster.mode.c_str(), cfg.cluster.workers, server.state().options().threads, opt.endpoint.c_str());
     server.run();
     const auto& c = server.counters();
-    std::fprintf(stderr, "[server %d] done: version %ld, %ld pushes, %ld pulls (%ld held), %ld bad messages, %ld replies dropped\n",
-                 opt.shard, server.state().version(), c.pushes, c.pulls, c.pulls_held, c.bad_total(), c.dropped_replies);
+    std::fprintf(stderr, "[server %d] done: version %ld, %ld pushes, %ld pulls (%ld held), %ld bad messages, %ld replies dropped, "
+                 "%ld peers refused\n", opt.shard, server.state().version(), c.pushes, c.pulls, c.pulls_held, c.bad_total(),
+                 c.dropped_replies, transport->peers_refused());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pslab_server: error: %s\n", e.what());

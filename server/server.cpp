@@ -33,7 +33,7 @@ long ServerCounters::bad_total() const {
 }
 
 Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const ServerOptions& opt)
-    : cfg_(cfg), opt_(opt) {
+    : cfg_(cfg), opt_(opt), transport_(transport) {
   if (!cfg.uses_servers())
     throw std::invalid_argument("cluster.mode = \"" + cfg.cluster.mode + "\" runs without parameter servers");
   const ModelSpec spec = model_spec(cfg);
@@ -210,6 +210,7 @@ void Server::handle(const comm::PeerId& id, const comm::Message& m) {
                              {"bad_total", counters_.bad_total()},
                              {"bad", counters_.bad},
                              {"dropped_replies", counters_.dropped_replies},
+                             {"peers_refused", transport_.peers_refused()},
                              {"pushed", pushed_json(counters_)}};
     send(id, header(wire::StatsReply{j.dump()}));
   } else {
@@ -435,6 +436,7 @@ void Server::write_stats(bool final) {
                            {"bad_total", counters_.bad_total()},
                            {"bad", counters_.bad},
                            {"dropped_replies", counters_.dropped_replies},
+                           {"peers_refused", transport_.peers_refused()},
                            {"pushed", pushed_json(counters_)}};
   if (final) {
     // The histograms only: the launcher's summary derives the statistics, once, over every shard.

@@ -98,6 +98,7 @@ class Server {
 
   ExperimentConfig cfg_;
   ServerOptions opt_;
+  comm::Transport& transport_;  // outlives the server; peers_refused() for the stats
   std::size_t num_params_;
   ShardRange range_;
   std::uint64_t config_hash_;

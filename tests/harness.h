@@ -46,9 +46,12 @@ inline ExperimentConfig small_config(const std::string& mode, int workers, int s
 // through shared memory when r + k is even, over TCP otherwise (endpoints_for).
 class Cluster {
  public:
-  // wait_for_shutdown: after every worker's Bye, serve until a Shutdown (an evaluator's).
-  explicit Cluster(const ExperimentConfig& cfg, bool record_pulls = false, bool wait_for_shutdown = false)
+  // wait_for_shutdown: after every worker's Bye, serve until a Shutdown (an evaluator's);
+  // key: the servers admit only peers that prove it (their transport authenticates).
+  explicit Cluster(const ExperimentConfig& cfg, bool record_pulls = false, bool wait_for_shutdown = false,
+                   const comm::RunKey* key = nullptr)
       : transport(comm::make_transport(cfg.cluster.transport)) {
+    if (key) transport->authenticate(*key);
     const bool mixed = cfg.cluster.transport == "auto";
     for (int k = 0; k < cfg.cluster.servers; ++k) {
       const std::string name = "server" + std::to_string(k);

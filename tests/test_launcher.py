@@ -17,6 +17,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -401,6 +402,8 @@ class LauncherTest(unittest.TestCase):
         manifest = json.loads((run / "manifest.json").read_text())
         self.assertEqual(manifest["transport"], "auto")
         self.assertFalse(os.path.exists(manifest["socket_dir"]))
+        self.assertEqual(manifest["auth"], "none", "one host, Unix sockets: no key needed")
+        self.assertFalse((run / "run.key").exists())
 
     def test_collective_on_gpus_follows_the_gpus_each_host_has(self):
         # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): the launcher decides
@@ -887,7 +890,12 @@ class LauncherTest(unittest.TestCase):
             s = json.loads((run / "summary.json").read_text())
             self.assertEqual((s["mode"], s["status"]), (mode, "ok"))
             self.assertGreater(s["final_test_acc"], 0.85)
-            procs = {p["name"]: p for p in json.loads((run / "manifest.json").read_text())["processes"]}
+            manifest = json.loads((run / "manifest.json").read_text())
+            procs = {p["name"]: p for p in manifest["processes"]}
+            # over two hosts, listeners bind every interface: peers prove the run's key (cluster.auth = "auto")
+            self.assertEqual(manifest["auth"], "curve")
+            self.assertEqual(stat.S_IMODE((run / "run.key").stat().st_mode), 0o600)
+            self.assertTrue(all("--auth-key" in p["command"] for p in procs.values()), procs)
             crossed = bytes_across() - before
             # every step moves the model (132 floats) between the hosts; 500 steps x 2 workers
             self.assertGreater(crossed, 500 * 132 * 4, "the run's traffic did not cross the link between the hosts")

@@ -506,6 +506,40 @@ TEST(Timeouts, AHeldPullIsAnsweredWithWhomItWaitedFor) {
   }
 }
 
+// Authentication (cluster.auth = "curve"): a client that speaks the protocol and has the run's
+// config (so the right config hash) but not its key gets no reply and changes nothing; workers
+// with the key train as usual.
+TEST(Authentication, AClientWithoutTheRunsKeyGetsNothingAndChangesNothing) {
+  ExperimentConfig cfg = make_config("asp", 1, 2);
+  cfg.cluster.timeout_s = 10;
+  const comm::RunKey key = comm::make_run_key();
+  Cluster cluster(cfg, false, false, &key);
+  const std::size_t P = count_params(model_spec(cfg));
+  auto outsider_transport = comm::make_transport("tcp");  // no key
+  PsClient::Options as_worker0 = client_options(cfg, wire::Role::worker, 0);
+  as_worker0.timeout_s = 1;  // waits less than the servers' start barrier
+  PsClient outsider(*outsider_transport, cluster.endpoints, as_worker0);
+  try {
+    outsider.connect();
+    FAIL() << "an unauthenticated client was welcomed";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("server 0"), std::string::npos) << e.what();
+  }
+  for (const auto& s : cluster.servers) EXPECT_EQ(s->state().version(), 0) << "θ moved";
+  // The real worker 0 is not locked out: it connects, pushes and leaves.
+  auto member_transport = comm::make_transport("tcp");
+  member_transport->authenticate(key);
+  PsClient w(*member_transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
+  w.connect();
+  std::vector<float> theta(P), grad(P, 1.0f);
+  w.pull(0, theta.data());
+  w.push(0, 1, grad.data(), theta.data());
+  w.bye(1);
+  cluster.join();
+  cluster.rethrow();
+  for (const auto& s : cluster.servers) EXPECT_EQ(s->state().version(), 1);
+}
+
 // Defect: the server's backend set OpenBLAS's thread count (one setting per process) to 1, so a
 // server created in a worker's process changed the worker's setting.
 TEST(Server, CreatingOneLeavesTheProcesssBlasThreadsAlone) {

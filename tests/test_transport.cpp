@@ -7,11 +7,15 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <thread>
 
+#include <unistd.h>
+
 #include <zmq.hpp>
 
+#include "comm/run_key.h"
 #include "comm/transport/shm/shm_transport.h"
 #include "comm/transport/transport.h"
 #include "raw_packets.h"
@@ -363,6 +367,92 @@ TEST(AutoTransport, AListenerOnBothKindsAndConnectionsMixingThem) {
   EXPECT_FALSE(l0->recv(m, from, after(100ms)));
   EXPECT_FALSE(l0->send("9x", bytes("to no part")));
   EXPECT_FALSE(l0->send("", bytes("to no one")));
+}
+
+// Authentication: with the run's key a tcp listener admits only peers that prove the key
+// (CURVE); a peer without it, or with another key, gets nothing and is counted. Unix-socket
+// transports rely on their private directory and take the key without a change.
+TEST(Authentication, OnlyPeersWithTheRunsKeyAreHeard) {
+  const RunKey key = make_run_key(), other = make_run_key();
+  auto server = make_transport("tcp"), member = make_transport("tcp"), stranger = make_transport("tcp"),
+       guesser = make_transport("tcp");
+  server->authenticate(key);
+  member->authenticate(key);
+  guesser->authenticate(other);
+  const std::string a = server->local_address("srv");
+  auto l = server->listen(a);
+  auto from_stranger = stranger->connect({a});  // no CURVE at all
+  auto from_guesser = guesser->connect({a});    // CURVE with another key: its handshake cannot start
+  auto from_member = member->connect({a});
+  for (auto* c : {from_stranger.get(), from_guesser.get(), from_member.get()}) {
+    const std::string h = c == from_member.get() ? "member" : "intruder";
+    c->send(0, bytes(h), OutPayload{h.data(), h.size()}, after(2s));
+  }
+  // An impostor that knows the listener's public key (it is no secret in CURVE) but not the
+  // run's secret: its handshake reaches the authentication handler, which refuses and counts it.
+  zmq::context_t ctx;
+  zmq::socket_t impostor(ctx, zmq::socket_type::dealer);
+  std::uint8_t server_public[32], own_public[32], own_secret[32];
+  ASSERT_NE(zmq_z85_decode(server_public, key.public_key.c_str()), nullptr);
+  ASSERT_NE(zmq_z85_decode(own_public, other.public_key.c_str()), nullptr);
+  ASSERT_NE(zmq_z85_decode(own_secret, other.secret_key.c_str()), nullptr);
+  impostor.set(zmq::sockopt::curve_serverkey, zmq::const_buffer(server_public, 32));
+  impostor.set(zmq::sockopt::curve_publickey, zmq::const_buffer(own_public, 32));
+  impostor.set(zmq::sockopt::curve_secretkey, zmq::const_buffer(own_secret, 32));
+  impostor.set(zmq::sockopt::linger, 0);
+  impostor.connect(a);
+  impostor.send(zmq::str_buffer("intruder"), zmq::send_flags::dontwait);
+  Message m;
+  PeerId from;
+  ASSERT_TRUE(l->recv(m, from, after(5s)));
+  EXPECT_EQ(text(m.header()), "member");
+  EXPECT_EQ(text(m.payload()), "member");
+  ASSERT_TRUE(l->send(from, bytes("welcome")));
+  std::size_t k;
+  ASSERT_TRUE(from_member->recv(m, k, after(5s)));
+  EXPECT_EQ(text(m.header()), "welcome");
+  EXPECT_FALSE(l->recv(m, from, after(500ms))) << "an intruder was heard: " << text(m.header());
+  EXPECT_GE(server->peers_refused(), 1) << "the impostor is refused and counted";
+  EXPECT_EQ(member->peers_refused(), 0);
+  // ipc and shm take the key and go on as before.
+  for (const char* name : {"ipc", "shm"}) {
+    auto t = make_transport(name);
+    t->authenticate(key);
+    const std::string at = t->local_address("u");
+    auto ul = t->listen(at);
+    auto uc = t->connect({at});
+    ASSERT_TRUE(uc->send(0, bytes("hi"), {}, after(5s)));
+    ASSERT_TRUE(ul->recv(m, from, after(5s))) << name;
+  }
+}
+
+TEST(Authentication, TheKeyFileIsPrivateAndChecked) {
+  const auto dir = std::filesystem::temp_directory_path() / ("pslab_key_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "run.key").string();
+  const RunKey key = make_run_key();
+  write_run_key(key, path);
+  EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::all, std::filesystem::perms::owner_read |
+                                                                                        std::filesystem::perms::owner_write);
+  const RunKey back = read_run_key(path);
+  EXPECT_EQ(back.public_key, key.public_key);
+  EXPECT_EQ(back.secret_key, key.secret_key);
+  EXPECT_THROW(write_run_key(key, path), std::runtime_error) << "an existing key is never overwritten";
+  auto error_of = [&](const std::string& p) {
+    try {
+      read_run_key(p);
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  std::filesystem::permissions(path, std::filesystem::perms::group_read, std::filesystem::perm_options::add);
+  EXPECT_EQ(error_of(path), path + ": the run's key file is readable by others (mode 640); it must be 0600");
+  std::filesystem::permissions(path, std::filesystem::perms::group_read, std::filesystem::perm_options::remove);
+  { std::ofstream(path) << "public abc\n"; }
+  EXPECT_NE(error_of(path).find("not a run key"), std::string::npos) << error_of(path);
+  EXPECT_NE(error_of(path + ".missing").find("cannot read the run's key file"), std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ShmTransport, AReferenceToNoLiveSlotArrivesMalformedSayingWhy) {

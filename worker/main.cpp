@@ -4,6 +4,7 @@
 //   allreduce  one rank of the all-reduce mode
 //   eval       the evaluator (PS modes and all-reduce)
 //   config     validate a config, write it back with defaults, list the keys, expand a sweep
+//   keygen     write a new run key (comm/run_key.h)
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "comm/run_key.h"
 #include "run/config.h"
 #include "core/data.h"
 #include "roles.h"
@@ -82,6 +84,7 @@ int main(int argc, char** argv) {
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
     sub->add_flag("-q,--quiet", role_quiet, "no progress lines");
+    sub->add_option("--auth-key", role.auth_key, "the run's key file (mode 0600, made by the launcher): peers authenticate");
   };
   const char* servers_help = "server endpoints in shard order, comma-separated (e.g. tcp://127.0.0.1:5555,tcp://127.0.0.1:5556)";
   auto* ps = app.add_subcommand("ps", "one worker of a parameter-server run (bsp, ssp:s, asp): pull, compute, push every step");
@@ -115,6 +118,11 @@ int main(int argc, char** argv) {
   config->add_option("--plan", plan_out, "write the run plan as JSON to this file (\"-\": standard output): mode, "
                                          "data sizes, steps per epoch and in all, the processes of the run");
 
+  auto* keygen = app.add_subcommand("keygen", "write a new run key (a CURVE key pair) to FILE, mode 0600; the launcher "
+                                              "makes one per run and hands it to every process (--auth-key)");
+  std::string key_path;
+  keygen->add_option("FILE", key_path, "where to write it (must not exist)")->required();
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train) {
@@ -145,6 +153,10 @@ int main(int argc, char** argv) {
         const double result = run_evaluator(cfg, role);
         std::printf("final test %s: %.4f\n", cfg.data.kind == "least-squares" ? "loss" : "accuracy", result);
       }
+      return 0;
+    }
+    if (*keygen) {
+      comm::write_run_key(comm::make_run_key(), key_path);
       return 0;
     }
     if (*config) {

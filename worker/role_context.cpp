@@ -67,7 +67,7 @@ RoleContext::~RoleContext() = default;
 
 comm::Transport& RoleContext::transport() {
   if (opt.transport) return *opt.transport;
-  if (!own_transport_) own_transport_ = comm::make_transport(cfg.cluster.transport);
+  if (!own_transport_) own_transport_ = run_transport(cfg, opt.auth_key);
   return *own_transport_;
 }
 

@@ -7,6 +7,10 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
+def is_loopback(addr):
+    return addr in ("localhost", "::1") or addr.startswith("127.")
+
+
 def say(*parts):
     print(*parts, flush=True)
 

@@ -13,7 +13,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 
-from .common import REPO, UsageError
+from .common import REPO, UsageError, is_loopback
 
 DEFAULT_BASE_PORT = 29500
 DRY_RUN_SOCKET_DIR = pathlib.Path("/tmp/pslab-XXXXXXXX")  # what a dry run shows for ipc
@@ -36,10 +36,6 @@ class Proc:
     def describe(self):
         return f"{self.name}" + (f" (rank {self.rank})" if self.role == "worker" else
                                  f" (shard {self.rank})" if self.role == "server" else "")
-
-
-def is_loopback(addr):
-    return addr in ("localhost", "::1") or addr.startswith("127.")
 
 
 def free_port(addr):
@@ -140,6 +136,11 @@ def check_placement(plan):
                          f'({", ".join(hosts)}); use cluster.transport = "tcp", or one host in cluster.hosts')
 
 
+def run_key_path(run_dir):
+    """The run's key (cluster.auth): a CURVE key pair, mode 0600, made by `pslab_worker keygen`."""
+    return pathlib.Path(run_dir) / "run.key"
+
+
 def gpu_slots(plan, hosts):
     """The GPU slot of each process (index -> slot; servers have none): workers and the evaluator
     count up per host in start order. A process runs on GPU (slot mod the GPUs it sees)."""
@@ -171,6 +172,8 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_host=False):
         evaluator = next(i for i, p in enumerate(layout) if p["role"] == "evaluator")
         coordinator = endpoints.connect(rank0, "coordinator")  # rank 0 listens on it
         snapshots = endpoints.connect(evaluator, "snapshots")  # the evaluator listens on it
+    if plan.authenticates:  # the launcher writes the run's key there before anything starts
+        common += ["--auth-key", str(run_key_path(run_dir))]
     procs = []
     slots = gpu_slots(plan, hosts)
     for i, p in enumerate(layout):
@@ -182,6 +185,8 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_host=False):
             argv = [str(bins.server), "-c", cfg, "--shard", str(rank), "--bind", endpoints.bind(i, name),
                     "--metrics", str(run_dir / "metrics" / f"{name}.jsonl"), "--run-start", f"{run_start:.6f}",
                     "--wait-for-shutdown", "--procs-on-host", str(per_host[host])]
+            if plan.authenticates:
+                argv += ["--auth-key", str(run_key_path(run_dir))]
         elif role == "worker" and plan.uses_servers:
             argv = [str(bins.worker), "ps", "-c", cfg, "--rank", str(rank), "--servers", server_eps(host), *common, *poh]
         elif role == "worker":

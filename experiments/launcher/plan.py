@@ -9,7 +9,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-from .common import REPO, UsageError
+from .common import REPO, UsageError, is_loopback
 from .processes import check_signal
 
 
@@ -100,6 +100,17 @@ class RunPlan:
     def socket_dir_needed(self):
         """Listeners bind Unix sockets in a private directory of the run (made on every host)."""
         return self.unix_sockets or self.mixes_transports
+
+    @property
+    def authenticates(self):
+        """Whether the run's peers prove its key (cluster.auth): "curve" yes, "none" no, "auto" when a
+        TCP listener binds an address other than loopback (ssh and Slurm bind every interface)."""
+        auth = self.plan.get("auth", "none")
+        if auth != "auto":
+            return auth == "curve"
+        if self.unix_sockets:
+            return False
+        return self.launcher != "local" or not is_loopback(self.bind)
 
     launcher = property(lambda self: self.plan["launcher"])           # "local", "ssh" or "slurm"
     hosts = property(lambda self: list(self.plan["hosts"]))

@@ -14,7 +14,8 @@ from .common import REPO, RunFailed, say, warn
 from .comparison import write_comparison
 from .manifest import write_manifest
 from .monitor import Progress, monitor, process_failure, srun_failure
-from .placement import DRY_RUN_SOCKET_DIR, Proc, plan_cluster, plan_local, plan_ssh, socket_dir, srun_command
+from .placement import (DRY_RUN_SOCKET_DIR, Proc, plan_cluster, plan_local, plan_ssh, run_key_path, socket_dir,
+                        srun_command)
 from .plan import new_invocation_dir, safe_dir_name
 from .processes import Interrupted, check_signal, sleep_checked, start, stop_all
 from .summary import COMPLETED, result_line, summarize
@@ -89,6 +90,8 @@ def execute_run(plan, run_dir, bins, opts, prefix):
     (run_dir / "metrics").mkdir()
     (run_dir / "logs").mkdir()
     plan.write(run_dir)  # config.toml, plan.json
+    if plan.authenticates:
+        make_run_key(bins, run_dir)
     with socket_dir(plan) as sockets:
         s = start_and_watch(plan, run_dir, bins, opts, prefix, sockets)
     say(result_line(prefix, s))
@@ -97,10 +100,18 @@ def execute_run(plan, run_dir, bins, opts, prefix):
     return s
 
 
+def make_run_key(bins, run_dir):
+    """The run's key (cluster.auth), mode 0600 in the run directory, for its processes alone."""
+    path = run_key_path(run_dir)
+    r = subprocess.run([str(bins.worker), "keygen", str(path)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RunFailed(f"cannot make the run's key {path}: {(r.stderr or r.stdout).strip()}")
+
+
 def start_and_watch(plan, run_dir, bins, opts, prefix, sockets):
     """Starts the run's processes, waits for them all, writes manifest.json and summary.json."""
     run_start = time.time()
-    extra = {"transport": plan.transport}
+    extra = {"transport": plan.transport, "auth": "curve" if plan.authenticates else "none"}
     if sockets:
         extra["socket_dir"] = str(sockets)
     if plan.launcher == "local":
@@ -163,6 +174,9 @@ def dry_run(plans, bins, opts, runs_dir):
         if sockets:
             say(f"# {plan.transport}: the sockets go into a private directory made afresh at launch ({sockets} here), "
                 f"removed when the run ends")
+        if plan.authenticates:
+            say(f"# cluster.auth: peers prove the run's key over TCP (CURVE); it is made at launch: "
+                f"{run_key_path(run_dir)}, mode 0600")
         if plan.mixes_transports:
             say("# auto over several hosts: each server listens on a socket and a port; a peer on its host uses "
                 "the socket (shared memory), the others the port (TCP)")

@@ -79,6 +79,9 @@ void visit_fields(Config& c, F&& f) {
   f("cluster.launcher", c.cluster.launcher, "\"local\", \"ssh\" or \"slurm\"");
   f("cluster.hosts", c.cluster.hosts, "ssh: hosts, processes placed round-robin");
   f("cluster.bind", c.cluster.bind, "address servers and the rendezvous listen on");
+  f("cluster.auth", c.cluster.auth,
+    "\"curve\": every TCP peer proves the run's key (made by the launcher), messages encrypted; \"none\"; "
+    "\"auto\": curve when a listener binds a non-loopback address");
   f("cluster.timeout_s", c.cluster.timeout_s, "longest blocking wait before failing with the peer's name (s)");
   f("eval.interval_s", c.eval.interval_s, "evaluator period (s); one more evaluation at the end");
   f("eval.batch", c.eval.batch, "evaluation batch");
@@ -366,6 +369,8 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
         "cluster.launcher", "expected \"local\", \"ssh\" or \"slurm\", got \"" + c.cluster.launcher + "\"");
   check(c.cluster.launcher != "ssh" || !c.cluster.hosts.empty(), "cluster.hosts",
         "cluster.launcher = \"ssh\" needs at least one host");
+  check(c.cluster.auth == "auto" || c.cluster.auth == "curve" || c.cluster.auth == "none", "cluster.auth",
+        "expected \"auto\", \"curve\" or \"none\", got \"" + c.cluster.auth + "\"");
   check(c.cluster.timeout_s > 0, "cluster.timeout_s", "must be > 0");
   check(c.eval.interval_s > 0, "eval.interval_s", "must be > 0");
   check(c.eval.batch >= 1, "eval.batch", "must be >= 1");

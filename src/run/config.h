@@ -65,6 +65,8 @@ struct ClusterConfig {
   std::string launcher = "local";    // "local", "ssh", "slurm"
   std::vector<std::string> hosts;    // ssh: hosts, round-robin over processes
   std::string bind = "127.0.0.1";    // address servers and rendezvous bind to
+  std::string auth = "auto";         // "curve" (peers prove the run's key), "none", or "auto": curve
+                                     // when a listener binds a non-loopback address (the launcher decides)
   double timeout_s = 60.0;   // longest any blocking wait may take before it fails, naming the peer
 };
 

@@ -24,6 +24,7 @@ nlohmann::ordered_json run_plan(const ExperimentConfig& c) {
           {"launcher", c.cluster.launcher},
           {"hosts", c.cluster.hosts},
           {"bind", c.cluster.bind},
+          {"auth", c.cluster.auth},
           {"device", c.train.device},
           {"collective", c.cluster.collective},
           {"seed", c.seed},

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <thread>
 
 namespace pslab {
@@ -86,6 +87,15 @@ ScheduleConfig schedule_for_run(const ExperimentConfig& c, long steps_per_epoch)
   ScheduleConfig s = c.schedule;
   s.total_epochs = c.train.steps > 0 ? double(c.train.steps) / double(steps_per_epoch) : c.train.epochs;
   return s;
+}
+
+std::unique_ptr<comm::Transport> run_transport(const ExperimentConfig& c, const std::string& auth_key_file) {
+  if (auth_key_file.empty() && c.cluster.auth == "curve")
+    throw std::invalid_argument("cluster.auth = \"curve\": this process needs the run's key (--auth-key FILE; the "
+                                "launcher makes one for each run)");
+  auto t = comm::make_transport(c.cluster.transport);
+  if (!auth_key_file.empty()) t->authenticate(comm::read_run_key(auth_key_file));
+  return t;
 }
 
 }  // namespace pslab

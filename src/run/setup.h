@@ -2,6 +2,10 @@
 // Every process of a run derives these the same way, so they agree without talking.
 #pragma once
 
+#include <memory>
+#include <string>
+
+#include "comm/transport/transport.h"
 #include "core/data.h"
 #include "core/model.h"
 #include "ps/client.h"
@@ -28,6 +32,9 @@ long total_steps(const ExperimentConfig& c, long steps_per_epoch);
 // How a worker (role worker, its rank) or the evaluator (role evaluator, wire::kEvaluator)
 // of this run talks to the servers.
 PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int rank);
+// The run's transport (cluster.transport); with `auth_key_file` (the run's key, made by the
+// launcher) its peers authenticate. cluster.auth = "curve" without a key file is refused.
+std::unique_ptr<comm::Transport> run_transport(const ExperimentConfig& c, const std::string& auth_key_file);
 // BLAS threads for a process: train.threads, or the host's cores / processes_on_host.
 int blas_threads(const ExperimentConfig& c, int processes_on_host);
 // Threads a server splits a large update over: cluster.server_threads, or the host's cores /

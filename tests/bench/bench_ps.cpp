@@ -3,7 +3,7 @@
 // request at a time. Writes JSON.
 //
 //   bench_ps [--runs 5] [--json FILE] [--sizes-kib 4,256,4096,16384] [--transport tcp|ipc|shm]
-//            [--server-threads N]
+//            [--server-threads N] [--auth]
 //
 // Metrics, per tensor size (median over runs; each run = many iterations after a warm-up):
 //   push_pull   one Push with then_pull answered by the new parameters (what a worker does
@@ -15,6 +15,8 @@
 //   apply       the server's update alone (SGD on the shard, in process, checksums of the
 //               gradient and the new version included): GB/s of gradient applied, against
 //               memcpy of the same bytes
+//   pslab_auth  with --auth: push_pull again with the peers authenticated (the run's key:
+//               CURVE over tcp, every message encrypted), and auth_cost = its time / push_pull's
 // The server applies SGD (asp) to every push, and both sides checksum every payload.
 #include <CLI/CLI.hpp>
 
@@ -30,6 +32,7 @@
 
 #include <zmq.hpp>
 
+#include "comm/run_key.h"
 #include "run/config.h"
 #include "ps/shard_state.h"
 #include "ps/client.h"
@@ -76,7 +79,8 @@ std::vector<double> time_runs(int runs, long iters, F fn) {
 
 long iterations_for(std::size_t bytes) { return std::clamp<long>(long((256u << 20) / bytes), 20, 3000); }
 
-nlohmann::ordered_json bench_pslab(std::size_t floats, int runs, const std::string& transport_name, int server_threads) {
+nlohmann::ordered_json bench_pslab(std::size_t floats, int runs, const std::string& transport_name, int server_threads,
+                                   const comm::RunKey* key = nullptr) {
   ExperimentConfig cfg = config_for(floats);
   cfg.cluster.transport = transport_name;
   cfg.cluster.server_threads = server_threads;
@@ -88,6 +92,7 @@ nlohmann::ordered_json bench_pslab(std::size_t floats, int runs, const std::stri
       {  // destructors close the socket, letting the last Ack leave before _exit
         set_cpu_backend_threads(1);  // as pslab_server does
         const auto server_transport = comm::make_transport(transport_name);
+        if (key) server_transport->authenticate(*key);
         ServerOptions o;
         o.endpoint = ep;
         Server server(*server_transport, cfg, o);
@@ -100,6 +105,7 @@ nlohmann::ordered_json bench_pslab(std::size_t floats, int runs, const std::stri
     }
   }
   const std::size_t P = count_params(model_spec(cfg));
+  if (key) transport->authenticate(*key);
   PsClient client(*transport, {ep}, client_options(cfg, wire::Role::worker, 0));
   client.connect();
   // The gradient where a PS worker keeps it: in the transport's payload memory (shm: pushed
@@ -199,7 +205,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--transport", transport, "tcp (loopback), ipc (Unix sockets) or shm (shared memory)")
       ->capture_default_str();
+  bool auth = false;
+  app.add_flag("--auth", auth, "also measure push+pull with the peers authenticated (CURVE on tcp), same invocation");
   CLI11_PARSE(app, argc, argv);
+  const comm::RunKey key = comm::make_run_key();
 
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   for (int kib : sizes_kib) {
@@ -209,6 +218,12 @@ int main(int argc, char** argv) {
     r["raw_zmq"] = bench_raw(floats * 4, runs, transport);
     r["raw_zmq_tcp"] = transport == "tcp" ? r["raw_zmq"] : bench_raw(floats * 4, runs, "tcp");
     r["server_apply"] = bench_apply(floats, runs);
+    if (auth) {
+      r["pslab_auth"] = bench_pslab(floats, runs, transport, server_threads, &key);
+      r["auth_cost"] = r["pslab_auth"]["push_pull_us"].get<double>() / r["pslab"]["push_pull_us"].get<double>();
+      std::fprintf(stderr, "%6d KiB: authenticated push+pull %8.1f us: %.2fx the time without\n", kib,
+                   r["pslab_auth"]["push_pull_us"].get<double>(), r["auth_cost"].get<double>());
+    }
     const double us = r["pslab"]["push_pull_us"].get<double>(), tcp_us = r["raw_zmq_tcp"]["round_trip_us"].get<double>();
     r["raw_zmq_tcp_over_pslab"] = tcp_us / us;  // > 1: pslab's round trip is faster than a bare TCP echo
     std::fprintf(stderr, "%6d KiB: push+pull %8.1f us  %5.2f GB/s | push, pull %8.1f us | raw zmq %8.1f us %5.2f GB/s | "
@@ -218,7 +233,8 @@ int main(int argc, char** argv) {
                  r["server_apply"]["apply_GBps"].get<double>(), r["server_apply"]["memcpy_GBps"].get<double>());
     results.push_back(r);
   }
-  nlohmann::ordered_json out{{"benchmark", "ps_push_pull"}, {"transport", transport}, {"server_threads", server_threads}, {"runs", runs},
+  nlohmann::ordered_json out{{"benchmark", "ps_push_pull"}, {"transport", transport}, {"server_threads", server_threads},
+                             {"auth", auth}, {"runs", runs},
                              {"metric", "median over runs of the mean time per request; GB/s counts bytes pushed + bytes pulled"},
                              {"results", results}};
   std::printf("%s\n", out.dump(2).c_str());

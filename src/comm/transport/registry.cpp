@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <new>
+#include <stdexcept>
 
 namespace pslab::comm {
 
@@ -27,6 +28,11 @@ class HeapPayloadMemory final : public PayloadMemory {
   std::byte* data_;
 };
 }  // namespace
+
+void Transport::authenticate(const RunKey&) {
+  throw std::invalid_argument("cluster.transport = \"" + name() + "\" cannot authenticate its peers; use tcp, ipc, shm "
+                              "or auto, or cluster.auth = \"none\"");
+}
 
 std::unique_ptr<PayloadMemory> Transport::payload_memory(std::size_t bytes) {
   return std::make_unique<HeapPayloadMemory>(bytes);

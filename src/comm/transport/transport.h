@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/run_key.h"
 #include "core/registry.h"
 
 namespace pslab::comm {
@@ -197,6 +198,15 @@ class Transport {
   // Throws std::invalid_argument for an address this transport cannot use.
   virtual std::unique_ptr<Connections> connect(const std::vector<std::string>& addresses,
                                                const ConnectOptions& opt = {}) = 0;
+  // From now on its listeners accept only peers that prove they hold `key`, and its
+  // connections prove it (tcp: ZeroMQ CURVE, every message encrypted and authenticated; a
+  // refused peer gets nothing and is counted in peers_refused()). Transports over Unix sockets
+  // accept it and rely on their socket directory: mode 0700, only this user reaches it. Call it
+  // before the first listen() or connect(). The default throws std::invalid_argument: this
+  // transport cannot authenticate.
+  virtual void authenticate(const RunKey& key);
+  // Peers refused so far because they did not prove the key.
+  virtual long peers_refused() const { return 0; }
   // `bytes` of memory for payloads that are sent again and again (a server's θ versions). A
   // transport that passes payloads by reference (shm) makes it memory its receivers can map:
   // a payload sent from it with a release function is then lent, not copied, until the

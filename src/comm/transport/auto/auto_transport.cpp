@@ -47,6 +47,11 @@ class AutoTransport final : public Transport {
     parts.push_back(tcp_->connect(of_tcp, opt));
     return mixed_connections(addresses, std::move(parts), std::move(where));
   }
+  void authenticate(const RunKey& key) override {
+    shm_->authenticate(key);
+    tcp_->authenticate(key);
+  }
+  long peers_refused() const override { return tcp_->peers_refused(); }
   // Shared memory: lent by reference where the peer is on this host, ordinary memory to TCP.
   std::unique_ptr<PayloadMemory> payload_memory(std::size_t bytes) override { return shm_->payload_memory(bytes); }
 

@@ -7,12 +7,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <array>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
+#include <thread>
 
 #include <zmq.hpp>
 
@@ -75,10 +79,77 @@ zmq::message_t payload_frame(const OutPayload& p) {
   return zmq::message_t(p.data, p.size);
 }
 
+// The run's key as CURVE wants it: 32 binary bytes each.
+struct CurveKeys {
+  std::array<std::uint8_t, 32> public_key, secret_key;
+};
+
+CurveKeys curve_keys(const RunKey& k) {
+  CurveKeys c;
+  if (k.public_key.size() != 40 || k.secret_key.size() != 40 || !zmq_z85_decode(c.public_key.data(), k.public_key.c_str()) ||
+      !zmq_z85_decode(c.secret_key.data(), k.secret_key.c_str()))
+    throw std::invalid_argument("not a run key (Z85, 40 characters each)");
+  return c;
+}
+
+std::string_view view(const std::array<std::uint8_t, 32>& a) { return {reinterpret_cast<const char*>(a.data()), a.size()}; }
+
+// The ZeroMQ authentication handler (ZAP, RFC 27) of a context: libzmq asks it about every CURVE
+// handshake on the context's listeners; it admits the clients that proved the run's key and
+// refuses (and counts) every other. Runs on a thread of its own until destroyed.
+class ZapHandler {
+ public:
+  ZapHandler(zmq::context_t& ctx, const CurveKeys& keys) : sock_(ctx, zmq::socket_type::rep), allowed_(keys.public_key) {
+    sock_.set(zmq::sockopt::linger, 0);
+    sock_.bind("inproc://zeromq.zap.01");  // bound before any listener can ask
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~ZapHandler() {
+    stop_ = true;
+    thread_.join();
+  }
+  long refused() const { return refused_.load(); }
+
+ private:
+  void serve() {
+    std::vector<zmq::message_t> req;
+    while (!stop_) {
+      zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
+      poll_until(&item, 1, Clock::now() + std::chrono::milliseconds(100));
+      if (!recv_frames(sock_, req)) continue;
+      // version, request id, domain, address, routing id, mechanism, client public key
+      const bool ok = req.size() == 7 && req[5].to_string_view() == "CURVE" && req[6].size() == 32 &&
+                      std::memcmp(req[6].data(), allowed_.data(), 32) == 0;
+      const std::string address = req.size() > 3 ? req[3].to_string() : "?";
+      const std::array<std::string, 6> reply{"1.0", req.size() > 1 ? req[1].to_string() : "", ok ? "200" : "400",
+                                             ok ? "OK" : "not the run's key", "", ""};
+      for (std::size_t i = 0; i < reply.size(); ++i)
+        sock_.send(zmq::buffer(reply[i]), i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+      if (ok) continue;
+      const long n = ++refused_;
+      if (n <= 3 || n % 1000 == 0)
+        std::fprintf(stderr, "pslab: refused a peer from %s: it does not hold the run's key (%ld refused so far)\n",
+                     address.c_str(), n);
+    }
+  }
+
+  zmq::socket_t sock_;
+  std::array<std::uint8_t, 32> allowed_;
+  std::atomic<bool> stop_{false};
+  std::atomic<long> refused_{0};
+  std::thread thread_;
+};
+
 class ZmqListener final : public Listener {
  public:
-  ZmqListener(zmq::context_t& ctx, std::string address, const std::string& bind, const ListenOptions& o)
+  ZmqListener(zmq::context_t& ctx, std::string address, const std::string& bind, const ListenOptions& o,
+              const CurveKeys* keys)
       : sock_(ctx, zmq::socket_type::router), address_(std::move(address)) {
+    if (keys) {  // CURVE server: peers must prove the run's key (the ZAP handler decides)
+      sock_.set(zmq::sockopt::curve_server, 1);
+      sock_.set(zmq::sockopt::curve_secretkey, view(keys->secret_key));
+      sock_.set(zmq::sockopt::zap_domain, "pslab");
+    }
     sock_.set(zmq::sockopt::router_mandatory, 1);  // a reply that cannot be queued is reported, not lost silently
     if (o.max_message_bytes) sock_.set(zmq::sockopt::maxmsgsize, std::int64_t(o.max_message_bytes));
     sock_.set(zmq::sockopt::sndhwm, o.queue);
@@ -135,10 +206,16 @@ class ZmqListener final : public Listener {
 
 class ZmqConnections final : public Connections {
  public:
-  ZmqConnections(zmq::context_t& ctx, const std::vector<std::string>& addresses, const ConnectOptions& o)
+  ZmqConnections(zmq::context_t& ctx, const std::vector<std::string>& addresses, const ConnectOptions& o,
+                 const CurveKeys* keys)
       : addresses_(addresses) {
     for (const auto& a : addresses) {
       socks_.emplace_back(ctx, zmq::socket_type::dealer);
+      if (keys) {  // CURVE client: proves the run's key to a listener that serves with it
+        socks_.back().set(zmq::sockopt::curve_serverkey, view(keys->public_key));
+        socks_.back().set(zmq::sockopt::curve_publickey, view(keys->public_key));
+        socks_.back().set(zmq::sockopt::curve_secretkey, view(keys->secret_key));
+      }
       socks_.back().set(zmq::sockopt::linger, int(o.linger.count()));
       socks_.back().set(zmq::sockopt::sndhwm, o.queue);
       socks_.back().set(zmq::sockopt::rcvhwm, o.queue);
@@ -236,13 +313,24 @@ class ZmqTransport final : public Transport {
 
   std::unique_ptr<Listener> listen(const std::string& address, const ListenOptions& opt) override {
     check(address);
-    return std::make_unique<ZmqListener>(context(), address, zmq_bind_address(address), opt);
+    return std::make_unique<ZmqListener>(context(), address, zmq_bind_address(address), opt, keys());
   }
 
   std::unique_ptr<Connections> connect(const std::vector<std::string>& addresses, const ConnectOptions& opt) override {
     for (const auto& a : addresses) check(a);
-    return std::make_unique<ZmqConnections>(context(), addresses, opt);
+    return std::make_unique<ZmqConnections>(context(), addresses, opt, keys());
   }
+
+  // tcp: CURVE on every socket, and a ZAP handler that admits the run's key alone. ipc: its
+  // sockets live in a private directory (mode 0700): only this user reaches them.
+  void authenticate(const RunKey& key) override {
+    if (scheme_ == "ipc") return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (keys_) throw std::logic_error("the transport authenticates already");
+    keys_ = curve_keys(key);
+    zap_ = std::make_unique<ZapHandler>(context(), *keys_);
+  }
+  long peers_refused() const override { return zap_ ? zap_->refused() : 0; }
 
  private:
   void check(const std::string& address) const {
@@ -260,11 +348,18 @@ class ZmqTransport final : public Transport {
     return *ctx_;
   }
 
+  const CurveKeys* keys() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return keys_ ? &*keys_ : nullptr;
+  }
+
   std::string scheme_;
   std::once_flag ctx_once_;
   std::unique_ptr<zmq::context_t> ctx_;
   std::mutex mu_;
   std::string private_dir_;
+  std::optional<CurveKeys> keys_;   // set by authenticate()
+  std::unique_ptr<ZapHandler> zap_;  // destroyed (its thread joined) before the context
 };
 
 }  // namespace
