@@ -199,6 +199,11 @@ void Server::handle(const comm::PeerId& id, const comm::Message& m) {
     (void)m;
     send(id, header(wire::Ack{}));
   } else if (std::holds_alternative<wire::Shutdown>(h->body)) {
+    if (peer.role != wire::Role::evaluator) {  // the run ends when its evaluator has taken the final θ
+      reply_error(id, wire::ErrorCode::protocol, "Shutdown from worker " + std::to_string(peer.rank) +
+                                                     ": only the evaluator ends a run");
+      return;
+    }
     shutdown_ = true;
     send(id, header(wire::Ack{}));
   } else if (std::holds_alternative<wire::Stats>(h->body)) {

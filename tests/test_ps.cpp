@@ -589,6 +589,33 @@ TEST(Client, ByeAndShutdownWantAnAckFromEveryServer) {
   fake.join();
 }
 
+// A Shutdown ends a run only from its evaluator: one from a worker (or anyone else that said
+// Hello as one) is refused and counted, and the run goes on until the evaluator's.
+TEST(Server, OnlyTheEvaluatorsShutdownEndsTheRun) {
+  ExperimentConfig cfg = make_config("asp", 1, 1);
+  Cluster cluster(cfg, /*record_pulls=*/false, /*wait_for_shutdown=*/true);
+  const std::size_t P = count_params(model_spec(cfg));
+  PsClient w(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
+  w.connect();
+  std::vector<float> theta(P);
+  w.pull(0, theta.data());
+  try {
+    w.shutdown();
+    ADD_FAILURE() << "a worker's Shutdown was taken";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("only the evaluator ends a run"), std::string::npos) << e.what();
+  }
+  w.bye(0);
+  // Every worker said Bye, but the server still serves: the evaluator takes the final θ.
+  PsClient evaluator(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::evaluator, wire::kEvaluator));
+  evaluator.connect();
+  evaluator.pull(0, theta.data());
+  evaluator.shutdown();
+  cluster.join();
+  cluster.rethrow();
+  EXPECT_EQ(cluster.servers[0]->counters().bad.at("protocol"), 1);
+}
+
 // Defect: in PS modes the evaluator reported the smallest shard version as "step" (under asp
 // with W workers that is W x the steps), in all-reduce the ranks' step. Now "step" means the
 // steps every worker has completed, in every mode; the versions are reported as such.
