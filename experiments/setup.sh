@@ -8,7 +8,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 packages=(
   cmake ninja-build pkg-config g++ zlib1g-dev
   libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler libgloo-dev libopenblas-dev
-  libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libgtest-dev patchelf
+  libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libgtest-dev patchelf clang libclang-rt-14-dev
   dataset-fashion-mnist python3 python3-matplotlib python3-numpy
 )
 missing=()
