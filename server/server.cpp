@@ -141,7 +141,12 @@ void Server::run() {
 }
 
 void Server::handle(const comm::PeerId& id, const comm::Message& m) {
-  counters_.bytes_in += long(m.wire_bytes());
+  const long bad_before = counters_.bad_total(), bytes = long(m.wire_bytes());
+  handle_message(id, m);
+  (counters_.bad_total() > bad_before ? counters_.bytes_bad : counters_.bytes_in) += bytes;
+}
+
+void Server::handle_message(const comm::PeerId& id, const comm::Message& m) {
   if (!m.malformed().empty()) {
     if (id.empty()) ++counters_.bad["malformed"];  // nobody to answer
     else reply_error(id, wire::ErrorCode::malformed, m.malformed());
@@ -216,6 +221,8 @@ void Server::handle(const comm::PeerId& id, const comm::Message& m) {
                              {"bad", counters_.bad},
                              {"dropped_replies", counters_.dropped_replies},
                              {"peers_refused", transport_.peers_refused()},
+                             {"bytes_in", counters_.bytes_in},
+                             {"bytes_bad", counters_.bytes_bad},
                              {"pushed", pushed_json(counters_)}};
     send(id, header(wire::StatsReply{j.dump()}));
   } else {
@@ -437,6 +444,7 @@ void Server::write_stats(bool final) {
                            {"hold_ms_total", counters_.hold_ms_total},
                            {"hold_ms_max", counters_.hold_ms_max},
                            {"bytes_in", counters_.bytes_in},
+                           {"bytes_bad", counters_.bytes_bad},
                            {"bytes_out", counters_.bytes_out},
                            {"bad_total", counters_.bad_total()},
                            {"bad", counters_.bad},

@@ -42,7 +42,8 @@ struct ServerOptions {
 struct ServerCounters {
   long pushes = 0, pulls = 0, pulls_held = 0;
   double hold_ms_total = 0.0, hold_ms_max = 0.0;
-  long bytes_in = 0, bytes_out = 0;
+  long bytes_in = 0, bytes_out = 0;  // bytes_in: of the messages taken (bad input: bytes_bad)
+  long bytes_bad = 0;                // of the messages counted as bad input
   long dropped_replies = 0;         // replies the transport could not queue (peer gone or not reading)
   struct Pushed {
     long pushes = 0, payload_bytes = 0;
@@ -81,7 +82,8 @@ class Server {
   };
   using Clock = std::chrono::steady_clock;
 
-  void handle(const comm::PeerId& id, const comm::Message& m);
+  void handle(const comm::PeerId& id, const comm::Message& m);  // accounts bytes, then handle_message()
+  void handle_message(const comm::PeerId& id, const comm::Message& m);
   void on_hello(const std::string& id, const wire::Hello& m);
   void on_pull(const std::string& id, const Peer& p, long clock);
   void on_push(const std::string& id, const Peer& p, const wire::Push& m, const comm::Message& msg);

@@ -430,6 +430,7 @@ TEST_P(BadInput, EveryKindIsCountedAnsweredAndLeavesThetaBitwiseUnchanged) {
 // authentication, tested on its own).
 TEST_P(BadInput, AStormOfMutatedMessagesIsCountedAndChangesNothing) {
   const std::vector<float> before = theta();
+  const long bytes_in_before = nlohmann::json::parse(evaluator->stats(0))["bytes_in"].get<long>();
   std::vector<int> half_open;  // TCP connections that never speak ZeroMQ's greeting
   if (GetParam() == "tcp") {
     const std::string ep = cluster->endpoints[0];
@@ -496,6 +497,9 @@ TEST_P(BadInput, AStormOfMutatedMessagesIsCountedAndChangesNothing) {
   }
   EXPECT_EQ(stats["bad_total"].get<long>(), sent) << stats.dump();
   EXPECT_GT(sent, storm * 9 / 10);
+  // Their bytes count as bad input, not as traffic the run moved (bytes_pushed in the summary).
+  EXPECT_GT(stats["bytes_bad"].get<long>(), 1000000) << stats.dump();
+  EXPECT_LT(stats["bytes_in"].get<long>() - bytes_in_before, 100000) << stats.dump();
   EXPECT_EQ(stats["version"], 0);
   EXPECT_EQ(before, theta()) << "θ changed under the storm";
   for (int fd : half_open) ::close(fd);

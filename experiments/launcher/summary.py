@@ -36,7 +36,7 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None):
                         batch), and the span runs from the earliest window start (first line's
                         t minus its window's length) to the last train line; train_samples:
                         the total samples
-    bytes_pushed, bytes_pulled   as the servers counted them (all-reduce: the bytes each rank
+    bytes_pushed, bytes_pulled   as the servers counted them, bad input apart (all-reduce: the bytes each rank
                         all-reduced, summed over the ranks, in both)
     pushed_by_codec     PS modes: {codec: {"pushes", "payload_bytes"}}, the accepted pushes and
                         their payload bytes summed over the servers (cluster.codec)
