@@ -62,6 +62,7 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   worker_ids_.assign(std::size_t(W), "");
   worker_heard_.assign(std::size_t(W), Clock::now());
   said_bye_.assign(std::size_t(W), 0);
+  continue_on_loss_ = continues_without_lost_workers(cfg);
 
   // A peer cannot make us allocate more than one shard plus a header per message.
   comm::ListenOptions lo;
@@ -78,7 +79,7 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
 Server::~Server() = default;
 
 bool Server::done() const {
-  return byes_ == cfg_.cluster.workers && (!opt_.wait_for_shutdown || shutdown_);
+  return finished() == cfg_.cluster.workers && (!opt_.wait_for_shutdown || shutdown_);
 }
 
 void Server::run() {
@@ -96,10 +97,14 @@ void Server::run() {
       auto wake = std::min(next_stats, now + std::chrono::milliseconds(200));
       for (const auto& h : held_) wake = std::min(wake, h.since + timeout);
       // Handle what is waiting (bounded, so that timers run under a flood).
+      bool drained = true;  // nothing left queued: silence now is the peers', not this loop's
       if (listener_->recv(msg_, from_, wake)) {
         handle(from_, msg_);
-        for (int i = 1; i < 256 && listener_->recv(msg_, from_, Clock::now()); ++i) handle(from_, msg_);
+        int i = 1;
+        while (i < 256 && listener_->recv(msg_, from_, Clock::now())) handle(from_, msg_), ++i;
+        drained = i < 256;
       }
+      if (drained) find_lost_workers(Clock::now());
       release_ready_pulls();
       expire_held_pulls();
 
@@ -108,11 +113,11 @@ void Server::run() {
         throw std::runtime_error(who + ": start barrier: waited " + timeout_text +
                                  " s for Hello from " + missing_hellos());
       // Silence while nobody is held: held pulls expire first, with the more precise message.
-      if (barrier_open_ && byes_ < cfg_.cluster.workers && held_.empty() && t - last_message_ > timeout) {
+      if (barrier_open_ && finished() < cfg_.cluster.workers && held_.empty() && t - last_message_ > timeout) {
         // A worker whose next pull the mode would hold is waiting for the others, not training.
         std::string training, waiting;
         for (int r = 0; r < cfg_.cluster.workers; ++r)
-          if (!said_bye_[std::size_t(r)]) {
+          if (!said_bye_[std::size_t(r)] && !state_->dropped(r)) {
             const long clock = state_->clock_of(r);
             std::string& list = state_->pull_ready(clock) ? training : waiting;
             char b[96];
@@ -125,7 +130,7 @@ void Server::run() {
                                  (waiting.empty() ? "" : "; waiting for them: " + waiting));
       }
       // Training is over but the Shutdown that --wait-for-shutdown waits for does not come.
-      if (byes_ == cfg_.cluster.workers && !shutdown_ && t - last_message_ > timeout)
+      if (finished() == cfg_.cluster.workers && !shutdown_ && t - last_message_ > timeout)
         throw std::runtime_error(who + ": every worker said Bye " + timeout_text +
                                  " s ago, but no Shutdown came (is the evaluator running? its log says why it stopped)");
       if (t >= next_stats) {
@@ -178,6 +183,12 @@ void Server::handle_message(const comm::PeerId& id, const comm::Message& m) {
                                                        " on a connection that said Hello as " + std::to_string(peer.rank));
     return;
   }
+  if (peer.role == wire::Role::worker && state_->dropped(peer.rank)) {
+    reply_error(id, wire::ErrorCode::protocol, "worker " + std::to_string(peer.rank) +
+                                                   " was dropped from this run as lost (silent for more than "
+                                                   "cluster.heartbeat_s); it cannot rejoin");
+    return;
+  }
   const auto now = Clock::now();
   peer.last_heard = now;
   if (peer.role == wire::Role::worker) {
@@ -211,6 +222,8 @@ void Server::handle_message(const comm::PeerId& id, const comm::Message& m) {
     }
     shutdown_ = true;
     send(id, header(wire::Ack{}));
+  } else if (std::holds_alternative<wire::Beat>(h->body)) {
+    // A heartbeat: the peer is alive (noted above); no answer.
   } else if (std::holds_alternative<wire::Stats>(h->body)) {
     nlohmann::ordered_json j{{"shard", opt_.shard},
                              {"version", state_->version()},
@@ -223,7 +236,8 @@ void Server::handle_message(const comm::PeerId& id, const comm::Message& m) {
                              {"peers_refused", transport_.peers_refused()},
                              {"bytes_in", counters_.bytes_in},
                              {"bytes_bad", counters_.bytes_bad},
-                             {"pushed", pushed_json(counters_)}};
+                             {"pushed", pushed_json(counters_)},
+                             {"workers_lost", losses_}};
     send(id, header(wire::StatsReply{j.dump()}));
   } else {
     reply_error(id, wire::ErrorCode::unknown_type, std::string("a server does not take ") + wire::body_name(h->body));
@@ -252,6 +266,11 @@ void Server::on_hello(const std::string& id, const wire::Hello& m) {
       return;
     }
     std::string& slot = worker_ids_[std::size_t(m.rank)];
+    if (state_->dropped(m.rank)) {
+      reply_error(id, wire::ErrorCode::protocol, "worker " + std::to_string(m.rank) +
+                                                     " was dropped from this run as lost; it cannot rejoin");
+      return;
+    }
     if (!slot.empty() && slot != id) {
       reply_error(id, wire::ErrorCode::protocol, "worker " + std::to_string(m.rank) +
                                                      " already said Hello from another connection");
@@ -360,7 +379,7 @@ void Server::serve_pull(const std::string& id, int rank, long clock, Clock::time
   if (rank >= 0) state_->record_pull(rank, clock);
   ParamVersions& pv = state_->params();
   wire::PullReply r{clock, state_->version(), state_->min_clock(), state_->samples_applied(), long(held_s * 1e6),
-                    byes_ == cfg_.cluster.workers, state_->current_checksum(), range_.offset, range_.length,
+                    finished() == cfg_.cluster.workers, state_->current_checksum(), range_.offset, range_.length,
                     /*codec: dense f32*/ 0, range_.length * sizeof(float)};
   ParamVersions::Buffer* buf = pv.acquire_current();  // released by the transport once sent
   send(id, header(r), comm::OutPayload{buf->data, pv.size() * sizeof(float), &free_param_buffer, buf});
@@ -397,6 +416,49 @@ void Server::expire_held_pulls() {
     } else {
       ++i;
     }
+  }
+}
+
+void Server::find_lost_workers(Clock::time_point now) {
+  if (!barrier_open_) return;  // before it, the start barrier's own timeout names who is missing
+  const auto limit = std::chrono::duration<double>(cfg_.cluster.heartbeat_s);
+  for (int r = 0; r < cfg_.cluster.workers; ++r) {
+    if (said_bye_[std::size_t(r)] || state_->dropped(r)) continue;
+    const auto silent = now - worker_heard_[std::size_t(r)];
+    if (silent <= limit) continue;
+    if (!continue_on_loss_) {
+      char b[200];
+      std::snprintf(b, sizeof b, ": worker %d lost: silent for %.1f s at clock %ld (cluster.heartbeat_s = %g); ", r,
+                    seconds(silent), state_->clock_of(r), cfg_.cluster.heartbeat_s);
+      throw std::runtime_error("server " + std::to_string(opt_.shard) + " (" + opt_.endpoint + ")" + b +
+                               (state_->rule().trains_without_lost_workers()
+                                    ? "cluster.on_worker_loss = \"fail\""
+                                    : cfg_.cluster.mode + " cannot train on without it"));
+    }
+    lose_worker(r, seconds(silent));
+  }
+}
+
+void Server::lose_worker(int rank, double silent_s) {
+  state_->drop_worker(rank);
+  const long clock = state_->clock_of(rank);
+  losses_.push_back({{"worker", rank}, {"clock", clock}, {"silent_s", silent_s}});
+  std::fprintf(stderr, "server %d: worker %d lost: silent for %.1f s at clock %ld (cluster.heartbeat_s = %g); "
+               "training goes on without it (cluster.on_worker_loss)\n", opt_.shard, rank, silent_s, clock,
+               cfg_.cluster.heartbeat_s);
+  for (std::size_t i = 0; i < held_.size();) {  // its held pull, if it hangs rather than died
+    if (held_[i].rank == rank) {
+      const HeldPull h = held_[i];
+      held_.erase(held_.begin() + std::ptrdiff_t(i));
+      send(h.identity, header(wire::Error{wire::ErrorCode::protocol, "worker " + std::to_string(rank) +
+                                                                         " was dropped from this run as lost"}));
+    } else {
+      ++i;
+    }
+  }
+  if (metrics_) {
+    metrics_->write({{"kind", "worker_lost"}, {"shard", opt_.shard}, {"worker", rank}, {"clock", clock}, {"silent_s", silent_s}});
+    metrics_->flush();
   }
 }
 
@@ -450,7 +512,8 @@ void Server::write_stats(bool final) {
                            {"bad", counters_.bad},
                            {"dropped_replies", counters_.dropped_replies},
                            {"peers_refused", transport_.peers_refused()},
-                           {"pushed", pushed_json(counters_)}};
+                           {"pushed", pushed_json(counters_)},
+                           {"workers_lost", losses_}};
   if (final) {
     // The histograms only: the launcher's summary derives the statistics, once, over every shard.
     nlohmann::ordered_json hist;

@@ -10,6 +10,12 @@
 // Nothing hangs silently: a pull held longer than the timeout is answered with an Error that
 // names the workers it waited for; a start barrier that does not fill, or silence from every
 // worker, ends the server with an error naming the missing workers.
+//
+// Lost workers: a worker sends a message (or a Beat) at least every cluster.heartbeat_s / 4, so
+// one silent for cluster.heartbeat_s has died or hangs. Where the run continues without it
+// (cluster.on_worker_loss, asp and ssp) the server drops it from the clock table, says so once
+// (stderr, a "worker_lost" metrics line, the final stats) and counts it as done; otherwise it
+// ends with an error naming the worker.
 #pragma once
 
 #include <atomic>
@@ -67,6 +73,8 @@ class Server {
   const ShardState& state() const { return *state_; }
   const ServerCounters& counters() const { return counters_; }
   ShardRange range() const { return range_; }
+  // [{worker, clock, silent_s}] of the workers dropped as lost, in order.
+  const nlohmann::ordered_json& workers_lost() const { return losses_; }
 
  private:
   struct Peer {
@@ -95,7 +103,12 @@ class Server {
   void reply_error(const std::string& id, wire::ErrorCode code, const std::string& message);
   wire::Header header(wire::Body body) const { return wire::Header{wire::kServer, opt_.shard, std::move(body)}; }
   std::string missing_hellos() const;
+  // Workers silent for the heartbeat timeout: dropped (lose_worker) or, where the run cannot go
+  // on without them, an error naming them. Called only when every queued message was handled.
+  void find_lost_workers(Clock::time_point now);
+  void lose_worker(int rank, double silent_s);
   void write_stats(bool final);
+  int finished() const { return byes_ + int(losses_.size()); }  // workers done: Bye, or lost
   bool done() const;
 
   ExperimentConfig cfg_;
@@ -119,6 +132,8 @@ class Server {
   std::vector<std::string> welcome_waiting_;    // identities waiting for the start barrier
   std::vector<char> said_bye_;
   int byes_ = 0;
+  bool continue_on_loss_ = false;       // continues_without_lost_workers(cfg)
+  nlohmann::ordered_json losses_ = nlohmann::ordered_json::array();  // {worker, clock, silent_s} per lost worker
   bool barrier_open_ = false, shutdown_ = false;
   std::vector<HeldPull> held_;
   Clock::time_point started_, last_message_;

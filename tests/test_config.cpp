@@ -179,6 +179,31 @@ TEST(Setup, AScheduleSpansTheStepsThatRunWhenTrainStepsDecides) {
   EXPECT_DOUBLE_EQ(schedule_for_run(by_epochs, spe).total_epochs, 10.0);
 }
 
+// cluster.on_worker_loss: "auto" continues where the mode trains on without a worker (asp,
+// ssp), and an explicit "continue" is refused where it cannot (bsp, allreduce).
+TEST(Config, OnWorkerLossContinuesOnlyWhereTheModeCan) {
+  auto resolved = [](const std::string& mode, const std::string& loss) {
+    return continues_without_lost_workers(
+        parse_config("name = \"x\"\n", "e", {"cluster.mode=" + mode, "cluster.on_worker_loss=" + loss}));
+  };
+  EXPECT_TRUE(resolved("asp", "auto"));
+  EXPECT_TRUE(resolved("ssp:2", "auto"));
+  EXPECT_FALSE(resolved("bsp", "auto"));
+  EXPECT_FALSE(resolved("allreduce", "auto"));
+  EXPECT_TRUE(resolved("asp", "continue"));
+  EXPECT_FALSE(resolved("asp", "fail"));
+  EXPECT_FALSE(resolved("ssp:2", "fail"));
+  EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"bsp\"\non_worker_loss = \"continue\"\n")
+                .find("exp.toml: cluster.on_worker_loss: \"continue\" needs a mode that trains on without a lost worker"),
+            std::string::npos);
+  EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"allreduce\"\non_worker_loss = \"continue\"\n")
+                .find("cluster.on_worker_loss: "),
+            std::string::npos);
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\non_worker_loss = \"ignore\"\n"),
+            "exp.toml: cluster.on_worker_loss: expected \"auto\", \"continue\" or \"fail\", got \"ignore\"");
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nheartbeat_s = 0\n"), "exp.toml: cluster.heartbeat_s: must be > 0");
+}
+
 TEST(Setup, ThePlanSaysWhatTheRunWillDo) {
   const ExperimentConfig c = parse_config(
       "name = \"p\"\n[data]\nkind = \"logistic\"\ntrain_samples = 1000\n[train]\nbatch = 32\nepochs = 2.5\n"
@@ -191,6 +216,8 @@ TEST(Setup, ThePlanSaysWhatTheRunWillDo) {
   EXPECT_EQ(p["data"]["test_samples"], 2048);
   EXPECT_EQ(p["steps_per_epoch"], 11);  // ceil(334 / 32)
   EXPECT_EQ(p["total_steps"], 28);      // ceil(2.5 * 11)
+  EXPECT_EQ(p["on_worker_loss"], "continue");  // ssp trains on without a lost worker
+  EXPECT_EQ(p["heartbeat_s"], 5.0);
   ASSERT_EQ(p["processes"].size(), 6u);
   EXPECT_EQ(p["processes"][0]["name"], "server0");
   EXPECT_EQ(p["processes"][2]["name"], "worker0");

@@ -102,6 +102,34 @@ TEST(ShardState, SspGatesPullsOnTheSlowestWorker) {
   EXPECT_FLOAT_EQ(s.current()[0], -2.0f);
 }
 
+// A lost worker (cluster.on_worker_loss = "continue"): its clock stops counting, so the pulls it
+// held back are served; a later push from it is refused; bsp cannot drop anyone.
+TEST(ShardState, ADroppedWorkerNoLongerHoldsSspAndCannotPush) {
+  auto cpu = make_cpu_backend(1);
+  ShardState s(*cpu, options("ssp:1", 3, 1), {0.0f});
+  const float g[] = {1};
+  push(s, 0, 0, 0, 1, g, sum(g));
+  push(s, 1, 0, 1, 1, g, sum(g));
+  push(s, 0, 1, 2, 1, g, sum(g));
+  EXPECT_FALSE(s.pull_ready(2));  // worker 2 is at clock 0
+  EXPECT_NE(s.why_held(2).find("worker 2 (clock 0)"), std::string::npos) << s.why_held(2);
+  s.drop_worker(2);
+  EXPECT_TRUE(s.dropped(2));
+  EXPECT_EQ(s.min_clock(), 1) << "the slowest worker that counts is worker 1";
+  EXPECT_TRUE(s.pull_ready(2));
+  EXPECT_FALSE(s.pull_ready(3));
+  EXPECT_EQ(s.why_held(3).find("worker 2"), std::string::npos) << "a dropped worker is not waited for: " << s.why_held(3);
+  EXPECT_THROW(push(s, 2, 0, 0, 1, g, sum(g)), ProtocolError);
+  EXPECT_EQ(s.version(), 3) << "the refused push changed nothing";
+  EXPECT_EQ(s.clock_of(2), 0);
+
+  ShardState b(*cpu, options("bsp", 2, 1), {0.0f});
+  EXPECT_FALSE(b.rule().trains_without_lost_workers());
+  EXPECT_THROW(b.drop_worker(1), std::logic_error);
+  EXPECT_TRUE(make_rule("asp")->trains_without_lost_workers());
+  EXPECT_TRUE(make_rule("ssp:3")->trains_without_lost_workers());
+}
+
 TEST(ShardState, AspNeverHoldsAndMeasuresStaleness) {
   auto cpu = make_cpu_backend(1);
   ShardState s(*cpu, options("asp", 2, 1), {0.0f});

@@ -608,6 +608,111 @@ TEST(Timeouts, AHeldPullIsAnsweredWithWhomItWaitedFor) {
   }
 }
 
+// ---- lost workers: heartbeats, cluster.heartbeat_s, cluster.on_worker_loss ----
+
+// A worker that computes for 3 x heartbeat_s without calling its client is kept (its client's
+// heartbeat thread speaks for it); one that dies (its connection closed, no Bye) is dropped
+// within about heartbeat_s, and the run ends when the other says Bye.
+TEST(WorkerLoss, AnAspServerKeepsABusyWorkerAndDropsADeadOne) {
+  ExperimentConfig cfg = make_config("asp", 2, 2);
+  cfg.cluster.heartbeat_s = 0.3;
+  Cluster cluster(cfg);
+  const std::size_t P = count_params(model_spec(cfg));
+  PsClient w0(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
+  auto w1 = std::make_unique<PsClient>(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 1));
+  std::thread t([&] { w1->connect(); });
+  w0.connect();
+  t.join();
+  std::vector<float> theta(P), grad(P, 0.5f);
+  w0.pull(0, theta.data());
+  w1->pull(0, theta.data());
+  std::this_thread::sleep_for(std::chrono::milliseconds(900));  // both "compute" for 3 x heartbeat_s
+  for (const auto& s : cluster.servers) EXPECT_EQ(s->workers_lost().size(), 0u) << "a busy worker was dropped";
+  w1->push(0, 1, grad.data(), theta.data());
+  const auto died = std::chrono::steady_clock::now();
+  w1.reset();  // worker 1 dies: no Bye, no more heartbeats
+  for (long c = 0; c < 8; ++c) {  // worker 0 trains on
+    w0.push(c, 1, grad.data(), theta.data());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  for (const auto& s : cluster.servers) {
+    ASSERT_EQ(s->workers_lost().size(), 1u) << "worker 1 was not dropped";
+    EXPECT_EQ(s->workers_lost()[0]["worker"], 1);
+    EXPECT_EQ(s->workers_lost()[0]["clock"], 1);
+    EXPECT_GE(s->workers_lost()[0]["silent_s"].get<double>(), 0.3);
+    EXPECT_TRUE(s->state().dropped(1));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - died, std::chrono::seconds(2));
+  w0.bye(8);
+  cluster.join();  // every worker is done: worker 0 said Bye, worker 1 was lost
+  cluster.rethrow();
+  for (const auto& s : cluster.servers) EXPECT_EQ(s->state().version(), 9);
+}
+
+// ssp: the pull of a worker waiting for a hung one is served once the hung one is dropped; the
+// hung one, when it wakes, is told it was dropped.
+TEST(WorkerLoss, SspServesThePullsAHungWorkerHeldOnceItIsDropped) {
+  ExperimentConfig cfg = make_config("ssp:0", 2, 1);
+  cfg.cluster.heartbeat_s = 0.3;
+  Cluster cluster(cfg);
+  const std::size_t P = count_params(model_spec(cfg));
+  PsClient w0(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
+  PsClient::Options hung = client_options(cfg, wire::Role::worker, 1);
+  hung.heartbeat_s = 0;  // a process that hangs (SIGSTOP) sends nothing
+  PsClient w1(*cluster.transport, cluster.endpoints, hung);
+  std::thread t([&] { w1.connect(); });
+  w0.connect();
+  t.join();
+  std::vector<float> theta(P), grad(P, 0.5f);
+  w0.pull(0, theta.data());
+  w1.pull(0, theta.data());
+  const auto t0 = std::chrono::steady_clock::now();
+  const PullResult r = w0.push(0, 1, grad.data(), theta.data());  // held: ssp:0 waits for worker 1
+  const double held_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(held_s, 0.25);
+  EXPECT_LT(held_s, 1.5) << "the held pull waited for a worker that had been silent for heartbeat_s";
+  EXPECT_GE(r.held_us, 250000);
+  try {
+    w1.push(0, 1, grad.data(), theta.data());
+    ADD_FAILURE() << "a dropped worker's push was taken";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("worker 1 was dropped from this run as lost"), std::string::npos) << e.what();
+  }
+  w0.push(1, 1, grad.data(), theta.data());  // no longer held by worker 1
+  w0.bye(2);
+  cluster.join();
+  cluster.rethrow();
+  EXPECT_EQ(cluster.servers[0]->state().version(), 2);
+}
+
+// bsp cannot train on without a worker: the server fails, naming the silent one (not the one
+// waiting for it), within about heartbeat_s.
+TEST(WorkerLoss, ABspServerFailsNamingTheSilentWorker) {
+  ExperimentConfig cfg = make_config("bsp", 2, 1);
+  cfg.cluster.heartbeat_s = 0.3;
+  Cluster cluster(cfg);
+  const std::size_t P = count_params(model_spec(cfg));
+  PsClient w0(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
+  PsClient::Options hung = client_options(cfg, wire::Role::worker, 1);
+  hung.heartbeat_s = 0;
+  PsClient w1(*cluster.transport, cluster.endpoints, hung);
+  std::thread t([&] { w1.connect(); });
+  w0.connect();
+  t.join();
+  const auto t0 = std::chrono::steady_clock::now();
+  cluster.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  try {
+    cluster.rethrow();
+    FAIL() << "the server went on without worker 1";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("worker 1 lost: silent for 0."), std::string::npos) << m;
+    EXPECT_NE(m.find("bsp cannot train on without it"), std::string::npos) << m;
+    EXPECT_EQ(m.find("worker 0"), std::string::npos) << m;
+  }
+}
+
 // Authentication (cluster.auth = "curve"): a client that speaks the protocol and has the run's
 // config (so the right config hash) but not its key gets no reply and changes nothing; workers
 // with the key train as usual.

@@ -1,6 +1,7 @@
 #include "ps/client.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <limits>
 #include <stdexcept>
@@ -24,9 +25,12 @@ PsClient::PsClient(comm::Transport& transport, std::vector<std::string> endpoint
   comm::ConnectOptions co;
   co.linger = std::chrono::milliseconds(1000);
   conns_ = transport.connect(endpoints, co);
+  last_sent_.assign(std::size_t(S), Clock::now());
+  if (opt.heartbeat_s > 0) beat_every_ = std::chrono::milliseconds(std::max(10L, long(opt.heartbeat_s * 250)));
 }
 
 PsClient::~PsClient() {
+  heartbeats_ = {};  // stops and joins the heartbeat thread
   // The transport may still hold zero-copy payloads of a gradient (e.g. after an error):
   // close the connections and wait for it to let go before the counter goes away.
   conns_.reset();
@@ -45,6 +49,27 @@ void PsClient::send(int k, const wire::Body& body, comm::OutPayload payload) {
   if (!conns_->send(std::size_t(k), enc_.encode(wire::Header{opt_.rank, k, body}), payload, comm::Clock::now() + timeout_))
     fail(k, std::string("could not send ") + wire::body_name(body) + " within " + std::to_string(timeout_.count() / 1000) +
                 " s: its queue stayed full (is it running? its log says why it stopped)");
+  last_sent_[std::size_t(k)] = Clock::now();
+}
+
+void PsClient::beat_if_due() {
+  if (beat_every_.count() == 0) return;
+  const auto now = Clock::now();
+  for (std::size_t k = 0; k < shards_.size(); ++k)
+    if (now - last_sent_[k] >= beat_every_ &&
+        conns_->send(k, enc_.encode(wire::Header{opt_.rank, int(k), wire::Beat{beat_step_}}), {}, now))
+      last_sent_[k] = now;
+}
+
+void PsClient::heartbeat_loop(std::stop_token stop) {
+  std::mutex sleep_mu;
+  std::condition_variable_any wake;
+  std::unique_lock sleep(sleep_mu);
+  while (!stop.stop_requested()) {
+    wake.wait_for(sleep, stop, beat_every_ / 4, [] { return false; });  // a sleep that a stop ends
+    std::unique_lock lock(mu_, std::try_to_lock);  // busy: a call is sending, or waiting (and beats itself)
+    if (lock.owns_lock() && !stop.stop_requested()) beat_if_due();
+  }
 }
 
 template <typename F>
@@ -53,7 +78,11 @@ void PsClient::collect(const std::string& what, std::vector<char>& pending, F&& 
   const auto deadline = comm::Clock::now() + timeout_;
   while (std::find(pending.begin(), pending.end(), 1) != pending.end()) {
     std::size_t from = 0;
-    if (!conns_->recv(msg_, from, deadline)) {
+    bool got = false;
+    while (!(got = conns_->recv(msg_, from, beat_every_.count() ? std::min(deadline, Clock::now() + beat_every_ / 2) : deadline)) &&
+           Clock::now() < deadline)
+      beat_if_due();  // a held pull, or a slow server: the other servers still hear from us
+    if (!got) {
       std::string who;
       for (int k = 0; k < S; ++k)
         if (pending[std::size_t(k)])
@@ -75,6 +104,7 @@ void PsClient::collect(const std::string& what, std::vector<char>& pending, F&& 
 }
 
 void PsClient::connect() {
+  std::lock_guard lock(mu_);
   const int S = int(shards_.size());
   for (int k = 0; k < S; ++k) send(k, wire::Hello{opt_.role, opt_.rank, opt_.num_params, opt_.config_hash});
   std::vector<char> pending(std::size_t(S), 1);
@@ -90,6 +120,8 @@ void PsClient::connect() {
                   std::to_string(mine.offset + mine.length) + "): the server list is in the wrong order or incomplete");
     shards_[std::size_t(k)].version = w->version;
   });
+  if (beat_every_.count() && opt_.role == wire::Role::worker)
+    heartbeats_ = std::jthread([this](std::stop_token stop) { heartbeat_loop(stop); });
 }
 
 void PsClient::take_params(int k, const wire::PullReply& r, std::span<const std::byte> payload, float* theta,
@@ -123,6 +155,8 @@ PullResult empty_result() {
 }  // namespace
 
 PullResult PsClient::pull(long clock, float* theta) {
+  std::lock_guard lock(mu_);
+  beat_step_ = clock;
   const int S = int(shards_.size());
   for (int k = 0; k < S; ++k) send(k, wire::Pull{clock});
   std::vector<char> pending(std::size_t(S), 1);
@@ -141,11 +175,14 @@ PullResult PsClient::push(long clock, int batch, const float* grad, float* theta
 }
 
 void PsClient::begin_push(long clock, int batch, const float* grad, float* theta) {
+  std::lock_guard lock(mu_);
+  beat_step_ = clock;
   if (push_.next >= 0) throw std::logic_error("PsClient: begin_push before the last push finished");
   push_ = PushInProgress{clock, batch, grad, theta, int(shards_.size()) - 1};
 }
 
 void PsClient::push_ready(std::size_t lo) {
+  std::lock_guard lock(mu_);
   while (push_.next >= 0 && shards_[std::size_t(push_.next)].range.offset >= lo) send_push(push_.next--);
 }
 
@@ -167,7 +204,8 @@ void PsClient::send_push(int k) {
 }
 
 PullResult PsClient::finish_push() {
-  push_ready(0);
+  std::lock_guard lock(mu_);
+  while (push_.next >= 0) send_push(push_.next--);
   const int S = int(shards_.size());
   const long clock = push_.clock;
   float* theta = push_.theta;
@@ -195,16 +233,20 @@ void PsClient::expect_ack(const char* what) {
 }
 
 void PsClient::bye(long clock) {
+  heartbeats_ = {};  // done: no more heartbeats after the Bye
+  std::lock_guard lock(mu_);
   for (int k = 0; k < int(shards_.size()); ++k) send(k, wire::Bye{clock});
   expect_ack("Bye");
 }
 
 void PsClient::shutdown() {
+  std::lock_guard lock(mu_);
   for (int k = 0; k < int(shards_.size()); ++k) send(k, wire::Shutdown{});
   expect_ack("Shutdown");
 }
 
 std::string PsClient::stats(int shard) {
+  std::lock_guard lock(mu_);
   send(shard, wire::Stats{});
   std::vector<char> pending(shards_.size(), 0);
   pending[std::size_t(shard)] = 1;

@@ -11,11 +11,19 @@
 //
 // Every wait has a deadline; a missing reply throws naming the server, its address, and
 // what was waited for. An Error from a server throws with the server's message.
-// Threading: one thread per client.
+//
+// Heartbeats (workers, Options::heartbeat_s > 0): a server takes a worker silent for
+// cluster.heartbeat_s as lost, so every server hears from this client at least every quarter of
+// it: a Beat goes to each server that has had no message for that long, sent while a request
+// waits for its replies and, while the caller computes, by a thread of the client's own.
+// Threading: one thread calls the client; its heartbeat thread takes the connections only while
+// no call is using them (a mutex).
 #pragma once
 
 #include <chrono>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/transport/in_flight.h"
@@ -50,13 +58,14 @@ class PsClient {
     std::uint64_t config_hash = 0;  // config_fingerprint() of the run's config (servers check it)
     double timeout_s = 60.0;        // the run's cluster.timeout_s
     std::string codec = "f32";      // the run's cluster.codec, how pushes are encoded
+    double heartbeat_s = 0.0;       // the run's cluster.heartbeat_s (workers; 0: no heartbeats)
   };
   // `endpoints`: the servers' addresses in shard order. `transport` must outlive the client.
   PsClient(comm::Transport& transport, std::vector<std::string> endpoints, const Options& opt);
   ~PsClient();
 
   // Hello to every server, then waits for every Welcome (for workers, the start barrier:
-  // servers answer once all workers said Hello).
+  // servers answer once all workers said Hello). Heartbeats start here and stop at bye().
   void connect();
   // Pulls every shard for `clock` into theta (P floats).
   PullResult pull(long clock, float* theta);
@@ -87,11 +96,16 @@ class PsClient {
   template <typename F>
   void collect(const std::string& what, std::vector<char>& pending, F&& on_reply);
   void send(int k, const wire::Body& body, comm::OutPayload payload = {});
+  // A Beat to every server that has had nothing from this client for beat_every_ (never waits:
+  // a full queue means messages are on their way anyway). Caller holds mu_.
+  void beat_if_due();
+  void heartbeat_loop(std::stop_token stop);
   [[noreturn]] void fail(int k, const std::string& what) const;
   void take_params(int k, const wire::PullReply& r, std::span<const std::byte> payload, float* theta, PullResult& acc);
   void send_push(int k);
   void expect_ack(const char* what);
 
+  std::mutex mu_;  // the connections and everything below: the calling thread or the heartbeat thread
   std::unique_ptr<comm::Connections> conns_;
   std::vector<ShardInfo> shards_;
   Options opt_;
@@ -109,6 +123,10 @@ class PsClient {
     float* theta = nullptr;
     int next = -1;  // shards next, next-1, ..., 0 have not left (they leave last to first)
   } push_;
+  std::chrono::milliseconds beat_every_{0};                 // 0: no heartbeats
+  std::vector<std::chrono::steady_clock::time_point> last_sent_;  // per server
+  long beat_step_ = 0;                                       // the clock Beats report
+  std::jthread heartbeats_;  // last member: stopped and joined first
 };
 
 }  // namespace pslab

@@ -75,7 +75,7 @@ constexpr std::size_t kMinFloatsPerThread = std::size_t(1) << 17;
 ShardState::ShardState(Backend& cpu, const Options& opt, std::vector<float> initial)
     : opt_(opt), be_(cpu), rule_(make_rule(opt.mode)), codec_(make_codec(opt.codec)),
       optimizer_(cpu, opt.optimizer, opt.range.length),
-      params_(std::move(initial), opt.memory), clocks_(std::size_t(opt.workers), 0), staleness_(std::size_t(opt.workers)),
+      params_(std::move(initial), opt.memory), clocks_(std::size_t(opt.workers), 0), lost_(std::size_t(opt.workers), 0), staleness_(std::size_t(opt.workers)),
       team_(std::max(1, opt.threads)), grad_sums_(std::size_t(team_.size())), param_sums_(std::size_t(team_.size())) {
   if (params_.size() != opt.range.length)
     throw std::invalid_argument("ShardState: initial slice has " + std::to_string(params_.size()) +
@@ -198,6 +198,8 @@ void ShardState::push(int worker, long clock, long version_pulled, int batch, st
     throw ProtocolError("push from worker " + std::to_string(worker) + ", expected a rank in [0, " +
                         std::to_string(opt_.workers) + ")");
   if (batch < 0) throw ProtocolError("push with batch " + std::to_string(batch) + " < 0");
+  if (lost_[std::size_t(worker)])
+    throw ProtocolError("push from worker " + std::to_string(worker) + ", which this run dropped as lost");
   long& wclock = clocks_[std::size_t(worker)];
   if (clock != wclock)
     throw ProtocolError("push from worker " + std::to_string(worker) + " for clock " + std::to_string(clock) +
@@ -244,6 +246,12 @@ void ShardState::push(int worker, long clock, long version_pulled, int batch, st
   }
   pending_ = Pending{};
   if (batch > 0) count_staleness(worker, arrived_at - version_pulled);
+}
+
+void ShardState::drop_worker(int worker) {
+  if (!rule_->trains_without_lost_workers())
+    throw std::logic_error(rule_->name() + " cannot train on without worker " + std::to_string(worker));
+  lost_.at(std::size_t(worker)) = 1;
 }
 
 }  // namespace pslab

@@ -118,6 +118,10 @@ class ShardState : private ShardOps {
   std::string why_held(long clock) const { return rule_->why_held(clock, view()); }
   // Notes that a pull was served (for the records).
   void record_pull(int worker, long clock);
+  // Drops a worker that died or fell silent (the server decides; the rule must train on without
+  // it): its clock no longer counts for the rule, and a later push from it is refused.
+  void drop_worker(int worker);
+  bool dropped(int worker) const { return lost_[std::size_t(worker)] != 0; }
 
   const ConsistencyRule& rule() const { return *rule_; }
   const PushCodec& codec() const { return *codec_; }
@@ -146,7 +150,7 @@ class ShardState : private ShardOps {
     bool verified = false;  // the gradient's checksum was checked
     bool counted = false;   // its samples were added to samples_applied_
   };
-  ShardView view() const { return ShardView{version_, clocks_}; }
+  ShardView view() const { return ShardView{version_, clocks_, lost_}; }
   // ShardOps, on pending_.
   void apply(double lr_factor) override;
   void accumulate() override;
@@ -174,6 +178,7 @@ class ShardState : private ShardOps {
   long version_ = 0;
   long samples_applied_ = 0;
   std::vector<long> clocks_;  // per worker: pushes done
+  std::vector<char> lost_;    // per worker: 1 = dropped (drop_worker)
   Pending pending_;
   // Rules that accumulate: the open clock's batch-weighted gradient sum, allocated on first use.
   std::vector<float> acc_;

@@ -83,6 +83,11 @@ void visit_fields(Config& c, F&& f) {
     "\"curve\": every TCP peer proves the run's key (made by the launcher), messages encrypted; \"none\"; "
     "\"auto\": curve when a listener binds a non-loopback address");
   f("cluster.timeout_s", c.cluster.timeout_s, "longest blocking wait before failing with the peer's name (s)");
+  f("cluster.heartbeat_s", c.cluster.heartbeat_s,
+    "PS modes: a worker silent this long (workers send heartbeats meanwhile) is lost (s)");
+  f("cluster.on_worker_loss", c.cluster.on_worker_loss,
+    "PS modes: \"continue\" (the servers drop a lost worker and training goes on), \"fail\", or \"auto\": "
+    "continue where the mode allows it (asp, ssp), else fail");
   f("eval.interval_s", c.eval.interval_s, "evaluator period (s); one more evaluation at the end");
   f("eval.batch", c.eval.batch, "evaluation batch");
   f("eval.target_acc", c.eval.target_acc, "accuracy for time_to_target_s in the summary");
@@ -372,6 +377,16 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
   check(c.cluster.auth == "auto" || c.cluster.auth == "curve" || c.cluster.auth == "none", "cluster.auth",
         "expected \"auto\", \"curve\" or \"none\", got \"" + c.cluster.auth + "\"");
   check(c.cluster.timeout_s > 0, "cluster.timeout_s", "must be > 0");
+  check(c.cluster.heartbeat_s > 0, "cluster.heartbeat_s", "must be > 0");
+  check(c.cluster.on_worker_loss == "auto" || c.cluster.on_worker_loss == "continue" ||
+            c.cluster.on_worker_loss == "fail",
+        "cluster.on_worker_loss", "expected \"auto\", \"continue\" or \"fail\", got \"" + c.cluster.on_worker_loss + "\"");
+  if (c.cluster.on_worker_loss == "continue") {
+    const bool can = c.uses_servers() && make_rule(c.cluster.mode)->trains_without_lost_workers();
+    check(can, "cluster.on_worker_loss",
+          "\"continue\" needs a mode that trains on without a lost worker (asp, ssp:s); cluster.mode = \"" +
+              c.cluster.mode + "\" needs every worker" + (c.uses_servers() ? " each clock" : " in every all-reduce"));
+  }
   check(c.eval.interval_s > 0, "eval.interval_s", "must be > 0");
   check(c.eval.batch >= 1, "eval.batch", "must be >= 1");
   check(c.eval.target_acc >= 0 && c.eval.target_acc <= 1, "eval.target_acc", "must be in [0, 1]");
@@ -382,6 +397,11 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
   check(c.straggler.slowdown >= 1, "straggler.slowdown", "must be >= 1");
   check(c.straggler.delay_ms >= 0, "straggler.delay_ms", "must be >= 0");
   check(c.straggler.exp_delay_ms >= 0, "straggler.exp_delay_ms", "must be >= 0");
+}
+
+bool continues_without_lost_workers(const ExperimentConfig& c) {
+  if (c.cluster.on_worker_loss == "fail" || !c.uses_servers()) return false;
+  return make_rule(c.cluster.mode)->trains_without_lost_workers();
 }
 
 namespace {

@@ -68,6 +68,9 @@ struct ClusterConfig {
   std::string auth = "auto";         // "curve" (peers prove the run's key), "none", or "auto": curve
                                      // when a listener binds a non-loopback address (the launcher decides)
   double timeout_s = 60.0;   // longest any blocking wait may take before it fails, naming the peer
+  double heartbeat_s = 5.0;  // a worker silent this long (no message, no heartbeat) is lost
+  std::string on_worker_loss = "auto";  // "continue" (drop it, train on), "fail", or "auto":
+                                        // continue where the mode allows it (asp, ssp), else fail
 };
 
 struct EvalConfig {
@@ -98,6 +101,10 @@ struct ExperimentConfig {
   // Whether the run has parameter servers: every mode but "allreduce" (ps/rules/ lists them).
   bool uses_servers() const { return cluster.mode != kAllreduce; }
 };
+
+// Whether a lost worker fails the run (cluster.on_worker_loss resolved: "auto" is "continue"
+// for the modes whose rule trains on without it, asp and ssp, and "fail" for bsp and allreduce).
+bool continues_without_lost_workers(const ExperimentConfig& c);
 
 // Parses a TOML file, applies `overrides` ("section.key=value", value in TOML syntax, bare
 // words taken as strings) and validates. Throws ConfigError naming the file and the key.

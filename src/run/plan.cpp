@@ -41,6 +41,8 @@ nlohmann::ordered_json run_plan(const ExperimentConfig& c) {
           {"target_acc", c.eval.target_acc},
           {"eval_interval_s", c.eval.interval_s},
           {"timeout_s", c.cluster.timeout_s},
+          {"heartbeat_s", c.cluster.heartbeat_s},
+          {"on_worker_loss", continues_without_lost_workers(c) ? "continue" : "fail"},
           {"processes", processes}};
 }
 

@@ -16,7 +16,8 @@ namespace pslab {
 //   "launcher", "hosts", "bind", "device", "seed", "batch" (per worker),
 //   "data": {"kind", "train_samples", "test_samples", "classification"},
 //   "params", "steps_per_epoch", "total_steps", "epochs" (what the steps amount to),
-//   "target_acc", "eval_interval_s", "timeout_s",
+//   "target_acc", "eval_interval_s", "timeout_s", "heartbeat_s",
+//   "on_worker_loss" ("continue": a lost worker is dropped and the run goes on; "fail"),
 //   "processes": [{"name": "server0", "role": "server", "rank": 0}, ...,
 //                 {"name": "evaluator", "role": "evaluator", "rank": -1}]}
 // Processes are in start order: servers, workers, the evaluator.

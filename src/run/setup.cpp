@@ -68,6 +68,7 @@ PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int
   o.config_hash = config_fingerprint(c);
   o.timeout_s = c.cluster.timeout_s;
   o.codec = c.cluster.codec;
+  if (role == wire::Role::worker) o.heartbeat_s = c.cluster.heartbeat_s;  // servers drop silent workers
   return o;
 }
 

@@ -10,6 +10,7 @@ class Asp final : public ConsistencyRule {
   void on_push(const PushInfo&, const ShardView&, ShardOps& ops) override { ops.apply(); }
   bool pull_ready(long, const ShardView&) const override { return true; }
   int update_batch(int batch, int) const override { return batch; }
+  bool trains_without_lost_workers() const override { return true; }  // no worker waits for another
   std::string why_held(long, const ShardView&) const override { return "asp never holds a pull"; }
 };
 

@@ -20,6 +20,7 @@ Registry<ConsistencyRule>& rule_registry() {
 std::string workers_below(const ShardView& s, long clock) {
   std::string who;
   for (int r = 0; r < s.workers(); ++r) {
+    if (!s.counts(r)) continue;
     const long c = s.clocks[std::size_t(r)];
     if (c < clock) who += (who.empty() ? "" : ", ") + ("worker " + std::to_string(r) + " (clock " + std::to_string(c) + ")");
   }

@@ -10,6 +10,9 @@
 //                          (clock 16)"
 //   its own state          save() / load(), for checkpoints (the built-in rules keep none:
 //                          they read the shard's version and clock table)
+//   a lost worker          trains_without_lost_workers(): whether the run may go on when a
+//                          worker dies or falls silent (cluster.on_worker_loss); the servers
+//                          then drop it from the clock table that the rule sees
 //
 // A rule reads the shard through ShardView and changes it only through ShardOps, so that
 // ShardState (ps/shard_state.h) keeps the buffers, versions and statistics in one place.
@@ -32,8 +35,16 @@ namespace pslab {
 struct ShardView {
   long version = 0;             // updates applied to the shard
   std::span<const long> clocks; // per worker: pushes done (in on_push: this push counted)
+  std::span<const char> lost;   // per worker: 1 = dropped from the run (its clock no longer counts)
   int workers() const { return int(clocks.size()); }
-  long min_clock() const { return clocks.empty() ? 0 : *std::min_element(clocks.begin(), clocks.end()); }
+  bool counts(int worker) const { return lost.empty() || !lost[std::size_t(worker)]; }
+  // The slowest clock of the workers that count (0 when none does).
+  long min_clock() const {
+    long m = -1;
+    for (int r = 0; r < workers(); ++r)
+      if (counts(r) && (m < 0 || clocks[std::size_t(r)] < m)) m = clocks[std::size_t(r)];
+    return m < 0 ? 0 : m;
+  }
 };
 
 // A push, as its header described it (the shard has checked that the worker is a worker, that
@@ -77,6 +88,9 @@ class ConsistencyRule {
   virtual int update_batch(int batch, int workers) const = 0;
   // Why a pull for `clock` is held now, naming the workers it waits for.
   virtual std::string why_held(long clock, const ShardView& shard) const = 0;
+  // Whether training may go on without a worker that died or fell silent (its clock then no
+  // longer counts in ShardView::min_clock). Rules that need every worker's push keep false.
+  virtual bool trains_without_lost_workers() const { return false; }
   // The rule's own state (not the shard's), for checkpoints.
   virtual std::string save() const { return {}; }
   virtual void load(std::string_view state) {
@@ -88,7 +102,7 @@ class ConsistencyRule {
 Registry<ConsistencyRule>& rule_registry();
 inline std::unique_ptr<ConsistencyRule> make_rule(const std::string& mode) { return rule_registry().make(mode); }
 
-// "worker 1 (clock 3), worker 2 (clock 3)": the workers whose clock is below `clock`.
+// "worker 1 (clock 3), worker 2 (clock 3)": the workers that count whose clock is below `clock`.
 std::string workers_below(const ShardView& shard, long clock);
 
 }  // namespace pslab

@@ -15,6 +15,7 @@ class Ssp final : public ConsistencyRule {
   void on_push(const PushInfo&, const ShardView&, ShardOps& ops) override { ops.apply(); }
   bool pull_ready(long clock, const ShardView& s) const override { return s.min_clock() >= clock - s_; }
   int update_batch(int batch, int) const override { return batch; }
+  bool trains_without_lost_workers() const override { return true; }  // the others' clocks still bound staleness
   std::string why_held(long clock, const ShardView& s) const override {
     return name() + " needs every worker at clock >= " + std::to_string(clock - s_) + "; behind: " +
            workers_below(s, clock - s_);
