@@ -685,6 +685,66 @@ class LauncherTest(unittest.TestCase):
         self.assertIn("pslab_worker: worker 0: stopped by SIGTERM", (logs / "worker0.log").read_text())
         self.assertIn("pslab_worker: evaluator: stopped by SIGTERM", (logs / "evaluator.log").read_text())
 
+    def wait_for_train_lines(self, names, timeout=30):
+        """Until each metrics file of `names` (e.g. "worker1") holds a train line."""
+        end = time.monotonic() + timeout
+        while not all(any('"train"' in m.read_text() for m in self.runs.glob(f"*/*/run/metrics/{n}.jsonl"))
+                      for n in names):
+            self.assertLess(time.monotonic(), end, f"{names} wrote no train line")
+            time.sleep(0.05)
+
+    def test_asp_and_ssp_runs_go_on_without_a_killed_worker(self):
+        # cluster.on_worker_loss = "auto" is "continue" in asp and ssp: worker 1 is killed while
+        # training; the servers drop it after heartbeat_s of silence, worker 0 trains to the end.
+        for mode in ("asp", "ssp:2"):
+            with self.subTest(mode=mode):
+                shutil.rmtree(self.runs, ignore_errors=True)
+                path = self.tiny_variant("loss.toml", [("steps = 500", "steps = 1200"), ('mode = "bsp"', f'mode = "{mode}"')])
+                p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1")
+                procs = self.wait_for_processes(4)
+                worker1 = [pid for pid, argv in procs.items() if argv[1] == "ps" and option(argv, "--rank") == "1"]
+                self.assertEqual(len(worker1), 1, procs)
+                self.wait_for_train_lines(["worker0", "worker1"])
+                os.kill(worker1[0], signal.SIGKILL)
+                out, err = p.communicate(timeout=60)
+                self.assertEqual(p.returncode, 0, out + err)
+                self.assertRegex(err, r"worker1 \(rank 1\) on local was killed by signal 9 \(SIGKILL\); the run goes on without it")
+                self.assert_no_processes_left()
+                run = self.only_invocation("tiny") / "run"
+                s = json.loads((run / "summary.json").read_text())
+                self.assertEqual(s["status"], "ok", s.get("failure"))
+                self.assertEqual(len(s["workers_lost"]), 1, s["workers_lost"])
+                lost = s["workers_lost"][0]
+                self.assertEqual(lost["worker"], 1)
+                self.assertIn("SIGKILL", lost["how"])
+                self.assertGreaterEqual(lost["silent_s"], 1.0)  # the servers waited heartbeat_s, no less
+                self.assertLess(lost["clock"], 1200)
+                self.assertIn("went on without worker 1", out)
+                self.assertIn("worker 1 lost: silent for", (run / "logs" / "server0.log").read_text())
+                self.assertGreater(s["final_test_acc"], 0.5)  # worker 0 trained on
+
+    def test_a_hung_bsp_worker_is_named_within_the_heartbeat(self):
+        # bsp cannot go on without a worker: a stopped (SIGSTOP) worker fails the run within about
+        # heartbeat_s, and the error names it, not the worker waiting for it.
+        p = self.launch_bg("run", self.long_config(), "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1")
+        procs = self.wait_for_processes(4)
+        worker1 = [pid for pid, argv in procs.items() if argv[1] == "ps" and option(argv, "--rank") == "1"]
+        self.wait_for_train_lines(["worker0", "worker1"])
+        os.kill(worker1[0], signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            out, err = p.communicate(timeout=30)
+        finally:
+            try:
+                os.kill(worker1[0], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.assertEqual(p.returncode, 1, out + err)
+        self.assertLess(time.monotonic() - stopped, 6.0, err)
+        self.assertRegex(err, r"server0 \(shard 0\) on local exited with code 1")
+        self.assertRegex(err, r"worker 1 lost: silent for 1\.\d s at clock \d+ \(cluster\.heartbeat_s = 1\); bsp cannot train on without it")
+        self.assert_no_processes_left()
+
     def test_shm_run_and_a_killed_server_leave_no_segment(self):
         # shm: payloads through memfd segments, which go with the processes; the sockets' directory
         # goes with the run. A finished run, then one whose server is killed mid-run.

@@ -52,6 +52,14 @@ class Progress:
         self.first = {}   # rank -> first train line
         self.latest = {}  # rank -> newest train line
         self.last_eval = None
+        self.lost = set()  # ranks of lost workers (the run goes on without them)
+
+    def forget(self, rank):
+        """A lost worker: no longer in the step range, the rate or the ETA."""
+        self.lost.add(rank)
+        self.tails.pop(rank, None)
+        self.first.pop(rank, None)
+        self.latest.pop(rank, None)
 
     def poll(self):
         for r, tail in self.tails.items():
@@ -73,20 +81,23 @@ class Progress:
             total = plan.total_steps
             epochs = [self.latest[r]["epoch"] for r in self.latest]
             mean_epoch = sum(epochs) / len(epochs)  # over the workers that have reported
-            steps = [self.latest.get(r, {}).get("step", 0) for r in range(plan.workers)]
-            slow = min(range(plan.workers), key=lambda r: steps[r])
+            alive = [r for r in range(plan.workers) if r not in self.lost]
+            steps = {r: self.latest.get(r, {}).get("step", 0) for r in alive}
+            slow = min(alive, key=lambda r: steps[r])
             now_t = elapsed
             rate = sum(row.get("samples_per_s", 0.0) for r, row in self.latest.items()
                        if row["step"] < total and now_t - row["t"] < 5.0)
             parts.append(f"epoch {mean_epoch:.2f}/{plan.epochs:.3g}")
-            parts.append(f"step {min(steps)}/{total}" if min(steps) == max(steps)
-                         else f"step {min(steps)}-{max(steps)}/{total}")
+            lo, hi = min(steps.values()), max(steps.values())
+            parts.append(f"step {lo}/{total}" if lo == hi else f"step {lo}-{hi}/{total}")
             losses = [row.get("loss") for row in self.latest.values()]
             losses = [x if isinstance(x, (int, float)) else math.nan for x in losses]  # NaN is written as null
             parts.append(f"loss {sum(losses) / len(losses):.4f}")
             parts.append(f"test acc {100 * acc:.2f}%" if acc is not None else "test acc -")
             parts.append(f"{rate:,.0f} samples/s")
             parts.append(f"elapsed {fmt_duration(elapsed)}")
+            if self.lost:
+                parts.append(f"lost: worker {', '.join(map(str, sorted(self.lost)))}")
             # ETA from the slowest worker's own pace between its first and newest lines.
             eta = None
             s_last = steps[slow]
@@ -107,8 +118,9 @@ class Progress:
         return "  ".join(parts)
 
 
-def monitor(procs, progress, run_start, deadline_s, failure_of):
-    """Waits for every process; returns when all exited 0, raises RunFailed otherwise."""
+def monitor(procs, progress, run_start, deadline_s, failure_of, tolerate=lambda p: False):
+    """Waits for every process; returns when all exited 0 or failed with tolerate(p) true (a lost
+    worker the run goes on without), raises RunFailed otherwise."""
     last_line = 0.0
     while True:
         check_signal()
@@ -117,7 +129,7 @@ def monitor(procs, progress, run_start, deadline_s, failure_of):
                 rc = p.popen.poll()
                 if rc is not None:
                     p.returncode = rc
-                    if rc != 0:
+                    if rc != 0 and not tolerate(p):
                         raise failure_of(p)
         if all(p.returncode is not None for p in procs):
             return

@@ -124,6 +124,10 @@ class RunPlan:
     epochs = property(lambda self: self.plan["epochs"])               # what the total steps amount to
     target_acc = property(lambda self: self.plan["target_acc"])
     processes = property(lambda self: self.plan["processes"])         # [{name, role, rank}] in start order
+    # "continue": a worker that dies or falls silent is dropped by the servers and the run goes on
+    # (asp, ssp); "fail": it fails the run. Plans from before it was written: "fail".
+    on_worker_loss = property(lambda self: self.plan.get("on_worker_loss", "fail"))
+    heartbeat_s = property(lambda self: self.plan.get("heartbeat_s"))
 
 
 def expand_sweep(bins, config, sets, tmp):

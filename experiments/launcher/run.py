@@ -17,7 +17,7 @@ from .monitor import Progress, monitor, process_failure, srun_failure
 from .placement import (DRY_RUN_SOCKET_DIR, Proc, plan_cluster, plan_local, plan_ssh, run_key_path, socket_dir,
                         srun_command)
 from .plan import new_invocation_dir, safe_dir_name
-from .processes import Interrupted, check_signal, sleep_checked, start, stop_all
+from .processes import Interrupted, check_signal, describe_exit, log_tail, sleep_checked, start, stop_all
 from .summary import COMPLETED, result_line, summarize
 
 PLOT_PY = REPO / "experiments" / "plot.py"
@@ -134,13 +134,29 @@ def start_and_watch(plan, run_dir, bins, opts, prefix, sockets):
     write_manifest(run_dir, plan, procs, run_start, bins, extra)
     progress = Progress(plan, run_dir, prefix)
     failure_of = srun_failure(procs, started[0], run_dir) if plan.launcher == "slurm" else process_failure
+    lost = []  # workers that failed while the run went on: {"worker", "how", "log"}
+
+    def tolerate(p):
+        """A worker's failure in a run that goes on without it (cluster.on_worker_loss): said once."""
+        if plan.on_worker_loss != "continue" or p.role != "worker" or len(lost) + 1 >= plan.workers:
+            return False
+        progress.poll()
+        if p.rank not in progress.first:  # it failed before training: a problem with its start, not a loss
+            return False
+        lost.append({"worker": p.rank, "how": describe_exit(p.returncode), "log": str(p.log)})
+        progress.forget(p.rank)
+        warn(f"{p.describe()} on {p.host} {describe_exit(p.returncode)}; the run goes on without it "
+             f"({plan.mode}, cluster.on_worker_loss = \"continue\": the servers drop it after "
+             f"cluster.heartbeat_s = {plan.heartbeat_s:g} s of silence); the last lines of {p.log}:\n{log_tail(p.log, 5)}")
+        return True
+
     try:
         for p in started:
             check_signal()
             start(p, REPO)
         if plan.launcher != "slurm":
             write_manifest(run_dir, plan, procs, run_start, bins, extra)  # now with pids
-        monitor(started, progress, run_start, opts.max_minutes * 60, failure_of)
+        monitor(started, progress, run_start, opts.max_minutes * 60, failure_of, tolerate)
     except BaseException as e:
         stopped = stop_all(started)
         if not isinstance(e, (RunFailed, Interrupted)):
@@ -148,12 +164,12 @@ def start_and_watch(plan, run_dir, bins, opts, prefix, sockets):
         wall = time.time() - run_start
         failure = str(e) if isinstance(e, RunFailed) else f"stopped by {e}"
         s = summarize(plan, run_dir, wall, status="failed" if isinstance(e, RunFailed) else "interrupted",
-                      failure=failure)
+                      failure=failure, lost=lost)
         (run_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
         if stopped:
             warn(f"stopped {len(stopped)} other process(es): {', '.join(p.name for p in stopped)}")
         raise
-    s = summarize(plan, run_dir, time.time() - run_start)
+    s = summarize(plan, run_dir, time.time() - run_start, lost=lost)
     (run_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
     return s
 

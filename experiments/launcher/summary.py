@@ -18,7 +18,23 @@ def pushed_by_codec(finals):
     return out or None
 
 
-def summarize(plan, run_dir, wall_s, status="ok", failure=None):
+def workers_lost(finals, lost):
+    """[{worker, how, clock, silent_s}] of the workers the run went on without: how (the launcher
+    saw the process end: "was killed by signal 9 (SIGKILL)") and when the servers dropped it
+    (its clock, the silence they waited; None where none did, e.g. the run ended first)."""
+    out = {}
+    for f in finals:
+        for x in f.get("workers_lost") or []:
+            w = out.setdefault(x["worker"], {"worker": x["worker"], "how": None, "clock": None, "silent_s": None})
+            w["clock"] = x.get("clock") if w["clock"] is None else max(w["clock"], x.get("clock", 0))
+            w["silent_s"] = x.get("silent_s") if w["silent_s"] is None else max(w["silent_s"], x.get("silent_s", 0))
+    for x in lost or []:
+        w = out.setdefault(x["worker"], {"worker": x["worker"], "how": None, "clock": None, "silent_s": None})
+        w["how"] = x["how"]
+    return [out[k] for k in sorted(out)]
+
+
+def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None):
     """summary.json of a run. Its keys:
 
     mode, workers, servers, device, seed, target_acc   from the run's plan (plan.json)
@@ -44,6 +60,8 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None):
                         distribution over (push, shard) pairs of the servers' merged histograms,
                         in versions of the shard; count is the number of pushes, each counted
                         once (not once per server); None for all-reduce
+    workers_lost        PS modes with cluster.on_worker_loss = "continue": the workers the run went on
+                        without (workers_lost()); [] when none was lost
     wall_s              the run's wall-clock time, from its start to its last process's exit
     final_test_loss, final_is_last_eval (the evaluator's final evaluation after training),
     evaluations, steps_per_worker (the plan's total_steps), step_time_ms (mean ms per step of
@@ -111,6 +129,7 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None):
         "bytes_pulled": sum(f.get("bytes_out", 0) for f in finals) if finals else None,
         "staleness": staleness_stats(finals) if plan.uses_servers else None,
         "pushed_by_codec": pushed_by_codec(finals) if plan.uses_servers else None,
+        "workers_lost": workers_lost(finals, lost),
         "wall_s": wall_s,
         # extras
         "status": status,
@@ -144,6 +163,8 @@ def result_line(label, s):
     if s.get("diverged"):
         parts.append(f"training diverged at epoch {s['diverged']['epoch']:.2f} (loss not finite: lower "
                      "optimizer.lr or lengthen schedule.warmup_epochs)")
+    if s.get("workers_lost"):
+        parts.append("went on without worker " + ", ".join(str(w["worker"]) for w in s["workers_lost"]))
     if s["samples_per_s"]:
         parts.append(f"{s['samples_per_s']:,.0f} samples/s")
     parts.append(f"wall {s['wall_s']:.1f} s")
