@@ -86,6 +86,7 @@ void Server::run() {
   started_ = last_message_ = Clock::now();
   const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.cluster.timeout_s));
   const auto stats_every = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt_.stats_every_s));
+  const auto beat_every = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.cluster.heartbeat_s / 4));
   auto next_stats = started_ + stats_every;
   const std::string who = "server " + std::to_string(opt_.shard) + " (" + opt_.endpoint + ")";
   char timeout_text[32];
@@ -95,7 +96,7 @@ void Server::run() {
       if (opt_.stop && opt_.stop->load()) throw std::runtime_error(who + ": stopped by a signal");
       const auto now = Clock::now();
       auto wake = std::min(next_stats, now + std::chrono::milliseconds(200));
-      for (const auto& h : held_) wake = std::min(wake, h.since + timeout);
+      for (const auto& h : held_) wake = std::min({wake, h.since + timeout, h.beat_at + beat_every});
       // Handle what is waiting (bounded, so that timers run under a flood).
       bool drained = true;  // nothing left queued: silence now is the peers', not this loop's
       if (listener_->recv(msg_, from_, wake)) {
@@ -107,6 +108,7 @@ void Server::run() {
       if (drained) find_lost_workers(Clock::now());
       release_ready_pulls();
       expire_held_pulls();
+      beat_held_pulls(Clock::now());
 
       const auto t = Clock::now();
       if (!barrier_open_ && t - started_ > timeout)
@@ -310,7 +312,7 @@ void Server::on_pull(const std::string& id, const Peer& p, long clock) {
   if (state_->pull_ready(clock)) {
     serve_pull(id, p.rank, clock, now);
   } else {
-    held_.push_back(HeldPull{id, p.rank, clock, now});
+    held_.push_back(HeldPull{id, p.rank, clock, now, now});
     ++counters_.pulls_held;
   }
 }
@@ -437,6 +439,17 @@ void Server::find_lost_workers(Clock::time_point now) {
     }
     lose_worker(r, seconds(silent));
   }
+}
+
+void Server::beat_held_pulls(Clock::time_point now) {
+  const auto every = std::chrono::duration<double>(cfg_.cluster.heartbeat_s / 4);
+  for (auto& h : held_)
+    if (now - h.beat_at >= every) {
+      // Not a reply: not counted in bytes_out (the summary's bytes_pulled); a Beat that cannot
+      // leave is one the worker's own timeout covers.
+      (void)listener_->send(h.identity, enc_.encode(header(wire::Beat{state_->version()})));
+      h.beat_at = now;
+    }
 }
 
 void Server::lose_worker(int rank, double silent_s) {

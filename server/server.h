@@ -87,6 +87,7 @@ class Server {
     int rank;
     long clock;
     std::chrono::steady_clock::time_point since;
+    std::chrono::steady_clock::time_point beat_at;  // the last Beat to the held worker (or `since`)
   };
   using Clock = std::chrono::steady_clock;
 
@@ -106,6 +107,9 @@ class Server {
   // Workers silent for the heartbeat timeout: dropped (lose_worker) or, where the run cannot go
   // on without them, an error naming them. Called only when every queued message was handled.
   void find_lost_workers(Clock::time_point now);
+  // A Beat to each worker whose pull has been held for a quarter of heartbeat_s since the last
+  // one: it tells that worker this server is alive (PsClient names a silent one).
+  void beat_held_pulls(Clock::time_point now);
   void lose_worker(int rank, double silent_s);
   void write_stats(bool final);
   int finished() const { return byes_ + int(losses_.size()); }  // workers done: Bye, or lost

@@ -230,6 +230,78 @@ TEST_P(AllReduceStops, ARankThatStopsMidRunIsNamedWithItsStep) {
 
 INSTANTIATE_TEST_SUITE_P(Collectives, AllReduceStops, ::testing::Values("gloo", "shm"));
 
+// ---- GroupWatch: a silent rank, or a silent coordinator, is named within the heartbeat ----
+
+namespace {
+// What a watch reported, and when.
+struct Lost {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string what;
+  std::chrono::steady_clock::time_point when;
+  std::function<void(const std::string&)> callback() {
+    return [this](const std::string& m) {
+      std::lock_guard lock(mu);
+      what = m;
+      when = std::chrono::steady_clock::now();
+      cv.notify_all();
+    };
+  }
+  bool wait_for(std::chrono::milliseconds d) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, d, [&] { return !what.empty(); });
+  }
+};
+}  // namespace
+
+// Three ranks watch each other (heartbeat 0.4 s); rank 2 goes silent at step 7 (its watch
+// stops, as in a SIGSTOPped process); rank 1 says Bye and stops watching, which is not a loss.
+// Rank 0 names rank 2, with its step, within about the heartbeat.
+TEST(GroupWatch, NamesARankSilentForTheHeartbeatAndNotOneThatSaidBye) {
+  const auto tr = transport();
+  const std::string ep = tr->local_address("coordinator");
+  Coordinator coord(*tr, ep, 3, std::chrono::milliseconds(100));
+  const std::chrono::duration<double> hb(0.4);
+  RendezvousClient rv0(*tr, ep, 0, 3, std::chrono::seconds(5)), rv1(*tr, ep, 1, 3, std::chrono::seconds(5)),
+      rv2(*tr, ep, 2, 3, std::chrono::seconds(5));
+  Lost lost0, lost1, lost2;
+  GroupWatch w0(*tr, ep, 0, 3, hb, lost0.callback());
+  auto w1 = std::make_unique<GroupWatch>(*tr, ep, 1, 3, hb, lost1.callback());
+  auto w2 = std::make_unique<GroupWatch>(*tr, ep, 2, 3, hb, lost2.callback());
+  rv2.report_step(7);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // 2.5 heartbeats: all alive, nothing said
+  EXPECT_TRUE(lost0.what.empty()) << lost0.what;
+  EXPECT_TRUE(lost2.what.empty()) << lost2.what;
+  w1.reset();
+  rv1.bye();
+  const auto silent = std::chrono::steady_clock::now();
+  w2.reset();  // rank 2 falls silent
+  ASSERT_TRUE(lost0.wait_for(std::chrono::seconds(3))) << "rank 0 did not name the silent rank";
+  EXPECT_EQ(lost0.what.find("rank 2 lost: silent for 0."), 0u) << lost0.what;
+  EXPECT_NE(lost0.what.find("at step 7 (cluster.heartbeat_s = 0.4)"), std::string::npos) << lost0.what;
+  const double after = std::chrono::duration<double>(lost0.when - silent).count();
+  EXPECT_GE(after, 0.3) << lost0.what;
+  EXPECT_LT(after, 2 * hb.count()) << lost0.what;
+  EXPECT_TRUE(lost1.what.empty()) << lost1.what;
+}
+
+// A coordinator that stops answering (rank 0's process stopped or gone) is named by the others.
+TEST(GroupWatch, NamesACoordinatorThatStopsAnswering) {
+  const auto tr = transport();
+  const std::string ep = tr->local_address("coordinator");
+  auto coord = std::make_unique<Coordinator>(*tr, ep, 2, std::chrono::milliseconds(0));
+  Lost lost1;
+  GroupWatch w1(*tr, ep, 1, 2, std::chrono::duration<double>(0.4), lost1.callback());
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  EXPECT_TRUE(lost1.what.empty()) << lost1.what;
+  const auto gone = std::chrono::steady_clock::now();
+  coord.reset();
+  ASSERT_TRUE(lost1.wait_for(std::chrono::seconds(3))) << "the silent coordinator was not named";
+  EXPECT_NE(lost1.what.find("rank 0 lost: its coordinator at " + ep + " has not answered for 0."), std::string::npos)
+      << lost1.what;
+  EXPECT_LT(std::chrono::duration<double>(lost1.when - gone).count(), 0.8) << lost1.what;
+}
+
 // ---- overlap: buckets all-reduced as backward finishes them ----
 
 // Bucketed and overlapped, the same sums as one whole all-reduce, bit for bit (shm: each

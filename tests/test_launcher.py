@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import tomllib
 import unittest
@@ -743,6 +744,76 @@ class LauncherTest(unittest.TestCase):
         self.assertLess(time.monotonic() - stopped, 6.0, err)
         self.assertRegex(err, r"server0 \(shard 0\) on local exited with code 1")
         self.assertRegex(err, r"worker 1 lost: silent for 1\.\d s at clock \d+ \(cluster\.heartbeat_s = 1\); bsp cannot train on without it")
+        self.assert_no_processes_left()
+
+    def stderr_with_times(self, p):
+        """Reads p's stderr on a thread: returns [(monotonic time, line)], filled as lines come."""
+        lines = []
+        def read():
+            for line in p.stderr:
+                lines.append((time.monotonic(), line))
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        self.addCleanup(t.join, 5)
+        return lines
+
+    def test_a_stopped_allreduce_rank_is_named_within_two_heartbeats(self):
+        # SIGSTOP of rank 1: the other rank's group watch names it, and that is the launcher's
+        # first error, within 2 x cluster.heartbeat_s.
+        path = self.tiny_variant("ar.toml", [("steps = 500", "steps = 100000"), ('mode = "bsp"', 'mode = "allreduce"')])
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1")
+        lines = self.stderr_with_times(p)
+        procs = self.wait_for_processes(3)
+        rank1 = [pid for pid, argv in procs.items() if argv[1] == "allreduce" and option(argv, "--rank") == "1"]
+        self.assertEqual(len(rank1), 1, procs)
+        self.wait_for_train_lines(["worker0", "worker1"])
+        os.kill(rank1[0], signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            p.wait(timeout=30)
+        finally:
+            try:
+                os.kill(rank1[0], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+        err = "".join(line for _, line in lines)
+        self.assertEqual(p.returncode, 1, err)
+        first = next(((t, line) for t, line in lines if "FAILED" in line), None)
+        self.assertIsNotNone(first, err)
+        self.assertRegex(first[1], r"worker0 \(rank 0\) on local exited with code 1")
+        self.assertLess(first[0] - stopped, 2 * 1.0, err)
+        self.assertRegex(err, r"all-reduce rank 0: rank 1 lost: silent for 1\.\d s at step \d+ \(cluster\.heartbeat_s = 1\)")
+        self.assert_no_processes_left()
+
+    def test_a_stopped_server_is_named_by_its_workers_within_two_heartbeats(self):
+        # SIGSTOP of the server of an asp run: a worker whose push has no answer names it (the
+        # server is not holding it, or it would beat), and that is not a lost worker.
+        path = self.tiny_variant("asp.toml", [("steps = 500", "steps = 100000"), ('mode = "bsp"', 'mode = "asp"')])
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1")
+        lines = self.stderr_with_times(p)
+        procs = self.wait_for_processes(4)
+        server = [pid for pid, argv in procs.items() if "--shard" in argv]
+        self.assertEqual(len(server), 1, procs)
+        self.wait_for_train_lines(["worker0", "worker1"])
+        os.kill(server[0], signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            p.wait(timeout=30)
+        finally:
+            try:
+                os.kill(server[0], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+        err = "".join(line for _, line in lines)
+        self.assertEqual(p.returncode, 1, err)
+        self.assertNotIn("goes on without it", err)
+        first = next(((t, line) for t, line in lines if "FAILED" in line), None)
+        self.assertIsNotNone(first, err)
+        self.assertRegex(first[1], r"worker\d \(rank \d\) on local exited with code 1")
+        self.assertLess(first[0] - stopped, 2 * 1.0, err)
+        self.assertRegex(err, r"server 0 at \S+: silent for 1\.\d s while (Push|Pull) \(clock \d+\) waited for its reply")
         self.assert_no_processes_left()
 
     def test_shm_run_and_a_killed_server_leave_no_segment(self):

@@ -442,7 +442,9 @@ TEST_P(BadInput, AStormOfMutatedMessagesIsCountedAndChangesNothing) {
       a.sin_port = htons(std::uint16_t(port));
       a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
       ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
-      if (i % 2) ASSERT_EQ(::send(fd, "\xff\0\0", 3, MSG_NOSIGNAL), 3);  // the start of a greeting, then nothing
+      if (i % 2) {  // the start of a greeting, then nothing
+        ASSERT_EQ(::send(fd, "\xff\0\0", 3, MSG_NOSIGNAL), 3);
+      }
       half_open.push_back(fd);
     }
   }
@@ -685,13 +687,48 @@ TEST(WorkerLoss, SspServesThePullsAHungWorkerHeldOnceItIsDropped) {
   EXPECT_EQ(cluster.servers[0]->state().version(), 2);
 }
 
+// The other way: a server that holds a pull beats to the waiting worker, so a bsp pull held
+// for 4 x heartbeat_s behind a slow (but alive) worker is not taken for a silent server.
+TEST(WorkerLoss, AServerHoldingAPullForLongIsNotTakenForSilent) {
+  ExperimentConfig cfg = make_config("bsp", 2, 2);
+  cfg.cluster.heartbeat_s = 0.3;
+  Cluster cluster(cfg);
+  const std::size_t P = count_params(model_spec(cfg));
+  PsClient w0(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
+  PsClient w1(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 1));
+  std::thread t([&] { w1.connect(); });
+  w0.connect();
+  t.join();
+  std::vector<float> theta0(P), theta1(P), grad(P, 0.5f);
+  w0.pull(0, theta0.data());
+  w1.pull(0, theta1.data());
+  std::thread slow([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // worker 1 computes for 4 x heartbeat_s
+    w1.push(0, 1, grad.data(), theta1.data());
+  });
+  PullResult r{};
+  std::string error;
+  try {
+    r = w0.push(0, 1, grad.data(), theta0.data());  // held until worker 1 pushes
+  } catch (const std::runtime_error& e) {
+    error = e.what();
+  }
+  slow.join();
+  ASSERT_EQ(error, "") << "a server holding a pull was taken for silent";
+  EXPECT_GE(r.held_us, 1000000);
+  w0.bye(1);
+  w1.bye(1);
+  cluster.join();
+  cluster.rethrow();
+  EXPECT_EQ(theta0, theta1);
+}
+
 // bsp cannot train on without a worker: the server fails, naming the silent one (not the one
 // waiting for it), within about heartbeat_s.
 TEST(WorkerLoss, ABspServerFailsNamingTheSilentWorker) {
   ExperimentConfig cfg = make_config("bsp", 2, 1);
   cfg.cluster.heartbeat_s = 0.3;
   Cluster cluster(cfg);
-  const std::size_t P = count_params(model_spec(cfg));
   PsClient w0(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
   PsClient::Options hung = client_options(cfg, wire::Role::worker, 1);
   hung.heartbeat_s = 0;

@@ -12,9 +12,11 @@
 // step that another will never take.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include "bucketed_allreduce.h"
 #include "comm/collective.h"
+#include "comm/rendezvous.h"
 #include "core/optimizer.h"
 #include "role_context.h"
 #include "run/setup.h"
@@ -43,6 +45,17 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
   std::unique_ptr<Collective> coll = make_collective(ctx.backend(), rv, opt.host.empty() ? cfg.cluster.bind : opt.host,
                                                      cfg.cluster.transport, cfg.cluster.collective);
   coll->broadcast(model.params(), P, 0);
+  // A rank silent for cluster.heartbeat_s (stopped, hung, its host gone) is named by every other
+  // rank within about that time. No step can complete without it and the training thread is
+  // blocked in the collective, so the watch's thread ends the process (exit code 1).
+  auto watch = std::make_unique<GroupWatch>(
+      ctx.transport(), opt.coordinator, opt.rank, W, std::chrono::duration<double>(cfg.cluster.heartbeat_s),
+      [rank = opt.rank](const std::string& lost) {
+        std::fprintf(stderr, "pslab_worker: error: all-reduce rank %d: %s; allreduce cannot train on without it\n",
+                     rank, lost.c_str());
+        std::fflush(nullptr);
+        std::_Exit(1);
+      });
 
   Optimizer optimizer(ctx.backend(), cfg.optimizer, P);
   const long spe = ctx.steps_per_epoch(), steps = ctx.total_steps();
@@ -100,6 +113,7 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
   std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(wire::checksum(final_theta.data(), P)));
   ctx.metrics().write({{"kind", "final"}, {"worker", opt.rank}, {"steps", steps}, {"params_checksum", sum}});
   ctx.metrics().flush();
+  watch.reset();  // done: a rank that says Bye is not watched for
   rv.bye();
   return final_theta;
 }

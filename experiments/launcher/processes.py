@@ -67,12 +67,13 @@ def start(proc, cwd):
 
 
 def stop_all(procs):
-    """SIGTERM to every live process group, SIGKILL after KILL_GRACE_S; reaps them all.
+    """SIGTERM (and SIGCONT) to every live process group, SIGKILL after KILL_GRACE_S; reaps them all.
     Returns the processes that were still running."""
     live = [p for p in procs if p.popen is not None and p.popen.poll() is None]
     for p in live:
         try:
             os.killpg(p.popen.pid, signal.SIGTERM)
+            os.killpg(p.popen.pid, signal.SIGCONT)  # a stopped (SIGSTOP) process takes its SIGTERM now
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + KILL_GRACE_S

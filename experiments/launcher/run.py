@@ -140,6 +140,10 @@ def start_and_watch(plan, run_dir, bins, opts, prefix, sockets):
         """A worker's failure in a run that goes on without it (cluster.on_worker_loss): said once."""
         if plan.on_worker_loss != "continue" or p.role != "worker" or len(lost) + 1 >= plan.workers:
             return False
+        # Died (a signal: -N locally, 128+N through a shell, 255 when ssh lost it), not an error
+        # exit: a worker that exits 1 names what went wrong (often a peer), which fails the run.
+        if 0 <= p.returncode < 128:
+            return False
         progress.poll()
         if p.rank not in progress.first:  # it failed before training: a problem with its start, not a loss
             return False

@@ -1,6 +1,7 @@
 #include "comm/rendezvous.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <stdexcept>
 
@@ -43,6 +44,7 @@ void Coordinator::serve() {
     long step = -1;
     Clock::time_point when;
     bool seen = false;
+    bool done = false;  // said Bye
   };
   std::map<std::string, std::string> kv;
   std::vector<PendingGet> pending;
@@ -66,7 +68,10 @@ void Coordinator::serve() {
         continue;
       }
       const int r = h->sender;
-      if (r >= 0 && r < world_) heard[std::size_t(r)] = Heard{heard[std::size_t(r)].step, Clock::now(), true};
+      if (r >= 0 && r < world_) {
+        heard[std::size_t(r)].when = Clock::now();
+        heard[std::size_t(r)].seen = true;
+      }
       if (const auto* m = std::get_if<wire::KvSet>(&h->body)) {
         kv[m->key] = m->value;
         send(id, wire::Ack{});
@@ -90,10 +95,12 @@ void Coordinator::serve() {
         for (int k = 0; k < world_; ++k) {
           const Heard& x = heard[std::size_t(k)];
           if (!x.seen) ranks.push_back(nullptr);
-          else ranks.push_back({{"step", x.step}, {"age_s", std::chrono::duration<double>(Clock::now() - x.when).count()}});
+          else ranks.push_back({{"step", x.step}, {"age_s", std::chrono::duration<double>(Clock::now() - x.when).count()},
+                                {"done", x.done}});
         }
         send(id, wire::StatsReply{nlohmann::json{{"ranks", ranks}}.dump()});
       } else if (std::holds_alternative<wire::Bye>(h->body)) {
+        if (r >= 0 && r < world_) heard[std::size_t(r)].done = true;
         ++byes_;
         send(id, wire::Ack{});
       } else {
@@ -206,6 +213,85 @@ void RendezvousClient::bye() {
     request(wire::Bye{0}, std::chrono::milliseconds(2000));
   } catch (const std::exception&) {
     // rank 0 may be gone already; nothing waits on this
+  }
+}
+
+// ---- GroupWatch ----
+
+GroupWatch::GroupWatch(comm::Transport& transport, const std::string& endpoint, int rank, int world,
+                       std::chrono::duration<double> heartbeat, std::function<void(const std::string&)> on_lost)
+    : endpoint_(endpoint), rank_(rank), world_(world), heartbeat_(heartbeat), on_lost_(std::move(on_lost)) {
+  comm::ConnectOptions co;
+  co.linger = std::chrono::milliseconds(0);
+  conn_ = transport.connect({endpoint_}, co);
+  thread_ = std::jthread([this](std::stop_token stop) { watch(stop); });
+}
+
+GroupWatch::~GroupWatch() {
+  thread_ = {};  // stops and joins the watch before its connection goes
+}
+
+std::string GroupWatch::silent_rank(const std::string& status_json) const {
+  const auto j = nlohmann::json::parse(status_json, nullptr, false);
+  if (j.is_discarded() || !j.contains("ranks") || !j["ranks"].is_array()) return "";
+  for (int r = 0; r < int(j["ranks"].size()) && r < world_; ++r) {
+    const auto& x = j["ranks"][std::size_t(r)];
+    if (r == rank_ || !x.is_object() || x.value("done", false)) continue;  // never joined: the start's own timeout
+    const double age = x.value("age_s", 0.0);
+    if (age > heartbeat_.count()) {
+      char b[160];
+      std::snprintf(b, sizeof b, "rank %d lost: silent for %.1f s at step %ld (cluster.heartbeat_s = %g)", r, age,
+                    x.value("step", -1L), heartbeat_.count());
+      return b;
+    }
+  }
+  return "";
+}
+
+void GroupWatch::watch(std::stop_token stop) {
+  const auto every = std::chrono::duration_cast<Clock::duration>(heartbeat_ / 4);
+  const auto limit = std::chrono::duration_cast<Clock::duration>(heartbeat_);
+  wire::Encoder enc;
+  comm::Message msg;
+  auto last_answer = Clock::now();
+  std::mutex sleep_mu;
+  std::condition_variable_any wake;
+  while (!stop.stop_requested()) {
+    const auto asked = Clock::now();
+    // Best effort: a full queue means the coordinator is not reading, which the silence shows.
+    conn_->send(0, enc.encode(wire::Header{rank_, -1, wire::GroupStatus{}}), {}, asked);
+    std::size_t from = 0;
+    std::string lost;
+    while (!stop.stop_requested() && lost.empty()) {
+      const auto until = std::min(asked + every, last_answer + limit);
+      if (!conn_->recv(msg, from, std::min(until, Clock::now() + std::chrono::milliseconds(100)))) {
+        if (Clock::now() >= last_answer + limit) {
+          char b[200];
+          std::snprintf(b, sizeof b, "rank 0 lost: its coordinator at %s has not answered for %.1f s "
+                        "(cluster.heartbeat_s = %g)", endpoint_.c_str(),
+                        std::chrono::duration<double>(Clock::now() - last_answer).count(), heartbeat_.count());
+          lost = b;
+        } else if (Clock::now() >= asked + every) {
+          break;  // time to ask again
+        }
+        continue;
+      }
+      std::string why;
+      const auto h = msg.malformed().empty() ? wire::decode(msg.header(), why) : std::nullopt;
+      const auto* s = h ? std::get_if<wire::StatsReply>(&h->body) : nullptr;
+      if (!s) continue;
+      last_answer = Clock::now();
+      lost = silent_rank(s->json);
+      if (lost.empty()) {  // wait out the rest of the interval
+        std::unique_lock lock(sleep_mu);
+        wake.wait_until(lock, stop, asked + every, [] { return false; });
+        break;
+      }
+    }
+    if (!lost.empty() && !stop.stop_requested()) {
+      on_lost_(lost);
+      return;
+    }
   }
 }
 

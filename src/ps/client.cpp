@@ -73,15 +73,30 @@ void PsClient::heartbeat_loop(std::stop_token stop) {
 }
 
 template <typename F>
-void PsClient::collect(const std::string& what, std::vector<char>& pending, F&& on_reply) {
+void PsClient::collect(const std::string& what, std::vector<char>& pending, F&& on_reply, bool watch_silence) {
   const int S = int(shards_.size());
   const auto deadline = comm::Clock::now() + timeout_;
+  // A server that holds a request sends heartbeats while it does (Server::beat_held_pulls), so
+  // one silent for heartbeat_s is stopped, hung or gone: named now, not at the timeout.
+  const auto silence = beat_every_ * 4;
+  std::vector<Clock::time_point> heard(std::size_t(S), Clock::now());
   while (std::find(pending.begin(), pending.end(), 1) != pending.end()) {
     std::size_t from = 0;
     bool got = false;
     while (!(got = conns_->recv(msg_, from, beat_every_.count() ? std::min(deadline, Clock::now() + beat_every_ / 2) : deadline)) &&
-           Clock::now() < deadline)
+           Clock::now() < deadline) {
       beat_if_due();  // a held pull, or a slow server: the other servers still hear from us
+      if (!watch_silence || !beat_every_.count()) continue;
+      for (int k = 0; k < S; ++k)
+        if (pending[std::size_t(k)] && Clock::now() - heard[std::size_t(k)] > silence) {
+          char b[96];
+          std::snprintf(b, sizeof b, "silent for %.1f s while ",
+                        std::chrono::duration<double>(Clock::now() - heard[std::size_t(k)]).count());
+          char hb[80];
+          std::snprintf(hb, sizeof hb, " waited for its reply (cluster.heartbeat_s = %g): ", opt_.heartbeat_s);
+          fail(k, b + what + hb + "a server sends heartbeats while it holds a request, so it is stopped, hung or gone");
+        }
+    }
     if (!got) {
       std::string who;
       for (int k = 0; k < S; ++k)
@@ -91,10 +106,12 @@ void PsClient::collect(const std::string& what, std::vector<char>& pending, F&& 
                                " s from " + who + " (is it running? its log says why it stopped)");
     }
     const int k = int(from);
+    heard[std::size_t(k)] = Clock::now();
     if (!msg_.malformed().empty()) fail(k, "malformed reply to " + what + ": " + msg_.malformed());
     std::string why;
     const auto h = wire::decode(msg_.header(), why);
     if (!h) fail(k, "malformed reply to " + what + ": " + why);
+    if (std::holds_alternative<wire::Beat>(h->body)) continue;  // the server is alive and still holds it
     if (const auto* e = std::get_if<wire::Error>(&h->body))
       fail(k, std::string(wire::error_code_name(e->code)) + ": " + e->message);
     if (!pending[std::size_t(k)]) fail(k, std::string("unexpected ") + wire::body_name(h->body) + " during " + what);
@@ -119,7 +136,7 @@ void PsClient::connect() {
                   std::to_string(k) + "/" + std::to_string(S) + " = [" + std::to_string(mine.offset) + ", " +
                   std::to_string(mine.offset + mine.length) + "): the server list is in the wrong order or incomplete");
     shards_[std::size_t(k)].version = w->version;
-  });
+  }, /*watch_silence=*/false);  // the start barrier waits for every worker's start, with timeout_s
   if (beat_every_.count() && opt_.role == wire::Role::worker)
     heartbeats_ = std::jthread([this](std::stop_token stop) { heartbeat_loop(stop); });
 }

@@ -15,7 +15,9 @@
 // Heartbeats (workers, Options::heartbeat_s > 0): a server takes a worker silent for
 // cluster.heartbeat_s as lost, so every server hears from this client at least every quarter of
 // it: a Beat goes to each server that has had no message for that long, sent while a request
-// waits for its replies and, while the caller computes, by a thread of the client's own.
+// waits for its replies and, while the caller computes, by a thread of the client's own. The
+// other way round, a server beats to a worker whose request it holds, so a server silent for
+// heartbeat_s while a request waits is named at once (stopped, hung or gone), not at timeout_s.
 // Threading: one thread calls the client; its heartbeat thread takes the connections only while
 // no call is using them (a mutex).
 #pragma once
@@ -94,7 +96,9 @@ class PsClient {
   // Waits for one reply from each server in `pending`, handing it to on_reply(k, header,
   // message) (the message's payload is valid during the call).
   template <typename F>
-  void collect(const std::string& what, std::vector<char>& pending, F&& on_reply);
+  // Waits for a reply from every server marked in `pending`; with watch_silence (and
+  // heartbeats on), a pending server silent for heartbeat_s fails the wait.
+  void collect(const std::string& what, std::vector<char>& pending, F&& on_reply, bool watch_silence = true);
   void send(int k, const wire::Body& body, comm::OutPayload payload = {});
   // A Beat to every server that has had nothing from this client for beat_every_ (never waits:
   // a full queue means messages are on their way anyway). Caller holds mu_.

@@ -84,7 +84,7 @@ void visit_fields(Config& c, F&& f) {
     "\"auto\": curve when a listener binds a non-loopback address");
   f("cluster.timeout_s", c.cluster.timeout_s, "longest blocking wait before failing with the peer's name (s)");
   f("cluster.heartbeat_s", c.cluster.heartbeat_s,
-    "PS modes: a worker silent this long (workers send heartbeats meanwhile) is lost (s)");
+    "a worker or all-reduce rank silent this long (heartbeats are sent meanwhile) is lost (s)");
   f("cluster.on_worker_loss", c.cluster.on_worker_loss,
     "PS modes: \"continue\" (the servers drop a lost worker and training goes on), \"fail\", or \"auto\": "
     "continue where the mode allows it (asp, ssp), else fail");

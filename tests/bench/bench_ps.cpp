@@ -3,7 +3,7 @@
 // request at a time. Writes JSON.
 //
 //   bench_ps [--runs 5] [--json FILE] [--sizes-kib 4,256,4096,16384] [--transport tcp|ipc|shm]
-//            [--server-threads N] [--auth]
+//            [--server-threads N] [--auth] [--heartbeat-cost]
 //
 // Metrics, per tensor size (median over runs; each run = many iterations after a warm-up):
 //   push_pull   one Push with then_pull answered by the new parameters (what a worker does
@@ -17,6 +17,9 @@
 //               memcpy of the same bytes
 //   pslab_auth  with --auth: push_pull again with the peers authenticated (the run's key:
 //               CURVE over tcp, every message encrypted), and auth_cost = its time / push_pull's
+//   pslab_no_heartbeat  with --heartbeat-cost: push_pull with the worker's heartbeats off
+//               (cluster.heartbeat_s's thread and sliced waits; pslab above has them on, as runs
+//               do), and heartbeat_cost = push_pull's time / this one's
 // The server applies SGD (asp) to every push, and both sides checksum every payload.
 #include <CLI/CLI.hpp>
 
@@ -80,7 +83,7 @@ std::vector<double> time_runs(int runs, long iters, F fn) {
 long iterations_for(std::size_t bytes) { return std::clamp<long>(long((256u << 20) / bytes), 20, 3000); }
 
 nlohmann::ordered_json bench_pslab(std::size_t floats, int runs, const std::string& transport_name, int server_threads,
-                                   const comm::RunKey* key = nullptr) {
+                                   const comm::RunKey* key = nullptr, bool heartbeats = true) {
   ExperimentConfig cfg = config_for(floats);
   cfg.cluster.transport = transport_name;
   cfg.cluster.server_threads = server_threads;
@@ -106,7 +109,9 @@ nlohmann::ordered_json bench_pslab(std::size_t floats, int runs, const std::stri
   }
   const std::size_t P = count_params(model_spec(cfg));
   if (key) transport->authenticate(*key);
-  PsClient client(*transport, {ep}, client_options(cfg, wire::Role::worker, 0));
+  PsClient::Options co = client_options(cfg, wire::Role::worker, 0);
+  if (!heartbeats) co.heartbeat_s = 0;
+  PsClient client(*transport, {ep}, co);
   client.connect();
   // The gradient where a PS worker keeps it: in the transport's payload memory (shm: pushed
   // by reference, no copy).
@@ -207,6 +212,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bool auth = false;
   app.add_flag("--auth", auth, "also measure push+pull with the peers authenticated (CURVE on tcp), same invocation");
+  bool heartbeat_cost = false;
+  app.add_flag("--heartbeat-cost", heartbeat_cost, "also measure push+pull with the worker's heartbeats off, same invocation");
   CLI11_PARSE(app, argc, argv);
   const comm::RunKey key = comm::make_run_key();
 
@@ -224,6 +231,12 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%6d KiB: authenticated push+pull %8.1f us: %.2fx the time without\n", kib,
                    r["pslab_auth"]["push_pull_us"].get<double>(), r["auth_cost"].get<double>());
     }
+    if (heartbeat_cost) {
+      r["pslab_no_heartbeat"] = bench_pslab(floats, runs, transport, server_threads, nullptr, false);
+      r["heartbeat_cost"] = r["pslab"]["push_pull_us"].get<double>() / r["pslab_no_heartbeat"]["push_pull_us"].get<double>();
+      std::fprintf(stderr, "%6d KiB: push+pull without heartbeats %8.1f us: heartbeats cost %.3fx\n", kib,
+                   r["pslab_no_heartbeat"]["push_pull_us"].get<double>(), r["heartbeat_cost"].get<double>());
+    }
     const double us = r["pslab"]["push_pull_us"].get<double>(), tcp_us = r["raw_zmq_tcp"]["round_trip_us"].get<double>();
     r["raw_zmq_tcp_over_pslab"] = tcp_us / us;  // > 1: pslab's round trip is faster than a bare TCP echo
     std::fprintf(stderr, "%6d KiB: push+pull %8.1f us  %5.2f GB/s | push, pull %8.1f us | raw zmq %8.1f us %5.2f GB/s | "
@@ -234,7 +247,7 @@ int main(int argc, char** argv) {
     results.push_back(r);
   }
   nlohmann::ordered_json out{{"benchmark", "ps_push_pull"}, {"transport", transport}, {"server_threads", server_threads},
-                             {"auth", auth}, {"runs", runs},
+                             {"auth", auth}, {"heartbeat_cost", heartbeat_cost}, {"runs", runs},
                              {"metric", "median over runs of the mean time per request; GB/s counts bytes pushed + bytes pulled"},
                              {"results", results}};
   std::printf("%s\n", out.dump(2).c_str());
