@@ -38,6 +38,10 @@ int main(int argc, char** argv) {
   app.add_option("--auth-key", auth_key, "the run's key file (mode 0600, made by the launcher): peers authenticate");
   app.add_flag("--wait-for-shutdown", opt.wait_for_shutdown, "after every worker's Bye, serve until a Shutdown arrives");
   app.add_flag("--trace-pulls", opt.record_pulls, "write a metrics line for every served pull (clock, slowest clock)");
+  app.add_option("--checkpoint", opt.checkpoint_path,
+                 "write the shard's checkpoint to this file every checkpoint.every_s and when the server stops");
+  app.add_option("--resume", opt.resume_path, "go on from this checkpoint (written by --checkpoint of the same run)")
+      ->check(CLI::ExistingFile);
   CLI11_PARSE(app, argc, argv);
 
   std::signal(SIGINT, on_signal);

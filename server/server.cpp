@@ -57,6 +57,21 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   so.threads = server_threads(cfg, opt.procs_on_host);
   so.memory = [&transport](std::size_t bytes) { return transport.payload_memory(bytes); };  // shm: replies without a copy
   state_ = std::make_unique<ShardState>(*cpu_, so, std::move(slice));
+  if (!opt.resume_path.empty()) {
+    const std::string who = "server " + std::to_string(opt.shard) + ": cannot resume from " + opt.resume_path + ": ";
+    const ShardCheckpoint c = read_checkpoint(opt.resume_path);
+    if (c.shard != opt.shard || c.num_shards != cfg.cluster.servers)
+      throw std::runtime_error(who + "it is shard " + std::to_string(c.shard) + " of " + std::to_string(c.num_shards) +
+                               ", this server is shard " + std::to_string(opt.shard) + " of " + std::to_string(cfg.cluster.servers));
+    if (c.config_hash != config_hash_)
+      throw std::runtime_error(who + "it was written by a run with a different config (fingerprints differ)");
+    try {
+      state_->restore(c);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(who + e.what());
+    }
+    std::fprintf(stderr, "server %d: resumed from %s at version %ld\n", opt.shard, opt.resume_path.c_str(), c.version);
+  }
 
   const int W = cfg.cluster.workers;
   worker_ids_.assign(std::size_t(W), "");
@@ -88,6 +103,9 @@ void Server::run() {
   const auto stats_every = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt_.stats_every_s));
   const auto beat_every = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.cluster.heartbeat_s / 4));
   auto next_stats = started_ + stats_every;
+  const auto checkpoint_every =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.checkpoint.every_s));
+  auto next_checkpoint = started_ + checkpoint_every;
   const std::string who = "server " + std::to_string(opt_.shard) + " (" + opt_.endpoint + ")";
   char timeout_text[32];
   std::snprintf(timeout_text, sizeof timeout_text, "%g", cfg_.cluster.timeout_s);
@@ -139,12 +157,36 @@ void Server::run() {
         write_stats(false);
         next_stats = t + stats_every;
       }
+      if (checkpoint_every.count() > 0 && !opt_.checkpoint_path.empty() && t >= next_checkpoint) {
+        write_checkpoint_now("periodic");
+        next_checkpoint = Clock::now() + checkpoint_every;
+      }
     }
   } catch (...) {
     write_stats(true);
+    if (!opt_.checkpoint_path.empty()) write_checkpoint_now("stopped");
     throw;
   }
   write_stats(true);
+  if (!opt_.checkpoint_path.empty()) write_checkpoint_now("final");
+}
+
+void Server::write_checkpoint_now(const char* why) {
+  const auto t0 = Clock::now();
+  try {
+    ShardCheckpoint c = state_->checkpoint();
+    c.shard = opt_.shard;
+    c.num_shards = cfg_.cluster.servers;
+    c.config_hash = config_hash_;
+    write_checkpoint(opt_.checkpoint_path, c);
+    if (metrics_) {
+      metrics_->write({{"kind", "checkpoint"}, {"shard", opt_.shard}, {"why", why}, {"version", c.version},
+                       {"ms", seconds(Clock::now() - t0) * 1e3}});
+      metrics_->flush();
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "server %d: %s checkpoint not written: %s\n", opt_.shard, why, e.what());
+  }
 }
 
 void Server::handle(const comm::PeerId& id, const comm::Message& m) {

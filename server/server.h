@@ -43,6 +43,9 @@ struct ServerOptions {
   double stats_every_s = 1.0;    // period of the "server" metrics line
   int procs_on_host = 1;         // processes sharing this host's cores (cluster.server_threads = 0)
   const std::atomic<bool>* stop = nullptr;  // set (e.g. by a signal handler) to stop serving
+  // Checkpoints (ps/checkpoint.h): written to checkpoint_path every checkpoint.every_s and when
+  // the server stops, however it stops ("" = none); resume_path: go on from this checkpoint.
+  std::string checkpoint_path, resume_path;
 };
 
 struct ServerCounters {
@@ -112,6 +115,9 @@ class Server {
   void beat_held_pulls(Clock::time_point now);
   void lose_worker(int rank, double silent_s);
   void write_stats(bool final);
+  // Writes the shard's checkpoint to opt_.checkpoint_path (a metrics line says when, which
+  // version, how long); `why` for the log. Never throws: a failed write is said on stderr.
+  void write_checkpoint_now(const char* why);
   int finished() const { return byes_ + int(losses_.size()); }  // workers done: Bye, or lost
   bool done() const;
 

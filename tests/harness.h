@@ -3,6 +3,8 @@
 // test registers).
 #pragma once
 
+#include <functional>
+
 #include <atomic>
 #include <exception>
 #include <filesystem>
@@ -48,8 +50,9 @@ class Cluster {
  public:
   // wait_for_shutdown: after every worker's Bye, serve until a Shutdown (an evaluator's);
   // key: the servers admit only peers that prove it (their transport authenticates).
+  // adjust: changes each server's options before it starts (e.g. checkpoint and resume paths).
   explicit Cluster(const ExperimentConfig& cfg, bool record_pulls = false, bool wait_for_shutdown = false,
-                   const comm::RunKey* key = nullptr)
+                   const comm::RunKey* key = nullptr, const std::function<void(ServerOptions&)>& adjust = {})
       : transport(comm::make_transport(cfg.cluster.transport)) {
     if (key) transport->authenticate(*key);
     const bool mixed = cfg.cluster.transport == "auto";
@@ -64,6 +67,7 @@ class Cluster {
       o.record_pulls = record_pulls;
       o.wait_for_shutdown = wait_for_shutdown;
       o.stop = &stop;
+      if (adjust) adjust(o);
       servers.push_back(std::make_unique<Server>(*transport, cfg, o));
     }
     errors.resize(servers.size());

@@ -2,7 +2,14 @@
 // protocol errors that change nothing, and zero-copy-safe versions.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
 #include "ps/rules/rule.h"
+#include "ps/checkpoint.h"
 #include "ps/shard_state.h"
 #include "comm/wire.h"
 #include "core/rng.h"
@@ -128,6 +135,108 @@ TEST(ShardState, ADroppedWorkerNoLongerHoldsSspAndCannotPush) {
   EXPECT_THROW(b.drop_worker(1), std::logic_error);
   EXPECT_TRUE(make_rule("asp")->trains_without_lost_workers());
   EXPECT_TRUE(make_rule("ssp:3")->trains_without_lost_workers());
+}
+
+// ---- checkpoints (ps/checkpoint.h) ----
+
+std::string checkpoint_file(const char* name) {
+  return (std::filesystem::temp_directory_path() / (std::string("pslab-test-") + name + "-" +
+                                                    std::to_string(::getpid()) + ".ckpt")).string();
+}
+
+// A shard checkpointed mid-run (bsp: with its open clock half accumulated), written, read back
+// and restored into a fresh shard with other parameters goes on bitwise like the original, in
+// every mode, with a stateful optimizer (adam: m, v and the step count).
+TEST(Checkpoint, AShardGoesOnBitwiseFromItsCheckpoint) {
+  auto cpu = make_cpu_backend(1);
+  for (const char* mode : {"bsp", "ssp:1", "asp"}) {
+    SCOPED_TRACE(mode);
+    ShardState::Options o = options(mode, 2, 2);
+    o.optimizer.kind = "adam";
+    o.optimizer.lr = 0.1;
+    ShardState a(*cpu, o, {1.0f, -2.0f});
+    const float g0[] = {0.5f, 1.5f}, g1[] = {-1.0f, 2.0f}, g2[] = {0.25f, -0.75f};
+    push(a, 0, 0, 0, 1, g0, sum(g0));
+    push(a, 1, 0, 0, 2, g1, sum(g1));
+    push(a, 0, 1, a.version(), 1, g2, sum(g2));  // bsp: clock 1 is open, worker 0's part accumulated
+    const std::string path = checkpoint_file("shard");
+    ShardCheckpoint c = a.checkpoint();
+    c.shard = 0;
+    c.num_shards = 1;
+    c.config_hash = 42;
+    write_checkpoint(path, c);
+    const ShardCheckpoint r = read_checkpoint(path);
+    std::filesystem::remove(path);
+    EXPECT_EQ(r.config_hash, 42u);
+    EXPECT_EQ(r.version, a.version());
+    EXPECT_EQ(r.optimizer.size(), 2u);
+    ShardState b(*cpu, o, {7.0f, 7.0f});
+    b.restore(r);
+    EXPECT_EQ(b.version(), a.version());
+    EXPECT_EQ(b.clock_of(0), 2);
+    EXPECT_EQ(b.clock_of(1), 1);
+    EXPECT_EQ(b.samples_applied(), a.samples_applied());
+    EXPECT_EQ(b.staleness_histogram(), a.staleness_histogram());
+    EXPECT_EQ(b.current_checksum(), a.current_checksum());
+    for (ShardState* s : {&a, &b}) {  // the same pushes from here on
+      push(*s, 1, 1, s->version(), 1, g2, sum(g2));
+      push(*s, 0, 2, s->version(), 1, g1, sum(g1));
+      push(*s, 1, 2, s->version(), 1, g0, sum(g0));
+    }
+    EXPECT_EQ(b.version(), a.version());
+    EXPECT_EQ(std::memcmp(b.current(), a.current(), 2 * sizeof(float)), 0)
+        << a.current()[0] << " " << a.current()[1] << " vs " << b.current()[0] << " " << b.current()[1];
+  }
+}
+
+// A damaged or foreign file is refused, naming the file and what is wrong; a checkpoint of
+// another shard or run does not fit.
+TEST(Checkpoint, ADamagedOrForeignFileIsRefusedNamingIt) {
+  auto cpu = make_cpu_backend(1);
+  ShardState a(*cpu, options("asp", 2, 3), {1.0f, 2.0f, 3.0f});
+  const std::string path = checkpoint_file("bad");
+  write_checkpoint(path, a.checkpoint());
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  EXPECT_EQ(::access((path + ".tmp").c_str(), F_OK), -1) << "the temporary file was left";
+  auto error_of = [&](const std::string& content) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << content;
+    try {
+      read_checkpoint(path);
+      return std::string("no error");
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+  };
+  std::string flipped = bytes;
+  flipped[flipped.size() - 5] ^= 0x10;
+  EXPECT_EQ(error_of(flipped), "checkpoint " + path + ": checksum mismatch (the file is corrupt)");
+  EXPECT_NE(error_of(bytes.substr(0, bytes.size() - 4)).find("is not " + std::to_string(bytes.size()) + " bytes long"),
+            std::string::npos);
+  EXPECT_EQ(error_of(bytes.substr(0, 100)), "checkpoint " + path + ": truncated header");
+  EXPECT_EQ(error_of("PSLABCKQ" + bytes.substr(8)), "checkpoint " + path + ": not a pslab checkpoint");
+  EXPECT_EQ(error_of(bytes), "no error");
+  const ShardCheckpoint c = read_checkpoint(path);
+  std::filesystem::remove(path);
+  try {
+    read_checkpoint(path);
+    ADD_FAILURE() << "a missing file was read";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()).find("checkpoint " + path + ": cannot open"), 0u) << e.what();
+  }
+  ShardState other_range(*cpu, options("asp", 2, 2), {0.0f, 0.0f});
+  try {
+    other_range.restore(c);
+    ADD_FAILURE() << "a checkpoint of another range was restored";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "it holds floats [0, 3), this shard is [0, 2)");
+  }
+  ShardState other_workers(*cpu, options("asp", 3, 3), {0.0f, 0.0f, 0.0f});
+  EXPECT_THROW(other_workers.restore(c), std::invalid_argument);
+  EXPECT_EQ(other_workers.version(), 0) << "a refused checkpoint changed nothing";
 }
 
 TEST(ShardState, AspNeverHoldsAndMeasuresStaleness) {

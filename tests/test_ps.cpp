@@ -750,6 +750,60 @@ TEST(WorkerLoss, ABspServerFailsNamingTheSilentWorker) {
   }
 }
 
+// ---- checkpoints: a server writes its shard when it stops and goes on from it ----
+
+TEST(Checkpoint, AServerResumesWhereItsCheckpointLeftOff) {
+  ExperimentConfig cfg = make_config("ssp:1", 1, 2);
+  cfg.optimizer.kind = "momentum";
+  const std::string dir = test::temp_dir("ckpt").string();
+  auto paths = [&](bool resume) {
+    return [&, resume](ServerOptions& o) {
+      o.checkpoint_path = dir + "/server" + std::to_string(o.shard) + ".ckpt";
+      if (resume) o.resume_path = o.checkpoint_path;
+    };
+  };
+  const std::size_t P = count_params(model_spec(cfg));
+  std::vector<float> theta(P), grad(P);
+  for (std::size_t i = 0; i < P; ++i) grad[i] = 0.01f * float(int(i % 7) - 3);
+  {
+    Cluster cluster(cfg, false, false, nullptr, paths(false));
+    PsClient w(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
+    w.connect();
+    w.pull(0, theta.data());
+    for (long c = 0; c < 3; ++c) w.push(c, 4, grad.data(), theta.data());
+    w.bye(3);
+    cluster.join();
+    cluster.rethrow();
+  }
+  std::vector<float> resumed(P);
+  {
+    Cluster cluster(cfg, false, false, nullptr, paths(true));
+    for (const auto& s : cluster.servers) {
+      EXPECT_EQ(s->state().version(), 3);
+      EXPECT_EQ(s->state().clock_of(0), 3);
+      EXPECT_EQ(s->state().samples_applied(), 12);
+    }
+    PsClient w(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
+    w.connect();
+    const PullResult r = w.pull(3, resumed.data());
+    EXPECT_EQ(r.min_version, 3);
+    EXPECT_EQ(std::memcmp(resumed.data(), theta.data(), P * sizeof(float)), 0) << "θ after resuming differs";
+    w.push(3, 4, grad.data(), resumed.data());  // clock 3 is the next one: taken
+    w.bye(4);
+    cluster.join();
+    cluster.rethrow();
+  }
+  // The same config resumed by the wrong shard is refused, naming the file.
+  try {
+    Cluster cluster(cfg, false, false, nullptr, [&](ServerOptions& o) { o.resume_path = dir + "/server" + std::to_string(1 - o.shard) + ".ckpt"; });
+    ADD_FAILURE() << "a server resumed from another shard's checkpoint";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("server 0: cannot resume from " + dir + "/server1.ckpt: it is shard 1 of 2"),
+              std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // Authentication (cluster.auth = "curve"): a client that speaks the protocol and has the run's
 // config (so the right config hash) but not its key gets no reply and changes nothing; workers
 // with the key train as usual.

@@ -184,7 +184,8 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_host=False):
         if role == "server":
             argv = [str(bins.server), "-c", cfg, "--shard", str(rank), "--bind", endpoints.bind(i, name),
                     "--metrics", str(run_dir / "metrics" / f"{name}.jsonl"), "--run-start", f"{run_start:.6f}",
-                    "--wait-for-shutdown", "--procs-on-host", str(per_host[host])]
+                    "--wait-for-shutdown", "--procs-on-host", str(per_host[host]),
+                    "--checkpoint", str(run_dir / "checkpoints" / f"{name}.ckpt")]
             if plan.authenticates:
                 argv += ["--auth-key", str(run_key_path(run_dir))]
         elif role == "worker" and plan.uses_servers:

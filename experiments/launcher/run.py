@@ -89,6 +89,8 @@ def execute_run(plan, run_dir, bins, opts, prefix):
     run_dir.mkdir(parents=True)
     (run_dir / "metrics").mkdir()
     (run_dir / "logs").mkdir()
+    if plan.uses_servers:
+        (run_dir / "checkpoints").mkdir(mode=0o700)  # the servers' shards (--checkpoint), for resuming
     plan.write(run_dir)  # config.toml, plan.json
     if plan.authenticates:
         make_run_key(bins, run_dir)

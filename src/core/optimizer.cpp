@@ -89,4 +89,30 @@ void Optimizer::step_range(const float* w, const float* g, float* w_out, std::si
   }
 }
 
+std::vector<std::vector<float>> Optimizer::state() const {
+  std::vector<std::vector<float>> out;
+  for (const DeviceBuffer<float>* b : {&m_, &v_})
+    if (b->data()) {
+      out.emplace_back(n_);
+      be_.copy_to_host(out.back().data(), b->data(), n_ * sizeof(float));
+    }
+  return out;
+}
+
+void Optimizer::restore(long steps, const std::vector<std::vector<float>>& buffers) {
+  std::vector<DeviceBuffer<float>*> mine;
+  for (DeviceBuffer<float>* b : {&m_, &v_})
+    if (b->data()) mine.push_back(b);
+  if (buffers.size() != mine.size())
+    throw std::invalid_argument("optimizer state of " + std::to_string(buffers.size()) + " buffers, but " + cfg_.kind +
+                                " keeps " + std::to_string(mine.size()));
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    if (buffers[i].size() != n_)
+      throw std::invalid_argument("optimizer state buffer of " + std::to_string(buffers[i].size()) + " floats, expected " +
+                                  std::to_string(n_));
+    be_.copy_from_host(mine[i]->data(), buffers[i].data(), n_ * sizeof(float));
+  }
+  steps_ = steps;
+}
+
 }  // namespace pslab

@@ -64,6 +64,11 @@ class Optimizer {
   bool stateless() const { return kind_ == Kind::sgd; }
   long steps() const { return steps_; }
   std::size_t size() const { return n_; }
+  // The state a checkpoint keeps: the step count and the state buffers in order (momentum and
+  // nesterov: velocity; adam: m, then v; sgd: none), each size() floats, copied to the host.
+  std::vector<std::vector<float>> state() const;
+  // Restores what state() returned; throws std::invalid_argument naming what does not fit.
+  void restore(long steps, const std::vector<std::vector<float>>& buffers);
   const OptimizerConfig& config() const { return cfg_; }
 
  private:

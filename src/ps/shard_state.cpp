@@ -84,6 +84,50 @@ ShardState::ShardState(Backend& cpu, const Options& opt, std::vector<float> init
   if (!codec_->dense_f32()) decoded_.resize(opt.range.length);
 }
 
+ShardCheckpoint ShardState::checkpoint() const {
+  ShardCheckpoint c;
+  c.offset = opt_.range.offset;
+  c.length = opt_.range.length;
+  c.version = version_;
+  c.samples_applied = samples_applied_;
+  c.clocks = clocks_;
+  c.lost = lost_;
+  c.theta.assign(params_.current(), params_.current() + params_.size());
+  c.optimizer_steps = optimizer_.steps();
+  c.optimizer = optimizer_.state();
+  if (!acc_empty_) c.acc = acc_;
+  c.acc_samples = acc_samples_;
+  c.acc_empty = acc_empty_;
+  c.staleness = staleness_;
+  return c;
+}
+
+void ShardState::restore(const ShardCheckpoint& c) {
+  if (c.offset != opt_.range.offset || c.length != opt_.range.length)
+    throw std::invalid_argument("it holds floats [" + std::to_string(c.offset) + ", " + std::to_string(c.offset + c.length) +
+                                "), this shard is [" + std::to_string(opt_.range.offset) + ", " +
+                                std::to_string(opt_.range.offset + opt_.range.length) + ")");
+  if (c.clocks.size() != clocks_.size())
+    throw std::invalid_argument("it has " + std::to_string(c.clocks.size()) + " workers, this run " +
+                                std::to_string(clocks_.size()));
+  if (!c.acc_empty && c.acc.size() != opt_.range.length) throw std::invalid_argument("its accumulation has the wrong size");
+  optimizer_.restore(c.optimizer_steps, c.optimizer);
+  float* next = params_.next();
+  std::copy(c.theta.begin(), c.theta.end(), next);
+  params_.publish();
+  checksum_ = checksum_of(params_.current());
+  version_ = c.version;
+  samples_applied_ = c.samples_applied;
+  clocks_ = c.clocks;
+  lost_ = c.lost;
+  acc_ = c.acc;
+  acc_samples_ = c.acc_samples;
+  acc_empty_ = c.acc_empty;
+  staleness_ = c.staleness;
+  for (auto& h : staleness_)  // the file pads every histogram to the longest
+    while (!h.empty() && h.back() == 0) h.pop_back();
+}
+
 void ShardState::record_pull(int worker, long clock) {
   if (opt_.record_pulls) pulls_.push_back({worker, clock, min_clock(), version_});
 }

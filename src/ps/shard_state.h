@@ -27,6 +27,7 @@
 #include "comm/wire.h"
 #include "core/thread_team.h"
 #include "core/optimizer.h"
+#include "ps/checkpoint.h"
 #include "ps/codecs/codec.h"
 #include "ps/errors.h"
 #include "ps/rules/rule.h"
@@ -123,6 +124,12 @@ class ShardState : private ShardOps {
   void drop_worker(int worker);
   bool dropped(int worker) const { return lost_[std::size_t(worker)] != 0; }
 
+  // Everything needed to go on where the shard is now (ps/checkpoint.h); shard, num_shards and
+  // config_hash are the server's to fill in.
+  ShardCheckpoint checkpoint() const;
+  // Goes on from a checkpoint of this shard (same range and workers; throws
+  // std::invalid_argument naming what differs). θ becomes a new current version.
+  void restore(const ShardCheckpoint& c);
   const ConsistencyRule& rule() const { return *rule_; }
   const PushCodec& codec() const { return *codec_; }
   long version() const { return version_; }

@@ -91,6 +91,8 @@ void visit_fields(Config& c, F&& f) {
   f("eval.interval_s", c.eval.interval_s, "evaluator period (s); one more evaluation at the end");
   f("eval.batch", c.eval.batch, "evaluation batch");
   f("eval.target_acc", c.eval.target_acc, "accuracy for time_to_target_s in the summary");
+  f("checkpoint.every_s", c.checkpoint.every_s,
+    "PS servers given a checkpoint file write their shard this often (s) and when they stop; 0: only then");
   f("straggler.workers", c.straggler.workers, "ranks slowed down by straggler.slowdown");
   f("straggler.slowdown", c.straggler.slowdown, "compute of those ranks takes this many times as long");
   f("straggler.delay_ms", c.straggler.delay_ms, "fixed extra sleep per step, every worker (ms)");
@@ -388,6 +390,7 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
               c.cluster.mode + "\" needs every worker" + (c.uses_servers() ? " each clock" : " in every all-reduce"));
   }
   check(c.eval.interval_s > 0, "eval.interval_s", "must be > 0");
+  check(c.checkpoint.every_s >= 0, "checkpoint.every_s", "must be >= 0");
   check(c.eval.batch >= 1, "eval.batch", "must be >= 1");
   check(c.eval.target_acc >= 0 && c.eval.target_acc <= 1, "eval.target_acc", "must be in [0, 1]");
   for (int w : c.straggler.workers)

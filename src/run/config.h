@@ -79,6 +79,10 @@ struct EvalConfig {
   double target_acc = 0.85; // for time_to_target_s in the summary
 };
 
+struct CheckpointConfig {
+  double every_s = 30.0;  // PS servers write their shard this often (and when they stop); 0: only when they stop
+};
+
 struct StragglerConfig {
   std::vector<int> workers;  // ranks slowed by `slowdown`
   double slowdown = 1.0;     // those ranks' compute takes this many times as long
@@ -96,6 +100,7 @@ struct ExperimentConfig {
   TrainConfig train;
   ClusterConfig cluster;
   EvalConfig eval;
+  CheckpointConfig checkpoint;
   StragglerConfig straggler;
 
   // Whether the run has parameter servers: every mode but "allreduce" (ps/rules/ lists them).

@@ -1,0 +1,50 @@
+// A parameter server's checkpoint of its shard: θ, the optimizer's state, the version, the
+// workers' clocks (and which were dropped), bsp's open accumulation and the staleness
+// statistics: everything a server needs to go on where it stopped.
+//
+// One file per shard (RUN_DIR/checkpoints/server<K>.ckpt), written atomically: the bytes go to
+// a temporary file in the same directory, which is flushed to disk and then renamed over the
+// old one, so a reader finds the previous checkpoint or this one, never part of one (the
+// rename is the "done" marker).
+//
+// Layout, every field little-endian:
+//   header   32 x int64: "PSLABCKP" (8 bytes), format version (1), shard, num_shards, offset,
+//            length, workers, version, samples_applied, optimizer steps, optimizer buffers,
+//            accumulated floats (0 or length), acc_samples, acc_empty, staleness buckets per
+//            worker, config fingerprint, body bytes, body checksum (wire::checksum_bytes),
+//            then zeros
+//   body     clocks (workers x int64), lost (workers x int64, 0/1), θ (length x float32),
+//            each optimizer buffer (length x float32), the accumulation (its floats),
+//            staleness histograms (workers x buckets x int64)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pslab {
+
+struct ShardCheckpoint {
+  int shard = 0, num_shards = 1;
+  std::uint64_t offset = 0, length = 0;  // the shard's range of θ (floats)
+  std::uint64_t config_hash = 0;         // config_fingerprint() of the run that wrote it
+  long version = 0, samples_applied = 0;
+  std::vector<long> clocks;  // per worker: pushes applied (or accumulated)
+  std::vector<char> lost;    // per worker: 1 = dropped as lost
+  std::vector<float> theta;  // length floats
+  long optimizer_steps = 0;
+  std::vector<std::vector<float>> optimizer;  // Optimizer::state()
+  std::vector<float> acc;                     // bsp: the open clock's gradient sum (or empty)
+  long acc_samples = 0;
+  bool acc_empty = true;
+  std::vector<std::vector<long>> staleness;  // per worker, histogram
+};
+
+// Writes `c` to `path` atomically (path + ".tmp", fsync, rename). Throws std::runtime_error
+// naming the path and the system's reason.
+void write_checkpoint(const std::string& path, const ShardCheckpoint& c);
+// Reads and checks a checkpoint: the magic, the format version, the sizes against the file's
+// length, and the body's checksum. Throws std::runtime_error naming the path and what is wrong.
+ShardCheckpoint read_checkpoint(const std::string& path);
+
+}  // namespace pslab
