@@ -3,6 +3,7 @@
 
   launch.py run CONFIG [--set key=value ...] [--runs-dir DIR] [--build-dir DIR]
                        [--dry-run] [--no-plots] [--keep-going] [--max-minutes M] [--base-port P]
+  launch.py resume RUN_DIR [--no-plots] [--max-minutes M]  (go on with a stopped run, PS modes)
   launch.py task RUN_DIR [--print] [--hosts H1,H2,...]      (one Slurm task; srun runs it)
 
 `run` expands the sweep in CONFIG (a list where one value is expected is swept; the cross
@@ -91,7 +92,7 @@ from launcher.gpus import decide_collective
 from launcher.placement import DEFAULT_BASE_PORT, check_placement
 from launcher.plan import expand_sweep, find_binaries, replan
 from launcher.processes import Interrupted, catch_signals
-from launcher.run import dry_run, run_all
+from launcher.run import dry_run, resume_run, run_all
 from launcher.task import run_task
 
 
@@ -137,6 +138,17 @@ def main(argv=None):
                    help="wall-clock guard per run: stop it and fail after this many minutes (default 60)")
     r.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
                    help=f"ssh / slurm: process i listens on BASE + i (default {DEFAULT_BASE_PORT})")
+    u = sub.add_parser("resume", help="go on with a stopped or failed run from its servers' checkpoints",
+                       description="Go on with a run that was stopped (Ctrl-C) or failed, in its own directory: "
+                                   "the servers start from RUN_DIR/checkpoints/ (written every checkpoint.every_s "
+                                   "and when they stop), each worker from the clock they hold for it; metrics and "
+                                   "logs are appended to, summary.json is rewritten. PS modes, local or ssh.")
+    u.add_argument("run_dir", help="the run's directory (runs/<name>/<YYYYmmdd-HHMMSS>/<label>)")
+    u.add_argument("--build-dir", help="build directory (default: $PSLAB_BUILD, else <repo>/build)")
+    u.add_argument("--no-plots", action="store_true", help="do not draw plots")
+    u.add_argument("--max-minutes", type=float, default=60.0, help="wall-clock guard (default 60)")
+    u.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
+                   help=f"ssh: process i listens on BASE + i (default {DEFAULT_BASE_PORT})")
     t = sub.add_parser("task", help="one task of a Slurm run (srun starts it; not for direct use)",
                        description="One task of a Slurm run: reads SLURM_PROCID, SLURM_NTASKS and the node list, "
                                    "and execs the binary of its role with its output in RUN_DIR/logs/.")
@@ -149,6 +161,8 @@ def main(argv=None):
         if a.command == "task":
             return run_task(a.run_dir, a.hosts, a.print)
         catch_signals()
+        if a.command == "resume":
+            return resume_run(a.run_dir, find_binaries(a.build_dir), a)
         return cmd_run(a)
     except UsageError as e:
         msg = str(e)

@@ -88,7 +88,8 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   } catch (const std::exception& e) {
     throw std::runtime_error("server " + std::to_string(opt.shard) + ": " + e.what());
   }
-  if (!opt.metrics_path.empty()) metrics_ = std::make_unique<MetricsWriter>(opt.metrics_path, opt.run_start);
+  if (!opt.metrics_path.empty())
+    metrics_ = std::make_unique<MetricsWriter>(opt.metrics_path, opt.run_start, !opt.resume_path.empty());
 }
 
 Server::~Server() = default;
@@ -324,17 +325,21 @@ void Server::on_hello(const std::string& id, const wire::Hello& m) {
     peers_[id] = Peer{m.role, m.rank, Clock::now()};
     worker_heard_[std::size_t(m.rank)] = Clock::now();
   }
-  const wire::Welcome welcome{opt_.shard, cfg_.cluster.servers, range_.offset, range_.length, W, state_->rule().name(),
-                              state_->version()};
+  // Each worker is told its clock here (a server resumed from a checkpoint: where it goes on).
+  auto welcome = [&](const std::string& to) {
+    const Peer& p = peers_.at(to);
+    return header(wire::Welcome{opt_.shard, cfg_.cluster.servers, range_.offset, range_.length, W, state_->rule().name(),
+                                state_->version(), p.role == wire::Role::worker ? state_->clock_of(p.rank) : 0});
+  };
   if (m.role == wire::Role::evaluator || barrier_open_) {
-    send(id, header(welcome));
+    send(id, welcome(id));
     return;
   }
   welcome_waiting_.push_back(id);
   if (std::all_of(worker_ids_.begin(), worker_ids_.end(), [](const std::string& s) { return !s.empty(); })) {
     barrier_open_ = true;
     last_message_ = Clock::now();
-    for (const auto& w : welcome_waiting_) send(w, header(welcome));
+    for (const auto& w : welcome_waiting_) send(w, welcome(w));
     welcome_waiting_.clear();
   }
 }

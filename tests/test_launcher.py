@@ -816,6 +816,45 @@ class LauncherTest(unittest.TestCase):
         self.assertRegex(err, r"server 0 at \S+: silent for 1\.\d s while (Push|Pull) \(clock \d+\) waited for its reply")
         self.assert_no_processes_left()
 
+    def test_resume_after_ctrl_c_ends_like_an_uninterrupted_run(self):
+        # ssp:1 over 2 servers: Ctrl-C mid-run, the servers write their checkpoints as they stop;
+        # `launch.py resume` goes on from them and ends with the accuracy of a run never stopped.
+        path = self.tiny_variant("resume.toml", [("steps = 500", "steps = 1200"), ('mode = "bsp"', 'mode = "ssp:1"'),
+                                                 ("servers = 1", "servers = 2")])
+        whole = self.launch("run", path, "--runs-dir", self.tmp / "whole", "--no-plots", timeout=120)
+        self.assertEqual(whole.returncode, 0, whole.stdout + whole.stderr)
+        reference = json.loads(next((self.tmp / "whole").glob("tiny/2*/run/summary.json")).read_text())
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots")
+        self.wait_for_processes(5)
+        self.wait_for_train_lines(["worker0", "worker1"])
+        time.sleep(1.0)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 130, out + err)
+        run = self.only_invocation("tiny") / "run"
+        self.assertEqual(json.loads((run / "summary.json").read_text())["status"], "interrupted")
+        stopped = [json.loads(line) for k in (0, 1) for line in (run / "metrics" / f"server{k}.jsonl").read_text().splitlines()
+                   if '"checkpoint"' in line]
+        self.assertEqual(sorted(c["why"] for c in stopped), ["stopped", "stopped"], stopped)
+        self.assertEqual(stat.S_IMODE((run / "checkpoints").stat().st_mode), 0o700)
+        self.assertLess(max(c["version"] for c in stopped), 2 * 1200, "the run was stopped before it ended")
+        r = self.launch("resume", run, "--no-plots", timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("resuming", r.stdout)
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok", s.get("failure"))
+        resumed = [json.loads(line) for k in (0, 1) for line in (run / "metrics" / f"worker{k}.jsonl").read_text().splitlines()
+                   if '"resumed"' in line]
+        self.assertEqual(len(resumed), 2, resumed)
+        self.assertTrue(all(0 < x["step"] < 1200 for x in resumed), resumed)
+        self.assertIn("server 0: resumed from", (run / "logs" / "server0.log").read_text())
+        self.assertLess(abs(s["final_test_acc"] - reference["final_test_acc"]), 0.02, (s["final_test_acc"], reference["final_test_acc"]))
+        self.assert_no_processes_left()
+        # A finished run is not resumed.
+        again = self.launch("resume", run, "--no-plots")
+        self.assertEqual(again.returncode, 2, again.stdout + again.stderr)
+        self.assertIn("the run finished (ok); there is nothing to resume", again.stderr)
+
     def test_shm_run_and_a_killed_server_leave_no_segment(self):
         # shm: payloads through memfd segments, which go with the processes; the sockets' directory
         # goes with the run. A finished run, then one whose server is killed mid-run.

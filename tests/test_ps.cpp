@@ -804,6 +804,50 @@ TEST(Checkpoint, AServerResumesWhereItsCheckpointLeftOff) {
   std::filesystem::remove_all(dir);
 }
 
+// A stop between one shard's push and the next's leaves the checkpoints holding a worker at
+// different clocks: the resumed worker brings the server behind up with an empty push (it
+// changes nothing there) and goes on from the furthest clock, counting the push as lost.
+TEST(Checkpoint, AResumedWorkerCatchesUpAServerThatMissedItsLastPush) {
+  ExperimentConfig cfg = make_config("asp", 1, 2);
+  const std::string dir = test::temp_dir("ckpt_catch_up").string();
+  auto path = [&](int k) { return dir + "/server" + std::to_string(k) + ".ckpt"; };
+  const std::size_t P = count_params(model_spec(cfg));
+  std::vector<float> theta(P), grad(P, 0.25f);
+  {
+    Cluster cluster(cfg, false, false, nullptr, [&](ServerOptions& o) { o.checkpoint_path = path(o.shard); });
+    PsClient w(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
+    w.connect();
+    w.pull(0, theta.data());
+    for (long c = 0; c < 3; ++c) w.push(c, 4, grad.data(), c < 2 ? theta.data() : nullptr);
+    w.bye(3);
+    cluster.join();
+    cluster.rethrow();
+  }
+  // Server 1 as if clock 2's push had not reached it: its checkpoint from one push earlier.
+  ShardCheckpoint behind = read_checkpoint(path(1));
+  ASSERT_EQ(behind.clocks[0], 3);
+  behind.clocks[0] = 2;
+  write_checkpoint(path(1), behind);
+  Cluster cluster(cfg, false, false, nullptr, [&](ServerOptions& o) {
+    o.checkpoint_path = path(o.shard);
+    o.resume_path = path(o.shard);
+  });
+  PsClient w(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
+  w.connect();
+  const ResumePoint r = w.catch_up();
+  EXPECT_EQ(r.clock, 3);
+  EXPECT_EQ(r.lost_pushes, 1);
+  EXPECT_EQ(cluster.servers[0]->state().clock_of(0), 3);
+  EXPECT_EQ(cluster.servers[1]->state().clock_of(0), 3);
+  EXPECT_EQ(cluster.servers[1]->state().version(), behind.version) << "the empty push changed θ";
+  w.pull(3, theta.data());
+  w.push(3, 4, grad.data(), nullptr);  // and the next clock is taken by both
+  w.bye(4);
+  cluster.join();
+  cluster.rethrow();
+  std::filesystem::remove_all(dir);
+}
+
 // Authentication (cluster.auth = "curve"): a client that speaks the protocol and has the run's
 // config (so the right config hash) but not its key gets no reply and changes nothing; workers
 // with the key train as usual.

@@ -317,7 +317,7 @@ TEST(FuzzSeeds, OneDecodingSeedForEveryBodyType) {
       {kTool, -1, Stats{}},
       {kServer, -1, StatsReply{"{\"shard\":0}"}},
       {kServer, -1, Error{ErrorCode::bad_checksum, "push payload checksum mismatch"}},
-      {1, -1, KvSet{"gloo/rank1", std::string("\x01\x02address", 9)}},
+      {1, -1, KvSet{"gloo/rank1", std::string("\x01\x02" "address", 9)}},
       {2, -1, KvGet{"gloo/rank1", 1000}},
       {kServer, -1, KvValue{"gloo/rank1", "x", true}},
       {3, -1, Beat{41}},

@@ -85,6 +85,8 @@ int main(int argc, char** argv) {
         ->check(CLI::NonNegativeNumber);
     sub->add_flag("-q,--quiet", role_quiet, "no progress lines");
     sub->add_option("--auth-key", role.auth_key, "the run's key file (mode 0600, made by the launcher): peers authenticate");
+    sub->add_flag("--resume", role.resume, "PS modes: a resumed run (servers started with --resume): go on from the "
+                                           "clock the servers hold for this worker, append to the metrics");
   };
   const char* servers_help = "server endpoints in shard order, comma-separated (e.g. tcp://127.0.0.1:5555,tcp://127.0.0.1:5556)";
   auto* ps = app.add_subcommand("ps", "one worker of a parameter-server run (bsp, ssp:s, asp): pull, compute, push every step");

@@ -36,11 +36,19 @@ void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
   GradListener* listener = cfg.cluster.overlap ? ctx.straggler().paced(&push_when_ready) : nullptr;
 
   client.connect();  // the start barrier: returns when every worker has said Hello
-  PullResult pulled = client.pull(0, replica.host_params());
+  long first = 0;    // a resumed run goes on from the clock the servers hold for this worker
+  if (opt.resume) {
+    const ResumePoint r = client.catch_up();
+    first = r.clock;
+    std::fprintf(stderr, "[worker %d] resumed at step %ld%s\n", opt.rank, first,
+                 r.lost_pushes ? (" (" + std::to_string(r.lost_pushes) + " push(es) some server never got were sent again empty)").c_str() : "");
+    ctx.metrics().write({{"kind", "resumed"}, {"worker", opt.rank}, {"step", first}, {"lost_pushes", r.lost_pushes}});
+  }
+  PullResult pulled = client.pull(first, replica.host_params());
   replica.upload_params();
 
   const long steps = ctx.total_steps(), spe = ctx.steps_per_epoch();
-  for (long step = 0; step < steps; ++step) {
+  for (long step = first; step < steps; ++step) {
     const auto idx = ctx.batch(step);
     const bool last = step == steps - 1;
     // Push, and pull θ for step + 1 in the same round trip (none after the last step).

@@ -53,7 +53,7 @@ RoleContext::RoleContext(const ExperimentConfig& c, const RoleOptions& o, RoleKi
   replica_ = std::make_unique<Replica>(*backend_, model_spec(cfg), data_.train, replica_batch(cfg, kind),
                                        grad_memory_ ? static_cast<float*>(grad_memory_->data()) : nullptr);
   const std::string file = kind == RoleKind::evaluator ? "evaluator" : "worker" + std::to_string(rank);
-  metrics_ = std::make_unique<MetricsWriter>(opt.out_dir + "/metrics/" + file + ".jsonl", opt.run_start);
+  metrics_ = std::make_unique<MetricsWriter>(opt.out_dir + "/metrics/" + file + ".jsonl", opt.run_start, opt.resume);
   if (!trains(kind)) return;
   sampler_.emplace(std::size_t(data_.train.n), W, rank, cfg.seed);
   steps_per_epoch_ = sampler_->steps_per_epoch(cfg.train.batch);

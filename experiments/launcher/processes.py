@@ -58,10 +58,11 @@ def _die_with_parent():
         pass
 
 
-def start(proc, cwd):
-    """Starts proc.command in its own session, output to proc.log; sets proc.popen."""
+def start(proc, cwd, append_log=False):
+    """Starts proc.command in its own session, output to proc.log (appended to: a resumed run);
+    sets proc.popen."""
     proc.log.parent.mkdir(parents=True, exist_ok=True)
-    with open(proc.log, "wb") as log:
+    with open(proc.log, "ab" if append_log else "wb") as log:
         proc.popen = subprocess.Popen(proc.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                       cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent)
 

@@ -10,13 +10,13 @@ import subprocess
 import sys
 import time
 
-from .common import REPO, RunFailed, say, warn
+from .common import REPO, RunFailed, UsageError, say, warn
 from .comparison import write_comparison
 from .manifest import write_manifest
 from .monitor import Progress, monitor, process_failure, srun_failure
-from .placement import (DRY_RUN_SOCKET_DIR, Proc, plan_cluster, plan_local, plan_ssh, run_key_path, socket_dir,
+from .placement import (DRY_RUN_SOCKET_DIR, Proc, plan_cluster, plan_local, plan_ssh, run_key_path, socket_dir, ssh_command,
                         srun_command)
-from .plan import new_invocation_dir, safe_dir_name
+from .plan import RunPlan, new_invocation_dir, safe_dir_name
 from .processes import Interrupted, check_signal, describe_exit, log_tail, sleep_checked, start, stop_all
 from .summary import COMPLETED, result_line, summarize
 
@@ -102,6 +102,51 @@ def execute_run(plan, run_dir, bins, opts, prefix):
     return s
 
 
+def checkpoint_path(run_dir, server_name):
+    return run_dir / "checkpoints" / f"{server_name}.ckpt"
+
+
+def resume_run(run_dir, bins, opts):
+    """launch.py resume: goes on with a stopped or failed run in its own directory, from the
+    servers' checkpoints. Returns the exit status."""
+    run_dir = pathlib.Path(run_dir).resolve()
+    plan = RunPlan.load(run_dir)
+    if not plan.uses_servers:
+        raise UsageError(f"{run_dir}: {plan.mode} runs cannot be resumed yet (only the parameter servers write checkpoints)")
+    if plan.launcher == "slurm":
+        raise UsageError(f"{run_dir}: a Slurm run cannot be resumed yet (local and ssh runs can)")
+    try:
+        before = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        before = {}
+    if before.get("status") in COMPLETED:
+        raise UsageError(f"{run_dir}: the run finished ({before['status']}); there is nothing to resume")
+    missing = [str(checkpoint_path(run_dir, p["name"])) for p in plan.processes
+               if p["role"] == "server" and not checkpoint_path(run_dir, p["name"]).is_file()]
+    if missing:
+        raise UsageError(f"{run_dir}: no checkpoint to resume from: {', '.join(missing)} missing")
+    try:
+        run_start = json.loads((run_dir / "manifest.json").read_text())["run_start_unix_s"]
+    except (OSError, ValueError, KeyError) as e:
+        raise UsageError(f"{run_dir}/manifest.json: cannot read the run's start: {e}")
+    prefix = plan.label or plan.mode
+    if not opts.no_plots and plot_python() is None:
+        warn(no_plot_python_warning())
+        opts.no_plots = True
+    say(f"launch.py: resuming {run_dir} ({plan.mode}, {plan.workers} workers, {plan.servers} server(s)) from "
+        f"{run_dir / 'checkpoints'}")
+    try:
+        with socket_dir(plan) as sockets:
+            s = start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=run_start)
+    except RunFailed as e:
+        print(f"launch.py: FAILED {run_dir}: {e}", file=sys.stderr, flush=True)
+        return 1
+    say(result_line(prefix, s))
+    if not opts.no_plots:
+        run_plot([str(run_dir), "--out", str(run_dir / "plots")], quiet=True)
+    return 0
+
+
 def make_run_key(bins, run_dir):
     """The run's key (cluster.auth), mode 0600 in the run directory, for its processes alone."""
     path = run_key_path(run_dir)
@@ -110,10 +155,13 @@ def make_run_key(bins, run_dir):
         raise RunFailed(f"cannot make the run's key {path}: {(r.stderr or r.stdout).strip()}")
 
 
-def start_and_watch(plan, run_dir, bins, opts, prefix, sockets):
-    """Starts the run's processes, waits for them all, writes manifest.json and summary.json."""
-    run_start = time.time()
+def start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=None):
+    """Starts the run's processes, waits for them all, writes manifest.json and summary.json.
+    resume_from: a resumed run's original start (Unix s; metric times go on counting from it)."""
+    run_start = resume_from or time.time()
     extra = {"transport": plan.transport, "auth": "curve" if plan.authenticates else "none"}
+    if resume_from:
+        extra["resumed_at_unix_s"] = time.time()
     if sockets:
         extra["socket_dir"] = str(sockets)
     if plan.launcher == "local":
@@ -133,6 +181,10 @@ def start_and_watch(plan, run_dir, bins, opts, prefix, sockets):
         srun.command = srun.argv
         started = [srun]
         extra["srun_command"] = shlex.join(srun.argv)
+    if resume_from:  # servers from their checkpoints; workers go on from the clocks those hold
+        for p in procs:
+            p.argv += ["--resume", str(checkpoint_path(run_dir, p.name))] if p.role == "server" else ["--resume"]
+            p.command = ssh_command(p.host, p.argv, sockets) if plan.launcher == "ssh" else p.argv
     write_manifest(run_dir, plan, procs, run_start, bins, extra)
     progress = Progress(plan, run_dir, prefix)
     failure_of = srun_failure(procs, started[0], run_dir) if plan.launcher == "slurm" else process_failure
@@ -159,7 +211,7 @@ def start_and_watch(plan, run_dir, bins, opts, prefix, sockets):
     try:
         for p in started:
             check_signal()
-            start(p, REPO)
+            start(p, REPO, append_log=bool(resume_from))
         if plan.launcher != "slurm":
             write_manifest(run_dir, plan, procs, run_start, bins, extra)  # now with pids
         monitor(started, progress, run_start, opts.max_minutes * 60, failure_of, tolerate)

@@ -48,7 +48,7 @@ struct BodyEncoder {
   }
   std::pair<fb::Body, Off> operator()(const Welcome& m) const {
     return {fb::Body_Welcome, fb::CreateWelcome(f, m.shard, m.num_shards, m.offset, m.length, m.workers,
-                                                f.CreateString(m.mode), m.version).Union()};
+                                                f.CreateString(m.mode), m.version, m.worker_clock).Union()};
   }
   std::pair<fb::Body, Off> operator()(const Pull& m) const {
     return {fb::Body_Pull, fb::CreatePull(f, m.clock).Union()};
@@ -162,7 +162,8 @@ std::optional<Header> decode(const void* data, std::size_t size, std::string& er
     }
     case fb::Body_Welcome: {
       const auto* b = m->body_as_Welcome();
-      h.body = Welcome{b->shard(), b->num_shards(), b->offset(), b->length(), b->workers(), str(b->mode()), b->version()};
+      h.body = Welcome{b->shard(), b->num_shards(), b->offset(), b->length(), b->workers(), str(b->mode()), b->version(),
+                        b->worker_clock()};
       break;
     }
     case fb::Body_Pull: h.body = Pull{m->body_as_Pull()->clock()}; break;

@@ -22,7 +22,7 @@ constexpr std::size_t kHeaderWords = 32;
 // Header word indices (after the magic at word 0).
 enum : std::size_t {
   kFormatWord = 1, kShard, kNumShards, kOffset, kLength, kWorkers, kVersion, kSamples, kOptSteps, kOptBuffers,
-  kAccFloats, kAccSamples, kAccEmpty, kBuckets, kConfigHash, kBodyBytes, kBodyChecksum
+  kAccFloats, kAccSamples, kAccEmpty, kBuckets, kConfigHash, kBodyBytes, kBodyChecksum, kRuleBytes
 };
 
 template <typename T>
@@ -64,6 +64,7 @@ void write_checkpoint(const std::string& path, const ShardCheckpoint& c) {
     ints.resize(buckets);
     put(body, ints.data(), buckets);
   }
+  put(body, c.rule_state.data(), c.rule_state.size());
   std::int64_t head[kHeaderWords] = {};
   std::memcpy(&head[0], kMagic, 8);
   head[kFormatWord] = kFormat;
@@ -83,6 +84,7 @@ void write_checkpoint(const std::string& path, const ShardCheckpoint& c) {
   head[kConfigHash] = std::int64_t(c.config_hash);
   head[kBodyBytes] = std::int64_t(body.size());
   head[kBodyChecksum] = std::int64_t(wire::checksum_bytes(body.data(), body.size()));
+  head[kRuleBytes] = std::int64_t(c.rule_state.size());
 
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -125,10 +127,10 @@ ShardCheckpoint read_checkpoint(const std::string& path) {
     throw std::runtime_error("checkpoint " + path + ": format " + std::to_string(head[kFormatWord]) + ", this build reads " +
                              std::to_string(kFormat));
   const std::int64_t W = head[kWorkers], L = head[kLength], nb = head[kOptBuffers], acc = head[kAccFloats],
-                     buckets = head[kBuckets], bytes = head[kBodyBytes];
+                     buckets = head[kBuckets], bytes = head[kBodyBytes], rule = head[kRuleBytes];
   const bool sane = W >= 1 && W < (1 << 20) && L >= 0 && L < (std::int64_t(1) << 36) && nb >= 0 && nb <= 2 &&
-                    (acc == 0 || acc == L) && buckets >= 0 && buckets < (1 << 20);
-  if (!sane || bytes != (2 * W + W * buckets) * 8 + (1 + nb) * L * 4 + acc * 4)
+                    (acc == 0 || acc == L) && buckets >= 0 && buckets < (1 << 20) && rule >= 0 && rule < (1 << 30);
+  if (!sane || bytes != (2 * W + W * buckets) * 8 + (1 + nb) * L * 4 + acc * 4 + rule)
     throw std::runtime_error("checkpoint " + path + ": inconsistent header (sizes do not add up)");
   std::vector<char> body(std::size_t(bytes), 0);
   if (!in.read(body.data(), bytes) || in.peek() != std::ifstream::traits_type::eof())
@@ -166,6 +168,8 @@ ShardCheckpoint read_checkpoint(const std::string& path) {
     take(body, at, ints.data(), ints.size(), path);
     h.assign(ints.begin(), ints.end());
   }
+  c.rule_state.resize(std::size_t(rule));
+  take(body, at, c.rule_state.data(), c.rule_state.size(), path);
   return c;
 }
 

@@ -12,10 +12,11 @@
 //            length, workers, version, samples_applied, optimizer steps, optimizer buffers,
 //            accumulated floats (0 or length), acc_samples, acc_empty, staleness buckets per
 //            worker, config fingerprint, body bytes, body checksum (wire::checksum_bytes),
-//            then zeros
+//            the rule's state bytes, then zeros
 //   body     clocks (workers x int64), lost (workers x int64, 0/1), θ (length x float32),
 //            each optimizer buffer (length x float32), the accumulation (its floats),
-//            staleness histograms (workers x buckets x int64)
+//            staleness histograms (workers x buckets x int64), the rule's state
+//            (ConsistencyRule::save(), its bytes)
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,7 @@ struct ShardCheckpoint {
   long acc_samples = 0;
   bool acc_empty = true;
   std::vector<std::vector<long>> staleness;  // per worker, histogram
+  std::string rule_state;                    // ConsistencyRule::save() (built-in rules: empty)
 };
 
 // Writes `c` to `path` atomically (path + ".tmp", fsync, rename). Throws std::runtime_error

@@ -136,6 +136,7 @@ void PsClient::connect() {
                   std::to_string(k) + "/" + std::to_string(S) + " = [" + std::to_string(mine.offset) + ", " +
                   std::to_string(mine.offset + mine.length) + "): the server list is in the wrong order or incomplete");
     shards_[std::size_t(k)].version = w->version;
+    shards_[std::size_t(k)].clock = w->worker_clock;
   }, /*watch_silence=*/false);  // the start barrier waits for every worker's start, with timeout_s
   if (beat_every_.count() && opt_.role == wire::Role::worker)
     heartbeats_ = std::jthread([this](std::stop_token stop) { heartbeat_loop(stop); });
@@ -240,6 +241,42 @@ PullResult PsClient::finish_push() {
   // Every server has the gradient, so the transport is done with our buffer or about to be.
   in_flight_.wait_idle(timeout_, "the gradient", [&] { conns_->progress(); });
   return acc;
+}
+
+ResumePoint PsClient::catch_up() {
+  std::lock_guard lock(mu_);
+  ResumePoint r;
+  std::size_t longest = 0;
+  for (const ShardInfo& s : shards_) {
+    r.clock = std::max(r.clock, s.clock);
+    longest = std::max(longest, s.range.length);
+  }
+  std::vector<float> zeros;
+  for (int k = 0; k < int(shards_.size()); ++k) {
+    ShardInfo& s = shards_[std::size_t(k)];
+    if (s.clock < r.clock && zeros.empty()) zeros.assign(longest, 0.0f);
+    for (; s.clock < r.clock; ++s.clock, ++r.lost_pushes) {
+      wire::Push h{s.clock, s.version, 0, 0, s.range.offset, s.range.length, false, codec_->wire_id(), 0};
+      const void* bytes = zeros.data();
+      if (codec_->dense_f32()) {
+        h.bytes = s.range.length * sizeof(float);
+      } else {
+        std::vector<std::byte>& buf = encoded_[std::size_t(k)];
+        h.bytes = codec_->encode(zeros.data(), s.range.length, buf.data());
+        bytes = buf.data();
+      }
+      h.checksum = wire::checksum_bytes(bytes, h.bytes);
+      send(k, h, in_flight_.payload(bytes, h.bytes));
+      std::vector<char> pending(shards_.size(), 0);
+      pending[std::size_t(k)] = 1;
+      collect("empty Push (clock " + std::to_string(s.clock) + ", catching up after a resume)", pending,
+              [&](int q, const wire::Body& body) {
+                if (!std::holds_alternative<wire::PushAck>(body)) fail(q, std::string("answered Push with ") + wire::body_name(body));
+              });
+      in_flight_.wait_idle(timeout_, "an empty gradient", [&] { conns_->progress(); });
+    }
+  }
+  return r;
 }
 
 void PsClient::expect_ack(const char* what) {

@@ -40,6 +40,13 @@ struct ShardInfo {
   std::string endpoint;
   ShardRange range;
   long version = 0;  // version of the shard last pulled
+  long clock = 0;    // this worker's clock at the shard when it said Welcome
+};
+
+// Where a resumed worker goes on (PsClient::catch_up).
+struct ResumePoint {
+  long clock = 0;        // the step to go on from: the furthest clock any server holds for it
+  long lost_pushes = 0;  // pushes some server never got (the stop came between shards)
 };
 
 // What a round of pull replies said, over all shards.
@@ -69,6 +76,11 @@ class PsClient {
   // Hello to every server, then waits for every Welcome (for workers, the start barrier:
   // servers answer once all workers said Hello). Heartbeats start here and stop at bye().
   void connect();
+  // A resumed run (servers restored from checkpoints that may hold this worker at different
+  // clocks: the stop came between one shard's push and the next's): brings every server up to
+  // the furthest with pushes of an empty batch, which change nothing (bsp: the clock's mean is
+  // over the batches that arrived), and returns where to go on. Call after connect().
+  ResumePoint catch_up();
   // Pulls every shard for `clock` into theta (P floats).
   PullResult pull(long clock, float* theta);
   // Pushes grad (P floats) computed at `clock` on the versions last pulled, over `batch`

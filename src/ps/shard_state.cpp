@@ -99,6 +99,7 @@ ShardCheckpoint ShardState::checkpoint() const {
   c.acc_samples = acc_samples_;
   c.acc_empty = acc_empty_;
   c.staleness = staleness_;
+  c.rule_state = rule_->save();
   return c;
 }
 
@@ -111,6 +112,7 @@ void ShardState::restore(const ShardCheckpoint& c) {
     throw std::invalid_argument("it has " + std::to_string(c.clocks.size()) + " workers, this run " +
                                 std::to_string(clocks_.size()));
   if (!c.acc_empty && c.acc.size() != opt_.range.length) throw std::invalid_argument("its accumulation has the wrong size");
+  rule_->load(c.rule_state);
   optimizer_.restore(c.optimizer_steps, c.optimizer);
   float* next = params_.next();
   std::copy(c.theta.begin(), c.theta.end(), next);

@@ -13,11 +13,11 @@ double unix_now_s() {
   return duration<double>(system_clock::now().time_since_epoch()).count();
 }
 
-MetricsWriter::MetricsWriter(const std::string& path, double run_start_unix_s)
+MetricsWriter::MetricsWriter(const std::string& path, double run_start_unix_s, bool append)
     : path_(path), run_start_(run_start_unix_s > 0 ? run_start_unix_s : unix_now_s()) {
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-  f_ = std::fopen(path.c_str(), "w");
+  f_ = std::fopen(path.c_str(), append ? "a" : "w");
   if (!f_) throw std::runtime_error(path + ": cannot write metrics: " + std::strerror(errno));
   last_flush_ = now();
 }

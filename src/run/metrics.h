@@ -16,8 +16,9 @@ double unix_now_s();
 
 class MetricsWriter {
  public:
-  // Opens (truncates) `path`, creating its parent directory. run_start_unix_s <= 0 means now.
-  MetricsWriter(const std::string& path, double run_start_unix_s);
+  // Opens (truncates; with append, appends to: a resumed run) `path`, creating its parent
+  // directory. run_start_unix_s <= 0 means now.
+  MetricsWriter(const std::string& path, double run_start_unix_s, bool append = false);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
