@@ -3,7 +3,7 @@
 
   launch.py run CONFIG [--set key=value ...] [--runs-dir DIR] [--build-dir DIR]
                        [--dry-run] [--no-plots] [--keep-going] [--max-minutes M] [--base-port P]
-  launch.py resume RUN_DIR [--no-plots] [--max-minutes M]  (go on with a stopped run, PS modes)
+  launch.py resume RUN_DIR [--no-plots] [--max-minutes M]  (go on with a stopped or failed run)
   launch.py task RUN_DIR [--print] [--hosts H1,H2,...]      (one Slurm task; srun runs it)
 
 `run` expands the sweep in CONFIG (a list where one value is expected is swept; the cross
@@ -142,7 +142,9 @@ def main(argv=None):
                        description="Go on with a run that was stopped (Ctrl-C) or failed, in its own directory: "
                                    "the servers start from RUN_DIR/checkpoints/ (written every checkpoint.every_s "
                                    "and when they stop), each worker from the clock they hold for it; metrics and "
-                                   "logs are appended to, summary.json is rewritten. PS modes, local or ssh.")
+                                   "logs are appended to, summary.json is rewritten. allreduce: every rank from "
+                                   "rank 0's last checkpoint (written every checkpoint.every_s; not when stopped). "
+                                   "Local or ssh runs.")
     u.add_argument("run_dir", help="the run's directory (runs/<name>/<YYYYmmdd-HHMMSS>/<label>)")
     u.add_argument("--build-dir", help="build directory (default: $PSLAB_BUILD, else <repo>/build)")
     u.add_argument("--no-plots", action="store_true", help="do not draw plots")

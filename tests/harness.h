@@ -149,8 +149,10 @@ inline void run_ps_workers(const ExperimentConfig& cfg, Cluster& cluster, const 
 
 // Runs the W ranks of an all-reduce `cfg` as threads (the coordinator on the run's transport,
 // Gloo over TCP loopback); returns every rank's final θ.
+// adjust: changes each rank's options before it starts (e.g. checkpoint and resume).
 inline std::vector<std::vector<float>> run_allreduce_workers(const ExperimentConfig& cfg,
-                                                             const std::filesystem::path& dir) {
+                                                             const std::filesystem::path& dir,
+                                                             const std::function<void(RoleOptions&)>& adjust = {}) {
   const auto transport = comm::make_transport(cfg.cluster.transport);
   const std::string coordinator = transport->local_address("coordinator");
   std::vector<std::vector<float>> theta(static_cast<std::size_t>(cfg.cluster.workers));
@@ -161,6 +163,7 @@ inline std::vector<std::vector<float>> run_allreduce_workers(const ExperimentCon
     o.out_dir = dir.string();
     o.progress = false;
     o.transport = transport.get();
+    if (adjust) adjust(o);
     theta[std::size_t(r)] = run_allreduce_worker(cfg, o);
   });
   return theta;

@@ -17,6 +17,7 @@
 #include "bucketed_allreduce.h"
 #include "comm/collective.h"
 #include "comm/rendezvous.h"
+#include "ps/checkpoint.h"
 #include "core/optimizer.h"
 #include "role_context.h"
 #include "run/setup.h"
@@ -42,6 +43,21 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
   std::unique_ptr<Coordinator> coordinator;
   if (opt.rank == 0) coordinator = std::make_unique<Coordinator>(ctx.transport(), opt.coordinator, W, timeout);
   RendezvousClient rv(ctx.transport(), opt.coordinator, opt.rank, W, timeout);
+  Optimizer optimizer(ctx.backend(), cfg.optimizer, P);
+  long first = 0, samples = 0;  // where a resumed run goes on (samples: all ranks together)
+  if (opt.resume) {
+    if (opt.checkpoint.empty()) throw std::invalid_argument("--resume needs --checkpoint (the file rank 0 wrote)");
+    const ShardCheckpoint c = read_checkpoint(opt.checkpoint);
+    if (c.length != P || c.config_hash != config_fingerprint(cfg))
+      throw std::runtime_error("cannot resume from " + opt.checkpoint + ": it was written by a run with another " +
+                               (c.length != P ? "model (" + std::to_string(c.length) + " parameters)" : std::string("config")));
+    ctx.backend().copy_from_host(model.params(), c.theta.data(), P * sizeof(float));
+    optimizer.restore(c.optimizer_steps, c.optimizer);
+    first = c.version;
+    samples = c.samples_applied;
+    std::fprintf(stderr, "[rank %d] resumed from %s at step %ld\n", opt.rank, opt.checkpoint.c_str(), first);
+    ctx.metrics().write({{"kind", "resumed"}, {"worker", opt.rank}, {"step", first}, {"lost_pushes", 0}});
+  }
   std::unique_ptr<Collective> coll = make_collective(ctx.backend(), rv, opt.host.empty() ? cfg.cluster.bind : opt.host,
                                                      cfg.cluster.transport, cfg.cluster.collective);
   coll->broadcast(model.params(), P, 0);
@@ -57,7 +73,6 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
         std::_Exit(1);
       });
 
-  Optimizer optimizer(ctx.backend(), cfg.optimizer, P);
   const long spe = ctx.steps_per_epoch(), steps = ctx.total_steps();
   const ScheduleConfig schedule = schedule_for_run(cfg, spe);
   const int b = cfg.train.batch;
@@ -76,8 +91,28 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
                              " overlapped with backward"
                        : std::string()));
 
-  long samples = 0;  // all ranks together
-  for (long step = 0; step < steps; ++step) {
+  // Rank 0's checkpoint: every replica holds the same θ and optimizer state after a step.
+  const bool checkpoints = opt.rank == 0 && !opt.checkpoint.empty();
+  const auto checkpoint_every = std::chrono::duration<double>(cfg.checkpoint.every_s);
+  auto last_checkpoint = Clock::now();
+  auto write_checkpoint_at = [&](long step_done, const char* why) {
+    const auto t = Clock::now();
+    ShardCheckpoint c;
+    c.length = P;
+    c.config_hash = config_fingerprint(cfg);
+    c.version = step_done;
+    c.samples_applied = samples;
+    c.clocks.assign(std::size_t(W), step_done);
+    c.lost.assign(std::size_t(W), 0);
+    const float* theta = replica.download_params();  // synchronizes
+    c.theta.assign(theta, theta + P);
+    c.optimizer_steps = optimizer.steps();
+    c.optimizer = optimizer.state();
+    write_checkpoint(opt.checkpoint, c);
+    ctx.metrics().write({{"kind", "checkpoint"}, {"why", why}, {"version", step_done}, {"ms", since(t) * 1e3}});
+    last_checkpoint = Clock::now();
+  };
+  for (long step = first; step < steps; ++step) {
     const auto idx = ctx.batch(step);
     const long global_batch = ctx.global_batch(step);
     // Reported before the step's first all-reduce call (with overlap: during backward).
@@ -106,6 +141,8 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
       const float* theta = replica.download_params();  // synchronizes
       snapshots->send(theta, P, step + 1, samples, last);
     }
+    if (checkpoints && (last || (checkpoint_every.count() > 0 && Clock::now() - last_checkpoint >= checkpoint_every)))
+      write_checkpoint_at(step + 1, last ? "final" : "periodic");
   }
   std::vector<float> final_theta(P);
   model.store_params(final_theta.data());

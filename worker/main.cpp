@@ -85,8 +85,8 @@ int main(int argc, char** argv) {
         ->check(CLI::NonNegativeNumber);
     sub->add_flag("-q,--quiet", role_quiet, "no progress lines");
     sub->add_option("--auth-key", role.auth_key, "the run's key file (mode 0600, made by the launcher): peers authenticate");
-    sub->add_flag("--resume", role.resume, "PS modes: a resumed run (servers started with --resume): go on from the "
-                                           "clock the servers hold for this worker, append to the metrics");
+    sub->add_flag("--resume", role.resume, "a resumed run: go on where it stopped (ps: from the clock the servers' "
+                                           "checkpoints hold for this worker; allreduce: from --checkpoint), append to the metrics");
   };
   const char* servers_help = "server endpoints in shard order, comma-separated (e.g. tcp://127.0.0.1:5555,tcp://127.0.0.1:5556)";
   auto* ps = app.add_subcommand("ps", "one worker of a parameter-server run (bsp, ssp:s, asp): pull, compute, push every step");
@@ -99,6 +99,8 @@ int main(int argc, char** argv) {
   allreduce->add_option("--rank", role.rank, "this rank in [0, cluster.workers)")->required();
   allreduce->add_option("--coordinator", role.coordinator, "rank 0's rendezvous endpoint, e.g. tcp://127.0.0.1:29500 "
                                                            "(rank 0 listens on it)")->required();
+  allreduce->add_option("--checkpoint", role.checkpoint, "rank 0 writes θ and the optimizer's state here every "
+                                                         "checkpoint.every_s and at the end; with --resume every rank reads it");
   allreduce->add_option("--snapshots", role.snapshots, "rank 0 pushes θ snapshots to the evaluator listening here");
   allreduce->add_option("--host", role.host, "address this rank's Gloo connections listen on (default: cluster.bind)");
 

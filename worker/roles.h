@@ -22,8 +22,11 @@ struct RoleOptions {
   int gpu_slot = 0;                  // device = "cuda": this process's slot among those on its
                                      // host that use a GPU; it runs on GPU (slot mod GPUs)
   bool progress = true;              // progress lines on stderr
-  bool resume = false;               // PS modes: go on from the servers' checkpoints (the clock
-                                     // they hold for this worker); metrics are appended
+  bool resume = false;               // go on where the run stopped (PS: from the clock the servers'
+                                     // checkpoints hold for this worker; allreduce: from
+                                     // `checkpoint`); metrics are appended
+  std::string checkpoint;            // allreduce: rank 0 writes θ and the optimizer's state here
+                                     // every checkpoint.every_s and at the end; --resume reads it
   std::string auth_key;              // the run's key file (comm/run_key.h): peers authenticate
                                      // ("" = none; required by cluster.auth = "curve")
   comm::Transport* transport = nullptr;  // tests: one transport shared by the threads of a run;

@@ -192,7 +192,8 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_host=False):
             argv = [str(bins.worker), "ps", "-c", cfg, "--rank", str(rank), "--servers", server_eps(host), *common, *poh]
         elif role == "worker":
             argv = [str(bins.worker), "allreduce", "-c", cfg, "--rank", str(rank), "--coordinator", coordinator,
-                    "--snapshots", snapshots, *common, *poh]
+                    "--snapshots", snapshots, "--checkpoint", str(run_dir / "checkpoints" / "allreduce.ckpt"),
+                    *common, *poh]
             if gloo_host:  # multi-host: Gloo listens on this rank's own address, not cluster.bind
                 argv += ["--host", host]
         else:

@@ -89,8 +89,7 @@ def execute_run(plan, run_dir, bins, opts, prefix):
     run_dir.mkdir(parents=True)
     (run_dir / "metrics").mkdir()
     (run_dir / "logs").mkdir()
-    if plan.uses_servers:
-        (run_dir / "checkpoints").mkdir(mode=0o700)  # the servers' shards (--checkpoint), for resuming
+    (run_dir / "checkpoints").mkdir(mode=0o700)  # the servers' shards or rank 0's θ (--checkpoint), for resuming
     plan.write(run_dir)  # config.toml, plan.json
     if plan.authenticates:
         make_run_key(bins, run_dir)
@@ -102,8 +101,9 @@ def execute_run(plan, run_dir, bins, opts, prefix):
     return s
 
 
-def checkpoint_path(run_dir, server_name):
-    return run_dir / "checkpoints" / f"{server_name}.ckpt"
+def checkpoint_path(run_dir, name):
+    """A server's checkpoint ("server0"), or the all-reduce ranks' ("allreduce", rank 0 writes it)."""
+    return run_dir / "checkpoints" / f"{name}.ckpt"
 
 
 def resume_run(run_dir, bins, opts):
@@ -111,8 +111,6 @@ def resume_run(run_dir, bins, opts):
     servers' checkpoints. Returns the exit status."""
     run_dir = pathlib.Path(run_dir).resolve()
     plan = RunPlan.load(run_dir)
-    if not plan.uses_servers:
-        raise UsageError(f"{run_dir}: {plan.mode} runs cannot be resumed yet (only the parameter servers write checkpoints)")
     if plan.launcher == "slurm":
         raise UsageError(f"{run_dir}: a Slurm run cannot be resumed yet (local and ssh runs can)")
     try:
@@ -121,10 +119,12 @@ def resume_run(run_dir, bins, opts):
         before = {}
     if before.get("status") in COMPLETED:
         raise UsageError(f"{run_dir}: the run finished ({before['status']}); there is nothing to resume")
-    missing = [str(checkpoint_path(run_dir, p["name"])) for p in plan.processes
-               if p["role"] == "server" and not checkpoint_path(run_dir, p["name"]).is_file()]
+    needed = ([checkpoint_path(run_dir, p["name"]) for p in plan.processes if p["role"] == "server"] if plan.uses_servers
+              else [checkpoint_path(run_dir, "allreduce")])
+    missing = [str(c) for c in needed if not c.is_file()]
     if missing:
-        raise UsageError(f"{run_dir}: no checkpoint to resume from: {', '.join(missing)} missing")
+        raise UsageError(f"{run_dir}: no checkpoint to resume from: {', '.join(missing)} missing"
+                         + ("" if plan.uses_servers else " (rank 0 writes it every checkpoint.every_s)"))
     try:
         run_start = json.loads((run_dir / "manifest.json").read_text())["run_start_unix_s"]
     except (OSError, ValueError, KeyError) as e:
@@ -133,7 +133,8 @@ def resume_run(run_dir, bins, opts):
     if not opts.no_plots and plot_python() is None:
         warn(no_plot_python_warning())
         opts.no_plots = True
-    say(f"launch.py: resuming {run_dir} ({plan.mode}, {plan.workers} workers, {plan.servers} server(s)) from "
+    say(f"launch.py: resuming {run_dir} ({plan.mode}, {plan.workers} workers"
+        + (f", {plan.servers} server(s)" if plan.uses_servers else "") + ") from "
         f"{run_dir / 'checkpoints'}")
     try:
         with socket_dir(plan) as sockets:

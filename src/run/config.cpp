@@ -92,7 +92,8 @@ void visit_fields(Config& c, F&& f) {
   f("eval.batch", c.eval.batch, "evaluation batch");
   f("eval.target_acc", c.eval.target_acc, "accuracy for time_to_target_s in the summary");
   f("checkpoint.every_s", c.checkpoint.every_s,
-    "PS servers given a checkpoint file write their shard this often (s) and when they stop; 0: only then");
+    "checkpoints (s): PS servers write their shard this often and when they stop (0: only then); allreduce rank 0 "
+    "writes θ and the optimizer's state this often and at the end (0: only at the end)");
   f("straggler.workers", c.straggler.workers, "ranks slowed down by straggler.slowdown");
   f("straggler.slowdown", c.straggler.slowdown, "compute of those ranks takes this many times as long");
   f("straggler.delay_ms", c.straggler.delay_ms, "fixed extra sleep per step, every worker (ms)");

@@ -80,7 +80,8 @@ struct EvalConfig {
 };
 
 struct CheckpointConfig {
-  double every_s = 30.0;  // PS servers write their shard this often (and when they stop); 0: only when they stop
+  double every_s = 30.0;  // PS servers write their shard this often (and when they stop); allreduce rank 0
+                          // its θ and optimizer state (and at the end); 0: only then
 };
 
 struct StragglerConfig {
