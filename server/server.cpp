@@ -65,8 +65,10 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
                                ", this server is shard " + std::to_string(opt.shard) + " of " + std::to_string(cfg.cluster.servers));
     if (c.config_hash != config_hash_)
       throw std::runtime_error(who + "it was written by a run with a different config (fingerprints differ)");
+    ShardCheckpoint shard = c;
+    for (auto& l : shard.lost) l &= 1;  // bit 1: said Bye (write_checkpoint_now), the server's
     try {
-      state_->restore(c);
+      state_->restore(shard);
     } catch (const std::invalid_argument& e) {
       throw std::runtime_error(who + e.what());
     }
@@ -77,6 +79,12 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   worker_ids_.assign(std::size_t(W), "");
   worker_heard_.assign(std::size_t(W), Clock::now());
   said_bye_.assign(std::size_t(W), 0);
+  if (!opt.resume_path.empty()) {
+    // The run started long ago: no start barrier; workers that had said Bye stay done.
+    barrier_open_ = true;
+    const ShardCheckpoint c = read_checkpoint(opt.resume_path);
+    for (int r = 0; r < W && r < int(c.lost.size()); ++r) said_bye_[std::size_t(r)] = (c.lost[std::size_t(r)] & 2) != 0;
+  }
   continue_on_loss_ = continues_without_lost_workers(cfg);
 
   // A peer cannot make us allocate more than one shard plus a header per message.
@@ -93,6 +101,12 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
 }
 
 Server::~Server() = default;
+
+int Server::finished() const {
+  int n = 0;
+  for (int r = 0; r < cfg_.cluster.workers; ++r) n += said_bye_[std::size_t(r)] || state_->dropped(r);
+  return n;
+}
 
 bool Server::done() const {
   return finished() == cfg_.cluster.workers && (!opt_.wait_for_shutdown || shutdown_);
@@ -176,6 +190,7 @@ void Server::write_checkpoint_now(const char* why) {
   const auto t0 = Clock::now();
   try {
     ShardCheckpoint c = state_->checkpoint();
+    for (std::size_t r = 0; r < c.lost.size(); ++r) c.lost[r] |= said_bye_[r] ? 2 : 0;  // see the constructor
     c.shard = opt_.shard;
     c.num_shards = cfg_.cluster.servers;
     c.config_hash = config_hash_;
@@ -254,7 +269,6 @@ void Server::handle_message(const comm::PeerId& id, const comm::Message& m) {
   } else if (const auto* m = std::get_if<wire::Bye>(&h->body)) {
     if (peer.role == wire::Role::worker && !said_bye_[std::size_t(peer.rank)]) {
       said_bye_[std::size_t(peer.rank)] = 1;
-      ++byes_;
       last_message_ = Clock::now();
     }
     (void)m;
@@ -282,7 +296,8 @@ void Server::handle_message(const comm::PeerId& id, const comm::Message& m) {
                              {"bytes_in", counters_.bytes_in},
                              {"bytes_bad", counters_.bytes_bad},
                              {"pushed", pushed_json(counters_)},
-                             {"workers_lost", losses_}};
+                             {"workers_lost", losses_},
+                             {"updates_lost", updates_lost_}};
     send(id, header(wire::StatsReply{j.dump()}));
   } else {
     reply_error(id, wire::ErrorCode::unknown_type, std::string("a server does not take ") + wire::body_name(h->body));
@@ -324,6 +339,7 @@ void Server::on_hello(const std::string& id, const wire::Hello& m) {
     slot = id;
     peers_[id] = Peer{m.role, m.rank, Clock::now()};
     worker_heard_[std::size_t(m.rank)] = Clock::now();
+    if (m.rejoin_clock >= 0) rejoin(m.rank, m.rejoin_clock);
   }
   // Each worker is told its clock here (a server resumed from a checkpoint: where it goes on).
   auto welcome = [&](const std::string& to) {
@@ -488,6 +504,25 @@ void Server::find_lost_workers(Clock::time_point now) {
   }
 }
 
+void Server::rejoin(int rank, long clock) {
+  const long was = state_->clock_of(rank);
+  long lost = 0;
+  try {
+    lost = state_->fast_forward(rank, clock);
+  } catch (const std::logic_error& e) {
+    throw std::runtime_error("server " + std::to_string(opt_.shard) + ": worker " + std::to_string(rank) +
+                             " rejoined at clock " + std::to_string(clock) + ": " + e.what());
+  }
+  updates_lost_ += lost;
+  std::fprintf(stderr, "server %d: worker %d rejoined at clock %ld (this server's checkpoint had it at %ld: %ld update(s) lost)\n",
+               opt_.shard, rank, clock, was, lost);
+  if (metrics_) {
+    metrics_->write({{"kind", "worker_rejoined"}, {"shard", opt_.shard}, {"worker", rank}, {"clock", clock},
+                     {"checkpoint_clock", was}, {"updates_lost", lost}});
+    metrics_->flush();
+  }
+}
+
 void Server::beat_held_pulls(Clock::time_point now) {
   const auto every = std::chrono::duration<double>(cfg_.cluster.heartbeat_s / 4);
   for (auto& h : held_)
@@ -573,7 +608,8 @@ void Server::write_stats(bool final) {
                            {"dropped_replies", counters_.dropped_replies},
                            {"peers_refused", transport_.peers_refused()},
                            {"pushed", pushed_json(counters_)},
-                           {"workers_lost", losses_}};
+                           {"workers_lost", losses_},
+                           {"updates_lost", updates_lost_}};
   if (final) {
     // The histograms only: the launcher's summary derives the statistics, once, over every shard.
     nlohmann::ordered_json hist;

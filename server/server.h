@@ -75,6 +75,7 @@ class Server {
 
   const ShardState& state() const { return *state_; }
   const ServerCounters& counters() const { return counters_; }
+  long updates_lost() const { return updates_lost_; }
   ShardRange range() const { return range_; }
   // [{worker, clock, silent_s}] of the workers dropped as lost, in order.
   const nlohmann::ordered_json& workers_lost() const { return losses_; }
@@ -113,12 +114,15 @@ class Server {
   // A Beat to each worker whose pull has been held for a quarter of heartbeat_s since the last
   // one: it tells that worker this server is alive (PsClient names a silent one).
   void beat_held_pulls(Clock::time_point now);
+  // A worker's Hello to a server restarted from its checkpoint: moves its clock up to `clock`,
+  // counting the updates the checkpoint lacks (updates_lost in stats and metrics).
+  void rejoin(int rank, long clock);
   void lose_worker(int rank, double silent_s);
   void write_stats(bool final);
   // Writes the shard's checkpoint to opt_.checkpoint_path (a metrics line says when, which
   // version, how long); `why` for the log. Never throws: a failed write is said on stderr.
   void write_checkpoint_now(const char* why);
-  int finished() const { return byes_ + int(losses_.size()); }  // workers done: Bye, or lost
+  int finished() const;  // workers done: said Bye, or dropped as lost
   bool done() const;
 
   ExperimentConfig cfg_;
@@ -141,9 +145,9 @@ class Server {
   std::vector<Clock::time_point> worker_heard_; // by rank
   std::vector<std::string> welcome_waiting_;    // identities waiting for the start barrier
   std::vector<char> said_bye_;
-  int byes_ = 0;
   bool continue_on_loss_ = false;       // continues_without_lost_workers(cfg)
   nlohmann::ordered_json losses_ = nlohmann::ordered_json::array();  // {worker, clock, silent_s} per lost worker
+  long updates_lost_ = 0;  // restarted from a checkpoint: updates of rejoining workers it lacks
   bool barrier_open_ = false, shutdown_ = false;
   std::vector<HeldPull> held_;
   Clock::time_point started_, last_message_;

@@ -204,6 +204,26 @@ TEST(Config, OnWorkerLossContinuesOnlyWhereTheModeCan) {
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nheartbeat_s = 0\n"), "exp.toml: cluster.heartbeat_s: must be > 0");
 }
 
+TEST(Config, OnServerLossRestartsOnlyAsyncModesOverTcp) {
+  auto resolved = [](const std::string& mode, const std::string& transport, const std::string& loss) {
+    return restarts_lost_servers(parse_config("name = \"x\"\n", "e", {"cluster.mode=" + mode, "cluster.transport=" + transport,
+                                                                        "cluster.on_server_loss=" + loss}));
+  };
+  EXPECT_TRUE(resolved("asp", "tcp", "auto"));
+  EXPECT_TRUE(resolved("ssp:1", "tcp", "restart"));
+  EXPECT_FALSE(resolved("asp", "shm", "auto"));
+  EXPECT_FALSE(resolved("bsp", "tcp", "auto"));
+  EXPECT_FALSE(resolved("asp", "tcp", "fail"));
+  EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"bsp\"\non_server_loss = \"restart\"\n")
+                .find("exp.toml: cluster.on_server_loss: \"restart\" needs a mode that trains on when updates are lost"),
+            std::string::npos);
+  EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"asp\"\ntransport = \"ipc\"\non_server_loss = \"restart\"\n")
+                .find("exp.toml: cluster.on_server_loss: \"restart\" needs cluster.transport = \"tcp\""),
+            std::string::npos);
+  EXPECT_EQ(run_plan(parse_config("name = \"x\"\n", "e", {"cluster.mode=\"asp\""}))["on_server_loss"], "restart");
+  EXPECT_EQ(run_plan(parse_config("name = \"x\"\n", "e"))["on_server_loss"], "fail");  // bsp by default
+}
+
 TEST(Setup, ThePlanSaysWhatTheRunWillDo) {
   const ExperimentConfig c = parse_config(
       "name = \"p\"\n[data]\nkind = \"logistic\"\ntrain_samples = 1000\n[train]\nbatch = 32\nepochs = 2.5\n"

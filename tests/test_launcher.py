@@ -788,9 +788,12 @@ class LauncherTest(unittest.TestCase):
 
     def test_a_stopped_server_is_named_by_its_workers_within_two_heartbeats(self):
         # SIGSTOP of the server of an asp run: a worker whose push has no answer names it (the
-        # server is not holding it, or it would beat), and that is not a lost worker.
+        # server is not holding it, or it would beat), and that is not a lost worker. (With
+        # cluster.on_server_loss = "restart", the asp default over tcp, the workers would first
+        # wait some seconds for a restart: "fail" here.)
         path = self.tiny_variant("asp.toml", [("steps = 500", "steps = 100000"), ('mode = "bsp"', 'mode = "asp"')])
-        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1")
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1",
+                           "--set", "cluster.on_server_loss=fail")
         lines = self.stderr_with_times(p)
         procs = self.wait_for_processes(4)
         server = [pid for pid, argv in procs.items() if "--shard" in argv]
@@ -865,6 +868,39 @@ class LauncherTest(unittest.TestCase):
         again = self.launch("resume", run, "--no-plots")
         self.assertEqual(again.returncode, 2, again.stdout + again.stderr)
         self.assertIn("the run finished (ok); there is nothing to resume", again.stderr)
+
+    def test_a_killed_asp_server_is_restarted_from_its_checkpoint(self):
+        # asp over 2 servers, tcp: kill -9 of server 1 mid-run; the launcher restarts it from its
+        # checkpoint (written every 0.3 s), the workers and the evaluator rejoin it, the run ends ok
+        # and says how many updates were lost.
+        path = self.tiny_variant("restart.toml", [("steps = 500", "steps = 1500"), ('mode = "bsp"', 'mode = "asp"'),
+                                                  ("servers = 1", "servers = 2")],
+                                 append="\n[checkpoint]\nevery_s = 0.3\n")
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1")
+        procs = self.wait_for_processes(5)
+        server1 = [pid for pid, argv in procs.items() if "--shard" in argv and option(argv, "--shard") == "1"]
+        self.assertEqual(len(server1), 1, procs)
+        self.wait_for_train_lines(["worker0", "worker1"])
+        run = self.only_invocation("tiny") / "run"
+        end = time.monotonic() + 20
+        while not (run / "checkpoints" / "server1.ckpt").exists():
+            self.assertLess(time.monotonic(), end, "server 1 wrote no checkpoint")
+            time.sleep(0.05)
+        os.kill(server1[0], signal.SIGKILL)
+        out, err = p.communicate(timeout=90)
+        self.assertEqual(p.returncode, 0, out + err)
+        self.assertRegex(err, r"server1 \(shard 1\) on local was killed by signal 9 \(SIGKILL\); restarting it from its checkpoint")
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok", s.get("failure"))
+        self.assertEqual([(r["server"], "SIGKILL" in r["how"]) for r in s["servers_restarted"]], [(1, True)])
+        log = (run / "logs" / "server1.log").read_text()
+        self.assertIn("server 1: resumed from", log)
+        rejoined = re.findall(r"worker (\d) rejoined at clock \d+ \(this server's checkpoint had it at \d+: (\d+) update", log)
+        self.assertEqual(sorted(w for w, _ in rejoined), ["0", "1"], log)
+        self.assertEqual(s["updates_lost"], sum(int(n) for _, n in rejoined))
+        self.assertIn("restarted server 1", out)
+        self.assertGreater(s["final_test_acc"], 0.9)
+        self.assert_no_processes_left()
 
     def test_shm_run_and_a_killed_server_leave_no_segment(self):
         # shm: payloads through memfd segments, which go with the processes; the sockets' directory

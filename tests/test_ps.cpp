@@ -771,9 +771,8 @@ TEST(Checkpoint, AServerResumesWhereItsCheckpointLeftOff) {
     w.connect();
     w.pull(0, theta.data());
     for (long c = 0; c < 3; ++c) w.push(c, 4, grad.data(), theta.data());
-    w.bye(3);
+    cluster.stop = true;  // stopped mid-run (a worker that said Bye would stay done after a resume)
     cluster.join();
-    cluster.rethrow();
   }
   std::vector<float> resumed(P);
   {
@@ -819,9 +818,8 @@ TEST(Checkpoint, AResumedWorkerCatchesUpAServerThatMissedItsLastPush) {
     w.connect();
     w.pull(0, theta.data());
     for (long c = 0; c < 3; ++c) w.push(c, 4, grad.data(), c < 2 ? theta.data() : nullptr);
-    w.bye(3);
+    cluster.stop = true;  // stopped mid-run
     cluster.join();
-    cluster.rethrow();
   }
   // Server 1 as if clock 2's push had not reached it: its checkpoint from one push earlier.
   ShardCheckpoint behind = read_checkpoint(path(1));
@@ -845,6 +843,61 @@ TEST(Checkpoint, AResumedWorkerCatchesUpAServerThatMissedItsLastPush) {
   w.bye(4);
   cluster.join();
   cluster.rethrow();
+  std::filesystem::remove_all(dir);
+}
+
+// cluster.on_server_loss = "restart": a server that goes away comes back from its checkpoint on
+// the same address; the worker rejoins it with its clock and sends its request again. The
+// checkpoint here is 2 clocks older than the worker: the server counts 2 updates lost.
+TEST(Checkpoint, AWorkerRejoinsARestartedServer) {
+  ExperimentConfig cfg = make_config("asp", 1, 1);
+  cfg.cluster.heartbeat_s = 0.3;
+  ASSERT_TRUE(restarts_lost_servers(cfg));
+  const std::string dir = test::temp_dir("ckpt_rejoin").string(), path = dir + "/server0.ckpt";
+  const auto transport = comm::make_transport("tcp");
+  ServerOptions so;
+  so.endpoint = transport->local_address("server0");
+  so.checkpoint_path = path;
+  std::atomic<bool> stop{false};
+  so.stop = &stop;
+  auto serve = [](Server& s) {
+    try {
+      s.run();
+    } catch (const std::runtime_error&) {  // "stopped by a signal"
+    }
+  };
+  auto first = std::make_unique<Server>(*transport, cfg, so);
+  std::thread t1(serve, std::ref(*first));
+  const std::size_t P = count_params(model_spec(cfg));
+  std::vector<float> theta(P), grad(P, 0.5f);
+  PsClient::Options co = client_options(cfg, wire::Role::worker, 0);
+  ASSERT_TRUE(co.rejoin);
+  PsClient w(*transport, {so.endpoint}, co);
+  w.connect();
+  w.pull(0, theta.data());
+  for (long c = 0; c < 3; ++c) w.push(c, 2, grad.data(), theta.data());
+  stop = true;  // the server goes (writing its checkpoint at clock 3)
+  t1.join();
+  first.reset();
+  ShardCheckpoint older = read_checkpoint(path);
+  ASSERT_EQ(older.clocks[0], 3);
+  older.clocks[0] = 1;  // as if written two clocks earlier
+  write_checkpoint(path, older);
+  stop = false;
+  so.resume_path = path;
+  Server second(*transport, cfg, so);
+  std::thread t2(serve, std::ref(second));
+  std::string error;
+  try {
+    w.push(3, 2, grad.data(), theta.data());  // reaches the new server: rejoin, then sent again
+    w.bye(4);
+  } catch (const std::runtime_error& e) {
+    error = e.what();
+  }
+  t2.join();
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(second.state().clock_of(0), 4);
+  EXPECT_EQ(second.updates_lost(), 2);
   std::filesystem::remove_all(dir);
 }
 

@@ -1,5 +1,6 @@
 """One invocation of `launch.py run`: the dry run, each run started, watched and summarized, the
 plots and the comparison."""
+import dataclasses
 import datetime
 import json
 import os
@@ -192,7 +193,10 @@ def start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=None
     lost = []  # workers that failed while the run went on: {"worker", "how", "log"}
 
     def tolerate(p):
-        """A worker's failure in a run that goes on without it (cluster.on_worker_loss): said once."""
+        """A worker's failure in a run that goes on without it (cluster.on_worker_loss), or a
+        server's that is restarted from its checkpoint (cluster.on_server_loss): said once."""
+        if p.role == "server":
+            return restart_server(p)
         if plan.on_worker_loss != "continue" or p.role != "worker" or len(lost) + 1 >= plan.workers:
             return False
         # Died (a signal: -N locally, 128+N through a shell, 255 when ssh lost it), not an error
@@ -209,6 +213,30 @@ def start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=None
              f"cluster.heartbeat_s = {plan.heartbeat_s:g} s of silence); the last lines of {p.log}:\n{log_tail(p.log, 5)}")
         return True
 
+    restarted = []  # servers restarted from their checkpoints: {"server", "how", "log"}
+
+    def restart_server(p):
+        """A server that died (a signal) comes back from its checkpoint on the same address; the
+        workers and the evaluator rejoin it (PsClient). At most 3 times per server."""
+        ckpt = checkpoint_path(run_dir, p.name)
+        if (plan.on_server_loss != "restart" or 0 <= p.returncode < 128 or not ckpt.is_file()
+                or sum(r["server"] == p.rank for r in restarted) >= 3):
+            return False
+        argv = list(p.argv)
+        if "--resume" in argv:
+            del argv[argv.index("--resume"):argv.index("--resume") + 2]
+        q = dataclasses.replace(p, argv=argv + ["--resume", str(ckpt)], popen=None, returncode=None)
+        q.command = ssh_command(q.host, q.argv, sockets) if plan.launcher == "ssh" else q.argv
+        restarted.append({"server": p.rank, "how": describe_exit(p.returncode), "log": str(p.log)})
+        warn(f"{p.describe()} on {p.host} {describe_exit(p.returncode)}; restarting it from its checkpoint "
+             f"{ckpt} (cluster.on_server_loss = \"restart\": the workers rejoin it, and the updates since that "
+             f"checkpoint are lost, counted in summary.json)")
+        start(q, REPO, append_log=True)
+        started.append(q)
+        if plan.launcher != "slurm":
+            write_manifest(run_dir, plan, [q if x is p else x for x in procs], run_start, bins, extra)
+        return True
+
     try:
         for p in started:
             check_signal()
@@ -223,12 +251,12 @@ def start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=None
         wall = time.time() - run_start
         failure = str(e) if isinstance(e, RunFailed) else f"stopped by {e}"
         s = summarize(plan, run_dir, wall, status="failed" if isinstance(e, RunFailed) else "interrupted",
-                      failure=failure, lost=lost)
+                      failure=failure, lost=lost, restarted=restarted)
         (run_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
         if stopped:
             warn(f"stopped {len(stopped)} other process(es): {', '.join(p.name for p in stopped)}")
         raise
-    s = summarize(plan, run_dir, time.time() - run_start, lost=lost)
+    s = summarize(plan, run_dir, time.time() - run_start, lost=lost, restarted=restarted)
     (run_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
     return s
 

@@ -34,7 +34,7 @@ def workers_lost(finals, lost):
     return [out[k] for k in sorted(out)]
 
 
-def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None):
+def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, restarted=None):
     """summary.json of a run. Its keys:
 
     mode, workers, servers, device, seed, target_acc   from the run's plan (plan.json)
@@ -62,6 +62,10 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None):
                         once (not once per server); None for all-reduce
     workers_lost        PS modes with cluster.on_worker_loss = "continue": the workers the run went on
                         without (workers_lost()); [] when none was lost
+    servers_restarted   with cluster.on_server_loss = "restart": [{server, how, log}] per restart of a
+                        server that died, from its checkpoint
+    updates_lost        the updates those restarts lost (workers' pushes after the checkpoint), over
+                        the servers; 0 without restarts
     wall_s              the run's wall-clock time, from its start to its last process's exit
     final_test_loss, final_is_last_eval (the evaluator's final evaluation after training),
     evaluations, steps_per_worker (the plan's total_steps), step_time_ms (mean ms per step of
@@ -130,6 +134,8 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None):
         "staleness": staleness_stats(finals) if plan.uses_servers else None,
         "pushed_by_codec": pushed_by_codec(finals) if plan.uses_servers else None,
         "workers_lost": workers_lost(finals, lost),
+        "servers_restarted": list(restarted or []),
+        "updates_lost": sum(f.get("updates_lost", 0) for f in finals) if finals else 0,
         "wall_s": wall_s,
         # extras
         "status": status,
@@ -163,6 +169,9 @@ def result_line(label, s):
     if s.get("diverged"):
         parts.append(f"training diverged at epoch {s['diverged']['epoch']:.2f} (loss not finite: lower "
                      "optimizer.lr or lengthen schedule.warmup_epochs)")
+    if s.get("servers_restarted"):
+        parts.append("restarted server " + ", ".join(str(r["server"]) for r in s["servers_restarted"])
+                     + f" ({s.get('updates_lost', 0)} updates lost)")
     if s.get("workers_lost"):
         parts.append("went on without worker " + ", ".join(str(w["worker"]) for w in s["workers_lost"]))
     if s["samples_per_s"]:

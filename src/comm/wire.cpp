@@ -44,7 +44,7 @@ using Off = flatbuffers::Offset<void>;
 struct BodyEncoder {
   FBB& f;
   std::pair<fb::Body, Off> operator()(const Hello& m) const {
-    return {fb::Body_Hello, fb::CreateHello(f, fb::Role(m.role), m.rank, m.param_count, m.config_hash).Union()};
+    return {fb::Body_Hello, fb::CreateHello(f, fb::Role(m.role), m.rank, m.param_count, m.config_hash, m.rejoin_clock).Union()};
   }
   std::pair<fb::Body, Off> operator()(const Welcome& m) const {
     return {fb::Body_Welcome, fb::CreateWelcome(f, m.shard, m.num_shards, m.offset, m.length, m.workers,
@@ -157,7 +157,7 @@ std::optional<Header> decode(const void* data, std::size_t size, std::string& er
   switch (m->body_type()) {
     case fb::Body_Hello: {
       const auto* b = m->body_as_Hello();
-      h.body = Hello{Role(b->role()), b->rank(), b->param_count(), b->config_hash()};
+      h.body = Hello{Role(b->role()), b->rank(), b->param_count(), b->config_hash(), b->rejoin_clock()};
       break;
     }
     case fb::Body_Welcome: {

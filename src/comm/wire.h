@@ -32,7 +32,8 @@ enum class ErrorCode : std::int16_t {
 };
 const char* error_code_name(ErrorCode c);
 
-struct Hello { Role role = Role::worker; int rank = 0; std::uint64_t param_count = 0; std::uint64_t config_hash = 0; };
+struct Hello { Role role = Role::worker; int rank = 0; std::uint64_t param_count = 0; std::uint64_t config_hash = 0;
+               std::int64_t rejoin_clock = -1; };
 struct Welcome { int shard = 0; int num_shards = 0; std::uint64_t offset = 0, length = 0; int workers = 0;
                  std::string mode; std::int64_t version = 0; std::int64_t worker_clock = 0; };
 struct Pull { std::int64_t clock = 0; };

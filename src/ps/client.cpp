@@ -73,13 +73,40 @@ void PsClient::heartbeat_loop(std::stop_token stop) {
 }
 
 template <typename F>
-void PsClient::collect(const std::string& what, std::vector<char>& pending, F&& on_reply, bool watch_silence) {
+void PsClient::collect(const std::string& what, std::vector<char>& pending, F&& on_reply, bool watch_silence,
+                       const std::function<void(int)>& resend) {
   const int S = int(shards_.size());
-  const auto deadline = comm::Clock::now() + timeout_;
+  auto deadline = comm::Clock::now() + timeout_;
   // A server that holds a request sends heartbeats while it does (Server::beat_held_pulls), so
-  // one silent for heartbeat_s is stopped, hung or gone: named now, not at the timeout.
+  // one silent for heartbeat_s is stopped, hung or gone: named now, not at the timeout. With
+  // rejoin (cluster.on_server_loss = "restart"), the launcher restarts a server that died: this
+  // client says Hello to it again (with its clock) until it answers, then sends the request anew.
   const auto silence = beat_every_ * 4;
+  const bool can_rejoin = opt_.rejoin && resend;
+  // How long a restart may take (the launcher starts it within a second of the death): past
+  // this, the server is hung or gone for good, and the wait fails naming it.
+  const auto back_within = std::min<Clock::duration>(timeout_, std::max<Clock::duration>(silence * 4, std::chrono::seconds(10)));
   std::vector<Clock::time_point> heard(std::size_t(S), Clock::now());
+  std::vector<Clock::time_point> rejoining(static_cast<std::size_t>(S), Clock::time_point{});  // since when; {} = not
+  auto say_hello_again = [&](int k) {
+    const auto now = Clock::now();
+    if (rejoining[std::size_t(k)] == Clock::time_point{}) {
+      rejoining[std::size_t(k)] = now;
+      std::fprintf(stderr, "%s: server %d at %s went silent during %s: waiting up to %.0f s for it to come back "
+                   "(cluster.on_server_loss = \"restart\")\n", who().c_str(), k, shards_[std::size_t(k)].endpoint.c_str(),
+                   what.c_str(), std::chrono::duration<double>(back_within).count());
+    } else if (now - rejoining[std::size_t(k)] > back_within) {
+      char b[160];
+      std::snprintf(b, sizeof b, "silent for %.1f s and not back after a restart (cluster.on_server_loss = \"restart\"; "
+                    "cluster.heartbeat_s = %g): it is hung or gone for good, during ",
+                    std::chrono::duration<double>(now - rejoining[std::size_t(k)]).count() + std::chrono::duration<double>(silence).count(),
+                    opt_.heartbeat_s);
+      fail(k, b + what);
+    }
+    heard[std::size_t(k)] = now;
+    send(k, wire::Hello{opt_.role, opt_.rank, opt_.num_params, opt_.config_hash,
+                        opt_.role == wire::Role::worker ? beat_step_ : -1});
+  };
   while (std::find(pending.begin(), pending.end(), 1) != pending.end()) {
     std::size_t from = 0;
     bool got = false;
@@ -89,6 +116,10 @@ void PsClient::collect(const std::string& what, std::vector<char>& pending, F&& 
       if (!watch_silence || !beat_every_.count()) continue;
       for (int k = 0; k < S; ++k)
         if (pending[std::size_t(k)] && Clock::now() - heard[std::size_t(k)] > silence) {
+          if (can_rejoin) {
+            say_hello_again(k);
+            continue;
+          }
           char b[96];
           std::snprintf(b, sizeof b, "silent for %.1f s while ",
                         std::chrono::duration<double>(Clock::now() - heard[std::size_t(k)]).count());
@@ -101,7 +132,8 @@ void PsClient::collect(const std::string& what, std::vector<char>& pending, F&& 
       std::string who;
       for (int k = 0; k < S; ++k)
         if (pending[std::size_t(k)])
-          who += (who.empty() ? "" : "; ") + ("server " + std::to_string(k) + " at " + shards_[std::size_t(k)].endpoint);
+          who += (who.empty() ? "" : "; ") + ("server " + std::to_string(k) + " at " + shards_[std::size_t(k)].endpoint) +
+                 (rejoining[std::size_t(k)] != Clock::time_point{} ? " (silent, and not back after a restart)" : "");
       throw std::runtime_error("no reply to " + what + " within " + std::to_string(timeout_.count() / 1000) +
                                " s from " + who + " (is it running? its log says why it stopped)");
     }
@@ -112,12 +144,44 @@ void PsClient::collect(const std::string& what, std::vector<char>& pending, F&& 
     const auto h = wire::decode(msg_.header(), why);
     if (!h) fail(k, "malformed reply to " + what + ": " + why);
     if (std::holds_alternative<wire::Beat>(h->body)) continue;  // the server is alive and still holds it
-    if (const auto* e = std::get_if<wire::Error>(&h->body))
+    if (rejoining[std::size_t(k)] != Clock::time_point{}) {
+      const auto* w = std::get_if<wire::Welcome>(&h->body);
+      if (!w) continue;  // the restarted server's answers to what reached it before our Hello
+      check_welcome(k, *w);
+      std::fprintf(stderr, "%s: server %d is back (version %lld) after %.1f s: %s sent again\n", who().c_str(), k,
+                   static_cast<long long>(w->version),
+                   std::chrono::duration<double>(Clock::now() - rejoining[std::size_t(k)]).count(), what.c_str());
+      rejoining[std::size_t(k)] = {};
+      ++rejoins_;
+      resend(k);
+      continue;
+    }
+    if (const auto* e = std::get_if<wire::Error>(&h->body)) {
+      if (can_rejoin && pending[std::size_t(k)] && e->code == wire::ErrorCode::unknown_peer) {
+        say_hello_again(k);  // a restarted server got our request before our Hello
+        continue;
+      }
       fail(k, std::string(wire::error_code_name(e->code)) + ": " + e->message);
+    }
     if (!pending[std::size_t(k)]) fail(k, std::string("unexpected ") + wire::body_name(h->body) + " during " + what);
     on_reply(k, h->body);
     pending[std::size_t(k)] = 0;
   }
+}
+
+std::string PsClient::who() const {
+  return opt_.role == wire::Role::worker ? "worker " + std::to_string(opt_.rank) : std::string("evaluator");
+}
+
+void PsClient::check_welcome(int k, const wire::Welcome& w) {
+  const int S = int(shards_.size());
+  const ShardRange& mine = shards_[std::size_t(k)].range;
+  if (w.shard != k || w.num_shards != S || w.offset != mine.offset || w.length != mine.length)
+    fail(k, "serves shard " + std::to_string(w.shard) + "/" + std::to_string(w.num_shards) + " = floats [" +
+                std::to_string(w.offset) + ", " + std::to_string(w.offset + w.length) + "), but this process expects shard " +
+                std::to_string(k) + "/" + std::to_string(S) + " = [" + std::to_string(mine.offset) + ", " +
+                std::to_string(mine.offset + mine.length) + "): the server list is in the wrong order or incomplete");
+  shards_[std::size_t(k)].version = w.version;
 }
 
 void PsClient::connect() {
@@ -129,13 +193,7 @@ void PsClient::connect() {
   collect(what, pending, [&](int k, const wire::Body& body) {
     const auto* w = std::get_if<wire::Welcome>(&body);
     if (!w) fail(k, std::string("answered Hello with ") + wire::body_name(body));
-    const ShardRange& mine = shards_[std::size_t(k)].range;
-    if (w->shard != k || w->num_shards != S || w->offset != mine.offset || w->length != mine.length)
-      fail(k, "serves shard " + std::to_string(w->shard) + "/" + std::to_string(w->num_shards) + " = floats [" +
-                  std::to_string(w->offset) + ", " + std::to_string(w->offset + w->length) + "), but this process expects shard " +
-                  std::to_string(k) + "/" + std::to_string(S) + " = [" + std::to_string(mine.offset) + ", " +
-                  std::to_string(mine.offset + mine.length) + "): the server list is in the wrong order or incomplete");
-    shards_[std::size_t(k)].version = w->version;
+    check_welcome(k, *w);
     shards_[std::size_t(k)].clock = w->worker_clock;
   }, /*watch_silence=*/false);  // the start barrier waits for every worker's start, with timeout_s
   if (beat_every_.count() && opt_.role == wire::Role::worker)
@@ -183,7 +241,7 @@ PullResult PsClient::pull(long clock, float* theta) {
     const auto* pr = std::get_if<wire::PullReply>(&body);
     if (!pr) fail(k, std::string("answered Pull with ") + wire::body_name(body));
     take_params(k, *pr, msg_.payload(), theta, acc);
-  });
+  }, true, [&](int k) { send(k, wire::Pull{clock}); });
   return acc;
 }
 
@@ -237,7 +295,7 @@ PullResult PsClient::finish_push() {
     } else if (!std::holds_alternative<wire::PushAck>(body)) {
       fail(k, std::string("answered Push with ") + wire::body_name(body));
     }
-  });
+  }, true, [&](int k) { send_push(k); });
   // Every server has the gradient, so the transport is done with our buffer or about to be.
   in_flight_.wait_idle(timeout_, "the gradient", [&] { conns_->progress(); });
   return acc;
@@ -279,24 +337,24 @@ ResumePoint PsClient::catch_up() {
   return r;
 }
 
-void PsClient::expect_ack(const char* what) {
+void PsClient::expect_ack(const char* what, const wire::Body& request) {
   std::vector<char> pending(shards_.size(), 1);
   collect(what, pending, [&](int k, const wire::Body& body) {
     if (!std::holds_alternative<wire::Ack>(body)) fail(k, std::string("answered ") + what + " with " + wire::body_name(body));
-  });
+  }, true, [&](int k) { send(k, request); });
 }
 
 void PsClient::bye(long clock) {
   heartbeats_ = {};  // done: no more heartbeats after the Bye
   std::lock_guard lock(mu_);
   for (int k = 0; k < int(shards_.size()); ++k) send(k, wire::Bye{clock});
-  expect_ack("Bye");
+  expect_ack("Bye", wire::Bye{clock});
 }
 
 void PsClient::shutdown() {
   std::lock_guard lock(mu_);
   for (int k = 0; k < int(shards_.size()); ++k) send(k, wire::Shutdown{});
-  expect_ack("Shutdown");
+  expect_ack("Shutdown", wire::Shutdown{});
 }
 
 std::string PsClient::stats(int shard) {
@@ -309,7 +367,7 @@ std::string PsClient::stats(int shard) {
     const auto* s = std::get_if<wire::StatsReply>(&body);
     if (!s) fail(k, std::string("answered Stats with ") + wire::body_name(body));
     json = s->json;
-  });
+  }, true, [&](int k) { send(k, wire::Stats{}); });
   return json;
 }
 

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -68,6 +69,8 @@ class PsClient {
     double timeout_s = 60.0;        // the run's cluster.timeout_s
     std::string codec = "f32";      // the run's cluster.codec, how pushes are encoded
     double heartbeat_s = 0.0;       // the run's cluster.heartbeat_s (workers; 0: no heartbeats)
+    bool rejoin = false;            // cluster.on_server_loss = "restart": wait for a silent server
+                                    // to come back and rejoin it (needs heartbeat_s > 0)
   };
   // `endpoints`: the servers' addresses in shard order. `transport` must outlive the client.
   PsClient(comm::Transport& transport, std::vector<std::string> endpoints, const Options& opt);
@@ -110,7 +113,11 @@ class PsClient {
   template <typename F>
   // Waits for a reply from every server marked in `pending`; with watch_silence (and
   // heartbeats on), a pending server silent for heartbeat_s fails the wait.
-  void collect(const std::string& what, std::vector<char>& pending, F&& on_reply, bool watch_silence = true);
+  // resend(k): sends the request to server k again (after it came back from a restart).
+  void collect(const std::string& what, std::vector<char>& pending, F&& on_reply, bool watch_silence = true,
+               const std::function<void(int)>& resend = {});
+  void check_welcome(int k, const wire::Welcome& w);  // the server serves the shard we expect; notes its version
+  std::string who() const;                            // "worker 3", "evaluator"
   void send(int k, const wire::Body& body, comm::OutPayload payload = {});
   // A Beat to every server that has had nothing from this client for beat_every_ (never waits:
   // a full queue means messages are on their way anyway). Caller holds mu_.
@@ -119,7 +126,7 @@ class PsClient {
   [[noreturn]] void fail(int k, const std::string& what) const;
   void take_params(int k, const wire::PullReply& r, std::span<const std::byte> payload, float* theta, PullResult& acc);
   void send_push(int k);
-  void expect_ack(const char* what);
+  void expect_ack(const char* what, const wire::Body& request);
 
   std::mutex mu_;  // the connections and everything below: the calling thread or the heartbeat thread
   std::unique_ptr<comm::Connections> conns_;
@@ -141,7 +148,8 @@ class PsClient {
   } push_;
   std::chrono::milliseconds beat_every_{0};                 // 0: no heartbeats
   std::vector<std::chrono::steady_clock::time_point> last_sent_;  // per server
-  long beat_step_ = 0;                                       // the clock Beats report
+  long beat_step_ = 0;                                       // the clock Beats report (and a rejoin)
+  long rejoins_ = 0;                                         // servers rejoined after a restart
   std::jthread heartbeats_;  // last member: stopped and joined first
 };
 

@@ -294,6 +294,16 @@ void ShardState::push(int worker, long clock, long version_pulled, int batch, st
   if (batch > 0) count_staleness(worker, arrived_at - version_pulled);
 }
 
+long ShardState::fast_forward(int worker, long clock) {
+  long& c = clocks_.at(std::size_t(worker));
+  if (clock <= c) return 0;
+  if (!rule_->trains_without_lost_workers())
+    throw std::logic_error(rule_->name() + " cannot train on without worker " + std::to_string(worker) + "'s updates");
+  const long lost = clock - c;
+  c = clock;
+  return lost;
+}
+
 void ShardState::drop_worker(int worker) {
   if (!rule_->trains_without_lost_workers())
     throw std::logic_error(rule_->name() + " cannot train on without worker " + std::to_string(worker));

@@ -123,6 +123,10 @@ class ShardState : private ShardOps {
   // it): its clock no longer counts for the rule, and a later push from it is refused.
   void drop_worker(int worker);
   bool dropped(int worker) const { return lost_[std::size_t(worker)] != 0; }
+  // A worker rejoining a server restarted from a checkpoint that is behind it: its clock moves
+  // to `clock` (the rule must train on without the updates in between, as asp and ssp do);
+  // returns how many of its updates this shard lost (0 if it was not behind).
+  long fast_forward(int worker, long clock);
 
   // Everything needed to go on where the shard is now (ps/checkpoint.h); shard, num_shards and
   // config_hash are the server's to fill in.

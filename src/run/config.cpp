@@ -88,6 +88,9 @@ void visit_fields(Config& c, F&& f) {
   f("cluster.on_worker_loss", c.cluster.on_worker_loss,
     "PS modes: \"continue\" (the servers drop a lost worker and training goes on), \"fail\", or \"auto\": "
     "continue where the mode allows it (asp, ssp), else fail");
+  f("cluster.on_server_loss", c.cluster.on_server_loss,
+    "PS modes: \"restart\" (the launcher restarts a server that died from its checkpoint; the workers rejoin it and "
+    "the updates since are lost, counted), \"fail\", or \"auto\": restart for asp and ssp over tcp, else fail");
   f("eval.interval_s", c.eval.interval_s, "evaluator period (s); one more evaluation at the end");
   f("eval.batch", c.eval.batch, "evaluation batch");
   f("eval.target_acc", c.eval.target_acc, "accuracy for time_to_target_s in the summary");
@@ -390,6 +393,18 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
           "\"continue\" needs a mode that trains on without a lost worker (asp, ssp:s); cluster.mode = \"" +
               c.cluster.mode + "\" needs every worker" + (c.uses_servers() ? " each clock" : " in every all-reduce"));
   }
+  check(c.cluster.on_server_loss == "auto" || c.cluster.on_server_loss == "restart" ||
+            c.cluster.on_server_loss == "fail",
+        "cluster.on_server_loss", "expected \"auto\", \"restart\" or \"fail\", got \"" + c.cluster.on_server_loss + "\"");
+  if (c.cluster.on_server_loss == "restart") {
+    const bool can = c.uses_servers() && make_rule(c.cluster.mode)->trains_without_lost_workers();
+    check(can, "cluster.on_server_loss",
+          "\"restart\" needs a mode that trains on when updates are lost (asp, ssp:s); cluster.mode = \"" +
+              c.cluster.mode + "\" does not");
+    check(c.cluster.transport == "tcp", "cluster.on_server_loss",
+          "\"restart\" needs cluster.transport = \"tcp\" (a restarted server listens on the same port); got \"" +
+              c.cluster.transport + "\"");
+  }
   check(c.eval.interval_s > 0, "eval.interval_s", "must be > 0");
   check(c.checkpoint.every_s >= 0, "checkpoint.every_s", "must be >= 0");
   check(c.eval.batch >= 1, "eval.batch", "must be >= 1");
@@ -401,6 +416,11 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
   check(c.straggler.slowdown >= 1, "straggler.slowdown", "must be >= 1");
   check(c.straggler.delay_ms >= 0, "straggler.delay_ms", "must be >= 0");
   check(c.straggler.exp_delay_ms >= 0, "straggler.exp_delay_ms", "must be >= 0");
+}
+
+bool restarts_lost_servers(const ExperimentConfig& c) {
+  if (c.cluster.on_server_loss == "fail" || !c.uses_servers() || c.cluster.transport != "tcp") return false;
+  return make_rule(c.cluster.mode)->trains_without_lost_workers();
 }
 
 bool continues_without_lost_workers(const ExperimentConfig& c) {

@@ -71,6 +71,10 @@ struct ClusterConfig {
   double heartbeat_s = 5.0;  // a worker or all-reduce rank silent this long (no message, no heartbeat) is lost
   std::string on_worker_loss = "auto";  // "continue" (drop it, train on), "fail", or "auto":
                                         // continue where the mode allows it (asp, ssp), else fail
+  std::string on_server_loss = "auto";  // "restart" (the launcher restarts a server that died from its
+                                        // checkpoint; workers rejoin it), "fail", or "auto": restart
+                                        // where the mode trains on without lost updates' order (asp,
+                                        // ssp) over tcp, else fail
 };
 
 struct EvalConfig {
@@ -111,6 +115,9 @@ struct ExperimentConfig {
 // Whether a lost worker fails the run (cluster.on_worker_loss resolved: "auto" is "continue"
 // for the modes whose rule trains on without it, asp and ssp, and "fail" for bsp and allreduce).
 bool continues_without_lost_workers(const ExperimentConfig& c);
+// Whether a server that dies is restarted from its checkpoint while the run goes on
+// (cluster.on_server_loss resolved: "auto" is "restart" for asp and ssp over tcp).
+bool restarts_lost_servers(const ExperimentConfig& c);
 
 // Parses a TOML file, applies `overrides` ("section.key=value", value in TOML syntax, bare
 // words taken as strings) and validates. Throws ConfigError naming the file and the key.

@@ -43,6 +43,7 @@ nlohmann::ordered_json run_plan(const ExperimentConfig& c) {
           {"timeout_s", c.cluster.timeout_s},
           {"heartbeat_s", c.cluster.heartbeat_s},
           {"on_worker_loss", continues_without_lost_workers(c) ? "continue" : "fail"},
+          {"on_server_loss", restarts_lost_servers(c) ? "restart" : "fail"},
           {"processes", processes}};
 }
 

@@ -18,6 +18,7 @@ namespace pslab {
 //   "params", "steps_per_epoch", "total_steps", "epochs" (what the steps amount to),
 //   "target_acc", "eval_interval_s", "timeout_s", "heartbeat_s",
 //   "on_worker_loss" ("continue": a lost worker is dropped and the run goes on; "fail"),
+//   "on_server_loss" ("restart": the launcher restarts a server that died from its checkpoint; "fail"),
 //   "processes": [{"name": "server0", "role": "server", "rank": 0}, ...,
 //                 {"name": "evaluator", "role": "evaluator", "rank": -1}]}
 // Processes are in start order: servers, workers, the evaluator.
