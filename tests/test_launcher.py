@@ -757,6 +757,25 @@ class LauncherTest(unittest.TestCase):
         self.addCleanup(t.join, 5)
         return lines
 
+    def stop_until_the_run_fails(self, p, pid, lines):
+        """SIGSTOPs pid and waits for the launcher to fail the run (exit 1); returns its stderr,
+        its first FAILED line and how many seconds after the SIGSTOP that line came."""
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            p.wait(timeout=30)
+        finally:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)  # the reader thread takes the last lines
+        err = "".join(line for _, line in lines)
+        self.assertEqual(p.returncode, 1, err)
+        first = next(((t, line) for t, line in lines if "FAILED" in line), None)
+        self.assertIsNotNone(first, err)
+        return err, first[1], first[0] - stopped
+
     def test_a_stopped_allreduce_rank_is_named_within_two_heartbeats(self):
         # SIGSTOP of rank 1: the other rank's group watch names it, and that is the launcher's
         # first error, within 2 x cluster.heartbeat_s.
@@ -767,22 +786,9 @@ class LauncherTest(unittest.TestCase):
         rank1 = [pid for pid, argv in procs.items() if argv[1] == "allreduce" and option(argv, "--rank") == "1"]
         self.assertEqual(len(rank1), 1, procs)
         self.wait_for_train_lines(["worker0", "worker1"])
-        os.kill(rank1[0], signal.SIGSTOP)
-        stopped = time.monotonic()
-        try:
-            p.wait(timeout=30)
-        finally:
-            try:
-                os.kill(rank1[0], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.2)
-        err = "".join(line for _, line in lines)
-        self.assertEqual(p.returncode, 1, err)
-        first = next(((t, line) for t, line in lines if "FAILED" in line), None)
-        self.assertIsNotNone(first, err)
-        self.assertRegex(first[1], r"worker0 \(rank 0\) on local exited with code 1")
-        self.assertLess(first[0] - stopped, 2 * 1.0, err)
+        err, first, after = self.stop_until_the_run_fails(p, rank1[0], lines)
+        self.assertRegex(first, r"worker0 \(rank 0\) on local exited with code 1")
+        self.assertLess(after, 2 * 1.0, err)
         self.assertRegex(err, r"all-reduce rank 0: rank 1 lost: silent for 1\.\d s at step \d+ \(cluster\.heartbeat_s = 1\)")
         self.assert_no_processes_left()
 
@@ -799,23 +805,10 @@ class LauncherTest(unittest.TestCase):
         server = [pid for pid, argv in procs.items() if "--shard" in argv]
         self.assertEqual(len(server), 1, procs)
         self.wait_for_train_lines(["worker0", "worker1"])
-        os.kill(server[0], signal.SIGSTOP)
-        stopped = time.monotonic()
-        try:
-            p.wait(timeout=30)
-        finally:
-            try:
-                os.kill(server[0], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.2)
-        err = "".join(line for _, line in lines)
-        self.assertEqual(p.returncode, 1, err)
+        err, first, after = self.stop_until_the_run_fails(p, server[0], lines)
         self.assertNotIn("goes on without it", err)
-        first = next(((t, line) for t, line in lines if "FAILED" in line), None)
-        self.assertIsNotNone(first, err)
-        self.assertRegex(first[1], r"worker\d \(rank \d\) on local exited with code 1")
-        self.assertLess(first[0] - stopped, 2 * 1.0, err)
+        self.assertRegex(first, r"worker\d \(rank \d\) on local exited with code 1")
+        self.assertLess(after, 2 * 1.0, err)
         self.assertRegex(err, r"server 0 at \S+: silent for 1\.\d s while (Push|Pull) \(clock \d+\) waited for its reply")
         self.assert_no_processes_left()
 

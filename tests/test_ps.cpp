@@ -576,6 +576,13 @@ TEST(Timeouts, AWorkerWhoseServerIsGoneFailsNamingTheServer) {
   }
 }
 
+// Two workers' start barrier: both say Hello at once (each server answers when both have).
+static void connect_both(PsClient& a, PsClient& b) {
+  std::thread t([&] { b.connect(); });
+  a.connect();
+  t.join();
+}
+
 TEST(Timeouts, AHeldPullIsAnsweredWithWhomItWaitedFor) {
   ExperimentConfig cfg = make_config("bsp", 2, 1);
   cfg.cluster.timeout_s = 0.5;
@@ -583,9 +590,7 @@ TEST(Timeouts, AHeldPullIsAnsweredWithWhomItWaitedFor) {
   const std::size_t P = count_params(model_spec(cfg));
   PsClient w0(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
   PsClient w1(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 1));
-  std::thread t([&] { w1.connect(); });
-  w0.connect();
-  t.join();
+  connect_both(w0, w1);
   std::vector<float> theta(P), grad(P, 0.0f);
   w0.pull(0, theta.data());
   try {
@@ -622,9 +627,7 @@ TEST(WorkerLoss, AnAspServerKeepsABusyWorkerAndDropsADeadOne) {
   const std::size_t P = count_params(model_spec(cfg));
   PsClient w0(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
   auto w1 = std::make_unique<PsClient>(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 1));
-  std::thread t([&] { w1->connect(); });
-  w0.connect();
-  t.join();
+  connect_both(w0, *w1);
   std::vector<float> theta(P), grad(P, 0.5f);
   w0.pull(0, theta.data());
   w1->pull(0, theta.data());
@@ -662,9 +665,7 @@ TEST(WorkerLoss, SspServesThePullsAHungWorkerHeldOnceItIsDropped) {
   PsClient::Options hung = client_options(cfg, wire::Role::worker, 1);
   hung.heartbeat_s = 0;  // a process that hangs (SIGSTOP) sends nothing
   PsClient w1(*cluster.transport, cluster.endpoints, hung);
-  std::thread t([&] { w1.connect(); });
-  w0.connect();
-  t.join();
+  connect_both(w0, w1);
   std::vector<float> theta(P), grad(P, 0.5f);
   w0.pull(0, theta.data());
   w1.pull(0, theta.data());
@@ -696,9 +697,7 @@ TEST(WorkerLoss, AServerHoldingAPullForLongIsNotTakenForSilent) {
   const std::size_t P = count_params(model_spec(cfg));
   PsClient w0(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
   PsClient w1(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 1));
-  std::thread t([&] { w1.connect(); });
-  w0.connect();
-  t.join();
+  connect_both(w0, w1);
   std::vector<float> theta0(P), theta1(P), grad(P, 0.5f);
   w0.pull(0, theta0.data());
   w1.pull(0, theta1.data());
@@ -733,9 +732,7 @@ TEST(WorkerLoss, ABspServerFailsNamingTheSilentWorker) {
   PsClient::Options hung = client_options(cfg, wire::Role::worker, 1);
   hung.heartbeat_s = 0;
   PsClient w1(*cluster.transport, cluster.endpoints, hung);
-  std::thread t([&] { w1.connect(); });
-  w0.connect();
-  t.join();
+  connect_both(w0, w1);
   const auto t0 = std::chrono::steady_clock::now();
   cluster.join();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));

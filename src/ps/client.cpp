@@ -144,18 +144,25 @@ void PsClient::collect(const std::string& what, std::vector<char>& pending, F&& 
     const auto h = wire::decode(msg_.header(), why);
     if (!h) fail(k, "malformed reply to " + what + ": " + why);
     if (std::holds_alternative<wire::Beat>(h->body)) continue;  // the server is alive and still holds it
+    const auto* w = std::get_if<wire::Welcome>(&h->body);
     if (rejoining[std::size_t(k)] != Clock::time_point{}) {
-      const auto* w = std::get_if<wire::Welcome>(&h->body);
-      if (!w) continue;  // the restarted server's answers to what reached it before our Hello
+      if (std::holds_alternative<wire::Error>(h->body)) continue;  // a restarted server's answers to what
+                                                                  // reached it before our Hello
+      if (!w) {  // the answer itself: the server was slow, not gone; the Welcome that follows is ignored
+        rejoining[std::size_t(k)] = {};
+        on_reply(k, h->body);
+        pending[std::size_t(k)] = 0;
+        continue;
+      }
       check_welcome(k, *w);
       std::fprintf(stderr, "%s: server %d is back (version %lld) after %.1f s: %s sent again\n", who().c_str(), k,
                    static_cast<long long>(w->version),
                    std::chrono::duration<double>(Clock::now() - rejoining[std::size_t(k)]).count(), what.c_str());
       rejoining[std::size_t(k)] = {};
-      ++rejoins_;
       resend(k);
       continue;
     }
+    if (w && can_rejoin) continue;  // a late Welcome to a Hello of ours to a server that was only slow
     if (const auto* e = std::get_if<wire::Error>(&h->body)) {
       if (can_rejoin && pending[std::size_t(k)] && e->code == wire::ErrorCode::unknown_peer) {
         say_hello_again(k);  // a restarted server got our request before our Hello

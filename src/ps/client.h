@@ -149,7 +149,6 @@ class PsClient {
   std::chrono::milliseconds beat_every_{0};                 // 0: no heartbeats
   std::vector<std::chrono::steady_clock::time_point> last_sent_;  // per server
   long beat_step_ = 0;                                       // the clock Beats report (and a rejoin)
-  long rejoins_ = 0;                                         // servers rejoined after a restart
   std::jthread heartbeats_;  // last member: stopped and joined first
 };
 
