@@ -204,22 +204,23 @@ TEST(Config, OnWorkerLossContinuesOnlyWhereTheModeCan) {
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nheartbeat_s = 0\n"), "exp.toml: cluster.heartbeat_s: must be > 0");
 }
 
-TEST(Config, OnServerLossRestartsOnlyAsyncModesOverTcp) {
+TEST(Config, OnServerLossRestartsOnlyAsyncModesTheLauncherOwns) {
   auto resolved = [](const std::string& mode, const std::string& transport, const std::string& loss) {
     return restarts_lost_servers(parse_config("name = \"x\"\n", "e", {"cluster.mode=" + mode, "cluster.transport=" + transport,
                                                                         "cluster.on_server_loss=" + loss}));
   };
   EXPECT_TRUE(resolved("asp", "tcp", "auto"));
   EXPECT_TRUE(resolved("ssp:1", "tcp", "restart"));
-  EXPECT_FALSE(resolved("asp", "shm", "auto"));
+  EXPECT_TRUE(resolved("asp", "shm", "auto"));
   EXPECT_FALSE(resolved("bsp", "tcp", "auto"));
   EXPECT_FALSE(resolved("asp", "tcp", "fail"));
   EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"bsp\"\non_server_loss = \"restart\"\n")
                 .find("exp.toml: cluster.on_server_loss: \"restart\" needs a mode that trains on when updates are lost"),
             std::string::npos);
-  EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"asp\"\ntransport = \"ipc\"\non_server_loss = \"restart\"\n")
-                .find("exp.toml: cluster.on_server_loss: \"restart\" needs cluster.transport = \"tcp\""),
+  EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"asp\"\nlauncher = \"slurm\"\non_server_loss = \"restart\"\n")
+                .find("exp.toml: cluster.on_server_loss: \"restart\" needs the local or ssh launcher"),
             std::string::npos);
+  EXPECT_FALSE(restarts_lost_servers(parse_config("name = \"x\"\n", "e", {"cluster.mode=\"asp\"", "cluster.launcher=\"slurm\""})));
   EXPECT_EQ(run_plan(parse_config("name = \"x\"\n", "e", {"cluster.mode=\"asp\""}))["on_server_loss"], "restart");
   EXPECT_EQ(run_plan(parse_config("name = \"x\"\n", "e"))["on_server_loss"], "fail");  // bsp by default
 }

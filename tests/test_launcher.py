@@ -795,7 +795,7 @@ class LauncherTest(unittest.TestCase):
     def test_a_stopped_server_is_named_by_its_workers_within_two_heartbeats(self):
         # SIGSTOP of the server of an asp run: a worker whose push has no answer names it (the
         # server is not holding it, or it would beat), and that is not a lost worker. (With
-        # cluster.on_server_loss = "restart", the asp default over tcp, the workers would first
+        # cluster.on_server_loss = "restart", the asp default, the workers would first
         # wait some seconds for a restart: "fail" here.)
         path = self.tiny_variant("asp.toml", [("steps = 500", "steps = 100000"), ('mode = "bsp"', 'mode = "asp"')])
         p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1",
@@ -863,13 +863,20 @@ class LauncherTest(unittest.TestCase):
         self.assertIn("the run finished (ok); there is nothing to resume", again.stderr)
 
     def test_a_killed_asp_server_is_restarted_from_its_checkpoint(self):
-        # asp over 2 servers, tcp: kill -9 of server 1 mid-run; the launcher restarts it from its
-        # checkpoint (written every 0.3 s), the workers and the evaluator rejoin it, the run ends ok
-        # and says how many updates were lost.
+        # asp over 2 servers, over tcp and over shm: kill -9 of server 1 mid-run; the launcher
+        # restarts it from its checkpoint (written every 0.3 s), the workers and the evaluator
+        # rejoin it, the run ends ok and says how many updates were lost.
+        for transport in ("tcp", "shm"):
+            with self.subTest(transport=transport):
+                shutil.rmtree(self.runs, ignore_errors=True)
+                self.check_server_restart(transport)
+
+    def check_server_restart(self, transport):
         path = self.tiny_variant("restart.toml", [("steps = 500", "steps = 1500"), ('mode = "bsp"', 'mode = "asp"'),
                                                   ("servers = 1", "servers = 2")],
                                  append="\n[checkpoint]\nevery_s = 0.3\n")
-        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1")
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1",
+                           "--set", f'cluster.transport="{transport}"')
         procs = self.wait_for_processes(5)
         server1 = [pid for pid, argv in procs.items() if "--shard" in argv and option(argv, "--shard") == "1"]
         self.assertEqual(len(server1), 1, procs)

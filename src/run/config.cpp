@@ -90,7 +90,7 @@ void visit_fields(Config& c, F&& f) {
     "continue where the mode allows it (asp, ssp), else fail");
   f("cluster.on_server_loss", c.cluster.on_server_loss,
     "PS modes: \"restart\" (the launcher restarts a server that died from its checkpoint; the workers rejoin it and "
-    "the updates since are lost, counted), \"fail\", or \"auto\": restart for asp and ssp over tcp, else fail");
+    "the updates since are lost, counted), \"fail\", or \"auto\": restart for asp and ssp (not under Slurm), else fail");
   f("eval.interval_s", c.eval.interval_s, "evaluator period (s); one more evaluation at the end");
   f("eval.batch", c.eval.batch, "evaluation batch");
   f("eval.target_acc", c.eval.target_acc, "accuracy for time_to_target_s in the summary");
@@ -401,9 +401,8 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
     check(can, "cluster.on_server_loss",
           "\"restart\" needs a mode that trains on when updates are lost (asp, ssp:s); cluster.mode = \"" +
               c.cluster.mode + "\" does not");
-    check(c.cluster.transport == "tcp", "cluster.on_server_loss",
-          "\"restart\" needs cluster.transport = \"tcp\" (a restarted server listens on the same port); got \"" +
-              c.cluster.transport + "\"");
+    check(c.cluster.launcher != "slurm", "cluster.on_server_loss",
+          "\"restart\" needs the local or ssh launcher (under Slurm, srun owns the tasks)");
   }
   check(c.eval.interval_s > 0, "eval.interval_s", "must be > 0");
   check(c.checkpoint.every_s >= 0, "checkpoint.every_s", "must be >= 0");
@@ -419,7 +418,7 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
 }
 
 bool restarts_lost_servers(const ExperimentConfig& c) {
-  if (c.cluster.on_server_loss == "fail" || !c.uses_servers() || c.cluster.transport != "tcp") return false;
+  if (c.cluster.on_server_loss == "fail" || !c.uses_servers() || c.cluster.launcher == "slurm") return false;
   return make_rule(c.cluster.mode)->trains_without_lost_workers();
 }
 
