@@ -87,9 +87,11 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   }
   continue_on_loss_ = continues_without_lost_workers(cfg);
 
-  // A peer cannot make us allocate more than one shard plus a header per message.
+  // A peer cannot make us allocate more than one shard plus a header per message, or 16 MiB where
+  // that is less: garbage up to that size is read, answered and counted like any bad input (a
+  // larger message makes the transport drop the connection, with what was queued behind it).
   comm::ListenOptions lo;
-  lo.max_message_bytes = range_.length * sizeof(float) + (1 << 16);
+  lo.max_message_bytes = std::max<std::size_t>(range_.length * sizeof(float) + (1 << 16), std::size_t(16) << 20);
   lo.linger = std::chrono::milliseconds(2000);  // let final replies leave at exit
   try {
     listener_ = transport.listen(opt.endpoint, lo);

@@ -282,6 +282,7 @@ class BadInput : public ::testing::TestWithParam<std::string> {
     } else {
       raw = std::make_unique<zmq::socket_t>(raw_ctx, zmq::socket_type::dealer);
       raw->set(zmq::sockopt::linger, 0);
+      raw->set(zmq::sockopt::sndtimeo, 10000);  // a server that stopped reading fails the test, not hangs it
       raw->connect(cluster->endpoints[0]);
     }
     evaluator = std::make_unique<PsClient>(*cluster->transport, cluster->endpoints,
@@ -423,7 +424,8 @@ TEST_P(BadInput, EveryKindIsCountedAnsweredAndLeavesThetaBitwiseUnchanged) {
 }
 
 // A storm: 20,000 messages mutated at random from good ones (bytes flipped, cut,
-// appended, frames added or dropped, senders and shards changed, plain noise), from a peer that
+// appended, frames added or dropped, senders and shards changed, plain noise, over ZeroMQ some
+// with an 8 MiB frame: more than the shard, less than the 16 MiB a server reads), from a peer that
 // never said Hello, beside idle half-open TCP connections. The server keeps serving; every
 // message is counted as bad input exactly once (by reason); θ is bitwise unchanged. Mutations
 // that happen to decode as a Hello are not sent (an unauthenticated Hello is issue 13's
@@ -454,6 +456,8 @@ TEST_P(BadInput, AStormOfMutatedMessagesIsCountedAndChangesNothing) {
       wire::Pull{0}, wire::Push{0, 0, 1, gsum, 0, P, true, 0, 4 * P}, wire::Bye{3}, wire::Stats{}, wire::Shutdown{},
       wire::PushAck{1, 1}, wire::Beat{2}, wire::KvGet{"k", 10}, wire::Error{wire::ErrorCode::protocol, "x"}};
   const std::string payload(reinterpret_cast<const char*>(g.data()), 4 * P);
+  const std::string huge(std::size_t(8) << 20, '\x5a');  // far more than this shard's 4 * P bytes
+  long huge_sent = 0;
   Rng rng(2026);
   auto below = [&](std::uint64_t n) { return std::size_t(rng.next() % n); };
   long sent = 0;
@@ -479,6 +483,7 @@ TEST_P(BadInput, AStormOfMutatedMessagesIsCountedAndChangesNothing) {
     frames.push_back(head);
     if (std::holds_alternative<wire::Push>(b) ? below(4) != 0 : below(8) == 0) frames.push_back(payload);
     if (below(16) == 0) frames.push_back("extra");
+    if (!packets && below(400) == 0) frames.push_back(huge);  // 8 MiB of garbage: read and counted too
     std::string why;
     const auto d = wire::decode(head.data(), head.size(), why);
     if (d && std::holds_alternative<wire::Hello>(d->body)) continue;
@@ -486,9 +491,11 @@ TEST_P(BadInput, AStormOfMutatedMessagesIsCountedAndChangesNothing) {
       packets->send(frames);
     } else {
       for (std::size_t k = 0; k < frames.size(); ++k)
-        raw->send(zmq::buffer(frames[k]), k + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+        ASSERT_TRUE(raw->send(zmq::buffer(frames[k]), k + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none))
+            << "message " << i << ": the server took nothing for 10 s";
     }
     ++sent;
+    huge_sent += frames.back().size() == huge.size();
   }
   // Every message counted, once: wait until the server has seen them all.
   nlohmann::json stats;
@@ -499,6 +506,9 @@ TEST_P(BadInput, AStormOfMutatedMessagesIsCountedAndChangesNothing) {
   }
   EXPECT_EQ(stats["bad_total"].get<long>(), sent) << stats.dump();
   EXPECT_GT(sent, storm * 9 / 10);
+  if (!packets) {
+    EXPECT_GT(huge_sent, 20) << "the storm sent too few 8 MiB frames to show they are counted";
+  }
   // Their bytes count as bad input, not as traffic the run moved (bytes_pushed in the summary).
   EXPECT_GT(stats["bytes_bad"].get<long>(), 1000000) << stats.dump();
   EXPECT_LT(stats["bytes_in"].get<long>() - bytes_in_before, 100000) << stats.dump();
