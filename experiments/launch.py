@@ -144,13 +144,13 @@ def main(argv=None):
                                    "and when they stop), each worker from the clock they hold for it; metrics and "
                                    "logs are appended to, summary.json is rewritten. allreduce: every rank from "
                                    "rank 0's last checkpoint (written every checkpoint.every_s; not when stopped). "
-                                   "Local or ssh runs.")
+                                   "Local, ssh and Slurm runs (under Slurm, run it inside an allocation as for run).")
     u.add_argument("run_dir", help="the run's directory (runs/<name>/<YYYYmmdd-HHMMSS>/<label>)")
     u.add_argument("--build-dir", help="build directory (default: $PSLAB_BUILD, else <repo>/build)")
     u.add_argument("--no-plots", action="store_true", help="do not draw plots")
     u.add_argument("--max-minutes", type=float, default=60.0, help="wall-clock guard (default 60)")
     u.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
-                   help=f"ssh: process i listens on BASE + i (default {DEFAULT_BASE_PORT})")
+                   help=f"ssh / slurm: process i listens on BASE + i (default {DEFAULT_BASE_PORT})")
     t = sub.add_parser("task", help="one task of a Slurm run (srun starts it; not for direct use)",
                        description="One task of a Slurm run: reads SLURM_PROCID, SLURM_NTASKS and the node list, "
                                    "and execs the binary of its role with its output in RUN_DIR/logs/.")

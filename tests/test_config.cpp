@@ -211,7 +211,12 @@ TEST(Config, OnServerLossRestartsOnlyAsyncModesTheLauncherOwns) {
   };
   EXPECT_TRUE(resolved("asp", "tcp", "auto"));
   EXPECT_TRUE(resolved("ssp:1", "tcp", "restart"));
-  EXPECT_TRUE(resolved("asp", "shm", "auto"));
+  EXPECT_TRUE(resolved("asp", "ipc", "auto"));
+  EXPECT_FALSE(resolved("asp", "shm", "auto"));
+  EXPECT_FALSE(resolved("asp", "auto", "auto"));  // shm on one host
+  EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"asp\"\ntransport = \"shm\"\non_server_loss = \"restart\"\n")
+                .find("exp.toml: cluster.on_server_loss: \"restart\" needs cluster.transport = \"tcp\" or \"ipc\""),
+            std::string::npos);
   EXPECT_FALSE(resolved("bsp", "tcp", "auto"));
   EXPECT_FALSE(resolved("asp", "tcp", "fail"));
   EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"bsp\"\non_server_loss = \"restart\"\n")

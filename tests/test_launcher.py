@@ -863,10 +863,10 @@ class LauncherTest(unittest.TestCase):
         self.assertIn("the run finished (ok); there is nothing to resume", again.stderr)
 
     def test_a_killed_asp_server_is_restarted_from_its_checkpoint(self):
-        # asp over 2 servers, over tcp and over shm: kill -9 of server 1 mid-run; the launcher
+        # asp over 2 servers, over tcp and over ipc: kill -9 of server 1 mid-run; the launcher
         # restarts it from its checkpoint (written every 0.3 s), the workers and the evaluator
         # rejoin it, the run ends ok and says how many updates were lost.
-        for transport in ("tcp", "shm"):
+        for transport in ("tcp", "ipc"):
             with self.subTest(transport=transport):
                 shutil.rmtree(self.runs, ignore_errors=True)
                 self.check_server_restart(transport)
@@ -1168,6 +1168,33 @@ class LauncherTest(unittest.TestCase):
             exit 1
             """)
         return calls
+
+    def test_slurm_run_resumes_after_ctrl_c(self):
+        # Under (stand-in) Slurm: Ctrl-C mid-run, then `launch.py resume`: srun again, and each task
+        # adds its --resume (launch.json says so); the run ends ok from the servers' checkpoints.
+        self.install_fake_slurm()
+        text = TINY.read_text().replace("[cluster]", '[cluster]\nlauncher = "slurm"').replace("steps = 500", "steps = 1200")
+        path = self.write("slurm-resume.toml", text)
+        base = random.randrange(20000, 60000, 10)
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--base-port", base)
+        self.wait_for_processes(4)
+        self.wait_for_train_lines(["worker0", "worker1"])
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 130, out + err)
+        self.assert_no_processes_left()
+        run = self.only_invocation("tiny") / "run"
+        self.assertTrue((run / "checkpoints" / "server0.ckpt").is_file(), (run / "logs" / "server0.log").read_text() + err)
+        r = self.launch("resume", run, "--no-plots", "--base-port", base + 5, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertTrue(json.loads((run / "launch.json").read_text())["resume"])
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok", s.get("failure"))
+        self.assertIn("server 0: resumed from", (run / "logs" / "server0.log").read_text())
+        self.assertIn("[worker 1] resumed at step", (run / "logs" / "worker1.log").read_text())
+        self.assertGreater(s["final_test_acc"], 0.85)
+        self.assert_no_processes_left()
 
     def test_slurm_end_to_end_and_task_roles(self):
         calls = self.install_fake_slurm()

@@ -185,14 +185,14 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_host=False):
             argv = [str(bins.server), "-c", cfg, "--shard", str(rank), "--bind", endpoints.bind(i, name),
                     "--metrics", str(run_dir / "metrics" / f"{name}.jsonl"), "--run-start", f"{run_start:.6f}",
                     "--wait-for-shutdown", "--procs-on-host", str(per_host[host]),
-                    "--checkpoint", str(run_dir / "checkpoints" / f"{name}.ckpt")]
+                    "--checkpoint", str(checkpoint_path(run_dir, name))]
             if plan.authenticates:
                 argv += ["--auth-key", str(run_key_path(run_dir))]
         elif role == "worker" and plan.uses_servers:
             argv = [str(bins.worker), "ps", "-c", cfg, "--rank", str(rank), "--servers", server_eps(host), *common, *poh]
         elif role == "worker":
             argv = [str(bins.worker), "allreduce", "-c", cfg, "--rank", str(rank), "--coordinator", coordinator,
-                    "--snapshots", snapshots, "--checkpoint", str(run_dir / "checkpoints" / "allreduce.ckpt"),
+                    "--snapshots", snapshots, "--checkpoint", str(checkpoint_path(run_dir, "allreduce")),
                     *common, *poh]
             if gloo_host:  # multi-host: Gloo listens on this rank's own address, not cluster.bind
                 argv += ["--host", host]
@@ -202,6 +202,16 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_host=False):
         procs.append(Proc(name=name, role=role, rank=rank, index=i, host=host, argv=argv,
                           log=run_dir / "logs" / f"{name}.log"))
     return procs
+
+
+def checkpoint_path(run_dir, name):
+    """A server's checkpoint ("server0"), or the all-reduce ranks' ("allreduce", rank 0 writes it)."""
+    return run_dir / "checkpoints" / f"{name}.ckpt"
+
+
+def resume_arguments(run_dir, proc):
+    """What a process of a resumed run adds to its command line (local, ssh, Slurm's tasks)."""
+    return ["--resume", str(checkpoint_path(run_dir, proc.name))] if proc.role == "server" else ["--resume"]
 
 
 def plan_local(plan, run_dir, run_start, bins, sockets=None):

@@ -129,7 +129,7 @@ class RunPlan:
     on_worker_loss = property(lambda self: self.plan.get("on_worker_loss", "fail"))
     heartbeat_s = property(lambda self: self.plan.get("heartbeat_s"))
     # "restart": a server that dies is restarted from its checkpoint and the run goes on (asp,
-    # ssp; not under Slurm); "fail". Plans from before it was written: "fail".
+    # ssp over tcp or ipc; not under Slurm); "fail". Plans from before it was written: "fail".
     on_server_loss = property(lambda self: self.plan.get("on_server_loss", "fail"))
 
 

@@ -67,6 +67,14 @@ def start(proc, cwd, append_log=False):
                                       cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent)
 
 
+def group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
 def stop_all(procs):
     """SIGTERM (and SIGCONT) to every live process group, SIGKILL after KILL_GRACE_S; reaps them all.
     Returns the processes that were still running."""
@@ -78,7 +86,9 @@ def stop_all(procs):
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + KILL_GRACE_S
-    while time.monotonic() < deadline and any(p.popen.poll() is None for p in live):
+    # The whole group gets the grace, not just its leader: srun's tasks (servers writing their
+    # checkpoints as they stop) may outlive the srun that started them.
+    while time.monotonic() < deadline and any(p.popen.poll() is None or group_alive(p.popen.pid) for p in live):
         time.sleep(0.05)
     for p in live:
         if p.popen.poll() is None:

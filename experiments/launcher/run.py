@@ -15,8 +15,8 @@ from .common import REPO, RunFailed, UsageError, say, warn
 from .comparison import write_comparison
 from .manifest import write_manifest
 from .monitor import Progress, monitor, process_failure, srun_failure
-from .placement import (DRY_RUN_SOCKET_DIR, Proc, plan_cluster, plan_local, plan_ssh, run_key_path, socket_dir, ssh_command,
-                        srun_command)
+from .placement import (DRY_RUN_SOCKET_DIR, Proc, checkpoint_path, plan_cluster, plan_local, plan_ssh, resume_arguments,
+                        run_key_path, socket_dir, srun_command, ssh_command)
 from .plan import RunPlan, new_invocation_dir, safe_dir_name
 from .processes import Interrupted, check_signal, describe_exit, log_tail, sleep_checked, start, stop_all
 from .summary import COMPLETED, result_line, summarize
@@ -102,18 +102,11 @@ def execute_run(plan, run_dir, bins, opts, prefix):
     return s
 
 
-def checkpoint_path(run_dir, name):
-    """A server's checkpoint ("server0"), or the all-reduce ranks' ("allreduce", rank 0 writes it)."""
-    return run_dir / "checkpoints" / f"{name}.ckpt"
-
-
 def resume_run(run_dir, bins, opts):
     """launch.py resume: goes on with a stopped or failed run in its own directory, from the
     servers' checkpoints. Returns the exit status."""
     run_dir = pathlib.Path(run_dir).resolve()
     plan = RunPlan.load(run_dir)
-    if plan.launcher == "slurm":
-        raise UsageError(f"{run_dir}: a Slurm run cannot be resumed yet (local and ssh runs can)")
     try:
         before = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
@@ -177,7 +170,8 @@ def start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=None
         procs = plan_cluster(plan, run_dir, run_start, bins, nodes, opts.base_port, sockets)
         (run_dir / "launch.json").write_text(json.dumps({
             "run_start": run_start, "build_dir": str(bins.build), "base_port": opts.base_port,
-            "socket_dir": str(sockets) if sockets else None}, indent=2) + "\n")
+            "socket_dir": str(sockets) if sockets else None,
+            "resume": bool(resume_from)}, indent=2) + "\n")  # each task adds --resume (task.py)
         srun = Proc(name="srun", role="srun", rank=-1, index=-1, host="local", argv=srun_command(plan, run_dir),
                     log=run_dir / "logs" / "srun.log")
         srun.command = srun.argv
@@ -185,7 +179,7 @@ def start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=None
         extra["srun_command"] = shlex.join(srun.argv)
     if resume_from:  # servers from their checkpoints; workers go on from the clocks those hold
         for p in procs:
-            p.argv += ["--resume", str(checkpoint_path(run_dir, p.name))] if p.role == "server" else ["--resume"]
+            p.argv += resume_arguments(run_dir, p)
             p.command = ssh_command(p.host, p.argv, sockets) if plan.launcher == "ssh" else p.argv
     write_manifest(run_dir, plan, procs, run_start, bins, extra)
     progress = Progress(plan, run_dir, prefix)

@@ -7,7 +7,7 @@ import shlex
 import sys
 
 from .common import REPO, UsageError, cmd_out
-from .placement import cluster_hosts, ensure_socket_dir, plan_cluster
+from .placement import cluster_hosts, ensure_socket_dir, plan_cluster, resume_arguments
 from .plan import Binaries, RunPlan
 
 
@@ -47,6 +47,8 @@ def run_task(run_dir, hosts=None, print_only=False):
     bins = Binaries.at(launch["build_dir"])
     procs = plan_cluster(plan, run_dir, launch["run_start"], bins, nodes, launch["base_port"], sockets)
     me = procs[procid]
+    if launch.get("resume"):  # launch.py resume: from the checkpoints, logs appended to
+        me.argv += resume_arguments(run_dir, me)
     here = os.environ.get("SLURMD_NODENAME")
     if not print_only and here and nodes and here != me.host and here.split(".")[0] != me.host.split(".")[0]:
         raise UsageError(f"task {procid} ({me.name}) runs on {here}, but the cyclic placement puts it on {me.host}; "
@@ -58,7 +60,7 @@ def run_task(run_dir, hosts=None, print_only=False):
     if sockets:
         ensure_socket_dir(sockets)
     me.log.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(me.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(me.log, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if launch.get("resume") else os.O_TRUNC), 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

@@ -90,7 +90,7 @@ void visit_fields(Config& c, F&& f) {
     "continue where the mode allows it (asp, ssp), else fail");
   f("cluster.on_server_loss", c.cluster.on_server_loss,
     "PS modes: \"restart\" (the launcher restarts a server that died from its checkpoint; the workers rejoin it and "
-    "the updates since are lost, counted), \"fail\", or \"auto\": restart for asp and ssp (not under Slurm), else fail");
+    "the updates since are lost, counted), \"fail\", or \"auto\": restart for asp and ssp over tcp or ipc (not under Slurm), else fail");
   f("eval.interval_s", c.eval.interval_s, "evaluator period (s); one more evaluation at the end");
   f("eval.batch", c.eval.batch, "evaluation batch");
   f("eval.target_acc", c.eval.target_acc, "accuracy for time_to_target_s in the summary");
@@ -403,6 +403,9 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
               c.cluster.mode + "\" does not");
     check(c.cluster.launcher != "slurm", "cluster.on_server_loss",
           "\"restart\" needs the local or ssh launcher (under Slurm, srun owns the tasks)");
+    check(c.cluster.transport == "tcp" || c.cluster.transport == "ipc", "cluster.on_server_loss",
+          "\"restart\" needs cluster.transport = \"tcp\" or \"ipc\" (over shm, a worker's gradient lent to a "
+          "server that died is never given back); got \"" + c.cluster.transport + "\"");
   }
   check(c.eval.interval_s > 0, "eval.interval_s", "must be > 0");
   check(c.checkpoint.every_s >= 0, "checkpoint.every_s", "must be >= 0");
@@ -419,6 +422,7 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
 
 bool restarts_lost_servers(const ExperimentConfig& c) {
   if (c.cluster.on_server_loss == "fail" || !c.uses_servers() || c.cluster.launcher == "slurm") return false;
+  if (c.cluster.transport != "tcp" && c.cluster.transport != "ipc") return false;  // shm, auto (shm on one host)
   return make_rule(c.cluster.mode)->trains_without_lost_workers();
 }
 

@@ -74,7 +74,8 @@ struct ClusterConfig {
   std::string on_server_loss = "auto";  // "restart" (the launcher restarts a server that died from its
                                         // checkpoint; workers rejoin it), "fail", or "auto": restart
                                         // where the mode trains on when updates are lost (asp, ssp)
-                                        // and the launcher owns the processes (not Slurm), else fail
+                                        // over tcp or ipc, and the launcher owns the processes (not
+                                        // Slurm), else fail
 };
 
 struct EvalConfig {
@@ -116,7 +117,8 @@ struct ExperimentConfig {
 // for the modes whose rule trains on without it, asp and ssp, and "fail" for bsp and allreduce).
 bool continues_without_lost_workers(const ExperimentConfig& c);
 // Whether a server that dies is restarted from its checkpoint while the run goes on
-// (cluster.on_server_loss resolved: "auto" is "restart" for asp and ssp, not under Slurm).
+// (cluster.on_server_loss resolved: "auto" is "restart" for asp and ssp over tcp or ipc, not
+// under Slurm).
 bool restarts_lost_servers(const ExperimentConfig& c);
 
 // Parses a TOML file, applies `overrides` ("section.key=value", value in TOML syntax, bare
