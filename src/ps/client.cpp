@@ -86,8 +86,10 @@ void PsClient::collect(const std::string& what, std::vector<char>& pending, F&& 
   // How long a restart may take (the launcher starts it within a second of the death): past
   // this, the server is hung or gone for good, and the wait fails naming it.
   const auto back_within = std::min<Clock::duration>(timeout_, std::max<Clock::duration>(silence * 4, std::chrono::seconds(10)));
-  std::vector<Clock::time_point> heard(std::size_t(S), Clock::now());
-  std::vector<Clock::time_point> rejoining(static_cast<std::size_t>(S), Clock::time_point{});  // since when; {} = not
+  std::vector<Clock::time_point>& heard = heard_;          // per server: last message (members: no
+  std::vector<Clock::time_point>& rejoining = rejoining_;  // allocation per request); since when, {} = not
+  heard.assign(std::size_t(S), Clock::now());
+  rejoining.assign(std::size_t(S), Clock::time_point{});
   auto say_hello_again = [&](int k) {
     const auto now = Clock::now();
     if (rejoining[std::size_t(k)] == Clock::time_point{}) {

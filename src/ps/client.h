@@ -148,6 +148,7 @@ class PsClient {
   } push_;
   std::chrono::milliseconds beat_every_{0};                 // 0: no heartbeats
   std::vector<std::chrono::steady_clock::time_point> last_sent_;  // per server
+  std::vector<std::chrono::steady_clock::time_point> heard_, rejoining_;  // collect()'s, per server
   long beat_step_ = 0;                                       // the clock Beats report (and a rejoin)
   std::jthread heartbeats_;  // last member: stopped and joined first
 };
