@@ -57,34 +57,12 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   so.threads = server_threads(cfg, opt.procs_on_host);
   so.memory = [&transport](std::size_t bytes) { return transport.payload_memory(bytes); };  // shm: replies without a copy
   state_ = std::make_unique<ShardState>(*cpu_, so, std::move(slice));
-  if (!opt.resume_path.empty()) {
-    const std::string who = "server " + std::to_string(opt.shard) + ": cannot resume from " + opt.resume_path + ": ";
-    const ShardCheckpoint c = read_checkpoint(opt.resume_path);
-    if (c.shard != opt.shard || c.num_shards != cfg.cluster.servers)
-      throw std::runtime_error(who + "it is shard " + std::to_string(c.shard) + " of " + std::to_string(c.num_shards) +
-                               ", this server is shard " + std::to_string(opt.shard) + " of " + std::to_string(cfg.cluster.servers));
-    if (c.config_hash != config_hash_)
-      throw std::runtime_error(who + "it was written by a run with a different config (fingerprints differ)");
-    ShardCheckpoint shard = c;
-    for (auto& l : shard.lost) l &= 1;  // bit 1: said Bye (write_checkpoint_now), the server's
-    try {
-      state_->restore(shard);
-    } catch (const std::invalid_argument& e) {
-      throw std::runtime_error(who + e.what());
-    }
-    std::fprintf(stderr, "server %d: resumed from %s at version %ld\n", opt.shard, opt.resume_path.c_str(), c.version);
-  }
 
   const int W = cfg.cluster.workers;
   worker_ids_.assign(std::size_t(W), "");
   worker_heard_.assign(std::size_t(W), Clock::now());
   said_bye_.assign(std::size_t(W), 0);
-  if (!opt.resume_path.empty()) {
-    // The run started long ago: no start barrier; workers that had said Bye stay done.
-    barrier_open_ = true;
-    const ShardCheckpoint c = read_checkpoint(opt.resume_path);
-    for (int r = 0; r < W && r < int(c.lost.size()); ++r) said_bye_[std::size_t(r)] = (c.lost[std::size_t(r)] & 2) != 0;
-  }
+  if (!opt.resume_path.empty()) resume_from(opt.resume_path);
   continue_on_loss_ = continues_without_lost_workers(cfg);
 
   // A peer cannot make us allocate more than one shard plus a header per message, or 16 MiB where
@@ -188,11 +166,32 @@ void Server::run() {
   if (!opt_.checkpoint_path.empty()) write_checkpoint_now("final");
 }
 
+void Server::resume_from(const std::string& path) {
+  const std::string who = "server " + std::to_string(opt_.shard) + ": cannot resume from " + path + ": ";
+  ShardCheckpoint c = read_checkpoint(path);
+  if (c.shard != opt_.shard || c.num_shards != cfg_.cluster.servers)
+    throw std::runtime_error(who + "it is shard " + std::to_string(c.shard) + " of " + std::to_string(c.num_shards) +
+                             ", this server is shard " + std::to_string(opt_.shard) + " of " + std::to_string(cfg_.cluster.servers));
+  if (c.config_hash != config_hash_)
+    throw std::runtime_error(who + "it was written by a run with a different config (fingerprints differ)");
+  for (std::size_t r = 0; r < c.lost.size() && r < said_bye_.size(); ++r) {
+    said_bye_[r] = (c.lost[r] & kSaidBye) != 0;  // workers that had said Bye stay done
+    c.lost[r] &= ~kSaidBye;
+  }
+  try {
+    state_->restore(c);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(who + e.what());
+  }
+  barrier_open_ = true;  // the run started long ago: no start barrier
+  std::fprintf(stderr, "server %d: resumed from %s at version %ld\n", opt_.shard, path.c_str(), c.version);
+}
+
 void Server::write_checkpoint_now(const char* why) {
   const auto t0 = Clock::now();
   try {
     ShardCheckpoint c = state_->checkpoint();
-    for (std::size_t r = 0; r < c.lost.size(); ++r) c.lost[r] |= said_bye_[r] ? 2 : 0;  // see the constructor
+    for (std::size_t r = 0; r < c.lost.size(); ++r) c.lost[r] |= said_bye_[r] ? kSaidBye : 0;
     c.shard = opt_.shard;
     c.num_shards = cfg_.cluster.servers;
     c.config_hash = config_hash_;

@@ -122,6 +122,10 @@ class Server {
   // Writes the shard's checkpoint to opt_.checkpoint_path (a metrics line says when, which
   // version, how long); `why` for the log. Never throws: a failed write is said on stderr.
   void write_checkpoint_now(const char* why);
+  // Goes on from a checkpoint of this shard (--resume): the shard's state, and which workers had
+  // said Bye (kept in the checkpoint's per-worker `lost` word as kSaidBye).
+  void resume_from(const std::string& path);
+  static constexpr char kSaidBye = 2;
   int finished() const;  // workers done: said Bye, or dropped as lost
   bool done() const;
 
