@@ -21,26 +21,35 @@ evaluator, prints a progress line about once a second, and writes
 Placement (cluster.launcher in the config):
   local  every process on this machine; tcp: on cluster.bind, on free ports (bind to port 0).
   ssh    processes round-robin over cluster.hosts (servers first, then workers, then the
-         evaluator), each started as
-           ssh -o BatchMode=yes -o ConnectTimeout=10 HOST 'cd REPO && exec CMD'
+         evaluator). First each host is asked, over ssh, for its address and free ports
+         (`launch.py probe`): the address named for it (cluster.addresses "HOST=ADDRESS" or
+         "HOST=INTERFACE", else cluster.interface), else the address ssh reached it at; ports
+         bound to port 0 there, so concurrent runs never share one (--base-port fixes them to
+         BASE + process index). Each process then starts as
+           ssh -o BatchMode=yes -o ConnectTimeout=10 HOST \
+               'cd REPO && exec python3 experiments/launch.py remote --log LOG -- CMD'
+         (the ssh client: $PSLAB_SSH, e.g. "ssh -F ~/cluster.ssh"). The remote end runs CMD in a
+         process group of its own, writes its log on the host, ends the group when the launcher
+         stops the run, dies, or loses the connection, and records how CMD ended (signal or code,
+         host, pid), which the launcher reports; ssh's own output goes to logs/NAME.ssh.log.
+         Servers, all-reduce rank 0's rendezvous and Gloo listen on their host's address only.
          REPO is this checkout's absolute path, which must be the same on every host, on a
          shared file system (the run directory and the binaries are read and written there).
-         Listening ports are fixed: base port (29500, --base-port) + process index, the index
-         counting servers 0..S-1, then workers, then the evaluator. Servers bind tcp://*:PORT
-         unless cluster.bind is set to something other than a loopback address.
-         Stopping a run stops the local ssh clients; a remote process whose peers vanish fails
-         on its own after cluster.timeout_s.
   slurm  the launcher runs ONE
-           srun --ntasks=N --kill-on-bad-exit=1 --distribution=cyclic /usr/bin/python3 experiments/launch.py task RUN_DIR
-         (N = S + W + 1; allreduce: W + 1). Each task reads SLURM_PROCID, SLURM_NTASKS and the
+           srun --ntasks=N --kill-on-bad-exit=1 --distribution=block /usr/bin/python3 experiments/launch.py task RUN_DIR
+         (N = S + W + 1; allreduce: W + 1). Each task reads SLURM_PROCID, SLURM_NTASKS, the
          step's node list (SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST, expanded with
-         `scontrol show hostnames`), takes its role from RUN_DIR/plan.json (tasks 0..S-1
-         servers, then workers, the last one the evaluator; allreduce: workers, then the
-         evaluator), derives every endpoint from the node list (task i runs on node i mod
-         nodes: cyclic distribution) and the fixed ports above, and execs its binary with its
-         output in RUN_DIR/logs/. Run it inside an allocation (salloc / sbatch) so that srun
-         starts at once: metric times count from the launcher's start. Shared file system
-         assumed, as for ssh.
+         `scontrol show hostnames`) and its tasks per node (SLURM_STEP_TASKS_PER_NODE: any
+         allocation shape, e.g. 3 tasks on one node and 1 on another), takes its role from
+         RUN_DIR/plan.json (tasks 0..S-1 servers, then workers, the last one the evaluator;
+         allreduce: workers, then the evaluator), derives every endpoint from that layout (a
+         node's address: named as for ssh, else for its own tasks its route toward the
+         launching node, for the others its name; one node: loopback) and ports from the job
+         and step ids (--base-port fixes them), and execs its binary with its output in
+         RUN_DIR/logs/, whose first line records where it ran (the manifest gathers them). A
+         cancelled job or step is reported as such (status "cancelled"). Run it inside an
+         allocation (salloc / sbatch) so that srun starts at once: metric times count from the
+         launcher's start. Shared file system assumed, as for ssh.
 
 Endpoints (cluster.transport):
   tcp    the listeners (servers; allreduce: rank 0's rendezvous and the evaluator's snapshot
@@ -89,7 +98,8 @@ import tempfile
 
 from launcher.common import REPO, UsageError, say, warn
 from launcher.gpus import decide_collective
-from launcher.placement import DEFAULT_BASE_PORT, check_placement
+from launcher.hosts import probe_main
+from launcher.placement import check_placement
 from launcher.plan import expand_sweep, find_binaries, replan
 from launcher.processes import Interrupted, catch_signals
 from launcher.run import dry_run, resume_run, run_all
@@ -136,8 +146,9 @@ def main(argv=None):
     r.add_argument("--keep-going", action="store_true", help="in a sweep, go on with the next run after a failed one")
     r.add_argument("--max-minutes", type=float, default=60.0,
                    help="wall-clock guard per run: stop it and fail after this many minutes (default 60)")
-    r.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
-                   help=f"ssh / slurm: process i listens on BASE + i (default {DEFAULT_BASE_PORT})")
+    r.add_argument("--base-port", type=int, default=None,
+                   help="ssh / slurm: process i listens on BASE + i (default: ports chosen per run: ssh: free ports "
+                        "asked of each host; Slurm: a window of 64 ports in 20000-31999 from the job and step ids)")
     u = sub.add_parser("resume", help="go on with a stopped or failed run from its servers' checkpoints",
                        description="Go on with a run that was stopped (Ctrl-C) or failed, in its own directory: "
                                    "the servers start from RUN_DIR/checkpoints/ (written every checkpoint.every_s "
@@ -149,8 +160,8 @@ def main(argv=None):
     u.add_argument("--build-dir", help="build directory (default: $PSLAB_BUILD, else <repo>/build)")
     u.add_argument("--no-plots", action="store_true", help="do not draw plots")
     u.add_argument("--max-minutes", type=float, default=60.0, help="wall-clock guard (default 60)")
-    u.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
-                   help=f"ssh / slurm: process i listens on BASE + i (default {DEFAULT_BASE_PORT})")
+    u.add_argument("--base-port", type=int, default=None, help="ssh / slurm: process i listens on BASE + i "
+                                                                   "(default: ports chosen per run, as for run)")
     t = sub.add_parser("task", help="one task of a Slurm run (srun starts it; not for direct use)",
                        description="One task of a Slurm run: reads SLURM_PROCID, SLURM_NTASKS and the node list, "
                                    "and execs the binary of its role with its output in RUN_DIR/logs/.")
@@ -158,10 +169,28 @@ def main(argv=None):
     t.add_argument("--print", action="store_true", help="print this task's command instead of running it")
     t.add_argument("--hosts", help="the node list, comma-separated (default: `scontrol show hostnames` of "
                                    "SLURM_STEP_NODELIST or SLURM_JOB_NODELIST)")
+    m = sub.add_parser("remote", help="the far end of an ssh-started process (ssh runs it; not for direct use)",
+                       description="Runs ARGV in a process group of its own with its output in LOG, ends the group "
+                                   "when stdin says \"stop\" or ends (the launcher stopped or the connection dropped) "
+                                   "or on SIGHUP/SIGINT/SIGTERM, and says how ARGV ended on the last line.")
+    m.add_argument("--log", required=True, help="the process's log on this host (the run directory's logs/NAME.log)")
+    m.add_argument("--append", action="store_true", help="append to LOG (a resumed run)")
+    m.add_argument("argv", nargs=argparse.REMAINDER, help="-- the command")
+    q = sub.add_parser("probe", help="print this host's address and free ports as JSON (ssh runs it; not for direct use)")
+    q.add_argument("--ports", type=int, default=0, help="how many free ports to choose")
+    q.add_argument("--address", help="the address or interface named for this host (cluster.addresses, cluster.interface)")
     a = ap.parse_args(argv)
     try:
         if a.command == "task":
             return run_task(a.run_dir, a.hosts, a.print)
+        if a.command == "remote":
+            argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
+            if not argv:
+                raise UsageError("remote: no command after --")
+            from launcher.remote import run_remote
+            return run_remote(argv, a.log, a.append)
+        if a.command == "probe":
+            return probe_main(a.address, a.ports)
         catch_signals()
         if a.command == "resume":
             return resume_run(a.run_dir, find_binaries(a.build_dir), a)

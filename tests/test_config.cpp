@@ -81,6 +81,21 @@ TEST(Config, RangeAndCrossFieldChecks) {
             "(CPU workers use Gloo or shm)");
 }
 
+TEST(Config, EachHostsAddressIsNamedPerHostNotByOneBind) {
+  const std::string ssh = "name = \"x\"\n[cluster]\nlauncher = \"ssh\"\nhosts = [\"a\", \"b\"]\n";
+  EXPECT_EQ(error_of(ssh + "bind = \"10.0.0.2\"\n"),
+            "exp.toml: cluster.bind: is the local launcher's address; with cluster.launcher = \"ssh\" each host listens "
+            "on its own address: name it with cluster.interface or cluster.addresses");
+  EXPECT_EQ(error_of(ssh + "addresses = [\"a\"]\n"),
+            "exp.toml: cluster.addresses: expected entries \"HOST=ADDRESS\" or \"HOST=INTERFACE\", got \"a\"");
+  EXPECT_NE(error_of(ssh + "interface = \"eth0,eth1\"\n").find("cluster.interface"), std::string::npos);
+  const auto c = parse_config(ssh + "interface = \"ib0\"\naddresses = [\"b=10.0.0.3\"]\n", "exp.toml", {});
+  const auto plan = run_plan(c);
+  EXPECT_EQ(plan["interface"], "ib0");
+  EXPECT_EQ(plan["host_addresses"][0], "b=10.0.0.3");
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nbind = \"10.0.0.2\"\n"), "(no error)");  // local: its own bind
+}
+
 TEST(Config, InvalidTomlGivesLineAndColumn) {
   const std::string e = error_of("name = \"x\"\n[train\n");
   EXPECT_EQ(e.rfind("exp.toml:2:", 0), 0u) << e;

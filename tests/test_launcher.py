@@ -66,6 +66,13 @@ def dry_run_commands(stdout):
     return out
 
 
+def remote_argv(ssh_argv):
+    """The binary's command line inside an ssh command line
+    (ssh ... HOST 'cd REPO && exec python3 experiments/launch.py remote --log LOG -- ARGV')."""
+    remote = shlex.split(ssh_argv[-1])
+    return remote[remote.index("--") + 1:]
+
+
 def option(argv, name):
     return argv[argv.index(name) + 1]
 
@@ -252,11 +259,21 @@ class LauncherTest(unittest.TestCase):
             self.assertEqual(len(argv), 7, argv)
             remote = argv[6]
             self.assertTrue(remote.startswith(f"cd {shlex.quote(str(REPO))} && exec "), remote)
-        inner = {name: shlex.split(argv[6].split(" && exec ", 1)[1]) for name, (_, argv) in cmds.items()}
-        self.assertEqual(option(inner["server0"], "--bind"), "tcp://*:29500")
-        self.assertEqual(option(inner["server1"], "--bind"), "tcp://*:29501")
+        inner = {name: remote_argv(argv) for name, (_, argv) in cmds.items()}
+        self.assertIn(" exec python3 experiments/launch.py remote --log ", cmds["server0"][1][6])
+        # each host's address and ports are asked of it at launch: placeholders here
+        self.assertEqual(option(inner["server0"], "--bind"), "tcp://<address of hostA>:<port 0>")
+        self.assertEqual(option(inner["worker0"], "--servers"),
+                         "tcp://<address of hostA>:<port 0>,tcp://<address of hostB>:<port 1>")
+        # addresses named per host, fixed ports: each server binds its own host's address
+        path.write_text(path.read_text().replace("[cluster]", '[cluster]\naddresses = ["hostA=10.1.0.1", "hostB=10.1.0.2"]'))
+        r = self.launch("run", path, "--runs-dir", self.runs, "--dry-run", "--base-port", 29500)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        inner = {name: remote_argv(argv) for name, (_, argv) in dry_run_commands(r.stdout).items()}
+        self.assertEqual(option(inner["server0"], "--bind"), "tcp://10.1.0.1:29500")
+        self.assertEqual(option(inner["server1"], "--bind"), "tcp://10.1.0.2:29501")
         for w in ("worker0", "worker1", "evaluator"):
-            self.assertEqual(option(inner[w], "--servers"), "tcp://hostA:29500,tcp://hostB:29501")
+            self.assertEqual(option(inner[w], "--servers"), "tcp://10.1.0.1:29500,tcp://10.1.0.2:29501")
         self.assertEqual(option(inner["worker0"], "--procs-on-host"), "3")  # server0, worker0, evaluator
         self.assertEqual(option(inner["worker1"], "--procs-on-host"), "2")
         self.assertEqual(option(inner["worker1"], "--rank"), "1")
@@ -355,7 +372,7 @@ class LauncherTest(unittest.TestCase):
         r = self.launch("run", path, "--runs-dir", self.runs, "--dry-run")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         remote = dry_run_commands(r.stdout)["server0"][1][6]
-        self.assertRegex(remote, r" && mkdir -p -m 700 /tmp/pslab-\S+ && exec .* --bind ipc:///tmp/pslab-\S+/server0 ")
+        self.assertRegex(remote, r" && mkdir -p -m 700 /tmp/pslab-\S+ && exec .* -- .* --bind ipc:///tmp/pslab-\S+/server0 ")
         slurm.write_text(slurm.read_text().replace('\nhosts = ["n1", "n2"]', ""))
         r = self.launch("run", slurm, "--runs-dir", self.runs, "--dry-run")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
@@ -373,22 +390,22 @@ class LauncherTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         # two hosts: a server listens on a socket and a port; each peer uses the socket of a server
         # on its host and the port of one elsewhere (hostA: server0, worker0, evaluator)
-        cmds = {name: shlex.split(argv[6].split(" exec ")[1]) for name, (_, argv) in dry_run_commands(r.stdout).items()}
-        self.assertEqual(option(cmds["server0"], "--bind"), "ipc:///tmp/pslab-XXXXXXXX/server0+tcp://*:29500")
-        self.assertEqual(option(cmds["server1"], "--bind"), "ipc:///tmp/pslab-XXXXXXXX/server1+tcp://*:29501")
+        cmds = {name: remote_argv(argv) for name, (_, argv) in dry_run_commands(r.stdout).items()}
+        self.assertEqual(option(cmds["server0"], "--bind"), "ipc:///tmp/pslab-XXXXXXXX/server0+tcp://<address of hostA>:<port 0>")
+        self.assertEqual(option(cmds["server1"], "--bind"), "ipc:///tmp/pslab-XXXXXXXX/server1+tcp://<address of hostB>:<port 1>")
         for who in ("worker0", "evaluator"):
-            self.assertEqual(option(cmds[who], "--servers"), "ipc:///tmp/pslab-XXXXXXXX/server0,tcp://hostB:29501")
-        self.assertEqual(option(cmds["worker1"], "--servers"), "tcp://hostA:29500,ipc:///tmp/pslab-XXXXXXXX/server1")
+            self.assertEqual(option(cmds[who], "--servers"), "ipc:///tmp/pslab-XXXXXXXX/server0,tcp://<address of hostB>:<port 1>")
+        self.assertEqual(option(cmds["worker1"], "--servers"), "tcp://<address of hostA>:<port 0>,ipc:///tmp/pslab-XXXXXXXX/server1")
         self.assertIn("each server listens on a socket and a port", r.stdout)
-        # Slurm over two nodes: the same, by the cyclic placement (n1: server0, worker1; n2: worker0, evaluator)
+        # Slurm over two nodes: the same, in srun's blocks (n1: server0, worker0; n2: worker1, evaluator)
         slurm = self.slurm_config()
         slurm.write_text(slurm.read_text().replace("[cluster]", '[cluster]\ntransport = "auto"\nhosts = ["n1", "n2"]'))
-        r = self.launch("run", slurm, "--runs-dir", self.runs, "--dry-run")
+        r = self.launch("run", slurm, "--runs-dir", self.runs, "--dry-run", "--base-port", 29500)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         tasks = {name.split()[1]: argv for name, (_, argv) in dry_run_commands(r.stdout).items() if " " in name}
-        self.assertEqual(option(tasks["server0"], "--bind"), "ipc:///tmp/pslab-XXXXXXXX/server0+tcp://*:29500")
-        self.assertEqual(option(tasks["worker1"], "--servers"), "ipc:///tmp/pslab-XXXXXXXX/server0")
-        self.assertEqual(option(tasks["worker0"], "--servers"), "tcp://n1:29500")
+        self.assertEqual(option(tasks["server0"], "--bind"), "ipc:///tmp/pslab-XXXXXXXX/server0+tcp://n1:29500")
+        self.assertEqual(option(tasks["worker0"], "--servers"), "ipc:///tmp/pslab-XXXXXXXX/server0")
+        self.assertEqual(option(tasks["worker1"], "--servers"), "tcp://n1:29500")
         self.assertNotIn("--nodes=1", r.stdout)
         # all-reduce over two hosts: TCP and Gloo throughout
         path.write_text(path.read_text().replace('mode = "bsp"', 'mode = "allreduce"'))
@@ -457,6 +474,7 @@ class LauncherTest(unittest.TestCase):
         self.fake_bin("ssh", """\
             #!/bin/bash
             while [[ $1 == -o ]]; do shift 2; done
+            export SSH_CONNECTION="127.0.0.1 40000 127.0.0.1 22"  # what sshd sets: the address reached
             exec bash -c "$2"
             """)
         ssh = self.ssh_config(["hostA", "hostB"], workers=4)
@@ -1020,13 +1038,15 @@ class LauncherTest(unittest.TestCase):
             # stand-in: ssh [-o OPT]... HOST COMMAND -> runs COMMAND here
             while [[ $1 == -o ]]; do shift 2; done
             echo "$1" >> {log}
+            export SSH_CONNECTION="127.0.0.1 40000 127.0.0.1 22"  # what sshd sets: the address reached
             exec bash -c "$2"
             """)
         path = self.ssh_config(["localhost", "127.0.0.1"], servers=1, workers=2)
-        base = random.randrange(20000, 60000, 10)
+        base = random.randrange(20000, 32000, 10)  # below the ephemeral ports
         r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots", "--base-port", base)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertEqual(sorted(log.read_text().split()), ["127.0.0.1", "127.0.0.1", "localhost", "localhost"])
+        # each host asked once for its address and free ports, then one ssh per process
+        self.assertEqual(sorted(log.read_text().split()), ["127.0.0.1"] * 3 + ["localhost"] * 3)
         s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
         self.assertEqual(s["status"], "ok")
         self.assertGreater(s["final_test_acc"], 0.85)
@@ -1037,11 +1057,12 @@ class LauncherTest(unittest.TestCase):
         self.fake_bin("ssh", """\
             #!/bin/bash
             while [[ $1 == -o ]]; do shift 2; done
+            export SSH_CONNECTION="127.0.0.1 40000 127.0.0.1 22"  # what sshd sets: the address reached
             exec bash -c "$2"
             """)
         path = self.ssh_config([socket.gethostname(), "127.0.0.1"], servers=1, workers=2)
         path.write_text(path.read_text().replace('mode = "bsp"', 'mode = "allreduce"'))
-        base = random.randrange(20000, 60000, 10)
+        base = random.randrange(20000, 32000, 10)  # below the ephemeral ports
         r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots", "--base-port", base)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
@@ -1081,6 +1102,7 @@ class LauncherTest(unittest.TestCase):
             # stand-in: ssh [-o OPT]... ADDRESS COMMAND -> COMMAND in that address's namespace
             while [[ $1 == -o ]]; do shift 2; done
             case $1 in {ips[0]}) ns={ns[0]} ;; {ips[1]}) ns={ns[1]} ;; *) echo "no host $1" >&2; exit 255 ;; esac
+            export SSH_CONNECTION="$1 40000 $1 22"
             exec ip netns exec $ns bash -c "$2"
             """)
         def bytes_across():  # bytes that went through host A's end of the link, both ways
@@ -1100,7 +1122,7 @@ class LauncherTest(unittest.TestCase):
         for mode in ("bsp", "allreduce"):
             path.write_text(re.sub(r'mode = "\w+"', f'mode = "{mode}"', path.read_text()))
             before = bytes_across()
-            base = random.randrange(20000, 60000, 10)
+            base = random.randrange(20000, 32000, 10)  # below the ephemeral ports
             r = self.launch("run", path, "--runs-dir", self.runs / mode, "--no-plots", "--base-port", base)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
             run = next((self.runs / mode).glob("tiny/*/run"))
@@ -1109,7 +1131,7 @@ class LauncherTest(unittest.TestCase):
             self.assertGreater(s["final_test_acc"], 0.85)
             manifest = json.loads((run / "manifest.json").read_text())
             procs = {p["name"]: p for p in manifest["processes"]}
-            # over two hosts, listeners bind every interface: peers prove the run's key (cluster.auth = "auto")
+            # over two hosts, listeners bind addresses others reach: peers prove the run's key (cluster.auth = "auto")
             self.assertEqual(manifest["auth"], "curve")
             self.assertEqual(stat.S_IMODE((run / "run.key").stat().st_mode), 0o600)
             self.assertTrue(all("--auth-key" in p["command"] for p in procs.values()), procs)
@@ -1126,11 +1148,11 @@ class LauncherTest(unittest.TestCase):
                              [ips[0], ips[1], ips[0], ips[1], ips[0]])
             def arg(name, flag):
                 argv = shlex.split(procs[name]["command"])  # ssh ... HOST 'cd REPO && ... && exec ARGV'
-                remote = shlex.split(argv[-1])
-                argv = remote[remote.index("exec") + 1:]
+                argv = remote_argv(argv)
                 return argv[argv.index(flag) + 1]
             for k in (0, 1):
-                self.assertRegex(arg(f"server{k}", "--bind"), rf"^ipc:///tmp/pslab-[^+]+/server{k}\+tcp://\*:{base + k}$")
+                # each server binds its own host's address (the one ssh reached it at), not every interface
+                self.assertRegex(arg(f"server{k}", "--bind"), rf"^ipc:///tmp/pslab-[^+]+/server{k}\+tcp://{ips[k]}:{base + k}$")
             sock = arg("server0", "--bind").split("+")[0]
             ipc1 = arg("server1", "--bind").split("+")[0]
             for who, expected in (("worker0", [sock, f"tcp://{ips[1]}:{base + 1}"]),
@@ -1146,11 +1168,12 @@ class LauncherTest(unittest.TestCase):
             #!/bin/bash
             # stand-in: srun --ntasks=N [--opt]... CMD... -> N local copies with SLURM_* set
             echo "$@" >> {calls}
-            n=0
+            n=0 job=$RANDOM
             while [[ $1 == --* ]]; do [[ $1 == --ntasks=* ]] && n=${{1#--ntasks=}}; shift; done
             pids=()
             for ((i = 0; i < n; i++)); do
-              SLURM_PROCID=$i SLURM_NTASKS=$n SLURM_JOB_NODELIST="fake[1-1]" "$@" & pids+=($!)
+              SLURM_PROCID=$i SLURM_NTASKS=$n SLURM_JOB_NODELIST="fake[1-1]" SLURM_STEP_TASKS_PER_NODE=$n \
+                SLURM_JOB_ID=$job SLURM_STEP_ID=0 "$@" & pids+=($!)
             done
             status=0
             for i in "${{!pids[@]}}"; do
@@ -1175,8 +1198,8 @@ class LauncherTest(unittest.TestCase):
         self.install_fake_slurm()
         text = TINY.read_text().replace("[cluster]", '[cluster]\nlauncher = "slurm"').replace("steps = 500", "steps = 1200")
         path = self.write("slurm-resume.toml", text)
-        base = random.randrange(20000, 60000, 10)
-        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--base-port", base)
+        # no --base-port: each srun's tasks take their ports from the job id (the stand-in's random one)
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots")
         self.wait_for_processes(4)
         self.wait_for_train_lines(["worker0", "worker1"])
         time.sleep(0.5)
@@ -1186,7 +1209,7 @@ class LauncherTest(unittest.TestCase):
         self.assert_no_processes_left()
         run = self.only_invocation("tiny") / "run"
         self.assertTrue((run / "checkpoints" / "server0.ckpt").is_file(), (run / "logs" / "server0.log").read_text() + err)
-        r = self.launch("resume", run, "--no-plots", "--base-port", base + 5, timeout=120)
+        r = self.launch("resume", run, "--no-plots", timeout=120)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertTrue(json.loads((run / "launch.json").read_text())["resume"])
         s = json.loads((run / "summary.json").read_text())
@@ -1198,7 +1221,7 @@ class LauncherTest(unittest.TestCase):
 
     def test_slurm_end_to_end_and_task_roles(self):
         calls = self.install_fake_slurm()
-        base = random.randrange(20000, 60000, 10)
+        base = random.randrange(20000, 32000, 10)  # below the ephemeral ports
         r = self.launch("run", self.slurm_config(), "--runs-dir", self.runs, "--no-plots", "--base-port", base)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         run = self.only_invocation("tiny") / "run"
@@ -1211,10 +1234,20 @@ class LauncherTest(unittest.TestCase):
         self.assertGreater(s["final_test_acc"], 0.85)
         for name in ("server0", "worker0", "worker1", "evaluator"):
             self.assertTrue((run / "logs" / f"{name}.log").exists(), name)
+        # the manifest records what each task really ran: its node, pid and command line
+        m = {p["name"]: p for p in json.loads((run / "manifest.json").read_text())["processes"]}
+        self.assertEqual([m[n]["slurm_task"] for n in ("server0", "worker0", "worker1", "evaluator")], [0, 1, 2, 3])
+        for p in m.values():
+            self.assertEqual(p["host"], "localhost")
+            self.assertIsInstance(p["pid"], int)
+            self.assertIn("--procs-on-host 4", p["command"])
+            self.assertIn(f"tcp://127.0.0.1:{base}", p["command"])
 
-        # The roles of the tasks of that run on a two-node list, injected with --hosts ...
-        def task(procid, *extra, ntasks=4):
-            env = dict(self.env, SLURM_PROCID=str(procid), SLURM_NTASKS=str(ntasks), SLURM_JOB_NODELIST="node[1-2]")
+        # The roles of the tasks of that run on an uneven two-node allocation (3 tasks on node1,
+        # 1 on node2, as Slurm lays them out in blocks), the node list injected with --hosts ...
+        def task(procid, *extra, ntasks=4, per_node="3,1"):
+            env = dict(self.env, SLURM_PROCID=str(procid), SLURM_NTASKS=str(ntasks), SLURM_JOB_NODELIST="node[1-2]",
+                       SLURM_STEP_TASKS_PER_NODE=per_node)
             return self.launch("task", run, "--print", *extra, env=env)
 
         printed = {}
@@ -1222,9 +1255,10 @@ class LauncherTest(unittest.TestCase):
             t = task(i, "--hosts", "node1,node2")
             self.assertEqual(t.returncode, 0, t.stderr)
             printed[i] = shlex.split(t.stdout.strip())
+            self.assertIn(f"on {'node2' if i == 3 else 'node1'}", t.stderr)
         ep = f"tcp://node1:{base}"
         self.assertEqual(os.path.basename(printed[0][0]), "pslab_server")
-        self.assertEqual(option(printed[0], "--bind"), f"tcp://*:{base}")
+        self.assertEqual(option(printed[0], "--bind"), f"tcp://node1:{base}")
         self.assertEqual(option(printed[0], "--shard"), "0")
         for i, rank in ((1, "0"), (2, "1")):
             self.assertEqual(printed[i][1], "ps")
@@ -1232,8 +1266,14 @@ class LauncherTest(unittest.TestCase):
             self.assertEqual(option(printed[i], "--servers"), ep)
         self.assertEqual(printed[3][1], "eval")
         self.assertEqual(option(printed[3], "--servers"), ep)
-        # cyclic: node1 runs tasks 0 and 2, node2 runs 1 and 3
-        self.assertEqual(option(printed[2], "--procs-on-host"), "2")
+        # node1 runs tasks 0-2 (the workers: GPU slots 0 and 1), node2 the evaluator
+        self.assertEqual([option(printed[i], "--procs-on-host") for i in (1, 2, 3)], ["3", "3", "1"])
+        self.assertEqual([option(printed[i], "--gpu-slot") for i in (1, 2, 3)], ["0", "1", "0"])
+        # "2(x2)": two on each node
+        self.assertEqual(option(shlex.split(task(2, "--hosts", "node1,node2", per_node="2(x2)").stdout), "--procs-on-host"), "2")
+        bad = task(0, "--hosts", "node1,node2", per_node="3")
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("names 1 node(s), the node list 2", bad.stderr)
         self.assertEqual(option(printed[0], "--run-start"), option(printed[3], "--run-start"))
         # ... and through `scontrol show hostnames` of SLURM_JOB_NODELIST
         self.assertEqual(shlex.split(task(1).stdout.strip()), printed[1])
@@ -1242,6 +1282,24 @@ class LauncherTest(unittest.TestCase):
         self.assertEqual(bad.returncode, 2)
         self.assertIn("SLURM_NTASKS", bad.stderr)
         self.assert_no_processes_left()
+
+    def test_a_cancelled_slurm_job_is_reported_as_cancelled(self):
+        # scancel: the step's tasks are killed and srun says so; not blamed on a task
+        calls = self.install_fake_slurm()
+        self.fake_bin("srun", f"""\
+            #!/bin/bash
+            echo "$@" >> {calls}
+            echo "srun: Job step aborted: Waiting up to 32 seconds for job step to finish." >&2
+            echo "slurmstepd: error: *** STEP 4242.0 ON node1 CANCELLED AT 2026-11-25T08:40:00 ***" >&2
+            echo "srun: error: node1: task 1: Terminated" >&2
+            exit 143
+            """)
+        r = self.launch("run", self.slurm_config(), "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("the Slurm step 4242.0 was cancelled (by scancel, at 2026-11-25T08:40:00, said by node1)", r.stderr)
+        self.assertNotIn("task 1 = ", r.stderr)
+        s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
+        self.assertEqual(s["status"], "cancelled")
 
     def test_slurm_allreduce_task_roles(self):
         # allreduce: tasks are the workers, then the evaluator; rank 0 and the evaluator listen
@@ -1253,7 +1311,7 @@ class LauncherTest(unittest.TestCase):
         self.assertIn("--ntasks=3", calls.read_text())
         out = {}
         for i in range(3):
-            env = dict(self.env, SLURM_PROCID=str(i), SLURM_NTASKS="3")
+            env = dict(self.env, SLURM_PROCID=str(i), SLURM_NTASKS="3", SLURM_STEP_TASKS_PER_NODE="1(x3)")
             t = self.launch("task", run, "--print", "--hosts", "n1,n2,n3", env=env)
             self.assertEqual(t.returncode, 0, t.stderr)
             out[i] = shlex.split(t.stdout.strip())
@@ -1287,7 +1345,7 @@ class LauncherTest(unittest.TestCase):
         self.assertEqual(option(out[0], "--bind"), f"ipc://{sockets}/server0")
         for i in (1, 2, 3):
             self.assertEqual(option(out[i], "--servers"), f"ipc://{sockets}/server0")
-        env = dict(self.env, SLURM_PROCID="0", SLURM_NTASKS="4")
+        env = dict(self.env, SLURM_PROCID="0", SLURM_NTASKS="4", SLURM_STEP_TASKS_PER_NODE="2(x2)")
         t = self.launch("task", run, "--print", "--hosts", "n1,n2", env=env)
         self.assertEqual(t.returncode, 2, t.stdout + t.stderr)
         self.assertIn("cluster.transport", t.stderr)

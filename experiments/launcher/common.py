@@ -24,7 +24,12 @@ class UsageError(Exception):
 
 
 class RunFailed(Exception):
-    """A run failed; the message says which process and why."""
+    """A run failed; the message says which process and why. status: summary.json's ("failed", or
+    "cancelled": the Slurm job was)."""
+
+    def __init__(self, message, status="failed"):
+        super().__init__(message)
+        self.status = status
 
 
 def cmd_out(argv, cwd=None):

@@ -11,6 +11,7 @@ import socket
 import sys
 
 from .common import REPO, cmd_out
+from .remote import markers
 
 LIBRARY_PACKAGES = ["libzmq5", "libopenblas0", "libopenblas0-pthread", "libgloo0", "libflatbuffers2",
                     "libtomlplusplus3", "python3-matplotlib", "python3-numpy"]
@@ -48,7 +49,23 @@ def host_facts():
     }
 
 
-def write_manifest(run_dir, plan, procs, run_start, bins, extra=None):
+def process_record(p, placed):
+    """One process in the manifest; placed: from what it said where it ran (the launcher's line at
+    the top of its log: ssh's remote end, a Slurm task), its real host, pid and command."""
+    r = {"name": p.name, "role": p.role, "rank": p.rank, "host": p.host,
+         "pid": p.popen.pid if p.popen else None, "command": shlex.join(p.command or p.argv)}
+    started = [m for m in markers(p.log) if m.get("event") == "started"] if placed else []
+    if started:
+        m = started[-1]
+        if p.control:  # ssh: the launcher's pid is the ssh client's
+            r.update(ssh_client_pid=r["pid"], hostname=m["host"], pid=m["pid"])
+        else:  # a Slurm task: its node and everything on its command line come from the step's layout
+            r.update(host=m.get("node", m["host"]), hostname=m["host"], pid=m["pid"], slurm_task=m.get("task"),
+                     command=shlex.join(m["argv"]) if m.get("argv") else r["command"])
+    return r
+
+
+def write_manifest(run_dir, plan, procs, run_start, bins, extra=None, placed=False):
     m = dict(host_facts())
     m.update({
         "name": plan.name,
@@ -60,9 +77,7 @@ def write_manifest(run_dir, plan, procs, run_start, bins, extra=None):
         "run_start_unix_s": run_start,
         "build_dir": str(bins.build),
         "launcher_command": shlex.join([sys.executable, *sys.argv]),
-        "processes": [{"name": p.name, "role": p.role, "rank": p.rank, "host": p.host,
-                       "pid": p.popen.pid if p.popen else None,
-                       "command": shlex.join(p.command or p.argv)} for p in procs],
+        "processes": [process_record(p, placed) for p in procs],
     })
     if extra:
         m.update(extra)

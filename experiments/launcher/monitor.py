@@ -5,8 +5,12 @@ import math
 import re
 import time
 
-from .common import RunFailed, say
+import shlex
+
+from .common import RunFailed, cmd_out, say
+from .placement import ssh_base
 from .processes import check_signal, describe_exit, log_tail
+from .remote import describe_remote_exit, remote_exit
 
 
 class Tail:
@@ -145,15 +149,48 @@ def monitor(procs, progress, run_start, deadline_s, failure_of, tolerate=lambda 
         time.sleep(0.1)
 
 
+def how_it_ended(p):
+    """How process p ended, in words: over ssh from the remote end's own record (its signal or
+    code, its host and pid), since ssh itself reports any death as 255."""
+    if not p.control:
+        return describe_exit(p.returncode)
+    record = remote_exit(p.log, p.ssh_log)
+    if record:
+        return describe_remote_exit(record)
+    if p.returncode == 255:
+        return (f"lost its ssh connection (ssh exit 255) before the remote end said how the process ended; "
+                f"ssh said:\n{log_tail(p.ssh_log, 5)}\n   ")
+    return describe_exit(p.returncode)
+
+
+def process_log_tail(p, n=20):
+    """The last lines of p's log; over ssh, fetched from its host when it is not on a shared file system here."""
+    if p.control and not p.log.exists():
+        out = cmd_out([*ssh_base(), p.host, f"tail -n {n} {shlex.quote(str(p.log))}"])
+        if out is not None:
+            return "\n".join("    " + line for line in out.splitlines()) or "    (the log is empty)"
+    return log_tail(p.log, n)
+
+
 def process_failure(p):
-    return RunFailed(f"{p.describe()} on {p.host} {describe_exit(p.returncode)}; the last lines of {p.log}:\n"
-                     f"{log_tail(p.log)}")
+    return RunFailed(f"{p.describe()} on {p.host} {how_it_ended(p)}; the last lines of {p.log}:\n"
+                     f"{process_log_tail(p)}")
+
+
+CANCELLED = re.compile(r"\*\*\* (JOB|STEP) (\S+) ON (\S+) CANCELLED AT (\S+)(.*?)\*\*\*")
 
 
 def srun_failure(procs, srun_proc, run_dir):
-    """Which task failed, from srun's own log ("srun: error: NODE: task 3: Exited with exit code 1")."""
+    """Which task failed, from srun's own log ("srun: error: NODE: task 3: Exited with exit code 1"),
+    or that the job or step was cancelled ("*** STEP 12.0 ON node1 CANCELLED AT ... ***")."""
     def make(p):
         text = p.log.read_text(errors="replace") if p.log.exists() else ""
+        c = CANCELLED.search(text)
+        if c:
+            why = c.group(5).strip() or "by scancel"
+            return RunFailed(f"the Slurm {c.group(1).lower()} {c.group(2)} was cancelled ({why}, at {c.group(4)}, "
+                             f"said by {c.group(3)}); srun {describe_exit(p.returncode)}; the last lines of {p.log}:\n"
+                             f"{log_tail(p.log)}", status="cancelled")
         m = re.search(r"error:.*?tasks? (\d+)", text)
         msg = f"srun {describe_exit(p.returncode)}"
         if m and int(m.group(1)) < len(procs):

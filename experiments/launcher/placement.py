@@ -1,6 +1,6 @@
 """Where each process of the plan (plan["processes"], in start order) runs and its command line:
-local (free ports), ssh (round-robin over cluster.hosts, fixed ports), Slurm (one srun; task i
-on node i mod nodes); the listeners' endpoints per cluster.transport (tcp: ports; ipc and shm:
+local (free ports), ssh (round-robin over cluster.hosts; each host's address and free ports
+asked of it, hosts.py), Slurm (one srun; each task's node from Slurm's own layout); the listeners' endpoints per cluster.transport (tcp: ports; ipc and shm:
 sockets in a private directory of the run, every process on one host; auto: sockets on one
 host, and over several hosts both, each peer using the one that fits where it runs)."""
 import contextlib
@@ -14,8 +14,8 @@ import tempfile
 from dataclasses import dataclass
 
 from .common import REPO, UsageError, is_loopback
+from .hosts import is_address, named_address
 
-DEFAULT_BASE_PORT = 29500
 DRY_RUN_SOCKET_DIR = pathlib.Path("/tmp/pslab-XXXXXXXX")  # what a dry run shows for ipc
 MAX_SOCKET_PATH = 107  # bytes of a Unix socket's path (sun_path, less its terminating NUL)
 
@@ -29,6 +29,8 @@ class Proc:
     host: str           # where it runs ("local" for the local launcher)
     argv: list          # the pslab binary's command line
     command: list = None  # what the launcher runs (argv, or ssh ... argv)
+    control: bool = False   # ssh: a line "stop" (or the end) of its stdin stops the remote process
+    ssh_log: pathlib.Path = None  # ssh: the ssh client's own output (its process's log is written remotely)
     popen: object = None
     returncode: int = None
     log: pathlib.Path = None
@@ -152,13 +154,13 @@ def gpu_slots(plan, hosts):
     return slots
 
 
-def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_host=False):
+def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_address=None):
     """The command line of every process of a run, in the plan's start order.
 
     hosts[i]: the host of process i; endpoints.bind(i, name) / .connect(i, name, peer_host): what
     listener i (a server, all-reduce rank 0, the all-reduce evaluator) binds / its peers on
     peer_host connect to;
-    gloo_host: all-reduce ranks' Gloo connections listen on their host's name (multi-host).
+    gloo_address(host): all-reduce ranks' Gloo connections listen on their host's address (multi-host).
     """
     layout = plan.processes
     per_host = {h: hosts.count(h) for h in hosts}
@@ -194,8 +196,8 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_host=False):
             argv = [str(bins.worker), "allreduce", "-c", cfg, "--rank", str(rank), "--coordinator", coordinator,
                     "--snapshots", snapshots, "--checkpoint", str(checkpoint_path(run_dir, "allreduce")),
                     *common, *poh]
-            if gloo_host:  # multi-host: Gloo listens on this rank's own address, not cluster.bind
-                argv += ["--host", host]
+            if gloo_address:  # multi-host: Gloo listens on this rank's host's address
+                argv += ["--host", str(gloo_address(host))]
         else:
             where = ["--servers", server_eps(host)] if plan.uses_servers else ["--snapshots", snapshots]
             argv = [str(bins.worker), "eval", "-c", cfg, *where, *common, *poh]
@@ -238,47 +240,79 @@ def plan_local(plan, run_dir, run_start, bins, sockets=None):
     return procs
 
 
-def remote_bind(plan):
-    return "*" if is_loopback(plan.bind) else plan.bind
-
-
 def cluster_hosts(plan, hosts):
-    """ssh and Slurm: process i runs on hosts[i % len(hosts)]."""
+    """ssh: process i runs on hosts[i % len(hosts)] (round-robin)."""
     return [hosts[i % len(hosts)] for i in range(len(plan.processes))]
 
 
-def plan_cluster(plan, run_dir, run_start, bins, hosts, base_port, sockets=None):
-    """ssh and Slurm: process i on hosts[i % len(hosts)], listening on base_port + i (tcp), in the
-    socket directory `sockets` (ipc: one host, see check_placement), or both (auto over several
-    hosts: shm between processes on one host, TCP between hosts)."""
-    where = cluster_hosts(plan, hosts)
-    tcp_endpoints = TcpEndpoints(where, lambda i: base_port + i, lambda h: remote_bind(plan), lambda h: h)
+def plan_cluster(plan, run_dir, run_start, bins, where, port_of, address_of, sockets=None):
+    """ssh and Slurm: process i on host where[i], listening on port_of(i) (tcp) of its host's
+    address address_of(host) (bound there, connected to by its peers, and Gloo's), in the socket
+    directory `sockets` (ipc: one host, see check_placement), or both (auto over several hosts:
+    shm between processes on one host, TCP between hosts)."""
+    tcp_endpoints = TcpEndpoints(where, port_of, address_of, address_of)
     if plan.unix_sockets:
         endpoints = IpcEndpoints(sockets)
     elif plan.mixes_transports:
         endpoints = MixedEndpoints(IpcEndpoints(sockets), tcp_endpoints)
     else:
         endpoints = tcp_endpoints
-    return place(plan, run_dir, run_start, bins, where, endpoints, gloo_host=True)
+    return place(plan, run_dir, run_start, bins, where, endpoints, gloo_address=address_of)
 
 
-def ssh_command(host, argv, sockets=None):
-    """ssh HOST 'cd REPO && exec ARGV'; with ipc, the socket directory is made there first (on
-    this machine the launcher has made it already)."""
+def ssh_base():
+    """The ssh client and its options: $PSLAB_SSH (e.g. "ssh -F ~/cluster.ssh"), else ssh."""
+    return [*shlex.split(os.environ.get("PSLAB_SSH") or "ssh"), "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
+
+
+def ssh_command(proc, sockets=None, append=False):
+    """ssh HOST 'cd REPO && exec python3 experiments/launch.py remote --log LOG -- ARGV': the
+    remote end (remote.py) runs ARGV in a process group it ends when the launcher stops or the
+    connection drops, writes the log on the host, and says how ARGV ended. ipc: the socket
+    directory is made there first (on this machine the launcher has made it already)."""
     mkdir = f"mkdir -p -m 700 {shlex.quote(str(sockets))} && " if sockets else ""
-    remote = f"cd {shlex.quote(str(REPO))} && {mkdir}exec {shlex.join(argv)}"
-    return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", host, remote]
+    wrapper = ["python3", "experiments/launch.py", "remote", "--log", str(proc.log), *(["--append"] if append else []), "--"]
+    remote = f"cd {shlex.quote(str(REPO))} && {mkdir}exec {shlex.join(wrapper + proc.argv)}"
+    return [*ssh_base(), proc.host, remote]
 
 
-def plan_ssh(plan, run_dir, run_start, bins, base_port, sockets=None):
-    procs = plan_cluster(plan, run_dir, run_start, bins, plan.hosts, base_port, sockets)
+def plan_ssh(plan, run_dir, run_start, bins, probed=None, base_port=None, sockets=None, append=False):
+    """ssh: round-robin over cluster.hosts. probed: {host: {"address", "ports"}} (hosts.probe_hosts;
+    None in a dry run: placeholders); base_port: fixed ports BASE + i instead of the probed ones."""
+    where = cluster_hosts(plan, plan.hosts)
+    if probed is None:
+        def address_of(h):
+            return named_address(plan, h) if is_address(named_address(plan, h) or "") else f"<address of {h}>"
+    else:
+        def address_of(h):
+            return probed[h]["address"]
+    port_of = fixed_or_probed_ports(where, probed, base_port)
+    procs = plan_cluster(plan, run_dir, run_start, bins, where, port_of, address_of, sockets)
     for p in procs:
-        p.command = ssh_command(p.host, p.argv, sockets)
+        p.command = ssh_command(p, sockets, append)
+        p.control = True
+        p.ssh_log = run_dir / "logs" / f"{p.name}.ssh.log"
     return procs
 
 
+def fixed_or_probed_ports(where, probed, base_port):
+    """port_of(i): BASE + i, or the next of the ports probed on process i's host, or a placeholder."""
+    if base_port is not None:
+        return lambda i: base_port + i
+    if probed is None:
+        return lambda i: f"<port {i}>"
+    index = {i: where[:i].count(h) for i, h in enumerate(where)}
+    return lambda i: probed[where[i]]["ports"][index[i]]
+
+
+def ports_wanted(where):
+    """How many ports to choose on each host: one per process there."""
+    return {h: where.count(h) for h in where}
+
+
 def srun_command(plan, run_dir):
-    """One srun for every task; ipc: all of them on one node."""
+    """One srun for every task, laid out in blocks (consecutive tasks share a node: the task's node
+    follows from the step's tasks per node); ipc: all of them on one node."""
     one_node = ["--nodes=1"] if plan.unix_sockets else []
-    return ["srun", f"--ntasks={len(plan.processes)}", *one_node, "--kill-on-bad-exit=1", "--distribution=cyclic",
+    return ["srun", f"--ntasks={len(plan.processes)}", *one_node, "--kill-on-bad-exit=1", "--distribution=block",
             "/usr/bin/python3", "experiments/launch.py", "task", str(run_dir)]

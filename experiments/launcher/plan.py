@@ -114,7 +114,9 @@ class RunPlan:
 
     launcher = property(lambda self: self.plan["launcher"])           # "local", "ssh" or "slurm"
     hosts = property(lambda self: list(self.plan["hosts"]))
-    bind = property(lambda self: self.plan["bind"])
+    bind = property(lambda self: self.plan["bind"])                   # the local launcher's listeners
+    interface = property(lambda self: self.plan.get("interface", ""))  # ssh, Slurm: every host's (hosts.py)
+    host_addresses = property(lambda self: list(self.plan.get("host_addresses", [])))  # "HOST=ADDRESS|INTERFACE"
     device = property(lambda self: self.plan["device"])
     collective = property(lambda self: self.plan.get("collective", "auto"))  # allreduce on GPUs
     seed = property(lambda self: self.plan["seed"])

@@ -59,12 +59,14 @@ def _die_with_parent():
 
 
 def start(proc, cwd, append_log=False):
-    """Starts proc.command in its own session, output to proc.log (appended to: a resumed run);
-    sets proc.popen."""
-    proc.log.parent.mkdir(parents=True, exist_ok=True)
-    with open(proc.log, "ab" if append_log else "wb") as log:
-        proc.popen = subprocess.Popen(proc.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                      cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent)
+    """Starts proc.command in its own session, output to proc.log (appended to: a resumed run), or
+    for ssh to proc.ssh_log with stdin a pipe (the remote end's stop line); sets proc.popen."""
+    out = proc.ssh_log if proc.control else proc.log
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "ab" if append_log else "wb") as log:
+        proc.popen = subprocess.Popen(proc.command, stdin=subprocess.PIPE if proc.control else subprocess.DEVNULL,
+                                      stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
+                                      preexec_fn=_die_with_parent)
 
 
 def group_alive(pgid):
@@ -75,11 +77,25 @@ def group_alive(pgid):
         return False
 
 
+def ask_to_stop(proc):
+    """ssh: the line "stop" to the remote end, then the end of its stdin; False if it is gone."""
+    try:
+        proc.popen.stdin.write(b"stop\n")
+        proc.popen.stdin.close()
+        return True
+    except (OSError, ValueError):
+        return False
+
+
 def stop_all(procs):
-    """SIGTERM (and SIGCONT) to every live process group, SIGKILL after KILL_GRACE_S; reaps them all.
-    Returns the processes that were still running."""
+    """Every live process: SIGTERM (and SIGCONT) to its group, or over ssh the remote end asked to
+    stop its process group (remote.py: SIGTERM, SIGKILL after its own grace); SIGKILL after
+    KILL_GRACE_S (an ssh client: the connection drops, and the remote end stops its group).
+    Reaps them all. Returns the processes that were still running."""
     live = [p for p in procs if p.popen is not None and p.popen.poll() is None]
     for p in live:
+        if p.control and ask_to_stop(p):
+            continue
         try:
             os.killpg(p.popen.pid, signal.SIGTERM)
             os.killpg(p.popen.pid, signal.SIGCONT)  # a stopped (SIGSTOP) process takes its SIGTERM now

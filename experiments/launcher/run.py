@@ -14,11 +14,13 @@ import time
 from .common import REPO, RunFailed, UsageError, say, warn
 from .comparison import write_comparison
 from .manifest import write_manifest
-from .monitor import Progress, monitor, process_failure, srun_failure
-from .placement import (DRY_RUN_SOCKET_DIR, Proc, checkpoint_path, plan_cluster, plan_local, plan_ssh, resume_arguments,
-                        run_key_path, socket_dir, srun_command, ssh_command)
+from .hosts import probe_hosts
+from .monitor import Progress, how_it_ended, monitor, process_failure, srun_failure
+from .placement import (DRY_RUN_SOCKET_DIR, Proc, checkpoint_path, cluster_hosts, fixed_or_probed_ports, plan_cluster,
+                        plan_local, plan_ssh, ports_wanted, resume_arguments, run_key_path, socket_dir, srun_command,
+                        ssh_base, ssh_command)
 from .plan import RunPlan, new_invocation_dir, safe_dir_name
-from .processes import Interrupted, check_signal, describe_exit, log_tail, sleep_checked, start, stop_all
+from .processes import Interrupted, check_signal, log_tail, sleep_checked, start, stop_all
 from .summary import COMPLETED, result_line, summarize
 
 PLOT_PY = REPO / "experiments" / "plot.py"
@@ -163,11 +165,16 @@ def start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=None
         procs = plan_local(plan, run_dir, run_start, bins, sockets)
         started = procs
     elif plan.launcher == "ssh":
-        procs = plan_ssh(plan, run_dir, run_start, bins, opts.base_port, sockets)
+        where = cluster_hosts(plan, plan.hosts)
+        probed = probe_hosts(plan, where, ports_wanted(where) if opts.base_port is None else {}, ssh_base())
+        extra["hosts"] = probed  # each host's address, and the ports chosen on it
+        procs = plan_ssh(plan, run_dir, run_start, bins, probed, opts.base_port, sockets, append=bool(resume_from))
         started = procs
     else:  # slurm: one srun; each task finds its role (launch.py task)
-        nodes = ["<the node>"] if plan.unix_sockets else [f"<node of task {i}>" for i in range(len(plan.processes))]
-        procs = plan_cluster(plan, run_dir, run_start, bins, nodes, opts.base_port, sockets)
+        n = len(plan.processes)
+        nodes = ["<the node>"] * n if plan.unix_sockets else [f"<node of task {i}>" for i in range(n)]
+        procs = plan_cluster(plan, run_dir, run_start, bins, nodes, fixed_or_probed_ports(nodes, None, opts.base_port),
+                             lambda h: h, sockets)
         (run_dir / "launch.json").write_text(json.dumps({
             "run_start": run_start, "build_dir": str(bins.build), "base_port": opts.base_port,
             "socket_dir": str(sockets) if sockets else None,
@@ -180,7 +187,7 @@ def start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=None
     if resume_from:  # servers from their checkpoints; workers go on from the clocks those hold
         for p in procs:
             p.argv += resume_arguments(run_dir, p)
-            p.command = ssh_command(p.host, p.argv, sockets) if plan.launcher == "ssh" else p.argv
+            p.command = ssh_command(p, sockets, append=True) if plan.launcher == "ssh" else p.argv
     write_manifest(run_dir, plan, procs, run_start, bins, extra)
     progress = Progress(plan, run_dir, prefix)
     failure_of = srun_failure(procs, started[0], run_dir) if plan.launcher == "slurm" else process_failure
@@ -200,9 +207,9 @@ def start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=None
         progress.poll()
         if p.rank not in progress.first:  # it failed before training: a problem with its start, not a loss
             return False
-        lost.append({"worker": p.rank, "how": describe_exit(p.returncode), "log": str(p.log)})
+        lost.append({"worker": p.rank, "how": how_it_ended(p), "log": str(p.log)})
         progress.forget(p.rank)
-        warn(f"{p.describe()} on {p.host} {describe_exit(p.returncode)}; the run goes on without it "
+        warn(f"{p.describe()} on {p.host} {how_it_ended(p)}; the run goes on without it "
              f"({plan.mode}, cluster.on_worker_loss = \"continue\": the servers drop it after "
              f"cluster.heartbeat_s = {plan.heartbeat_s:g} s of silence); the last lines of {p.log}:\n{log_tail(p.log, 5)}")
         return True
@@ -220,15 +227,16 @@ def start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=None
         if "--resume" in argv:
             del argv[argv.index("--resume"):argv.index("--resume") + 2]
         q = dataclasses.replace(p, argv=argv + ["--resume", str(ckpt)], popen=None, returncode=None)
-        q.command = ssh_command(q.host, q.argv, sockets) if plan.launcher == "ssh" else q.argv
-        restarted.append({"server": p.rank, "how": describe_exit(p.returncode), "log": str(p.log)})
-        warn(f"{p.describe()} on {p.host} {describe_exit(p.returncode)}; restarting it from its checkpoint "
+        q.command = ssh_command(q, sockets, append=True) if plan.launcher == "ssh" else q.argv
+        restarted.append({"server": p.rank, "how": how_it_ended(p), "log": str(p.log)})
+        warn(f"{p.describe()} on {p.host} {how_it_ended(p)}; restarting it from its checkpoint "
              f"{ckpt} (cluster.on_server_loss = \"restart\": the workers rejoin it, and the updates since that "
              f"checkpoint are lost, counted in summary.json)")
         start(q, REPO, append_log=True)
         started.append(q)
+        procs[procs.index(p)] = q
         if plan.launcher != "slurm":
-            write_manifest(run_dir, plan, [q if x is p else x for x in procs], run_start, bins, extra)
+            write_manifest(run_dir, plan, procs, run_start, bins, extra)
         return True
 
     try:
@@ -240,16 +248,22 @@ def start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=None
         monitor(started, progress, run_start, opts.max_minutes * 60, failure_of, tolerate)
     except BaseException as e:
         stopped = stop_all(started)
+        write_manifest(run_dir, plan, procs, run_start, bins, extra, placed=True)
         if not isinstance(e, (RunFailed, Interrupted)):
             raise  # a launcher bug: its processes are stopped all the same
         wall = time.time() - run_start
         failure = str(e) if isinstance(e, RunFailed) else f"stopped by {e}"
-        s = summarize(plan, run_dir, wall, status="failed" if isinstance(e, RunFailed) else "interrupted",
+        s = summarize(plan, run_dir, wall, status=e.status if isinstance(e, RunFailed) else "interrupted",
                       failure=failure, lost=lost, restarted=restarted)
         (run_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
         if stopped:
             warn(f"stopped {len(stopped)} other process(es): {', '.join(p.name for p in stopped)}")
         raise
+    finally:
+        for p in started:
+            if p.popen is not None and p.popen.stdin:
+                p.popen.stdin.close()
+    write_manifest(run_dir, plan, procs, run_start, bins, extra, placed=True)
     s = summarize(plan, run_dir, time.time() - run_start, lost=lost, restarted=restarted)
     (run_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
     return s
@@ -282,18 +296,24 @@ def dry_run(plans, bins, opts, runs_dir):
                 say("# local: ports are free ports chosen afresh at launch")
             procs = plan_local(plan, run_dir, t, bins, sockets)
         elif plan.launcher == "ssh":
-            procs = plan_ssh(plan, run_dir, t, bins, opts.base_port, sockets)
+            say("# ssh: each host's address and free ports are asked of it at launch (here: placeholders, or "
+                "cluster.addresses; --base-port fixes the ports); each process runs under `launch.py remote` there")
+            procs = plan_ssh(plan, run_dir, t, bins, None, opts.base_port, sockets)
         else:
             say(f"[srun] {shlex.join(srun_command(plan, run_dir))}")
-            if plan.hosts:
-                nodes, where = plan.hosts, "cluster.hosts"
+            n = len(plan.processes)
+            if plan.hosts:  # in blocks, as srun --distribution=block with as many tasks on each
+                hosts = plan.hosts
+                nodes, where = [hosts[i * len(hosts) // n] for i in range(n)], "cluster.hosts, in equal blocks"
             elif ipc:
-                nodes, where = ["NODE0"], "placeholder NODE0, the one node of ipc"
+                nodes, where = ["NODE0"] * n, "placeholder NODE0, the one node of ipc"
             else:
-                nodes, where = [f"NODE{i}" for i in range(len(plan.processes))], "placeholders NODEi, one per task"
+                nodes, where = [f"NODE{i}" for i in range(n)], "placeholders NODEi, one per task"
             say(f"# slurm: each task runs `launch.py task {run_dir}`, which execs the command below "
-                f"(node list here: {where}; inside the job: the step's node list)")
-            procs = plan_cluster(plan, run_dir, t, bins, nodes, opts.base_port, sockets)
+                f"(nodes here: {where}; inside the job: the step's own layout, and ports from the job id "
+                f"unless --base-port)")
+            procs = plan_cluster(plan, run_dir, t, bins, nodes, fixed_or_probed_ports(nodes, None, opts.base_port),
+                                 lambda h: "127.0.0.1" if len(set(nodes)) == 1 else h, sockets)
             for p in procs:
                 p.command = p.argv
                 say(f"[task{p.index} {p.name}@{p.host}] {shlex.join(p.command)}")

@@ -39,8 +39,8 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
 
     mode, workers, servers, device, seed, target_acc   from the run's plan (plan.json)
     status              "ok", "diverged" (the training loss stopped being finite: see "diverged",
-                        {worker, step, epoch} of the earliest), "failed" (see "failure") or
-                        "interrupted"
+                        {worker, step, epoch} of the earliest), "failed" (see "failure"),
+                        "cancelled" (the Slurm job or step was: scancel, time limit) or "interrupted"
     failure             failed or interrupted: what failed, how, and the last lines of its log
     final_test_acc      the evaluator's last test accuracy (None when the data is not a
                         classification); best_test_acc: the best of all its evaluations

@@ -1,14 +1,18 @@
-"""One task of a Slurm run (`launch.py task RUN_DIR`): its role from SLURM_PROCID and the node
-list, then exec its binary with its output in RUN_DIR/logs/."""
+"""One task of a Slurm run (`launch.py task RUN_DIR`): its role from SLURM_PROCID, every task's
+node from the step's own layout, then exec its binary with its output in RUN_DIR/logs/."""
 import json
 import os
 import pathlib
+import re
 import shlex
+import socket
 import sys
 
 from .common import REPO, UsageError, cmd_out
-from .placement import cluster_hosts, ensure_socket_dir, plan_cluster, resume_arguments
+from .hosts import is_address, named_address, own_address
+from .placement import ensure_socket_dir, plan_cluster, resume_arguments
 from .plan import Binaries, RunPlan
+from .remote import MARK
 
 
 def run_task(run_dir, hosts=None, print_only=False):
@@ -40,19 +44,21 @@ def run_task(run_dir, hosts=None, print_only=False):
     sockets = launch.get("socket_dir")
     if plan.socket_dir_needed and not sockets:
         raise UsageError(f"task: {run_dir}/launch.json names no socket directory, but cluster.transport is {plan.transport}")
-    if plan.unix_sockets:
-        if len(set(cluster_hosts(plan, nodes))) > 1:
-            raise UsageError(f'task: cluster.transport = "{plan.transport}" needs every task on one node, but the node list is '
-                             f'{",".join(nodes)}; the launcher\'s srun uses --nodes=1')
+    where = task_nodes(n, nodes)
+    if plan.unix_sockets and len(set(where)) > 1:
+        raise UsageError(f'task: cluster.transport = "{plan.transport}" needs every task on one node, but the step\'s '
+                         f'tasks are on {",".join(sorted(set(where)))}; the launcher\'s srun uses --nodes=1')
+    here = os.environ.get("SLURMD_NODENAME")
+    if not print_only and here and not same_node(here, where[procid]):
+        raise UsageError(f"task {procid} runs on {here}, but the step's layout (SLURM_STEP_TASKS_PER_NODE "
+                         f"{os.environ.get('SLURM_STEP_TASKS_PER_NODE')!r}, block distribution) puts it on {where[procid]}")
+    address_of = node_addresses(plan, where, where[procid], print_only)
     bins = Binaries.at(launch["build_dir"])
-    procs = plan_cluster(plan, run_dir, launch["run_start"], bins, nodes, launch["base_port"], sockets)
+    port_of = slurm_ports(launch.get("base_port"))
+    procs = plan_cluster(plan, run_dir, launch["run_start"], bins, where, port_of, address_of, sockets)
     me = procs[procid]
     if launch.get("resume"):  # launch.py resume: from the checkpoints, logs appended to
         me.argv += resume_arguments(run_dir, me)
-    here = os.environ.get("SLURMD_NODENAME")
-    if not print_only and here and nodes and here != me.host and here.split(".")[0] != me.host.split(".")[0]:
-        raise UsageError(f"task {procid} ({me.name}) runs on {here}, but the cyclic placement puts it on {me.host}; "
-                         f"the launcher's srun uses --distribution=cyclic")
     if print_only:
         print(f"# task {procid}/{ntasks}: {me.name} on {me.host}", file=sys.stderr)
         print(shlex.join(me.argv))
@@ -64,5 +70,79 @@ def run_task(run_dir, hosts=None, print_only=False):
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    # What really runs, for the manifest (the launcher reads it from this log when the run ends).
+    print(MARK + json.dumps({"event": "started", "host": socket.gethostname(), "node": where[procid], "pid": os.getpid(),
+                             "task": procid, "argv": me.argv}), flush=True)
     os.chdir(REPO)
     os.execv(me.argv[0], me.argv)
+
+
+def same_node(a, b):
+    return a == b or a.split(".")[0] == b.split(".")[0]
+
+
+def tasks_per_node(text, nodes):
+    """Slurm's compressed counts ("3,1", "2(x3),1") -> one count per node."""
+    counts = []
+    for part in text.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            raise UsageError(f"task: cannot read the tasks per node {text!r}")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    if len(counts) != len(nodes):
+        raise UsageError(f"task: tasks per node {text!r} names {len(counts)} node(s), the node list {len(nodes)}")
+    return counts
+
+
+def task_nodes(n, nodes):
+    """The node of each of the step's n tasks: srun's block distribution puts consecutive tasks on
+    a node, as many as SLURM_STEP_TASKS_PER_NODE says, in node-list order; any allocation shape."""
+    text = os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE")
+    if not text:
+        if len(nodes) == 1:
+            return nodes * n
+        raise UsageError("task: SLURM_STEP_TASKS_PER_NODE is not set: cannot tell which task runs where")
+    where = [node for node, count in zip(nodes, tasks_per_node(text, nodes)) for _ in range(count)]
+    if len(where) != n:
+        raise UsageError(f"task: tasks per node {text!r} count {len(where)} tasks, the step has {n}")
+    return where
+
+
+def node_addresses(plan, where, mine, print_only=False):
+    """address_of(node) for a task on node `mine`: one node: loopback; else its own node's address
+    (named, or its route toward the launching node, else toward another node of the step) and the
+    others' as named, else by name (ZeroMQ binds addresses, not names)."""
+    if len(set(where)) == 1:
+        return lambda node: "127.0.0.1"
+    toward = os.environ.get("SLURM_LAUNCH_NODE_IPADDR")
+    if not toward:
+        others = [n for n in where if not same_node(n, mine)]
+        try:
+            toward = socket.gethostbyname(others[0])
+        except OSError:
+            toward = None
+    own = own_address(named_address(plan, mine), toward)
+    if own is None and not print_only:
+        raise UsageError(f"task on {mine}: cannot tell this node's address (SLURM_LAUNCH_NODE_IPADDR is not set and "
+                         f"{others[0]} does not resolve): name it with cluster.interface or cluster.addresses")
+    def address_of(node):
+        if same_node(node, mine):
+            return own or node
+        named = named_address(plan, node)
+        return named if named and is_address(named) else node
+    return address_of
+
+
+def slurm_ports(base_port):
+    """port_of(i): BASE + i with --base-port; else a window of ports 20000-31999 chosen from the job
+    and step ids, so that the steps of one job (and most jobs) do not share one."""
+    if base_port is not None:
+        return lambda i: base_port + i
+    job, step = os.environ.get("SLURM_JOB_ID", ""), os.environ.get("SLURM_STEP_ID", "0")
+
+    def port_of(i):  # asked for only where a process listens on TCP
+        if not job.isdigit():
+            raise UsageError("task: SLURM_JOB_ID is not set: ports cannot be chosen (pass --base-port)")
+        window = 64
+        return 20000 + ((int(job) * 31 + int(step or 0)) % (12000 // window)) * window + i
+    return port_of

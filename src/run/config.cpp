@@ -78,7 +78,12 @@ void visit_fields(Config& c, F&& f) {
     "(NCCL when no two ranks share a GPU)");
   f("cluster.launcher", c.cluster.launcher, "\"local\", \"ssh\" or \"slurm\"");
   f("cluster.hosts", c.cluster.hosts, "ssh: hosts, processes placed round-robin");
-  f("cluster.bind", c.cluster.bind, "address servers and the rendezvous listen on");
+  f("cluster.bind", c.cluster.bind, "local launcher: address servers and the rendezvous listen on");
+  f("cluster.interface", c.cluster.interface,
+    "ssh, Slurm: the network interface (e.g. \"ib0\") or address every host listens and is reached on "
+    "(default: ssh: the address ssh reached the host at; Slurm: the node's route to the launching node)");
+  f("cluster.addresses", c.cluster.addresses,
+    "ssh, Slurm: per host, \"HOST=ADDRESS\" or \"HOST=INTERFACE\" (over cluster.interface)");
   f("cluster.auth", c.cluster.auth,
     "\"curve\": every TCP peer proves the run's key (made by the launcher), messages encrypted; \"none\"; "
     "\"auto\": curve when a listener binds a non-loopback address");
@@ -380,6 +385,16 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
         "cluster.launcher", "expected \"local\", \"ssh\" or \"slurm\", got \"" + c.cluster.launcher + "\"");
   check(c.cluster.launcher != "ssh" || !c.cluster.hosts.empty(), "cluster.hosts",
         "cluster.launcher = \"ssh\" needs at least one host");
+  check(c.cluster.launcher == "local" || c.cluster.bind == "127.0.0.1", "cluster.bind",
+        "is the local launcher's address; with cluster.launcher = \"" + c.cluster.launcher +
+            "\" each host listens on its own address: name it with cluster.interface or cluster.addresses");
+  for (const auto& a : c.cluster.addresses) {
+    const auto eq = a.find('=');
+    check(eq != std::string::npos && eq > 0 && eq + 1 < a.size() && a.find_first_of(" \t,") == std::string::npos,
+          "cluster.addresses", "expected entries \"HOST=ADDRESS\" or \"HOST=INTERFACE\", got \"" + a + "\"");
+  }
+  check(c.cluster.interface.find_first_of(" \t,=") == std::string::npos, "cluster.interface",
+        "expected an interface name or an address, got \"" + c.cluster.interface + "\"");
   check(c.cluster.auth == "auto" || c.cluster.auth == "curve" || c.cluster.auth == "none", "cluster.auth",
         "expected \"auto\", \"curve\" or \"none\", got \"" + c.cluster.auth + "\"");
   check(c.cluster.timeout_s > 0, "cluster.timeout_s", "must be > 0");

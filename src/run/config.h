@@ -64,7 +64,9 @@ struct ClusterConfig {
   std::string collective = "auto";  // allreduce on GPUs: "nccl", "gloo" (through host memory), "auto"
   std::string launcher = "local";    // "local", "ssh", "slurm"
   std::vector<std::string> hosts;    // ssh: hosts, round-robin over processes
-  std::string bind = "127.0.0.1";    // address servers and rendezvous bind to
+  std::string bind = "127.0.0.1";    // local launcher: address servers and rendezvous bind to
+  std::string interface;             // ssh, Slurm: every host's address is this interface's (or this address)
+  std::vector<std::string> addresses;  // ssh, Slurm: "HOST=ADDRESS" or "HOST=INTERFACE", per host
   std::string auth = "auto";         // "curve" (peers prove the run's key), "none", or "auto": curve
                                      // when a listener binds a non-loopback address (the launcher decides)
   double timeout_s = 60.0;   // longest any blocking wait may take before it fails, naming the peer

@@ -24,6 +24,8 @@ nlohmann::ordered_json run_plan(const ExperimentConfig& c) {
           {"launcher", c.cluster.launcher},
           {"hosts", c.cluster.hosts},
           {"bind", c.cluster.bind},
+          {"interface", c.cluster.interface},
+          {"host_addresses", c.cluster.addresses},
           {"auth", c.cluster.auth},
           {"device", c.train.device},
           {"collective", c.cluster.collective},

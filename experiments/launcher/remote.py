@@ -1,0 +1,154 @@
+"""The far end of a process started over ssh (`launch.py remote`, which ssh runs on the host).
+
+It starts the binary in a process group of its own, with its output in the run's log on that
+host (written there whatever happens to the connection), and ends the whole group when the
+launcher asks (a line "stop" on stdin), when stdin ends (the launcher died or the connection
+dropped: sshd closes it) or on SIGHUP, SIGINT or SIGTERM: SIGTERM, then SIGKILL after the
+grace. Then it says how the process ended, as the last line of the log and of its own output,
+
+    [pslab-launch] {"event": "exit", "host": ..., "pid": ..., "code": 1}    (or "signal": 9, "name": "SIGKILL")
+
+and exits with the code, or 128 + the signal. The launcher reads that line to report a remote
+death truthfully (ssh alone says 255)."""
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import time
+
+from .processes import _die_with_parent
+
+MARK = "[pslab-launch] "  # a line of the launcher's own, in a process's log
+STOP_GRACE_S = 2.0  # SIGTERM to the group, SIGKILL after this long (the launcher waits longer)
+
+
+def say(out, log, text):
+    """One line to the log and to ssh (which may be gone)."""
+    line = (text + "\n").encode()
+    log.write(line)
+    log.flush()
+    if out is not None:
+        try:
+            os.write(out, line)
+        except OSError:
+            return None
+    return out
+
+
+def run_remote(argv, log_path, append=False):
+    stopping = []
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda s, _f: stopping.append(s))
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+    log = open(log_path, "ab" if append else "wb")
+    out = 1
+    try:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 start_new_session=True, preexec_fn=_die_with_parent)
+    except OSError as e:
+        say(out, log, f"cannot start {argv[0]}: {e}")
+        say(out, log, MARK + json.dumps({"event": "exit", "host": socket.gethostname(), "pid": None, "code": 127}))
+        return 127
+    out = say(out, log, MARK + json.dumps({"event": "started", "host": socket.gethostname(), "pid": child.pid}))
+    sel = selectors.DefaultSelector()
+    sel.register(child.stdout, selectors.EVENT_READ, "child")
+    sel.register(0, selectors.EVENT_READ, "stdin")
+    kill_at = None
+    while True:
+        if stopping and kill_at is None:
+            kill_at = stop_group(child.pid)
+        if kill_at is not None and time.monotonic() > kill_at:
+            killpg(child.pid, signal.SIGKILL)
+        for key, _ in sel.select(timeout=0.2):
+            if key.data == "stdin":
+                data = os.read(0, 4096)
+                if not data or b"stop" in data:  # the launcher asks, or the connection is gone
+                    sel.unregister(0)
+                    if kill_at is None:
+                        kill_at = stop_group(child.pid)
+                continue
+            data = os.read(child.stdout.fileno(), 65536)
+            if not data:  # the child's output ended: it exited (or closed it)
+                sel.unregister(child.stdout)
+                return finish(child, out, log, kill_at)
+            log.write(data)
+            log.flush()
+            if out is not None:
+                try:
+                    os.write(out, data)
+                except OSError:
+                    out = None
+
+
+def stop_group(pgid):
+    killpg(pgid, signal.SIGTERM)
+    killpg(pgid, signal.SIGCONT)  # a stopped process takes its SIGTERM now
+    return time.monotonic() + STOP_GRACE_S
+
+
+def killpg(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def finish(child, out, log, kill_at):
+    """Waits for the child (SIGKILL once past the grace), ends what is left of its group, says how it ended."""
+    while True:
+        try:
+            rc = child.wait(timeout=0.2)
+            break
+        except subprocess.TimeoutExpired:
+            if kill_at is not None and time.monotonic() > kill_at:
+                killpg(child.pid, signal.SIGKILL)
+    killpg(child.pid, signal.SIGKILL)  # anything left in its group (the binaries do not fork)
+    record = {"event": "exit", "host": socket.gethostname(), "pid": child.pid}
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        record.update(signal=-rc, name=name)
+    else:
+        record["code"] = rc
+    say(out, log, MARK + json.dumps(record))
+    log.close()
+    return 128 - rc if rc < 0 else rc
+
+
+def markers(path, tail_bytes=65536):
+    """The [pslab-launch] records of a log, oldest first (the last tail_bytes of it)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - tail_bytes))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    found = []
+    for line in text.splitlines():
+        if line.startswith(MARK):
+            try:
+                found.append(json.loads(line[len(MARK):]))
+            except ValueError:
+                pass
+    return found
+
+
+def remote_exit(*paths):
+    """How the remote process ended, from the newest exit record in any of `paths`, or None."""
+    for path in paths:
+        exits = [m for m in markers(path) if m.get("event") == "exit"]
+        if exits:
+            return exits[-1]
+    return None
+
+
+def describe_remote_exit(record):
+    if "signal" in record:
+        return f"was killed by signal {record['signal']} ({record['name']}) on {record['host']} (pid {record['pid']})"
+    return f"exited with code {record['code']} on {record['host']} (pid {record['pid']})"

@@ -1,0 +1,339 @@
+"""The multi-host tier: the launcher over real ssh across three hosts made of network namespaces.
+
+Each host is a network namespace with its own sshd (Debian's openssh-server, installed by this
+tier when missing), its own /etc/hosts in which its own name is 127.0.1.1 (Debian's default,
+which once broke Gloo), and two links: a management network (10.77.N.0/24, where ssh reaches it)
+and a data network (10.78.N.0/24, interface "data0" in every namespace). The hosts share this
+machine's file system, as cluster nodes share one. The launcher runs in the root namespace.
+
+Checked: bsp, asp and allreduce across the three hosts; cluster.interface = "data0" puts every
+process's traffic on the data network (ZeroMQ and Gloo alike); Ctrl-C of the launcher and a
+`kill -9` of a remote worker leave no process in any namespace (`ip netns pids`), the latter
+reported as a SIGKILL on that host; two concurrent runs on the same hosts do not collide.
+
+Needs root, iproute2 and network namespaces, and sshd (installed with apt-get when missing);
+skips with the reason otherwise. Run: PSLAB_BUILD=build python3 -m unittest -v tests/test_multihost.py
+"""
+import json
+import os
+import pathlib
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+LAUNCH = REPO / "experiments" / "launch.py"
+TINY = REPO / "experiments" / "configs" / "tiny.toml"
+PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+BUILD = pathlib.Path(os.environ.get("PSLAB_BUILD") or REPO / "build").resolve()
+SSHD = "/usr/sbin/sshd"
+HOSTS = ("hostA", "hostB", "hostC")
+
+
+def sh(*argv, check=True, **kw):
+    r = subprocess.run(list(argv), capture_output=True, text=True, **kw)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: exit {r.returncode}: {r.stderr.strip()}")
+    return r
+
+
+def why_not():
+    """None where the tier can run here, else why not."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, sshd)"
+    if not shutil.which("ip"):
+        return "needs iproute2 (ip netns)"
+    probe = f"pslab-probe{os.getpid()}"
+    r = sh("ip", "netns", "add", probe, check=False)
+    if r.returncode != 0:
+        return f"cannot make a network namespace here: {r.stderr.strip()}"
+    sh("ip", "netns", "del", probe, check=False)
+    if not os.access(SSHD, os.X_OK):
+        r = sh("apt-get", "install", "-y", "--no-install-recommends", "openssh-server", "openssh-client", check=False,
+               env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+        if r.returncode != 0 or not os.access(SSHD, os.X_OK):
+            return f"no sshd, and apt-get install openssh-server failed: {(r.stderr or r.stdout).strip()[-300:]}"
+    return None
+
+
+class Cluster:
+    """Three namespace hosts with sshd; `ssh_env` makes the launcher's ssh reach them."""
+
+    def __init__(self, tmp):
+        self.tmp = tmp
+        tag = f"{os.getpid() % 1000}{random.randrange(100)}"
+        self.net = random.randrange(1, 250)
+        self.ns = {h: f"pslab-{h[-1].lower()}{tag}" for h in HOSTS}
+        self.bridges = (f"pmg{tag}", f"pda{tag}")  # management, data
+        self.mgmt = {h: f"10.77.{self.net}.{2 + i}" for i, h in enumerate(HOSTS)}
+        self.data = {h: f"10.78.{self.net}.{2 + i}" for i, h in enumerate(HOSTS)}
+        self.sshd_pids = {}
+        self.made = []
+
+    def up(self):
+        for br, prefix in zip(self.bridges, ("10.77", "10.78")):
+            sh("ip", "link", "add", br, "type", "bridge")
+            self.made.append(("link", br))
+            sh("ip", "addr", "add", f"{prefix}.{self.net}.1/24", "dev", br)
+            sh("ip", "link", "set", br, "up")
+        for i, h in enumerate(HOSTS):
+            ns = self.ns[h]
+            sh("ip", "netns", "add", ns)
+            self.made.append(("netns", ns))
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            for br, dev, addr in ((self.bridges[0], "mgmt0", self.mgmt[h]), (self.bridges[1], "data0", self.data[h])):
+                peer = f"{br[:3]}{ns[-5:]}{i}"[:15]
+                sh("ip", "link", "add", peer, "type", "veth", "peer", "name", dev, "netns", ns)
+                sh("ip", "link", "set", peer, "master", br)
+                sh("ip", "link", "set", peer, "up")
+                sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+                sh("ip", "-n", ns, "link", "set", dev, "up")
+            # Debian's /etc/hosts: the host's own name is 127.0.1.1 (ip netns exec mounts this over /etc/hosts)
+            etc = pathlib.Path("/etc/netns") / ns
+            etc.mkdir(parents=True, exist_ok=True)
+            self.made.append(("etc", str(etc)))
+            (etc / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {h}\n")
+        key = self.tmp / "id"
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.tmp / "hostkey"))
+        (self.tmp / "authorized_keys").write_text((self.tmp / "id.pub").read_text())
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+        for h in HOSTS:
+            cfg = self.tmp / f"sshd-{h}.conf"
+            cfg.write_text(f"ListenAddress {self.mgmt[h]}\nHostKey {self.tmp / 'hostkey'}\n"
+                           f"PidFile {self.tmp / f'sshd-{h}.pid'}\nAuthorizedKeysFile {self.tmp / 'authorized_keys'}\n"
+                           "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+                           "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nMaxStartups 100\n"
+                           "MaxSessions 100\nLogLevel ERROR\n")
+            # its own UTS namespace: `hostname` on the host says its name
+            sh("ip", "netns", "exec", self.ns[h], "unshare", "--uts", "sh", "-c",
+               f"hostname {h} && exec {SSHD} -f {cfg}")
+            pidfile, deadline = self.tmp / f"sshd-{h}.pid", time.monotonic() + 10
+            while not pidfile.exists() or not pidfile.read_text().strip():  # written once it has daemonized
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"sshd on {h} wrote no {pidfile}")
+                time.sleep(0.05)
+            self.sshd_pids[h] = int(pidfile.read_text())
+        conf = self.tmp / "ssh_config"
+        conf.write_text("".join(f"Host {h}\n  HostName {self.mgmt[h]}\n" for h in HOSTS) +
+                        f"Host *\n  User root\n  IdentityFile {key}\n  IdentitiesOnly yes\n  StrictHostKeyChecking no\n"
+                        "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
+        self.ssh_env = {"PSLAB_SSH": f"ssh -F {conf}"}
+        for h in HOSTS:  # sshd answers
+            deadline = time.monotonic() + 10
+            while sh("ssh", "-F", str(conf), "-o", "BatchMode=yes", h, "true", check=False).returncode != 0:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"sshd on {h} does not answer")
+                time.sleep(0.1)
+
+    def down(self):
+        for pid in self.sshd_pids.values():
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for h, ns in self.ns.items():  # anything else left there (a failed test)
+            for pid in self.pids(h, sshd=True):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for kind, what in reversed(self.made):
+            if kind == "etc":
+                shutil.rmtree(what, ignore_errors=True)
+            else:
+                sh("ip", kind, "del", what, check=False)
+
+    def pids(self, host, sshd=False):
+        """The processes in host's namespace (its sshd daemon left out unless sshd)."""
+        out = sh("ip", "netns", "pids", self.ns[host], check=False).stdout.split()
+        return [int(p) for p in out if sshd or int(p) != self.sshd_pids.get(host)]
+
+    def data_bytes(self):
+        total = 0
+        for h in HOSTS:
+            st = json.loads(sh("ip", "-n", self.ns[h], "-s", "-j", "link", "show", "data0").stdout)[0]["stats64"]
+            total += st["rx"]["bytes"] + st["tx"]["bytes"]
+        return total
+
+
+@unittest.skipIf(os.environ.get("PSLAB_MULTIHOST") != "1", "the multi-host tier runs from its CTest entry, "
+                 "multihost (PSLAB_MULTIHOST=1)")
+class MultiHostTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        reason = why_not()
+        if reason:
+            raise unittest.SkipTest(f"multi-host tier: {reason}")
+        cls.tmp = pathlib.Path(tempfile.mkdtemp(prefix="pslab-test-multihost-"))
+        cls.cluster = Cluster(cls.tmp)
+        try:
+            cls.cluster.up()
+        except Exception:
+            cls.cluster.down()
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.down()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def setUp(self):
+        self.runs = self.tmp / f"runs-{self._testMethodName}"
+        self.env = dict(os.environ, PSLAB_BUILD=str(BUILD), **self.cluster.ssh_env)
+        self.launchers = []
+
+    def tearDown(self):
+        for p in self.launchers:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    def config(self, name, mode="bsp", servers=2, workers=3, steps=500, extra=""):
+        text = (TINY.read_text().replace("servers = 1", f"servers = {servers}")
+                .replace("workers = 2", f"workers = {workers}").replace('mode = "bsp"', f'mode = "{mode}"')
+                .replace("steps = 500", f"steps = {steps}"))
+        text = text.replace("[cluster]", f'[cluster]\nlauncher = "ssh"\nhosts = {json.dumps(list(HOSTS))}\n{extra}')
+        path = self.tmp / name
+        path.write_text(text)
+        return path
+
+    def launch(self, *args, timeout=120):
+        return subprocess.run([PYTHON, str(LAUNCH), *map(str, args)], cwd=REPO, env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def launch_bg(self, *args):
+        p = subprocess.Popen([PYTHON, str(LAUNCH), *map(str, args)], cwd=REPO, env=self.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.launchers.append(p)
+        return p
+
+    def runs_of(self, runs):
+        return sorted(d for d in runs.glob("tiny/*/*") if not d.parent.is_symlink() and (d / "plan.json").exists())
+
+    def assert_no_process_on_any_host(self, grace=8.0):
+        end = time.monotonic() + grace
+        while any(self.cluster.pids(h) for h in HOSTS) and time.monotonic() < end:
+            time.sleep(0.1)
+        left = {h: [self.cmdline(p) for p in self.cluster.pids(h)] for h in HOSTS}
+        self.assertEqual({h: v for h, v in left.items() if v}, {}, "processes left on the hosts")
+
+    @staticmethod
+    def cmdline(pid):
+        try:
+            return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return f"{pid} (gone)"
+
+    def wait_for_train_lines(self, runs, names, timeout=60):
+        end = time.monotonic() + timeout
+        while not all(any('"train"' in m.read_text() for m in runs.glob(f"tiny/*/*/metrics/{n}.jsonl")) for n in names):
+            self.assertLess(time.monotonic(), end, f"{names} wrote no train line")
+            time.sleep(0.05)
+
+    # ---- the tests -----------------------------------------------------------------------------
+    def test_every_mode_across_three_hosts(self):
+        for mode in ("bsp", "asp", "allreduce"):
+            with self.subTest(mode=mode):
+                runs = self.runs / mode
+                r = self.launch("run", self.config(f"{mode}.toml", mode), "--runs-dir", runs, "--no-plots")
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                run, = self.runs_of(runs)
+                s = json.loads((run / "summary.json").read_text())
+                self.assertEqual((s["mode"], s["status"]), (mode, "ok"))
+                self.assertGreater(s["final_test_acc"], 0.85)
+                m = json.loads((run / "manifest.json").read_text())
+                # the manifest records where each process really ran: its host's name and its pid there
+                self.assertEqual({p["hostname"] for p in m["processes"]}, set(HOSTS))
+                for p in m["processes"]:
+                    self.assertEqual(p["hostname"], p["host"])
+                    self.assertIsInstance(p["pid"], int)
+                    self.assertNotEqual(p["pid"], p["ssh_client_pid"])
+                # each host reached at its management address, ports chosen there for this run
+                self.assertEqual({h: v["address"] for h, v in m["hosts"].items()}, self.cluster.mgmt)
+                if mode == "allreduce":  # Gloo listens on the host's address, not its name's 127.0.1.1
+                    log = (run / "logs" / "worker1.log").read_text()
+                    self.assertIn("allreduce over gloo", log)
+                    self.assertIn(f"--host {self.cluster.mgmt['hostB']}", next(
+                        p["command"] for p in m["processes"] if p["name"] == "worker1"))
+                self.assert_no_process_on_any_host()
+
+    def test_an_interface_per_host_carries_zeromq_and_gloo(self):
+        # cluster.interface = "data0": every host listens, and is reached, on its data network
+        for mode in ("bsp", "allreduce"):
+            with self.subTest(mode=mode):
+                runs = self.runs / mode
+                before = self.cluster.data_bytes()
+                r = self.launch("run", self.config(f"if-{mode}.toml", mode, extra='interface = "data0"'),
+                                "--runs-dir", runs, "--no-plots")
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                run, = self.runs_of(runs)
+                self.assertEqual(json.loads((run / "summary.json").read_text())["status"], "ok")
+                m = json.loads((run / "manifest.json").read_text())
+                self.assertEqual({h: v["address"] for h, v in m["hosts"].items()}, self.cluster.data)
+                commands = " ".join(p["command"] for p in m["processes"])
+                self.assertNotIn("10.77.", commands)  # no listener or peer on the management network
+                crossed = self.cluster.data_bytes() - before
+                self.assertGreater(crossed, 500 * 132 * 4, "the run's traffic did not use the data network")
+                self.assert_no_process_on_any_host()
+        # an interface a host does not have: refused before anything starts, naming host and interface
+        r = self.launch("run", self.config("if-bad.toml", extra='addresses = ["hostB=nosuch0"]'),
+                        "--runs-dir", self.runs / "bad", "--no-plots")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("hostB", r.stderr)
+        self.assertIn("'nosuch0'", r.stderr)
+        self.assert_no_process_on_any_host()
+
+    def test_ctrl_c_leaves_no_process_on_any_host(self):
+        p = self.launch_bg("run", self.config("long.toml", steps=100000), "--runs-dir", self.runs, "--no-plots")
+        self.wait_for_train_lines(self.runs, ["worker0", "worker1", "worker2"])
+        self.assertTrue(all(self.cluster.pids(h) for h in HOSTS), "not every host runs a process")
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 130, out + err)
+        self.assert_no_process_on_any_host()
+        run, = self.runs_of(self.runs)
+        self.assertEqual(json.loads((run / "summary.json").read_text())["status"], "interrupted")
+        # each remote end said how its process ended: stopped by the SIGTERM it sent
+        self.assertIn('"name": "SIGTERM"', (run / "logs" / "worker1.log").read_text())
+
+    def test_kill_9_of_a_remote_worker_is_reported_and_nothing_is_left(self):
+        p = self.launch_bg("run", self.config("kill.toml", steps=100000), "--runs-dir", self.runs, "--no-plots")
+        self.wait_for_train_lines(self.runs, ["worker1"])
+        run, = self.runs_of(self.runs)
+        started = [json.loads(line.split(" ", 1)[1]) for line in (run / "logs" / "worker1.log").read_text().splitlines()
+                   if line.startswith("[pslab-launch] ")]
+        pid = started[0]["pid"]
+        self.assertIn(pid, self.cluster.pids(started[0]["host"]), "worker1 is not in its host's namespace")
+        os.kill(pid, signal.SIGKILL)
+        out, err = p.communicate(timeout=90)
+        self.assertEqual(p.returncode, 1, out + err)
+        self.assertIn(f"worker1 (rank 1) on {started[0]['host']} was killed by signal 9 (SIGKILL) on "
+                      f"{started[0]['host']} (pid {pid})", err)
+        self.assert_no_process_on_any_host()
+
+    def test_two_concurrent_runs_on_the_same_hosts(self):
+        path = self.config("concurrent.toml", "asp", steps=800)
+        a = self.launch_bg("run", path, "--runs-dir", self.runs / "a", "--no-plots")
+        b = self.launch_bg("run", path, "--runs-dir", self.runs / "b", "--no-plots")
+        for name, p in (("a", a), ("b", b)):
+            out, err = p.communicate(timeout=120)
+            self.assertEqual(p.returncode, 0, f"run {name}: {out}{err}")
+        ports = []
+        for name in ("a", "b"):
+            run, = self.runs_of(self.runs / name)
+            self.assertEqual(json.loads((run / "summary.json").read_text())["status"], "ok")
+            ports.append({(h, port) for h, v in json.loads((run / "manifest.json").read_text())["hosts"].items()
+                          for port in v["ports"]})
+        self.assertFalse(ports[0] & ports[1], "the two runs shared a port")
+        self.assert_no_process_on_any_host()
+
+
+if __name__ == "__main__":
+    unittest.main()
