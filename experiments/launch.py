@@ -43,8 +43,9 @@ Placement (cluster.launcher in the config):
          allocation shape, e.g. 3 tasks on one node and 1 on another), takes its role from
          RUN_DIR/plan.json (tasks 0..S-1 servers, then workers, the last one the evaluator;
          allreduce: workers, then the evaluator), derives every endpoint from that layout (a
-         node's address: named as for ssh, else for its own tasks its route toward the
-         launching node, for the others its name; one node: loopback) and ports from the job
+         node's address: named as for ssh, else its NodeAddr from `scontrol show node`, else
+         for its own tasks its route toward the launching node and for the others its name;
+         one node: loopback) and ports from the job
          and step ids (--base-port fixes them), and execs its binary with its output in
          RUN_DIR/logs/, whose first line records where it ran (the manifest gathers them). A
          cancelled job or step is reported as such (status "cancelled"). Run it inside an

@@ -1,4 +1,5 @@
-"""The multi-host tier: the launcher over real ssh across three hosts made of network namespaces.
+"""The multi-host tier: the launcher over real ssh across three hosts made of network namespaces,
+and under a real Slurm of two nodes in namespaces.
 
 Each host is a network namespace with its own sshd (Debian's openssh-server, installed by this
 tier when missing), its own /etc/hosts in which its own name is 127.0.1.1 (Debian's default,
@@ -11,8 +12,14 @@ process's traffic on the data network (ZeroMQ and Gloo alike); Ctrl-C of the lau
 `kill -9` of a remote worker leave no process in any namespace (`ip netns pids`), the latter
 reported as a SIGKILL on that host; two concurrent runs on the same hosts do not collide.
 
-Needs root, iproute2 and network namespaces, and sshd (installed with apt-get when missing);
-skips with the reason otherwise. Run: PSLAB_BUILD=build python3 -m unittest -v tests/test_multihost.py
+Slurm: slurmctld here, one slurmd per namespace node (nodeA with 3 CPUs, nodeB with 1), munged
+with a key and socket of its own (Debian's slurmctld, slurmd, slurm-client and munge, installed
+when missing). Checked: an uneven allocation (`salloc -N 2 -n 4`: 3 tasks on nodeA, 1 on nodeB)
+runs with each task where Slurm put it, recorded so in the manifest; allreduce (Gloo) across the
+nodes; `scancel` reported as a cancelled job, with no process left on either node.
+
+Needs root, iproute2 and network namespaces, sshd and Slurm (installed with apt-get when
+missing); skips with the reason otherwise. Run: PSLAB_BUILD=build python3 -m unittest -v tests/test_multihost.py
 """
 import json
 import os
@@ -20,6 +27,7 @@ import pathlib
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -333,6 +341,266 @@ class MultiHostTest(unittest.TestCase):
                           for port in v["ports"]})
         self.assertFalse(ports[0] & ports[1], "the two runs shared a port")
         self.assert_no_process_on_any_host()
+
+
+SLURM_NODES = ("nodeA", "nodeB")
+
+
+def why_not_slurm():
+    """None where a Slurm cluster can be made here, else why not (after why_not())."""
+    need = ["/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", "/usr/bin/srun", "/usr/bin/salloc"]
+    if not all(os.access(x, os.X_OK) for x in need):
+        r = sh("apt-get", "install", "-y", "--no-install-recommends", "slurmctld", "slurmd", "slurm-client", "munge",
+               check=False, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+        if r.returncode != 0 or not all(os.access(x, os.X_OK) for x in need):
+            return f"no Slurm, and apt-get install slurmctld slurmd slurm-client munge failed: {(r.stderr or r.stdout).strip()[-300:]}"
+    return None
+
+
+class SlurmCluster:
+    """Two Slurm nodes in network namespaces (nodeA: 3 CPUs, nodeB: 1, so that `salloc -N 2 -n 4`
+    is uneven), a slurmctld in this namespace and a munged of its own; all of it in foreground
+    processes this object owns. `env` makes salloc, srun and scontrol use this cluster."""
+
+    def __init__(self, tmp):
+        self.tmp = tmp
+        tag = f"{os.getpid() % 1000}{random.randrange(100)}"
+        self.net = random.randrange(1, 250)
+        self.ns = {n: f"pslab-s{n[-1].lower()}{tag}" for n in SLURM_NODES}
+        self.bridge = f"psl{tag}"
+        self.addr = {n: f"10.79.{self.net}.{2 + i}" for i, n in enumerate(SLURM_NODES)}
+        self.daemons = []
+        self.made = []
+
+    def up(self):
+        sh("ip", "link", "add", self.bridge, "type", "bridge")
+        self.made.append(("link", self.bridge))
+        sh("ip", "addr", "add", f"10.79.{self.net}.1/24", "dev", self.bridge)
+        sh("ip", "link", "set", self.bridge, "up")
+        for i, n in enumerate(SLURM_NODES):
+            ns = self.ns[n]
+            sh("ip", "netns", "add", ns)
+            self.made.append(("netns", ns))
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            peer = f"psv{ns[-4:]}{i}"[:15]
+            sh("ip", "link", "add", peer, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            sh("ip", "link", "set", peer, "master", self.bridge)
+            sh("ip", "link", "set", peer, "up")
+            sh("ip", "-n", ns, "addr", "add", f"{self.addr[n]}/24", "dev", "eth0")
+            sh("ip", "-n", ns, "link", "set", "eth0", "up")
+            etc = pathlib.Path("/etc/netns") / ns  # Debian's /etc/hosts: its own name is 127.0.1.1
+            etc.mkdir(parents=True, exist_ok=True)
+            self.made.append(("etc", str(etc)))
+            (etc / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {n}\n")
+        d = self.tmp
+        key = d / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        sock = d / "munge.sock"
+        self.start(["/usr/sbin/munged", "--foreground", "--force", f"--socket={sock}", f"--key-file={key}",
+                    f"--pid-file={d / 'munged.pid'}", f"--log-file={d / 'munged.log'}", f"--seed-file={d / 'munged.seed'}"])
+        self.wait_for(lambda: sock.exists(), "munged's socket")
+        with socket.socket() as s1, socket.socket() as s2:
+            s1.bind(("0.0.0.0", 0))
+            s2.bind(("0.0.0.0", 0))
+            ctld_port, slurmd_port = s1.getsockname()[1], s2.getsockname()[1]
+        for sub in ("ctld", "spool-nodeA", "spool-nodeB"):
+            (d / sub).mkdir()
+        conf = d / "slurm.conf"
+        conf.write_text(f"""ClusterName=pslabtest
+SlurmctldHost={socket.gethostname()}(10.79.{self.net}.1)
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={sock}
+StateSaveLocation={d / 'ctld'}
+SlurmdSpoolDir={d}/spool-%n
+SlurmctldPidFile={d / 'slurmctld.pid'}
+SlurmdPidFile={d}/slurmd-%n.pid
+SlurmctldLogFile={d / 'slurmctld.log'}
+SlurmdLogFile={d}/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+ReturnToService=2
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+NodeName=nodeA NodeAddr={self.addr['nodeA']} CPUs=3 State=UNKNOWN
+NodeName=nodeB NodeAddr={self.addr['nodeB']} CPUs=1 State=UNKNOWN
+PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+""")
+        self.env = {"SLURM_CONF": str(conf)}
+        env = dict(os.environ, **self.env)
+        self.start(["/usr/sbin/slurmctld", "-D", "-i"], env=env)
+        for n in SLURM_NODES:
+            # `ip netns exec` remounts /sys: slurmd's cgroup plugin needs a (v1) tree there
+            mount = ("mount -t tmpfs cgroup /sys/fs/cgroup && mkdir /sys/fs/cgroup/freezer /sys/fs/cgroup/systemd && "
+                     "mount -t cgroup -o freezer freezer /sys/fs/cgroup/freezer && "
+                     "mount -t cgroup -o none,name=systemd systemd /sys/fs/cgroup/systemd")
+            self.start(["ip", "netns", "exec", self.ns[n], "sh", "-c", f"{mount} && exec /usr/sbin/slurmd -D -N {n}"],
+                       env=env)
+        self.wait_for(lambda: sh("sinfo", "-h", "-o", "%T", check=False, env=env).stdout.split() == ["idle"],
+                      "both Slurm nodes idle", timeout=30)
+
+    def start(self, argv, env=None):
+        log = open(self.tmp / f"{pathlib.Path(argv[0]).name}-{len(self.daemons)}.out", "wb")
+        self.daemons.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env))
+        log.close()
+
+    def wait_for(self, ok, what, timeout=10):
+        deadline = time.monotonic() + timeout
+        while not ok():
+            for p in self.daemons:
+                if p.poll() is not None:
+                    raise RuntimeError(f"{p.args[0]} exited ({p.returncode}) before {what}: see {self.tmp}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no {what} after {timeout} s; logs in {self.tmp}")
+            time.sleep(0.1)
+
+    def down(self):
+        for n in SLURM_NODES:  # the tasks of any job still running there, then the daemons
+            for pid in self.pids(n):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in reversed(self.daemons):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        for kind, what in reversed(self.made):
+            if kind == "etc":
+                shutil.rmtree(what, ignore_errors=True)
+            else:
+                sh("ip", kind, "del", what, check=False)
+
+    def pids(self, node):
+        """The processes in node's namespace but its slurmd (and the `ip netns exec` shell before it)."""
+        out = sh("ip", "netns", "pids", self.ns[node], check=False).stdout.split()
+        daemons = {p.pid for p in self.daemons}
+        found = []
+        for pid in map(int, out):
+            try:
+                exe = os.readlink(f"/proc/{pid}/exe")
+            except OSError:
+                continue
+            if pid not in daemons and not exe.endswith("/slurmd"):
+                found.append(pid)
+        return found
+
+
+@unittest.skipIf(os.environ.get("PSLAB_MULTIHOST") != "1", "the multi-host tier runs from its CTest entry, "
+                 "multihost (PSLAB_MULTIHOST=1)")
+class SlurmTest(unittest.TestCase):
+    """The launcher under a real Slurm (slurmctld, two slurmd in namespaces, munge)."""
+
+    @classmethod
+    def setUpClass(cls):
+        reason = why_not() or why_not_slurm()
+        if reason:
+            raise unittest.SkipTest(f"multi-host tier (Slurm): {reason}")
+        cls.tmp = pathlib.Path(tempfile.mkdtemp(prefix="pslab-test-slurm-"))
+        cls.cluster = SlurmCluster(cls.tmp)
+        try:
+            cls.cluster.up()
+        except Exception:
+            cls.cluster.down()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.down()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def setUp(self):
+        self.runs = self.tmp / f"runs-{self._testMethodName}"
+        self.env = dict(os.environ, PSLAB_BUILD=str(BUILD), **self.cluster.env)
+
+    def config(self, name, mode="bsp", steps=500):
+        text = TINY.read_text().replace('mode = "bsp"', f'mode = "{mode}"').replace("steps = 500", f"steps = {steps}")
+        path = self.tmp / name
+        path.write_text(text.replace("[cluster]", '[cluster]\nlauncher = "slurm"'))
+        return path
+
+    def salloc(self, tasks, *args):
+        return ["salloc", "-N", "2", "-n", str(tasks), "--quiet", PYTHON, str(LAUNCH), *map(str, args)]
+
+    def run_of(self):
+        runs = sorted(d for d in self.runs.glob("tiny/*/*") if not d.parent.is_symlink() and (d / "plan.json").exists())
+        self.assertEqual(len(runs), 1, runs)
+        return runs[0]
+
+    def assert_no_process_on_any_node(self, grace=8.0):
+        end = time.monotonic() + grace
+        while any(self.cluster.pids(n) for n in SLURM_NODES) and time.monotonic() < end:
+            time.sleep(0.1)
+        left = {n: [MultiHostTest.cmdline(p) for p in self.cluster.pids(n)] for n in SLURM_NODES}
+        self.assertEqual({n: v for n, v in left.items() if v}, {}, "processes left on the nodes")
+
+    def test_an_uneven_allocation_runs_where_slurm_put_each_task(self):
+        # salloc -N 2 -n 4 on nodes of 3 CPUs and 1: three tasks on nodeA, one on nodeB
+        r = subprocess.run(self.salloc(4, "run", self.config("bsp.toml"), "--runs-dir", self.runs, "--no-plots"),
+                           cwd=REPO, env=self.env, capture_output=True, text=True, timeout=180)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        run = self.run_of()
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok")
+        self.assertGreater(s["final_test_acc"], 0.85)
+        m = {p["name"]: p for p in json.loads((run / "manifest.json").read_text())["processes"]}
+        self.assertEqual([m[n]["host"] for n in ("server0", "worker0", "worker1", "evaluator")],
+                         ["nodeA", "nodeA", "nodeA", "nodeB"])
+        self.assertIn("--procs-on-host 3", m["worker1"]["command"])
+        self.assertIn("--gpu-slot 1", m["worker1"]["command"])
+        self.assertIn("--procs-on-host 1", m["evaluator"]["command"])
+        # the server listens on nodeA's address (its NodeAddr), not its name's 127.0.1.1 nor every interface
+        self.assertIn(f"--bind tcp://{self.cluster.addr['nodeA']}:", m["server0"]["command"])
+        self.assert_no_process_on_any_node()
+
+    def test_allreduce_across_nodes(self):
+        r = subprocess.run(self.salloc(3, "run", self.config("ar.toml", "allreduce"), "--runs-dir", self.runs, "--no-plots"),
+                           cwd=REPO, env=self.env, capture_output=True, text=True, timeout=180)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        run = self.run_of()
+        self.assertEqual(json.loads((run / "summary.json").read_text())["status"], "ok")
+        m = {p["name"]: p for p in json.loads((run / "manifest.json").read_text())["processes"]}
+        self.assertEqual(m["evaluator"]["host"], "nodeB")
+        self.assertIn(f"--host {self.cluster.addr['nodeA']}", m["worker1"]["command"])  # Gloo on nodeA's address
+        self.assert_no_process_on_any_node()
+
+    def test_a_cancelled_job_is_reported_as_cancelled(self):
+        p = subprocess.Popen(self.salloc(4, "run", self.config("long.toml", steps=100000), "--runs-dir", self.runs,
+                                         "--no-plots"), cwd=REPO, env=self.env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not any('"train"' in f.read_text() for f in self.runs.glob("tiny/*/*/metrics/worker1.jsonl")):
+                self.assertLess(time.monotonic(), deadline, "worker1 wrote no train line")
+                time.sleep(0.1)
+            jobs = sh("squeue", "-h", "-o", "%i", env=self.env).stdout.split()
+            self.assertEqual(len(jobs), 1, jobs)
+            sh("scancel", jobs[0], env=self.env)
+            out, err = p.communicate(timeout=90)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        self.assertNotEqual(p.returncode, 0)
+        run = self.run_of()
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "cancelled", s.get("failure"))
+        self.assertIn("was cancelled", err)
+        self.assertNotIn("task 1 = server", err)
+        self.assert_no_process_on_any_node()
 
 
 if __name__ == "__main__":

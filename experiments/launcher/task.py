@@ -9,7 +9,7 @@ import socket
 import sys
 
 from .common import REPO, UsageError, cmd_out
-from .hosts import is_address, named_address, own_address
+from .hosts import is_address, named_address, own_address, route_source
 from .placement import ensure_socket_dir, plan_cluster, resume_arguments
 from .plan import Binaries, RunPlan
 from .remote import MARK
@@ -109,28 +109,49 @@ def task_nodes(n, nodes):
 
 
 def node_addresses(plan, where, mine, print_only=False):
-    """address_of(node) for a task on node `mine`: one node: loopback; else its own node's address
-    (named, or its route toward the launching node, else toward another node of the step) and the
-    others' as named, else by name (ZeroMQ binds addresses, not names)."""
+    """address_of(node) for a task on node `mine`: one node: loopback; else an address named for
+    the node (cluster.addresses, or for its own node an interface, resolved here), else the node's
+    NodeAddr in Slurm's own configuration when that is an address (what slurmctld reaches it at),
+    else for its own node its route toward the launching node and for the others their names.
+    ZeroMQ binds addresses, not names."""
     if len(set(where)) == 1:
         return lambda node: "127.0.0.1"
-    toward = os.environ.get("SLURM_LAUNCH_NODE_IPADDR")
-    if not toward:
-        others = [n for n in where if not same_node(n, mine)]
-        try:
-            toward = socket.gethostbyname(others[0])
-        except OSError:
-            toward = None
-    own = own_address(named_address(plan, mine), toward)
-    if own is None and not print_only:
-        raise UsageError(f"task on {mine}: cannot tell this node's address (SLURM_LAUNCH_NODE_IPADDR is not set and "
-                         f"{others[0]} does not resolve): name it with cluster.interface or cluster.addresses")
+    node_addr = slurm_node_addrs(sorted(set(where)))
+
+    def own():
+        named = named_address(plan, mine)
+        if named:
+            return own_address(named)
+        if is_address(node_addr.get(mine, "")):
+            return node_addr[mine]
+        toward = os.environ.get("SLURM_LAUNCH_NODE_IPADDR")
+        if toward:
+            return route_source(toward)
+        if print_only:
+            return mine
+        raise UsageError(f"task on {mine}: cannot tell this node's address (no NodeAddr from scontrol, "
+                         f"SLURM_LAUNCH_NODE_IPADDR not set): name it with cluster.interface or cluster.addresses")
+    mine_at = own()
+
     def address_of(node):
         if same_node(node, mine):
-            return own or node
+            return mine_at
         named = named_address(plan, node)
-        return named if named and is_address(named) else node
+        if named and is_address(named):
+            return named
+        return node_addr[node] if is_address(node_addr.get(node, "")) else node
     return address_of
+
+
+def slurm_node_addrs(nodes):
+    """{node: NodeAddr} from `scontrol show node -o` ({} where scontrol cannot say)."""
+    out = cmd_out(["scontrol", "show", "node", "-o", ",".join(nodes)]) or ""
+    found = {}
+    for line in out.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "NodeName" in fields and "NodeAddr" in fields:
+            found[fields["NodeName"]] = fields["NodeAddr"]
+    return found
 
 
 def slurm_ports(base_port):
