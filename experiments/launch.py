@@ -103,7 +103,7 @@ from launcher.hosts import probe_main
 from launcher.placement import check_placement
 from launcher.plan import expand_sweep, find_binaries, replan
 from launcher.processes import Interrupted, catch_signals
-from launcher.run import dry_run, resume_run, run_all
+from launcher.run import dry_run, replay_run, resume_run, run_all
 from launcher.task import run_task
 
 
@@ -113,6 +113,9 @@ def cmd_run(a):
         raise UsageError(f"{config}: no such config file")
     bins = find_binaries(a.build_dir)
     runs_dir = pathlib.Path(a.runs_dir) if a.runs_dir else REPO / "runs"
+    if a.calibration:
+        from launcher.calibrate import calibration_sets
+        a.set = (a.set or []) + calibration_sets(a.calibration)
     with tempfile.TemporaryDirectory(prefix="pslab-launch-") as tmp:  # gone before anything starts
         plans = expand_sweep(bins, config, a.set or [], pathlib.Path(tmp))
         for i, plan in enumerate(plans):
@@ -147,6 +150,8 @@ def main(argv=None):
     r.add_argument("--keep-going", action="store_true", help="in a sweep, go on with the next run after a failed one")
     r.add_argument("--max-minutes", type=float, default=60.0,
                    help="wall-clock guard per run: stop it and fail after this many minutes (default 60)")
+    r.add_argument("--calibration", metavar="FILE",
+                   help="the virtual cluster's cost model measured by `launch.py calibrate` (applied as --set)")
     r.add_argument("--base-port", type=int, default=None,
                    help="ssh / slurm: process i listens on BASE + i (default: ports chosen per run: ssh: free ports "
                         "asked of each host; Slurm: a window of 64 ports in 20000-31999 from the job and step ids)")
@@ -163,6 +168,28 @@ def main(argv=None):
     u.add_argument("--max-minutes", type=float, default=60.0, help="wall-clock guard (default 60)")
     u.add_argument("--base-port", type=int, default=None, help="ssh / slurm: process i listens on BASE + i "
                                                                    "(default: ports chosen per run, as for run)")
+    c = sub.add_parser("calibrate", help="measure the virtual cluster's cost model on this machine",
+                       description=__import__("launcher.calibrate", fromlist=["x"]).__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("config", help="experiment config (TOML): its workers, servers, transport and placement are measured")
+    c.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key (as for run)")
+    c.add_argument("--steps", type=int, default=200, help="steps per calibration run (default 200)")
+    c.add_argument("--runs-dir", help="where runs/calibration/<name>/<stamp>/ goes (default: <repo>/runs)")
+    c.add_argument("--out", help="the calibration file (default: calibration.json in the calibration runs' directory)")
+    c.add_argument("--build-dir", help="build directory (default: $PSLAB_BUILD, else <repo>/build)")
+    c.add_argument("--max-minutes", type=float, default=10.0, help="wall-clock guard per run (default 10)")
+    c.add_argument("--base-port", type=int, default=None, help="ssh / slurm: fixed ports (as for run)")
+    y = sub.add_parser("replay", help="re-execute a finished parameter-server run's recorded order; same final θ",
+                       description="Re-executes, in the virtual cluster (one process), the order in which each server "
+                                   "of a finished bsp/ssp/asp run applied pushes and served pulls (RUN_DIR/trace/, "
+                                   "recorded by every real run), with the same model, data and gradients, into "
+                                   "RUN_DIR/replay/. Exit 0 when the final θ equals the run's bit for bit (each "
+                                   "shard's checksum, CPU backend), 1 otherwise. Runs with a lost worker, a restarted "
+                                   "server or a resume cannot be replayed.")
+    y.add_argument("run_dir", help="the run's directory (runs/<name>/<YYYYmmdd-HHMMSS>/<label>)")
+    y.add_argument("--build-dir", help="build directory (default: $PSLAB_BUILD, else <repo>/build)")
+    y.add_argument("--no-plots", action="store_true", help="do not draw plots")
+    y.add_argument("--max-minutes", type=float, default=60.0, help="wall-clock guard (default 60)")
     t = sub.add_parser("task", help="one task of a Slurm run (srun starts it; not for direct use)",
                        description="One task of a Slurm run: reads SLURM_PROCID, SLURM_NTASKS and the node list, "
                                    "and execs the binary of its role with its output in RUN_DIR/logs/.")
@@ -195,6 +222,11 @@ def main(argv=None):
         catch_signals()
         if a.command == "resume":
             return resume_run(a.run_dir, find_binaries(a.build_dir), a)
+        if a.command == "calibrate":
+            from launcher.calibrate import calibrate
+            return calibrate(pathlib.Path(a.config), find_binaries(a.build_dir), a)
+        if a.command == "replay":
+            return replay_run(a.run_dir, find_binaries(a.build_dir), a)
         return cmd_run(a)
     except UsageError as e:
         msg = str(e)

@@ -40,6 +40,8 @@ int main(int argc, char** argv) {
   app.add_flag("--trace-pulls", opt.record_pulls, "write a metrics line for every served pull (clock, slowest clock)");
   app.add_option("--checkpoint", opt.checkpoint_path,
                  "write the shard's checkpoint to this file every checkpoint.every_s and when the server stops");
+  app.add_option("--trace", opt.trace_path, "record the order of applied pushes and served pulls here "
+                                          "(RUN_DIR/trace/server<k>.txt; launch.py replay re-executes it)");
   app.add_option("--resume", opt.resume_path, "go on from this checkpoint (written by --checkpoint of the same run)")
       ->check(CLI::ExistingFile);
   CLI11_PARSE(app, argc, argv);

@@ -78,6 +78,10 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   }
   if (!opt.metrics_path.empty())
     metrics_ = std::make_unique<MetricsWriter>(opt.metrics_path, opt.run_start, !opt.resume_path.empty());
+  if (!opt.trace_path.empty()) {
+    trace_ = std::make_unique<OrderTrace>(opt.trace_path, !opt.resume_path.empty());
+    if (!opt.resume_path.empty()) trace_->event("resume");
+  }
 }
 
 Server::~Server() = default;
@@ -426,6 +430,7 @@ void Server::on_push(const std::string& id, const Peer& p, const wire::Push& m, 
     reply_error(id, wire::ErrorCode::bad_payload, e.what());
     return;
   }
+  if (trace_) trace_->push(p.rank, m.clock, m.version_pulled, m.batch);
   ++counters_.pushes;
   auto& pushed = counters_.pushed[codec.name()];
   ++pushed.pushes;
@@ -443,6 +448,7 @@ void Server::serve_pull(const std::string& id, int rank, long clock, Clock::time
   counters_.hold_ms_total += held_s * 1e3;
   counters_.hold_ms_max = std::max(counters_.hold_ms_max, held_s * 1e3);
   if (rank >= 0) state_->record_pull(rank, clock);
+  if (trace_ && rank >= 0) trace_->pull(rank, clock, state_->version());
   ParamVersions& pv = state_->params();
   wire::PullReply r{clock, state_->version(), state_->min_clock(), state_->samples_applied(), long(held_s * 1e6),
                     finished() == cfg_.cluster.workers, state_->current_checksum(), range_.offset, range_.length,
@@ -515,6 +521,7 @@ void Server::rejoin(int rank, long clock) {
                              " rejoined at clock " + std::to_string(clock) + ": " + e.what());
   }
   updates_lost_ += lost;
+  if (trace_) trace_->event("rejoin " + std::to_string(rank) + " " + std::to_string(clock));
   std::fprintf(stderr, "server %d: worker %d rejoined at clock %ld (this server's checkpoint had it at %ld: %ld update(s) lost)\n",
                opt_.shard, rank, clock, was, lost);
   if (metrics_) {
@@ -537,6 +544,7 @@ void Server::beat_held_pulls(Clock::time_point now) {
 
 void Server::lose_worker(int rank, double silent_s) {
   state_->drop_worker(rank);
+  if (trace_) trace_->event("drop " + std::to_string(rank));
   const long clock = state_->clock_of(rank);
   losses_.push_back({{"worker", rank}, {"clock", clock}, {"silent_s", silent_s}});
   std::fprintf(stderr, "server %d: worker %d lost: silent for %.1f s at clock %ld (cluster.heartbeat_s = %g); "
@@ -618,7 +626,11 @@ void Server::write_stats(bool final) {
       hist[std::to_string(w)] = state_->staleness_histogram()[w];
     j["staleness_hist"] = hist;
     j["param_buffers"] = state_->params().buffers();
+    char sum[24];  // the shard's θ: a replay of this run's order (launch.py replay) must end on the same
+    std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(state_->current_checksum()));
+    j["params_checksum"] = sum;
   }
+  if (trace_) trace_->flush();
   metrics_->write(j);
   metrics_->flush();
 }

@@ -27,6 +27,7 @@
 
 #include "comm/transport/transport.h"
 #include "run/config.h"
+#include "ps/order_trace.h"
 #include "ps/shard_state.h"
 #include "run/metrics.h"
 #include "comm/wire.h"
@@ -46,6 +47,7 @@ struct ServerOptions {
   // Checkpoints (ps/checkpoint.h): written to checkpoint_path every checkpoint.every_s and when
   // the server stops, however it stops ("" = none); resume_path: go on from this checkpoint.
   std::string checkpoint_path, resume_path;
+  std::string trace_path;        // the order of applied pushes and served pulls (ps/order_trace.h; "" = none)
 };
 
 struct ServerCounters {
@@ -142,6 +144,7 @@ class Server {
   comm::PeerId from_;
   wire::Encoder enc_;
   std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<OrderTrace> trace_;  // null without ServerOptions::trace_path
   ServerCounters counters_;
 
   std::map<std::string, Peer> peers_;           // by ZeroMQ identity

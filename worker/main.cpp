@@ -5,6 +5,7 @@
 //   eval       the evaluator (PS modes and all-reduce)
 //   config     validate a config, write it back with defaults, list the keys, expand a sweep
 //   keygen     write a new run key (comm/run_key.h)
+//   virtual    a whole run in one process, in simulated time (virtual_cluster.h)
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include "roles.h"
 #include "run/plan.h"
 #include "train_single.h"
+#include "virtual_cluster.h"
 
 using namespace pslab;
 
@@ -110,6 +112,16 @@ int main(int argc, char** argv) {
   auto* eval_snaps = eval->add_option("--snapshots", role.snapshots, "all-reduce mode: listen here for rank 0's θ snapshots");
   eval_servers->excludes(eval_snaps);
 
+  auto* virt = app.add_subcommand("virtual", "every worker and server of the run in this process, in simulated time "
+                                             "(cluster.launcher = \"virtual\"; [virtual] is the cost model)");
+  add_config(virt);
+  VirtualOptions vopt;
+  bool virt_quiet = false;
+  virt->add_option("-o,--out", vopt.out_dir, "run directory (metrics go to <out>/metrics/)")->capture_default_str();
+  virt->add_option("--procs-on-host", vopt.procs_on_host, "BLAS threads as for one process among this many (a replay: "
+                                                          "the real run's workers')")->capture_default_str();
+  virt->add_flag("-q,--quiet", virt_quiet, "no progress lines");
+
   auto* config = app.add_subcommand("config", "validate a config; write it back with defaults; expand sweeps");
   config->add_option("-c,--config", config_path, "experiment config (TOML)")->check(CLI::ExistingFile);
   config->add_option("--set", overrides, "override a key: section.key=value (repeatable)");
@@ -157,6 +169,14 @@ int main(int argc, char** argv) {
         const double result = run_evaluator(cfg, role);
         std::printf("final test %s: %.4f\n", cfg.data.kind == "least-squares" ? "loss" : "accuracy", result);
       }
+      return 0;
+    }
+    if (*virt) {
+      const ExperimentConfig cfg = load_config(config_path, overrides);
+      vopt.progress = !virt_quiet;
+      say_when_stopped("virtual cluster");
+      const double result = run_virtual_cluster(cfg, vopt);
+      std::printf("final test %s: %.4f\n", cfg.data.kind == "least-squares" ? "loss" : "accuracy", result);
       return 0;
     }
     if (*keygen) {

@@ -187,7 +187,8 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_address=None):
             argv = [str(bins.server), "-c", cfg, "--shard", str(rank), "--bind", endpoints.bind(i, name),
                     "--metrics", str(run_dir / "metrics" / f"{name}.jsonl"), "--run-start", f"{run_start:.6f}",
                     "--wait-for-shutdown", "--procs-on-host", str(per_host[host]),
-                    "--checkpoint", str(checkpoint_path(run_dir, name))]
+                    "--checkpoint", str(checkpoint_path(run_dir, name)),
+                    "--trace", str(run_dir / "trace" / f"{name}.txt")]  # the order it applied and served in
             if plan.authenticates:
                 argv += ["--auth-key", str(run_key_path(run_dir))]
         elif role == "worker" and plan.uses_servers:
@@ -204,6 +205,16 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_address=None):
         procs.append(Proc(name=name, role=role, rank=rank, index=i, host=host, argv=argv,
                           log=run_dir / "logs" / f"{name}.log"))
     return procs
+
+
+def plan_virtual(plan, run_dir, bins, procs_on_host=1):
+    """cluster.launcher = "virtual": one process runs every worker and server in simulated time."""
+    argv = [str(bins.worker), "virtual", "-c", str(run_dir / "config.toml"), "-o", str(run_dir),
+            "--procs-on-host", str(procs_on_host)]
+    p = Proc(name="virtual", role="virtual", rank=-1, index=0, host="local", argv=argv,
+             log=run_dir / "logs" / "virtual.log")
+    p.command = argv
+    return [p]
 
 
 def checkpoint_path(run_dir, name):

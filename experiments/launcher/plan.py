@@ -99,13 +99,20 @@ class RunPlan:
     @property
     def socket_dir_needed(self):
         """Listeners bind Unix sockets in a private directory of the run (made on every host)."""
-        return self.unix_sockets or self.mixes_transports
+        return not self.virtual and (self.unix_sockets or self.mixes_transports)
+
+    @property
+    def virtual(self):
+        """cluster.launcher = "virtual": one process, simulated time, nothing listens."""
+        return self.launcher == "virtual"
 
     @property
     def authenticates(self):
         """Whether the run's peers prove its key (cluster.auth): "curve" yes, "none" no, "auto" when a
         TCP listener binds an address other than loopback (ssh and Slurm bind every interface)."""
         auth = self.plan.get("auth", "none")
+        if self.virtual:
+            return False
         if auth != "auto":
             return auth == "curve"
         if self.unix_sockets:

@@ -9,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 from .common import REPO, RunFailed, UsageError, say, warn
@@ -17,9 +18,10 @@ from .manifest import write_manifest
 from .hosts import probe_hosts
 from .monitor import Progress, how_it_ended, monitor, process_failure, srun_failure
 from .placement import (DRY_RUN_SOCKET_DIR, Proc, checkpoint_path, cluster_hosts, fixed_or_probed_ports, plan_cluster,
-                        plan_local, plan_ssh, ports_wanted, resume_arguments, run_key_path, socket_dir, srun_command,
-                        ssh_base, ssh_command)
-from .plan import RunPlan, new_invocation_dir, safe_dir_name
+                        plan_local, plan_ssh, plan_virtual, ports_wanted, resume_arguments, run_key_path, socket_dir,
+                        srun_command, ssh_base, ssh_command)
+from .metrics import read_jsonl
+from .plan import RunPlan, new_invocation_dir, replan, safe_dir_name
 from .processes import Interrupted, check_signal, log_tail, sleep_checked, start, stop_all
 from .summary import COMPLETED, result_line, summarize
 
@@ -164,6 +166,10 @@ def start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=None
     if plan.launcher == "local":
         procs = plan_local(plan, run_dir, run_start, bins, sockets)
         started = procs
+    elif plan.virtual:  # one process, simulated time
+        procs = plan_virtual(plan, run_dir, bins, getattr(opts, "procs_on_host", 1))
+        started = procs
+        extra["simulated"] = True
     elif plan.launcher == "ssh":
         where = cluster_hosts(plan, plan.hosts)
         probed = probe_hosts(plan, where, ports_wanted(where) if opts.base_port is None else {}, ssh_base())
@@ -265,8 +271,67 @@ def start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=None
                 p.popen.stdin.close()
     write_manifest(run_dir, plan, procs, run_start, bins, extra, placed=True)
     s = summarize(plan, run_dir, time.time() - run_start, lost=lost, restarted=restarted)
+    if getattr(opts, "replay_of", None):
+        s.update(replay_verdict(opts.replay_of, run_dir, plan))
     (run_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
     return s
+
+
+def shard_checksums(run_dir, plan):
+    """{server: params_checksum} from the servers' final metrics lines."""
+    found = {}
+    for p in plan.processes:
+        if p["role"] == "server":
+            for row in read_jsonl(pathlib.Path(run_dir) / "metrics" / f"{p['name']}.jsonl"):
+                if row.get("kind") == "server_final" and row.get("params_checksum"):
+                    found[p["name"]] = row["params_checksum"]
+    return found
+
+
+def replay_verdict(original, replay_dir, plan):
+    """Whether a replay ended on the recorded run's θ: every shard's checksum equal."""
+    want, got = shard_checksums(original, plan), shard_checksums(replay_dir, plan)
+    return {"replay_of": str(original), "params_checksums": got, "recorded_params_checksums": want,
+            "replay_identical": bool(want) and want == got}
+
+
+def replay_run(run_dir, bins, opts):
+    """launch.py replay: re-executes a finished parameter-server run's recorded order in the
+    virtual cluster, into RUN_DIR/replay/; exit 0 when the final θ is the run's bit for bit."""
+    run_dir = pathlib.Path(run_dir).resolve()
+    plan = RunPlan.load(run_dir)
+    if not plan.uses_servers:
+        raise UsageError(f"{run_dir}: an allreduce run has no servers and no order to replay")
+    if not (run_dir / "trace" / "server0.txt").is_file():
+        raise UsageError(f"{run_dir}: no order trace (trace/server0.txt): the run was not recorded "
+                         f"(servers record it from this version on)")
+    if not shard_checksums(run_dir, plan):
+        raise UsageError(f"{run_dir}: the servers wrote no final checksum: the run did not finish, there is nothing to compare")
+    try:
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        worker0 = next(p for p in manifest["processes"] if p["name"] == "worker0")
+        argv = shlex.split(worker0["command"])
+        opts.procs_on_host = int(argv[argv.index("--procs-on-host") + 1])  # the real workers' BLAS threads
+    except (OSError, ValueError, KeyError, StopIteration, IndexError):
+        opts.procs_on_host = 1
+    out = run_dir / "replay"
+    if out.exists():
+        shutil.rmtree(out)
+    with tempfile.TemporaryDirectory(prefix="pslab-replay-") as tmp:
+        rplan = replan(bins, plan, ['cluster.launcher="virtual"', f'virtual.replay="{run_dir}"'], tmp)
+    opts.replay_of = run_dir
+    say(f"launch.py: replaying {run_dir} ({plan.mode}, {plan.workers} workers, {plan.servers} servers) -> {out}")
+    try:
+        s = execute_run(rplan, out, bins, opts, f"replay {plan.mode}")
+    except RunFailed as e:
+        print(f"launch.py: FAILED replay of {run_dir}: {e}", file=sys.stderr, flush=True)
+        return 1
+    if s["replay_identical"]:
+        say(f"launch.py: the replay's final θ is the run's, bit for bit: {len(s['params_checksums'])} shard checksum(s) "
+            f"equal ({', '.join(f'{k} {v}' for k, v in s['params_checksums'].items())})")
+        return 0
+    warn(f"the replay's final θ differs from the run's: replay {s['params_checksums']}, run {s['recorded_params_checksums']}")
+    return 1
 
 
 def dry_run(plans, bins, opts, runs_dir):
@@ -291,7 +356,10 @@ def dry_run(plans, bins, opts, runs_dir):
         if plan.mixes_transports:
             say("# auto over several hosts: each server listens on a socket and a port; a peer on its host uses "
                 "the socket (shared memory), the others the port (TCP)")
-        if plan.launcher == "local":
+        if plan.virtual:
+            say("# virtual: every worker and server in one process, in simulated time ([virtual] is the cost model)")
+            procs = plan_virtual(plan, run_dir, bins)
+        elif plan.launcher == "local":
             if not ipc:
                 say("# local: ports are free ports chosen afresh at launch")
             procs = plan_local(plan, run_dir, t, bins, sockets)

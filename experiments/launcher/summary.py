@@ -67,6 +67,9 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
     updates_lost        the updates those restarts lost (workers' pushes after the checkpoint), over
                         the servers; 0 without restarts
     wall_s              the run's wall-clock time, from its start to its last process's exit
+    simulated           true for the virtual cluster (cluster.launcher = "virtual"): every time
+                        above but wall_s is simulated; a replay adds replay_of, params_checksums,
+                        recorded_params_checksums and replay_identical
     final_test_loss, final_is_last_eval (the evaluator's final evaluation after training),
     evaluations, steps_per_worker (the plan's total_steps), step_time_ms (mean ms per step of
     every worker: compute, comm, wait, delay) and step_time_ms_per_worker
@@ -139,6 +142,7 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
         "wall_s": wall_s,
         # extras
         "status": status,
+        "simulated": plan.virtual,
         "final_test_loss": final.get("test_loss") if final else None,
         "final_is_last_eval": bool(final and final.get("final")),
         "evaluations": len(evals),
@@ -161,7 +165,8 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
 def result_line(label, s):
     def pct(v):
         return f"{100 * v:.2f}%" if v is not None else "-"
-    parts = [f"[{label}] {s['status']}: final test acc {pct(s['final_test_acc'])} (best {pct(s['best_test_acc'])})"]
+    sim = " (simulated)" if s.get("simulated") else ""
+    parts = [f"[{label}] {s['status']}{sim}: final test acc {pct(s['final_test_acc'])} (best {pct(s['best_test_acc'])})"]
     if s["time_to_target_s"] is not None:
         parts.append(f"{pct(s['target_acc'])} reached at {s['time_to_target_s']:.1f} s, epoch {s['epochs_to_target']:.2f}")
     else:

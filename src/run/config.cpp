@@ -76,7 +76,8 @@ void visit_fields(Config& c, F&& f) {
   f("cluster.collective", c.cluster.collective,
     "allreduce with train.device = \"cuda\": \"nccl\", \"gloo\" (through host memory) or \"auto\" "
     "(NCCL when no two ranks share a GPU)");
-  f("cluster.launcher", c.cluster.launcher, "\"local\", \"ssh\" or \"slurm\"");
+  f("cluster.launcher", c.cluster.launcher,
+    "\"local\", \"ssh\", \"slurm\", or \"virtual\": every worker and server in one process in simulated time ([virtual])");
   f("cluster.hosts", c.cluster.hosts, "ssh: hosts, processes placed round-robin");
   f("cluster.bind", c.cluster.bind, "local launcher: address servers and the rendezvous listen on");
   f("cluster.interface", c.cluster.interface,
@@ -106,6 +107,17 @@ void visit_fields(Config& c, F&& f) {
   f("straggler.slowdown", c.straggler.slowdown, "compute of those ranks takes this many times as long");
   f("straggler.delay_ms", c.straggler.delay_ms, "fixed extra sleep per step, every worker (ms)");
   f("straggler.exp_delay_ms", c.straggler.exp_delay_ms, "extra sleep per step ~ Exp(mean), every worker (ms)");
+  f("virtual.compute_ms", c.virtual_cluster.compute_ms,
+    "virtual cluster: a worker's forward + backward at train.batch (ms; 0: measured at start on this machine)");
+  f("virtual.latency_us", c.virtual_cluster.latency_us, "virtual cluster: one message's latency, one way (us)");
+  f("virtual.bandwidth_gbps", c.virtual_cluster.bandwidth_gbps, "virtual cluster: one link's bandwidth (GB/s)");
+  f("virtual.apply_gbps", c.virtual_cluster.apply_gbps, "virtual cluster: a server's update rate (GB/s of its shard)");
+  f("virtual.allreduce_ms", c.virtual_cluster.allreduce_ms,
+    "virtual cluster: one all-reduce of the gradient (ms; 0: a ring over the links)");
+  f("virtual.allreduce_compute_ms", c.virtual_cluster.allreduce_compute_ms,
+    "virtual cluster: compute_ms in allreduce mode, where no servers share the cores (ms; 0: compute_ms)");
+  f("virtual.replay", c.virtual_cluster.replay,
+    "virtual cluster: re-execute the recorded order of this run directory (launch.py replay sets it)");
 }
 
 template <typename T>
@@ -381,11 +393,20 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
         "cluster.collective", "expected \"auto\", \"nccl\" or \"gloo\", got \"" + c.cluster.collective + "\"");
   check(c.cluster.collective != "nccl" || c.train.device == "cuda", "cluster.collective",
         "\"nccl\" all-reduces GPU buffers: it needs train.device = \"cuda\" (CPU workers use Gloo or shm)");
-  check(c.cluster.launcher == "local" || c.cluster.launcher == "ssh" || c.cluster.launcher == "slurm",
-        "cluster.launcher", "expected \"local\", \"ssh\" or \"slurm\", got \"" + c.cluster.launcher + "\"");
+  check(c.cluster.launcher == "local" || c.cluster.launcher == "ssh" || c.cluster.launcher == "slurm" ||
+            c.cluster.launcher == "virtual",
+        "cluster.launcher", "expected \"local\", \"ssh\", \"slurm\" or \"virtual\", got \"" + c.cluster.launcher + "\"");
+  check(c.cluster.launcher != "virtual" || c.train.device == "cpu", "cluster.launcher",
+        "the virtual cluster computes on the CPU: set train.device = \"cpu\"");
+  check(c.virtual_cluster.compute_ms >= 0, "virtual.compute_ms", "must be >= 0");
+  check(c.virtual_cluster.latency_us >= 0, "virtual.latency_us", "must be >= 0");
+  check(c.virtual_cluster.bandwidth_gbps > 0, "virtual.bandwidth_gbps", "must be > 0");
+  check(c.virtual_cluster.apply_gbps > 0, "virtual.apply_gbps", "must be > 0");
+  check(c.virtual_cluster.allreduce_ms >= 0, "virtual.allreduce_ms", "must be >= 0");
+  check(c.virtual_cluster.allreduce_compute_ms >= 0, "virtual.allreduce_compute_ms", "must be >= 0");
   check(c.cluster.launcher != "ssh" || !c.cluster.hosts.empty(), "cluster.hosts",
         "cluster.launcher = \"ssh\" needs at least one host");
-  check(c.cluster.launcher == "local" || c.cluster.bind == "127.0.0.1", "cluster.bind",
+  check(c.cluster.launcher == "local" || c.cluster.launcher == "virtual" || c.cluster.bind == "127.0.0.1", "cluster.bind",
         "is the local launcher's address; with cluster.launcher = \"" + c.cluster.launcher +
             "\" each host listens on its own address: name it with cluster.interface or cluster.addresses");
   for (const auto& a : c.cluster.addresses) {

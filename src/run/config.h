@@ -98,6 +98,18 @@ struct StragglerConfig {
   double exp_delay_ms = 0.0; // extra sleep per step ~ Exp(mean), every worker, from the seed
 };
 
+// cluster.launcher = "virtual": the cost model of the simulated cluster (worker/virtual_cluster.h);
+// `launch.py calibrate` measures it on the machine at hand.
+struct VirtualConfig {
+  double compute_ms = 0.0;      // one worker's forward + backward at train.batch (0: measured at start, here)
+  double latency_us = 50.0;     // one message, one way
+  double bandwidth_gbps = 5.0;  // one link, GB/s, each direction
+  double apply_gbps = 5.0;      // a server's update (the rule's step), GB/s of its shard
+  double allreduce_ms = 0.0;    // one all-reduce of ∇θ (0: a ring over the links)
+  double allreduce_compute_ms = 0.0;  // compute_ms in allreduce mode (0: compute_ms): no servers share the cores
+  std::string replay;           // a recorded asp/ssp/bsp run's directory: re-execute its order (launch.py replay)
+};
+
 struct ExperimentConfig {
   std::string name = "experiment";
   std::uint64_t seed = 1;
@@ -110,6 +122,7 @@ struct ExperimentConfig {
   EvalConfig eval;
   CheckpointConfig checkpoint;
   StragglerConfig straggler;
+  VirtualConfig virtual_cluster;  // [virtual]
 
   // Whether the run has parameter servers: every mode but "allreduce" (ps/rules/ lists them).
   bool uses_servers() const { return cluster.mode != kAllreduce; }

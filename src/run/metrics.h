@@ -23,8 +23,10 @@ class MetricsWriter {
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
 
-  // Seconds since the run's start.
+  // Seconds since the run's start (or, after use_clock, the simulated time it points at).
   double now() const;
+  // The virtual cluster: times are *sim_now_s, simulated seconds since the run's start, from now on.
+  void use_clock(const double* sim_now_s) { sim_now_ = sim_now_s; }
   // Writes `record` with "t" (seconds since run start) added as the first key. Buffered;
   // flushed by flush(), every `flush_every_s` of writes and at destruction.
   void write(const nlohmann::ordered_json& record);
@@ -36,6 +38,7 @@ class MetricsWriter {
   std::FILE* f_ = nullptr;
   double run_start_;
   double last_flush_;
+  const double* sim_now_ = nullptr;
   static constexpr double flush_every_s = 1.0;
 };
 

@@ -44,6 +44,13 @@ nlohmann::ordered_json run_plan(const ExperimentConfig& c) {
           {"eval_interval_s", c.eval.interval_s},
           {"timeout_s", c.cluster.timeout_s},
           {"heartbeat_s", c.cluster.heartbeat_s},
+          {"virtual",
+           {{"compute_ms", c.virtual_cluster.compute_ms},
+            {"latency_us", c.virtual_cluster.latency_us},
+            {"bandwidth_gbps", c.virtual_cluster.bandwidth_gbps},
+            {"apply_gbps", c.virtual_cluster.apply_gbps},
+            {"allreduce_ms", c.virtual_cluster.allreduce_ms},
+            {"allreduce_compute_ms", c.virtual_cluster.allreduce_compute_ms}}},
           {"on_worker_loss", continues_without_lost_workers(c) ? "continue" : "fail"},
           {"on_server_loss", restarts_lost_servers(c) ? "restart" : "fail"},
           {"processes", processes}};

@@ -1,0 +1,79 @@
+"""`launch.py calibrate CONFIG`: the virtual cluster's cost model ([virtual]) measured on the
+machine at hand, by two short real runs of the config's own cluster (its workers, servers,
+transport, placement and stragglers, as they share the machine's cores): one asp run (a
+worker's step and its round trip to the servers) and one allreduce run (a step without servers
+beside it, and the all-reduce). What they measured and the cost model fitted
+to it go to a JSON file; `launch.py run CONFIG --calibration FILE` applies it (as --set).
+
+The fit: virtual.compute_ms = the asp workers' mean compute per step (as the run's processes
+shared the machine's cores), virtual.allreduce_compute_ms the allreduce ranks'; a round trip of one shard (bytes b each way) = 2 x latency +
+2 b / bandwidth + b / apply rate, with latency_us and apply_gbps kept at their values in the
+config and bandwidth_gbps solved from the measured round trip; virtual.allreduce_ms = the
+all-reduce alone: the least communication per step of any rank (the last to arrive waits for
+no one)."""
+import json
+import pathlib
+import tempfile
+
+from .common import REPO, RunFailed, UsageError, say
+from .plan import expand_sweep, new_invocation_dir, replan
+from .run import execute_run
+
+STEPS = 200  # per calibration run: enough for steady means, a few seconds
+
+
+def calibrate(config, bins, opts):
+    runs_dir = pathlib.Path(opts.runs_dir) if opts.runs_dir else REPO / "runs"
+    with tempfile.TemporaryDirectory(prefix="pslab-calibrate-") as tmp:
+        tmp = pathlib.Path(tmp)
+        base = expand_sweep(bins, config, opts.set or [], tmp)[0]
+        off = [f"train.steps={opts.steps}"]
+        launcher = [] if base.launcher != "virtual" else ['cluster.launcher="local"']
+        servers = max(base.servers, base.plan.get("servers", 0)) or 1
+        asp = replan(bins, base, off + launcher + ['cluster.mode="asp"', f"cluster.servers={servers}"], tmp)
+        allreduce = replan(bins, base, off + launcher + ['cluster.mode="allreduce"'], tmp)
+    inv = new_invocation_dir(runs_dir / "calibration", base.name)
+    say(f"launch.py: calibrating the virtual cluster for {config}: two real runs of {opts.steps} steps "
+        f"({asp.workers} workers; asp with {asp.servers} server(s), then allreduce) -> {inv}")
+    opts.no_plots = True
+    try:
+        s_asp = execute_run(asp, inv / "asp", bins, opts, "calibrate asp")
+        s_ar = execute_run(allreduce, inv / "allreduce", bins, opts, "calibrate allreduce")
+    except RunFailed as e:
+        raise UsageError(f"calibration run failed: {e}")
+    cfg = base.plan
+    virtual = dict(cfg.get("virtual") or {})
+    latency_us = float(virtual.get("latency_us", 50.0))
+    apply_gbps = float(virtual.get("apply_gbps", 5.0))
+    ms_asp, ms_ar = s_asp["step_time_ms"], s_ar["step_time_ms"]
+    # The all-reduce alone: the rank that arrives last waits for no one (the others' comm
+    # includes waiting for it).
+    allreduce_ms = min(w["comm"] for w in (s_ar["step_time_ms_per_worker"] or {}).values() if w) \
+        if s_ar.get("step_time_ms_per_worker") else ms_ar["comm"]
+    shard_bytes = 4 * asp.plan["params"] / asp.servers
+    # round trip = 2 latency + 2 b / bandwidth + b / apply  ->  bandwidth
+    left_s = ms_asp["comm"] * 1e-3 - 2 * latency_us * 1e-6 - shard_bytes / (apply_gbps * 1e9)
+    bandwidth_gbps = 2 * shard_bytes / left_s / 1e9 if left_s > 0 else 100.0
+    model = {"virtual.compute_ms": round(ms_asp["compute"], 4), "virtual.latency_us": latency_us,
+             "virtual.bandwidth_gbps": round(bandwidth_gbps, 4), "virtual.apply_gbps": apply_gbps,
+             "virtual.allreduce_ms": round(allreduce_ms, 4), "virtual.allreduce_compute_ms": round(ms_ar["compute"], 4)}
+    out = pathlib.Path(opts.out) if opts.out else inv / "calibration.json"
+    out.write_text(json.dumps({
+        "config": str(config), "workers": asp.workers, "servers": asp.servers, "transport": asp.transport,
+        "launcher": asp.launcher, "steps": opts.steps,
+        "measured_ms_per_step": {"asp": ms_asp, "allreduce": ms_ar},
+        "set": model}, indent=2) + "\n")
+    say(f"launch.py: measured per step: compute {ms_asp['compute']:.3f} ms, round trip to the servers "
+        f"{ms_asp['comm']:.3f} ms (asp), all-reduce {allreduce_ms:.3f} ms (its last rank's)")
+    say(f"launch.py: cost model -> {out}\n  " + " ".join(f"--set {k}={v}" for k, v in model.items()))
+    say(f"launch.py: use it: launch.py run {config} --set cluster.launcher=virtual --calibration {out}")
+    return 0
+
+
+def calibration_sets(path):
+    """The --set options a calibration file holds."""
+    try:
+        model = json.loads(pathlib.Path(path).read_text())["set"]
+    except (OSError, ValueError, KeyError) as e:
+        raise UsageError(f"{path}: not a calibration file (launch.py calibrate writes one): {e}")
+    return [f"{k}={v}" for k, v in model.items()]

@@ -1,0 +1,83 @@
+#!/usr/bin/python3
+"""The virtual cluster against real runs of one config, measured alternately on this machine.
+
+  experiments/validate_virtual.py [CONFIG] [--rounds N] [--out FILE]
+
+Each round: `launch.py calibrate CONFIG` (two short real runs: the cost model as the machine is
+now), the config in the virtual cluster with that calibration, then the config for real. Per mode
+it reports the medians over the rounds of samples/s, asp's (and ssp's) mean staleness and the
+final test accuracy, virtual beside real, with the ratios; writes them as JSON (default
+runs/bench/virtual.json). The acceptance of the virtual cluster: samples/s within 20%, asp's mean
+staleness within 25%, final accuracy within 1 point."""
+import argparse
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+LAUNCH = REPO / "experiments" / "launch.py"
+
+
+def launch(*args):
+    r = subprocess.run([sys.executable, str(LAUNCH), *map(str, args)], cwd=REPO, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"validate_virtual: launch.py {' '.join(map(str, args))} failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    return r.stdout
+
+
+def summaries(runs):
+    inv = next(d for d in sorted(pathlib.Path(runs).glob("*/*")) if d.is_dir() and not d.is_symlink())
+    return {json.loads((d / "summary.json").read_text())["mode"]: json.loads((d / "summary.json").read_text())
+            for d in inv.iterdir() if (d / "summary.json").exists()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config", nargs="?", default=str(REPO / "experiments" / "configs" / "default.toml"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=str(REPO / "runs" / "bench" / "virtual.json"))
+    a = ap.parse_args()
+    rows = {"virtual": [], "real": []}
+    with tempfile.TemporaryDirectory(prefix="pslab-validate-") as tmp:
+        tmp = pathlib.Path(tmp)
+        for i in range(a.rounds):
+            cal = tmp / f"cal{i}.json"
+            launch("calibrate", a.config, "--runs-dir", tmp / f"calruns{i}", "--out", cal)
+            launch("run", a.config, "--set", 'cluster.launcher="virtual"', "--calibration", cal,
+                   "--runs-dir", tmp / f"virtual{i}", "--no-plots")
+            launch("run", a.config, "--runs-dir", tmp / f"real{i}", "--no-plots")
+            rows["virtual"].append(summaries(tmp / f"virtual{i}"))
+            rows["real"].append(summaries(tmp / f"real{i}"))
+            print(f"round {i + 1}/{a.rounds} done", flush=True)
+    modes = sorted(rows["real"][0])
+    result = {"config": a.config, "rounds": a.rounds, "modes": {}}
+    print(f"{'mode':<10} {'samples/s virtual':>18} {'real':>10} {'ratio':>6}   {'staleness v':>11} {'real':>6}   "
+          f"{'acc v':>7} {'real':>7}")
+    for m in modes:
+        def med(kind, f):
+            vals = [f(r[m]) for r in rows[kind] if m in r and f(r[m]) is not None]
+            return statistics.median(vals) if vals else None
+        sps = {k: med(k, lambda s: s["samples_per_s"]) for k in rows}
+        stale = {k: med(k, lambda s: (s.get("staleness") or {}).get("mean")) for k in rows}
+        acc = {k: med(k, lambda s: s["final_test_acc"]) for k in rows}
+        entry = {"samples_per_s": sps, "samples_per_s_ratio": sps["virtual"] / sps["real"],
+                 "staleness_mean": stale, "final_test_acc": acc,
+                 "accuracy_points": 100 * (acc["virtual"] - acc["real"]),
+                 "each_round": {k: [r[m]["samples_per_s"] for r in rows[k]] for k in rows}}
+        if stale["real"]:  # (0 under bsp: no ratio)
+            entry["staleness_ratio"] = stale["virtual"] / stale["real"]
+        result["modes"][m] = entry
+        st = (f"{stale['virtual']:>11.2f} {stale['real']:>6.2f}" if stale["real"] is not None else f"{'-':>11} {'-':>6}")
+        print(f"{m:<10} {sps['virtual']:>18,.0f} {sps['real']:>10,.0f} {entry['samples_per_s_ratio']:>6.2f}   {st}   "
+              f"{100 * acc['virtual']:>6.2f}% {100 * acc['real']:>6.2f}%")
+    out = pathlib.Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"-> {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+#include "ps/order_trace.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace pslab {
+
+OrderTrace::OrderTrace(const std::string& path, bool append) {
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  f_ = std::fopen(path.c_str(), append ? "a" : "w");
+  if (!f_) throw std::runtime_error(path + ": cannot write the order trace: " + std::strerror(errno));
+}
+
+OrderTrace::~OrderTrace() {
+  if (f_) std::fclose(f_);
+}
+
+void OrderTrace::push(int worker, long clock, long version_pulled, int batch) {
+  if (f_) std::fprintf(f_, "push %d %ld %ld %d\n", worker, clock, version_pulled, batch);
+}
+
+void OrderTrace::pull(int worker, long clock, long version) {
+  if (f_) std::fprintf(f_, "pull %d %ld %ld\n", worker, clock, version);
+}
+
+void OrderTrace::event(const std::string& line) {
+  if (f_) std::fprintf(f_, "%s\n", line.c_str());
+}
+
+void OrderTrace::flush() {
+  if (f_) std::fflush(f_);
+}
+
+std::vector<TraceOp> read_order_trace(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": no order trace (the servers of a real run write it)");
+  std::vector<TraceOp> ops;
+  std::string line;
+  for (long n = 1; std::getline(in, line); ++n) {
+    std::istringstream s(line);
+    std::string kind;
+    s >> kind;
+    TraceOp op{};
+    bool ok = false;
+    if (kind == "push") {
+      op.kind = TraceOp::push;
+      ok = bool(s >> op.worker >> op.clock >> op.version >> op.batch);
+    } else if (kind == "pull") {
+      op.kind = TraceOp::pull;
+      ok = bool(s >> op.worker >> op.clock >> op.version);
+    } else if (kind == "drop" || kind == "rejoin" || kind == "resume") {
+      throw std::runtime_error(path + ":" + std::to_string(n) + ": the run had a '" + kind +
+                               "' (a lost worker, a restarted server or a resumed run): its order cannot be replayed");
+    }
+    if (!ok) throw std::runtime_error(path + ":" + std::to_string(n) + ": not an order-trace line: \"" + line + "\"");
+    ops.push_back(op);
+  }
+  return ops;
+}
+
+}  // namespace pslab
