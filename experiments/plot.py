@@ -14,6 +14,9 @@ RUN_DIR/plots for one run, ./plots for several):
                    (comm minus wait), waiting for consistency (wait), injected straggler delay
   staleness.png    staleness of the applied updates (PS runs only; skipped when there is none);
                    mean, p99, max and pushes as in summary.json (launcher.metrics.staleness_stats)
+  scaling.png      when the runs have 3 or more worker counts (the virtual cluster's scaling
+                   study): mean staleness, final test accuracy and samples/s against the number of
+                   workers, one line per mode (--only scaling: this plot alone)
 
 Runs are named by their consistency mode (bsp, ssp:2, ...) when the modes differ, else by
 their sweep label. Epochs on the x axes are passes over the training set by all workers
@@ -350,15 +353,58 @@ def plot_staleness(runs, out):
     save(fig, out, "staleness.png")
 
 
+def plot_scaling(run_dirs, out):
+    """scaling.png from the runs' summary.json (one point per run): x = workers (log scale)."""
+    points = {}
+    for d in run_dirs:
+        try:
+            s = json.loads((pathlib.Path(d) / "summary.json").read_text())
+        except (OSError, ValueError):
+            continue
+        points.setdefault(s["mode"], []).append(s)
+    if len({s["workers"] for ss in points.values() for s in ss}) < 3:
+        return
+    sim = any(s.get("simulated") for ss in points.values() for s in ss)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    panels = [("mean staleness (shard versions behind)", lambda s: (s.get("staleness") or {}).get("mean"), "symlog"),
+              ("final test accuracy (%)", lambda s: 100 * s["final_test_acc"] if s.get("final_test_acc") is not None else None, "linear"),
+              ("samples/s" + (" (simulated)" if sim else ""), lambda s: s.get("samples_per_s"), "log")]
+    colour = {m: plt.cm.tab10(i) for i, m in enumerate(sorted(points))}
+    for ax, (title, value, scale) in zip(axes, panels):
+        for mode, ss in sorted(points.items()):
+            ss = sorted(ss, key=lambda s: s["workers"])
+            xy = [(s["workers"], value(s)) for s in ss if value(s) is not None]
+            if xy:  # bsp and allreduce coincide in accuracy: the same updates; dashed lines show both
+                ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", label=mode, color=colour[mode],
+                        linestyle="--" if mode == "allreduce" else "-")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale(scale)
+        if scale == "symlog":
+            ax.set_ylim(bottom=0)
+        ax.set_xlabel("workers")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    servers = sorted({(s["workers"], s["servers"]) for ss in points.values() for s in ss if s["servers"]})
+    fig.suptitle(("virtual cluster: " if sim else "") + "the modes against the number of workers (servers: " +
+                 ", ".join(f"{w}->{k}" for w, k in servers) + ")", fontsize=11)
+    fig.tight_layout()
+    save(fig, out, "scaling.png")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="run directories (each with metrics/ and config.toml)")
     ap.add_argument("--out", help="where to write the PNGs (default: RUN_DIR/plots for one run, ./plots for several)")
+    ap.add_argument("--only", choices=["scaling"], help="draw this plot alone")
     a = ap.parse_args()
+    out = pathlib.Path(a.out) if a.out else (pathlib.Path(a.runs[0]) / "plots" if len(a.runs) == 1 else pathlib.Path("plots"))
+    out.mkdir(parents=True, exist_ok=True)
+    plot_scaling(a.runs, out)
+    if a.only:
+        return
     runs = [Run(r) for r in a.runs]
     name_runs(runs)
-    out = pathlib.Path(a.out) if a.out else (runs[0].dir / "plots" if len(runs) == 1 else pathlib.Path("plots"))
-    out.mkdir(parents=True, exist_ok=True)
     plot_convergence(runs, out)
     plot_throughput(runs, out)
     plot_step_time(runs, out)
