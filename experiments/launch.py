@@ -97,7 +97,7 @@ import pathlib
 import sys
 import tempfile
 
-from launcher.common import REPO, UsageError, say, warn
+from launcher.common import REPO, UsageError, default_runs_dir, say, warn
 from launcher.gpus import decide_collective
 from launcher.hosts import probe_main
 from launcher.placement import check_placement
@@ -112,7 +112,7 @@ def cmd_run(a):
     if not config.is_file():
         raise UsageError(f"{config}: no such config file")
     bins = find_binaries(a.build_dir)
-    runs_dir = pathlib.Path(a.runs_dir) if a.runs_dir else REPO / "runs"
+    runs_dir = pathlib.Path(a.runs_dir) if a.runs_dir else default_runs_dir()
     if a.calibration:
         from launcher.calibrate import calibration_sets
         a.set = (a.set or []) + calibration_sets(a.calibration)
@@ -131,8 +131,8 @@ def cmd_run(a):
     return run_all(plans, config, bins, a, runs_dir)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="launch.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None, prog="launch.py"):
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run an experiment config (a sweep: one run per point)",
                        description="Run an experiment config; a sweep runs one point after the other. "

@@ -15,7 +15,7 @@ import json
 import pathlib
 import tempfile
 
-from .common import REPO, RunFailed, UsageError, say
+from .common import RunFailed, UsageError, default_runs_dir, say
 from .plan import expand_sweep, new_invocation_dir, replan
 from .run import execute_run
 
@@ -23,7 +23,7 @@ STEPS = 200  # per calibration run: enough for steady means, a few seconds
 
 
 def calibrate(config, bins, opts):
-    runs_dir = pathlib.Path(opts.runs_dir) if opts.runs_dir else REPO / "runs"
+    runs_dir = pathlib.Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
     with tempfile.TemporaryDirectory(prefix="pslab-calibrate-") as tmp:
         tmp = pathlib.Path(tmp)
         base = expand_sweep(bins, config, opts.set or [], tmp)[0]

@@ -7,6 +7,12 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
+def default_runs_dir():
+    """Where runs go without --runs-dir: <checkout>/runs; for an installed pslab (cmake --install,
+    which leaves share/pslab/.installed), ./runs."""
+    return pathlib.Path.cwd() / "runs" if (REPO / ".installed").exists() else REPO / "runs"
+
+
 def is_loopback(addr):
     return addr in ("localhost", "::1") or addr.startswith("127.")
 
