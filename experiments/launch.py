@@ -4,7 +4,11 @@
   launch.py run CONFIG [--set key=value ...] [--runs-dir DIR] [--build-dir DIR]
                        [--dry-run] [--no-plots] [--keep-going] [--max-minutes M] [--base-port P]
   launch.py resume RUN_DIR [--no-plots] [--max-minutes M]  (go on with a stopped or failed run)
+  launch.py replay RUN_DIR                                  (re-execute an async run's order: same θ)
+  launch.py calibrate CONFIG [--steps N] [--out FILE]       (the virtual cluster's cost model, measured)
   launch.py task RUN_DIR [--print] [--hosts H1,H2,...]      (one Slurm task; srun runs it)
+  launch.py remote | probe                                  (ssh's far end; the launcher runs them)
+(`pslab COMMAND` is the same: experiments/pslab, or installed by cmake --install.)
 
 `run` expands the sweep in CONFIG (a list where one value is expected is swept; the cross
 product of all such lists is run, one run after the other), has the pslab_worker binary
@@ -20,6 +24,11 @@ evaluator, prints a progress line about once a second, and writes
 
 Placement (cluster.launcher in the config):
   local  every process on this machine; tcp: on cluster.bind, on free ports (bind to port 0).
+  virtual  one process runs every worker, server and the evaluator in simulated time, with the
+         real model, gradients and consistency rules ([virtual] is the cost model; calibrate
+         measures it): `pslab_worker virtual -c CONFIG -o RUN_DIR`. Its metrics and summary are
+         a real run's, marked simulated. With virtual.replay = RUN_DIR it re-executes that real
+         run's recorded order instead (launch.py replay).
   ssh    processes round-robin over cluster.hosts (servers first, then workers, then the
          evaluator). First each host is asked, over ssh, for its address and free ports
          (`launch.py probe`): the address named for it (cluster.addresses "HOST=ADDRESS" or

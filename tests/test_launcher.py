@@ -1075,15 +1075,17 @@ class LauncherTest(unittest.TestCase):
         s = json.loads((run / "replay" / "summary.json").read_text())
         self.assertTrue(s["replay_identical"])
         self.assertEqual(s["params_checksums"], s["recorded_params_checksums"])
-        # the order matters: two pushes of different workers swapped -> refused or a different θ
+        # another worker's push moved before a pull it followed: the replay is at another version than
+        # the run served, and says so (the order is checked, not just read)
         lines = traces[0]
-        i = next(i for i in range(len(lines) - 1) if lines[i].startswith("push ") and lines[i + 1].startswith("push ")
+        i = next(i for i in range(len(lines) - 1) if lines[i].startswith("pull ") and lines[i + 1].startswith("push ")
                  and lines[i].split()[1] != lines[i + 1].split()[1])
         lines[i], lines[i + 1] = lines[i + 1], lines[i]
         (run / "trace" / "server0.txt").write_text("\n".join(lines) + "\n")
         r = self.launch("replay", run, "--no-plots")
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
-        self.assertRegex(r.stderr, r"differs from the run's|the shard is at version")
+        self.assertRegex(r.stderr, r"server 0, operation \d+ \(pull of worker \d, step \d+\): the shard is at version \d+, "
+                                   r"the run served \d+")
         # a trace that is not one: named with its line
         (run / "trace" / "server1.txt").write_text("push 0 0 0 32\nnonsense\n")
         r = self.launch("replay", run, "--no-plots")

@@ -9,6 +9,8 @@
 #include <queue>
 #include <stdexcept>
 
+#include <sys/resource.h>
+
 #include "comm/wire.h"
 #include "core/optimizer.h"
 #include "core/replica.h"
@@ -181,8 +183,9 @@ class VirtualCluster {
                  "latency %.0f us, %.2f GB/s per link, servers apply %.2f GB/s)\n", cfg_.cluster.mode.c_str(), W_, S_,
                  total_, costs_.compute_s * 1e3, costs_.latency_s * 1e6, costs_.bytes_per_s * 1e-9,
                  costs_.apply_bytes_per_s * 1e-9);
+    const double start = cfg_.virtual_cluster.startup_ms * 1e-3;
     for (int r = 0; r < W_; ++r)  // every worker asks every server for θ of step 0
-      for (int k = 0; k < S_; ++k) ev_.at(costs_.latency_s, Ev::arrive, r, k);
+      for (int k = 0; k < S_; ++k) ev_.at(start + costs_.latency_s, Ev::arrive, r, k);
     ev_.at(0.0, Ev::eval);
     while (!ev_.empty()) {
       const Event e = ev_.next();
@@ -241,16 +244,23 @@ class VirtualCluster {
     ++servers_[std::size_t(k)].pushes;
   }
 
-  // θ's slice k, as it is now, into worker r's buffer; the reply reaches it after the link's time.
-  void serve(int r, int k, double since) {
+  // θ's slice k, as it is now, into worker r's buffer (a pull served).
+  void copy_slice(int r, int k) {
     SimWorker& w = workers_[std::size_t(r)];
     SimServer& s = servers_[std::size_t(k)];
     const ShardRange g = range(k);
     std::memcpy(w.buf.data() + g.offset, s.state->current(), g.length * sizeof(float));
     w.version_pulled[std::size_t(k)] = s.state->version();
-    s.state->record_pull(r, w.step);
     ++s.pulls;
     s.bytes_out += long(shard_bytes(k));
+  }
+
+  // A pull served now, held since `since`; the reply reaches the worker after the link's time.
+  void serve(int r, int k, double since) {
+    SimWorker& w = workers_[std::size_t(r)];
+    SimServer& s = servers_[std::size_t(k)];
+    copy_slice(r, k);
+    s.state->record_pull(r, w.step);
     s.hold_ms_total += (ev_.now - since) * 1e3;
     w.held_s = std::max(w.held_s, ev_.now - since);
     ev_.at(ev_.now + costs_.message(shard_bytes(k)), Ev::reply, r, k);
@@ -363,6 +373,7 @@ class VirtualCluster {
     long samples = 0;
     double next_eval = 0.0;
     std::vector<float>& theta = eval_theta();
+    ev_.now = cfg_.virtual_cluster.startup_ms * 1e-3;
     for (long step = 0; step < total_; ++step) {
       long global = 0;
       for (auto& w : workers_) global += long(batch_of(w, step).size());
@@ -445,7 +456,7 @@ class VirtualCluster {
               fail(k, op, "the shard is at version " + std::to_string(s.state->version()) + ", the run served " +
                               std::to_string(op.version));
             w.step = op.clock;
-            serve_now(op.worker, k);
+            copy_slice(op.worker, k);
             if (++w.replies == S_) {  // the step's θ is complete: its gradient, as the real worker computed it
               w.replies = 0;
               compute(op.worker);
@@ -477,16 +488,6 @@ class VirtualCluster {
       samples = k == 0 ? servers_[0].state->samples_applied() : std::min(samples, servers_[std::size_t(k)].state->samples_applied());
     }
     evaluate(theta, total_, samples, true, {-1, -1});
-  }
-
-  void serve_now(int r, int k) {
-    SimWorker& w = workers_[std::size_t(r)];
-    SimServer& s = servers_[std::size_t(k)];
-    const ShardRange g = range(k);
-    std::memcpy(w.buf.data() + g.offset, s.state->current(), g.length * sizeof(float));
-    w.version_pulled[std::size_t(k)] = s.state->version();
-    ++s.pulls;
-    s.bytes_out += long(shard_bytes(k));
   }
 
   void log_replayed(int r, long step, long done, long total) {
@@ -545,6 +546,13 @@ class VirtualCluster {
 }  // namespace
 
 double run_virtual_cluster(const ExperimentConfig& cfg, const VirtualOptions& opt) {
+  // One metrics file per worker, open for the whole run: 1024 workers need more than the usual
+  // soft limit of 1024 descriptors.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
   VirtualCluster sim(cfg, opt, opt.procs_on_host);
   return sim.run();
 }

@@ -9,6 +9,7 @@
 //                        its own link: no contention on the wire)
 //   a server's update    shard bytes / apply_gbps; one at a time per server (a FIFO queue)
 //   an all-reduce        allreduce_ms, or a ring: 2 (W - 1) x (latency + P x 4 / W / bandwidth)
+//   start-up             startup_ms before the first step (connections, first-touch costs)
 // Ignored: contention for cores and memory bandwidth between processes of one host, the
 // evaluator's cost, the kernel's and ZeroMQ's queues, congestion. Events run in simulated-time
 // order; ties keep the order they were scheduled in, so a run is deterministic.

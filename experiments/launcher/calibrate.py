@@ -10,7 +10,8 @@ shared the machine's cores), virtual.allreduce_compute_ms the allreduce ranks'; 
 2 b / bandwidth + b / apply rate, with latency_us and apply_gbps kept at their values in the
 config and bandwidth_gbps solved from the measured round trip; virtual.allreduce_ms = the
 all-reduce alone: the least communication per step of any rank (the last to arrive waits for
-no one)."""
+no one); virtual.startup_ms = what each run's training span (samples / samples/s) holds beyond
+its slowest worker's steps (first-step and connection costs), the mean of the two runs."""
 import json
 import pathlib
 import tempfile
@@ -56,7 +57,8 @@ def calibrate(config, bins, opts):
     bandwidth_gbps = 2 * shard_bytes / left_s / 1e9 if left_s > 0 else 100.0
     model = {"virtual.compute_ms": round(ms_asp["compute"], 4), "virtual.latency_us": latency_us,
              "virtual.bandwidth_gbps": round(bandwidth_gbps, 4), "virtual.apply_gbps": apply_gbps,
-             "virtual.allreduce_ms": round(allreduce_ms, 4), "virtual.allreduce_compute_ms": round(ms_ar["compute"], 4)}
+             "virtual.allreduce_ms": round(allreduce_ms, 4), "virtual.allreduce_compute_ms": round(ms_ar["compute"], 4),
+             "virtual.startup_ms": round((startup_ms(s_asp, opts.steps) + startup_ms(s_ar, opts.steps)) / 2, 3)}
     out = pathlib.Path(opts.out) if opts.out else inv / "calibration.json"
     out.write_text(json.dumps({
         "config": str(config), "workers": asp.workers, "servers": asp.servers, "transport": asp.transport,
@@ -68,6 +70,17 @@ def calibrate(config, bins, opts):
     say(f"launch.py: cost model -> {out}\n  " + " ".join(f"--set {k}={v}" for k, v in model.items()))
     say(f"launch.py: use it: launch.py run {config} --set cluster.launcher=virtual --calibration {out}")
     return 0
+
+
+def startup_ms(s, steps):
+    """What a real run's training span holds beyond its steps: the span (train samples / samples/s)
+    less the slowest worker's steps (compute + comm + delay per step, times the steps)."""
+    per_worker = [w for w in (s.get("step_time_ms_per_worker") or {}).values() if w]
+    if not per_worker or not s.get("samples_per_s"):
+        return 0.0
+    span_ms = 1e3 * s["train_samples"] / s["samples_per_s"]
+    slowest_ms = max(steps * (w["compute"] + w["comm"] + w["delay"]) for w in per_worker)
+    return max(0.0, span_ms - slowest_ms)
 
 
 def calibration_sets(path):

@@ -116,6 +116,8 @@ void visit_fields(Config& c, F&& f) {
     "virtual cluster: one all-reduce of the gradient (ms; 0: a ring over the links)");
   f("virtual.allreduce_compute_ms", c.virtual_cluster.allreduce_compute_ms,
     "virtual cluster: compute_ms in allreduce mode, where no servers share the cores (ms; 0: compute_ms)");
+  f("virtual.startup_ms", c.virtual_cluster.startup_ms,
+    "virtual cluster: time before the first step (connections, first-touch costs; calibrate measures it) (ms)");
   f("virtual.replay", c.virtual_cluster.replay,
     "virtual cluster: re-execute the recorded order of this run directory (launch.py replay sets it)");
 }
@@ -404,6 +406,7 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
   check(c.virtual_cluster.apply_gbps > 0, "virtual.apply_gbps", "must be > 0");
   check(c.virtual_cluster.allreduce_ms >= 0, "virtual.allreduce_ms", "must be >= 0");
   check(c.virtual_cluster.allreduce_compute_ms >= 0, "virtual.allreduce_compute_ms", "must be >= 0");
+  check(c.virtual_cluster.startup_ms >= 0, "virtual.startup_ms", "must be >= 0");
   check(c.cluster.launcher != "ssh" || !c.cluster.hosts.empty(), "cluster.hosts",
         "cluster.launcher = \"ssh\" needs at least one host");
   check(c.cluster.launcher == "local" || c.cluster.launcher == "virtual" || c.cluster.bind == "127.0.0.1", "cluster.bind",

@@ -107,6 +107,7 @@ struct VirtualConfig {
   double apply_gbps = 5.0;      // a server's update (the rule's step), GB/s of its shard
   double allreduce_ms = 0.0;    // one all-reduce of ∇θ (0: a ring over the links)
   double allreduce_compute_ms = 0.0;  // compute_ms in allreduce mode (0: compute_ms): no servers share the cores
+  double startup_ms = 0.0;      // before the first step: connections, first-touch costs (a real run's span less its steps)
   std::string replay;           // a recorded asp/ssp/bsp run's directory: re-execute its order (launch.py replay)
 };
 

@@ -50,7 +50,8 @@ nlohmann::ordered_json run_plan(const ExperimentConfig& c) {
             {"bandwidth_gbps", c.virtual_cluster.bandwidth_gbps},
             {"apply_gbps", c.virtual_cluster.apply_gbps},
             {"allreduce_ms", c.virtual_cluster.allreduce_ms},
-            {"allreduce_compute_ms", c.virtual_cluster.allreduce_compute_ms}}},
+            {"allreduce_compute_ms", c.virtual_cluster.allreduce_compute_ms},
+            {"startup_ms", c.virtual_cluster.startup_ms}}},
           {"on_worker_loss", continues_without_lost_workers(c) ? "continue" : "fail"},
           {"on_server_loss", restarts_lost_servers(c) ? "restart" : "fail"},
           {"processes", processes}};
