@@ -22,7 +22,7 @@
 # Python's nvidia-nccl package, which PyTorch installs).
 #
 # Then, on the target:  tar xzf pslab-*.tar.gz && cd pslab-*/ &&
-#   /usr/bin/python3 experiments/launch.py run experiments/configs/default.toml
+#   experiments/pslab run experiments/configs/default.toml
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 

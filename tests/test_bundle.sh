@@ -49,7 +49,7 @@ echo "ok: every library of $(ls "$b"/build/{worker,server,tests} | wc -l) binari
 
 run_comparison() {  # the default comparison, 60 steps per worker, from the bundle's root
   cd "$b"
-  /usr/bin/python3 experiments/launch.py run experiments/configs/default.toml --set train.steps=60 \
+  experiments/pslab run experiments/configs/default.toml --set train.steps=60 \
     --set eval.interval_s=5 --no-plots --runs-dir "$tmp/runs" --max-minutes 5
   local n=0 s
   for s in "$tmp"/runs/compare/latest/*/summary.json; do

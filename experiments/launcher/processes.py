@@ -50,7 +50,7 @@ def sleep_checked(seconds):
 
 
 # ---- starting and stopping -----------------------------------------------------------------
-def _die_with_parent():
+def die_with_parent():
     """Child side, before exec: SIGKILL this process if the launcher dies (even by SIGKILL)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -66,7 +66,7 @@ def start(proc, cwd, append_log=False):
     with open(out, "ab" if append_log else "wb") as log:
         proc.popen = subprocess.Popen(proc.command, stdin=subprocess.PIPE if proc.control else subprocess.DEVNULL,
                                       stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
-                                      preexec_fn=_die_with_parent)
+                                      preexec_fn=die_with_parent)
 
 
 def group_alive(pgid):

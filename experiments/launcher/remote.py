@@ -18,7 +18,7 @@ import socket
 import subprocess
 import time
 
-from .processes import _die_with_parent
+from .processes import die_with_parent
 
 MARK = "[pslab-launch] "  # a line of the launcher's own, in a process's log
 STOP_GRACE_S = 2.0  # SIGTERM to the group, SIGKILL after this long (the launcher waits longer)
@@ -47,7 +47,7 @@ def run_remote(argv, log_path, append=False):
     out = 1
     try:
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 start_new_session=True, preexec_fn=_die_with_parent)
+                                 start_new_session=True, preexec_fn=die_with_parent)
     except OSError as e:
         say(out, log, f"cannot start {argv[0]}: {e}")
         say(out, log, MARK + json.dumps({"event": "exit", "host": socket.gethostname(), "pid": None, "code": 127}))
