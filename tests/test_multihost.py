@@ -577,46 +577,35 @@ class SlurmTest(unittest.TestCase):
         self.assertIn(f"--host {self.cluster.addr['nodeA']}", m["worker1"]["command"])  # Gloo on nodeA's address
         self.assert_no_process_on_any_node()
 
+    def start_long_run(self, name):
+        """A run far longer than a test under `salloc -N 2 -n 4`, once worker 1 is training: its salloc."""
+        p = subprocess.Popen(self.salloc(4, "run", self.config(name, steps=100000), "--runs-dir", self.runs, "--no-plots"),
+                             cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: (p.kill(), p.communicate()) if p.poll() is None else None)
+        deadline = time.monotonic() + 60
+        while not any('"train"' in f.read_text() for f in self.runs.glob("tiny/*/*/metrics/worker1.jsonl")):
+            self.assertLess(time.monotonic(), deadline, "worker1 wrote no train line")
+            time.sleep(0.1)
+        return p
+
     def test_ctrl_c_of_the_launcher_leaves_no_task_on_any_node(self):
-        p = subprocess.Popen(self.salloc(4, "run", self.config("ctrl-c.toml", steps=100000), "--runs-dir", self.runs,
-                                         "--no-plots"), cwd=REPO, env=self.env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-        try:
-            deadline = time.monotonic() + 60
-            while not any('"train"' in f.read_text() for f in self.runs.glob("tiny/*/*/metrics/worker1.jsonl")):
-                self.assertLess(time.monotonic(), deadline, "worker1 wrote no train line")
-                time.sleep(0.1)
-            self.assertTrue(all(self.cluster.pids(n) for n in SLURM_NODES), "not every node runs a task")
-            # the launcher itself (salloc's child), as a terminal's Ctrl-C reaches it
-            launcher = next(pid for pid in map(int, sh("pgrep", "-P", str(p.pid)).stdout.split())
-                            if "launch.py" in MultiHostTest.cmdline(pid))
-            os.kill(launcher, signal.SIGINT)
-            out, err = p.communicate(timeout=60)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+        p = self.start_long_run("ctrl-c.toml")
+        self.assertTrue(all(self.cluster.pids(n) for n in SLURM_NODES), "not every node runs a task")
+        # the launcher itself (salloc's child), as a terminal's Ctrl-C reaches it
+        launcher = next(pid for pid in map(int, sh("pgrep", "-P", str(p.pid)).stdout.split())
+                        if "launch.py" in MultiHostTest.cmdline(pid))
+        os.kill(launcher, signal.SIGINT)
+        out, err = p.communicate(timeout=60)
         self.assertIn("interrupted by SIGINT", err)
         self.assertEqual(json.loads((self.run_of() / "summary.json").read_text())["status"], "interrupted")
         self.assert_no_process_on_any_node()
 
     def test_a_cancelled_job_is_reported_as_cancelled(self):
-        p = subprocess.Popen(self.salloc(4, "run", self.config("long.toml", steps=100000), "--runs-dir", self.runs,
-                                         "--no-plots"), cwd=REPO, env=self.env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-        try:
-            deadline = time.monotonic() + 60
-            while not any('"train"' in f.read_text() for f in self.runs.glob("tiny/*/*/metrics/worker1.jsonl")):
-                self.assertLess(time.monotonic(), deadline, "worker1 wrote no train line")
-                time.sleep(0.1)
-            jobs = sh("squeue", "-h", "-o", "%i", env=self.env).stdout.split()
-            self.assertEqual(len(jobs), 1, jobs)
-            sh("scancel", jobs[0], env=self.env)
-            out, err = p.communicate(timeout=90)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+        p = self.start_long_run("long.toml")
+        jobs = sh("squeue", "-h", "-o", "%i", env=self.env).stdout.split()
+        self.assertEqual(len(jobs), 1, jobs)
+        sh("scancel", jobs[0], env=self.env)
+        out, err = p.communicate(timeout=90)
         self.assertNotEqual(p.returncode, 0)
         run = self.run_of()
         s = json.loads((run / "summary.json").read_text())

@@ -24,17 +24,20 @@ MARK = "[pslab-launch] "  # a line of the launcher's own, in a process's log
 STOP_GRACE_S = 2.0  # SIGTERM to the group, SIGKILL after this long (the launcher waits longer)
 
 
-def say(out, log, text):
-    """One line to the log and to ssh (which may be gone)."""
-    line = (text + "\n").encode()
-    log.write(line)
+def forward(out, log, data):
+    """Output to the log and to ssh (fd `out`, None once gone); returns `out`, or None if it is gone."""
+    log.write(data)
     log.flush()
     if out is not None:
         try:
-            os.write(out, line)
+            os.write(out, data)
         except OSError:
             return None
     return out
+
+
+def say(out, log, text):
+    return forward(out, log, (text + "\n").encode())
 
 
 def run_remote(argv, log_path, append=False):
@@ -74,13 +77,7 @@ def run_remote(argv, log_path, append=False):
             if not data:  # the child's output ended: it exited (or closed it)
                 sel.unregister(child.stdout)
                 return finish(child, out, log, kill_at)
-            log.write(data)
-            log.flush()
-            if out is not None:
-                try:
-                    os.write(out, data)
-                except OSError:
-                    out = None
+            out = forward(out, log, data)
 
 
 def stop_group(pgid):
