@@ -629,6 +629,7 @@ void Server::write_stats(bool final) {
     char sum[24];  // the shard's θ: a replay of this run's order (launch.py replay) must end on the same
     std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(state_->current_checksum()));
     j["params_checksum"] = sum;
+    if (state_->pulled_params_bytes()) j["pulled_params_bytes"] = state_->pulled_params_bytes();  // dcasgd's copies of θ
   }
   if (trace_) trace_->flush();
   metrics_->write(j);

@@ -46,7 +46,8 @@ TEST(Config, WrongTypeNamesKeyExpectedAndFound) {
 
 TEST(Config, UnknownModeIsNamed) {
   const std::string e = error_of("name = \"x\"\n[cluster]\nmode = \"gossip\"\n");
-  EXPECT_EQ(e, "exp.toml: cluster.mode: \"gossip\" is not a consistency rule: expected \"bsp\", \"ssp:<s>\" or \"asp\"; "
+  EXPECT_EQ(e, "exp.toml: cluster.mode: \"gossip\" is not a consistency rule: expected \"bsp\", \"ssp:<s>\", \"asp\" or "
+            "\"dcasgd:<lambda>\"; "
                "or \"allreduce\" (gradients all-reduced, no servers)") << e;
   const std::string no_bound = error_of("name = \"x\"\n[cluster]\nmode = \"ssp\"\n");
   EXPECT_EQ(no_bound.rfind("exp.toml: cluster.mode: \"ssp\" needs an argument: ssp:<s>", 0), 0u) << no_bound;

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -318,6 +319,9 @@ TEST(Rules, TheRegistryMakesEachModeFromItsName) {
   EXPECT_EQ(make_rule("bsp")->name(), "bsp");
   EXPECT_EQ(make_rule("ssp:3")->name(), "ssp:3");
   EXPECT_EQ(make_rule("asp")->name(), "asp");
+  EXPECT_EQ(make_rule("dcasgd:0.04")->name(), "dcasgd:0.04");
+  EXPECT_THROW(make_rule("dcasgd:-1"), std::invalid_argument);
+  EXPECT_THROW(make_rule("dcasgd:x"), std::invalid_argument);
   EXPECT_THROW(make_rule("ssp"), std::invalid_argument);
   EXPECT_THROW(make_rule("ssp:x"), std::invalid_argument);
   EXPECT_THROW(make_rule("bsp:1"), std::invalid_argument);
@@ -325,8 +329,79 @@ TEST(Rules, TheRegistryMakesEachModeFromItsName) {
     make_rule("gossip");
     FAIL() << "no error";
   } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()), "\"gossip\" is not a consistency rule: expected \"bsp\", \"ssp:<s>\" or \"asp\"");
+    EXPECT_EQ(std::string(e.what()),
+              "\"gossip\" is not a consistency rule: expected \"bsp\", \"ssp:<s>\", \"asp\" or \"dcasgd:<lambda>\"");
   }
+}
+
+// optimizer.staleness_lr (Zhang et al. 2016): each update's step divided by max(1, staleness).
+TEST(ShardState, StalenessAwareStepsDivideEachUpdateByItsStaleness) {
+  auto cpu = make_cpu_backend(1);
+  for (const char* mode : {"asp", "ssp:5"}) {
+    for (bool aware : {false, true}) {
+      ShardState::Options o = options(mode, 3, 1);
+      o.optimizer.lr = 0.5;
+      o.optimizer.staleness_lr = aware;
+      ShardState s(*cpu, o, {0.0f});
+      const float g[] = {1};
+      push(s, 0, 0, 0, 1, g, sum(g));  // staleness 0: -0.5
+      push(s, 1, 0, 0, 1, g, sum(g));  // staleness 1: -0.5
+      push(s, 2, 0, 0, 1, g, sum(g));  // staleness 2: -0.25 (aware)
+      push(s, 0, 1, 1, 1, g, sum(g));  // staleness 2: -0.25 (aware)
+      push(s, 1, 1, 4, 1, g, sum(g));  // staleness 0: -0.5
+      EXPECT_EQ(s.current()[0], aware ? -2.0f : -2.5f) << mode;
+    }
+  }
+}
+
+// dcasgd:λ (Zheng et al. 2017): g + λ g⊙g⊙(θ now - θ as served to the pusher), by hand.
+TEST(ShardState, DcAsgdCompensatesAGradientForTheUpdatesItMissed) {
+  auto cpu = make_cpu_backend(1);
+  ShardState::Options o = options("dcasgd:0.5", 2, 2);
+  o.optimizer.lr = 0.5;
+  ShardState s(*cpu, o, {1.0f, 2.0f});
+  EXPECT_EQ(s.rule().name(), "dcasgd:0.5");
+  s.record_pull(0, 0);
+  s.record_pull(1, 0);
+  EXPECT_EQ(s.pulled_params_bytes(), 2 * 2 * sizeof(float));  // one shard's copy per worker
+  const float g0[] = {2.0f, -1.0f}, g1[] = {1.0f, 1.0f};
+  push(s, 0, 0, 0, 1, g0, sum(g0));  // nothing missed: θ = {1, 2} - 0.5 {2, -1} = {0, 2.5}
+  EXPECT_EQ(s.current()[0], 0.0f);
+  EXPECT_EQ(s.current()[1], 2.5f);
+  // worker 1 missed that update: Δ = {-1, 0.5}, g' = {1 + 0.5 (-1), 1 + 0.5 (0.5)} = {0.5, 1.25}
+  push(s, 1, 0, 0, 1, g1, sum(g1));
+  EXPECT_EQ(s.current()[0], -0.25f);
+  EXPECT_EQ(s.current()[1], 1.875f);
+  // a push computed on a version this shard did not last serve that worker is refused, unchanged
+  s.record_pull(0, 1);  // worker 0 is served version 2
+  EXPECT_THROW(push(s, 0, 1, 1, 1, g0, sum(g0)), ProtocolError);
+  EXPECT_EQ(s.version(), 2);
+  EXPECT_EQ(s.clock_of(0), 1);
+  EXPECT_NO_THROW(push(s, 0, 1, 2, 1, g0, sum(g0)));
+}
+
+TEST(ShardState, DcAsgdWithLambdaZeroIsAspBitForBit) {
+  auto cpu = make_cpu_backend(1);
+  const std::size_t n = 5;
+  std::vector<float> init(n);
+  for (std::size_t i = 0; i < n; ++i) init[i] = 0.1f * float(i) - 0.3f;
+  ShardState a(*cpu, options("asp", 3, n), init), d(*cpu, options("dcasgd:0", 3, n), init);
+  long clock[3] = {0, 0, 0}, pulled[3] = {0, 0, 0};
+  for (int r = 0; r < 3; ++r) d.record_pull(r, 0);
+  for (int step = 0; step < 12; ++step) {
+    const int r = (step * 7) % 3;
+    std::vector<float> g(n);
+    for (std::size_t i = 0; i < n; ++i) g[i] = std::sin(float(step * 13 + int(i))) * 0.7f;
+    const auto bytes = std::as_bytes(std::span<const float>(g));
+    const auto c = wire::checksum(g.data(), n);
+    a.push(r, clock[r], pulled[r], 2, bytes, c);
+    d.push(r, clock[r], pulled[r], 2, bytes, c);
+    ++clock[r];
+    pulled[r] = a.version();
+    d.record_pull(r, clock[r]);
+  }
+  EXPECT_EQ(a.current_checksum(), d.current_checksum());
+  EXPECT_EQ(std::memcmp(a.current(), d.current(), n * sizeof(float)), 0);
 }
 
 TEST(Rules, TheLearningRatesBatchIsWhatOneUpdateAverages) {
@@ -347,7 +422,7 @@ TEST(Rules, AHeldSspPullNamesTheWorkersBehind) {
 }
 
 TEST(Rules, TheBuiltInRulesKeepNoStateOfTheirOwn) {
-  for (const char* mode : {"bsp", "ssp:1", "asp"}) {
+  for (const char* mode : {"bsp", "ssp:1", "asp", "dcasgd:0.1"}) {
     auto r = make_rule(mode);
     EXPECT_EQ(r->save(), "");
     EXPECT_NO_THROW(r->load(""));

@@ -1021,6 +1021,26 @@ class LauncherTest(unittest.TestCase):
         self.assertIn("--max-minutes", err)
         self.assert_no_processes_left()
 
+    # ---- algorithms beyond the three modes --------------------------------------------------
+    def test_dcasgd_and_staleness_aware_steps_train_over_real_servers(self):
+        path = self.tiny_variant("algos.toml", [('mode = "bsp"', 'mode = ["asp", "dcasgd:0.1"]'),
+                                                ("workers = 2", "workers = 4"), ("servers = 1", "servers = 2")])
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "optimizer.staleness_lr=true")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        inv = self.only_invocation("tiny")
+        for d in ("mode=asp", "mode=dcasgd_0.1"):
+            s = json.loads((inv / d / "summary.json").read_text())
+            self.assertEqual(s["status"], "ok", d)
+            self.assertGreater(s["final_test_acc"], 0.85, d)
+            self.assertGreater(s["staleness"]["mean"], 0.5, d)  # the steps it divided were stale
+        plan = json.loads((inv / "mode=dcasgd_0.1" / "plan.json").read_text())
+        for k in (0, 1):
+            fin = [x for x in map(json.loads, (inv / "mode=dcasgd_0.1" / "metrics" / f"server{k}.jsonl").read_text().splitlines())
+                   if x.get("kind") == "server_final"][0]
+            shard = plan["params"] // 2 + (1 if k < plan["params"] % 2 else 0)
+            self.assertEqual(fin["pulled_params_bytes"], 4 * shard * 4)  # θ as served, one copy per worker
+        self.assertNotIn("pulled_params_bytes", (inv / "mode=asp" / "metrics" / "server0.jsonl").read_text())
+
     # ---- the virtual cluster and replay -------------------------------------------------------
     def test_virtual_cluster_runs_every_mode_in_simulated_time(self):
         path = self.tiny_variant("virtual.toml", [('mode = "bsp"', 'mode = ["bsp", "asp", "allreduce"]'),

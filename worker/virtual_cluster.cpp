@@ -244,12 +244,13 @@ class VirtualCluster {
     ++servers_[std::size_t(k)].pushes;
   }
 
-  // θ's slice k, as it is now, into worker r's buffer (a pull served).
-  void copy_slice(int r, int k) {
+  // θ's slice k, as it is now, into worker r's buffer (its pull for `step` served).
+  void copy_slice(int r, int k, long step) {
     SimWorker& w = workers_[std::size_t(r)];
     SimServer& s = servers_[std::size_t(k)];
     const ShardRange g = range(k);
     std::memcpy(w.buf.data() + g.offset, s.state->current(), g.length * sizeof(float));
+    s.state->record_pull(r, step);  // (dcasgd keeps what it served)
     w.version_pulled[std::size_t(k)] = s.state->version();
     ++s.pulls;
     s.bytes_out += long(shard_bytes(k));
@@ -259,8 +260,7 @@ class VirtualCluster {
   void serve(int r, int k, double since) {
     SimWorker& w = workers_[std::size_t(r)];
     SimServer& s = servers_[std::size_t(k)];
-    copy_slice(r, k);
-    s.state->record_pull(r, w.step);
+    copy_slice(r, k, w.step);
     s.hold_ms_total += (ev_.now - since) * 1e3;
     w.held_s = std::max(w.held_s, ev_.now - since);
     ev_.at(ev_.now + costs_.message(shard_bytes(k)), Ev::reply, r, k);
@@ -456,7 +456,7 @@ class VirtualCluster {
               fail(k, op, "the shard is at version " + std::to_string(s.state->version()) + ", the run served " +
                               std::to_string(op.version));
             w.step = op.clock;
-            copy_slice(op.worker, k);
+            copy_slice(op.worker, k, op.clock);
             if (++w.replies == S_) {  // the step's θ is complete: its gradient, as the real worker computed it
               w.replies = 0;
               compute(op.worker);
@@ -515,7 +515,8 @@ class VirtualCluster {
                         {"pulls", s.pulls}, {"pulls_held", s.pulls_held}, {"hold_ms_total", s.hold_ms_total},
                         {"bytes_in", s.bytes_in}, {"bytes_out", s.bytes_out},
                         {"pushed", {{st.codec().name(), {{"pushes", s.pushes}, {"payload_bytes", s.bytes_in}}}}},
-                        {"staleness_hist", hist}, {"params_checksum", sum}, {"simulated", true}});
+                        {"staleness_hist", hist}, {"params_checksum", sum},
+                        {"pulled_params_bytes", st.pulled_params_bytes()}, {"simulated", true}});
       s.metrics->flush();
     }
     for (auto& w : workers_) w.metrics->flush();

@@ -18,6 +18,7 @@ struct OptimizerConfig {
   double momentum = 0.9;     // momentum / nesterov
   double weight_decay = 0.0; // L2, added to the gradient
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam
+  bool staleness_lr = false;  // servers: each update's step / max(1, its staleness) (Zhang et al. 2016)
 };
 
 // Learning rate as a function of training progress in epochs (fractional: samples applied /

@@ -132,6 +132,12 @@ void ShardState::restore(const ShardCheckpoint& c) {
 
 void ShardState::record_pull(int worker, long clock) {
   if (opt_.record_pulls) pulls_.push_back({worker, clock, min_clock(), version_});
+  if (rule_->keeps_pulled_params() && worker >= 0 && worker < opt_.workers) {
+    const std::size_t n = opt_.range.length;
+    if (pulled_.empty()) pulled_.assign(std::size_t(opt_.workers) * n, 0.0f), pulled_version_.assign(std::size_t(opt_.workers), -1);
+    std::copy(params_.current(), params_.current() + n, pulled_.begin() + std::ptrdiff_t(std::size_t(worker) * n));
+    pulled_version_[std::size_t(worker)] = version_;
+  }
 }
 
 void ShardState::count_staleness(int worker, long staleness) {
@@ -199,6 +205,7 @@ void ShardState::verify_pending() {
 
 void ShardState::apply(double lr_factor) {
   if (pending_.batch == 0) return verify_pending();  // an empty batch: no update (momentum, Adam, decay would move θ)
+  if (opt_.optimizer.staleness_lr) lr_factor /= double(std::max(1L, pending_staleness()));  // Zhang et al. 2016
   const long samples = pending_.counted ? 0 : pending_.batch;
   if (!pending_.verified && optimizer_.stateless()) {
     // A stateless optimizer's update can be abandoned before publication: verify the
@@ -209,6 +216,32 @@ void ShardState::apply(double lr_factor) {
     verify_pending();
     step(pending_.grad, samples, lr_factor, nullptr);
   }
+  pending_.counted = true;
+}
+
+void ShardState::apply_delay_compensated(double lambda) {
+  if (pending_.batch == 0) return verify_pending();
+  const int w = pending_.worker;
+  if (pulled_version_.empty() || pulled_version_[std::size_t(w)] != pending_.version_pulled)
+    throw ProtocolError(rule_->name() + ": worker " + std::to_string(w) + " pushed a gradient of version " +
+                        std::to_string(pending_.version_pulled) + ", but this shard last served it " +
+                        (pulled_version_.empty() || pulled_version_[std::size_t(w)] < 0
+                             ? std::string("nothing")
+                             : "version " + std::to_string(pulled_version_[std::size_t(w)])));
+  verify_pending();  // before the gradient is read for the correction
+  const std::size_t n = opt_.range.length;
+  if (compensated_.size() != n) compensated_.resize(n);
+  const float* g = pending_.grad;
+  const float* now = params_.current();
+  const float* then = pulled_.data() + std::size_t(w) * n;
+  const float l = float(lambda);
+  for (std::size_t i = 0; i < n; ++i) compensated_[i] = g[i] + l * g[i] * g[i] * (now[i] - then[i]);
+  const float* grad = pending_.grad;
+  pending_.grad = compensated_.data();
+  double lr_factor = 1.0;
+  if (opt_.optimizer.staleness_lr) lr_factor /= double(std::max(1L, pending_staleness()));
+  step(pending_.grad, pending_.counted ? 0 : pending_.batch, lr_factor, nullptr);
+  pending_.grad = grad;
   pending_.counted = true;
 }
 
@@ -281,7 +314,7 @@ void ShardState::push(int worker, long clock, long version_pulled, int batch, st
   // The rule sees the worker's clock with this push counted; a payload that fails its check
   // inside the rule's first ShardOps call changed nothing, and the clock goes back.
   const long arrived_at = version_;
-  pending_ = Pending{grad, checksum, batch, verified, false};
+  pending_ = Pending{grad, checksum, batch, verified, false, worker, version_pulled};
   ++wclock;
   try {
     rule_->on_push(info, view(), *this);

@@ -117,8 +117,11 @@ class ShardState : private ShardOps {
   bool pull_ready(long clock) const { return rule_->pull_ready(clock, view()); }
   // Why a pull for `clock` is held, naming the workers it waits for.
   std::string why_held(long clock) const { return rule_->why_held(clock, view()); }
-  // Notes that a pull was served (for the records).
+  // Notes that a pull was served now (the records; for a rule that keeps_pulled_params, a copy
+  // of the shard as served to `worker`).
   void record_pull(int worker, long clock);
+  // Bytes of those copies: workers x shard, 0 for rules that keep none.
+  std::size_t pulled_params_bytes() const { return pulled_.size() * sizeof(float); }
   // Drops a worker that died or fell silent (the server decides; the rule must train on without
   // it): its clock no longer counts for the rule, and a later push from it is refused.
   void drop_worker(int worker);
@@ -160,12 +163,17 @@ class ShardState : private ShardOps {
     int batch = 0;
     bool verified = false;  // the gradient's checksum was checked
     bool counted = false;   // its samples were added to samples_applied_
+    int worker = 0;
+    long version_pulled = 0;  // the version its gradient was computed on
   };
+  // The pending push's staleness: versions made since the one it was computed on.
+  long pending_staleness() const { return version_ - pending_.version_pulled; }
   ShardView view() const { return ShardView{version_, clocks_, lost_}; }
   // ShardOps, on pending_.
   void apply(double lr_factor) override;
   void accumulate() override;
   void apply_accumulated() override;
+  void apply_delay_compensated(double lambda) override;
   void verify_pending();
   // Writes the next version from the current one and `grad`, chunk by chunk, computing the
   // new version's checksum on the way (and, with verify, the gradient's: on a mismatch the
@@ -197,6 +205,10 @@ class ShardState : private ShardOps {
   bool acc_empty_ = true;
   std::vector<std::vector<long>> staleness_;
   std::vector<PullRecord> pulls_;
+  // keeps_pulled_params rules: per worker, the shard as last served (workers x range.length)
+  // and its version (-1: never served); the corrected gradient of a push, reused.
+  std::vector<float> pulled_, compensated_;
+  std::vector<long> pulled_version_;
   ThreadTeam team_;
   std::vector<wire::Checksum> grad_sums_, param_sums_;  // per slice, reused
 };

@@ -44,6 +44,8 @@ void visit_fields(Config& c, F&& f) {
   f("optimizer.kind", c.optimizer.kind, "\"sgd\", \"momentum\", \"nesterov\" or \"adam\"");
   f("optimizer.lr", c.optimizer.lr, "base learning rate");
   f("optimizer.momentum", c.optimizer.momentum, "momentum coefficient (momentum, nesterov)");
+  f("optimizer.staleness_lr", c.optimizer.staleness_lr,
+    "PS modes: the server divides each update's step by max(1, its staleness) (Zhang et al. 2016)");
   f("optimizer.weight_decay", c.optimizer.weight_decay, "L2 weight decay added to the gradient");
   f("optimizer.beta1", c.optimizer.beta1, "adam: first-moment decay");
   f("optimizer.beta2", c.optimizer.beta2, "adam: second-moment decay");
@@ -419,6 +421,8 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
   }
   check(c.cluster.interface.find_first_of(" \t,=") == std::string::npos, "cluster.interface",
         "expected an interface name or an address, got \"" + c.cluster.interface + "\"");
+  check(!c.optimizer.staleness_lr || c.uses_servers(), "optimizer.staleness_lr",
+        "divides a server's update by its staleness: cluster.mode = \"allreduce\" has no servers");
   check(c.cluster.auth == "auto" || c.cluster.auth == "curve" || c.cluster.auth == "none", "cluster.auth",
         "expected \"auto\", \"curve\" or \"none\", got \"" + c.cluster.auth + "\"");
   check(c.cluster.timeout_s > 0, "cluster.timeout_s", "must be > 0");

@@ -7,12 +7,15 @@ namespace pslab {
 std::unique_ptr<ConsistencyRule> make_bsp(const std::string&);
 std::unique_ptr<ConsistencyRule> make_ssp(const std::string&);
 std::unique_ptr<ConsistencyRule> make_asp(const std::string&);
+std::unique_ptr<ConsistencyRule> make_dcasgd(const std::string&);
 
 Registry<ConsistencyRule>& rule_registry() {
   static Registry<ConsistencyRule> r("consistency rule", {
       {"bsp", "bsp", "average the W pushes of a clock, apply once; pulls wait for the clock", false, make_bsp},
       {"ssp", "ssp:<s>", "apply each push; a pull waits until the slowest worker is <= s clocks behind", true, make_ssp},
       {"asp", "asp", "apply each push; pulls never wait", false, make_asp},
+      {"dcasgd", "dcasgd:<lambda>", "asp with each gradient corrected for the updates it missed (delay-compensated)", true,
+       make_dcasgd},
   });
   return r;
 }

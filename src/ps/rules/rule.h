@@ -2,8 +2,9 @@
 // one file each (bsp.cpp, ssp.cpp, asp.cpp), created from cluster.mode by rule_registry():
 //
 //   when a pull is ready   pull_ready(clock)
-//   what a push does       on_push(): apply it now, or accumulate it for the clock and apply
-//                          the clock's mean once it is complete (through ShardOps)
+//   what a push does       on_push(): apply it now (as it is, or delay-compensated), or
+//                          accumulate it for the clock and apply the clock's mean once it is
+//                          complete (through ShardOps)
 //   the lr's batch         update_batch(): the samples one update averages, for the linear
 //                          scaling rule
 //   why a pull is held     why_held(clock): "bsp clock 17 still needs pushes from worker 3
@@ -70,6 +71,9 @@ class ShardOps {
   // One step with the batch-weighted mean of what was accumulated, then clears it; publishes
   // a new version even when the clock held no samples (the clock advances either way).
   virtual void apply_accumulated() = 0;
+  // One step (as apply()) with the gradient corrected for the updates the pushing worker
+  // missed: g + λ g ⊙ g ⊙ (θ now − θ as last served to it). Needs keeps_pulled_params().
+  virtual void apply_delay_compensated(double lambda) = 0;
 };
 
 class ConsistencyRule {
@@ -91,6 +95,9 @@ class ConsistencyRule {
   // Whether training may go on without a worker that died or fell silent (its clock then no
   // longer counts in ShardView::min_clock). Rules that need every worker's push keep false.
   virtual bool trains_without_lost_workers() const { return false; }
+  // Whether the shard keeps, per worker, a copy of θ as it last served it (dcasgd: one shard's
+  // worth of memory per worker).
+  virtual bool keeps_pulled_params() const { return false; }
   // The rule's own state (not the shard's), for checkpoints.
   virtual std::string save() const { return {}; }
   virtual void load(std::string_view state) {
@@ -98,7 +105,7 @@ class ConsistencyRule {
   }
 };
 
-// cluster.mode -> rule. Built-ins: bsp, ssp:<s>, asp (ps/rules/registry.cpp).
+// cluster.mode -> rule. Built-ins: bsp, ssp:<s>, asp, dcasgd:<λ> (ps/rules/registry.cpp).
 Registry<ConsistencyRule>& rule_registry();
 inline std::unique_ptr<ConsistencyRule> make_rule(const std::string& mode) { return rule_registry().make(mode); }
 
