@@ -2,10 +2,15 @@
 // payload, and the bytes a server counts per codec.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <map>
 #include <set>
+#include <tuple>
 
 #include "comm/wire.h"
+#include "core/rng.h"
 #include "harness.h"
 #include "ps/codecs/codec.h"
 #include "ps/shard_state.h"
@@ -29,7 +34,8 @@ TEST(Codecs, TheRegistryMakesEachByNameAndEveryWireIdIsItsOwn) {
     make_codec("f8");
     FAIL() << "no error";
   } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()).rfind("\"f8\" is not a push codec: expected \"f32\"", 0), 0u) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("\"f8\" is not a push codec: expected \"f32\", \"f16\" or \"bf16\"", 0), 0u)
+        << e.what();
   }
 }
 
@@ -44,6 +50,100 @@ TEST(Codecs, F32RoundTripsBitwiseAndRefusesAPayloadOfTheWrongSize) {
   c->decode(buf, g.size(), back.data());
   EXPECT_EQ(std::memcmp(back.data(), g.data(), 20), 0);
   EXPECT_THROW(c->decode(std::span<const std::byte>(buf).first(19), g.size(), back.data()), PayloadError);
+}
+
+// Each 16-bit codec: exact where the value is representable, within its rounding bound where
+// it is not, half the bytes, and a payload of the wrong size refused.
+TEST(Codecs, SixteenBitCodecsRoundWithinTheirBoundsInHalfTheBytes) {
+  for (const auto& [name, bound, tiny] : {std::tuple{"f16", 0x1p-11, 0x1p-14}, std::tuple{"bf16", 0x1p-8, 0x1p-126}}) {
+    auto c = make_codec(name);
+    EXPECT_FALSE(c->dense_f32());
+    std::vector<float> g = {1.5f, -0.25f, 0.0f, -2048.0f};  // exact in both
+    Rng rng(7);
+    for (int i = 0; i < 4000; ++i) g.push_back(float(rng.normal() * std::pow(10.0, rng.uniform() * 8 - 4)));
+    std::vector<std::byte> buf(c->max_bytes(g.size()));
+    ASSERT_EQ(buf.size(), g.size() * 2) << name;
+    ASSERT_EQ(c->encode(g.data(), g.size(), buf.data()), buf.size());
+    std::vector<float> back(g.size());
+    c->decode(buf, g.size(), back.data());
+    for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(back[i], g[i]) << name;
+    long checked = 0;
+    for (std::size_t i = 4; i < g.size(); ++i) {
+      const double a = std::abs(double(g[i]));
+      if (a < tiny || a > 60000) continue;  // subnormal or saturated range: not this bound
+      EXPECT_LE(std::abs(double(back[i]) - g[i]), bound * a) << name << " " << g[i] << " -> " << back[i];
+      ++checked;
+    }
+    EXPECT_GT(checked, 3000) << name;
+    EXPECT_THROW(c->decode(std::span<const std::byte>(buf).first(buf.size() - 1), g.size(), back.data()), PayloadError);
+    // non-finite stays so; f16 saturates large finite values instead of making them infinite
+    const std::vector<float> odd = {std::numeric_limits<float>::infinity(), std::nanf(""), 1e6f, -1e6f};
+    std::vector<std::byte> ob(c->max_bytes(4));
+    c->encode(odd.data(), 4, ob.data());
+    std::vector<float> ob_back(4);
+    c->decode(ob, 4, ob_back.data());
+    EXPECT_TRUE(std::isinf(ob_back[0])) << name;
+    EXPECT_TRUE(std::isnan(ob_back[1])) << name;
+    if (std::string(name) == "f16") EXPECT_EQ(ob_back[2], 65504.0f);
+    else EXPECT_NEAR(ob_back[3], -1e6, 1e6 * 0x1p-8);
+  }
+  // f16's integer conversion is the compiler's IEEE conversion (_Float16), bit for bit, both
+  // ways, across binary16's normal and subnormal ranges and its rounding ties
+  auto c = make_codec("f16");
+  Rng rng(11);
+  std::vector<float> g;
+  for (int i = 0; i < 20000; ++i) g.push_back(float(rng.normal() * std::pow(2.0, rng.uniform() * 44 - 30)));
+  for (std::uint32_t h = 0; h < 0x7c00; h += 7) {  // just above each of many binary16 values: a rounding decision
+    _Float16 v;
+    const std::uint16_t b = std::uint16_t(h);
+    std::memcpy(&v, &b, 2);
+    g.push_back(float(v) * 1.0000001f);
+  }
+  std::vector<std::byte> buf(c->max_bytes(g.size()));
+  c->encode(g.data(), g.size(), buf.data());
+  std::vector<float> back(g.size());
+  c->decode(buf, g.size(), back.data());
+  long differ = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const _Float16 ref = static_cast<_Float16>(std::clamp(g[i], -65504.0f, 65504.0f));
+    std::uint16_t mine, theirs;
+    std::memcpy(&mine, buf.data() + 2 * i, 2);
+    std::memcpy(&theirs, &ref, 2);
+    differ += mine != theirs || back[i] != float(ref);
+  }
+  EXPECT_EQ(differ, 0);
+}
+
+// bsp with 16-bit pushes: θ within their rounding of the f32 run's, each push half the bytes.
+TEST(Codecs, BspWithSixteenBitPushesTracksTheF32Run) {
+  std::map<std::string, std::vector<float>> theta;
+  for (const char* codec : {"f32", "f16", "bf16"}) {
+    ExperimentConfig cfg = test::small_config("bsp", 2, 2);
+    cfg.cluster.codec = codec;
+    const auto dir = test::temp_dir(std::string("codec_") + codec);
+    test::Cluster cluster(cfg, false, /*wait_for_shutdown=*/true);
+    test::run_ps_workers(cfg, cluster, dir);
+    PsClient probe(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::evaluator, wire::kEvaluator));
+    probe.connect();
+    const std::size_t P = count_params(model_spec(cfg));
+    long bytes = 0;
+    for (int k = 0; k < 2; ++k) bytes += nlohmann::json::parse(probe.stats(k))["pushed"][codec]["payload_bytes"].get<long>();
+    EXPECT_EQ(bytes, 2 * cfg.train.steps * long(P * (std::string(codec) == "f32" ? 4 : 2))) << codec;
+    probe.shutdown();
+    cluster.join();
+    cluster.rethrow();
+    theta[codec] = cluster.params();
+    std::filesystem::remove_all(dir);
+  }
+  double scale = 0;
+  for (float v : theta["f32"]) scale = std::max(scale, double(std::abs(v)));
+  for (const auto& [codec, tol] : {std::pair{"f16", 1e-3}, std::pair{"bf16", 1e-2}}) {
+    double worst = 0;
+    for (std::size_t i = 0; i < theta["f32"].size(); ++i)
+      worst = std::max(worst, std::abs(double(theta[codec][i]) - theta["f32"][i]));
+    EXPECT_LT(worst, tol * scale) << codec << ": worst |Δθ| " << worst << " of max |θ| " << scale;
+    EXPECT_GT(worst, 0.0) << codec << " gave f32's θ bit for bit: was it used?";
+  }
 }
 
 TEST(Codecs, AMisalignedDensePayloadIsAppliedAsAnAlignedOne) {

@@ -83,9 +83,11 @@ std::vector<double> time_runs(int runs, long iters, F fn) {
 long iterations_for(std::size_t bytes) { return std::clamp<long>(long((256u << 20) / bytes), 20, 3000); }
 
 nlohmann::ordered_json bench_pslab(std::size_t floats, int runs, const std::string& transport_name, int server_threads,
-                                   const comm::RunKey* key = nullptr, bool heartbeats = true) {
+                                   const comm::RunKey* key = nullptr, bool heartbeats = true,
+                                   const std::string& codec = "f32") {
   ExperimentConfig cfg = config_for(floats);
   cfg.cluster.transport = transport_name;
+  cfg.cluster.codec = codec;  // pushes encoded (the bytes below still count f32's, for the ratio)
   cfg.cluster.server_threads = server_threads;
   const auto transport = comm::make_transport(transport_name);  // its ZeroMQ context starts after the fork
   const std::string ep = transport->local_address("bench-server");
@@ -214,6 +216,9 @@ int main(int argc, char** argv) {
   app.add_flag("--auth", auth, "also measure push+pull with the peers authenticated (CURVE on tcp), same invocation");
   bool heartbeat_cost = false;
   app.add_flag("--heartbeat-cost", heartbeat_cost, "also measure push+pull with the worker's heartbeats off, same invocation");
+  std::vector<std::string> codecs;
+  app.add_option("--codecs", codecs, "also measure push+pull with pushes in these codecs (e.g. f16,bf16), same invocation; "
+                                     "gain = f32's time / the codec's")->delimiter(',');
   CLI11_PARSE(app, argc, argv);
   const comm::RunKey key = comm::make_run_key();
 
@@ -237,6 +242,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%6d KiB: push+pull without heartbeats %8.1f us: heartbeats cost %.3fx\n", kib,
                    r["pslab_no_heartbeat"]["push_pull_us"].get<double>(), r["heartbeat_cost"].get<double>());
     }
+    for (const std::string& codec : codecs) {
+      auto c = bench_pslab(floats, runs, transport, server_threads, nullptr, true, codec);
+      const double gain = r["pslab"]["push_pull_us"].get<double>() / c["push_pull_us"].get<double>();
+      c["gain_over_f32"] = gain;
+      std::fprintf(stderr, "%6d KiB: push+pull with %s pushes %8.1f us: %.2fx f32's speed\n", kib, codec.c_str(),
+                   c["push_pull_us"].get<double>(), gain);
+      r["pslab_" + codec] = c;
+    }
     const double us = r["pslab"]["push_pull_us"].get<double>(), tcp_us = r["raw_zmq_tcp"]["round_trip_us"].get<double>();
     r["raw_zmq_tcp_over_pslab"] = tcp_us / us;  // > 1: pslab's round trip is faster than a bare TCP echo
     std::fprintf(stderr, "%6d KiB: push+pull %8.1f us  %5.2f GB/s | push, pull %8.1f us | raw zmq %8.1f us %5.2f GB/s | "
@@ -247,7 +260,7 @@ int main(int argc, char** argv) {
     results.push_back(r);
   }
   nlohmann::ordered_json out{{"benchmark", "ps_push_pull"}, {"transport", transport}, {"server_threads", server_threads},
-                             {"auth", auth}, {"heartbeat_cost", heartbeat_cost}, {"runs", runs},
+                             {"auth", auth}, {"heartbeat_cost", heartbeat_cost}, {"codecs", codecs}, {"runs", runs},
                              {"metric", "median over runs of the mean time per request; GB/s counts bytes pushed + bytes pulled"},
                              {"results", results}};
   std::printf("%s\n", out.dump(2).c_str());

@@ -41,7 +41,7 @@ class PushCodec {
   virtual bool dense_f32() const { return false; }
 };
 
-// cluster.codec -> codec. Built-ins: f32 (ps/codecs/registry.cpp).
+// cluster.codec -> codec. Built-ins: f32, f16, bf16 (ps/codecs/registry.cpp).
 Registry<PushCodec>& codec_registry();
 inline std::unique_ptr<PushCodec> make_codec(const std::string& name) { return codec_registry().make(name); }
 

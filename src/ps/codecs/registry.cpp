@@ -5,10 +5,14 @@
 namespace pslab {
 
 std::unique_ptr<PushCodec> make_f32(const std::string&);
+std::unique_ptr<PushCodec> make_f16(const std::string&);
+std::unique_ptr<PushCodec> make_bf16(const std::string&);
 
 Registry<PushCodec>& codec_registry() {
   static Registry<PushCodec> r("push codec", {
       {"f32", "f32", "dense float32, sent and applied in place", false, make_f32},
+      {"f16", "f16", "IEEE half precision: half the bytes, relative error <= 2^-11, |g| saturated at 65504", false, make_f16},
+      {"bf16", "bf16", "bfloat16: half the bytes, float32's range, relative error <= 2^-8", false, make_bf16},
   });
   return r;
 }
