@@ -27,14 +27,15 @@ TEST(Codecs, TheRegistryMakesEachByNameAndEveryWireIdIsItsOwn) {
   EXPECT_EQ(make_codec("f32")->wire_id(), 0) << "0 is dense float32 on the wire";
   std::set<int> ids;
   for (const auto& e : codec_registry().entries()) {
-    const auto c = e.make("");
+    const auto c = e.make(e.takes_argument ? "0.5" : "");
     EXPECT_TRUE(ids.insert(c->wire_id()).second) << e.name << " reuses wire id " << int(c->wire_id());
   }
   try {
     make_codec("f8");
     FAIL() << "no error";
   } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()).rfind("\"f8\" is not a push codec: expected \"f32\", \"f16\" or \"bf16\"", 0), 0u)
+    EXPECT_EQ(std::string(e.what()).rfind("\"f8\" is not a push codec: expected \"f32\", \"f16\", \"bf16\", \"int8\", "
+                                          "\"topk:<f>\" or \"sign\"", 0), 0u)
         << e.what();
   }
 }
@@ -117,7 +118,7 @@ TEST(Codecs, SixteenBitCodecsRoundWithinTheirBoundsInHalfTheBytes) {
 // bsp with 16-bit pushes: θ within their rounding of the f32 run's, each push half the bytes.
 TEST(Codecs, BspWithSixteenBitPushesTracksTheF32Run) {
   std::map<std::string, std::vector<float>> theta;
-  for (const char* codec : {"f32", "f16", "bf16"}) {
+  for (const char* codec : {"f32", "f16", "bf16", "topk:1"}) {
     ExperimentConfig cfg = test::small_config("bsp", 2, 2);
     cfg.cluster.codec = codec;
     const auto dir = test::temp_dir(std::string("codec_") + codec);
@@ -128,7 +129,9 @@ TEST(Codecs, BspWithSixteenBitPushesTracksTheF32Run) {
     const std::size_t P = count_params(model_spec(cfg));
     long bytes = 0;
     for (int k = 0; k < 2; ++k) bytes += nlohmann::json::parse(probe.stats(k))["pushed"][codec]["payload_bytes"].get<long>();
-    EXPECT_EQ(bytes, 2 * cfg.train.steps * long(P * (std::string(codec) == "f32" ? 4 : 2))) << codec;
+    const std::string name = codec;
+    const long per_push = name == "f32" ? long(P * 4) : name == "topk:1" ? long(P * 8 + 2 * 4) : long(P * 2);
+    EXPECT_EQ(bytes, 2 * cfg.train.steps * per_push) << codec;
     probe.shutdown();
     cluster.join();
     cluster.rethrow();
@@ -144,6 +147,87 @@ TEST(Codecs, BspWithSixteenBitPushesTracksTheF32Run) {
     EXPECT_LT(worst, tol * scale) << codec << ": worst |Δθ| " << worst << " of max |θ| " << scale;
     EXPECT_GT(worst, 0.0) << codec << " gave f32's θ bit for bit: was it used?";
   }
+  // topk:1 sends every entry: the servers apply f32's gradients, so θ is f32's bit for bit
+  EXPECT_EQ(std::memcmp(theta["topk:1"].data(), theta["f32"].data(), theta["f32"].size() * sizeof(float)), 0);
+}
+
+std::vector<float> round_trip(PushCodec& c, const std::vector<float>& g) {
+  std::vector<std::byte> buf(c.max_bytes(g.size()));
+  const std::size_t n = c.encode(g.data(), g.size(), buf.data());
+  EXPECT_LE(n, buf.size()) << c.name();
+  std::vector<float> back(g.size());
+  c.decode(std::span<const std::byte>(buf).first(n), g.size(), back.data());
+  return back;
+}
+
+TEST(Codecs, TopKKeepsTheLargestEntriesAndRefusesAPayloadThatIsNotOne) {
+  auto c = make_codec("topk:0.25");
+  EXPECT_TRUE(c->wants_error_feedback());
+  const std::vector<float> g = {0.1f, -5.0f, 0.2f, 3.0f, -0.3f, 0.0f, 1.0f, -0.05f};  // k = 2
+  EXPECT_EQ(round_trip(*c, g), (std::vector<float>{0, -5.0f, 0, 3.0f, 0, 0, 0, 0}));
+  EXPECT_EQ(round_trip(*make_codec("topk:1"), g), g);
+  // topk:0.01 pushes at most 5% of f32's bytes (2% and a count)
+  EXPECT_LE(make_codec("topk:0.01")->max_bytes(117573), std::size_t(0.05 * 4 * 117573));
+  std::vector<std::byte> buf(c->max_bytes(g.size()));
+  const std::size_t n = c->encode(g.data(), g.size(), buf.data());
+  std::vector<float> out(g.size());
+  auto refused = [&](std::vector<std::byte> bad) {
+    EXPECT_THROW(c->decode(bad, g.size(), out.data()), PayloadError);
+  };
+  refused(std::vector<std::byte>(buf.begin(), buf.begin() + long(n) - 1));  // cut short
+  std::vector<std::byte> far(buf.begin(), buf.begin() + long(n));
+  const std::uint32_t nine = 9;  // an index past the slice
+  std::memcpy(far.data() + 4, &nine, 4);
+  refused(far);
+  std::vector<std::byte> many(buf.begin(), buf.begin() + long(n));
+  const std::uint32_t lots = 100;  // more pairs than entries
+  std::memcpy(many.data(), &lots, 4);
+  refused(many);
+  EXPECT_THROW(make_codec("topk:0"), std::invalid_argument);
+  EXPECT_THROW(make_codec("topk:1.5"), std::invalid_argument);
+}
+
+TEST(Codecs, Int8AndSignStayWithinTheirBounds) {
+  Rng rng(3);
+  std::vector<float> g(1000);
+  for (float& x : g) x = float(rng.normal());
+  float most = 0, mean = 0;
+  for (float x : g) most = std::max(most, std::abs(x)), mean += std::abs(x) / float(g.size());
+  const auto q = round_trip(*make_codec("int8"), g);
+  for (std::size_t i = 0; i < g.size(); ++i) EXPECT_LE(std::abs(q[i] - g[i]), most / 127 / 2 * 1.0001f);
+  const auto s = round_trip(*make_codec("sign"), g);
+  for (std::size_t i = 0; i < g.size(); ++i) EXPECT_FLOAT_EQ(s[i], std::signbit(g[i]) ? -mean : mean);
+  EXPECT_EQ(make_codec("sign")->max_bytes(1000), 4u + 125u);
+  EXPECT_TRUE(make_codec("sign")->wants_error_feedback());
+  EXPECT_FALSE(make_codec("int8")->wants_error_feedback());
+  std::vector<std::byte> bad(4 + 1000);
+  const float nan = std::nanf("");
+  std::memcpy(bad.data(), &nan, 4);
+  std::vector<float> out(1000);
+  EXPECT_THROW(make_codec("int8")->decode(bad, 1000, out.data()), PayloadError);  // a scale that is not one
+  EXPECT_THROW(make_codec("sign")->decode(bad, 1000, out.data()), PayloadError);  // the wrong size
+}
+
+// Error feedback conserves mass exactly: what was sent, plus what the encoder still owes,
+// equals every gradient added up (integer-valued, so every sum is exact in float).
+TEST(Codecs, ErrorFeedbackConservesMassExactly) {
+  for (const char* name : {"topk:0.25", "sign", "int8"}) {
+    auto c = with_error_feedback(make_codec(name));
+    EXPECT_EQ(c->name(), name);
+    const std::size_t n = 16;
+    std::vector<double> total(n, 0.0), sent(n, 0.0);
+    Rng rng(5);
+    for (int step = 0; step < 40; ++step) {
+      std::vector<float> g(n);
+      for (float& x : g) x = float(int(rng.uniform() * 17) - 8);
+      for (std::size_t i = 0; i < n; ++i) total[i] += g[i];
+      const auto out = round_trip(*c, g);
+      for (std::size_t i = 0; i < n; ++i) sent[i] += out[i];
+    }
+    const std::vector<float>& owed = *c->residual();
+    for (std::size_t i = 0; i < n; ++i) EXPECT_NEAR(sent[i] + owed[i], total[i], std::string(name) == "topk:0.25" ? 0.0 : 1e-3) << name << " " << i;
+  }
+  EXPECT_EQ(make_codec("topk:0.25")->residual(), nullptr);
 }
 
 TEST(Codecs, AMisalignedDensePayloadIsAppliedAsAnAlignedOne) {

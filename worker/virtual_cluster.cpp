@@ -16,6 +16,7 @@
 #include "core/replica.h"
 #include "core/sampler.h"
 #include "progress.h"
+#include "ps/codecs/codec.h"
 #include "ps/order_trace.h"
 #include "ps/shard_state.h"
 #include "run/metrics.h"
@@ -90,6 +91,8 @@ struct SimWorker {
   long step = 0;            // the step it is pulling θ for, computing, then pushing
   int replies = 0;          // shards that have answered this step's request
   std::vector<long> version_pulled;  // per shard, for the step being computed
+  std::vector<std::unique_ptr<PushCodec>> encoders;  // per shard, codecs but f32 (as PsClient's)
+  std::vector<std::byte> encoded;                   // a push's payload, reused
   int batch = 0;            // samples of the step being pushed
   double loss = 0.0;
   double sent_t = 0.0, compute_s = 0.0, delay_s = 0.0, held_s = 0.0;
@@ -172,7 +175,17 @@ class VirtualCluster {
       s.metrics = std::make_unique<MetricsWriter>(opt_.out_dir + "/metrics/server" + std::to_string(k) + ".jsonl", 0.0);
       s.metrics->use_clock(&ev_.now);
     }
-    for (auto& w : workers_) w.buf.assign(P_, 0.0f);
+    for (auto& w : workers_) {
+      w.buf.assign(P_, 0.0f);
+      if (servers_[0].state->codec().dense_f32()) continue;
+      std::size_t most = 0;
+      for (int k = 0; k < S_; ++k) {  // as PsClient: one encoder per shard, with the run's error feedback
+        auto enc = make_codec(cfg_.cluster.codec);
+        w.encoders.push_back(uses_error_feedback(cfg_) ? with_error_feedback(std::move(enc)) : std::move(enc));
+        most = std::max(most, w.encoders.back()->max_bytes(range(k).length));
+      }
+      w.encoded.resize(most);
+    }
   }
 
   ShardRange range(int k) const { return servers_[std::size_t(k)].state->options().range; }
@@ -213,7 +226,6 @@ class VirtualCluster {
     SimServer& s = servers_[std::size_t(k)];
     if (w.step > 0) {  // the request carries the push of its step before
       push_slice(r, k, w.step - 1, w.version_pulled[std::size_t(k)], w.batch);
-      s.bytes_in += long(shard_bytes(k));
     }
     if (w.done) {  // its last push: acknowledged, no pull
       ev_.at(ev_.now + costs_.latency_s, Ev::reply, r, k);
@@ -235,13 +247,18 @@ class VirtualCluster {
     }
   }
 
+  // Worker r's gradient slice k, encoded as its PsClient would (dense f32: as it is), applied.
   void push_slice(int r, int k, long clock, long version_pulled, int batch) {
+    SimWorker& w = workers_[std::size_t(r)];
     const ShardRange g = range(k);
-    const float* grad = workers_[std::size_t(r)].buf.data() + g.offset;
-    const auto* bytes = reinterpret_cast<const std::byte*>(grad);
-    servers_[std::size_t(k)].state->push(r, clock, version_pulled, batch, {bytes, g.length * sizeof(float)},
-                                         wire::checksum_bytes(grad, g.length * sizeof(float)));
-    ++servers_[std::size_t(k)].pushes;
+    const float* grad = w.buf.data() + g.offset;
+    std::span<const std::byte> payload(reinterpret_cast<const std::byte*>(grad), g.length * sizeof(float));
+    if (!w.encoders.empty())
+      payload = {w.encoded.data(), w.encoders[std::size_t(k)]->encode(grad, g.length, w.encoded.data())};
+    SimServer& s = servers_[std::size_t(k)];
+    s.state->push(r, clock, version_pulled, batch, payload, wire::checksum_bytes(payload.data(), payload.size()));
+    ++s.pushes;
+    s.bytes_in += long(payload.size());
   }
 
   // θ's slice k, as it is now, into worker r's buffer (its pull for `step` served).
@@ -468,7 +485,6 @@ class VirtualCluster {
             if (w.batch != op.batch) fail(k, op, "the batch is " + std::to_string(w.batch) + " samples, the run pushed " +
                                                     std::to_string(op.batch));
             push_slice(op.worker, k, op.clock, op.version, op.batch);
-            s.bytes_in += long(shard_bytes(k));
           }
           ++at[std::size_t(k)];
           ++done_ops;

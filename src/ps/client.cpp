@@ -19,8 +19,13 @@ PsClient::PsClient(comm::Transport& transport, std::vector<std::string> endpoint
   const int S = int(endpoints.size());
   for (int k = 0; k < S; ++k) {
     shards_.push_back(ShardInfo{endpoints[std::size_t(k)], shard_range(opt.num_params, S, k), 0});
-    if (!codec_->dense_f32() && opt.role == wire::Role::worker)
+    if (!codec_->dense_f32() && opt.role == wire::Role::worker) {
+      auto enc = make_codec(opt.codec);
+      encoders_.push_back(opt.error_feedback ? with_error_feedback(std::move(enc)) : std::move(enc));
       encoded_.emplace_back(codec_->max_bytes(shards_.back().range.length));
+      encoded_bytes_.push_back(0);
+      encoded_clock_.push_back(-1);
+    }
   }
   comm::ConnectOptions co;
   co.linger = std::chrono::milliseconds(1000);
@@ -280,9 +285,13 @@ void PsClient::send_push(int k) {
   if (codec_->dense_f32()) {
     h.bytes = s.range.length * sizeof(float);
   } else {
-    std::vector<std::byte>& buf = encoded_[std::size_t(k)];
-    h.bytes = codec_->encode(g, s.range.length, buf.data());
-    bytes = buf.data();
+    const std::size_t i = std::size_t(k);
+    if (encoded_clock_[i] != push_.clock) {  // encoded once: a resend must not feed the residual twice
+      encoded_bytes_[i] = encoders_[i]->encode(g, s.range.length, encoded_[i].data());
+      encoded_clock_[i] = push_.clock;
+    }
+    h.bytes = encoded_bytes_[i];
+    bytes = encoded_[i].data();
   }
   h.checksum = wire::checksum_bytes(bytes, h.bytes);
   send(k, h, in_flight_.payload(bytes, h.bytes));

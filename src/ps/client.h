@@ -68,6 +68,7 @@ class PsClient {
     std::uint64_t config_hash = 0;  // config_fingerprint() of the run's config (servers check it)
     double timeout_s = 60.0;        // the run's cluster.timeout_s
     std::string codec = "f32";      // the run's cluster.codec, how pushes are encoded
+    bool error_feedback = false;    // cluster.error_feedback resolved: each shard's encoder keeps what it left out
     double heartbeat_s = 0.0;       // the run's cluster.heartbeat_s (workers; 0: no heartbeats)
     bool rejoin = false;            // cluster.on_server_loss = "restart": wait for a silent server
                                     // to come back and rejoin it (needs heartbeat_s > 0)
@@ -133,8 +134,13 @@ class PsClient {
   std::vector<ShardInfo> shards_;
   Options opt_;
   std::chrono::milliseconds timeout_;
-  std::unique_ptr<PushCodec> codec_;
-  std::vector<std::vector<std::byte>> encoded_;  // per shard: its encoded gradient (codecs but f32)
+  std::unique_ptr<PushCodec> codec_;  // the run's codec, stateless (catch-up pushes, its properties)
+  // Codecs but f32, per shard: its encoder (with error feedback, it keeps that shard's residual),
+  // its encoded gradient, and the clock it was encoded for (a push sent again is not re-encoded).
+  std::vector<std::unique_ptr<PushCodec>> encoders_;
+  std::vector<std::vector<std::byte>> encoded_;
+  std::vector<std::size_t> encoded_bytes_;
+  std::vector<long> encoded_clock_;
   wire::Encoder enc_;
   comm::Message msg_;  // reused for every reply
   comm::InFlight in_flight_;

@@ -72,6 +72,9 @@ void visit_fields(Config& c, F&& f) {
     "threads a server splits a large update over (0 = host cores / processes on it)");
   f("cluster.transport", c.cluster.transport, "how processes exchange messages (listed below)");
   f("cluster.codec", c.cluster.codec, "how pushes encode gradients (listed below)");
+  f("cluster.error_feedback", c.cluster.error_feedback,
+    "\"on\": a worker keeps what a lossy codec left out of a push and adds it to the next; \"off\"; \"auto\": on for "
+    "the codecs that drop most of each push (topk, sign)");
   f("cluster.overlap", c.cluster.overlap,
     "push (PS modes) or all-reduce (allreduce) each finished piece of the gradient while backward goes on");
   f("cluster.bucket_kb", c.cluster.bucket_kb, "allreduce with overlap: KiB of the gradient per all-reduce bucket");
@@ -385,6 +388,8 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
   };
   check_name(comm::transport_registry(), c.cluster.transport, "cluster.transport");
   check_name(codec_registry(), c.cluster.codec, "cluster.codec");
+  check(c.cluster.error_feedback == "auto" || c.cluster.error_feedback == "on" || c.cluster.error_feedback == "off",
+        "cluster.error_feedback", "expected \"auto\", \"on\" or \"off\", got \"" + c.cluster.error_feedback + "\"");
   check(c.cluster.workers >= 1, "cluster.workers", "must be >= 1");
   check(c.cluster.servers >= 1, "cluster.servers", "must be >= 1");
   check(c.cluster.server_threads >= 0, "cluster.server_threads", "must be >= 0");
@@ -467,6 +472,11 @@ bool restarts_lost_servers(const ExperimentConfig& c) {
   if (c.cluster.on_server_loss == "fail" || !c.uses_servers() || c.cluster.launcher == "slurm") return false;
   if (c.cluster.transport != "tcp" && c.cluster.transport != "ipc") return false;  // shm, auto (shm on one host)
   return make_rule(c.cluster.mode)->trains_without_lost_workers();
+}
+
+bool uses_error_feedback(const ExperimentConfig& c) {
+  if (c.cluster.error_feedback != "auto") return c.cluster.error_feedback == "on";
+  return make_codec(c.cluster.codec)->wants_error_feedback();
 }
 
 bool continues_without_lost_workers(const ExperimentConfig& c) {

@@ -59,6 +59,7 @@ struct ClusterConfig {
   int server_threads = 0;    // threads per server for large updates (0 = host cores / processes on it)
   std::string transport = "tcp";     // comm/transport/: "tcp", "ipc", "shm", "auto"
   std::string codec = "f32";         // ps/codecs/: how pushes encode gradients
+  std::string error_feedback = "auto";  // "on", "off", or "auto": on for the codecs that want it (topk, sign)
   bool overlap = false;      // send each finished piece of ∇θ while backward goes on (CPU workers)
   int bucket_kb = 256;       // allreduce with overlap: KiB of ∇θ per bucket
   std::string collective = "auto";  // allreduce on GPUs: "nccl", "gloo" (through host memory), "auto"
@@ -136,6 +137,9 @@ bool continues_without_lost_workers(const ExperimentConfig& c);
 // (cluster.on_server_loss resolved: "auto" is "restart" for asp and ssp over tcp or ipc, not
 // under Slurm).
 bool restarts_lost_servers(const ExperimentConfig& c);
+// Whether the workers' push encoders keep what a lossy codec left out and add it to the next push
+// (cluster.error_feedback resolved: "auto" is on for the codecs that want it, topk and sign).
+bool uses_error_feedback(const ExperimentConfig& c);
 
 // Parses a TOML file, applies `overrides` ("section.key=value", value in TOML syntax, bare
 // words taken as strings) and validates. Throws ConfigError naming the file and the key.

@@ -68,6 +68,7 @@ PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int
   o.config_hash = config_fingerprint(c);
   o.timeout_s = c.cluster.timeout_s;
   o.codec = c.cluster.codec;
+  o.error_feedback = uses_error_feedback(c);
   if (role == wire::Role::worker) o.heartbeat_s = c.cluster.heartbeat_s;  // servers drop silent workers
   o.rejoin = restarts_lost_servers(c);  // a server that dies comes back: wait for it and rejoin
   if (o.rejoin) o.heartbeat_s = c.cluster.heartbeat_s;  // the evaluator too notices a silent server

@@ -7,10 +7,12 @@
 // pass as the update). The header also carries the codec's wire id, the element count and the
 // byte length, so that a payload the run's codec cannot decode is refused like any bad input.
 //
-// Error feedback, top-k and the like will be codecs or wrappers of codecs (issue: compressed
-// pushes); encode() may therefore keep state (one codec per worker), decode() keeps none.
+// Error feedback wraps a codec (with_error_feedback); encode() may therefore keep state (the
+// client keeps one codec object per shard), decode() keeps none.
 // Threading: one thread per codec object.
 #pragma once
+
+#include <vector>
 
 #include <cstddef>
 #include <cstdint>
@@ -39,9 +41,19 @@ class PushCodec {
   // Whether the payload is the dense float32 gradient itself: then the worker sends its buffer
   // as is (no encode), and the server reads it in place (no decode, no copy).
   virtual bool dense_f32() const { return false; }
+  // Whether cluster.error_feedback = "auto" wraps it in error feedback (lossy codecs that drop
+  // much of each push: topk, sign).
+  virtual bool wants_error_feedback() const { return false; }
+  // With error feedback: what this encoder still owes (its slice's residual); else null.
+  virtual const std::vector<float>* residual() const { return nullptr; }
 };
 
-// cluster.codec -> codec. Built-ins: f32, f16, bf16 (ps/codecs/registry.cpp).
+// `inner` with error feedback (error_feedback.cpp): each encode sends inner's encoding of the
+// slice plus what earlier encodes left out, and keeps what this one leaves out. One object
+// per slice (a worker's shard).
+std::unique_ptr<PushCodec> with_error_feedback(std::unique_ptr<PushCodec> inner);
+
+// cluster.codec -> codec. Built-ins: f32, f16, bf16, int8, topk:<f>, sign (ps/codecs/registry.cpp).
 Registry<PushCodec>& codec_registry();
 inline std::unique_ptr<PushCodec> make_codec(const std::string& name) { return codec_registry().make(name); }
 
