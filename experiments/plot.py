@@ -9,6 +9,9 @@ RUN_DIR/plots for one run, ./plots for several):
 
   convergence.png  test accuracy and training loss vs wall-clock time and vs epochs (2x2);
                    dashed line: target accuracy (eval.target_acc); dot: where a run first reaches it
+  bytes.png        test accuracy against the bytes pushed so far (the servers' count over the
+                   run, spread over its evaluations by the samples applied): what each codec or
+                   mode pays on the wire for its accuracy (only when the runs pushed bytes)
   throughput.png   samples/s of every worker over time, one panel per run
   step_time.png    mean time per step of every worker, stacked: compute, communication
                    (comm minus wait), waiting for consistency (wait), injected straggler delay
@@ -243,6 +246,34 @@ def plot_convergence(runs, out):
     save(fig, out, "convergence.png")
 
 
+def plot_bytes(runs, out):
+    """bytes.png: test accuracy against bytes pushed, one line per run (runs with servers' counts)."""
+    rows = []
+    for r in runs:
+        pushed = sum(f.get("bytes_in", 0) for f in r.finals)
+        applied = max((e.get("epoch") or 0.0 for e in r.evals), default=0.0)
+        acc = [(e["epoch"], e["test_acc"]) for e in r.evals if "test_acc" in e and e.get("epoch") is not None]
+        if pushed and applied > 0 and acc:
+            rows.append((r, [(ep / applied * pushed, a) for ep, a in acc]))
+    if len(rows) < 1:
+        return
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    colour = colours(runs)
+    for r, pts in rows:
+        ax.plot([b / 1e6 for b, _ in pts], [100 * a for _, a in pts], marker="o", markersize=3, label=r.label,
+                color=colour[id(r)])
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes pushed so far (MB, all workers; log scale)")
+    ax.set_ylabel("test accuracy (%)")
+    if rows[0][0].target is not None:
+        ax.axhline(100 * rows[0][0].target, color="grey", linestyle="--", linewidth=0.8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("accuracy against bytes on the wire (pushes)", fontsize=11)
+    fig.tight_layout()
+    save(fig, out, "bytes.png")
+
+
 def grid(n):
     cols = min(n, 2) if n <= 4 else 3
     rows = (n + cols - 1) // cols
@@ -406,6 +437,7 @@ def main():
     runs = [Run(r) for r in a.runs]
     name_runs(runs)
     plot_convergence(runs, out)
+    plot_bytes(runs, out)
     plot_throughput(runs, out)
     plot_step_time(runs, out)
     plot_staleness(runs, out)

@@ -514,7 +514,7 @@ class LauncherTest(unittest.TestCase):
                   "metrics/server0.jsonl", "metrics/evaluator.jsonl", "logs/server0.log", "logs/worker0.log",
                   "logs/worker1.log", "logs/evaluator.log"]:
             self.assertTrue((run / f).is_file(), f)
-        for png in ["convergence", "throughput", "step_time", "staleness"]:
+        for png in ["convergence", "bytes", "throughput", "step_time", "staleness"]:
             for d in (run / "plots", inv / "plots"):
                 data = (d / f"{png}.png").read_bytes()
                 self.assertEqual(data[:8], PNG_MAGIC, d / png)

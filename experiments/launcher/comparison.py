@@ -6,7 +6,8 @@ COLUMNS = [("run", "run"), ("mode", "mode"), ("workers", "W"), ("servers", "S"),
            ("final_test_acc", "final acc"), ("best_test_acc", "best acc"), ("time_to_target_s", "time to target (s)"),
            ("epochs_to_target", "epochs to target"), ("epochs", "epochs"), ("samples_per_s", "samples/s"),
            ("staleness_mean", "staleness mean"), ("staleness_p99", "p99"), ("staleness_max", "max"),
-           ("bytes_pushed", "bytes pushed"), ("bytes_pulled", "bytes pulled"), ("wall_s", "wall (s)")]
+           ("bytes_pushed", "bytes pushed"), ("bytes_pushed_per_sample", "pushed per sample"), ("bytes_pulled", "bytes pulled"),
+           ("wall_s", "wall (s)")]
 
 
 def comparison_rows(results):
@@ -15,7 +16,9 @@ def comparison_rows(results):
         st = s.get("staleness") or {}
         row = dict(s)
         row.update({"run": label, "staleness_mean": st.get("mean"), "staleness_p99": st.get("p99"),
-                    "staleness_max": st.get("max")})
+                    "staleness_max": st.get("max"),
+                    "bytes_pushed_per_sample": s["bytes_pushed"] / s["train_samples"]
+                    if s.get("bytes_pushed") and s.get("train_samples") else None})
         rows.append(row)
     return rows
 
@@ -27,6 +30,8 @@ def fmt_cell(key, v):
         return f"{100 * v:.2f}%"
     if key in ("bytes_pushed", "bytes_pulled"):
         return f"{v / 1e6:.1f} MB"
+    if key == "bytes_pushed_per_sample":
+        return f"{v / 1e3:.1f} kB"
     if key in ("samples_per_s",):
         return f"{v:,.0f}"
     if isinstance(v, float):
@@ -59,7 +64,7 @@ def write_comparison(inv_dir, results, target):
           "Times are seconds from each run's start; samples/s counts all workers together; staleness "
           "(PS modes) is in versions of the shard; bytes as counted by the servers.", "", table, ""]
     md += [n for n in notes] + ([""] if notes else [])
-    for png in ("convergence", "throughput", "step_time", "staleness"):
+    for png in ("convergence", "bytes", "throughput", "step_time", "staleness"):
         if (inv_dir / "plots" / f"{png}.png").exists():
             md += [f"![{png}](plots/{png}.png)", ""]
     (inv_dir / "comparison.md").write_text("\n".join(md))
