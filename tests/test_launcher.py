@@ -1041,6 +1041,24 @@ class LauncherTest(unittest.TestCase):
             self.assertEqual(fin["pulled_params_bytes"], 4 * shard * 4)  # θ as served, one copy per worker
         self.assertNotIn("pulled_params_bytes", (inv / "mode=asp" / "metrics" / "server0.jsonl").read_text())
 
+    def test_evaluations_every_so_many_epochs_in_every_mode(self):
+        # eval.every_epochs = 0.25 over tiny's 7.8 epochs: about 31 evaluations, at ticks 0.25 apart,
+        # however fast the run (PS: the evaluator's pulls; allreduce: rank 0's snapshots; virtual)
+        for extra in ([], ["--set", 'cluster.mode="allreduce"'], ["--set", 'cluster.launcher="virtual"']):
+            with self.subTest(extra=extra):
+                runs = self.tmp / f"ee{len(list(self.tmp.glob('ee*')))}"
+                r = self.launch("run", TINY, "--set", "eval.every_epochs=0.25", *extra, "--runs-dir", runs, "--no-plots")
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                run = next(d for d in (runs / "tiny").glob("*/run") if not d.parent.is_symlink())
+                evals = [x for x in map(json.loads, (run / "metrics" / "evaluator.jsonl").read_text().splitlines())
+                         if x.get("kind") == "eval"]
+                self.assertGreaterEqual(len(evals), 30, extra)
+                self.assertLessEqual(len(evals), 34, extra)
+                epochs = [x["epoch"] for x in evals]
+                gaps = [b - a for a, b in zip(epochs, epochs[1:-1])]  # the last one is the final evaluation
+                self.assertLess(max(gaps), 0.25 + 0.1, (extra, epochs))
+                self.assertTrue(evals[-1].get("final"), extra)
+
     # ---- the virtual cluster and replay -------------------------------------------------------
     def test_virtual_cluster_runs_every_mode_in_simulated_time(self):
         path = self.tiny_variant("virtual.toml", [('mode = "bsp"', 'mode = ["bsp", "asp", "allreduce"]'),

@@ -21,6 +21,7 @@
 #include "core/optimizer.h"
 #include "role_context.h"
 #include "run/setup.h"
+#include "eval_schedule.h"
 #include "snapshots.h"
 
 namespace pslab {
@@ -78,6 +79,7 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
   const int b = cfg.train.batch;
   const double n_train = ctx.data().train.n;
   std::unique_ptr<SnapshotSender> snapshots;
+  EpochTicks ticks(cfg.eval.every_epochs);  // eval.every_epochs: snapshots by epochs, not by time
   if (opt.rank == 0 && !opt.snapshots.empty())
     snapshots = std::make_unique<SnapshotSender>(ctx.transport(), opt.snapshots, cfg.eval.interval_s, cfg.cluster.timeout_s);
   std::unique_ptr<BucketedAllreduce> buckets;
@@ -137,7 +139,7 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
     samples += global_batch;
     const bool last = step == steps - 1;
     ctx.log().add(step, double(samples) / n_train, rec, last || (step + 1) % spe == 0);
-    if (snapshots && (last || snapshots->due())) {
+    if (snapshots && (last || (ticks.on() ? ticks.due(double(samples) / n_train) : snapshots->due()))) {
       const float* theta = replica.download_params();  // synchronizes
       snapshots->send(theta, P, step + 1, samples, last);
     }

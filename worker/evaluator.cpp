@@ -14,6 +14,7 @@
 #include "ps/client.h"
 #include "role_context.h"
 #include "run/setup.h"
+#include "eval_schedule.h"
 #include "snapshots.h"
 
 namespace pslab {
@@ -39,22 +40,31 @@ class ServerSource final : public ParamSource {
   explicit ServerSource(RoleContext& ctx)
       : client_(ctx.transport(), ctx.opt.servers, client_options(ctx.cfg, wire::Role::evaluator, wire::kEvaluator)),
         interval_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-            std::chrono::duration<double>(ctx.cfg.eval.interval_s))) {
+            std::chrono::duration<double>(ticks_on(ctx) ? kPoll : ctx.cfg.eval.interval_s))),
+        ticks_(ctx.cfg.eval.every_epochs), train_n_(double(ctx.data().train.n)) {
     client_.connect();
     next_ = std::chrono::steady_clock::now();
   }
   Info next(float* theta) override {
-    std::this_thread::sleep_until(next_);
-    // Evaluation may take longer than the interval: never queue up missed ticks.
-    next_ = std::max(next_ + interval_, std::chrono::steady_clock::now());
-    const PullResult r = client_.pull(0, theta);
-    return Info{r.min_clock, r.samples_applied, r.min_version, r.max_version, r.training_done};
+    while (true) {
+      std::this_thread::sleep_until(next_);
+      // Evaluation may take longer than the interval: never queue up missed ticks.
+      next_ = std::max(next_ + interval_, std::chrono::steady_clock::now());
+      const PullResult r = client_.pull(0, theta);
+      // eval.every_epochs: pulled every kPoll, evaluated when the samples applied reach a tick
+      if (!ticks_.on() || r.training_done || ticks_.due(double(r.samples_applied) / train_n_))
+        return Info{r.min_clock, r.samples_applied, r.min_version, r.max_version, r.training_done};
+    }
   }
   void finish() override { client_.shutdown(); }
 
  private:
+  static bool ticks_on(const RoleContext& ctx) { return ctx.cfg.eval.every_epochs > 0; }
+  static constexpr double kPoll = 0.02;  // s between pulls with eval.every_epochs
   PsClient client_;
   std::chrono::steady_clock::duration interval_;
+  EpochTicks ticks_;
+  double train_n_;
   std::chrono::steady_clock::time_point next_;
 };
 

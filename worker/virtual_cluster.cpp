@@ -15,6 +15,7 @@
 #include "core/optimizer.h"
 #include "core/replica.h"
 #include "core/sampler.h"
+#include "eval_schedule.h"
 #include "progress.h"
 #include "ps/codecs/codec.h"
 #include "ps/order_trace.h"
@@ -226,6 +227,7 @@ class VirtualCluster {
     SimServer& s = servers_[std::size_t(k)];
     if (w.step > 0) {  // the request carries the push of its step before
       push_slice(r, k, w.step - 1, w.version_pulled[std::size_t(k)], w.batch);
+      if (ticks_.due(double(s.state->samples_applied()) / double(data_.train.n))) ev_.at(ev_.now, Ev::eval);
     }
     if (w.done) {  // its last push: acknowledged, no pull
       ev_.at(ev_.now + costs_.latency_s, Ev::reply, r, k);
@@ -347,8 +349,9 @@ class VirtualCluster {
       min_clock = min_clock < 0 ? st.min_clock() : std::min(min_clock, st.min_clock());
       samples = k == 0 ? st.samples_applied() : std::min(samples, st.samples_applied());
     }
+    ticks_.due(double(samples) / double(data_.train.n));  // (eval.every_epochs: this one counts as a tick)
     evaluate(theta, min_clock, samples, final, {min_v, max_v});
-    if (!final) ev_.at(ev_.now + cfg_.eval.interval_s, Ev::eval);
+    if (!final && !ticks_.on()) ev_.at(ev_.now + cfg_.eval.interval_s, Ev::eval);  // (ticks: on_applied)
   }
 
   std::vector<float>& eval_theta() {
@@ -410,7 +413,14 @@ class VirtualCluster {
         slowest = std::max(slowest, ready[std::size_t(r)]);
       }
       const double end = slowest + costs_.allreduce_s;
-      while (next_eval <= end && step + 1 < total_) {  // the evaluator's snapshots, between the steps
+      if (ticks_.on() && step + 1 < total_ && ticks_.due(double(samples) / n_train)) {  // eval.every_epochs
+        const double t = ev_.now;
+        ev_.now = end;
+        model.store_params(theta.data());
+        evaluate(theta, step, samples, false, {-1, -1});
+        ev_.now = t;
+      }
+      while (!ticks_.on() && next_eval <= end && step + 1 < total_) {  // the evaluator's snapshots, between the steps
         const double t = ev_.now;
         ev_.now = std::max(next_eval, t);
         model.store_params(theta.data());
@@ -555,6 +565,7 @@ class VirtualCluster {
   std::vector<SimServer> servers_;
   std::unique_ptr<MetricsWriter> eval_metrics_;
   std::vector<float> eval_theta_;
+  EpochTicks ticks_{cfg_.eval.every_epochs};  // eval.every_epochs: evaluations by epochs applied
   int finished_ = 0;
   bool final_done_ = false;
   double result_ = 0.0;

@@ -103,6 +103,9 @@ void visit_fields(Config& c, F&& f) {
     "PS modes: \"restart\" (the launcher restarts a server that died from its checkpoint; the workers rejoin it and "
     "the updates since are lost, counted), \"fail\", or \"auto\": restart for asp and ssp over tcp or ipc (not under Slurm), else fail");
   f("eval.interval_s", c.eval.interval_s, "evaluator period (s); one more evaluation at the end");
+  f("eval.every_epochs", c.eval.every_epochs,
+    "if > 0: evaluate each time training has applied this many more epochs (instead of every eval.interval_s), "
+    "so every curve has as many points however fast the run");
   f("eval.batch", c.eval.batch, "evaluation batch");
   f("eval.target_acc", c.eval.target_acc, "accuracy for time_to_target_s in the summary");
   f("checkpoint.every_s", c.checkpoint.every_s,
@@ -388,6 +391,7 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
   };
   check_name(comm::transport_registry(), c.cluster.transport, "cluster.transport");
   check_name(codec_registry(), c.cluster.codec, "cluster.codec");
+  check(c.eval.every_epochs >= 0, "eval.every_epochs", "must be >= 0");
   check(c.cluster.error_feedback == "auto" || c.cluster.error_feedback == "on" || c.cluster.error_feedback == "off",
         "cluster.error_feedback", "expected \"auto\", \"on\" or \"off\", got \"" + c.cluster.error_feedback + "\"");
   check(c.cluster.workers >= 1, "cluster.workers", "must be >= 1");

@@ -83,6 +83,7 @@ struct ClusterConfig {
 
 struct EvalConfig {
   double interval_s = 2.0;  // evaluator period in seconds (plus one at the end)
+  double every_epochs = 0.0;  // > 0: evaluate each time this many more epochs were applied, instead
   int batch = 1000;         // evaluation batch
   double target_acc = 0.85; // for time_to_target_s in the summary
 };
