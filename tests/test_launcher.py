@@ -1059,6 +1059,25 @@ class LauncherTest(unittest.TestCase):
                 self.assertLess(max(gaps), 0.25 + 0.1, (extra, epochs))
                 self.assertTrue(evals[-1].get("final"), extra)
 
+    def test_a_sweep_over_seeds_is_summarized_as_mean_and_sd(self):
+        r = self.launch("run", TINY, "--set", "seed=[1, 2]", "--set", 'cluster.mode=["bsp", "asp"]',
+                        "--set", 'cluster.launcher="virtual"', "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        md = (self.only_invocation("tiny") / "comparison.md").read_text()
+        self.assertIn("Over seeds (mean ± sd):", md)
+        rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| mode=")}
+        self.assertEqual(sorted(rows), ["mode=asp", "mode=bsp"])
+        accs = {}
+        for mode in ("bsp", "asp"):
+            accs[mode] = [json.loads((d / "summary.json").read_text())["final_test_acc"]
+                          for d in sorted(self.only_invocation("tiny").glob(f"seed=*,mode={mode}"))]
+            self.assertEqual(len(accs[mode]), 2)
+            mean = sum(accs[mode]) / 2
+            sd = abs(accs[mode][0] - accs[mode][1]) / 2 ** 0.5
+            self.assertIn(f"| mode={mode} | 2 | {100 * mean:.2f} ± {100 * sd:.2f}% |", rows[f"mode={mode}"])
+        s = json.loads(next(self.only_invocation("tiny").glob("seed=1,mode=bsp")).joinpath("summary.json").read_text())
+        self.assertAlmostEqual(s["train_time_to_target_s"], s["time_to_target_s"] - s["startup_s"])
+
     # ---- the virtual cluster and replay -------------------------------------------------------
     def test_virtual_cluster_runs_every_mode_in_simulated_time(self):
         path = self.tiny_variant("virtual.toml", [('mode = "bsp"', 'mode = ["bsp", "asp", "allreduce"]'),

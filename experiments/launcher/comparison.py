@@ -4,6 +4,7 @@ import csv
 
 COLUMNS = [("run", "run"), ("mode", "mode"), ("workers", "W"), ("servers", "S"), ("status", "status"),
            ("final_test_acc", "final acc"), ("best_test_acc", "best acc"), ("time_to_target_s", "time to target (s)"),
+           ("startup_s", "start-up (s)"), ("train_time_to_target_s", "of it training (s)"),
            ("epochs_to_target", "epochs to target"), ("epochs", "epochs"), ("samples_per_s", "samples/s"),
            ("staleness_mean", "staleness mean"), ("staleness_p99", "p99"), ("staleness_max", "max"),
            ("bytes_pushed", "bytes pushed"), ("bytes_pushed_per_sample", "pushed per sample"), ("bytes_pulled", "bytes pulled"),
@@ -31,12 +32,53 @@ def fmt_cell(key, v):
     if key in ("bytes_pushed", "bytes_pulled"):
         return f"{v / 1e6:.1f} MB"
     if key == "bytes_pushed_per_sample":
-        return f"{v / 1e3:.1f} kB"
+        return f"{v / 1e3:.1f} kB" if v >= 1000 else f"{v:.0f} B"
+    if key == "startup_s":
+        v = max(v, 0.0)  # (the first window's start, computed back from its rate: may round below 0)
     if key in ("samples_per_s",):
         return f"{v:,.0f}"
     if isinstance(v, float):
         return f"{v:.2f}"
     return str(v)
+
+
+SEED_COLUMNS = [("final_test_acc", "final acc"), ("train_time_to_target_s", "training to target (s)"),
+                ("epochs_to_target", "epochs to target"), ("samples_per_s", "samples/s"),
+                ("staleness_mean", "staleness mean")]
+
+
+def without_seed(label):
+    """A run's sweep label without its seed: the runs that differ only in the seed share it."""
+    parts = [p for p in (label or "run").split(",") if not p.startswith("seed=")]
+    return ",".join(parts) or "run"
+
+
+def seed_table(rows):
+    """Where a sweep repeats runs over seeds (seed = [1, 2, 3]): per group, mean ± sd of the
+    main columns over its seeds (sd: sample standard deviation); None without repeats."""
+    groups = {}
+    for r in rows:
+        groups.setdefault(without_seed(r["run"]), []).append(r)
+    if all(len(g) < 2 for g in groups.values()):
+        return None
+
+    def cell(key, rs):
+        vals = [r.get(k) for r in rs for k in [key] if r.get(k) is not None]
+        if not vals:
+            return "-"
+        mean = sum(vals) / len(vals)
+        sd = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else 0.0
+        missing = f" ({len(rs) - len(vals)} of {len(rs)} missing)" if len(vals) < len(rs) else ""
+        if key == "final_test_acc":
+            return f"{100 * mean:.2f} ± {100 * sd:.2f}%{missing}"
+        if key == "samples_per_s":
+            return f"{mean:,.0f} ± {sd:,.0f}{missing}"
+        return f"{mean:.2f} ± {sd:.2f}{missing}"
+    head = "| runs | seeds | " + " | ".join(h for _, h in SEED_COLUMNS) + " |"
+    sep = "|" + "|".join("---" for _ in range(len(SEED_COLUMNS) + 2)) + "|"
+    body = [f"| {name} | {len(rs)} | " + " | ".join(cell(k, rs) for k, _ in SEED_COLUMNS) + " |"
+            for name, rs in groups.items()]
+    return "\n".join([head, sep] + body)
 
 
 def write_comparison(inv_dir, results, target):
@@ -50,6 +92,9 @@ def write_comparison(inv_dir, results, target):
     sep = "|" + "|".join("---" for _ in COLUMNS) + "|"
     lines = [head, sep] + ["| " + " | ".join(fmt_cell(k, r.get(k)) for k, _ in COLUMNS) + " |" for r in rows]
     table = "\n".join(lines)
+    over_seeds = seed_table(rows)
+    if over_seeds:
+        table += "\n\nOver seeds (mean ± sd):\n\n" + over_seeds
     ok = [r for r in rows if r.get("time_to_target_s") is not None]
     notes = []
     if ok:

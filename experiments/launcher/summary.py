@@ -45,6 +45,9 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
     final_test_acc      the evaluator's last test accuracy (None when the data is not a
                         classification); best_test_acc: the best of all its evaluations
     time_to_target_s, epochs_to_target   at the first evaluation with test accuracy >= target_acc
+    startup_s           when the first worker's first training window began (s from the run's
+                        start: processes, data, connections); train_time_to_target_s the time to
+                        target counted from then
     epochs              of the last evaluation: passes over the training set by all workers
     samples_per_s       all workers together = total samples / training span, where a worker's
                         samples in a metrics window = samples_per_s * window length (t minus its
@@ -129,6 +132,10 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
         "best_test_acc": max(x["test_acc"] for x in acc) if acc else None,
         "target_acc": plan.target_acc,
         "time_to_target_s": hit["t"] if hit else None,
+        # start-up (processes, data, connections) apart from training: when the first training
+        # window began, and the time to target counted from there
+        "startup_s": min(starts) if starts else None,
+        "train_time_to_target_s": hit["t"] - min(starts) if hit and starts else None,
         "epochs_to_target": hit["epoch"] if hit else None,
         "epochs": final["epoch"] if final else None,
         "samples_per_s": total_samples / span if span > 0 else None,
