@@ -9,6 +9,9 @@ RUN_DIR/plots for one run, ./plots for several):
 
   convergence.png  test accuracy and training loss vs wall-clock time and vs epochs (2x2);
                    dashed line: target accuracy (eval.target_acc); dot: where a run first reaches it
+  seeds.png        when runs repeat over seeds (seed = [1, 2, 3]): test accuracy against epochs and
+                   against time, per run without its seed, as the mean over the seeds with a band
+                   from the lowest to the highest
   bytes.png        test accuracy against the bytes pushed so far (the servers' count over the
                    run, spread over its evaluations by the samples applied): what each codec or
                    mode pays on the wire for its accuracy (only when the runs pushed bytes)
@@ -246,6 +249,40 @@ def plot_convergence(runs, out):
     save(fig, out, "convergence.png")
 
 
+def plot_seeds(runs, out):
+    """seeds.png: mean and min-max band over the seeds of each group of runs (label without seed)."""
+    groups = {}
+    for r in runs:
+        key = ",".join(p for p in r.sweep_label.split(",") if not p.startswith("seed=")) or r.mode
+        groups.setdefault(key, []).append(r)
+    groups = {k: g for k, g in groups.items() if len(g) >= 2}
+    if not groups:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    cmap = plt.get_cmap("tab10")
+    for i, (name, rs) in enumerate(sorted(groups.items())):
+        curves = [[(e["epoch"], e["t"], 100 * e["test_acc"]) for e in r.evals if "test_acc" in e] for r in rs]
+        curves = [c for c in curves if len(c) >= 2]
+        if len(curves) < 2:
+            continue
+        for ax, x_of in ((axes[0], 0), (axes[1], 1)):
+            end = min(c[-1][x_of] for c in curves)  # the span every seed covers
+            grid = np.linspace(0.0, end, 60)
+            ys = np.array([np.interp(grid, [p[x_of] for p in c], [p[2] for p in c]) for c in curves])
+            ax.plot(grid, ys.mean(axis=0), color=cmap(i % 10), lw=1.8, label=f"{name} ({len(curves)} seeds)")
+            ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=cmap(i % 10), alpha=0.2)
+    for ax, xl in ((axes[0], "epochs (passes over the training set, all workers)"),
+                   (axes[1], "wall-clock time since run start (s)")):
+        ax.set_xlabel(xl)
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=9, loc="lower right")
+    axes[0].set_title("test accuracy vs epochs: mean over seeds, band: lowest to highest")
+    axes[1].set_title("test accuracy vs time: mean over seeds, band: lowest to highest")
+    fig.tight_layout()
+    save(fig, out, "seeds.png")
+
+
 def plot_bytes(runs, out):
     """bytes.png: test accuracy against bytes pushed, one line per run (runs with servers' counts)."""
     rows = []
@@ -437,6 +474,7 @@ def main():
     runs = [Run(r) for r in a.runs]
     name_runs(runs)
     plot_convergence(runs, out)
+    plot_seeds(runs, out)
     plot_bytes(runs, out)
     plot_throughput(runs, out)
     plot_step_time(runs, out)

@@ -1077,6 +1077,12 @@ class LauncherTest(unittest.TestCase):
             self.assertIn(f"| mode={mode} | 2 | {100 * mean:.2f} ± {100 * sd:.2f}% |", rows[f"mode={mode}"])
         s = json.loads(next(self.only_invocation("tiny").glob("seed=1,mode=bsp")).joinpath("summary.json").read_text())
         self.assertAlmostEqual(s["train_time_to_target_s"], s["time_to_target_s"] - s["startup_s"])
+        # the curves: the mean over the seeds with a band
+        runs = sorted(str(d) for d in self.only_invocation("tiny").glob("seed=*"))
+        p = subprocess.run([PYTHON, str(REPO / "experiments" / "plot.py"), *runs, "--out", str(self.tmp / "plots")],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual((self.tmp / "plots" / "seeds.png").read_bytes()[:8], PNG_MAGIC)
 
     # ---- the virtual cluster and replay -------------------------------------------------------
     def test_virtual_cluster_runs_every_mode_in_simulated_time(self):

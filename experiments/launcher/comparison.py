@@ -109,7 +109,7 @@ def write_comparison(inv_dir, results, target):
           "Times are seconds from each run's start; samples/s counts all workers together; staleness "
           "(PS modes) is in versions of the shard; bytes as counted by the servers.", "", table, ""]
     md += [n for n in notes] + ([""] if notes else [])
-    for png in ("convergence", "bytes", "throughput", "step_time", "staleness"):
+    for png in ("convergence", "seeds", "bytes", "throughput", "step_time", "staleness"):
         if (inv_dir / "plots" / f"{png}.png").exists():
             md += [f"![{png}](plots/{png}.png)", ""]
     (inv_dir / "comparison.md").write_text("\n".join(md))
