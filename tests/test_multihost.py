@@ -103,6 +103,8 @@ class Cluster:
                 sh("ip", "-n", ns, "link", "set", dev, "up")
             # Debian's /etc/hosts: the host's own name is 127.0.1.1 (ip netns exec mounts this over /etc/hosts)
             etc = pathlib.Path("/etc/netns") / ns
+            if not etc.parent.exists():
+                self.made.append(("etc-parent", str(etc.parent)))  # removed last, if empty
             etc.mkdir(parents=True, exist_ok=True)
             self.made.append(("etc", str(etc)))
             (etc / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {h}\n")
@@ -154,6 +156,11 @@ class Cluster:
         for kind, what in reversed(self.made):
             if kind == "etc":
                 shutil.rmtree(what, ignore_errors=True)
+            elif kind == "etc-parent":
+                try:
+                    os.rmdir(what)
+                except OSError:
+                    pass
             else:
                 sh("ip", kind, "del", what, check=False)
 
@@ -389,6 +396,8 @@ class SlurmCluster:
             sh("ip", "-n", ns, "addr", "add", f"{self.addr[n]}/24", "dev", "eth0")
             sh("ip", "-n", ns, "link", "set", "eth0", "up")
             etc = pathlib.Path("/etc/netns") / ns  # Debian's /etc/hosts: its own name is 127.0.1.1
+            if not etc.parent.exists():
+                self.made.append(("etc-parent", str(etc.parent)))  # removed last, if empty
             etc.mkdir(parents=True, exist_ok=True)
             self.made.append(("etc", str(etc)))
             (etc / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {n}\n")
@@ -481,6 +490,11 @@ PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe
         for kind, what in reversed(self.made):
             if kind == "etc":
                 shutil.rmtree(what, ignore_errors=True)
+            elif kind == "etc-parent":
+                try:
+                    os.rmdir(what)
+                except OSError:
+                    pass
             else:
                 sh("ip", kind, "del", what, check=False)
 
