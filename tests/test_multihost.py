@@ -50,6 +50,21 @@ def sh(*argv, check=True, **kw):
     return r
 
 
+def undo(made):
+    """Removes what a cluster made, newest first: ("link" | "netns", name), ("etc", its
+    /etc/netns/NS directory), ("etc-parent", /etc/netns itself, if it is empty)."""
+    for kind, what in reversed(made):
+        if kind == "etc":
+            shutil.rmtree(what, ignore_errors=True)
+        elif kind == "etc-parent":
+            try:
+                os.rmdir(what)
+            except OSError:
+                pass
+        else:
+            sh("ip", kind, "del", what, check=False)
+
+
 def why_not():
     """None where the tier can run here, else why not."""
     if os.geteuid() != 0:
@@ -153,16 +168,7 @@ class Cluster:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        for kind, what in reversed(self.made):
-            if kind == "etc":
-                shutil.rmtree(what, ignore_errors=True)
-            elif kind == "etc-parent":
-                try:
-                    os.rmdir(what)
-                except OSError:
-                    pass
-            else:
-                sh("ip", kind, "del", what, check=False)
+        undo(self.made)
 
     def pids(self, host, sshd=False):
         """The processes in host's namespace (its sshd daemon left out unless sshd)."""
@@ -487,16 +493,7 @@ PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
-        for kind, what in reversed(self.made):
-            if kind == "etc":
-                shutil.rmtree(what, ignore_errors=True)
-            elif kind == "etc-parent":
-                try:
-                    os.rmdir(what)
-                except OSError:
-                    pass
-            else:
-                sh("ip", kind, "del", what, check=False)
+        undo(self.made)
 
     def pids(self, node):
         """The processes in node's namespace but its slurmd (and the `ip netns exec` shell before it)."""
