@@ -526,6 +526,7 @@ class SlurmTest(unittest.TestCase):
             cls.cluster.up()
         except Exception:
             cls.cluster.down()
+            shutil.rmtree(cls.tmp, ignore_errors=True)
             raise
 
     @classmethod
