@@ -15,6 +15,7 @@
 #include "comm/wire.h"
 #include "core/rng.h"
 #include "core/thread_team.h"
+#include "local_worker.h"
 
 using namespace pslab;
 
@@ -325,12 +326,20 @@ TEST(Rules, TheRegistryMakesEachModeFromItsName) {
   EXPECT_THROW(make_rule("ssp"), std::invalid_argument);
   EXPECT_THROW(make_rule("ssp:x"), std::invalid_argument);
   EXPECT_THROW(make_rule("bsp:1"), std::invalid_argument);
+  EXPECT_EQ(make_rule("local:4")->name(), "local:4");
+  EXPECT_EQ(make_rule("local:4")->worker_protocol().local_steps, 4);
+  EXPECT_EQ(make_rule("easgd:0.25")->name(), "easgd:0.25");
+  EXPECT_EQ(make_rule("easgd:0.25")->worker_protocol().alpha, 0.25);
+  EXPECT_EQ(make_rule("asp")->worker_protocol().push, WorkerProtocol::Push::gradient);
+  for (const char* bad : {"local:0", "local:x", "local", "easgd:0", "easgd:1", "easgd:-0.1", "easgd"})
+    EXPECT_THROW(make_rule(bad), std::invalid_argument) << bad;
   try {
     make_rule("gossip");
     FAIL() << "no error";
   } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()),
-              "\"gossip\" is not a consistency rule: expected \"bsp\", \"ssp:<s>\", \"asp\" or \"dcasgd:<lambda>\"");
+              "\"gossip\" is not a consistency rule: expected \"bsp\", \"ssp:<s>\", \"asp\", \"dcasgd:<lambda>\", \"local:<H>\" or "
+              "\"easgd:<alpha>\"");
   }
 }
 
@@ -404,8 +413,70 @@ TEST(ShardState, DcAsgdWithLambdaZeroIsAspBitForBit) {
   EXPECT_EQ(std::memcmp(a.current(), d.current(), n * sizeof(float)), 0);
 }
 
+// local:H: a clock's pushes are changes of θ; once all W have arrived the shard adds their
+// batch-weighted mean (no optimizer, no learning rate); pulls wait for the average.
+TEST(ShardState, LocalSgdAddsTheBatchWeightedMeanOfTheWorkersChanges) {
+  auto cpu = make_cpu_backend(1);
+  ShardState::Options o = options("local:4", 2, 2);
+  o.optimizer.kind = "momentum";  // the servers' optimizer never runs under local:H
+  o.optimizer.lr = 7.0;
+  ShardState s(*cpu, o, {1.0f, 2.0f});
+  const float d0[] = {0.5f, -1.0f}, d1[] = {-0.25f, 2.0f};
+  push(s, 0, 0, 0, 1, d0, sum(d0));
+  EXPECT_FALSE(s.pull_ready(1));
+  EXPECT_EQ(s.current()[0], 1.0f);
+  EXPECT_THROW(push(s, 0, 1, 0, 1, d0, sum(d0)), ProtocolError);  // clock 0 is still open
+  push(s, 1, 0, 0, 3, d1, sum(d1));  // weights 1 and 3: {1 + (0.5 - 0.75) / 4, 2 + (-1 + 6) / 4}
+  EXPECT_TRUE(s.pull_ready(1));
+  EXPECT_EQ(s.version(), 1);
+  EXPECT_EQ(s.current()[0], 0.9375f);
+  EXPECT_EQ(s.current()[1], 3.25f);
+  EXPECT_EQ(s.samples_applied(), 4);
+  EXPECT_EQ(s.current_checksum(), wire::checksum(s.current(), 2));
+  // A corrupted change is refused and changes nothing.
+  EXPECT_THROW(push(s, 0, 1, 1, 1, d0, sum(d0) ^ 1), ChecksumError);
+  EXPECT_EQ(s.clock_of(0), 1);
+}
+
+// easgd (Zhang, Choromanska & LeCun 2015), by hand: two workers, alpha = 0.25, one float.
+// Centre c = 1; worker 0 holds θ0 = 3, worker 1 θ1 = -1.
+//   worker 0 pulls c = 1:  e0 = 0.25 (3 - 1) = 0.5;   θ0 = 2.5;    the shard: c = 1.5
+//   worker 1 pulls c = 1.5: e1 = 0.25 (-1 - 1.5) = -0.625; θ1 = -0.375; c = 0.875
+//   worker 0 pulls c = 0.875: e0 = 0.25 (2.5 - 0.875) = 0.40625; θ0 = 2.09375; c = 1.28125
+TEST(ShardState, EasgdMovesTheCentreAndEachWorkerTowardEachOther) {
+  auto cpu = make_cpu_backend(1);
+  ShardState::Options o = options("easgd:0.25", 2, 1);
+  o.optimizer.lr = 7.0;  // never used: the pushes are elastic differences
+  ShardState s(*cpu, o, {1.0f});
+  const float alpha = float(s.rule().worker_protocol().alpha);
+  float theta[2] = {3.0f, -1.0f};
+  long clock[2] = {0, 0};
+  auto exchange = [&](int r) {
+    EXPECT_TRUE(s.pull_ready(clock[r]));
+    float e[1] = {s.current()[0]};
+    const long version = s.version();
+    elastic_exchange(&theta[r], e, 1, alpha);
+    push(s, r, clock[r]++, version, 8, e, sum(e));
+  };
+  exchange(0);
+  EXPECT_EQ(theta[0], 2.5f);
+  EXPECT_EQ(s.current()[0], 1.5f);
+  exchange(1);
+  EXPECT_EQ(theta[1], -0.375f);
+  EXPECT_EQ(s.current()[0], 0.875f);
+  exchange(0);
+  EXPECT_EQ(theta[0], 2.09375f);
+  EXPECT_EQ(s.current()[0], 1.28125f);
+  EXPECT_EQ(s.version(), 3);
+  EXPECT_EQ(s.samples_applied(), 24);
+  // An elastic exchange moves θ and c by opposite amounts: θ0 + θ1 + c is what it was.
+  EXPECT_EQ(theta[0] + theta[1] + s.current()[0], 3.0f);
+}
+
 TEST(Rules, TheLearningRatesBatchIsWhatOneUpdateAverages) {
   EXPECT_EQ(make_rule("bsp")->update_batch(64, 4), 256);
+  EXPECT_EQ(make_rule("local:4")->update_batch(64, 4), 256);
+  EXPECT_EQ(make_rule("easgd:0.2")->update_batch(64, 4), 64);
   EXPECT_EQ(make_rule("ssp:2")->update_batch(64, 4), 64);
   EXPECT_EQ(make_rule("asp")->update_batch(64, 4), 64);
 }

@@ -19,6 +19,7 @@
 #include "comm/transport/shm/shm_transport.h"
 #include "run/config.h"
 #include "harness.h"
+#include "local_worker.h"
 #include "raw_packets.h"
 #include "core/optimizer.h"
 #include "ps/client.h"
@@ -111,6 +112,124 @@ INSTANTIATE_TEST_SUITE_P(Workers, BspEqualsUnionBatch,
                            return "W" + std::to_string(c.workers) + "S" + std::to_string(c.servers) + "_" +
                                   std::get<1>(i.param);
                          });
+
+// ---- local:H and easgd: the workers' own models, averaged or pulled toward a centre ----
+
+// Runs a PS-mode `cfg` (workers as threads) and returns θ as the servers hold it at the end.
+std::vector<float> run_ps(const ExperimentConfig& cfg) {
+  const fs::path dir = temp_dir("ps");
+  Cluster cluster(cfg);
+  test::run_ps_workers(cfg, cluster, dir);
+  cluster.join();
+  cluster.rethrow();
+  fs::remove_all(dir);
+  return cluster.params();
+}
+
+// How many of `got` differ from `want` by more than `tol` relative (floored at 10% of max|θ|).
+long count_differing(const std::vector<float>& got, const std::vector<float>& want, double tol, double* worst) {
+  double scale = 0;
+  long wrong = 0;
+  *worst = 0;
+  for (float w : want) scale = std::max(scale, double(std::abs(w)));
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double d = std::abs(double(got[i]) - want[i]);
+    *worst = std::max(*worst, d);
+    wrong += d > tol * std::max(double(std::abs(want[i])), 0.1 * scale);
+  }
+  return wrong;
+}
+
+// A worker as the reference computes it: its replica, optimizer and sampler, one step at a time.
+struct RefWorker {
+  RefWorker(Backend& be, const ExperimentConfig& cfg, const DataSplit& data, int rank)
+      : replica(be, model_spec(cfg), data.train, cfg.train.batch),
+        optimizer(be, cfg.optimizer, replica.model().num_params()),
+        sampler(std::size_t(data.train.n), cfg.cluster.workers, rank, cfg.seed) {
+    replica.model().init(cfg.seed);
+  }
+  void step(long step, int batch, double lr) {
+    const long spe = sampler.steps_per_epoch(batch);
+    sampler.set_epoch(step / spe);
+    replica.compute_gradient(sampler.batch(step % spe, batch));
+    optimizer.step(replica.model().params(), replica.model().grads(), lr);
+  }
+  float* theta() { return replica.model().params(); }
+  Replica replica;
+  Optimizer optimizer;
+  ShardSampler sampler;
+};
+
+class LocalSgd : public ::testing::TestWithParam<std::string> {};
+
+// With plain SGD, one local step then the average of the W models is one bsp step.
+TEST_P(LocalSgd, LocalOneIsBspWithin1e6) {
+  ExperimentConfig cfg = make_config("bsp", 3, 2, GetParam());
+  cfg.optimizer.kind = "sgd";
+  const std::vector<float> bsp = run_ps(cfg);
+  cfg.cluster.mode = "local:1";
+  const std::vector<float> local = run_ps(cfg);
+  double worst = 0;
+  ASSERT_EQ(local.size(), bsp.size());
+  EXPECT_EQ(count_differing(local, bsp, 1e-6, &worst), 0) << "worst abs difference " << worst;
+  EXPECT_NE(local, initial_params(model_spec(cfg), cfg.seed)) << "training moved θ";
+}
+
+// local:4 with momentum: each worker 4 steps of its own optimizer (its momentum kept across
+// averages), then θ = the mean of the W models; the 50 steps end with a partial period of 2.
+TEST_P(LocalSgd, LocalFourIsTheAverageOfReplicasThatEachTookFourSteps) {
+  ExperimentConfig cfg = make_config("local:4", 2, 2, GetParam());
+  const std::vector<float> ps = run_ps(cfg);
+
+  auto be = make_cpu_backend(1);
+  const DataSplit data = load_data(cfg);
+  const int W = cfg.cluster.workers, b = cfg.train.batch;
+  std::vector<std::unique_ptr<RefWorker>> ws;
+  for (int r = 0; r < W; ++r) ws.push_back(std::make_unique<RefWorker>(*be, cfg, data, r));
+  const std::size_t P = ws[0]->replica.model().num_params();
+  for (long step = 0; step < cfg.train.steps; ++step) {
+    for (auto& w : ws) w->step(step, b, cfg.optimizer.lr);  // constant schedule, no scaling
+    if ((step + 1) % 4 == 0 || step == cfg.train.steps - 1)
+      for (std::size_t i = 0; i < P; ++i) {
+        float mean = 0;
+        for (auto& w : ws) mean += w->theta()[i];
+        mean /= float(W);
+        for (auto& w : ws) w->theta()[i] = mean;
+      }
+  }
+  const std::vector<float> ref(ws[0]->theta(), ws[0]->theta() + P);
+  double worst = 0;
+  EXPECT_EQ(count_differing(ps, ref, 1e-5, &worst), 0) << "worst abs difference " << worst;
+  EXPECT_NE(ps, initial_params(model_spec(cfg), cfg.seed));
+}
+
+// One worker, easgd:0.3, an exchange every 3 steps (and after the last): its local SGD steps and
+// the exchanges by hand, against the servers' centre.
+TEST_P(LocalSgd, EasgdWithOneWorkerIsItsLocalStepsAndExchangesByHand) {
+  ExperimentConfig cfg = make_config("easgd:0.3", 1, 2, GetParam());
+  cfg.cluster.sync_every = 3;
+  const std::vector<float> ps = run_ps(cfg);
+
+  auto be = make_cpu_backend(1);
+  const DataSplit data = load_data(cfg);
+  RefWorker w(*be, cfg, data, 0);
+  const std::size_t P = w.replica.model().num_params();
+  std::vector<float> centre(w.theta(), w.theta() + P), e(P);
+  for (long step = 0; step < cfg.train.steps; ++step) {
+    w.step(step, cfg.train.batch, cfg.optimizer.lr);
+    if ((step + 1) % 3 == 0 || step == cfg.train.steps - 1) {
+      e = centre;
+      elastic_exchange(w.theta(), e.data(), P, 0.3f);
+      for (std::size_t i = 0; i < P; ++i) centre[i] += e[i];
+    }
+  }
+  double worst = 0;
+  EXPECT_EQ(count_differing(ps, centre, 1e-6, &worst), 0) << "worst abs difference " << worst;
+  EXPECT_NE(ps, initial_params(model_spec(cfg), cfg.seed));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, LocalSgd, ::testing::ValuesIn(test::exact_transports()),
+                         [](const auto& i) { return i.param; });
 
 // ---- ssp:s never serves a worker more than s clocks ahead of the slowest ----
 

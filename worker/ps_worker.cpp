@@ -1,8 +1,10 @@
 // One worker of a parameter-server run: pull θ, then every step compute the gradient and
 // push it, the servers answering with θ for the next step (one round trip per step). With
 // cluster.overlap each shard's push leaves as soon as backward has finished that shard.
+// Rules that average models (local:H, easgd) run worker/local_worker.cpp's loop instead.
 #include <chrono>
 
+#include "local_worker.h"
 #include "ps/client.h"
 #include "role_context.h"
 #include "run/setup.h"
@@ -34,6 +36,18 @@ void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
   // Overlap (CPU only, so ∇θ is final when backward says so): shards leave during backward
   // (a slowed rank's as late as on a slower machine: Straggler::paced).
   GradListener* listener = cfg.cluster.overlap ? ctx.straggler().paced(&push_when_ready) : nullptr;
+
+  const auto rule = make_rule(cfg.cluster.mode);
+  const WorkerProtocol proto = rule->worker_protocol();
+  if (proto.push != WorkerProtocol::Push::gradient) {
+    if (opt.resume)
+      throw std::invalid_argument(cfg.cluster.mode + " keeps each worker's own θ and optimizer state on the worker, "
+                                  "which checkpoints do not hold: a run in this mode cannot be resumed");
+    client.connect();
+    run_local_worker(ctx, client, proto, rule->update_batch(cfg.train.batch, cfg.cluster.workers));
+    ctx.metrics().flush();
+    return;
+  }
 
   client.connect();  // the start barrier: returns when every worker has said Hello
   long first = 0;    // a resumed run goes on from the clock the servers hold for this worker

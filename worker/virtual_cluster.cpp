@@ -113,6 +113,10 @@ class VirtualCluster {
  public:
   VirtualCluster(const ExperimentConfig& cfg, const VirtualOptions& opt, int procs_on_host)
       : cfg_(cfg), opt_(opt), W_(cfg.cluster.workers), S_(cfg.uses_servers() ? cfg.cluster.servers : 0) {
+    if (cfg.uses_servers() && make_rule(cfg.cluster.mode)->worker_protocol().push != WorkerProtocol::Push::gradient)
+      throw std::invalid_argument("cluster.mode = \"" + cfg.cluster.mode +
+                                  "\": the virtual cluster simulates gradient-pushing modes only (bsp, ssp, asp, "
+                                  "dcasgd, allreduce); run this one on a real cluster (cluster.launcher = \"local\")");
     be_ = make_cpu_backend(blas_threads(cfg, procs_on_host));
     data_ = load_data(cfg);
     spec_ = model_spec(cfg);

@@ -147,19 +147,25 @@ void ShardState::count_staleness(int worker, long staleness) {
   ++h[b];
 }
 
-void ShardState::step(const float* grad, long update_samples, double lr_factor, const std::uint64_t* verify) {
+void ShardState::step(const float* grad, long update_samples, double lr_factor, const std::uint64_t* verify,
+                      Update how) {
   const double epoch = double(samples_applied_) / double(opt_.train_size);
   const int lr_batch = rule_->update_batch(opt_.batch, opt_.workers);
   const double lr = lr_factor * learning_rate(opt_.schedule, opt_.optimizer.lr, lr_batch, epoch);
   const float* cur = params_.current();
   float* next = params_.next();
-  optimizer_.begin_step();
+  if (how.optimizer) optimizer_.begin_step();
+  const float scale = float(how.scale);
   const int slices = for_slices([&](std::size_t begin, std::size_t end, int t) {
     wire::Checksum grad_sum, param_sum;
     for (std::size_t lo = begin; lo < end; lo += kChunk) {
       const std::size_t n = std::min(kChunk, end - lo);
       if (verify) grad_sum.update(grad + lo, n);
-      optimizer_.step_range(cur + lo, grad + lo, next + lo, lo, n, lr);
+      if (how.optimizer) {
+        optimizer_.step_range(cur + lo, grad + lo, next + lo, lo, n, lr);
+      } else {
+        for (std::size_t i = lo; i < lo + n; ++i) next[i] = cur[i] + scale * grad[i];
+      }
       param_sum.update(next + lo, n);
     }
     grad_sums_[std::size_t(t)] = grad_sum, param_sums_[std::size_t(t)] = param_sum;
@@ -243,6 +249,24 @@ void ShardState::apply_delay_compensated(double lambda) {
   step(pending_.grad, pending_.counted ? 0 : pending_.batch, lr_factor, nullptr);
   pending_.grad = grad;
   pending_.counted = true;
+}
+
+void ShardState::add(double scale) {
+  if (pending_.batch == 0) return verify_pending();
+  // No optimizer state: the payload is checked in the pass that adds it, before publication.
+  step(pending_.grad, pending_.counted ? 0 : pending_.batch, 1.0, pending_.verified ? nullptr : &pending_.checksum,
+       Update{false, scale});
+  pending_.verified = pending_.counted = true;
+}
+
+void ShardState::add_accumulated() {
+  if (acc_samples_ > 0) {
+    step(acc_.data(), acc_samples_, 1.0, nullptr, Update{false, 1.0 / double(acc_samples_)});
+  } else {
+    ++version_;  // a clock without samples: θ stays, the clock advances
+  }
+  acc_samples_ = 0;
+  acc_empty_ = true;
 }
 
 void ShardState::accumulate() {

@@ -174,11 +174,20 @@ class ShardState : private ShardOps {
   void accumulate() override;
   void apply_accumulated() override;
   void apply_delay_compensated(double lambda) override;
+  void add(double scale) override;
+  void add_accumulated() override;
   void verify_pending();
-  // Writes the next version from the current one and `grad`, chunk by chunk, computing the
-  // new version's checksum on the way (and, with verify, the gradient's: on a mismatch the
-  // new version is dropped before publication and PayloadError thrown).
-  void step(const float* grad, long update_samples, double lr_factor, const std::uint64_t* verify);
+  // How step() makes the next version: an optimizer step with a gradient, or θ + scale x a change.
+  struct Update {
+    bool optimizer;
+    double scale;  // !optimizer: the change's factor
+  };
+  // Writes the next version from the current one and `grad` (a gradient, or a change of θ),
+  // chunk by chunk, computing the new version's checksum on the way (and, with verify, the
+  // gradient's: on a mismatch the new version is dropped before publication and PayloadError
+  // thrown).
+  void step(const float* grad, long update_samples, double lr_factor, const std::uint64_t* verify,
+            Update how = Update{true, 1.0});
   // Runs fn(lo, hi, t) over slices [lo, hi) of the shard, on the team's threads when the shard
   // is large enough to gain (slices of whole 64-byte lines; t = the slice's index); returns how
   // many slices there were.

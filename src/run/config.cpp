@@ -75,6 +75,8 @@ void visit_fields(Config& c, F&& f) {
   f("cluster.error_feedback", c.cluster.error_feedback,
     "\"on\": a worker keeps what a lossy codec left out of a push and adds it to the next; \"off\"; \"auto\": on for "
     "the codecs that drop most of each push (topk, sign)");
+  f("cluster.sync_every", c.cluster.sync_every,
+    "easgd: each worker's local steps between its elastic exchanges with the servers' centre");
   f("cluster.overlap", c.cluster.overlap,
     "push (PS modes) or all-reduce (allreduce) each finished piece of the gradient while backward goes on");
   f("cluster.bucket_kb", c.cluster.bucket_kb, "allreduce with overlap: KiB of the gradient per all-reduce bucket");
@@ -397,6 +399,16 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
   check(c.cluster.workers >= 1, "cluster.workers", "must be >= 1");
   check(c.cluster.servers >= 1, "cluster.servers", "must be >= 1");
   check(c.cluster.server_threads >= 0, "cluster.server_threads", "must be >= 0");
+  check(c.cluster.sync_every >= 1, "cluster.sync_every", "must be >= 1");
+  if (c.uses_servers()) {
+    const WorkerProtocol proto = make_rule(c.cluster.mode)->worker_protocol();
+    check(c.cluster.sync_every == 1 || proto.push == WorkerProtocol::Push::elastic, "cluster.sync_every",
+          "is the elastic exchange period of easgd; cluster.mode = \"" + c.cluster.mode + "\" does not use it" +
+              (proto.push == WorkerProtocol::Push::delta ? " (local:H names its own period)" : ""));
+    check(!c.cluster.overlap || proto.push == WorkerProtocol::Push::gradient, "cluster.overlap",
+          "overlaps gradient pushes with backward; cluster.mode = \"" + c.cluster.mode +
+              "\" pushes changes of the model after local steps");
+  }
   check(c.cluster.bucket_kb >= 1, "cluster.bucket_kb", "must be >= 1");
   check(!c.cluster.overlap || c.train.device == "cpu", "cluster.overlap",
         "GPU workers do not overlap yet: set it false with train.device = \"" + c.train.device + "\"");

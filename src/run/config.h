@@ -60,6 +60,7 @@ struct ClusterConfig {
   std::string transport = "tcp";     // comm/transport/: "tcp", "ipc", "shm", "auto"
   std::string codec = "f32";         // ps/codecs/: how pushes encode gradients
   std::string error_feedback = "auto";  // "on", "off", or "auto": on for the codecs that want it (topk, sign)
+  int sync_every = 1;        // easgd: local steps between a worker's elastic exchanges with the centre
   bool overlap = false;      // send each finished piece of ∇θ while backward goes on (CPU workers)
   int bucket_kb = 256;       // allreduce with overlap: KiB of ∇θ per bucket
   std::string collective = "auto";  // allreduce on GPUs: "nccl", "gloo" (through host memory), "auto"

@@ -8,6 +8,8 @@ std::unique_ptr<ConsistencyRule> make_bsp(const std::string&);
 std::unique_ptr<ConsistencyRule> make_ssp(const std::string&);
 std::unique_ptr<ConsistencyRule> make_asp(const std::string&);
 std::unique_ptr<ConsistencyRule> make_dcasgd(const std::string&);
+std::unique_ptr<ConsistencyRule> make_local(const std::string&);
+std::unique_ptr<ConsistencyRule> make_easgd(const std::string&);
 
 Registry<ConsistencyRule>& rule_registry() {
   static Registry<ConsistencyRule> r("consistency rule", {
@@ -16,6 +18,10 @@ Registry<ConsistencyRule>& rule_registry() {
       {"asp", "asp", "apply each push; pulls never wait", false, make_asp},
       {"dcasgd", "dcasgd:<lambda>", "asp with each gradient corrected for the updates it missed (delay-compensated)", true,
        make_dcasgd},
+      {"local", "local:<H>", "local SGD: H steps on each worker's own model, then the servers average the models", true,
+       make_local},
+      {"easgd", "easgd:<alpha>", "elastic averaging: every cluster.sync_every steps a worker and the servers' centre "
+       "move alpha x their difference toward each other", true, make_easgd},
   });
   return r;
 }

@@ -1,10 +1,13 @@
 // A consistency rule: how the pushes of the workers meet one shard of θ. One class per mode,
-// one file each (bsp.cpp, ssp.cpp, asp.cpp), created from cluster.mode by rule_registry():
+// one file each (bsp.cpp, ssp.cpp, asp.cpp, ...), created from cluster.mode by rule_registry():
 //
 //   when a pull is ready   pull_ready(clock)
 //   what a push does       on_push(): apply it now (as it is, or delay-compensated), or
 //                          accumulate it for the clock and apply the clock's mean once it is
-//                          complete (through ShardOps)
+//                          complete (through ShardOps); or, for the model-averaging rules
+//                          whose pushes are changes of θ, add it (or the clock's mean)
+//   what workers push      worker_protocol(): ∇θ every step, or a change of θ after local
+//                          steps (local:H, easgd)
 //   the lr's batch         update_batch(): the samples one update averages, for the linear
 //                          scaling rule
 //   why a pull is held     why_held(clock): "bsp clock 17 still needs pushes from worker 3
@@ -74,6 +77,25 @@ class ShardOps {
   // One step (as apply()) with the gradient corrected for the updates the pushing worker
   // missed: g + λ g ⊙ g ⊙ (θ now − θ as last served to it). Needs keeps_pulled_params().
   virtual void apply_delay_compensated(double lambda) = 0;
+  // θ += scale x this push's payload, which is a change of θ, not a gradient (no optimizer, no
+  // learning rate); publishes a new version. A push of an empty batch changes nothing.
+  virtual void add(double scale = 1.0) = 0;
+  // θ += the batch-weighted mean of what was accumulated (changes of θ), then clears it;
+  // publishes a new version even when the clock held no samples.
+  virtual void add_accumulated() = 0;
+};
+
+// How the workers of a rule train between pushes (worker/ps_worker.cpp, worker/local_worker.cpp).
+struct WorkerProtocol {
+  enum class Push {
+    gradient,  // every step: push ∇θ; the reply is θ for the next step (bsp, ssp, asp, dcasgd)
+    delta,     // local_steps steps of the worker's own optimizer on its own θ, then push
+               // θ_local − θ_pulled; the reply (the servers' average) replaces θ_local (local:H)
+    elastic,   // the worker's own optimizer on its own θ; every cluster.sync_every steps pull the
+               // centre c, push e = alpha (θ − c) and move θ −= e (easgd)
+  } push = Push::gradient;
+  int local_steps = 1;  // delta: steps per push
+  double alpha = 0.0;   // elastic: the moving rate
 };
 
 class ConsistencyRule {
@@ -98,6 +120,8 @@ class ConsistencyRule {
   // Whether the shard keeps, per worker, a copy of θ as it last served it (dcasgd: one shard's
   // worth of memory per worker).
   virtual bool keeps_pulled_params() const { return false; }
+  // What the workers push and how they train between pushes.
+  virtual WorkerProtocol worker_protocol() const { return {}; }
   // The rule's own state (not the shard's), for checkpoints.
   virtual std::string save() const { return {}; }
   virtual void load(std::string_view state) {
@@ -105,7 +129,8 @@ class ConsistencyRule {
   }
 };
 
-// cluster.mode -> rule. Built-ins: bsp, ssp:<s>, asp, dcasgd:<λ> (ps/rules/registry.cpp).
+// cluster.mode -> rule. Built-ins: bsp, ssp:<s>, asp, dcasgd:<λ>, local:<H>, easgd:<alpha>
+// (ps/rules/registry.cpp).
 Registry<ConsistencyRule>& rule_registry();
 inline std::unique_ptr<ConsistencyRule> make_rule(const std::string& mode) { return rule_registry().make(mode); }
 
