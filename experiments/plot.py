@@ -15,6 +15,10 @@ RUN_DIR/plots for one run, ./plots for several):
   bytes.png        test accuracy against the bytes pushed so far (the servers' count over the
                    run, spread over its evaluations by the samples applied): what each codec or
                    mode pays on the wire for its accuracy (only when the runs pushed bytes)
+  large_batch.png  when the runs span several global batches (workers x batch x train.accumulate;
+                   the large-batch study): final test accuracy against the global batch, one
+                   line per method (the sweep label without batch, accumulate, workers, seed;
+                   the mean over seeds), as in Goyal et al. 2017
   throughput.png   samples/s of every worker over time, one panel per run
   step_time.png    mean time per step of every worker, stacked: compute, communication
                    (comm minus wait), waiting for consistency (wait), injected straggler delay
@@ -38,9 +42,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
-from launcher.metrics import read_jsonl, staleness_by_worker, staleness_stats  # noqa: E402  (stdlib only)
+from launcher.metrics import read_jsonl, staleness_by_worker, staleness_stats, without_batch  # noqa: E402  (stdlib only)
 
 COMPONENTS = [  # (train-line key, legend, colour)
     ("compute_ms", "compute (forward + backward)", "#4C72B0"),
@@ -311,6 +316,34 @@ def plot_bytes(runs, out):
     save(fig, out, "bytes.png")
 
 
+def plot_large_batch(runs, out):
+    """large_batch.png: final test accuracy against the global batch (log 2), one line per method."""
+    lines = {}
+    for r in runs:
+        gb, acc = r.summary.get("global_batch"), r.summary.get("final_test_acc")
+        if gb and acc is not None:
+            lines.setdefault(without_batch(r.sweep_label), {}).setdefault(gb, []).append(acc)
+    if len({gb for by in lines.values() for gb in by}) < 2:
+        return
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for i, (name, by) in enumerate(lines.items()):
+        xs = sorted(by)
+        ax.plot(xs, [100 * sum(by[x]) / len(by[x]) for x in xs], marker="o", label=name, color=plt.cm.tab10(i % 10))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({gb for by in lines.values() for gb in by}))
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("global batch (workers x batch x accumulate)")
+    ax.set_ylabel("final test accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    shared = describe(runs).split(", ")[:2]  # data and model (the variants differ in the rest)
+    epochs = runs[0].cfg.get("train", {}).get("epochs")
+    ax.set_title(", ".join(shared + ([f"{epochs:g} epochs"] if epochs else [])) + ": final accuracy against the global batch",
+                 fontsize=9)
+    fig.tight_layout()
+    save(fig, out, "large_batch.png")
+
+
 def grid(n):
     cols = min(n, 2) if n <= 4 else 3
     rows = (n + cols - 1) // cols
@@ -476,6 +509,7 @@ def main():
     plot_convergence(runs, out)
     plot_seeds(runs, out)
     plot_bytes(runs, out)
+    plot_large_batch(runs, out)
     plot_throughput(runs, out)
     plot_step_time(runs, out)
     plot_staleness(runs, out)

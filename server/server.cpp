@@ -50,9 +50,10 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   so.workers = cfg.cluster.workers;
   so.range = range_;
   so.optimizer = cfg.optimizer;
+  so.layers = layer_sizes(spec, range_.offset, range_.length);
   so.schedule = schedule_for_run(cfg, steps_per_epoch(cfg, cfg.cluster.workers));
   so.train_size = train_set_size(cfg);
-  so.batch = cfg.train.batch;
+  so.batch = cfg.train.batch * cfg.train.accumulate;  // samples behind one push
   so.record_pulls = opt.record_pulls;
   so.threads = server_threads(cfg, opt.procs_on_host);
   so.memory = [&transport](std::size_t bytes) { return transport.payload_memory(bytes); };  // shm: replies without a copy

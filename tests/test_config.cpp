@@ -157,6 +157,47 @@ TEST(Config, WrittenBackConfigReadsBackEqual) {
   EXPECT_NE(text.find("lr = 0.1"), std::string::npos) << "defaults are written out";
 }
 
+// [[variant]]: named sets of values, one run each, crossed with the swept keys that a variant
+// does not set itself; --set has the last word.
+TEST(Config, VariantsAreNamedRunsCrossedWithTheSweep) {
+  const std::string text =
+      "name = \"v\"\nseed = [1, 2]\n[cluster]\nmode = \"asp\"\nworkers = 2\n"
+      "[[variant]]\nname = \"asp\"\n"
+      "[[variant]]\nname = \"asp+topk\"\ncluster.codec = \"topk:0.01\"\n"
+      "[[variant]]\nname = \"local\"\nseed = 7\n[variant.cluster]\nmode = \"local:4\"\n";
+  std::vector<std::string> labels;
+  const auto points = expand_sweep(text, "v.toml", labels);
+  EXPECT_EQ(labels, (std::vector<std::string>{"variant=asp,seed=1", "variant=asp,seed=2", "variant=asp+topk,seed=1",
+                                              "variant=asp+topk,seed=2", "variant=local"}));
+  EXPECT_EQ(parse_config(points[2], "p").cluster.codec, "topk:0.01");
+  EXPECT_EQ(parse_config(points[2], "p").cluster.mode, "asp");
+  EXPECT_EQ(parse_config(points[4], "p").cluster.mode, "local:4");
+  EXPECT_EQ(parse_config(points[4], "p").seed, 7u);
+  EXPECT_EQ(parse_config(points[4], "p").cluster.workers, 2);
+  const auto set = expand_sweep(text, "v.toml", labels, {"cluster.mode=bsp", "seed=3"});
+  EXPECT_EQ(set.size(), 3u);
+  EXPECT_EQ(parse_config(set[2], "p").cluster.mode, "bsp");
+  EXPECT_EQ(parse_config(set[2], "p").seed, 3u);
+  auto error = [&](const std::string& t) {
+    try {
+      expand_sweep(t, "v.toml", labels);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(error("name = \"v\"\n[[variant]]\ncluster.mode = \"asp\"\n"),
+            "v.toml: variant: every [[variant]] needs name = \"...\" (it names the run)");
+  EXPECT_EQ(error("name = \"v\"\n[[variant]]\nname = \"a\"\n[[variant]]\nname = \"a\"\n"),
+            "v.toml: variant: two variants are named \"a\"");
+  EXPECT_EQ(error("name = \"v\"\n[[variant]]\nname = \"a\"\ncluster.mdoe = \"asp\"\n").find(
+                "v.toml [variant a]: cluster.mdoe: unknown key"),
+            0u);
+  EXPECT_EQ(error("name = \"v\"\n[[variant]]\nname = \"a\"\ncluster.mode = \"gossip\"\n").find(
+                "v.toml [variant=a]: cluster.mode: "),
+            0u);
+}
+
 TEST(Config, SweepExpandsToTheCrossProduct) {
   std::vector<std::string> labels;
   const auto points = expand_sweep(

@@ -110,3 +110,79 @@ TEST(Schedule, ConstantWarmupStepCosineAndScaling) {
 }
 
 }  // namespace
+
+namespace {
+
+// Two steps of a layer-wise optimizer on w = {3, 4 | 2} (layers of 2 and 1 floats) with the
+// same gradient each time; returns w after each step.
+std::vector<std::vector<float>> layer_wise(const OptimizerConfig& cfg, std::vector<float> w, const std::vector<float>& g,
+                                           double lr, int steps) {
+  auto be = make_cpu_backend(1);
+  Optimizer opt(*be, cfg, 3, {2, 1});
+  std::vector<std::vector<float>> out;
+  for (int s = 0; s < steps; ++s) {
+    opt.step(w.data(), g.data(), lr);
+    out.push_back(w);
+  }
+  return out;
+}
+
+}  // namespace
+
+// LARS (You et al. 2017): t = η |w| / (|g| + wd |w|) per layer; v = μ v + t (g + wd w); w -= lr v.
+TEST(Optimizer, LarsScalesEachLayersStepByItsTrustRatio) {
+  OptimizerConfig c = kind("lars", 0.1);
+  c.trust = 0.01;
+  const auto w = layer_wise(c, {3, 4, 2}, {0.6f, 0.8f, 0.5f}, 2.0, 2);
+  // step 1, layer 0: |w| = 5, |g| = 1, t = 0.05 / 1.5; v = t (0.9, 1.2) = (0.03, 0.04) -> (2.94, 3.92)
+  //         layer 1: |w| = 2, |g| = 0.5, t = 0.02 / 0.7; v = t 0.7 = 0.02 -> 1.96
+  EXPECT_NEAR(w[0][0], 2.94f, 1e-6);
+  EXPECT_NEAR(w[0][1], 3.92f, 1e-6);
+  EXPECT_NEAR(w[0][2], 1.96f, 1e-6);
+  // step 2, layer 0: |w| = 4.9, t = 0.049 / 1.49; t (0.894, 1.192) = (0.0294, 0.0392);
+  //   v = (0.027 + 0.0294, 0.036 + 0.0392) -> (2.8272, 3.7696)
+  //         layer 1: t (0.5 + 0.196) = 0.0196, v = 0.018 + 0.0196 = 0.0376 -> 1.8848
+  EXPECT_NEAR(w[1][0], 2.8272f, 1e-6);
+  EXPECT_NEAR(w[1][1], 3.7696f, 1e-6);
+  EXPECT_NEAR(w[1][2], 1.8848f, 1e-6);
+}
+
+// LAMB (You et al. 2019): r = m̂ / (√v̂ + ε) + wd w; t = |w| / |r| per layer (1 for a zero layer);
+// w -= lr t r.
+TEST(Optimizer, LambScalesEachLayersAdamStepByItsTrustRatio) {
+  const auto w = layer_wise(kind("lamb", 0.1), {3, 4, 0}, {0.6f, -0.8f, 0.5f}, 0.5, 1);
+  // m̂ = g, v̂ = g² on the first step: r = sign(g) + 0.1 w = (1.3, -0.6 | 1)
+  // layer 0: |w| = 5, |r| = √2.05, t = 3.4921514: (3 - 0.5 t 1.3, 4 + 0.5 t 0.6)
+  // layer 1: |w| = 0, t = 1: 0 - 0.5
+  EXPECT_NEAR(w[0][0], 0.7301016f, 1e-5);
+  EXPECT_NEAR(w[0][1], 5.0476454f, 1e-5);
+  EXPECT_NEAR(w[0][2], -0.5f, 1e-6);
+}
+
+// A server applies an update in pieces (chunks, threads): the same as one step, for pieces that
+// cut layers anywhere.
+TEST(Optimizer, ALayerWiseStepInPiecesIsTheWholeStep) {
+  auto be = make_cpu_backend(1);
+  for (const char* k : {"lars", "lamb"}) {
+    const std::vector<float> w0 = {0.3f, -1.2f, 0.7f, 2.0f, -0.4f, 0.9f, 1.1f};
+    const std::vector<float> g = {0.1f, 0.5f, -0.3f, 0.2f, 0.05f, -0.6f, 0.4f};
+    Optimizer whole(*be, kind(k, 0.01), 7, {3, 4}), pieces(*be, kind(k, 0.01), 7, {3, 4});
+    std::vector<float> a = w0, b(7);
+    for (int s = 0; s < 3; ++s) {
+      whole.step(a.data(), g.data(), 0.5);
+      const std::vector<float> cur = s == 0 ? w0 : b;
+      pieces.begin_step();
+      pieces.prepare(cur.data(), g.data());
+      for (auto [lo, hi] : {std::pair<std::size_t, std::size_t>{0, 2}, {2, 5}, {5, 7}})
+        pieces.step_range(cur.data() + lo, g.data() + lo, b.data() + lo, lo, hi - lo, 0.5);
+      EXPECT_EQ(a, b) << k << " step " << s;
+    }
+    EXPECT_EQ(whole.trust_ratios().size(), 2u);
+    EXPECT_NE(whole.trust_ratios()[0], whole.trust_ratios()[1]);
+  }
+}
+
+TEST(Optimizer, LayersThatDoNotAddUpToTheRangeAreRefused) {
+  auto be = make_cpu_backend(1);
+  EXPECT_THROW(Optimizer(*be, kind("lars"), 5, {2, 2}), std::invalid_argument);
+}

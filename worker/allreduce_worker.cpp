@@ -3,7 +3,8 @@
 //   broadcast θ from rank 0
 //   every step: forward + backward on the local batch with the loss scaled by
 //   1 / global batch, so that the all-reduce SUM of the flat gradient is the global mean
-//   (weighted by each rank's batch size, with no extra pass); local optimizer step.
+//   (weighted by each rank's batch size, with no extra pass); local optimizer step. With
+//   train.accumulate = N the all-reduce and the step come every N batches, on their mean.
 //   With cluster.overlap the all-reduce goes in buckets, each started as soon as backward
 //   has finished it (BucketedAllreduce).
 //
@@ -15,6 +16,7 @@
 #include <cstdlib>
 
 #include "bucketed_allreduce.h"
+#include "grad_accumulator.h"
 #include "comm/collective.h"
 #include "comm/rendezvous.h"
 #include "ps/checkpoint.h"
@@ -44,7 +46,7 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
   std::unique_ptr<Coordinator> coordinator;
   if (opt.rank == 0) coordinator = std::make_unique<Coordinator>(ctx.transport(), opt.coordinator, W, timeout);
   RendezvousClient rv(ctx.transport(), opt.coordinator, opt.rank, W, timeout);
-  Optimizer optimizer(ctx.backend(), cfg.optimizer, P);
+  Optimizer optimizer(ctx.backend(), cfg.optimizer, P, layer_sizes(model.spec(), 0, P));
   long first = 0, samples = 0;  // where a resumed run goes on (samples: all ranks together)
   if (opt.resume) {
     if (opt.checkpoint.empty()) throw std::invalid_argument("--resume needs --checkpoint (the file rank 0 wrote)");
@@ -114,6 +116,8 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
     ctx.metrics().write({{"kind", "checkpoint"}, {"why", why}, {"version", step_done}, {"ms", since(t) * 1e3}});
     last_checkpoint = Clock::now();
   };
+  GradAccumulator acc(ctx.backend(), cfg.train.accumulate, P);  // train.accumulate: N batches per all-reduce
+  const int N = acc.batches();
   for (long step = first; step < steps; ++step) {
     const auto idx = ctx.batch(step);
     const long global_batch = ctx.global_batch(step);
@@ -129,21 +133,27 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
     rec.delay_s = ctx.straggler().sleep_after(rec.compute_s);
     rec.samples = int(idx.size());
 
-    const auto t1 = Clock::now();
-    if (buckets) buckets->finish();  // what is left after backward: the exposed communication
-    else coll->allreduce_sum(model.grads(), P, step);
-    rec.comm_s = since(t1);
-    rec.allreduce_bytes = long(P * sizeof(float));
-    rec.lr = learning_rate(schedule, cfg.optimizer.lr, W * b, double(samples) / n_train);
-    optimizer.step(model.params(), model.grads(), rec.lr);
-    samples += global_batch;
     const bool last = step == steps - 1;
+    // Each rank's batch-mean gradient carries the global batch as its weight, so that the sum
+    // over ranks of the accumulated means is the mean over every sample of the update.
+    const bool due = acc.add(model.grads(), double(global_batch), last);
+    if (due) {
+      float* grad = acc.mean();
+      const auto t1 = Clock::now();
+      if (buckets) buckets->finish();  // what is left after backward: the exposed communication
+      else coll->allreduce_sum(grad, P, step / N);
+      rec.comm_s = since(t1);
+      rec.allreduce_bytes = long(P * sizeof(float));
+      rec.lr = learning_rate(schedule, cfg.optimizer.lr, W * b * N, double(samples) / n_train);
+      optimizer.step(model.params(), grad, rec.lr);
+    }
+    samples += global_batch;
     ctx.log().add(step, double(samples) / n_train, rec, last || (step + 1) % spe == 0);
     if (snapshots && (last || (ticks.on() ? ticks.due(double(samples) / n_train) : snapshots->due()))) {
       const float* theta = replica.download_params();  // synchronizes
       snapshots->send(theta, P, step + 1, samples, last);
     }
-    if (checkpoints && (last || (checkpoint_every.count() > 0 && Clock::now() - last_checkpoint >= checkpoint_every)))
+    if (checkpoints && due && (last || (checkpoint_every.count() > 0 && Clock::now() - last_checkpoint >= checkpoint_every)))
       write_checkpoint_at(step + 1, last ? "final" : "periodic");
   }
   std::vector<float> final_theta(P);

@@ -37,7 +37,7 @@ void run_local_worker(RoleContext& ctx, PsClient& client, const WorkerProtocol& 
   PullResult last_pull = client.pull(0, replica.host_params());
   std::copy(replica.host_params(), replica.host_params() + P, pulled.begin());
   replica.upload_params();
-  Optimizer optimizer(ctx.backend(), cfg.optimizer, P);
+  Optimizer optimizer(ctx.backend(), cfg.optimizer, P, layer_sizes(model.spec(), 0, P));
 
   const long steps = ctx.total_steps(), spe = ctx.steps_per_epoch();
   const ScheduleConfig schedule = schedule_for_run(cfg, spe);

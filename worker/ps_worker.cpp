@@ -4,6 +4,7 @@
 // Rules that average models (local:H, easgd) run worker/local_worker.cpp's loop instead.
 #include <chrono>
 
+#include "grad_accumulator.h"
 #include "local_worker.h"
 #include "ps/client.h"
 #include "role_context.h"
@@ -50,43 +51,50 @@ void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
   }
 
   client.connect();  // the start barrier: returns when every worker has said Hello
+  // train.accumulate = N: one push per N batches, of their mean gradient; a clock counts pushes.
+  GradAccumulator acc(ctx.backend(), cfg.train.accumulate, replica.model().num_params());
+  const int N = acc.batches();
   long first = 0;    // a resumed run goes on from the clock the servers hold for this worker
   if (opt.resume) {
     const ResumePoint r = client.catch_up();
-    first = r.clock;
+    first = r.clock * N;
     std::fprintf(stderr, "[worker %d] resumed at step %ld%s\n", opt.rank, first,
                  r.lost_pushes ? (" (" + std::to_string(r.lost_pushes) + " push(es) some server never got were sent again empty)").c_str() : "");
     ctx.metrics().write({{"kind", "resumed"}, {"worker", opt.rank}, {"step", first}, {"lost_pushes", r.lost_pushes}});
   }
-  PullResult pulled = client.pull(first, replica.host_params());
+  PullResult pulled = client.pull(first / N, replica.host_params());
   replica.upload_params();
 
   const long steps = ctx.total_steps(), spe = ctx.steps_per_epoch();
   for (long step = first; step < steps; ++step) {
     const auto idx = ctx.batch(step);
     const bool last = step == steps - 1;
-    // Push, and pull θ for step + 1 in the same round trip (none after the last step).
-    if (listener) client.begin_push(step, int(idx.size()), replica.model().grads(), last ? nullptr : replica.host_params());
+    const long clock = step / N;
+    // Push, and pull θ for the next clock in the same round trip (none after the last step).
+    if (listener) client.begin_push(clock, int(idx.size()), replica.model().grads(), last ? nullptr : replica.host_params());
     const auto t0 = Clock::now();
     ctx.straggler().start_step();
     StepRecord rec;
     rec.loss = replica.compute_gradient(idx, -1.0f, listener);
-    const float* grad = replica.download_grads();
+    const bool due = acc.add(replica.model().grads(), double(idx.size()), last);
+    const float* grad = !due ? nullptr : N == 1 ? replica.download_grads() : acc.host_mean();
     ctx.backend().synchronize();
     rec.compute_s = since(t0) - ctx.straggler().paced_s();
     rec.delay_s = ctx.straggler().sleep_after(rec.compute_s);
     rec.samples = int(idx.size());
     rec.version = pulled.min_version;
 
-    const auto t1 = Clock::now();
-    if (!listener) client.begin_push(step, int(idx.size()), grad, last ? nullptr : replica.host_params());
-    pulled = client.finish_push();
-    rec.comm_s = since(t1);
-    rec.wait_s = last ? 0.0 : pulled.held_us * 1e-6;
-    if (!last) replica.upload_params();
+    if (due) {
+      const auto t1 = Clock::now();
+      if (!listener) client.begin_push(clock, int(acc.weight()), grad, last ? nullptr : replica.host_params());
+      pulled = client.finish_push();
+      rec.comm_s = since(t1);
+      rec.wait_s = last ? 0.0 : pulled.held_us * 1e-6;
+      if (!last) replica.upload_params();
+    }
     ctx.log().add(step, double(step + 1) / double(spe), rec, last || (step + 1) % spe == 0);
   }
-  client.bye(steps);
+  client.bye((steps + N - 1) / N);
   ctx.metrics().flush();
 }
 

@@ -1,10 +1,12 @@
 // Single-process training, the mainline: load data, build the model, then every step compute
-// the gradient and step the optimizer; evaluate at every epoch's end.
+// the gradient and step the optimizer (with train.accumulate = N, every N steps, on the mean of
+// their gradients); evaluate at every epoch's end.
 #include "train_single.h"
 
 #include <chrono>
 
 #include "core/optimizer.h"
+#include "grad_accumulator.h"
 #include "role_context.h"
 #include "run/setup.h"
 
@@ -19,12 +21,13 @@ double run_single(const ExperimentConfig& cfg, const SingleRunOptions& single) {
   Replica& replica = ctx.replica();
   Model& model = replica.model();
   model.init(cfg.seed);
-  Optimizer optimizer(ctx.backend(), cfg.optimizer, model.num_params());
+  Optimizer optimizer(ctx.backend(), cfg.optimizer, model.num_params(), layer_sizes(model.spec(), 0, model.num_params()));
   const long spe = ctx.steps_per_epoch(), steps = ctx.total_steps();
   const ScheduleConfig schedule = schedule_for_run(cfg, spe);
   const DataSplit& data = ctx.data();
   ctx.announce(cfg.optimizer.kind);
 
+  GradAccumulator acc(ctx.backend(), cfg.train.accumulate, model.num_params());
   long samples = 0;
   double last_metric = 0.0;
   for (long step = 0; step < steps; ++step) {
@@ -32,8 +35,10 @@ double run_single(const ExperimentConfig& cfg, const SingleRunOptions& single) {
     const auto t0 = std::chrono::steady_clock::now();
     StepRecord rec;
     rec.loss = replica.compute_gradient(idx);
-    rec.lr = learning_rate(schedule, cfg.optimizer.lr, cfg.train.batch, double(samples) / data.train.n);
-    optimizer.step(model.params(), model.grads(), rec.lr);
+    if (acc.add(model.grads(), double(idx.size()), step == steps - 1)) {
+      rec.lr = learning_rate(schedule, cfg.optimizer.lr, cfg.train.batch * acc.batches(), double(samples) / data.train.n);
+      optimizer.step(model.params(), acc.mean(), rec.lr);
+    }
     ctx.backend().synchronize();
     rec.compute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rec.samples = int(idx.size());

@@ -169,6 +169,7 @@ class VirtualCluster {
       so.workers = W_;
       so.range = shard_range(P_, S_, k);
       so.optimizer = cfg_.optimizer;
+      so.layers = layer_sizes(spec_, so.range.offset, so.range.length);
       so.schedule = schedule_for_run(cfg_, spe_);
       so.train_size = train_set_size(cfg_);
       so.batch = cfg_.train.batch;
@@ -390,7 +391,7 @@ class VirtualCluster {
                  "%.3f ms)\n", W_, total_, costs_.compute_s * 1e3, costs_.allreduce_s * 1e3);
     Model& model = replica_->model();
     model.init(cfg_.seed);  // every rank starts from the same θ
-    Optimizer optimizer(*be_, cfg_.optimizer, P_);
+    Optimizer optimizer(*be_, cfg_.optimizer, P_, layer_sizes(spec_, 0, P_));
     const ScheduleConfig schedule = schedule_for_run(cfg_, spe_);
     std::vector<float> sum(P_);
     const double n_train = double(data_.train.n);

@@ -1,6 +1,8 @@
 """The comparison of the runs of an invocation: comparison.csv, comparison.md, the table printed."""
 import csv
 
+from .metrics import without_batch
+
 
 COLUMNS = [("run", "run"), ("mode", "mode"), ("workers", "W"), ("servers", "S"), ("status", "status"),
            ("final_test_acc", "final acc"), ("best_test_acc", "best acc"), ("time_to_target_s", "time to target (s)"),
@@ -81,6 +83,27 @@ def seed_table(rows):
     return "\n".join([head, sep] + body)
 
 
+def large_batch_table(rows):
+    """Where the runs span several global batches (workers x batch x accumulate): final test
+    accuracy per method (row) and global batch (column), the mean over seeds; None otherwise."""
+    batches = sorted({r["global_batch"] for r in rows if r.get("global_batch")})
+    if len(batches) < 2:
+        return None
+    cells = {}
+    for r in rows:
+        if r.get("global_batch") and r.get("final_test_acc") is not None:
+            cells.setdefault(without_batch(r["run"]), {}).setdefault(r["global_batch"], []).append(r["final_test_acc"])
+    if not cells:
+        return None
+
+    def cell(vals):
+        return "-" if not vals else f"{100 * sum(vals) / len(vals):.2f}%"
+    head = "| final test acc | " + " | ".join(f"{b:,}" for b in batches) + " |"
+    sep = "|" + "|".join("---" for _ in range(len(batches) + 1)) + "|"
+    body = [f"| {name} | " + " | ".join(cell(by.get(b, [])) for b in batches) + " |" for name, by in cells.items()]
+    return "\n".join([head, sep] + body)
+
+
 def write_comparison(inv_dir, results, target):
     rows = comparison_rows(results)
     with open(inv_dir / "comparison.csv", "w", newline="") as f:
@@ -95,6 +118,9 @@ def write_comparison(inv_dir, results, target):
     over_seeds = seed_table(rows)
     if over_seeds:
         table += "\n\nOver seeds (mean ± sd):\n\n" + over_seeds
+    by_batch = large_batch_table(rows)
+    if by_batch:
+        table += "\n\nBy global batch (workers x batch x accumulate):\n\n" + by_batch
     ok = [r for r in rows if r.get("time_to_target_s") is not None]
     notes = []
     if ok:
@@ -109,7 +135,7 @@ def write_comparison(inv_dir, results, target):
           "Times are seconds from each run's start; samples/s counts all workers together; staleness "
           "(PS modes) is in versions of the shard; bytes as counted by the servers.", "", table, ""]
     md += [n for n in notes] + ([""] if notes else [])
-    for png in ("convergence", "seeds", "bytes", "throughput", "step_time", "staleness"):
+    for png in ("convergence", "seeds", "bytes", "large_batch", "throughput", "step_time", "staleness"):
         if (inv_dir / "plots" / f"{png}.png").exists():
             md += [f"![{png}](plots/{png}.png)", ""]
     (inv_dir / "comparison.md").write_text("\n".join(md))

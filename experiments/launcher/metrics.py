@@ -1,5 +1,6 @@
-"""Reading metrics files (one JSON object per line) and the staleness statistics of a PS run.
-plot.py imports this module: it imports nothing of the rest of the launcher."""
+"""Reading metrics files (one JSON object per line), the staleness statistics of a PS run, and
+grouping runs by their sweep labels. plot.py imports this module: it imports nothing of the
+rest of the launcher."""
 import json
 
 
@@ -66,3 +67,13 @@ def staleness_stats(server_finals):
     count = total // len(reported) if total % len(reported) == 0 else total / len(reported)
     return {"mean": sum(s * c for s, c in enumerate(merged)) / total, "p99": p99,
             "max": max(s for s, c in enumerate(merged) if c > 0), "count": count}
+
+
+BATCH_KEYS = ("batch=", "accumulate=", "workers=", "seed=")
+
+
+def without_batch(label):
+    """A run's sweep label without what sets its global batch (and its seed): the runs of one
+    method at every global batch share it."""
+    parts = [p.removeprefix("variant=") for p in (label or "run").split(",") if not p.startswith(BATCH_KEYS)]
+    return ",".join(parts) or "run"

@@ -128,6 +128,8 @@ class RunPlan:
     collective = property(lambda self: self.plan.get("collective", "auto"))  # allreduce on GPUs
     seed = property(lambda self: self.plan["seed"])
     batch = property(lambda self: self.plan["batch"])                 # per worker and step
+    # samples behind one update of every worker: workers x batch x train.accumulate
+    global_batch = property(lambda self: self.plan.get("global_batch", self.plan["workers"] * self.plan["batch"]))
     classification = property(lambda self: self.plan["data"]["classification"])
     total_steps = property(lambda self: self.plan["total_steps"])     # per worker
     epochs = property(lambda self: self.plan["epochs"])               # what the total steps amount to

@@ -128,6 +128,7 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
         "servers": plan.servers,
         "device": plan.device,
         "seed": plan.seed,
+        "global_batch": plan.global_batch,
         "final_test_acc": final.get("test_acc") if final and classification else None,
         "best_test_acc": max(x["test_acc"] for x in acc) if acc else None,
         "target_acc": plan.target_acc,

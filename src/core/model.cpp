@@ -244,6 +244,18 @@ void Model::store_params(float* host) const {
   be_.copy_to_host(host, params_.data(), params_.bytes());
 }
 
+std::vector<std::size_t> layer_sizes(const ModelSpec& spec, std::size_t offset, std::size_t length) {
+  std::vector<std::size_t> out;
+  std::size_t lo = 0;
+  for (const auto& l : build_layers(spec)) {
+    const std::size_t hi = lo + l->num_params();
+    const std::size_t a = std::max(lo, offset), b = std::min(hi, offset + length);
+    if (a < b) out.push_back(b - a);
+    lo = hi;
+  }
+  return out;
+}
+
 std::vector<ParamInfo> Model::param_info() const {
   std::vector<ParamInfo> out;
   std::size_t off = 0;

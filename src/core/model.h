@@ -103,6 +103,10 @@ struct ParamInfo {
   std::size_t size;    // floats
 };
 
+// The sizes of the parameter-holding layers of `spec` cut to θ[offset, offset + length), in
+// order (they sum to length): what a layer-wise optimizer over that range treats as layers.
+std::vector<std::size_t> layer_sizes(const ModelSpec& spec, std::size_t offset, std::size_t length);
+
 struct EvalCounts {
   double loss_sum = 0.0;  // summed over samples
   long correct = 0;       // classification only

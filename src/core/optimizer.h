@@ -13,11 +13,12 @@
 namespace pslab {
 
 struct OptimizerConfig {
-  std::string kind = "sgd";  // "sgd", "momentum", "nesterov", "adam"
+  std::string kind = "sgd";  // "sgd", "momentum", "nesterov", "adam", "lars", "lamb"
   double lr = 0.1;           // base learning rate (before schedule and scaling)
-  double momentum = 0.9;     // momentum / nesterov
-  double weight_decay = 0.0; // L2, added to the gradient
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam
+  double momentum = 0.9;     // momentum / nesterov / lars
+  double weight_decay = 0.0; // L2, added to the gradient (lamb: decoupled, added to the update)
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam / lamb
+  double trust = 0.001;      // lars: the trust coefficient η of the layer-wise rate
   bool staleness_lr = false;  // servers: each update's step / max(1, its staleness) (Zhang et al. 2016)
 };
 
@@ -44,25 +45,41 @@ void validate(const OptimizerConfig& o);
 void validate(const ScheduleConfig& s);
 
 // Optimizer state (momentum / Adam moments) for `n` parameters on `be`'s device.
-// Threading: one thread at a time.
+//
+// The layer-wise optimizers scale each layer's step by a trust ratio computed over that layer:
+//   lars (You et al. 2017)  t = η ||w|| / (||g|| + wd ||w||);  v = μ v + t (g + wd w);  w −= lr v
+//   lamb (You et al. 2019)  r = m̂ / (√v̂ + ε) + wd w (Adam's moments, bias-corrected);
+//                           t = ||w|| / ||r||;  w −= lr t r
+// (t = 1 where ||w|| or the other norm is 0, e.g. a layer of zeros). `layers`: the sizes of the
+// consecutive layers that make up the optimizer's n parameters (Model::param_info; on a server,
+// the layers cut to its shard, so a layer split between servers has a ratio per piece); empty:
+// one layer. They read the whole update first (prepare()), then apply it in pieces.
+// Threading: one thread at a time, except step_range() on disjoint pieces after prepare().
 class Optimizer {
  public:
-  Optimizer(Backend& be, const OptimizerConfig& cfg, std::size_t n);
+  Optimizer(Backend& be, const OptimizerConfig& cfg, std::size_t n, std::vector<std::size_t> layers = {});
   // One update of w (n) with gradient g (n) at learning rate lr (already scheduled), in place.
   void step(float* w, const float* g, double lr) { step(w, g, w, lr); }
   // The same, writing the updated weights to w_out (n floats, w_out == w or not overlapping).
   void step(const float* w, const float* g, float* w_out, double lr) {
     begin_step();
+    prepare(w, g);
     step_range(w, g, w_out, 0, n_, lr);
   }
-  // One update in pieces (e.g. chunk by chunk while each is in cache): begin_step() once,
-  // then step_range() over consecutive pieces; w, g and w_out point at the piece (n floats)
-  // and `offset` locates it in the optimizer's range (for its state). Equals step().
+  // One update in pieces (e.g. chunk by chunk while each is in cache): begin_step() and
+  // prepare(w, g) on the whole range once, then step_range() over consecutive pieces; w, g
+  // and w_out point at the piece (n floats) and `offset` locates it in the optimizer's range
+  // (for its state). Equals step().
   void begin_step() { ++steps_; }
+  // Layer-wise kinds: the trust ratios (lamb: and the moments and r, in the scratch buffer);
+  // no-op for the others. w and g: the whole range.
+  void prepare(const float* w, const float* g);
   void step_range(const float* w, const float* g, float* w_out, std::size_t offset, std::size_t n, double lr);
   // Whether the optimizer keeps state across steps (an update that is abandoned half-way
   // would leave stateful optimizers inconsistent).
   bool stateless() const { return kind_ == Kind::sgd; }
+  // The trust ratio of each layer in the last prepare() (layer-wise kinds; empty otherwise).
+  const std::vector<double>& trust_ratios() const { return trust_; }
   long steps() const { return steps_; }
   std::size_t size() const { return n_; }
   // The state a checkpoint keeps: the step count and the state buffers in order (momentum and
@@ -73,13 +90,17 @@ class Optimizer {
   const OptimizerConfig& config() const { return cfg_; }
 
  private:
-  enum class Kind { sgd, momentum, nesterov, adam };
+  enum class Kind { sgd, momentum, nesterov, adam, lars, lamb };
+  bool layer_wise() const { return kind_ == Kind::lars || kind_ == Kind::lamb; }
   Backend& be_;
   OptimizerConfig cfg_;
   Kind kind_;
   std::size_t n_;
   long steps_ = 0;
-  DeviceBuffer<float> m_, v_;  // momentum: v_ only; adam: m_ and v_
+  DeviceBuffer<float> m_, v_;  // momentum, nesterov, lars: v_ only; adam, lamb: m_ and v_
+  std::vector<std::size_t> layer_begin_;  // layer-wise: each layer's first index, and n at the end
+  std::vector<double> trust_;             // layer-wise: per layer, from prepare()
+  DeviceBuffer<float> scratch_;           // layer-wise: lars t·g, lamb r (n floats)
 };
 
 }  // namespace pslab

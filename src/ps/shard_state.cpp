@@ -74,7 +74,7 @@ constexpr std::size_t kMinFloatsPerThread = std::size_t(1) << 17;
 
 ShardState::ShardState(Backend& cpu, const Options& opt, std::vector<float> initial)
     : opt_(opt), be_(cpu), rule_(make_rule(opt.mode)), codec_(make_codec(opt.codec)),
-      optimizer_(cpu, opt.optimizer, opt.range.length),
+      optimizer_(cpu, opt.optimizer, opt.range.length, opt.layers),
       params_(std::move(initial), opt.memory), clocks_(std::size_t(opt.workers), 0), lost_(std::size_t(opt.workers), 0), staleness_(std::size_t(opt.workers)),
       team_(std::max(1, opt.threads)), grad_sums_(std::size_t(team_.size())), param_sums_(std::size_t(team_.size())) {
   if (params_.size() != opt.range.length)
@@ -154,7 +154,10 @@ void ShardState::step(const float* grad, long update_samples, double lr_factor, 
   const double lr = lr_factor * learning_rate(opt_.schedule, opt_.optimizer.lr, lr_batch, epoch);
   const float* cur = params_.current();
   float* next = params_.next();
-  if (how.optimizer) optimizer_.begin_step();
+  if (how.optimizer) {
+    optimizer_.begin_step();
+    optimizer_.prepare(cur, grad);  // layer-wise optimizers: the trust ratios over the whole shard
+  }
   const float scale = float(how.scale);
   const int slices = for_slices([&](std::size_t begin, std::size_t end, int t) {
     wire::Checksum grad_sum, param_sum;

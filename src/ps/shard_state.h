@@ -94,6 +94,7 @@ class ShardState : private ShardOps {
     int workers = 1;
     ShardRange range;
     OptimizerConfig optimizer;
+    std::vector<std::size_t> layers;  // the model's layers cut to the range (layer_sizes(); empty: one)
     ScheduleConfig schedule;
     std::size_t train_size = 1;  // samples per epoch, for the schedule's progress
     int batch = 1;               // per-worker batch, for the linear scaling rule

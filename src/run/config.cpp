@@ -41,15 +41,18 @@ void visit_fields(Config& c, F&& f) {
   f("data.test_samples", c.data.test_samples, "test samples used (0 = all; synthetic: 0 = 2048)");
   f("data.dim", c.data.dim, "synthetic: input features");
   f("data.outputs", c.data.outputs, "synthetic: regression outputs or classes");
-  f("optimizer.kind", c.optimizer.kind, "\"sgd\", \"momentum\", \"nesterov\" or \"adam\"");
+  f("optimizer.kind", c.optimizer.kind,
+    "\"sgd\", \"momentum\", \"nesterov\", \"adam\", or the layer-wise \"lars\" (momentum scaled per layer by "
+    "trust x |w| / (|g| + weight_decay |w|)) and \"lamb\" (Adam's step scaled per layer by |w| / |step|)");
   f("optimizer.lr", c.optimizer.lr, "base learning rate");
-  f("optimizer.momentum", c.optimizer.momentum, "momentum coefficient (momentum, nesterov)");
+  f("optimizer.momentum", c.optimizer.momentum, "momentum coefficient (momentum, nesterov, lars)");
+  f("optimizer.trust", c.optimizer.trust, "lars: the trust coefficient of the layer-wise learning rate");
   f("optimizer.staleness_lr", c.optimizer.staleness_lr,
     "PS modes: the server divides each update's step by max(1, its staleness) (Zhang et al. 2016)");
-  f("optimizer.weight_decay", c.optimizer.weight_decay, "L2 weight decay added to the gradient");
-  f("optimizer.beta1", c.optimizer.beta1, "adam: first-moment decay");
-  f("optimizer.beta2", c.optimizer.beta2, "adam: second-moment decay");
-  f("optimizer.eps", c.optimizer.eps, "adam: denominator epsilon");
+  f("optimizer.weight_decay", c.optimizer.weight_decay, "L2 weight decay added to the gradient (lamb: to the update)");
+  f("optimizer.beta1", c.optimizer.beta1, "adam, lamb: first-moment decay");
+  f("optimizer.beta2", c.optimizer.beta2, "adam, lamb: second-moment decay");
+  f("optimizer.eps", c.optimizer.eps, "adam, lamb: denominator epsilon");
   f("schedule.kind", c.schedule.kind, "\"constant\", \"step\" or \"cosine\" (over train.epochs)");
   f("schedule.warmup_epochs", c.schedule.warmup_epochs, "linear warmup length in epochs");
   f("schedule.warmup_start_factor", c.schedule.warmup_start_factor, "warmup starts at this fraction of the lr");
@@ -59,6 +62,9 @@ void visit_fields(Config& c, F&& f) {
   f("schedule.scale_lr", c.schedule.scale_lr, "linear scaling rule: lr *= global batch / base_batch");
   f("schedule.base_batch", c.schedule.base_batch, "batch the base lr was tuned for");
   f("train.batch", c.train.batch, "samples per worker per step");
+  f("train.accumulate", c.train.accumulate,
+    "gradient accumulation: each update (push, all-reduce, optimizer step) is the mean over this many "
+    "consecutive batches of a worker; the global batch is workers x batch x accumulate");
   f("train.epochs", c.train.epochs, "passes over the training set, all workers together");
   f("train.steps", c.train.steps, "if > 0: steps per worker, overriding epochs");
   f("train.device", c.train.device, "\"cpu\" or \"cuda\"");
@@ -370,6 +376,12 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
     throw ConfigError(origin + ": " + e.what());
   }
   check(c.train.batch >= 1, "train.batch", "must be >= 1");
+  check(c.train.accumulate >= 1, "train.accumulate", "must be >= 1");
+  check(c.train.accumulate == 1 || !c.cluster.overlap, "train.accumulate",
+        "with cluster.overlap: a push or all-reduce goes once per accumulated update, not during each backward");
+  check(c.train.accumulate == 1 || c.cluster.launcher != "virtual", "train.accumulate",
+        "the virtual cluster does not simulate gradient accumulation yet");
+
   check(c.train.epochs > 0 || c.train.steps > 0, "train.epochs", "must be > 0 (or set train.steps)");
   check(c.train.steps >= 0, "train.steps", "must be >= 0");
   check(c.train.device == "cpu" || c.train.device == "cuda", "train.device",
@@ -405,6 +417,9 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
     check(c.cluster.sync_every == 1 || proto.push == WorkerProtocol::Push::elastic, "cluster.sync_every",
           "is the elastic exchange period of easgd; cluster.mode = \"" + c.cluster.mode + "\" does not use it" +
               (proto.push == WorkerProtocol::Push::delta ? " (local:H names its own period)" : ""));
+    check(c.train.accumulate == 1 || proto.push == WorkerProtocol::Push::gradient, "train.accumulate",
+          "accumulates gradients for a push; cluster.mode = \"" + c.cluster.mode +
+              "\" trains each worker's own model between pushes");
     check(!c.cluster.overlap || proto.push == WorkerProtocol::Push::gradient, "cluster.overlap",
           "overlaps gradient pushes with backward; cluster.mode = \"" + c.cluster.mode +
               "\" pushes changes of the model after local steps");
@@ -575,9 +590,45 @@ std::string describe_keys() {
 
 namespace {
 
-// Every point of the sweep in `root` (see expand_sweep).
-std::vector<std::string> expand_points(const toml::table& root, const std::string& origin,
-                                       std::vector<std::string>& labels) {
+// dst's values replaced by src's, table by table (src's tables merge into dst's).
+void merge_into(toml::table& dst, const toml::table& src) {
+  for (const auto& [k, v] : src) {
+    toml::node* d = dst.get(k);
+    if (v.is_table() && d && d->is_table()) merge_into(*d->as_table(), *v.as_table());
+    else dst.insert_or_assign(k, v);
+  }
+}
+
+// A config's [[variant]] tables: (name, the values it sets), in order; none: one unnamed variant.
+// Takes them out of `root`.
+std::vector<std::pair<std::string, toml::table>> take_variants(toml::table& root, const std::string& origin) {
+  std::vector<std::pair<std::string, toml::table>> out;
+  const toml::node* n = root.get("variant");
+  if (!n) return {{"", toml::table{}}};
+  const toml::array* a = n->as_array();
+  if (!a || a->empty() || !a->is_array_of_tables())
+    fail(origin, "variant", "expected [[variant]] tables, each with name = \"...\" and the keys it sets");
+  for (const toml::node& t : *a) {
+    toml::table values = *t.as_table();
+    const auto name = values["name"].value<std::string>();
+    if (!name || name->empty())
+      fail(origin, "variant", "every [[variant]] needs name = \"...\" (it names the run)");
+    for (const auto& [seen, _] : out)
+      if (seen == *name) fail(origin, "variant", "two variants are named \"" + *name + "\"");
+    values.erase("name");
+    check_unknown_keys(values, origin + " [variant " + *name + "]");
+    out.emplace_back(*name, std::move(values));
+  }
+  root.erase("variant");
+  return out;
+}
+
+// Every point of the sweep in `config` (see expand_sweep): each variant crossed with the swept
+// keys; --set `overrides` have the last word over both.
+std::vector<std::string> expand_points(const toml::table& config, const std::string& origin,
+                                       std::vector<std::string>& labels, const std::vector<std::string>& overrides) {
+  toml::table root = config;
+  const auto variants = take_variants(root, origin);
   check_unknown_keys(root, origin);
   // Axes: keys whose value is a list where one value is expected.
   std::vector<std::pair<std::string, const toml::array*>> axes;
@@ -594,30 +645,38 @@ std::vector<std::string> expand_points(const toml::table& root, const std::strin
   });
   std::vector<std::string> out;
   labels.clear();
-  std::vector<std::size_t> idx(axes.size(), 0);
-  while (true) {
-    toml::table point = root;
-    std::string label;
-    for (std::size_t i = 0; i < axes.size(); ++i) {
-      const auto& [key, arr] = axes[i];
-      const toml::node& v = (*arr)[idx[i]];
-      const auto dot = key.find('.');
-      std::string leaf;
-      table_of(point, key, leaf)->insert_or_assign(leaf, v);
-      const std::string value = label_text(v);
-      if (!label.empty()) label += ',';
-      label.append(key, dot == std::string::npos ? 0 : dot + 1).append("=").append(value);
+  for (const auto& [name, values] : variants) {
+    std::vector<std::pair<std::string, const toml::array*>> swept;
+    for (const auto& axis : axes)
+      if (!values.at_path(axis.first)) swept.push_back(axis);  // a key the variant sets is not swept
+    std::vector<std::size_t> idx(swept.size(), 0);
+    while (true) {
+      toml::table point = root;
+      std::string label = name.empty() ? std::string() : "variant=" + name;
+      for (std::size_t i = 0; i < swept.size(); ++i) {
+        const auto& [key, arr] = swept[i];
+        const toml::node& v = (*arr)[idx[i]];
+        const auto dot = key.find('.');
+        std::string leaf;
+        table_of(point, key, leaf)->insert_or_assign(leaf, v);
+        const std::string value = label_text(v);
+        if (!label.empty()) label += ',';
+        label.append(key, dot == std::string::npos ? 0 : dot + 1).append("=").append(value);
+      }
+      merge_into(point, values);
+      for (const auto& o : overrides)  // root has them already; they replace what the variant set
+        if (values.at_path(o.substr(0, o.find('=')))) apply_override(point, o);
+      std::string where = origin;
+      if (!label.empty()) where.append(" [").append(label).append("]");
+      from_table(point, where);  // validate each point
+      std::ostringstream s;
+      s << point << "\n";
+      out.push_back(s.str());
+      labels.push_back(label);
+      std::size_t i = swept.size();
+      while (i > 0 && ++idx[i - 1] == swept[i - 1].second->size()) idx[--i] = 0;
+      if (i == 0) break;
     }
-    std::string where = origin;
-    if (!label.empty()) where.append(" [").append(label).append("]");
-    from_table(point, where);  // validate each point
-    std::ostringstream s;
-    s << point << "\n";
-    out.push_back(s.str());
-    labels.push_back(label);
-    std::size_t i = axes.size();
-    while (i > 0 && ++idx[i - 1] == axes[i - 1].second->size()) idx[--i] = 0;
-    if (i == 0) break;
   }
   return out;
 }
@@ -628,7 +687,7 @@ std::vector<std::string> expand_sweep(const std::string& text, const std::string
                                       std::vector<std::string>& labels, const std::vector<std::string>& overrides) {
   toml::table root = parse_toml(text, origin);
   for (const auto& o : overrides) apply_override(root, o);
-  return naming_overrides(origin, overrides, [&] { return expand_points(root, origin, labels); });
+  return naming_overrides(origin, overrides, [&] { return expand_points(root, origin, labels, overrides); });
 }
 
 }  // namespace pslab

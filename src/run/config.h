@@ -44,6 +44,7 @@ struct DataConfig {
 
 struct TrainConfig {
   int batch = 64;        // samples per worker per step
+  int accumulate = 1;    // batches per update (gradient accumulation): one push / all-reduce / step per this many
   double epochs = 10.0;  // passes over the training set (all workers together)
   long steps = 0;        // > 0: steps per worker, overrides epochs
   std::string device = "cpu";  // "cpu" or "cuda"

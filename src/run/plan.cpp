@@ -31,6 +31,8 @@ nlohmann::ordered_json run_plan(const ExperimentConfig& c) {
           {"collective", c.cluster.collective},
           {"seed", c.seed},
           {"batch", c.train.batch},
+          {"accumulate", c.train.accumulate},
+          {"global_batch", long(W) * c.train.batch * c.train.accumulate},  // samples behind one update of every worker
           {"data",
            {{"kind", c.data.kind},
             {"train_samples", train_set_size(c)},
