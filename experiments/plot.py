@@ -152,7 +152,7 @@ def name_runs(runs):
             r.label = r.mode
     else:
         for r in runs:
-            r.label = r.sweep_label if r.sweep_label == r.mode else f"{r.sweep_label}"
+            r.label = r.sweep_label.replace("variant=", "")
 
 
 def describe(runs):
@@ -259,7 +259,7 @@ def plot_seeds(runs, out):
     groups = {}
     for r in runs:
         key = ",".join(p for p in r.sweep_label.split(",") if not p.startswith("seed=")) or r.mode
-        groups.setdefault(key, []).append(r)
+        groups.setdefault(key.replace("variant=", ""), []).append(r)
     groups = {k: g for k, g in groups.items() if len(g) >= 2}
     if not groups:
         return
@@ -289,26 +289,40 @@ def plot_seeds(runs, out):
 
 
 def plot_bytes(runs, out):
-    """bytes.png: test accuracy against bytes pushed, one line per run (runs with servers' counts)."""
-    rows = []
+    """bytes.png: test accuracy against bytes pushed, one line per run (runs with servers' counts);
+    runs repeated over seeds: one line per group, the mean over its seeds (bytes and accuracy
+    at each evaluation epoch)."""
+    groups = {}
     for r in runs:
         pushed = sum(f.get("bytes_in", 0) for f in r.finals)
         applied = max((e.get("epoch") or 0.0 for e in r.evals), default=0.0)
         acc = [(e["epoch"], e["test_acc"]) for e in r.evals if "test_acc" in e and e.get("epoch") is not None]
         if pushed and applied > 0 and acc:
-            rows.append((r, [(ep / applied * pushed, a) for ep, a in acc]))
-    if len(rows) < 1:
+            key = ",".join(p for p in r.sweep_label.split(",") if not p.startswith("seed=")) or r.label
+            groups.setdefault(key, []).append((r, [(ep / applied * pushed, ep, a) for ep, a in acc]))
+    if not groups:
         return
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     colour = colours(runs)
-    for r, pts in rows:
-        ax.plot([b / 1e6 for b, _ in pts], [100 * a for _, a in pts], marker="o", markersize=3, label=r.label,
+    for name, members in groups.items():
+        r = members[0][0]
+        if len(members) == 1:
+            pts, label = [(b, a) for b, _, a in members[0][1]], r.label
+        else:  # the mean over the seeds, on the epochs every seed covers
+            end = min(p[-1][1] for _, p in members)
+            grid_ep = np.linspace(0.0, end, 40)
+            b = np.mean([np.interp(grid_ep, [x[1] for x in p], [x[0] for x in p]) for _, p in members], axis=0)
+            a = np.mean([np.interp(grid_ep, [x[1] for x in p], [x[2] for x in p]) for _, p in members], axis=0)
+            pts, label = list(zip(b, a)), f"{name.removeprefix('variant=')} ({len(members)} seeds)"
+        pts = [(x, y) for x, y in pts if x > 0]
+        ax.plot([x / 1e6 for x, _ in pts], [100 * y for _, y in pts], marker="o", markersize=3, label=label,
                 color=colour[id(r)])
     ax.set_xscale("log")
     ax.set_xlabel("bytes pushed so far (MB, all workers; log scale)")
     ax.set_ylabel("test accuracy (%)")
-    if rows[0][0].target is not None:
-        ax.axhline(100 * rows[0][0].target, color="grey", linestyle="--", linewidth=0.8)
+    first = next(iter(groups.values()))[0][0]
+    if first.target is not None:
+        ax.axhline(100 * first.target, color="grey", linestyle="--", linewidth=0.8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title("accuracy against bytes on the wire (pushes)", fontsize=11)

@@ -58,6 +58,15 @@ TEST(Config, SyncEveryAndOverlapAreRefusedWhereTheModeDoesNotUseThem) {
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nmode = \"easgd:0.2\"\nsync_every = 4\n"), "(no error)");
 }
 
+TEST(Config, AllreduceTakesSixteenBitCodecsAndNoErrorFeedback) {
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nmode = \"allreduce\"\ncodec = \"bf16\"\n"), "(no error)");
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nmode = \"allreduce\"\ncodec = \"topk:0.01\"\n"),
+            "exp.toml: cluster.codec: allreduce all-reduces the gradient in \"f32\", \"f16\" or \"bf16\"; \"topk:0.01\" "
+            "is a codec for PS pushes");
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nmode = \"allreduce\"\ncodec = \"f16\"\nerror_feedback = \"on\"\n"),
+            "exp.toml: cluster.error_feedback: keeps what a lossy push codec left out for the next push: PS modes only");
+}
+
 TEST(Config, UnknownModeIsNamed) {
   const std::string e = error_of("name = \"x\"\n[cluster]\nmode = \"gossip\"\n");
   EXPECT_EQ(e, "exp.toml: cluster.mode: \"gossip\" is not a consistency rule: expected \"bsp\", \"ssp:<s>\", \"asp\", "

@@ -12,8 +12,10 @@
 // whose shard is shorter contributes a smaller or empty last batch), so no rank waits on a
 // step that another will never take.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 
 #include "bucketed_allreduce.h"
 #include "grad_accumulator.h"
@@ -31,6 +33,17 @@ namespace pslab {
 namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The power of two nearest a global batch: a 16-bit wire carries the gradient times it (the
+// gradient summed over the batch, about), out of f16's subnormals; exact both ways.
+float wire_scale(double global_batch) { return global_batch >= 1 ? std::exp2(std::round(std::log2(float(global_batch)))) : 1.0f; }
+
+// cluster.codec in allreduce mode: the gradient all-reduced in 16 bits (f16, bf16) or float32.
+std::optional<HalfFormat> wire_format(const std::string& codec) {
+  if (codec == "f16") return HalfFormat::f16;
+  if (codec == "bf16") return HalfFormat::bf16;
+  return std::nullopt;  // f32 (the config refuses the others)
+}
 }  // namespace
 
 std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
@@ -84,13 +97,18 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
   EpochTicks ticks(cfg.eval.every_epochs);  // eval.every_epochs: snapshots by epochs, not by time
   if (opt.rank == 0 && !opt.snapshots.empty())
     snapshots = std::make_unique<SnapshotSender>(ctx.transport(), opt.snapshots, cfg.eval.interval_s, cfg.cluster.timeout_s);
+  const std::optional<HalfFormat> wire = wire_format(cfg.cluster.codec);
+  if (wire && !coll->reduces_half())
+    throw std::invalid_argument("cluster.codec = \"" + cfg.cluster.codec + "\": " + coll->describe() +
+                                " all-reduces float32 only; set cluster.codec = \"f32\", or cluster.collective = \"gloo\" "
+                                "(through host memory)");
   std::unique_ptr<BucketedAllreduce> buckets;
   if (cfg.cluster.overlap)
     buckets = std::make_unique<BucketedAllreduce>(*coll, model.grads(), P, std::size_t(cfg.cluster.bucket_kb) * 1024 / sizeof(float),
-                                                  cfg.cluster.timeout_s);
+                                                  cfg.cluster.timeout_s, wire);
   // A slowed rank's buckets start as late as on a slower machine (Straggler::paced).
   GradListener* listener = buckets ? ctx.straggler().paced(buckets.get()) : nullptr;
-  ctx.announce("allreduce over " + coll->describe() +
+  ctx.announce("allreduce over " + coll->describe() + (wire ? ", gradients in " + cfg.cluster.codec : std::string()) +
                (buckets ? ", " + std::to_string(buckets->buckets()) + (buckets->buckets() == 1 ? " bucket" : " buckets") +
                              " overlapped with backward"
                        : std::string()));
@@ -123,7 +141,7 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
     const long global_batch = ctx.global_batch(step);
     // Reported before the step's first all-reduce call (with overlap: during backward).
     rv.report_step(step);
-    if (buckets) buckets->start(step);
+    if (buckets) buckets->start(step, wire_scale(double(global_batch)));
     const auto t0 = Clock::now();
     ctx.straggler().start_step();
     StepRecord rec;
@@ -141,9 +159,10 @@ std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleO
       float* grad = acc.mean();
       const auto t1 = Clock::now();
       if (buckets) buckets->finish();  // what is left after backward: the exposed communication
+      else if (wire) coll->allreduce_sum_half(grad, P, *wire, wire_scale(acc.weight()), step / N);
       else coll->allreduce_sum(grad, P, step / N);
       rec.comm_s = since(t1);
-      rec.allreduce_bytes = long(P * sizeof(float));
+      rec.allreduce_bytes = long(P * (wire ? 2 : sizeof(float)));
       rec.lr = learning_rate(schedule, cfg.optimizer.lr, W * b * N, double(samples) / n_train);
       optimizer.step(model.params(), grad, rec.lr);
     }

@@ -7,8 +7,8 @@
 namespace pslab {
 
 BucketedAllreduce::BucketedAllreduce(Collective& coll, float* grads, std::size_t P, std::size_t bucket_floats,
-                                     double timeout_s)
-    : coll_(coll), grads_(grads),
+                                     double timeout_s, std::optional<HalfFormat> wire)
+    : coll_(coll), grads_(grads), wire_(wire),
       finish_timeout_(std::chrono::milliseconds(long(timeout_s * 2000) + 5000)) {
   if (bucket_floats == 0) throw std::invalid_argument("BucketedAllreduce: bucket of 0 floats");
   // Cut from the end; the first bucket takes the remainder (at least one float, P > 0).
@@ -29,10 +29,11 @@ BucketedAllreduce::~BucketedAllreduce() {
   thread_.join();  // a collective in progress ends at the latest at its timeout
 }
 
-void BucketedAllreduce::start(long step) {
+void BucketedAllreduce::start(long step, float wire_scale) {
   std::lock_guard<std::mutex> lock(mu_);
   if (busy_) throw std::logic_error("BucketedAllreduce: start() before the last step finished");
   step_ = step;
+  wire_scale_ = wire_scale;
   ready_lo_ = bounds_.back();
   next_ = buckets();
   busy_ = true;
@@ -63,9 +64,11 @@ void BucketedAllreduce::reduce_loop() {
     if (stop_) return;
     const std::size_t k = next_ - 1, lo = bounds_[k], n = bounds_[k + 1] - lo;
     const long step = step_;
+    const float scale = wire_scale_;
     lock.unlock();
     try {
-      coll_.allreduce_sum(grads_ + lo, n, step);
+      if (wire_) coll_.allreduce_sum_half(grads_ + lo, n, *wire_, scale, step);
+      else coll_.allreduce_sum(grads_ + lo, n, step);
     } catch (...) {
       lock.lock();
       error_ = std::current_exception();

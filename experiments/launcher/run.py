@@ -406,11 +406,14 @@ def run_all(plans, config, bins, opts, runs_dir):
     if not opts.no_plots and plot_python() is None:
         warn(no_plot_python_warning())  # said before the runs, not after them
         opts.no_plots = True
-    results, failed = [], []
+    results, failed, used = [], [], set()
     for i, plan in enumerate(plans):
         check_signal()
         label = plan.label
         dirname = safe_dir_name(label)
+        if dirname in used:  # a sweep that lists a value twice (repetitions): run-2, run-3, ...
+            dirname = next(f"{dirname}-{k}" for k in range(2, len(plans) + 2) if f"{dirname}-{k}" not in used)
+        used.add(dirname)
         prefix = f"{label or plan.mode}" if len(plans) == 1 else f"{i + 1}/{len(plans)} {label or plan.mode}"
         say(f"--- run {i + 1}/{len(plans)}: {label or '(no sweep)'}: {plan.mode}, {plan.workers} workers"
             + (f", {plan.servers} server{'s' if plan.servers > 1 else ''}" if plan.servers else "")

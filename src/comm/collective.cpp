@@ -23,6 +23,11 @@ std::string Collective::timeout_message(const std::string& what, long step, cons
          "; " + rv_.laggards(step);
 }
 
+void Collective::allreduce_sum_half(float*, std::size_t, HalfFormat format, float, long) {
+  throw std::runtime_error(std::string("an all-reduce in ") + (format == HalfFormat::f16 ? "f16" : "bf16") + " is not implemented for " +
+                           describe() + "; cluster.codec = \"f32\" all-reduces float32");
+}
+
 namespace {
 
 class GlooCollective final : public Collective {
@@ -58,6 +63,27 @@ class GlooCollective final : public Collective {
     } catch (const std::exception& e) {
       throw std::runtime_error(timeout_message("all-reduce", step, e.what()));
     }
+  }
+  bool reduces_half() const override { return true; }
+  // 16-bit values through Gloo's ring, each hop adding in float32 and rounding to `format`.
+  void allreduce_sum_half(float* data, std::size_t n, HalfFormat format, float scale, long step) override {
+    if (n == 0) return;
+    if (half_buf_.size() < n) half_buf_.resize(n);
+    encode_half_scaled(format, data, n, scale, half_buf_.data());
+    if (size() > 1) {
+      gloo::AllreduceOptions opts(context_);
+      opts.setInput(half_buf_.data(), n);
+      opts.setOutput(half_buf_.data(), n);
+      opts.setReduceFunction([format](void* c, const void* a, const void* b, std::size_t k) { add_half(format, a, b, k, c); });
+      opts.setTag(tag_++);
+      opts.setTimeout(rv_.timeout());
+      try {
+        gloo::allreduce(opts);
+      } catch (const std::exception& e) {
+        throw std::runtime_error(timeout_message("all-reduce", step, e.what()));
+      }
+    }
+    decode_half_scaled(format, half_buf_.data(), n, scale, data);
   }
   // A power-of-two group: recursive doubling. In round r each rank swaps its whole buffer
   // with the rank whose number differs in bit r and adds what it receives: log2(W) rounds
@@ -140,6 +166,7 @@ class GlooCollective final : public Collective {
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::uint32_t tag_ = 0;
   std::vector<float> peer_buf_;  // the partner's buffer (doubling_sum)
+  std::vector<std::uint16_t> half_buf_;  // allreduce_sum_half's 16-bit values
   std::vector<Registration> regs_;  // doubling_sum's
   static constexpr std::uint8_t kDoublingSlot = 0x50;
   static constexpr std::size_t kDoublingMaxFloats = std::size_t(1) << 19;  // 2 MiB, groups > 2

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "comm/half.h"
 #include "comm/rendezvous.h"
 
 namespace pslab {
@@ -35,6 +36,15 @@ class Collective {
   // data (n floats, on the collective's device) = the sum over ranks, on every rank.
   // `step` names the step in a timeout message.
   virtual void allreduce_sum(float* data, std::size_t n, long step) = 0;
+  // The same sum with every value on the wire in 16 bits (cluster.codec = "f16" / "bf16" in
+  // allreduce): each rank's values, times `scale`, rounded to `format`; partial sums taken in
+  // float32 and rounded to `format` again where they travel (as NCCL does for its half types);
+  // the sum divided by `scale` at the end. Every rank ends with bitwise the same data. `scale`
+  // (a power of two) keeps small values such as a gradient averaged over a large batch out of
+  // f16's subnormals. The default refuses, naming the collective.
+  virtual void allreduce_sum_half(float* data, std::size_t n, HalfFormat format, float scale, long step);
+  // Whether allreduce_sum_half works here (Gloo, shm and host-staged: yes; NCCL: not yet).
+  virtual bool reduces_half() const { return false; }
   // data (n floats) = root's data, on every rank.
   virtual void broadcast(float* data, std::size_t n, int root) = 0;
   virtual void barrier() = 0;

@@ -29,6 +29,13 @@ class HostStagedCollective final : public Collective {
     host_->allreduce_sum(h, n, step);
     be_.copy_from_host(data, h, n * sizeof(float));
   }
+  bool reduces_half() const override { return host_->reduces_half(); }
+  void allreduce_sum_half(float* data, std::size_t n, HalfFormat format, float scale, long step) override {
+    float* h = staging(n);
+    be_.copy_to_host(h, data, n * sizeof(float));
+    host_->allreduce_sum_half(h, n, format, scale, step);
+    be_.copy_from_host(data, h, n * sizeof(float));
+  }
   void broadcast(float* data, std::size_t n, int root) override {
     float* h = staging(n);
     if (rank() == root) be_.copy_to_host(h, data, n * sizeof(float));

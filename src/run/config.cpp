@@ -405,6 +405,11 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
   };
   check_name(comm::transport_registry(), c.cluster.transport, "cluster.transport");
   check_name(codec_registry(), c.cluster.codec, "cluster.codec");
+  check(c.uses_servers() || c.cluster.codec == "f32" || c.cluster.codec == "f16" || c.cluster.codec == "bf16",
+        "cluster.codec", "allreduce all-reduces the gradient in \"f32\", \"f16\" or \"bf16\"; \"" + c.cluster.codec +
+                             "\" is a codec for PS pushes");
+  check(c.uses_servers() || c.cluster.error_feedback != "on", "cluster.error_feedback",
+        "keeps what a lossy push codec left out for the next push: PS modes only");
   check(c.eval.every_epochs >= 0, "eval.every_epochs", "must be >= 0");
   check(c.cluster.error_feedback == "auto" || c.cluster.error_feedback == "on" || c.cluster.error_feedback == "off",
         "cluster.error_feedback", "expected \"auto\", \"on\" or \"off\", got \"" + c.cluster.error_feedback + "\"");
