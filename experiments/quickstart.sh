@@ -17,8 +17,8 @@ latest="$root/runs/compare/latest"
 if [[ -d "$latest" ]]; then
   dir=$(cd "$latest" && pwd -P)
   echo "[quickstart] comparison table: $dir/comparison.md (and comparison.csv)"
-  echo "[quickstart] plots:            $dir/plots/{convergence,throughput,step_time,staleness}.png"
-  echo "[quickstart] each run:         $dir/<mode>/ (summary.json, metrics/, logs/, plots/)"
+  echo "[quickstart] plots:            $dir/plots/{seeds,convergence,bytes,throughput,step_time,staleness}.png"
+  echo "[quickstart] each run:         $dir/seed=<s>,mode=<mode>/ (summary.json, metrics/, logs/, plots/)"
 fi
 if ((status != 0)); then
   echo "[quickstart] error: at least one run failed (exit $status); its log is named above" >&2

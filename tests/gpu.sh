@@ -116,7 +116,7 @@ quick_set=(); ((quick)) && quick_set=(--set train.steps=60)
 for tf32 in false true; do
   log="$out/gpu-comparison-tf32-$tf32.log"
   if /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/default.toml" --build-dir "$build" \
-       --set 'train.device="cuda"' --set "train.tf32=$tf32" "${quick_set[@]}" --runs-dir "$root/runs/gpu-check-tf32-$tf32" \
+       --set 'train.device="cuda"' --set "train.tf32=$tf32" --set seed=1 "${quick_set[@]}" --runs-dir "$root/runs/gpu-check-tf32-$tf32" \
        --no-plots --keep-going > "$log" 2>&1; then
     echo "train.tf32 = $tf32:"; grep -E "^\| " "$log"
   else

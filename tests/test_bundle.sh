@@ -49,8 +49,8 @@ echo "ok: every library of $(ls "$b"/build/{worker,server,tests} | wc -l) binari
 
 run_comparison() {  # the default comparison, 60 steps per worker, from the bundle's root
   cd "$b"
-  experiments/pslab run experiments/configs/default.toml --set train.steps=60 \
-    --set eval.interval_s=5 --no-plots --runs-dir "$tmp/runs" --max-minutes 5
+  experiments/pslab run experiments/configs/default.toml --set train.steps=60 --set seed=1 \
+    --set eval.every_epochs=0 --set eval.interval_s=5 --no-plots --runs-dir "$tmp/runs" --max-minutes 5
   local n=0 s
   for s in "$tmp"/runs/compare/latest/*/summary.json; do
     grep -q '"status": "ok"' "$s" || fail "$s: $(cat "$s")"
