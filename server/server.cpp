@@ -23,6 +23,9 @@ nlohmann::ordered_json pushed_json(const ServerCounters& c) {
 void free_param_buffer(void*, void* hint) {
   ParamVersions::release(static_cast<ParamVersions::Buffer*>(hint));
 }
+void free_encoded_buffer(void*, void* hint) {
+  EncodedVersions::release(static_cast<EncodedVersions::Buffer*>(hint));
+}
 
 }  // namespace
 
@@ -58,6 +61,8 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   so.threads = server_threads(cfg, opt.procs_on_host);
   so.memory = [&transport](std::size_t bytes) { return transport.payload_memory(bytes); };  // shm: replies without a copy
   state_ = std::make_unique<ShardState>(*cpu_, so, std::move(slice));
+  if (cfg.cluster.pull_codec != "f32")
+    pull_encoded_ = std::make_unique<EncodedVersions>(make_codec(cfg.cluster.pull_codec), range_.length);
 
   const int W = cfg.cluster.workers;
   worker_ids_.assign(std::size_t(W), "");
@@ -454,8 +459,16 @@ void Server::serve_pull(const std::string& id, int rank, long clock, Clock::time
   wire::PullReply r{clock, state_->version(), state_->min_clock(), state_->samples_applied(), long(held_s * 1e6),
                     finished() == cfg_.cluster.workers, state_->current_checksum(), range_.offset, range_.length,
                     /*codec: dense f32*/ 0, range_.length * sizeof(float)};
-  ParamVersions::Buffer* buf = pv.acquire_current();  // released by the transport once sent
-  send(id, header(r), comm::OutPayload{buf->data, pv.size() * sizeof(float), &free_param_buffer, buf});
+  if (pull_encoded_ && rank >= 0) {  // cluster.pull_codec: workers get θ encoded (the evaluator f32)
+    EncodedVersions::Buffer* e = pull_encoded_->acquire(pv.current(), state_->version());  // released once sent
+    r.codec = pull_encoded_->wire_id();
+    r.bytes = e->size;
+    r.checksum = e->checksum;
+    send(id, header(r), comm::OutPayload{e->bytes.data(), e->size, &free_encoded_buffer, e});
+  } else {
+    ParamVersions::Buffer* buf = pv.acquire_current();  // released by the transport once sent
+    send(id, header(r), comm::OutPayload{buf->data, pv.size() * sizeof(float), &free_param_buffer, buf});
+  }
   if (opt_.record_pulls && metrics_ && rank >= 0)
     metrics_->write({{"kind", "pull"}, {"worker", rank}, {"clock", clock}, {"min_clock", r.min_clock},
                      {"version", r.version}, {"held_ms", held_s * 1e3}});

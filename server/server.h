@@ -28,6 +28,7 @@
 #include "comm/transport/transport.h"
 #include "run/config.h"
 #include "ps/order_trace.h"
+#include "ps/pull_encoding.h"
 #include "ps/shard_state.h"
 #include "run/metrics.h"
 #include "comm/wire.h"
@@ -139,6 +140,7 @@ class Server {
   std::uint64_t config_hash_;
   std::unique_ptr<Backend> cpu_;
   std::unique_ptr<ShardState> state_;
+  std::unique_ptr<EncodedVersions> pull_encoded_;  // cluster.pull_codec other than f32: θ as workers pull it
   std::unique_ptr<comm::Listener> listener_;
   comm::Message msg_;  // reused for every receive
   comm::PeerId from_;

@@ -67,6 +67,15 @@ TEST(Config, AllreduceTakesSixteenBitCodecsAndNoErrorFeedback) {
             "exp.toml: cluster.error_feedback: keeps what a lossy push codec left out for the next push: PS modes only");
 }
 
+TEST(Config, PullCodecsRoundEachValueAndNeedServers) {
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nmode = \"asp\"\npull_codec = \"bf16\"\n"), "(no error)");
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nmode = \"asp\"\npull_codec = \"topk:0.1\"\n"),
+            "exp.toml: cluster.pull_codec: expected \"f32\", \"f16\" or \"bf16\" (a pull carries θ itself: codecs that "
+            "drop or share precision between values are for gradients), got \"topk:0.1\"");
+  EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"allreduce\"\npull_codec = \"f16\"\n").find("no servers"),
+            std::string::npos);
+}
+
 TEST(Config, UnknownModeIsNamed) {
   const std::string e = error_of("name = \"x\"\n[cluster]\nmode = \"gossip\"\n");
   EXPECT_EQ(e, "exp.toml: cluster.mode: \"gossip\" is not a consistency rule: expected \"bsp\", \"ssp:<s>\", \"asp\", "

@@ -16,6 +16,7 @@
 
 #include <zmq.hpp>
 
+#include "comm/half.h"
 #include "comm/transport/shm/shm_transport.h"
 #include "run/config.h"
 #include "harness.h"
@@ -272,6 +273,62 @@ INSTANTIATE_TEST_SUITE_P(Modes, Accumulate,
                                            AccumulateCase{"allreduce", "momentum"},
                                            AccumulateCase{"allreduce", "lamb"}),
                          [](const auto& i) { return std::string(i.param.mode) + "_" + i.param.optimizer; });
+
+// ---- cluster.pull_codec: workers compute on θ rounded to 16 bits; the servers keep f32 ----
+
+class PullCodec : public ::testing::TestWithParam<std::string> {};
+
+// One worker, bsp, two shards: every step's gradient is computed on the servers' θ rounded to
+// the pull codec, and the servers apply it to their float32 θ: a reference that rounds θ
+// before each gradient and steps a float32 copy gives the same θ (within 1e-5), and the
+// evaluator, pulling f32, gets the servers' θ bit for bit.
+TEST_P(PullCodec, WorkersComputeOnRoundedThetaAndTheServersKeepFloat32) {
+  const std::string codec = GetParam();
+  ExperimentConfig cfg = make_config("bsp", 1, 2);
+  cfg.cluster.pull_codec = codec;
+  const fs::path dir = temp_dir("pull");
+  Cluster cluster(cfg, /*record_pulls=*/false, /*wait_for_shutdown=*/true);
+  test::run_ps_workers(cfg, cluster, dir);
+  PsClient evaluator(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::evaluator, wire::kEvaluator));
+  evaluator.connect();
+  std::vector<float> pulled(count_params(model_spec(cfg)));
+  evaluator.pull(0, pulled.data());
+  evaluator.shutdown();
+  cluster.join();
+  cluster.rethrow();
+  const std::vector<float> ps = cluster.params();
+  EXPECT_EQ(pulled, ps) << "the evaluator pulls float32";
+
+  auto be = make_cpu_backend(1);
+  const DataSplit data = load_data(cfg);
+  Replica ref(*be, model_spec(cfg), data.train, cfg.train.batch);
+  ref.model().init(cfg.seed);
+  const std::size_t P = ref.model().num_params();
+  std::vector<float> master(ref.model().params(), ref.model().params() + P);
+  Optimizer opt(*be, cfg.optimizer, P);
+  ShardSampler sampler(std::size_t(data.train.n), 1, 0, cfg.seed);
+  const long spe = sampler.steps_per_epoch(cfg.train.batch);
+  const HalfFormat f = codec == "f16" ? HalfFormat::f16 : HalfFormat::bf16;
+  long rounded = 0;
+  for (long step = 0; step < cfg.train.steps; ++step) {
+    for (std::size_t i = 0; i < P; ++i) {
+      ref.model().params()[i] = from_half(f, to_half(f, master[i]));
+      rounded += ref.model().params()[i] != master[i];
+    }
+    sampler.set_epoch(step / spe);
+    ref.compute_gradient(sampler.batch(step % spe, cfg.train.batch));
+    opt.step(master.data(), ref.model().grads(), cfg.optimizer.lr);
+  }
+  EXPECT_GT(rounded, 0) << "rounding changed some values";
+  double worst = 0;
+  EXPECT_EQ(count_differing(ps, master, 1e-5, &worst), 0) << "worst abs difference " << worst;
+  // and it is not the float32 run
+  cfg.cluster.pull_codec = "f32";
+  EXPECT_GT(count_differing(run_ps(cfg), master, 1e-5, &worst), 0);
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, PullCodec, ::testing::Values("f16", "bf16"), [](const auto& i) { return i.param; });
 
 // ---- ssp:s never serves a worker more than s clocks ahead of the slowest ----
 

@@ -16,6 +16,7 @@ PsClient::PsClient(comm::Transport& transport, std::vector<std::string> endpoint
       // whom it waited for) arrives before this side gives up.
       timeout_(std::chrono::milliseconds(long(opt.timeout_s * 1000 * 1.25) + 1000)), codec_(make_codec(opt.codec)) {
   if (endpoints.empty()) throw std::invalid_argument("PsClient: no server endpoints");
+  if (opt.pull_codec != "f32") pull_codec_ = make_codec(opt.pull_codec);
   const int S = int(endpoints.size());
   for (int k = 0; k < S; ++k) {
     shards_.push_back(ShardInfo{endpoints[std::size_t(k)], shard_range(opt.num_params, S, k), 0});
@@ -219,12 +220,25 @@ void PsClient::take_params(int k, const wire::PullReply& r, std::span<const std:
   ShardInfo& s = shards_[std::size_t(k)];
   if (r.offset != s.range.offset || r.length != s.range.length)
     fail(k, "PullReply for floats [" + std::to_string(r.offset) + ", " + std::to_string(r.offset + r.length) + ")");
-  if (r.codec != 0 || r.bytes != r.length * sizeof(float) || payload.size() != r.bytes)
-    fail(k, "PullReply payload of " + std::to_string(payload.size()) + " bytes in codec " + std::to_string(r.codec) +
-                ", expected " + std::to_string(r.length * sizeof(float)) + " bytes of dense f32 (codec 0)");
-  const std::uint64_t sum =
-      wire::copy_with_checksum(theta + r.offset, reinterpret_cast<const float*>(payload.data()), r.length);
-  if (sum != r.checksum) fail(k, "PullReply payload checksum mismatch (corrupted in transit)");
+  if (pull_codec_) {  // cluster.pull_codec: checked, then decoded into θ
+    if (r.codec != pull_codec_->wire_id() || payload.size() != r.bytes)
+      fail(k, "PullReply payload of " + std::to_string(payload.size()) + " bytes in codec " + std::to_string(r.codec) +
+                  ", expected " + opt_.pull_codec + " (codec " + std::to_string(pull_codec_->wire_id()) + ")");
+    if (wire::checksum_bytes(payload.data(), payload.size()) != r.checksum)
+      fail(k, "PullReply payload checksum mismatch (corrupted in transit)");
+    try {
+      pull_codec_->decode(payload, r.length, theta + r.offset);
+    } catch (const PayloadError& e) {
+      fail(k, std::string("PullReply payload: ") + e.what());
+    }
+  } else {
+    if (r.codec != 0 || r.bytes != r.length * sizeof(float) || payload.size() != r.bytes)
+      fail(k, "PullReply payload of " + std::to_string(payload.size()) + " bytes in codec " + std::to_string(r.codec) +
+                  ", expected " + std::to_string(r.length * sizeof(float)) + " bytes of dense f32 (codec 0)");
+    const std::uint64_t sum =
+        wire::copy_with_checksum(theta + r.offset, reinterpret_cast<const float*>(payload.data()), r.length);
+    if (sum != r.checksum) fail(k, "PullReply payload checksum mismatch (corrupted in transit)");
+  }
   s.version = r.version;
   acc.min_version = std::min(acc.min_version, r.version);
   acc.max_version = std::max(acc.max_version, r.version);

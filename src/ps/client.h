@@ -68,6 +68,7 @@ class PsClient {
     std::uint64_t config_hash = 0;  // config_fingerprint() of the run's config (servers check it)
     double timeout_s = 60.0;        // the run's cluster.timeout_s
     std::string codec = "f32";      // the run's cluster.codec, how pushes are encoded
+    std::string pull_codec = "f32"; // how this client's pull replies encode θ (cluster.pull_codec; the evaluator: f32)
     bool error_feedback = false;    // cluster.error_feedback resolved: each shard's encoder keeps what it left out
     double heartbeat_s = 0.0;       // the run's cluster.heartbeat_s (workers; 0: no heartbeats)
     bool rejoin = false;            // cluster.on_server_loss = "restart": wait for a silent server
@@ -135,6 +136,7 @@ class PsClient {
   Options opt_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<PushCodec> codec_;  // the run's codec, stateless (catch-up pushes, its properties)
+  std::unique_ptr<PushCodec> pull_codec_;  // how pull replies encode θ: null for dense f32
   // Codecs but f32, per shard: its encoder (with error feedback, it keeps that shard's residual),
   // its encoded gradient, and the clock it was encoded for (a push sent again is not re-encoded).
   std::vector<std::unique_ptr<PushCodec>> encoders_;

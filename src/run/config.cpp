@@ -78,6 +78,9 @@ void visit_fields(Config& c, F&& f) {
     "threads a server splits a large update over (0 = host cores / processes on it)");
   f("cluster.transport", c.cluster.transport, "how processes exchange messages (listed below)");
   f("cluster.codec", c.cluster.codec, "how pushes encode gradients (listed below)");
+  f("cluster.pull_codec", c.cluster.pull_codec,
+    "PS modes: how pull replies to workers encode θ: \"f32\", or \"f16\" / \"bf16\" (each value rounded; the "
+    "servers keep f32 and the evaluator pulls f32)");
   f("cluster.error_feedback", c.cluster.error_feedback,
     "\"on\": a worker keeps what a lossy codec left out of a push and adds it to the next; \"off\"; \"auto\": on for "
     "the codecs that drop most of each push (topk, sign)");
@@ -408,6 +411,13 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
   check(c.uses_servers() || c.cluster.codec == "f32" || c.cluster.codec == "f16" || c.cluster.codec == "bf16",
         "cluster.codec", "allreduce all-reduces the gradient in \"f32\", \"f16\" or \"bf16\"; \"" + c.cluster.codec +
                              "\" is a codec for PS pushes");
+  check(c.cluster.pull_codec == "f32" || c.cluster.pull_codec == "f16" || c.cluster.pull_codec == "bf16",
+        "cluster.pull_codec", "expected \"f32\", \"f16\" or \"bf16\" (a pull carries θ itself: codecs that drop or "
+                              "share precision between values are for gradients), got \"" + c.cluster.pull_codec + "\"");
+  check(c.cluster.pull_codec == "f32" || c.uses_servers(), "cluster.pull_codec",
+        "encodes the servers' pull replies: cluster.mode = \"allreduce\" has no servers (cluster.codec sets its wire)");
+  check(c.cluster.pull_codec == "f32" || c.cluster.launcher != "virtual", "cluster.pull_codec",
+        "the virtual cluster does not simulate pull codecs yet");
   check(c.uses_servers() || c.cluster.error_feedback != "on", "cluster.error_feedback",
         "keeps what a lossy push codec left out for the next push: PS modes only");
   check(c.eval.every_epochs >= 0, "eval.every_epochs", "must be >= 0");

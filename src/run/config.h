@@ -60,6 +60,7 @@ struct ClusterConfig {
   int server_threads = 0;    // threads per server for large updates (0 = host cores / processes on it)
   std::string transport = "tcp";     // comm/transport/: "tcp", "ipc", "shm", "auto"
   std::string codec = "f32";         // ps/codecs/: how pushes encode gradients
+  std::string pull_codec = "f32";    // how pull replies to workers encode θ: "f32", "f16", "bf16"
   std::string error_feedback = "auto";  // "on", "off", or "auto": on for the codecs that want it (topk, sign)
   int sync_every = 1;        // easgd: local steps between a worker's elastic exchanges with the centre
   bool overlap = false;      // send each finished piece of ∇θ while backward goes on (CPU workers)
