@@ -52,10 +52,15 @@ class GlooCollective final : public Collective {
   void allreduce_sum(float* data, std::size_t n, long step) override {
     if (n == 0 || size() == 1) return;
     if (use_doubling(n)) return doubling_sum(data, n, step);
+    ring_allreduce(data, n, static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>), step);
+  }
+  // gloo::allreduce (a ring) of n elements of T in place, combined by `reduce`.
+  template <typename T>
+  void ring_allreduce(T* data, std::size_t n, gloo::AllreduceOptions::Func reduce, long step) {
     gloo::AllreduceOptions opts(context_);
     opts.setInput(data, n);
     opts.setOutput(data, n);
-    opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
+    opts.setReduceFunction(std::move(reduce));
     opts.setTag(tag_++);
     opts.setTimeout(rv_.timeout());
     try {
@@ -70,19 +75,9 @@ class GlooCollective final : public Collective {
     if (n == 0) return;
     if (half_buf_.size() < n) half_buf_.resize(n);
     encode_half_scaled(format, data, n, scale, half_buf_.data());
-    if (size() > 1) {
-      gloo::AllreduceOptions opts(context_);
-      opts.setInput(half_buf_.data(), n);
-      opts.setOutput(half_buf_.data(), n);
-      opts.setReduceFunction([format](void* c, const void* a, const void* b, std::size_t k) { add_half(format, a, b, k, c); });
-      opts.setTag(tag_++);
-      opts.setTimeout(rv_.timeout());
-      try {
-        gloo::allreduce(opts);
-      } catch (const std::exception& e) {
-        throw std::runtime_error(timeout_message("all-reduce", step, e.what()));
-      }
-    }
+    if (size() > 1)
+      ring_allreduce(half_buf_.data(), n,
+                     [format](void* c, const void* a, const void* b, std::size_t k) { add_half(format, a, b, k, c); }, step);
     decode_half_scaled(format, half_buf_.data(), n, scale, data);
   }
   // A power-of-two group: recursive doubling. In round r each rank swaps its whole buffer
