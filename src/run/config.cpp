@@ -594,10 +594,12 @@ std::string describe_keys() {
   // What each seam has registered (ps/rules/, ps/codecs/, comm/transport/).
   auto list = [&](const char* key, const auto& registry, const char* more) {
     s << "\n" << key << " takes:\n";
-    for (const auto& e : registry.entries()) s << "  " << e.usage << std::string(12 - std::min<std::size_t>(12, e.usage.size()), ' ') << e.help << "\n";
+    constexpr std::size_t width = 16;  // the longest usage, "dcasgd:<lambda>", and a space
+    for (const auto& e : registry.entries())
+      s << "  " << e.usage << std::string(width - std::min(width - 1, e.usage.size()), ' ') << e.help << "\n";
     if (*more) s << "  " << more << "\n";
   };
-  list("cluster.mode", rule_registry(), "allreduce   all-reduce the gradients between the workers every step; no servers");
+  list("cluster.mode", rule_registry(), "allreduce       all-reduce the gradients between the workers every step; no servers");
   list("cluster.codec", codec_registry(), "");
   list("cluster.transport", comm::transport_registry(), "");
   return s.str();
