@@ -3,7 +3,7 @@
 // request at a time. Writes JSON.
 //
 //   bench_ps [--runs 5] [--json FILE] [--sizes-kib 4,256,4096,16384] [--transport tcp|ipc|shm]
-//            [--server-threads N] [--auth] [--heartbeat-cost]
+//            [--server-threads N] [--auth] [--heartbeat-cost] [--floor [--floor-pieces 8]]
 //
 // Metrics, per tensor size (median over runs; each run = many iterations after a warm-up):
 //   push_pull   one Push with then_pull answered by the new parameters (what a worker does
@@ -12,6 +12,10 @@
 //   raw_zmq     a bare ZeroMQ DEALER/ROUTER echo of the same bytes over the same kind of
 //               socket (tcp; ipc for ipc and shm), zero-copy both ways, no pslab code
 //   raw_zmq_tcp the same over TCP loopback (ipc and shm: what they are measured against)
+//   floor       with --floor: raw_zmq plus the memory passes pslab cannot skip (the worker's
+//               checksum and copy into θ, the server's checked SGD and version checksum), and
+//               floor_pipelined the same in --floor-pieces messages each way, the server applying
+//               each as it arrives (bench_raw says more); floor_over_pslab = floor's time / pslab's
 //   apply       the server's update alone (SGD on the shard, in process, checksums of the
 //               gradient and the new version included): GB/s of gradient applied, against
 //               memcpy of the same bytes
@@ -142,36 +146,79 @@ nlohmann::ordered_json bench_pslab(std::size_t floats, int runs, const std::stri
 
 // A bare ZeroMQ echo over the same kind of socket: DEALER sends n bytes zero-copy, ROUTER
 // (another process) sends the same bytes back zero-copy.
-nlohmann::ordered_json bench_raw(std::size_t bytes, int runs, const std::string& transport_name) {
+//
+// With `passes`, the echo also makes the memory passes pslab's protocol cannot do without, and
+// nothing else (no headers, no validation, no rules): the worker checksums its gradient before
+// sending and copies the reply into its θ with a checksum; the server checks the gradient,
+// applies SGD and checksums the new version (ShardState's fused pass), and replies with that
+// version zero-copy. It is the floor a push+pull can reach on this machine. With `pieces` > 1
+// the tensor travels as that many messages each way, the server applying each piece as it
+// arrives and replying with it at once: the pipeline a chunked protocol could build, to see
+// whether its work would hide behind the transfer here.
+nlohmann::ordered_json bench_raw(std::size_t bytes, int runs, const std::string& transport_name, bool passes = false,
+                                 int pieces = 1) {
   const auto transport = comm::make_transport(transport_name);  // for an address only
   const std::string ep = transport->local_address("bench-raw");
+  const std::size_t floats = bytes / sizeof(float), per = floats / std::size_t(pieces);
   const pid_t child = ::fork();
   const long iters = iterations_for(bytes / 2);
   const long total = std::max(10L, iters / 10) + long(runs) * iters;
   if (child == 0) {
-    zmq::context_t ctx(1);
-    zmq::socket_t s(ctx, zmq::socket_type::router);
-    s.bind(ep);
-    std::vector<char> reply(bytes, 1);
-    for (long i = 0; i < total; ++i) {
-      zmq::message_t id, body;
-      (void)s.recv(id);
-      (void)s.recv(body);
-      s.send(id, zmq::send_flags::sndmore);
-      s.send(zmq::message_t(reply.data(), reply.size(), nullptr, nullptr), zmq::send_flags::none);
-    }
-    s.close();
-    ctx.close();
+    {
+      // The replies' memory first: it outlives the socket, which closes once every reply left.
+      std::vector<char> reply(bytes, 1);
+      auto cpu = make_cpu_backend(1);
+      std::vector<std::unique_ptr<ShardState>> states;  // one per piece
+      if (passes) {
+        for (int p = 0; p < pieces; ++p) {
+          ShardState::Options o;
+          o.range = {std::size_t(p) * per, per};
+          o.optimizer.lr = 1e-9;
+          states.push_back(std::make_unique<ShardState>(*cpu, o, std::vector<float>(per, 0.0f)));
+        }
+      }
+      zmq::context_t ctx(1);
+      zmq::socket_t s(ctx, zmq::socket_type::router);
+      s.bind(ep);
+      for (long i = 0; i < total; ++i) {
+        for (int p = 0; p < pieces; ++p) {
+          zmq::message_t id, body;
+          (void)s.recv(id);
+          (void)s.recv(body);
+          s.send(id, zmq::send_flags::sndmore);
+          if (passes) {
+            ShardState& st = *states[std::size_t(p)];
+            const std::span<const std::byte> g(static_cast<const std::byte*>(body.data()), body.size());
+            st.push(0, i, st.version(), 1, g, wire::checksum_bytes(g.data(), g.size()));  // verified again inside
+            ParamVersions::Buffer* b = st.params().acquire_current();
+            s.send(zmq::message_t(b->data, per * sizeof(float),
+                                  [](void*, void* hint) { ParamVersions::release(static_cast<ParamVersions::Buffer*>(hint)); }, b),
+                   zmq::send_flags::none);
+          } else {
+            s.send(zmq::message_t(reply.data() + std::size_t(p) * per * 4, per * 4, nullptr, nullptr), zmq::send_flags::none);
+          }
+        }
+      }
+    }  // the socket closes with every reply sent
     _exit(0);
   }
   zmq::context_t ctx(1);
   zmq::socket_t s(ctx, zmq::socket_type::dealer);
   s.connect(ep);
-  std::vector<char> out(bytes, 2);
+  std::vector<float> grad(floats, 1e-3f), theta(floats);
+  volatile std::uint64_t sink = 0;
   auto rt = time_runs(runs, iters, [&] {
-    s.send(zmq::message_t(out.data(), out.size(), nullptr, nullptr), zmq::send_flags::none);
-    zmq::message_t in;
-    (void)s.recv(in);
+    for (int p = 0; p < pieces; ++p) {
+      const float* g = grad.data() + std::size_t(p) * per;
+      if (passes) sink = sink + wire::checksum(g, per);
+      s.send(zmq::message_t(const_cast<float*>(g), per * 4, nullptr, nullptr), zmq::send_flags::none);
+    }
+    for (int p = 0; p < pieces; ++p) {
+      zmq::message_t in;
+      (void)s.recv(in);
+      if (passes)
+        sink = sink + wire::copy_with_checksum(theta.data() + std::size_t(p) * per, static_cast<const float*>(in.data()), per);
+    }
   });
   int st = 0;
   ::waitpid(child, &st, 0);
@@ -219,6 +266,11 @@ int main(int argc, char** argv) {
   std::vector<std::string> codecs;
   app.add_option("--codecs", codecs, "also measure push+pull with pushes in these codecs (e.g. f16,bf16), same invocation; "
                                      "gain = f32's time / the codec's")->delimiter(',');
+  bool floor = false;
+  app.add_flag("--floor", floor, "also measure the floor: the raw echo plus the memory passes pslab cannot skip (checksums, "
+                                 "SGD, the copy into θ), whole and in --floor-pieces pieces (pipelined), same invocation");
+  int floor_pieces = 8;
+  app.add_option("--floor-pieces", floor_pieces, "pieces of the pipelined floor")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const comm::RunKey key = comm::make_run_key();
 
@@ -230,6 +282,18 @@ int main(int argc, char** argv) {
     r["raw_zmq"] = bench_raw(floats * 4, runs, transport);
     r["raw_zmq_tcp"] = transport == "tcp" ? r["raw_zmq"] : bench_raw(floats * 4, runs, "tcp");
     r["server_apply"] = bench_apply(floats, runs);
+    if (floor) {
+      const double us = r["pslab"]["push_pull_us"].get<double>();
+      r["floor"] = bench_raw(floats * 4, runs, transport, true, 1);
+      r["floor_pipelined"] = bench_raw(floats * 4, runs, transport, true, floor_pieces);
+      r["floor_pipelined"]["pieces"] = floor_pieces;
+      const double f1 = r["floor"]["round_trip_us"].get<double>(), fp = r["floor_pipelined"]["round_trip_us"].get<double>();
+      r["floor_over_pslab"] = f1 / us;
+      std::fprintf(stderr, "%6d KiB: floor (raw echo + checksums, SGD, copy) %8.1f us = %.2fx raw's speed; in %d pieces "
+                   "%8.1f us = %.2fx raw's; pslab at %.2fx the floor's speed\n", kib, f1,
+                   r["raw_zmq"]["round_trip_us"].get<double>() / f1, floor_pieces, fp,
+                   r["raw_zmq"]["round_trip_us"].get<double>() / fp, f1 / us);
+    }
     if (auth) {
       r["pslab_auth"] = bench_pslab(floats, runs, transport, server_threads, &key);
       r["auth_cost"] = r["pslab_auth"]["push_pull_us"].get<double>() / r["pslab"]["push_pull_us"].get<double>();
@@ -260,7 +324,7 @@ int main(int argc, char** argv) {
     results.push_back(r);
   }
   nlohmann::ordered_json out{{"benchmark", "ps_push_pull"}, {"transport", transport}, {"server_threads", server_threads},
-                             {"auth", auth}, {"heartbeat_cost", heartbeat_cost}, {"codecs", codecs}, {"runs", runs},
+                             {"auth", auth}, {"heartbeat_cost", heartbeat_cost}, {"floor", floor}, {"codecs", codecs}, {"runs", runs},
                              {"metric", "median over runs of the mean time per request; GB/s counts bytes pushed + bytes pulled"},
                              {"results", results}};
   std::printf("%s\n", out.dump(2).c_str());
