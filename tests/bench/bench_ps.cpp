@@ -272,6 +272,12 @@ int main(int argc, char** argv) {
   int floor_pieces = 8;
   app.add_option("--floor-pieces", floor_pieces, "pieces of the pipelined floor")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  for (int kib : sizes_kib)
+    if (floor && (floor_pieces < 1 || (std::size_t(kib) * 256) % std::size_t(floor_pieces) != 0)) {
+      std::fprintf(stderr, "bench_ps: --floor-pieces %d does not divide the %d KiB tensor's %zu floats\n", floor_pieces, kib,
+                   std::size_t(kib) * 256);
+      return 2;
+    }
   const comm::RunKey key = comm::make_run_key();
 
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
