@@ -1,8 +1,12 @@
 // Config parsing: errors name the file and the key; defaults are written back; sweeps expand.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
+
 #include "core/optimizer.h"
 #include "run/config.h"
+#include "run/metrics.h"
 #include "run/plan.h"
 #include "run/setup.h"
 
@@ -343,6 +347,26 @@ TEST(Setup, ThePlanSaysWhatTheRunWillDo) {
   EXPECT_EQ(q["servers"], 0);
   EXPECT_EQ(q["processes"].size(), 4u);
   EXPECT_EQ(run_plan(parse_config("name = \"f\"\n", "e"))["data"]["test_samples"], 10000);
+}
+
+// A metrics line is stamped with now, or with the time given (an evaluation: when its θ was
+// taken), always as the first key.
+TEST(Metrics, LinesAreStampedWithNowOrTheTimeGiven) {
+  const std::string path = ::testing::TempDir() + "pslab_metrics_stamp.jsonl";
+  {
+    MetricsWriter m(path, unix_now_s() - 100.0);  // the run started 100 s ago
+    m.write({{"kind", "eval"}, {"step", 3}}, 12.25);
+    m.write({{"kind", "train"}});
+  }
+  std::ifstream in(path);
+  std::string a, b;
+  std::getline(in, a);
+  std::getline(in, b);
+  EXPECT_EQ(a, "{\"t\":12.250000,\"kind\":\"eval\",\"step\":3}");
+  const auto j = nlohmann::ordered_json::parse(b);
+  EXPECT_EQ(j.begin().key(), "t");
+  EXPECT_NEAR(j["t"].get<double>(), 100.0, 5.0);
+  std::remove(path.c_str());
 }
 
 }  // namespace

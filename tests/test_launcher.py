@@ -1058,6 +1058,12 @@ class LauncherTest(unittest.TestCase):
                 gaps = [b - a for a, b in zip(epochs, epochs[1:-1])]  # the last one is the final evaluation
                 self.assertLess(max(gaps), 0.25 + 0.1, (extra, epochs))
                 self.assertTrue(evals[-1].get("final"), extra)
+                # t is when the evaluated θ was taken; eval_ms how long evaluating it took, and the
+                # next θ is taken after that (one evaluation at a time)
+                for a, b in zip(evals, evals[1:]):
+                    self.assertGreaterEqual(a["eval_ms"], 0.0, extra)
+                    if "virtual" not in " ".join(extra):
+                        self.assertLessEqual(a["t"] + a["eval_ms"] / 1e3, b["t"] + 1e-3, (extra, a, b))
 
     def test_a_sweep_over_seeds_is_summarized_as_mean_and_sd(self):
         r = self.launch("run", TINY, "--set", "seed=[1, 2]", "--set", 'cluster.mode=["bsp", "asp"]',

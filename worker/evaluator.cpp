@@ -3,6 +3,10 @@
 // ungated pull of every shard) or from rank 0's snapshots (all-reduce mode).
 //
 // Its metrics lines ({"kind": "eval"}) name progress the same way in every mode:
+//   t       when the evaluated θ was taken: the pull's answer came (PS modes) or the
+//           snapshot was received (all-reduce), not when its evaluation ended, so that
+//           "time to target" does not count the evaluator's own work
+//   eval_ms how long the evaluation of that θ took (the evaluator's lag behind training)
 //   step    steps every worker has completed (PS modes: the slowest worker's clock as the
 //           servers know it; all-reduce: the ranks' common step)
 //   epoch   samples applied to θ / training-set size (all workers together)
@@ -98,6 +102,7 @@ double run_evaluator(const ExperimentConfig& cfg, const RoleOptions& opt) {
   double result = 0.0;
   while (true) {
     const ParamSource::Info info = source->next(replica.host_params());
+    const double taken_s = ctx.metrics().now();
     replica.upload_params();
     const EvalCounts e = replica.evaluate(data.test);
     const double loss = e.loss_sum / double(e.samples);
@@ -105,10 +110,11 @@ double run_evaluator(const ExperimentConfig& cfg, const RoleOptions& opt) {
     const double epoch = double(info.samples) / train_n;
     nlohmann::ordered_json j{{"kind", "eval"}, {"step", info.step}, {"epoch", epoch}, {"test_loss", loss}};
     if (classification) j["test_acc"] = acc;
+    j["eval_ms"] = (ctx.metrics().now() - taken_s) * 1e3;
     if (info.min_version >= 0) j["versions"] = {info.min_version, info.max_version};
     if (info.dropped) j["dropped_messages"] = info.dropped;
     if (info.final) j["final"] = true;
-    ctx.metrics().write(j);
+    ctx.metrics().write(j, taken_s);
     ctx.metrics().flush();
     result = classification ? acc : loss;
     if (opt.progress)

@@ -48,6 +48,7 @@ double run_single(const ExperimentConfig& cfg, const SingleRunOptions& single) {
     const double epoch = double(samples) / data.train.n;
     ctx.log().add(step, epoch, rec, epoch_end);
     if (epoch_end) {
+      const double taken_s = ctx.metrics().now();  // the line's time: θ as it is now, as the evaluator stamps it
       const EvalCounts e = replica.evaluate(data.test);
       const double loss = e.loss_sum / double(e.samples);
       const double acc = data.test.classes > 0 ? double(e.correct) / double(e.samples) : -1.0;
@@ -55,7 +56,8 @@ double run_single(const ExperimentConfig& cfg, const SingleRunOptions& single) {
       ctx.log().last_test_acc = acc;
       nlohmann::ordered_json j{{"kind", "eval"}, {"step", step + 1}, {"epoch", epoch}, {"test_loss", loss}};
       if (acc >= 0) j["test_acc"] = acc;
-      ctx.metrics().write(j);
+      j["eval_ms"] = (ctx.metrics().now() - taken_s) * 1e3;
+      ctx.metrics().write(j, taken_s);
       ctx.metrics().flush();
       ctx.progress().epoch_done(epoch, loss, acc);
       ctx.log().restart_window();

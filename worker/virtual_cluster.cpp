@@ -373,6 +373,7 @@ class VirtualCluster {
     nlohmann::ordered_json j{{"kind", "eval"}, {"step", step}, {"epoch", double(samples) / double(data_.train.n)},
                              {"test_loss", loss}};
     if (classification) j["test_acc"] = acc;
+    j["eval_ms"] = 0.0;  // no simulated time: the simulated evaluator keeps up
     if (versions.first >= 0) j["versions"] = {versions.first, versions.second};
     if (final) j["final"] = true;
     eval_metrics_->write(j);

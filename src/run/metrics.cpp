@@ -28,15 +28,14 @@ MetricsWriter::~MetricsWriter() {
 
 double MetricsWriter::now() const { return sim_now_ ? *sim_now_ : unix_now_s() - run_start_; }
 
-void MetricsWriter::write(const nlohmann::ordered_json& record) {
-  const double t = now();
+void MetricsWriter::write(const nlohmann::ordered_json& record, double t) {
   char stamp[32];
   std::snprintf(stamp, sizeof stamp, "{\"t\":%.6f", t);
   std::string s = record.dump();  // "{...}"
   s.replace(0, 1, s.size() > 2 ? std::string(stamp) + "," : std::string(stamp));
   std::fwrite(s.data(), 1, s.size(), f_);
   std::fputc('\n', f_);
-  if (t - last_flush_ >= flush_every_s) flush();
+  if (now() - last_flush_ >= flush_every_s) flush();
 }
 
 void MetricsWriter::flush() {

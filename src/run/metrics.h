@@ -29,7 +29,10 @@ class MetricsWriter {
   void use_clock(const double* sim_now_s) { sim_now_ = sim_now_s; }
   // Writes `record` with "t" (seconds since run start) added as the first key. Buffered;
   // flushed by flush(), every `flush_every_s` of writes and at destruction.
-  void write(const nlohmann::ordered_json& record);
+  void write(const nlohmann::ordered_json& record) { write(record, now()); }
+  // The same, stamped `t` (seconds since run start) instead of now: what the record describes
+  // happened then (an evaluation: when its θ was taken, not when the evaluation ended).
+  void write(const nlohmann::ordered_json& record, double t);
   void flush();
   const std::string& path() const { return path_; }
 
