@@ -1,19 +1,35 @@
-// The evaluator: measures test loss and accuracy of the current θ every eval.interval_s
-// without slowing any training worker. θ comes from the parameter servers (PS modes: an
-// ungated pull of every shard) or from rank 0's snapshots (all-reduce mode).
+// The evaluator: measures test loss and accuracy of θ every eval.interval_s (or every
+// eval.every_epochs) without slowing any training worker. θ comes from the parameter servers
+// (PS modes: an ungated pull of every shard) or from rank 0's snapshots (all-reduce mode).
+//
+// Two threads: a taker, at the process's priority, takes each θ when it is due (a pull, or a
+// snapshot received) into a queue of copies; the main thread evaluates them in order at a
+// lower CPU priority (nice +kEvaluateNice), so that on a host whose cores the workers keep
+// busy evaluation waits for idle moments (and the end of training) instead of taking their
+// CPU, and no tick is lost to a slow evaluation while the queue has room (kQueueBytes).
 //
 // Its metrics lines ({"kind": "eval"}) name progress the same way in every mode:
 //   t       when the evaluated θ was taken: the pull's answer came (PS modes) or the
 //           snapshot was received (all-reduce), not when its evaluation ended, so that
 //           "time to target" does not count the evaluator's own work
-//   eval_ms how long the evaluation of that θ took (the evaluator's lag behind training)
+//   eval_ms how long after that the evaluation ended (the evaluator's lag behind training)
 //   step    steps every worker has completed (PS modes: the slowest worker's clock as the
 //           servers know it; all-reduce: the ranks' common step)
 //   epoch   samples applied to θ / training-set size (all workers together)
 //   versions  PS modes: [oldest, newest] shard version evaluated (updates applied)
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <condition_variable>
+#include <stop_token>
 #include <cstdio>
+#include <deque>
+#include <exception>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "ps/client.h"
 #include "role_context.h"
@@ -86,6 +102,80 @@ class SnapshotSource final : public ParamSource {
   std::size_t P_;
 };
 
+// θs taken and not yet evaluated, in order; their buffers are reused once evaluated.
+// Threading: the taker calls take_buffer/put/fail, the evaluator next/give_back.
+class TakenQueue {
+ public:
+  struct Item {
+    std::vector<float> theta;
+    ParamSource::Info info;
+    double taken_s = 0.0;
+  };
+  TakenQueue(std::size_t floats, std::size_t capacity) : floats_(floats), capacity_(capacity) {}
+  // A buffer to take θ into: a free one, a new one while fewer than `capacity` exist, or else
+  // the next one evaluated (waiting for it; null if `stop` is requested meanwhile).
+  std::unique_ptr<Item> take_buffer(std::stop_token stop) {
+    std::unique_lock lock(mu_);
+    if (free_.empty() && made_ < capacity_) {
+      ++made_;
+      auto item = std::make_unique<Item>();
+      item->theta.resize(floats_);
+      return item;
+    }
+    if (!cv_.wait(lock, stop, [&] { return !free_.empty(); })) return nullptr;
+    auto item = std::move(free_.back());
+    free_.pop_back();
+    return item;
+  }
+  void put(std::unique_ptr<Item> item) {
+    std::lock_guard lock(mu_);
+    queued_.push_back(std::move(item));
+    cv_.notify_all();
+  }
+  // The taker failed: next() rethrows `e` once every θ taken before was evaluated.
+  void fail(std::exception_ptr e) {
+    std::lock_guard lock(mu_);
+    error_ = e;
+    cv_.notify_all();
+  }
+  std::exception_ptr error() {
+    std::lock_guard lock(mu_);
+    return error_;
+  }
+  std::unique_ptr<Item> next() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !queued_.empty() || error_; });
+    if (queued_.empty()) std::rethrow_exception(error_);
+    auto item = std::move(queued_.front());
+    queued_.pop_front();
+    return item;
+  }
+  void give_back(std::unique_ptr<Item> item) {
+    std::lock_guard lock(mu_);
+    free_.push_back(std::move(item));
+    cv_.notify_all();
+  }
+
+ private:
+  std::size_t floats_, capacity_, made_ = 0;
+  std::mutex mu_;
+  std::condition_variable_any cv_;
+  std::deque<std::unique_ptr<Item>> queued_;
+  std::vector<std::unique_ptr<Item>> free_;
+  std::exception_ptr error_;
+};
+
+constexpr std::size_t kQueueBytes = std::size_t(256) << 20;  // θ copies waiting for evaluation
+constexpr int kEvaluateNice = 10;  // weight 110 against a worker's 1024
+
+// Lowers the calling thread's CPU priority (Linux: nice is per thread); says so if it cannot.
+void lower_this_threads_priority(int nice) {
+  const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+  if (::setpriority(PRIO_PROCESS, tid, nice) != 0)
+    std::fprintf(stderr, "[evaluator] could not lower the evaluating thread's priority (nice %d): evaluating at the "
+                         "workers' priority\n", nice);
+}
+
 }  // namespace
 
 double run_evaluator(const ExperimentConfig& cfg, const RoleOptions& opt) {
@@ -99,10 +189,32 @@ double run_evaluator(const ExperimentConfig& cfg, const RoleOptions& opt) {
   const DataSplit& data = ctx.data();
   const double train_n = double(data.train.n);
   const bool classification = data.test.classes > 0;
+
+  // The taker: every θ as it comes due, until the final one; then the servers may stop.
+  TakenQueue queue(P, std::max<std::size_t>(2, kQueueBytes / (P * sizeof(float))));
+  // A stop request (the evaluating thread failed) ends it at its next θ.
+  std::jthread taker([&](std::stop_token stop) {
+    try {
+      for (bool final = false; !final && !stop.stop_requested();) {
+        auto item = queue.take_buffer(stop);
+        if (!item) return;
+        item->info = source->next(item->theta.data());
+        item->taken_s = ctx.metrics().now();
+        final = item->info.final;
+        queue.put(std::move(item));
+      }
+      if (!stop.stop_requested()) source->finish();
+    } catch (...) {
+      queue.fail(std::current_exception());
+    }
+  });
+  lower_this_threads_priority(kEvaluateNice);  // after the taker started: it keeps the process's priority
+
   double result = 0.0;
   while (true) {
-    const ParamSource::Info info = source->next(replica.host_params());
-    const double taken_s = ctx.metrics().now();
+    auto item = queue.next();
+    const ParamSource::Info& info = item->info;
+    std::copy(item->theta.begin(), item->theta.end(), replica.host_params());
     replica.upload_params();
     const EvalCounts e = replica.evaluate(data.test);
     const double loss = e.loss_sum / double(e.samples);
@@ -110,21 +222,24 @@ double run_evaluator(const ExperimentConfig& cfg, const RoleOptions& opt) {
     const double epoch = double(info.samples) / train_n;
     nlohmann::ordered_json j{{"kind", "eval"}, {"step", info.step}, {"epoch", epoch}, {"test_loss", loss}};
     if (classification) j["test_acc"] = acc;
-    j["eval_ms"] = (ctx.metrics().now() - taken_s) * 1e3;
+    j["eval_ms"] = (ctx.metrics().now() - item->taken_s) * 1e3;
     if (info.min_version >= 0) j["versions"] = {info.min_version, info.max_version};
     if (info.dropped) j["dropped_messages"] = info.dropped;
     if (info.final) j["final"] = true;
-    ctx.metrics().write(j, taken_s);
+    ctx.metrics().write(j, item->taken_s);
     ctx.metrics().flush();
     result = classification ? acc : loss;
     if (opt.progress)
-      std::fprintf(stderr, "[evaluator] %.1fs  epoch %.2f  step %ld  test loss %.4f%s%s\n", ctx.metrics().now(), epoch,
+      std::fprintf(stderr, "[evaluator] %.1fs  epoch %.2f  step %ld  test loss %.4f%s%s\n", item->taken_s, epoch,
                    info.step, loss,
                    classification ? ("  test accuracy " + std::to_string(100 * acc).substr(0, 5) + "%").c_str() : "",
                    info.final ? "  (final)" : "");
-    if (info.final) break;
+    const bool final = info.final;
+    queue.give_back(std::move(item));
+    if (final) break;
   }
-  source->finish();
+  taker.join();
+  if (const std::exception_ptr e = queue.error()) std::rethrow_exception(e);  // e.g. the servers' Shutdown failed
   return result;
 }
 
