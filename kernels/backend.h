@@ -151,6 +151,25 @@ class Backend {
   // convolution's GEMM gives (OC, B, N); its layers pass (B, OC, N).
   virtual void swap_outer(const float* x, int A, int B, int N, float* y) = 0;
 
+  // ---- convolution layers, a whole batch per call (kernels/conv.cpp) ----
+  // y (B, OC, OH*OW) = W (OC, C*KH*KW) applied to every image of x (B, C, H, W); no bias.
+  // scratch: conv_scratch_floats(g, OC, B) floats; forward leaves the batch's columns in it,
+  // which conv_backward reads (and then overwrites).
+  // By default im2col of the whole batch, one GEMM and a swap of the outer dimensions (what a
+  // GPU wants: a constant number of launches); the CPU backend overrides it when that is slower.
+  virtual void conv_forward(const float* x, const float* W, const math::ConvGeometry& g, int OC, int B, float* y,
+                            float* scratch);
+  // dW (OC, C*KH*KW) = the weight gradient summed over the batch (overwritten; zero when B = 0);
+  // dx (B, C, H, W) = the input gradient, unless dx is null. dy (B, OC, OH*OW).
+  virtual void conv_backward(const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B, float* dW,
+                             float* dx, float* scratch);
+  // The scratch both need: the batch's columns (C*KH*KW, B*OH*OW), one image's more, and the
+  // GEMM's output (OC, B*OH*OW).
+  static std::size_t conv_scratch_floats(const math::ConvGeometry& g, int OC, int B) {
+    const std::size_t K = std::size_t(g.C) * g.KH * g.KW, N = std::size_t(g.OH()) * g.OW();
+    return N * (K * (std::size_t(B) + 1) + std::size_t(OC) * B);
+  }
+
  protected:
   double pending_loss_ = 0.0;  // the default *_deferred and take_loss
 };

@@ -570,5 +570,32 @@ TEST_F(GpuBackend, Im2colCol2im) {
   }
 }
 
+// A convolution layer's passes (Backend::conv_forward / conv_backward): the GPU's whole-batch
+// GEMMs against the CPU's (image by image with the CPU backend's 1 BLAS thread), batch of 5.
+TEST_F(GpuBackend, ConvolutionForwardAndBackward) {
+  std::uint32_t seed = 700;
+  for (auto [g, OC] : {std::pair{math::ConvGeometry{1, 28, 28, 5, 5, 2, 2}, 16}, {math::ConvGeometry{16, 14, 14, 5, 5, 2, 2}, 32},
+                       {math::ConvGeometry{3, 9, 11, 3, 3, 3, 2}, 4}}) {
+    SCOPED_TRACE("C=" + std::to_string(g.C) + " H=" + std::to_string(g.H) + " OC=" + std::to_string(OC));
+    const int B = 5, K = g.C * g.KH * g.KW, N = g.OH() * g.OW();
+    const auto x = random_floats(std::size_t(B) * g.C * g.H * g.W, ++seed);
+    const auto W = random_floats(std::size_t(OC) * K, ++seed), dy = random_floats(std::size_t(B) * OC * N, ++seed);
+    const std::vector<float> nan_y(dy.size(), std::numeric_limits<float>::quiet_NaN()), nan_dW(W.size(), std::nanf("")),
+        nan_dx(x.size(), std::nanf("")), nan_s(Backend::conv_scratch_floats(g, OC, B), std::nanf(""));
+    std::vector<float> out[2][3];
+    for (Backend* be : {&cpu(), &gpu()}) {
+      DeviceBuffer<float> bx = upload(*be, x), bW = upload(*be, W), bdy = upload(*be, dy), by = upload(*be, nan_y),
+                          bdW = upload(*be, nan_dW), bdx = upload(*be, nan_dx), bs = upload(*be, nan_s);
+      be->conv_forward(bx.data(), bW.data(), g, OC, B, by.data(), bs.data());
+      be->conv_backward(bW.data(), bdy.data(), g, OC, B, bdW.data(), bdx.data(), bs.data());
+      const int k = be == &gpu();
+      out[k][0] = download(*be, by), out[k][1] = download(*be, bdW), out[k][2] = download(*be, bdx);
+    }
+    EXPECT_TRUE(agree("conv_forward y", out[0][0], out[1][0]));
+    EXPECT_TRUE(agree("conv_backward dW", out[0][1], out[1][1]));
+    EXPECT_TRUE(agree("conv_backward dx", out[0][2], out[1][2]));
+  }
+}
+
 }  // namespace
 }  // namespace pslab

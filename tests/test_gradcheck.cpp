@@ -317,6 +317,14 @@ class CountingBackend final : public Backend {
   void im2col(const float* x, const math::ConvGeometry& g, int B, float* c) override { ++calls, in_.im2col(x, g, B, c); }
   void col2im(const float* c, const math::ConvGeometry& g, int B, float* dx) override { ++calls, in_.col2im(c, g, B, dx); }
   void swap_outer(const float* x, int A, int B, int N, float* y) override { ++calls, in_.swap_outer(x, A, B, N, y); }
+  void conv_forward(const float* x, const float* W, const math::ConvGeometry& g, int OC, int B, float* y,
+                    float* s) override {
+    ++calls, in_.conv_forward(x, W, g, OC, B, y, s);
+  }
+  void conv_backward(const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B, float* dW, float* dx,
+                     float* s) override {
+    ++calls, in_.conv_backward(W, dy, g, OC, B, dW, dx, s);
+  }
 
  private:
   Backend& in_;

@@ -241,6 +241,50 @@ TEST_F(CpuKernels, SwapOuterSwapsTheTwoOuterDimensions) {
         ASSERT_EQ(y[(std::size_t(b) * A + a) * N + k], x[(std::size_t(a) * B + b) * N + k]) << a << " " << b << " " << k;
 }
 
+// A convolution layer's forward and backward (Backend::conv_forward / conv_backward) against a
+// direct convolution in double, on both of the CPU backend's paths: image by image (1 BLAS
+// thread) and the whole batch in one GEMM (Backend's default, 2 threads). Scratch is filled
+// with garbage first: neither may read what it did not write.
+TEST(CpuConvolution, ForwardAndBackwardEqualADirectConvolutionOnBothPaths) {
+  for (const int threads : {1, 2}) {
+    auto be = make_cpu_backend(threads);
+    for (auto [g, OC] : {std::pair{math::ConvGeometry{2, 5, 6, 3, 3, 1, 1}, 3}, {math::ConvGeometry{3, 7, 7, 5, 5, 2, 2}, 4},
+                         {math::ConvGeometry{1, 4, 4, 2, 2, 2, 0}, 2}, {math::ConvGeometry{4, 9, 8, 3, 4, 3, 1}, 5}}) {
+      for (const int B : {0, 1, 3}) {
+        const int K = g.C * g.KH * g.KW, OH = g.OH(), OW = g.OW(), N = OH * OW, n = g.C * g.H * g.W;
+        const auto x = random_vec(std::size_t(B) * n, 41), W = random_vec(std::size_t(OC) * K, 42);
+        const auto dy = random_vec(std::size_t(B) * OC * N, 43);
+        std::vector<float> y(std::size_t(B) * OC * N, -7.0f), dW(std::size_t(OC) * K, -7.0f), dx(x.size(), -7.0f);
+        std::vector<float> scratch(Backend::conv_scratch_floats(g, OC, B), std::nanf(""));
+        be->conv_forward(x.data(), W.data(), g, OC, B, y.data(), scratch.data());
+        be->conv_backward(W.data(), dy.data(), g, OC, B, dW.data(), dx.data(), scratch.data());
+        // Direct: y[b,o,oh,ow] = sum over (c,kh,kw) inside the image of W[o,c,kh,kw] x[b,c,ih,iw].
+        std::vector<double> y_want(y.size(), 0.0), dW_want(dW.size(), 0.0), dx_want(dx.size(), 0.0);
+        for (int b = 0; b < B; ++b)
+          for (int o = 0; o < OC; ++o)
+            for (int p = 0; p < N; ++p)
+              for (int r = 0; r < K; ++r) {
+                const int kw = r % g.KW, kh = r / g.KW % g.KH, c = r / (g.KW * g.KH);
+                const int ih = p / OW * g.stride - g.pad + kh, iw = p % OW * g.stride - g.pad + kw;
+                if (ih < 0 || iw < 0 || ih >= g.H || iw >= g.W) continue;
+                const std::size_t xi = std::size_t(b) * n + (std::size_t(c) * g.H + ih) * g.W + iw;
+                const std::size_t yi = (std::size_t(b) * OC + o) * N + p, wi = std::size_t(o) * K + r;
+                y_want[yi] += double(W[wi]) * x[xi];
+                dW_want[wi] += double(dy[yi]) * x[xi];
+                dx_want[xi] += double(dy[yi]) * W[wi];
+              }
+        const std::string what = std::to_string(threads) + " thread(s), B " + std::to_string(B) + ", C " +
+                                 std::to_string(g.C) + ", K " + std::to_string(g.KH) + "x" + std::to_string(g.KW) +
+                                 ", stride " + std::to_string(g.stride);
+        EXPECT_EQ(count_wrong(y, y_want, 1e-4), 0) << "forward, " << what;
+        EXPECT_EQ(count_wrong(dW, dW_want, 1e-4), 0) << "weight gradient, " << what;
+        EXPECT_EQ(count_wrong(dx, dx_want, 1e-4), 0) << "input gradient, " << what;
+      }
+    }
+  }
+  set_cpu_backend_threads(1);
+}
+
 TEST_F(CpuKernels, DeviceBufferOwnsAndMoves) {
   DeviceBuffer<float> a(*be, 10);
   be->fill(a.data(), 10, 2.5f);

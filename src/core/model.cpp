@@ -81,12 +81,11 @@ class Relu final : public Layer {
   }
 };
 
-// 2-D convolution by im2col + GEMM over the whole batch: a constant number of backend calls
-// per pass, whatever the batch size.
+// 2-D convolution: Backend::conv_forward / conv_backward over the whole batch (a constant
+// number of backend calls per pass, whatever the batch size), then the bias.
 //   x (B, C, H, W) -> y (B, OC, OH, OW); W (OC, C*K*K) row-major, b (OC).
-// Scratch: the batch's column matrix cols (C*K*K, B*N), N = OH*OW, kept from forward for the
-// weight gradient (then overwritten by the input gradient's columns), and t (OC, B*N): the
-// GEMM's output before its outer dimensions are swapped into y, and dy swapped likewise.
+// Scratch: what the backend's convolution needs (Backend::conv_scratch_floats), kept from
+// forward to backward.
 class Conv2d final : public Layer {
  public:
   Conv2d(Shape in, int out_channels, int k, int stride, int pad, Init init)
@@ -112,34 +111,17 @@ class Conv2d final : public Layer {
     db_ = g + std::size_t(out().c) * ckk();
   }
   std::size_t scratch_floats(int batch) const override {
-    return std::size_t(batch) * ohw() * std::size_t(ckk() + out().c);
+    return Backend::conv_scratch_floats(g_, out().c, batch);
   }
   void forward(Backend& be, const float* x, float* y, int B, float* scratch) override {
-    const int OC = out().c, K = ckk(), BN = B * ohw();
-    float* cols = scratch;
-    float* t = scratch + std::size_t(K) * BN;
-    be.im2col(x, g_, B, cols);
-    be.gemm(Trans::no, Trans::no, OC, BN, K, 1.0f, W_, K, cols, BN, 0.0f, t, BN);  // (OC,K)(K,B*N)
-    be.swap_outer(t, OC, B, ohw(), y);                                             // (OC,B,N) -> (B,OC,N)
-    be.add_bias(y, b_, B, OC, ohw());
+    be.conv_forward(x, W_, g_, out().c, B, y, scratch);
+    be.add_bias(y, b_, B, out().c, ohw());
   }
   void backward(Backend& be, const float*, const float*, const float* dy, float* dx, int B,
                 float* scratch, const GradProgress&) override {
-    const int OC = out().c, K = ckk(), BN = B * ohw();
-    if (B == 0) {
-      be.fill(dW_, std::size_t(OC) * K, 0.0f);
-      be.fill(db_, std::size_t(OC), 0.0f);
-      return;
-    }
-    float* cols = scratch;
-    float* t = scratch + std::size_t(K) * BN;
-    be.swap_outer(dy, B, OC, ohw(), t);                                              // (B,OC,N) -> (OC,B,N)
-    be.gemm(Trans::no, Trans::yes, OC, K, BN, 1.0f, t, BN, cols, BN, 0.0f, dW_, K);  // dW = dy cols^T
-    be.bias_grad(dy, B, OC, ohw(), db_);
-    if (dx) {
-      be.gemm(Trans::yes, Trans::no, K, BN, OC, 1.0f, W_, K, t, BN, 0.0f, cols, BN);  // W^T dy, over cols
-      be.col2im(cols, g_, B, dx);
-    }
+    be.conv_backward(W_, dy, g_, out().c, B, dW_, dx, scratch);
+    if (B == 0) return be.fill(db_, std::size_t(out().c), 0.0f);
+    be.bias_grad(dy, B, out().c, ohw(), db_);
   }
 
  private:
