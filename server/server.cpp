@@ -273,6 +273,7 @@ void Server::handle_message(const comm::PeerId& id, const comm::Message& m) {
     return;
   }
   if (const auto* m = std::get_if<wire::Pull>(&h->body)) {
+    if (m->progress_only) return serve_progress(id, peer);
     ++counters_.pulls;
     on_pull(id, peer, m->clock);
   } else if (const auto* m = std::get_if<wire::Push>(&h->body)) {
@@ -449,6 +450,18 @@ void Server::on_push(const std::string& id, const Peer& p, const wire::Push& m, 
   }
 }
 
+void Server::serve_progress(const std::string& id, const Peer& p) {
+  if (p.role != wire::Role::evaluator) {
+    reply_error(id, wire::ErrorCode::protocol, "a progress-only Pull from worker " + std::to_string(p.rank) +
+                                                   ": only the evaluator asks for progress without θ");
+    return;
+  }
+  ++counters_.progress_polls;
+  send(id, header(wire::PullReply{state_->min_clock(), state_->version(), state_->min_clock(),
+                                  state_->samples_applied(), 0, finished() == cfg_.cluster.workers, 0,
+                                  range_.offset, /*length*/ 0, /*codec*/ 0, /*bytes*/ 0}));
+}
+
 void Server::serve_pull(const std::string& id, int rank, long clock, Clock::time_point since) {
   const double held_s = seconds(Clock::now() - since);
   counters_.hold_ms_total += held_s * 1e3;
@@ -621,6 +634,7 @@ void Server::write_stats(bool final) {
                            {"pushes", counters_.pushes},
                            {"pulls", counters_.pulls},
                            {"pulls_held", counters_.pulls_held},
+                           {"progress_polls", counters_.progress_polls},
                            {"hold_ms_total", counters_.hold_ms_total},
                            {"hold_ms_max", counters_.hold_ms_max},
                            {"bytes_in", counters_.bytes_in},

@@ -52,7 +52,7 @@ struct ServerOptions {
 };
 
 struct ServerCounters {
-  long pushes = 0, pulls = 0, pulls_held = 0;
+  long pushes = 0, pulls = 0, pulls_held = 0, progress_polls = 0;
   double hold_ms_total = 0.0, hold_ms_max = 0.0;
   long bytes_in = 0, bytes_out = 0;  // bytes_in: of the messages taken (bad input: bytes_bad)
   long bytes_bad = 0;                // of the messages counted as bad input
@@ -104,6 +104,7 @@ class Server {
   void on_pull(const std::string& id, const Peer& p, long clock);
   void on_push(const std::string& id, const Peer& p, const wire::Push& m, const comm::Message& msg);
   void serve_pull(const std::string& id, int rank, long clock, Clock::time_point since);
+  void serve_progress(const std::string& id, const Peer& p);  // a progress-only Pull: the header, no θ
   void release_ready_pulls();
   void expire_held_pulls();
   void send(const std::string& id, const wire::Header& h, comm::OutPayload payload = {});

@@ -1236,6 +1236,78 @@ TEST(Server, OnlyTheEvaluatorsShutdownEndsTheRun) {
   EXPECT_EQ(cluster.servers[0]->counters().bad.at("protocol"), 1);
 }
 
+// The evaluator watches training between θs with progress-only Pulls: every server answers
+// with its header (samples applied, clocks, versions, done) and no payload; a worker may not ask.
+TEST(Server, AProgressPollIsAHeaderOnlyAndOnlyForTheEvaluator) {
+  ExperimentConfig cfg = make_config("asp", 1, 2);
+  Cluster cluster(cfg, /*record_pulls=*/false, /*wait_for_shutdown=*/true);
+  const std::size_t P = count_params(model_spec(cfg));
+  PsClient w(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
+  PsClient evaluator(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::evaluator, wire::kEvaluator));
+  w.connect();
+  evaluator.connect();
+  std::vector<float> theta(P), grad(P, 0.01f);
+  w.pull(0, theta.data());
+  for (long c = 0; c < 3; ++c) w.push(c, 8, grad.data(), theta.data());
+  const PullResult p = evaluator.progress();
+  EXPECT_EQ(p.samples_applied, 3 * 8);
+  EXPECT_EQ(p.min_clock, 3);
+  EXPECT_EQ(p.min_version, 3);
+  EXPECT_EQ(p.max_version, 3);
+  EXPECT_FALSE(p.training_done);
+  w.bye(3);
+  EXPECT_TRUE(evaluator.progress().training_done);
+  try {
+    w.progress();
+    ADD_FAILURE() << "a worker's progress-only Pull was answered";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("only the evaluator asks for progress"), std::string::npos) << e.what();
+  }
+  evaluator.shutdown();
+  cluster.join();
+  cluster.rethrow();
+  for (const auto& server : cluster.servers) {
+    EXPECT_EQ(server->counters().progress_polls, 2);
+    EXPECT_EQ(server->counters().pulls, 4);  // the worker's: its first and one with each push
+    EXPECT_EQ(server->counters().bad.at("protocol"), 1);
+  }
+}
+
+// Defect: with eval.interval_s longer than the rest of the run, the evaluator slept until its
+// next tick before it saw that training was over, and the run (its servers too) waited with it.
+// Now it watches for the end every 20 ms between θs.
+TEST(Evaluator, AnIntervalLongerThanTheRunDoesNotHoldUpItsEnd) {
+  const fs::path dir = temp_dir("eval_interval");
+  ExperimentConfig cfg = make_config("asp", 2, 2);
+  cfg.eval.interval_s = 600;
+  Cluster cluster(cfg, /*record_pulls=*/false, /*wait_for_shutdown=*/true);
+  std::atomic<bool> evaluator_done{false};
+  std::thread evaluator([&] {
+    RoleOptions o;
+    o.servers = cluster.endpoints;
+    o.out_dir = dir.string();
+    o.progress = false;
+    o.transport = cluster.transport.get();
+    run_evaluator(cfg, o);
+    evaluator_done = true;
+  });
+  test::run_ps_workers(cfg, cluster, dir);
+  // Generous against 600 s: the end must be seen at the next poll, not at the next tick.
+  for (int i = 0; i < 600 && !evaluator_done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_TRUE(evaluator_done) << "the evaluator still waits 60 s after the workers finished";
+  evaluator.join();
+  cluster.join();
+  cluster.rethrow();
+  std::ifstream f(dir / "metrics" / "evaluator.jsonl");
+  std::vector<nlohmann::json> evals;
+  for (std::string line; std::getline(f, line);) evals.push_back(nlohmann::json::parse(line));
+  ASSERT_GE(evals.size(), 1u);
+  ASSERT_LE(evals.size(), 2u) << "at most one evaluation at the start, and the final one";
+  EXPECT_EQ(evals.back()["final"], true);
+  EXPECT_EQ(evals.back()["step"], cfg.train.steps);
+  fs::remove_all(dir);
+}
+
 // Defect: in PS modes the evaluator reported the smallest shard version as "step" (under asp
 // with W workers that is W x the steps), in all-reduce the ranks' step. Now "step" means the
 // steps every worker has completed, in every mode; the versions are reported as such.

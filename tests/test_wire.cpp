@@ -58,6 +58,9 @@ TEST(Wire, EveryMessageTypeRoundTrips) {
   {
     ROUND_TRIP(r7, Header{0, 1, Pull{42}});
     EXPECT_EQ(std::get<Pull>(r7.body).clock, 42);
+    EXPECT_FALSE(std::get<Pull>(r7.body).progress_only);
+    ROUND_TRIP(r7p, Header{kEvaluator, 1, Pull{0, true}});
+    EXPECT_TRUE(std::get<Pull>(r7p.body).progress_only);
   }
   {
     ROUND_TRIP(r3, Header{kServer, 0, PullReply{5, 6, 4, 999, 1234, true, 77, 8, 9}});

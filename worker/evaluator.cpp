@@ -54,35 +54,44 @@ struct ParamSource {
   virtual void finish() {}
 };
 
-// PS modes: every interval, an ungated pull of every shard; after the last, Shutdown.
+// PS modes: θ by an ungated pull of every shard, when it is due: every eval.interval_s, or when
+// the samples applied reach the next eval.every_epochs tick, and when training is done. Between
+// θs the servers are asked only for their progress (headers, no θ) every kPoll, so that the end
+// of training is seen within kPoll however long the interval. After the last θ, Shutdown.
 class ServerSource final : public ParamSource {
+  using Clock = std::chrono::steady_clock;
+
  public:
   explicit ServerSource(RoleContext& ctx)
       : client_(ctx.transport(), ctx.opt.servers, client_options(ctx.cfg, wire::Role::evaluator, wire::kEvaluator)),
-        interval_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-            std::chrono::duration<double>(ticks_on(ctx) ? kPoll : ctx.cfg.eval.interval_s))),
+        interval_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(ctx.cfg.eval.interval_s))),
         ticks_(ctx.cfg.eval.every_epochs), train_n_(double(ctx.data().train.n)) {
     client_.connect();
-    next_ = std::chrono::steady_clock::now();
+    next_ = Clock::now();
   }
   Info next(float* theta) override {
+    const auto poll = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kPoll));
     while (true) {
-      std::this_thread::sleep_until(next_);
-      // Evaluation may take longer than the interval: never queue up missed ticks.
-      next_ = std::max(next_ + interval_, std::chrono::steady_clock::now());
-      const PullResult r = client_.pull(0, theta);
-      // eval.every_epochs: pulled every kPoll, evaluated when the samples applied reach a tick
-      if (!ticks_.on() || r.training_done || ticks_.due(double(r.samples_applied) / train_n_))
+      bool due = !ticks_.on() && Clock::now() >= next_;  // eval.interval_s: the tick has come
+      if (!due) {
+        const PullResult p = client_.progress();
+        due = p.training_done || ticks_.due(double(p.samples_applied) / train_n_);
+      }
+      if (due) {
+        // Evaluation may take longer than the interval: never queue up missed ticks.
+        next_ = std::max(next_ + interval_, Clock::now());
+        const PullResult r = client_.pull(0, theta);
         return Info{r.min_clock, r.samples_applied, r.min_version, r.max_version, r.training_done};
+      }
+      std::this_thread::sleep_until(ticks_.on() ? Clock::now() + poll : std::min(next_, Clock::now() + poll));
     }
   }
   void finish() override { client_.shutdown(); }
 
  private:
-  static bool ticks_on(const RoleContext& ctx) { return ctx.cfg.eval.every_epochs > 0; }
-  static constexpr double kPoll = 0.02;  // s between pulls with eval.every_epochs
+  static constexpr double kPoll = 0.02;  // s between progress polls
   PsClient client_;
-  std::chrono::steady_clock::duration interval_;
+  Clock::duration interval_;
   EpochTicks ticks_;
   double train_n_;
   std::chrono::steady_clock::time_point next_;

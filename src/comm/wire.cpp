@@ -51,7 +51,7 @@ struct BodyEncoder {
                                                 f.CreateString(m.mode), m.version, m.worker_clock).Union()};
   }
   std::pair<fb::Body, Off> operator()(const Pull& m) const {
-    return {fb::Body_Pull, fb::CreatePull(f, m.clock).Union()};
+    return {fb::Body_Pull, fb::CreatePull(f, m.clock, m.progress_only).Union()};
   }
   std::pair<fb::Body, Off> operator()(const PullReply& m) const {
     return {fb::Body_PullReply, fb::CreatePullReply(f, m.clock, m.version, m.min_clock, m.samples_applied,
@@ -166,7 +166,7 @@ std::optional<Header> decode(const void* data, std::size_t size, std::string& er
                         b->worker_clock()};
       break;
     }
-    case fb::Body_Pull: h.body = Pull{m->body_as_Pull()->clock()}; break;
+    case fb::Body_Pull: h.body = Pull{m->body_as_Pull()->clock(), m->body_as_Pull()->progress_only()}; break;
     case fb::Body_PullReply: {
       const auto* b = m->body_as_PullReply();
       h.body = PullReply{b->clock(),         b->version(),  b->min_clock(), b->samples_applied(),

@@ -36,7 +36,7 @@ struct Hello { Role role = Role::worker; int rank = 0; std::uint64_t param_count
                std::int64_t rejoin_clock = -1; };
 struct Welcome { int shard = 0; int num_shards = 0; std::uint64_t offset = 0, length = 0; int workers = 0;
                  std::string mode; std::int64_t version = 0; std::int64_t worker_clock = 0; };
-struct Pull { std::int64_t clock = 0; };
+struct Pull { std::int64_t clock = 0; bool progress_only = false; };  // see wire.fbs
 // Payloads: `length` floats (elements) of the shard starting at `offset`, encoded by codec
 // `codec` into `bytes` bytes, whose checksum_bytes is `checksum`.
 struct PullReply { std::int64_t clock = 0, version = 0, min_clock = 0, samples_applied = 0, held_us = 0;

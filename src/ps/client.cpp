@@ -240,6 +240,10 @@ void PsClient::take_params(int k, const wire::PullReply& r, std::span<const std:
     if (sum != r.checksum) fail(k, "PullReply payload checksum mismatch (corrupted in transit)");
   }
   s.version = r.version;
+  note_progress(r, acc);
+}
+
+void PsClient::note_progress(const wire::PullReply& r, PullResult& acc) {
   acc.min_version = std::min(acc.min_version, r.version);
   acc.max_version = std::max(acc.max_version, r.version);
   acc.samples_applied = std::min(acc.samples_applied, r.samples_applied);
@@ -270,6 +274,22 @@ PullResult PsClient::pull(long clock, float* theta) {
     if (!pr) fail(k, std::string("answered Pull with ") + wire::body_name(body));
     take_params(k, *pr, msg_.payload(), theta, acc);
   }, true, [&](int k) { send(k, wire::Pull{clock}); });
+  return acc;
+}
+
+PullResult PsClient::progress() {
+  std::lock_guard lock(mu_);
+  const int S = int(shards_.size());
+  const wire::Pull ask{0, /*progress_only*/ true};
+  for (int k = 0; k < S; ++k) send(k, ask);
+  std::vector<char> pending(std::size_t(S), 1);
+  PullResult acc = empty_result();
+  collect("progress", pending, [&](int k, const wire::Body& body) {
+    const auto* pr = std::get_if<wire::PullReply>(&body);
+    if (!pr) fail(k, std::string("answered a progress-only Pull with ") + wire::body_name(body));
+    if (pr->length != 0 || msg_.has_payload()) fail(k, "answered a progress-only Pull with a payload");
+    note_progress(*pr, acc);
+  }, true, [&](int k) { send(k, ask); });
   return acc;
 }
 

@@ -88,6 +88,8 @@ class PsClient {
   ResumePoint catch_up();
   // Pulls every shard for `clock` into theta (P floats).
   PullResult pull(long clock, float* theta);
+  // How far training is (the evaluator): a PullResult of headers only, no θ moved.
+  PullResult progress();
   // Pushes grad (P floats) computed at `clock` on the versions last pulled, over `batch`
   // samples. With theta != nullptr the servers answer with the parameters for clock + 1,
   // written into theta; otherwise they acknowledge.
@@ -127,6 +129,7 @@ class PsClient {
   void heartbeat_loop(std::stop_token stop);
   [[noreturn]] void fail(int k, const std::string& what) const;
   void take_params(int k, const wire::PullReply& r, std::span<const std::byte> payload, float* theta, PullResult& acc);
+  static void note_progress(const wire::PullReply& r, PullResult& acc);  // versions, clocks, samples, done
   void send_push(int k);
   void expect_ack(const char* what, const wire::Body& request);
 
