@@ -217,7 +217,7 @@ class CpuBackend final : public Backend {
   // Visits every entry of a batch's column matrix in memory order: inside(entry, the image
   // pixel it reads) or, in the zero padding, padding(entry).
   template <typename Image, typename Cols, typename Inside, typename Padding>
-  static void walk_columns(const math::ConvGeometry& g, int B, Image* batch, Cols* cols, Inside inside, Padding padding) {
+  [[gnu::noinline]] static void walk_columns(const math::ConvGeometry& g, int B, Image* batch, Cols* cols, Inside inside, Padding padding) {
     const int OH = g.OH(), OW = g.OW(), s = g.stride;
     const std::size_t image = std::size_t(g.C) * g.H * g.W;
     for (int c = 0; c < g.C; ++c)
