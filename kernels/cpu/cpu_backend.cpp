@@ -215,7 +215,8 @@ class CpuBackend final : public Backend {
   static bool image_by_image() { return openblas_get_num_threads() == 1; }
 
   // Visits every entry of a batch's column matrix in memory order: inside(entry, the image
-  // pixel it reads) or, in the zero padding, padding(entry).
+  // pixel it reads) or, in the zero padding, padding(entry). Out of line: inlined into
+  // conv_forward's loop over images, its inner loop kept the stride on the stack (4% slower).
   template <typename Image, typename Cols, typename Inside, typename Padding>
   [[gnu::noinline]] static void walk_columns(const math::ConvGeometry& g, int B, Image* batch, Cols* cols, Inside inside, Padding padding) {
     const int OH = g.OH(), OW = g.OW(), s = g.stride;
