@@ -45,6 +45,18 @@ ExperimentConfig make_config(const std::string& mode, int workers, int servers, 
   return test::small_config(mode, workers, servers, transport);
 }
 
+// f() must throw a std::runtime_error whose message contains `says`; `unless` says what went
+// wrong if it returns instead.
+template <typename F>
+void expect_refused(F&& f, const std::string& says, const char* unless) {
+  try {
+    f();
+    ADD_FAILURE() << unless;
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+  }
+}
+
 
 // ---- bsp == single-process SGD on the union of the workers' batches ----
 
@@ -903,12 +915,8 @@ TEST(WorkerLoss, SspServesThePullsAHungWorkerHeldOnceItIsDropped) {
   EXPECT_GE(held_s, 0.25);
   EXPECT_LT(held_s, 1.5) << "the held pull waited for a worker that had been silent for heartbeat_s";
   EXPECT_GE(r.held_us, 250000);
-  try {
-    w1.push(0, 1, grad.data(), theta.data());
-    ADD_FAILURE() << "a dropped worker's push was taken";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("worker 1 was dropped from this run as lost"), std::string::npos) << e.what();
-  }
+  expect_refused([&] { w1.push(0, 1, grad.data(), theta.data()); }, "worker 1 was dropped from this run as lost",
+                 "a dropped worker's push was taken");
   w0.push(1, 1, grad.data(), theta.data());  // no longer held by worker 1
   w0.bye(2);
   cluster.join();
@@ -1018,13 +1026,14 @@ TEST(Checkpoint, AServerResumesWhereItsCheckpointLeftOff) {
     cluster.rethrow();
   }
   // The same config resumed by the wrong shard is refused, naming the file.
-  try {
-    Cluster cluster(cfg, false, false, nullptr, [&](ServerOptions& o) { o.resume_path = dir + "/server" + std::to_string(1 - o.shard) + ".ckpt"; });
-    ADD_FAILURE() << "a server resumed from another shard's checkpoint";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("server 0: cannot resume from " + dir + "/server1.ckpt: it is shard 1 of 2"),
-              std::string::npos) << e.what();
-  }
+  expect_refused(
+      [&] {
+        Cluster cluster(cfg, false, false, nullptr, [&](ServerOptions& o) {
+          o.resume_path = dir + "/server" + std::to_string(1 - o.shard) + ".ckpt";
+        });
+      },
+      "server 0: cannot resume from " + dir + "/server1.ckpt: it is shard 1 of 2",
+      "a server resumed from another shard's checkpoint");
   std::filesystem::remove_all(dir);
 }
 
@@ -1194,18 +1203,10 @@ TEST(Client, ByeAndShutdownWantAnAckFromEveryServer) {
   });
   PsClient c(*transport, {ep}, client_options(cfg, wire::Role::worker, 0));
   c.connect();
-  try {
-    c.bye(0);
-    ADD_FAILURE() << "a PushAck was taken for the Ack of Bye";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("answered Bye with PushAck"), std::string::npos) << e.what();
-  }
-  try {
-    c.shutdown();
-    ADD_FAILURE() << "a PushAck was taken for the Ack of Shutdown";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("answered Shutdown with PushAck"), std::string::npos) << e.what();
-  }
+  expect_refused([&] { c.bye(0); }, "answered Bye with PushAck",
+                 "a PushAck was taken for the Ack of Bye");
+  expect_refused([&] { c.shutdown(); }, "answered Shutdown with PushAck",
+                 "a PushAck was taken for the Ack of Shutdown");
   fake.join();
 }
 
@@ -1219,12 +1220,8 @@ TEST(Server, OnlyTheEvaluatorsShutdownEndsTheRun) {
   w.connect();
   std::vector<float> theta(P);
   w.pull(0, theta.data());
-  try {
-    w.shutdown();
-    ADD_FAILURE() << "a worker's Shutdown was taken";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("only the evaluator ends a run"), std::string::npos) << e.what();
-  }
+  expect_refused([&] { w.shutdown(); }, "only the evaluator ends a run",
+                 "a worker's Shutdown was taken");
   w.bye(0);
   // Every worker said Bye, but the server still serves: the evaluator takes the final θ.
   PsClient evaluator(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::evaluator, wire::kEvaluator));
@@ -1257,12 +1254,8 @@ TEST(Server, AProgressPollIsAHeaderOnlyAndOnlyForTheEvaluator) {
   EXPECT_FALSE(p.training_done);
   w.bye(3);
   EXPECT_TRUE(evaluator.progress().training_done);
-  try {
-    w.progress();
-    ADD_FAILURE() << "a worker's progress-only Pull was answered";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("only the evaluator asks for progress"), std::string::npos) << e.what();
-  }
+  expect_refused([&] { w.progress(); }, "only the evaluator asks for progress",
+                 "a worker's progress-only Pull was answered");
   evaluator.shutdown();
   cluster.join();
   cluster.rethrow();
