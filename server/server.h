@@ -1,6 +1,13 @@
 // A parameter server: one shard of θ, its optimizer state, its version and clock table
 // (ShardState), served on a transport's Listener (comm/transport/) by a single-threaded
-// event loop.
+// event loop. Its concerns, one file each:
+//   server.cpp       the event loop: what it waits for, and for how long
+//   requests.cpp     every message checked, then answered: Hello and the start barrier, pulls
+//                    (served now or held for the rule), pushes, progress polls, Bye, Shutdown
+//   peers.cpp        liveness of the workers (comm/liveness.h): Beats to held workers, lost
+//                    workers dropped or named, a worker rejoining a restarted server
+//   checkpoints.cpp  the shard's checkpoints: written periodically and at the end; resume
+//   stats.cpp        its counters: the Stats reply and the metrics lines
 //
 // Every received message is checked before use: frame count, the header (FlatBuffers
 // verifier, magic, protocol), the sender (must have said Hello, rank must match), shard id,
@@ -16,22 +23,25 @@
 // (cluster.on_worker_loss, asp and ssp) the server drops it from the clock table, says so once
 // (stderr, a "worker_lost" metrics line, the final stats) and counts it as done; otherwise it
 // ends with an error naming the worker.
+//
+// Time: the transport's clock (Transport::clock()), so that the virtual cluster runs this
+// server in simulated time.
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "comm/liveness.h"
 #include "comm/transport/transport.h"
-#include "run/config.h"
+#include "comm/wire.h"
 #include "ps/order_trace.h"
 #include "ps/pull_encoding.h"
 #include "ps/shard_state.h"
+#include "run/config.h"
 #include "run/metrics.h"
-#include "comm/wire.h"
 
 namespace pslab {
 
@@ -84,45 +94,65 @@ class Server {
   const nlohmann::ordered_json& workers_lost() const { return losses_; }
 
  private:
+  using time_point = RunClock::time_point;
   struct Peer {
     wire::Role role;
     int rank;
-    std::chrono::steady_clock::time_point last_heard;
   };
   struct HeldPull {
     std::string identity;
     int rank;
     long clock;
-    std::chrono::steady_clock::time_point since;
-    std::chrono::steady_clock::time_point beat_at;  // the last Beat to the held worker (or `since`)
+    time_point since;
   };
-  using Clock = std::chrono::steady_clock;
 
+  // ---- the event loop (server.cpp) ----
+  // Handles what has arrived until `wake` (at most 256 messages, so that timers run under a
+  // flood); returns whether nothing is left queued.
+  bool serve_until(time_point wake);
+  // The waits that end the server with an error naming whom they waited for.
+  void check_waits(time_point now);
+  int finished() const;  // workers done: said Bye, or dropped as lost
+  bool done() const;
+  std::string who() const;  // "server 1 (tcp://...)"
+
+  // ---- requests (requests.cpp) ----
   void handle(const comm::PeerId& id, const comm::Message& m);  // accounts bytes, then handle_message()
   void handle_message(const comm::PeerId& id, const comm::Message& m);
+  // The peer that sent `h` on connection `id`, checked; null (answered with an Error) if none.
+  Peer* sender(const comm::PeerId& id, const wire::Header& h);
   void on_hello(const std::string& id, const wire::Hello& m);
+  void open_barrier_when_full(const std::string& id);
+  wire::Header welcome(const std::string& to) const;
   void on_pull(const std::string& id, const Peer& p, long clock);
   void on_push(const std::string& id, const Peer& p, const wire::Push& m, const comm::Message& msg);
-  void serve_pull(const std::string& id, int rank, long clock, Clock::time_point since);
+  // Why the push cannot be applied ("" if it can), with the Error code to answer.
+  std::string refuse_push(const Peer& p, const wire::Push& m, const comm::Message& msg, wire::ErrorCode& code) const;
+  void on_bye(const std::string& id, const Peer& p);
+  void on_shutdown(const std::string& id, const Peer& p);
+  void serve_pull(const std::string& id, int rank, long clock, time_point since);
   void serve_progress(const std::string& id, const Peer& p);  // a progress-only Pull: the header, no θ
   void release_ready_pulls();
-  void expire_held_pulls();
+  void expire_held_pulls(time_point now);
   void send(const std::string& id, const wire::Header& h, comm::OutPayload payload = {});
   // Answers with an Error; counts it as a bad message (by code), except timeouts.
   void reply_error(const std::string& id, wire::ErrorCode code, const std::string& message);
   wire::Header header(wire::Body body) const { return wire::Header{wire::kServer, opt_.shard, std::move(body)}; }
   std::string missing_hellos() const;
+
+  // ---- liveness of the workers (peers.cpp) ----
   // Workers silent for the heartbeat timeout: dropped (lose_worker) or, where the run cannot go
   // on without them, an error naming them. Called only when every queued message was handled.
-  void find_lost_workers(Clock::time_point now);
+  void find_lost_workers(time_point now);
   // A Beat to each worker whose pull has been held for a quarter of heartbeat_s since the last
   // one: it tells that worker this server is alive (PsClient names a silent one).
-  void beat_held_pulls(Clock::time_point now);
+  void beat_held_pulls(time_point now);
   // A worker's Hello to a server restarted from its checkpoint: moves its clock up to `clock`,
   // counting the updates the checkpoint lacks (updates_lost in stats and metrics).
   void rejoin(int rank, long clock);
   void lose_worker(int rank, double silent_s);
-  void write_stats(bool final);
+
+  // ---- checkpoints (checkpoints.cpp) ----
   // Writes the shard's checkpoint to opt_.checkpoint_path (a metrics line says when, which
   // version, how long); `why` for the log. Never throws: a failed write is said on stderr.
   void write_checkpoint_now(const char* why);
@@ -130,12 +160,15 @@ class Server {
   // said Bye (kept in the checkpoint's per-worker `lost` word as kSaidBye).
   void resume_from(const std::string& path);
   static constexpr char kSaidBye = 2;
-  int finished() const;  // workers done: said Bye, or dropped as lost
-  bool done() const;
+
+  // ---- counters (stats.cpp) ----
+  nlohmann::ordered_json stats_json() const;  // the Stats reply, and the core of every metrics line
+  void write_stats(bool final);
 
   ExperimentConfig cfg_;
   ServerOptions opt_;
   comm::Transport& transport_;  // outlives the server; peers_refused() for the stats
+  RunClock& clock_;                // the transport's
   std::size_t num_params_;
   ShardRange range_;
   std::uint64_t config_hash_;
@@ -150,9 +183,9 @@ class Server {
   std::unique_ptr<OrderTrace> trace_;  // null without ServerOptions::trace_path
   ServerCounters counters_;
 
-  std::map<std::string, Peer> peers_;           // by ZeroMQ identity
+  std::map<std::string, Peer> peers_;           // by the transport's identity
   std::vector<std::string> worker_ids_;         // by rank ("" until Hello)
-  std::vector<Clock::time_point> worker_heard_; // by rank
+  comm::Liveness workers_;                      // by rank
   std::vector<std::string> welcome_waiting_;    // identities waiting for the start barrier
   std::vector<char> said_bye_;
   bool continue_on_loss_ = false;       // continues_without_lost_workers(cfg)
@@ -160,7 +193,7 @@ class Server {
   long updates_lost_ = 0;  // restarted from a checkpoint: updates of rejoining workers it lacks
   bool barrier_open_ = false, shutdown_ = false;
   std::vector<HeldPull> held_;
-  Clock::time_point started_, last_message_;
+  time_point started_, last_message_;
 };
 
 }  // namespace pslab

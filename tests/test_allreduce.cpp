@@ -14,14 +14,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bucketed_allreduce.h"
+#include "comm/bucketed_allreduce.h"
 #include "ps/checkpoint.h"
 #include "comm/collective.h"
 #include "gpu.h"
 #include "harness.h"
 #include "roles.h"
 #include "run/setup.h"
-#include "snapshots.h"
+#include "comm/snapshots.h"
 #include "comm/wire.h"
 
 using namespace pslab;

@@ -35,7 +35,7 @@
 #include "role_context.h"
 #include "run/setup.h"
 #include "eval_schedule.h"
-#include "snapshots.h"
+#include "comm/snapshots.h"
 
 namespace pslab {
 
@@ -59,42 +59,42 @@ struct ParamSource {
 // θs the servers are asked only for their progress (headers, no θ) every kPoll, so that the end
 // of training is seen within kPoll however long the interval. After the last θ, Shutdown.
 class ServerSource final : public ParamSource {
-  using Clock = std::chrono::steady_clock;
-
  public:
   explicit ServerSource(RoleContext& ctx)
-      : client_(ctx.transport(), ctx.opt.servers, client_options(ctx.cfg, wire::Role::evaluator, wire::kEvaluator)),
-        interval_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(ctx.cfg.eval.interval_s))),
+      : clock_(ctx.clock()),
+        client_(ctx.transport(), ctx.opt.servers, client_options(ctx.cfg, wire::Role::evaluator, wire::kEvaluator)),
+        interval_(std::chrono::duration_cast<RunClock::duration>(std::chrono::duration<double>(ctx.cfg.eval.interval_s))),
         ticks_(ctx.cfg.eval.every_epochs), train_n_(double(ctx.data().train.n)) {
     client_.connect();
-    next_ = Clock::now();
+    next_ = clock_.now();
   }
   Info next(float* theta) override {
-    const auto poll = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kPoll));
+    const auto poll = std::chrono::duration_cast<RunClock::duration>(std::chrono::duration<double>(kPoll));
     while (true) {
-      bool due = !ticks_.on() && Clock::now() >= next_;  // eval.interval_s: the tick has come
+      bool due = !ticks_.on() && clock_.now() >= next_;  // eval.interval_s: the tick has come
       if (!due) {
         const PullResult p = client_.progress();
         due = p.training_done || ticks_.due(double(p.samples_applied) / train_n_);
       }
       if (due) {
         // Evaluation may take longer than the interval: never queue up missed ticks.
-        next_ = std::max(next_ + interval_, Clock::now());
+        next_ = std::max(next_ + interval_, clock_.now());
         const PullResult r = client_.pull(0, theta);
         return Info{r.min_clock, r.samples_applied, r.min_version, r.max_version, r.training_done};
       }
-      std::this_thread::sleep_until(ticks_.on() ? Clock::now() + poll : std::min(next_, Clock::now() + poll));
+      clock_.sleep_until(ticks_.on() ? clock_.now() + poll : std::min(next_, clock_.now() + poll));
     }
   }
   void finish() override { client_.shutdown(); }
 
  private:
   static constexpr double kPoll = 0.02;  // s between progress polls
+  RunClock& clock_;  // the role's
   PsClient client_;
-  Clock::duration interval_;
+  RunClock::duration interval_;
   EpochTicks ticks_;
   double train_n_;
-  std::chrono::steady_clock::time_point next_;
+  RunClock::time_point next_;
 };
 
 // All-reduce mode: rank 0 sends snapshots every interval.
@@ -187,19 +187,40 @@ void lower_this_threads_priority(int nice) {
 
 }  // namespace
 
-double run_evaluator(const ExperimentConfig& cfg, const RoleOptions& opt) {
-  RoleContext ctx(cfg, opt, RoleKind::evaluator);
+namespace {
+
+// Evaluates one θ taken by the source and writes its metrics line; returns the test accuracy
+// (classification) or loss.
+double evaluate(RoleContext& ctx, const TakenQueue::Item& item) {
   Replica& replica = ctx.replica();
-  const std::size_t P = replica.model().num_params();
-  std::unique_ptr<ParamSource> source;
-  if (!opt.snapshots.empty()) source = std::make_unique<SnapshotSource>(ctx, P);
-  else source = std::make_unique<ServerSource>(ctx);
-
   const DataSplit& data = ctx.data();
-  const double train_n = double(data.train.n);
+  const ParamSource::Info& info = item.info;
   const bool classification = data.test.classes > 0;
+  std::copy(item.theta.begin(), item.theta.end(), replica.host_params());
+  replica.upload_params();
+  const EvalCounts e = replica.evaluate(data.test);
+  const double loss = e.loss_sum / double(e.samples);
+  const double acc = classification ? double(e.correct) / double(e.samples) : -1.0;
+  const double epoch = double(info.samples) / double(data.train.n);
+  nlohmann::ordered_json j{{"kind", "eval"}, {"step", info.step}, {"epoch", epoch}, {"test_loss", loss}};
+  if (classification) j["test_acc"] = acc;
+  j["eval_ms"] = (ctx.metrics().now() - item.taken_s) * 1e3;
+  if (info.min_version >= 0) j["versions"] = {info.min_version, info.max_version};
+  if (info.dropped) j["dropped_messages"] = info.dropped;
+  if (info.final) j["final"] = true;
+  ctx.metrics().write(j, item.taken_s);
+  ctx.metrics().flush();
+  if (ctx.opt.progress)
+    std::fprintf(stderr, "[evaluator] %.1fs  epoch %.2f  step %ld  test loss %.4f%s%s\n", item.taken_s, epoch, info.step, loss,
+                 classification ? ("  test accuracy " + std::to_string(100 * acc).substr(0, 5) + "%").c_str() : "",
+                 info.final ? "  (final)" : "");
+  return classification ? acc : loss;
+}
 
-  // The taker: every θ as it comes due, until the final one; then the servers may stop.
+// A taker thread takes each θ when due into the queue; this thread evaluates them in order, at
+// a lower priority.
+double evaluate_queued(RoleContext& ctx, ParamSource& source) {
+  const std::size_t P = ctx.replica().model().num_params();
   TakenQueue queue(P, std::max<std::size_t>(2, kQueueBytes / (P * sizeof(float))));
   // A stop request (the evaluating thread failed) ends it at its next θ.
   std::jthread taker([&](std::stop_token stop) {
@@ -207,49 +228,52 @@ double run_evaluator(const ExperimentConfig& cfg, const RoleOptions& opt) {
       for (bool final = false; !final && !stop.stop_requested();) {
         auto item = queue.take_buffer(stop);
         if (!item) return;
-        item->info = source->next(item->theta.data());
+        item->info = source.next(item->theta.data());
         item->taken_s = ctx.metrics().now();
         final = item->info.final;
         queue.put(std::move(item));
       }
-      if (!stop.stop_requested()) source->finish();
+      if (!stop.stop_requested()) source.finish();
     } catch (...) {
       queue.fail(std::current_exception());
     }
   });
   lower_this_threads_priority(kEvaluateNice);  // after the taker started: it keeps the process's priority
-
   double result = 0.0;
-  while (true) {
+  for (bool final = false; !final;) {
     auto item = queue.next();
-    const ParamSource::Info& info = item->info;
-    std::copy(item->theta.begin(), item->theta.end(), replica.host_params());
-    replica.upload_params();
-    const EvalCounts e = replica.evaluate(data.test);
-    const double loss = e.loss_sum / double(e.samples);
-    const double acc = classification ? double(e.correct) / double(e.samples) : -1.0;
-    const double epoch = double(info.samples) / train_n;
-    nlohmann::ordered_json j{{"kind", "eval"}, {"step", info.step}, {"epoch", epoch}, {"test_loss", loss}};
-    if (classification) j["test_acc"] = acc;
-    j["eval_ms"] = (ctx.metrics().now() - item->taken_s) * 1e3;
-    if (info.min_version >= 0) j["versions"] = {info.min_version, info.max_version};
-    if (info.dropped) j["dropped_messages"] = info.dropped;
-    if (info.final) j["final"] = true;
-    ctx.metrics().write(j, item->taken_s);
-    ctx.metrics().flush();
-    result = classification ? acc : loss;
-    if (opt.progress)
-      std::fprintf(stderr, "[evaluator] %.1fs  epoch %.2f  step %ld  test loss %.4f%s%s\n", item->taken_s, epoch,
-                   info.step, loss,
-                   classification ? ("  test accuracy " + std::to_string(100 * acc).substr(0, 5) + "%").c_str() : "",
-                   info.final ? "  (final)" : "");
-    const bool final = info.final;
+    result = evaluate(ctx, *item);
+    final = item->info.final;
     queue.give_back(std::move(item));
-    if (final) break;
   }
   taker.join();
   if (const std::exception_ptr e = queue.error()) std::rethrow_exception(e);  // e.g. the servers' Shutdown failed
   return result;
+}
+
+// The virtual cluster: evaluation takes no simulated time, so each θ is evaluated as it is taken.
+double evaluate_inline(RoleContext& ctx, ParamSource& source) {
+  TakenQueue::Item item;
+  item.theta.resize(ctx.replica().model().num_params());
+  double result = 0.0;
+  for (bool final = false; !final;) {
+    item.info = source.next(item.theta.data());
+    item.taken_s = ctx.metrics().now();
+    result = evaluate(ctx, item);
+    final = item.info.final;
+  }
+  source.finish();
+  return result;
+}
+
+}  // namespace
+
+double run_evaluator(const ExperimentConfig& cfg, const RoleOptions& opt) {
+  RoleContext ctx(cfg, opt, RoleKind::evaluator);
+  std::unique_ptr<ParamSource> source;
+  if (!opt.snapshots.empty()) source = std::make_unique<SnapshotSource>(ctx, ctx.replica().model().num_params());
+  else source = std::make_unique<ServerSource>(ctx);
+  return opt.evaluate_inline ? evaluate_inline(ctx, *source) : evaluate_queued(ctx, *source);
 }
 
 }  // namespace pslab

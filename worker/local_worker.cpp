@@ -11,18 +11,12 @@
 // floats each, allocated once.
 #include "local_worker.h"
 
-#include <chrono>
 #include <vector>
 
 #include "core/optimizer.h"
 #include "run/setup.h"
 
 namespace pslab {
-
-namespace {
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-}  // namespace
 
 void run_local_worker(RoleContext& ctx, PsClient& client, const WorkerProtocol& proto, int lr_batch) {
   const ExperimentConfig& cfg = ctx.cfg;
@@ -46,21 +40,21 @@ void run_local_worker(RoleContext& ctx, PsClient& client, const WorkerProtocol& 
   for (long step = 0; step < steps; ++step) {
     const auto idx = ctx.batch(step);
     const bool last = step == steps - 1;
-    const auto t0 = Clock::now();
+    const auto t0 = ctx.clock().now();
     ctx.straggler().start_step();
     StepRecord rec;
     rec.loss = replica.compute_gradient(idx);
     rec.lr = learning_rate(schedule, cfg.optimizer.lr, lr_batch, double(step) / double(spe));
     if (!idx.empty()) optimizer.step(model.params(), model.grads(), rec.lr);  // an empty batch moves nothing
     ctx.backend().synchronize();
-    rec.compute_s = since(t0);
+    rec.compute_s = ctx.clock().computed(t0, long(idx.size()));
     rec.delay_s = ctx.straggler().sleep_after(rec.compute_s);
     rec.samples = int(idx.size());
     rec.version = last_pull.min_version;
     samples_since_push += rec.samples;
 
     if (last || (step + 1) % every == 0) {
-      const auto t1 = Clock::now();
+      const auto t1 = ctx.clock().now();
       replica.download_params();
       float* theta = replica.host_params();
       if (elastic) {
@@ -78,7 +72,7 @@ void run_local_worker(RoleContext& ctx, PsClient& client, const WorkerProtocol& 
         }
       }
       replica.upload_params();
-      rec.comm_s = since(t1);
+      rec.comm_s = ctx.since(t1);
       ++clock;
       samples_since_push = 0;
     }

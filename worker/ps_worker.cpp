@@ -2,8 +2,6 @@
 // push it, the servers answering with θ for the next step (one round trip per step). With
 // cluster.overlap each shard's push leaves as soon as backward has finished that shard.
 // Rules that average models (local:H, easgd) run worker/local_worker.cpp's loop instead.
-#include <chrono>
-
 #include "grad_accumulator.h"
 #include "local_worker.h"
 #include "ps/client.h"
@@ -13,8 +11,6 @@
 namespace pslab {
 
 namespace {
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Backward's progress -> the pushes of the shards it finished.
 struct PushWhenReady final : GradListener {
@@ -72,23 +68,23 @@ void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
     const long clock = step / N;
     // Push, and pull θ for the next clock in the same round trip (none after the last step).
     if (listener) client.begin_push(clock, int(idx.size()), replica.model().grads(), last ? nullptr : replica.host_params());
-    const auto t0 = Clock::now();
+    const auto t0 = ctx.clock().now();
     ctx.straggler().start_step();
     StepRecord rec;
     rec.loss = replica.compute_gradient(idx, -1.0f, listener);
     const bool due = acc.add(replica.model().grads(), double(idx.size()), last);
     const float* grad = !due ? nullptr : N == 1 ? replica.download_grads() : acc.host_mean();
     ctx.backend().synchronize();
-    rec.compute_s = since(t0) - ctx.straggler().paced_s();
+    rec.compute_s = ctx.clock().computed(t0, long(idx.size())) - ctx.straggler().paced_s();
     rec.delay_s = ctx.straggler().sleep_after(rec.compute_s);
     rec.samples = int(idx.size());
     rec.version = pulled.min_version;
 
     if (due) {
-      const auto t1 = Clock::now();
+      const auto t1 = ctx.clock().now();
       if (!listener) client.begin_push(clock, int(acc.weight()), grad, last ? nullptr : replica.host_params());
       pulled = client.finish_push();
-      rec.comm_s = since(t1);
+      rec.comm_s = ctx.since(t1);
       rec.wait_s = last ? 0.0 : pulled.held_us * 1e-6;
       if (!last) replica.upload_params();
     }

@@ -46,21 +46,23 @@ RoleContext::RoleContext(const ExperimentConfig& c, const RoleOptions& o, RoleKi
   const int rank = kind == RoleKind::single ? 0 : opt.rank;
   if (trains(kind) && (rank < 0 || rank >= W))
     throw std::invalid_argument("--rank " + std::to_string(rank) + " is not in [0, cluster.workers = " + std::to_string(W) + ")");
+  clock_ = kind == RoleKind::single ? &wall_clock() : &transport().clock();
   backend_ = backend_for(cfg, opt, kind);
-  data_ = load_data(cfg);
+  if (!opt.data) own_data_ = load_data(cfg);
+  data_ = opt.data ? opt.data : &own_data_;
   // A PS worker's gradient lives in memory its transport pushes from without a copy (shm).
   if (kind == RoleKind::ps_worker) grad_memory_ = transport().payload_memory(count_params(model_spec(cfg)) * sizeof(float));
-  replica_ = std::make_unique<Replica>(*backend_, model_spec(cfg), data_.train, replica_batch(cfg, kind),
+  replica_ = std::make_unique<Replica>(*backend_, model_spec(cfg), data_->train, replica_batch(cfg, kind),
                                        grad_memory_ ? static_cast<float*>(grad_memory_->data()) : nullptr);
   const std::string file = kind == RoleKind::evaluator ? "evaluator" : "worker" + std::to_string(rank);
-  metrics_ = std::make_unique<MetricsWriter>(opt.out_dir + "/metrics/" + file + ".jsonl", opt.run_start, opt.resume);
+  metrics_ = std::make_unique<MetricsWriter>(opt.out_dir + "/metrics/" + file + ".jsonl", opt.run_start, opt.resume, *clock_);
   if (!trains(kind)) return;
-  sampler_.emplace(std::size_t(data_.train.n), W, rank, cfg.seed);
+  sampler_.emplace(std::size_t(data_->train.n), W, rank, cfg.seed);
   steps_per_epoch_ = sampler_->steps_per_epoch(cfg.train.batch);
   total_steps_ = pslab::total_steps(cfg, steps_per_epoch_);
   progress_.emplace(who(kind, rank), opt.progress && rank == 0);
   log_.emplace(*metrics_, *progress_, rank, cfg.train.log_every, total_steps_);
-  straggler_.emplace(cfg.straggler, cfg.seed, rank);
+  straggler_.emplace(cfg.straggler, cfg.seed, rank, *clock_);
 }
 
 RoleContext::~RoleContext() = default;

@@ -36,12 +36,17 @@ class RoleContext {
   const RoleKind kind;
 
   Backend& backend() { return *backend_; }
-  const DataSplit& data() const { return data_; }
+  const DataSplit& data() const { return *data_; }
   Replica& replica() { return *replica_; }
   Model& model() { return replica_->model(); }
   MetricsWriter& metrics() { return *metrics_; }
   // The run's transport: opt.transport, or one made from cluster.transport on first use.
   comm::Transport& transport();
+  // The role's clock: its transport's (simulated in the virtual cluster); the wall clock for
+  // single-process training.
+  RunClock& clock() { return *clock_; }
+  // Seconds since `t` on the role's clock.
+  double since(RunClock::time_point t) const { return seconds_between(t, clock_->now()); }
 
   // ---- training roles ----
   long steps_per_epoch() const { return steps_per_epoch_; }
@@ -58,8 +63,10 @@ class RoleContext {
   void announce(const std::string& what);
 
  private:
+  RunClock* clock_ = nullptr;
   std::unique_ptr<Backend> backend_;
-  DataSplit data_;
+  DataSplit own_data_;                  // unless opt.data shares one
+  const DataSplit* data_ = nullptr;
   std::unique_ptr<comm::PayloadMemory> grad_memory_;  // PS workers: ∇θ as it is pushed (the transport's)
   std::unique_ptr<Replica> replica_;
   std::unique_ptr<MetricsWriter> metrics_;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "comm/transport/transport.h"
+#include "core/data.h"
 #include "run/config.h"
 
 namespace pslab {
@@ -29,8 +30,12 @@ struct RoleOptions {
                                      // every checkpoint.every_s and at the end; --resume reads it
   std::string auth_key;              // the run's key file (comm/run_key.h): peers authenticate
                                      // ("" = none; required by cluster.auth = "curve")
-  comm::Transport* transport = nullptr;  // tests: one transport shared by the threads of a run;
-                                         // null: the role makes one from cluster.transport
+  comm::Transport* transport = nullptr;  // tests, the virtual cluster: one transport shared by the
+                                         // threads of a run; null: the role makes one from cluster.transport
+  const DataSplit* data = nullptr;       // the virtual cluster: the data set every role of the run
+                                         // reads; null: the role loads its own
+  bool evaluate_inline = false;          // the evaluator evaluates each θ on the thread that takes
+                                         // it (the virtual cluster: evaluation takes no simulated time)
 };
 
 // One worker of a PS mode (bsp, ssp:s, asp, ...): pull -> compute -> push+pull, every step.

@@ -1,22 +1,18 @@
 #include "straggler.h"
 
 #include <algorithm>
-#include <thread>
 
 namespace pslab {
 
-namespace {
-// Sleeps `s` seconds (if > 0); returns the seconds really slept.
-double sleep_s(double s) {
+double Straggler::sleep_s(double s) {
   if (s <= 0) return 0.0;
-  const auto t0 = std::chrono::steady_clock::now();
-  std::this_thread::sleep_for(std::chrono::duration<double>(s));
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto t0 = clock_.now();
+  clock_.sleep_s(s);
+  return seconds_between(t0, clock_.now());
 }
-}  // namespace
 
-Straggler::Straggler(const StragglerConfig& cfg, std::uint64_t seed, int rank)
-    : rng_(Rng::derive(seed, {0x57A6u, std::uint64_t(rank)})) {
+Straggler::Straggler(const StragglerConfig& cfg, std::uint64_t seed, int rank, RunClock& clock)
+    : clock_(clock), rng_(Rng::derive(seed, {0x57A6u, std::uint64_t(rank)})) {
   if (std::find(cfg.workers.begin(), cfg.workers.end(), rank) != cfg.workers.end()) slowdown_ = cfg.slowdown;
   fixed_s_ = cfg.delay_ms / 1e3;
   exp_mean_s_ = cfg.exp_delay_ms / 1e3;
@@ -32,7 +28,7 @@ double Straggler::delay_s(double compute_s) {
 }
 
 void Straggler::start_step() {
-  mark_ = Clock::now();
+  mark_ = clock_.now();
   paced_s_ = owed_s_ = 0.0;
 }
 
@@ -47,14 +43,14 @@ void Straggler::Paced::ready(std::size_t lo) {
   // (~50 us), which on a dozen tiny sleeps per step would double the slowdown. An overshoot
   // is credited against what is owed next.
   Straggler& s = *self;
-  const auto now = Clock::now();
-  s.owed_s_ += (s.slowdown_ - 1.0) * std::chrono::duration<double>(now - s.mark_).count();
+  const auto now = s.clock_.now();
+  s.owed_s_ += (s.slowdown_ - 1.0) * seconds_between(s.mark_, now);
   if (s.owed_s_ >= 2e-4) {
-    const double slept = sleep_s(s.owed_s_);
+    const double slept = s.sleep_s(s.owed_s_);
     s.paced_s_ += slept;
     s.owed_s_ -= slept;
   }
-  s.mark_ = Clock::now();
+  s.mark_ = s.clock_.now();
   if (inner) inner->ready(lo);
 }
 

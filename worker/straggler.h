@@ -12,6 +12,7 @@
 
 #include <chrono>
 
+#include "core/clock.h"
 #include "core/model.h"
 #include "core/rng.h"
 #include "run/config.h"
@@ -20,7 +21,8 @@ namespace pslab {
 
 class Straggler {
  public:
-  Straggler(const StragglerConfig& cfg, std::uint64_t seed, int rank);
+  // Sleeps on `clock` (the role's: simulated time in the virtual cluster).
+  Straggler(const StragglerConfig& cfg, std::uint64_t seed, int rank, RunClock& clock);
   // Seconds to sleep after a step whose compute took `compute_s`.
   double delay_s(double compute_s);
   bool active() const { return active_; }
@@ -37,18 +39,21 @@ class Straggler {
   double sleep_after(double compute_s);
 
  private:
-  using Clock = std::chrono::steady_clock;
   struct Paced final : GradListener {
     Straggler* self = nullptr;
     GradListener* inner = nullptr;
     void ready(std::size_t lo) override;
   };
 
+  // Sleeps `s` seconds (if > 0); returns the seconds really slept.
+  double sleep_s(double s);
+
+  RunClock& clock_;
   double slowdown_ = 1.0, fixed_s_ = 0.0, exp_mean_s_ = 0.0;
   bool active_ = false;
   Rng rng_;
   Paced paced_;
-  Clock::time_point mark_{};  // the step's start, or the end of the last paced sleep
+  RunClock::time_point mark_{};  // the step's start, or the end of the last paced sleep
   double paced_s_ = 0.0;      // slept inside this step's compute
   double owed_s_ = 0.0;       // pacing not slept yet: sleeps wait for 0.2 ms (timer slack)
 };

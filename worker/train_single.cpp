@@ -3,8 +3,6 @@
 // their gradients); evaluate at every epoch's end.
 #include "train_single.h"
 
-#include <chrono>
-
 #include "core/optimizer.h"
 #include "grad_accumulator.h"
 #include "role_context.h"
@@ -32,7 +30,7 @@ double run_single(const ExperimentConfig& cfg, const SingleRunOptions& single) {
   double last_metric = 0.0;
   for (long step = 0; step < steps; ++step) {
     const auto idx = ctx.batch(step);
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = ctx.clock().now();
     StepRecord rec;
     rec.loss = replica.compute_gradient(idx);
     if (acc.add(model.grads(), double(idx.size()), step == steps - 1)) {
@@ -40,7 +38,7 @@ double run_single(const ExperimentConfig& cfg, const SingleRunOptions& single) {
       optimizer.step(model.params(), acc.mean(), rec.lr);
     }
     ctx.backend().synchronize();
-    rec.compute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rec.compute_s = ctx.clock().computed(t0, long(idx.size()));
     rec.samples = int(idx.size());
     samples += rec.samples;
 

@@ -132,7 +132,7 @@ class VirtualCluster {
       w.metrics->use_clock(&ev_.now);
       w.progress = std::make_unique<Progress>("virtual worker " + std::to_string(r), opt.progress && r == 0);
       w.log = std::make_unique<TrainLog>(*w.metrics, *w.progress, r, cfg.train.log_every, total_);
-      w.straggler = std::make_unique<Straggler>(cfg.straggler, cfg.seed, r);
+      w.straggler = std::make_unique<Straggler>(cfg.straggler, cfg.seed, r, wall_clock());
       w.version_pulled.assign(std::size_t(S_), 0);
     }
     eval_metrics_ = std::make_unique<MetricsWriter>(opt.out_dir + "/metrics/evaluator.jsonl", 0.0);

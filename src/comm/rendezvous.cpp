@@ -10,13 +10,11 @@
 
 namespace pslab {
 
-using Clock = std::chrono::steady_clock;
-
 // ---- Coordinator ----
 
 Coordinator::Coordinator(comm::Transport& transport, const std::string& endpoint, int world,
                          std::chrono::milliseconds linger)
-    : world_(world), linger_(linger) {
+    : clock_(transport.clock()), world_(world), linger_(linger) {
   comm::ListenOptions lo;
   lo.max_message_bytes = 1 << 20;
   lo.linger = std::chrono::milliseconds(1000);
@@ -25,24 +23,23 @@ Coordinator::Coordinator(comm::Transport& transport, const std::string& endpoint
   } catch (const std::exception& e) {
     throw std::runtime_error(std::string("coordinator: ") + e.what());
   }
-  thread_ = std::thread([this] { serve(); });
+  thread_ = clock_.start([this](std::stop_token stop) { serve(stop); });
 }
 
 Coordinator::~Coordinator() {
-  const auto deadline = Clock::now() + linger_;
-  while (byes_.load() < world_ && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  stop_ = true;
-  thread_.join();
+  const auto deadline = clock_.now() + linger_;
+  while (byes_.load() < world_ && clock_.now() < deadline) clock_.sleep_for(std::chrono::milliseconds(10));
+  thread_.reset();  // stops and joins the serving thread
 }
 
-void Coordinator::serve() {
+void Coordinator::serve(std::stop_token stop) {
   struct PendingGet {
     std::string id, key;
-    Clock::time_point deadline;
+    RunClock::time_point deadline;
   };
   struct Heard {
     long step = -1;
-    Clock::time_point when;
+    RunClock::time_point when;
     bool seen = false;
     bool done = false;  // said Bye
   };
@@ -56,10 +53,10 @@ void Coordinator::serve() {
   auto send = [&](const std::string& to, const wire::Body& b) {
     listener_->send(to, enc.encode(wire::Header{wire::kServer, -1, b}));
   };
-  while (!stop_.load()) {
-    // Wakes every 50 ms to expire held KvGets and to notice stop_.
-    for (auto until = Clock::now() + std::chrono::milliseconds(50); listener_->recv(msg, id, until);
-         until = Clock::now()) {
+  while (!stop.stop_requested()) {
+    // Wakes every 50 ms to expire held KvGets and to notice the stop.
+    for (auto until = clock_.now() + std::chrono::milliseconds(50); listener_->recv(msg, id, until);
+         until = clock_.now()) {
       if (!msg.malformed().empty() || msg.has_payload()) continue;
       std::string why;
       const auto h = wire::decode(msg.header(), why);
@@ -69,7 +66,7 @@ void Coordinator::serve() {
       }
       const int r = h->sender;
       if (r >= 0 && r < world_) {
-        heard[std::size_t(r)].when = Clock::now();
+        heard[std::size_t(r)].when = clock_.now();
         heard[std::size_t(r)].seen = true;
       }
       if (const auto* m = std::get_if<wire::KvSet>(&h->body)) {
@@ -86,7 +83,7 @@ void Coordinator::serve() {
       } else if (const auto* m = std::get_if<wire::KvGet>(&h->body)) {
         auto it = kv.find(m->key);
         if (it != kv.end()) send(id, wire::KvValue{m->key, it->second, true});
-        else if (m->wait_ms > 0) pending.push_back({id, m->key, Clock::now() + std::chrono::milliseconds(m->wait_ms)});
+        else if (m->wait_ms > 0) pending.push_back({id, m->key, clock_.now() + std::chrono::milliseconds(m->wait_ms)});
         else send(id, wire::KvValue{m->key, "", false});
       } else if (const auto* m = std::get_if<wire::Beat>(&h->body)) {
         if (r >= 0 && r < world_) heard[std::size_t(r)].step = m->step;
@@ -95,7 +92,7 @@ void Coordinator::serve() {
         for (int k = 0; k < world_; ++k) {
           const Heard& x = heard[std::size_t(k)];
           if (!x.seen) ranks.push_back(nullptr);
-          else ranks.push_back({{"step", x.step}, {"age_s", std::chrono::duration<double>(Clock::now() - x.when).count()},
+          else ranks.push_back({{"step", x.step}, {"age_s", seconds_between(x.when, clock_.now())},
                                 {"done", x.done}});
         }
         send(id, wire::StatsReply{nlohmann::json{{"ranks", ranks}}.dump()});
@@ -108,7 +105,7 @@ void Coordinator::serve() {
                              std::string("the coordinator does not take ") + wire::body_name(h->body)});
       }
     }
-    const auto now = Clock::now();
+    const auto now = clock_.now();
     for (std::size_t i = 0; i < pending.size();) {
       if (now >= pending[i].deadline) {
         send(pending[i].id, wire::KvValue{pending[i].key, "", false});
@@ -124,7 +121,7 @@ void Coordinator::serve() {
 
 RendezvousClient::RendezvousClient(comm::Transport& transport, std::string endpoint, int rank, int world,
                                    std::chrono::milliseconds timeout)
-    : endpoint_(std::move(endpoint)), rank_(rank), world_(world), timeout_(timeout) {
+    : clock_(transport.clock()), endpoint_(std::move(endpoint)), rank_(rank), world_(world), timeout_(timeout) {
   comm::ConnectOptions co;
   co.linger = std::chrono::milliseconds(500);
   conn_ = transport.connect({endpoint_}, co);
@@ -134,7 +131,7 @@ RendezvousClient::RendezvousClient(comm::Transport& transport, std::string endpo
 RendezvousClient::~RendezvousClient() = default;
 
 wire::Header RendezvousClient::request(const wire::Body& body, std::chrono::milliseconds wait) {
-  const auto deadline = Clock::now() + wait;
+  const auto deadline = clock_.now() + wait;
   auto no_answer = [&] {
     return std::runtime_error("the coordinator (rank 0 at " + endpoint_ + ") did not answer " + wire::body_name(body) +
                               " within " + std::to_string(wait.count() / 1000.0).substr(0, 4) + " s: is rank 0 running?");
@@ -173,15 +170,15 @@ std::vector<char> RendezvousClient::get(const std::string& key, std::chrono::mil
 }
 
 void RendezvousClient::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = clock_.now() + timeout;
   for (const auto& k : keys)
-    get(k, std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())),
+    get(k, std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_.now())),
         timeout);
 }
 
 void RendezvousClient::report_step(long step) {
   // Progress reports are best effort: a full queue drops one (a deadline of now never waits).
-  conn_->send(0, enc_.encode(wire::Header{rank_, -1, wire::Beat{step}}), {}, Clock::now());
+  conn_->send(0, enc_.encode(wire::Header{rank_, -1, wire::Beat{step}}), {}, clock_.now());
 }
 
 std::string RendezvousClient::laggards(long step) {
@@ -220,15 +217,16 @@ void RendezvousClient::bye() {
 
 GroupWatch::GroupWatch(comm::Transport& transport, const std::string& endpoint, int rank, int world,
                        std::chrono::duration<double> heartbeat, std::function<void(const std::string&)> on_lost)
-    : endpoint_(endpoint), rank_(rank), world_(world), heartbeat_(heartbeat), on_lost_(std::move(on_lost)) {
+    : clock_(transport.clock()), endpoint_(endpoint), rank_(rank), world_(world), heartbeat_(heartbeat),
+      on_lost_(std::move(on_lost)) {
   comm::ConnectOptions co;
   co.linger = std::chrono::milliseconds(0);
   conn_ = transport.connect({endpoint_}, co);
-  thread_ = std::jthread([this](std::stop_token stop) { watch(stop); });
+  thread_ = clock_.start([this](std::stop_token stop) { watch(stop); });
 }
 
 GroupWatch::~GroupWatch() {
-  thread_ = {};  // stops and joins the watch before its connection goes
+  thread_.reset();  // stops and joins the watch before its connection goes
 }
 
 std::string GroupWatch::silent_rank(const std::string& status_json) const {
@@ -249,29 +247,27 @@ std::string GroupWatch::silent_rank(const std::string& status_json) const {
 }
 
 void GroupWatch::watch(std::stop_token stop) {
-  const auto every = std::chrono::duration_cast<Clock::duration>(heartbeat_ / 4);
-  const auto limit = std::chrono::duration_cast<Clock::duration>(heartbeat_);
+  const auto every = std::chrono::duration_cast<RunClock::duration>(heartbeat_ / 4);
+  const auto limit = std::chrono::duration_cast<RunClock::duration>(heartbeat_);
   wire::Encoder enc;
   comm::Message msg;
-  auto last_answer = Clock::now();
-  std::mutex sleep_mu;
-  std::condition_variable_any wake;
+  auto last_answer = clock_.now();
   while (!stop.stop_requested()) {
-    const auto asked = Clock::now();
+    const auto asked = clock_.now();
     // Best effort: a full queue means the coordinator is not reading, which the silence shows.
     conn_->send(0, enc.encode(wire::Header{rank_, -1, wire::GroupStatus{}}), {}, asked);
     std::size_t from = 0;
     std::string lost;
     while (!stop.stop_requested() && lost.empty()) {
       const auto until = std::min(asked + every, last_answer + limit);
-      if (!conn_->recv(msg, from, std::min(until, Clock::now() + std::chrono::milliseconds(100)))) {
-        if (Clock::now() >= last_answer + limit) {
+      if (!conn_->recv(msg, from, std::min(until, clock_.now() + std::chrono::milliseconds(100)))) {
+        if (clock_.now() >= last_answer + limit) {
           char b[200];
           std::snprintf(b, sizeof b, "rank 0 lost: its coordinator at %s has not answered for %.1f s "
                         "(cluster.heartbeat_s = %g)", endpoint_.c_str(),
-                        std::chrono::duration<double>(Clock::now() - last_answer).count(), heartbeat_.count());
+                        seconds_between(last_answer, clock_.now()), heartbeat_.count());
           lost = b;
-        } else if (Clock::now() >= asked + every) {
+        } else if (clock_.now() >= asked + every) {
           break;  // time to ask again
         }
         continue;
@@ -280,11 +276,10 @@ void GroupWatch::watch(std::stop_token stop) {
       const auto h = msg.malformed().empty() ? wire::decode(msg.header(), why) : std::nullopt;
       const auto* s = h ? std::get_if<wire::StatsReply>(&h->body) : nullptr;
       if (!s) continue;
-      last_answer = Clock::now();
+      last_answer = clock_.now();
       lost = silent_rank(s->json);
       if (lost.empty()) {  // wait out the rest of the interval
-        std::unique_lock lock(sleep_mu);
-        wake.wait_until(lock, stop, asked + every, [] { return false; });
+        clock_.sleep_until(asked + every, stop);
         break;
       }
     }

@@ -39,13 +39,13 @@ class Coordinator {
   Coordinator& operator=(const Coordinator&) = delete;
 
  private:
-  void serve();
+  void serve(std::stop_token stop);
+  RunClock& clock_;  // the transport's
   std::unique_ptr<comm::Listener> listener_;
   int world_;
   std::chrono::milliseconds linger_;
-  std::atomic<bool> stop_{false};
   std::atomic<int> byes_{0};
-  std::thread thread_;
+  std::unique_ptr<ClockThread> thread_;  // last member: stopped and joined first
 };
 
 // Threading: one thread at a time (Gloo calls the Store from the thread that creates the
@@ -81,6 +81,7 @@ class RendezvousClient : public gloo::rendezvous::Store {
   // Waits `wait` for the key; a failure says "within `stated`" (the caller's whole timeout).
   std::vector<char> get(const std::string& key, std::chrono::milliseconds wait, std::chrono::milliseconds stated);
   wire::Header request(const wire::Body& body, std::chrono::milliseconds wait);
+  RunClock& clock_;  // the transport's
   std::unique_ptr<comm::Connections> conn_;
   comm::Message msg_;
   std::string endpoint_;
@@ -108,12 +109,13 @@ class GroupWatch {
  private:
   void watch(std::stop_token stop);
   std::string silent_rank(const std::string& status_json) const;  // "" if every rank is heard
+  RunClock& clock_;  // the transport's
   std::unique_ptr<comm::Connections> conn_;
   std::string endpoint_;
   int rank_, world_;
   std::chrono::duration<double> heartbeat_;
   std::function<void(const std::string&)> on_lost_;
-  std::jthread thread_;  // last member: stopped and joined first
+  std::unique_ptr<ClockThread> thread_;  // last member: stopped and joined first
 };
 
 }  // namespace pslab

@@ -8,13 +8,28 @@
 
 namespace pslab {
 
-using Clock = std::chrono::steady_clock;
+namespace {
+
+comm::Liveness::Options liveness_of_servers(std::chrono::milliseconds beat_every) {
+  comm::Liveness::Options o;
+  o.silence = beat_every * 4;  // = cluster.heartbeat_s: a server that holds a request beats while it does
+  o.beat_every = beat_every;
+  o.beat_all = true;  // every server hears from this client at least every beat_every
+  return o;
+}
+
+std::chrono::milliseconds beat_every_of(const PsClient::Options& opt) {
+  return opt.heartbeat_s > 0 ? std::chrono::milliseconds(std::max(10L, long(opt.heartbeat_s * 250))) : std::chrono::milliseconds(0);
+}
+
+}  // namespace
 
 PsClient::PsClient(comm::Transport& transport, std::vector<std::string> endpoints, const Options& opt)
-    : opt_(opt),
+    : clock_(transport.clock()), opt_(opt),
       // A little longer than the servers' own timeout, so that a server's Error (which names
       // whom it waited for) arrives before this side gives up.
-      timeout_(std::chrono::milliseconds(long(opt.timeout_s * 1000 * 1.25) + 1000)), codec_(make_codec(opt.codec)) {
+      timeout_(std::chrono::milliseconds(long(opt.timeout_s * 1000 * 1.25) + 1000)), codec_(make_codec(opt.codec)),
+      beat_every_(beat_every_of(opt)), servers_(endpoints.size(), liveness_of_servers(beat_every_), transport.clock().now()) {
   if (endpoints.empty()) throw std::invalid_argument("PsClient: no server endpoints");
   if (opt.pull_codec != "f32") pull_codec_ = make_codec(opt.pull_codec);
   const int S = int(endpoints.size());
@@ -31,12 +46,10 @@ PsClient::PsClient(comm::Transport& transport, std::vector<std::string> endpoint
   comm::ConnectOptions co;
   co.linger = std::chrono::milliseconds(1000);
   conns_ = transport.connect(endpoints, co);
-  last_sent_.assign(std::size_t(S), Clock::now());
-  if (opt.heartbeat_s > 0) beat_every_ = std::chrono::milliseconds(std::max(10L, long(opt.heartbeat_s * 250)));
 }
 
 PsClient::~PsClient() {
-  heartbeats_ = {};  // stops and joins the heartbeat thread
+  heartbeats_.reset();  // stops and joins the heartbeat thread
   // The transport may still hold zero-copy payloads of a gradient (e.g. after an error):
   // close the connections and wait for it to let go before the counter goes away.
   conns_.reset();
@@ -52,136 +65,141 @@ void PsClient::fail(int k, const std::string& what) const {
 }
 
 void PsClient::send(int k, const wire::Body& body, comm::OutPayload payload) {
-  if (!conns_->send(std::size_t(k), enc_.encode(wire::Header{opt_.rank, k, body}), payload, comm::Clock::now() + timeout_))
+  if (!conns_->send(std::size_t(k), enc_.encode(wire::Header{opt_.rank, k, body}), payload, clock_.now() + timeout_))
     fail(k, std::string("could not send ") + wire::body_name(body) + " within " + std::to_string(timeout_.count() / 1000) +
                 " s: its queue stayed full (is it running? its log says why it stopped)");
-  last_sent_[std::size_t(k)] = Clock::now();
+  servers_.sent(std::size_t(k), clock_.now());
 }
 
 void PsClient::beat_if_due() {
-  if (beat_every_.count() == 0) return;
-  const auto now = Clock::now();
-  for (std::size_t k = 0; k < shards_.size(); ++k)
-    if (now - last_sent_[k] >= beat_every_ &&
-        conns_->send(k, enc_.encode(wire::Header{opt_.rank, int(k), wire::Beat{beat_step_}}), {}, now))
-      last_sent_[k] = now;
+  const auto now = clock_.now();
+  servers_.beats_due(now, [&](std::size_t k) {
+    return conns_->send(k, enc_.encode(wire::Header{opt_.rank, int(k), wire::Beat{beat_step_}}), {}, now);
+  });
 }
 
 void PsClient::heartbeat_loop(std::stop_token stop) {
-  std::mutex sleep_mu;
-  std::condition_variable_any wake;
-  std::unique_lock sleep(sleep_mu);
-  while (!stop.stop_requested()) {
-    wake.wait_for(sleep, stop, beat_every_ / 4, [] { return false; });  // a sleep that a stop ends
+  while (clock_.sleep_for(beat_every_ / 4, stop)) {
     std::unique_lock lock(mu_, std::try_to_lock);  // busy: a call is sending, or waiting (and beats itself)
-    if (lock.owns_lock() && !stop.stop_requested()) beat_if_due();
+    if (lock.owns_lock()) beat_if_due();
   }
 }
+
+// ---- waiting for replies ----
 
 template <typename F>
 void PsClient::collect(const std::string& what, std::vector<char>& pending, F&& on_reply, bool watch_silence,
                        const std::function<void(int)>& resend) {
-  const int S = int(shards_.size());
-  auto deadline = comm::Clock::now() + timeout_;
   // A server that holds a request sends heartbeats while it does (Server::beat_held_pulls), so
   // one silent for heartbeat_s is stopped, hung or gone: named now, not at the timeout. With
   // rejoin (cluster.on_server_loss = "restart"), the launcher restarts a server that died: this
   // client says Hello to it again (with its clock) until it answers, then sends the request anew.
-  const auto silence = beat_every_ * 4;
-  const bool can_rejoin = opt_.rejoin && resend;
-  // How long a restart may take (the launcher starts it within a second of the death): past
-  // this, the server is hung or gone for good, and the wait fails naming it.
-  const auto back_within = std::min<Clock::duration>(timeout_, std::max<Clock::duration>(silence * 4, std::chrono::seconds(10)));
-  std::vector<Clock::time_point>& heard = heard_;          // per server: last message (members: no
-  std::vector<Clock::time_point>& rejoining = rejoining_;  // allocation per request); since when, {} = not
-  heard.assign(std::size_t(S), Clock::now());
-  rejoining.assign(std::size_t(S), Clock::time_point{});
-  auto say_hello_again = [&](int k) {
-    const auto now = Clock::now();
-    if (rejoining[std::size_t(k)] == Clock::time_point{}) {
-      rejoining[std::size_t(k)] = now;
-      std::fprintf(stderr, "%s: server %d at %s went silent during %s: waiting up to %.0f s for it to come back "
-                   "(cluster.on_server_loss = \"restart\")\n", who().c_str(), k, shards_[std::size_t(k)].endpoint.c_str(),
-                   what.c_str(), std::chrono::duration<double>(back_within).count());
-    } else if (now - rejoining[std::size_t(k)] > back_within) {
-      char b[160];
-      std::snprintf(b, sizeof b, "silent for %.1f s and not back after a restart (cluster.on_server_loss = \"restart\"; "
-                    "cluster.heartbeat_s = %g): it is hung or gone for good, during ",
-                    std::chrono::duration<double>(now - rejoining[std::size_t(k)]).count() + std::chrono::duration<double>(silence).count(),
-                    opt_.heartbeat_s);
-      fail(k, b + what);
-    }
-    heard[std::size_t(k)] = now;
-    send(k, wire::Hello{opt_.role, opt_.rank, opt_.num_params, opt_.config_hash,
-                        opt_.role == wire::Role::worker ? beat_step_ : -1});
-  };
+  const Wait w{what, pending, watch_silence && beat_every_.count() > 0, opt_.rejoin && bool(resend), resend,
+               clock_.now() + timeout_};
+  const auto now = clock_.now();
+  for (std::size_t k = 0; k < pending.size(); ++k)
+    if (pending[k]) servers_.watch(k, w.watch, now);
   while (std::find(pending.begin(), pending.end(), 1) != pending.end()) {
-    std::size_t from = 0;
-    bool got = false;
-    while (!(got = conns_->recv(msg_, from, beat_every_.count() ? std::min(deadline, Clock::now() + beat_every_ / 2) : deadline)) &&
-           Clock::now() < deadline) {
-      beat_if_due();  // a held pull, or a slow server: the other servers still hear from us
-      if (!watch_silence || !beat_every_.count()) continue;
-      for (int k = 0; k < S; ++k)
-        if (pending[std::size_t(k)] && Clock::now() - heard[std::size_t(k)] > silence) {
-          if (can_rejoin) {
-            say_hello_again(k);
-            continue;
-          }
-          char b[96];
-          std::snprintf(b, sizeof b, "silent for %.1f s while ",
-                        std::chrono::duration<double>(Clock::now() - heard[std::size_t(k)]).count());
-          char hb[80];
-          std::snprintf(hb, sizeof hb, " waited for its reply (cluster.heartbeat_s = %g): ", opt_.heartbeat_s);
-          fail(k, b + what + hb + "a server sends heartbeats while it holds a request, so it is stopped, hung or gone");
-        }
-    }
-    if (!got) {
-      std::string who;
-      for (int k = 0; k < S; ++k)
-        if (pending[std::size_t(k)])
-          who += (who.empty() ? "" : "; ") + ("server " + std::to_string(k) + " at " + shards_[std::size_t(k)].endpoint) +
-                 (rejoining[std::size_t(k)] != Clock::time_point{} ? " (silent, and not back after a restart)" : "");
-      throw std::runtime_error("no reply to " + what + " within " + std::to_string(timeout_.count() / 1000) +
-                               " s from " + who + " (is it running? its log says why it stopped)");
-    }
-    const int k = int(from);
-    heard[std::size_t(k)] = Clock::now();
-    if (!msg_.malformed().empty()) fail(k, "malformed reply to " + what + ": " + msg_.malformed());
-    std::string why;
-    const auto h = wire::decode(msg_.header(), why);
-    if (!h) fail(k, "malformed reply to " + what + ": " + why);
-    if (std::holds_alternative<wire::Beat>(h->body)) continue;  // the server is alive and still holds it
-    const auto* w = std::get_if<wire::Welcome>(&h->body);
-    if (rejoining[std::size_t(k)] != Clock::time_point{}) {
-      if (std::holds_alternative<wire::Error>(h->body)) continue;  // a restarted server's answers to what
-                                                                  // reached it before our Hello
-      if (!w) {  // the answer itself: the server was slow, not gone; the Welcome that follows is ignored
-        rejoining[std::size_t(k)] = {};
-        on_reply(k, h->body);
-        pending[std::size_t(k)] = 0;
-        continue;
-      }
-      check_welcome(k, *w);
-      std::fprintf(stderr, "%s: server %d is back (version %lld) after %.1f s: %s sent again\n", who().c_str(), k,
-                   static_cast<long long>(w->version),
-                   std::chrono::duration<double>(Clock::now() - rejoining[std::size_t(k)]).count(), what.c_str());
-      rejoining[std::size_t(k)] = {};
-      resend(k);
-      continue;
-    }
-    if (w && can_rejoin) continue;  // a late Welcome to a Hello of ours to a server that was only slow
-    if (const auto* e = std::get_if<wire::Error>(&h->body)) {
-      if (can_rejoin && pending[std::size_t(k)] && e->code == wire::ErrorCode::unknown_peer) {
-        say_hello_again(k);  // a restarted server got our request before our Hello
-        continue;
-      }
-      fail(k, std::string(wire::error_code_name(e->code)) + ": " + e->message);
-    }
-    if (!pending[std::size_t(k)]) fail(k, std::string("unexpected ") + wire::body_name(h->body) + " during " + what);
+    const int k = receive(w);
+    const std::optional<wire::Header> h = reply_from(k, w);
+    if (!h) continue;
     on_reply(k, h->body);
     pending[std::size_t(k)] = 0;
+    servers_.watch(std::size_t(k), false, clock_.now());
   }
+}
+
+int PsClient::receive(const Wait& w) {
+  std::size_t from = 0;
+  while (!conns_->recv(msg_, from, beat_every_.count() ? std::min(w.deadline, clock_.now() + beat_every_ / 2) : w.deadline)) {
+    const auto now = clock_.now();
+    if (now >= w.deadline) {
+      std::string who;
+      for (std::size_t k = 0; k < w.pending.size(); ++k)
+        if (w.pending[k])
+          who += (who.empty() ? "" : "; ") + ("server " + std::to_string(k) + " at " + shards_[k].endpoint) +
+                 (servers_.state(k) == comm::Liveness::State::rejoining ? " (silent, and not back after a restart)" : "");
+      throw std::runtime_error("no reply to " + w.what + " within " + std::to_string(timeout_.count() / 1000) +
+                               " s from " + who + " (is it running? its log says why it stopped)");
+    }
+    beat_if_due();  // a held pull, or a slow server: the other servers still hear from us
+    if (!w.watch) continue;
+    servers_.check_silence(now, [&](std::size_t k) { on_silent(int(k), w); });
+    for (std::size_t k = 0; k < w.pending.size(); ++k)  // a rejoining server that has not answered: say Hello again
+      if (w.pending[k] && servers_.state(k) == comm::Liveness::State::rejoining &&
+          servers_.silent_s(k, now) * 1000 > double((beat_every_ * 4).count()))
+        say_hello_again(int(k), w);
+  }
+  servers_.heard(from, clock_.now());
+  return int(from);
+}
+
+void PsClient::on_silent(int k, const Wait& w) {
+  if (w.can_rejoin) return say_hello_again(k, w);
+  char b[96];
+  std::snprintf(b, sizeof b, "silent for %.1f s while ", servers_.silent_s(std::size_t(k), clock_.now()));
+  char hb[80];
+  std::snprintf(hb, sizeof hb, " waited for its reply (cluster.heartbeat_s = %g): ", opt_.heartbeat_s);
+  fail(k, b + w.what + hb + "a server sends heartbeats while it holds a request, so it is stopped, hung or gone");
+}
+
+RunClock::duration PsClient::back_within() const {
+  // The launcher starts a restarted server within a second of the death: past this, the server
+  // is hung or gone for good, and the wait fails naming it.
+  return std::min<RunClock::duration>(timeout_, std::max<RunClock::duration>(beat_every_ * 16, std::chrono::seconds(10)));
+}
+
+void PsClient::say_hello_again(int k, const Wait& w) {
+  const auto now = clock_.now();
+  const std::size_t i = std::size_t(k);
+  if (servers_.state(i) != comm::Liveness::State::rejoining) {
+    servers_.rejoin(i, now);
+    std::fprintf(stderr, "%s: server %d at %s went silent during %s: waiting up to %.0f s for it to come back "
+                 "(cluster.on_server_loss = \"restart\")\n", who().c_str(), k, shards_[i].endpoint.c_str(), w.what.c_str(),
+                 std::chrono::duration<double>(back_within()).count());
+  } else if (servers_.rejoining_s(i, now) > std::chrono::duration<double>(back_within()).count()) {
+    char b[160];
+    std::snprintf(b, sizeof b, "silent for %.1f s and not back after a restart (cluster.on_server_loss = \"restart\"; "
+                  "cluster.heartbeat_s = %g): it is hung or gone for good, during ",
+                  servers_.rejoining_s(i, now) + std::chrono::duration<double>(beat_every_ * 4).count(), opt_.heartbeat_s);
+    fail(k, b + w.what);
+  }
+  servers_.heard(i, now);  // the next Hello after another heartbeat_s of silence
+  send(k, wire::Hello{opt_.role, opt_.rank, opt_.num_params, opt_.config_hash, opt_.role == wire::Role::worker ? beat_step_ : -1});
+}
+
+std::optional<wire::Header> PsClient::reply_from(int k, const Wait& w) {
+  const std::size_t i = std::size_t(k);
+  if (!msg_.malformed().empty()) fail(k, "malformed reply to " + w.what + ": " + msg_.malformed());
+  std::string why;
+  std::optional<wire::Header> h = wire::decode(msg_.header(), why);
+  if (!h) fail(k, "malformed reply to " + w.what + ": " + why);
+  if (std::holds_alternative<wire::Beat>(h->body)) return std::nullopt;  // the server is alive and still holds it
+  const auto* welcome = std::get_if<wire::Welcome>(&h->body);
+  if (servers_.state(i) == comm::Liveness::State::rejoining) {
+    if (std::holds_alternative<wire::Error>(h->body)) return std::nullopt;  // a restarted server's answers to what
+                                                                            // reached it before our Hello
+    if (!welcome) {  // the answer itself: the server was slow, not gone; the Welcome that follows is ignored
+      servers_.back(i, clock_.now());
+      return h;
+    }
+    check_welcome(k, *welcome);
+    std::fprintf(stderr, "%s: server %d is back (version %lld) after %.1f s: %s sent again\n", who().c_str(), k,
+                 static_cast<long long>(welcome->version), servers_.rejoining_s(i, clock_.now()), w.what.c_str());
+    servers_.back(i, clock_.now());
+    w.resend(k);
+    return std::nullopt;
+  }
+  if (welcome && w.can_rejoin) return std::nullopt;  // a late Welcome to a Hello of ours to a server that was only slow
+  if (const auto* e = std::get_if<wire::Error>(&h->body)) {
+    if (w.can_rejoin && w.pending[i] && e->code == wire::ErrorCode::unknown_peer) {
+      say_hello_again(k, w);  // a restarted server got our request before our Hello
+      return std::nullopt;
+    }
+    fail(k, std::string(wire::error_code_name(e->code)) + ": " + e->message);
+  }
+  if (!w.pending[i]) fail(k, std::string("unexpected ") + wire::body_name(h->body) + " during " + w.what);
+  return h;
 }
 
 std::string PsClient::who() const {
@@ -212,7 +230,7 @@ void PsClient::connect() {
     shards_[std::size_t(k)].clock = w->worker_clock;
   }, /*watch_silence=*/false);  // the start barrier waits for every worker's start, with timeout_s
   if (beat_every_.count() && opt_.role == wire::Role::worker)
-    heartbeats_ = std::jthread([this](std::stop_token stop) { heartbeat_loop(stop); });
+    heartbeats_ = clock_.start([this](std::stop_token stop) { heartbeat_loop(stop); });
 }
 
 void PsClient::take_params(int k, const wire::PullReply& r, std::span<const std::byte> payload, float* theta,
@@ -397,7 +415,7 @@ void PsClient::expect_ack(const char* what, const wire::Body& request) {
 }
 
 void PsClient::bye(long clock) {
-  heartbeats_ = {};  // done: no more heartbeats after the Bye
+  heartbeats_.reset();  // done: no more heartbeats after the Bye
   std::lock_guard lock(mu_);
   for (int k = 0; k < int(shards_.size()); ++k) send(k, wire::Bye{clock});
   expect_ack("Bye", wire::Bye{clock});

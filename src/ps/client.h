@@ -18,6 +18,10 @@
 // waits for its replies and, while the caller computes, by a thread of the client's own. The
 // other way round, a server beats to a worker whose request it holds, so a server silent for
 // heartbeat_s while a request waits is named at once (stopped, hung or gone), not at timeout_s.
+// Liveness of the servers (comm/liveness.h): a server is watched while this client waits for its
+// reply, and owed a Beat when nothing was sent to it for a quarter of heartbeat_s.
+// Time: the transport's clock (Transport::clock()), so that the virtual cluster runs this client
+// in simulated time.
 // Threading: one thread calls the client; its heartbeat thread takes the connections only while
 // no call is using them (a mutex).
 #pragma once
@@ -25,10 +29,11 @@
 #include <chrono>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "comm/liveness.h"
 #include "comm/transport/in_flight.h"
 #include "comm/transport/transport.h"
 #include "comm/wire.h"
@@ -112,14 +117,32 @@ class PsClient {
   std::size_t num_params() const { return opt_.num_params; }
 
  private:
-  // Waits for one reply from each server in `pending`, handing it to on_reply(k, header,
-  // message) (the message's payload is valid during the call).
+  // One wait for replies (collect()): what for, from whom, until when.
+  struct Wait {
+    const std::string& what;
+    std::vector<char>& pending;  // per server: 1 until its reply came
+    bool watch;                  // a pending server silent for heartbeat_s fails the wait (or is rejoined)
+    bool can_rejoin;             // cluster.on_server_loss = "restart": say Hello to a silent server again
+    const std::function<void(int)>& resend;  // resend(k): the request to server k again (it came back)
+    RunClock::time_point deadline;
+  };
+  // Waits for a reply from every server marked in `pending`, handing it to on_reply(k, body)
+  // (the message's payload, msg_.payload(), is valid during the call). With watch_silence (and
+  // heartbeats on), a pending server silent for heartbeat_s fails the wait; with rejoin,
+  // resend(k) sends the request to server k again once it is back from a restart.
   template <typename F>
-  // Waits for a reply from every server marked in `pending`; with watch_silence (and
-  // heartbeats on), a pending server silent for heartbeat_s fails the wait.
-  // resend(k): sends the request to server k again (after it came back from a restart).
   void collect(const std::string& what, std::vector<char>& pending, F&& on_reply, bool watch_silence = true,
                const std::function<void(int)>& resend = {});
+  // One message from some server into msg_, sending Beats and watching the pending servers'
+  // silence while it waits; throws at the deadline naming the servers it still waits for.
+  int receive(const Wait& w);
+  // The header of server k's message in msg_, when it is an answer for the caller; nullopt
+  // when it was the wait's own business (a Beat, a restarted server's Welcome, ...).
+  std::optional<wire::Header> reply_from(int k, const Wait& w);
+  // A pending server fell silent: rejoin it (say Hello again, up to back_within) or fail.
+  void on_silent(int k, const Wait& w);
+  void say_hello_again(int k, const Wait& w);
+  RunClock::duration back_within() const;  // how long a restarted server may take to come back
   void check_welcome(int k, const wire::Welcome& w);  // the server serves the shard we expect; notes its version
   std::string who() const;                            // "worker 3", "evaluator"
   void send(int k, const wire::Body& body, comm::OutPayload payload = {});
@@ -134,6 +157,7 @@ class PsClient {
   void expect_ack(const char* what, const wire::Body& request);
 
   std::mutex mu_;  // the connections and everything below: the calling thread or the heartbeat thread
+  RunClock& clock_;   // the transport's
   std::unique_ptr<comm::Connections> conns_;
   std::vector<ShardInfo> shards_;
   Options opt_;
@@ -157,11 +181,10 @@ class PsClient {
     float* theta = nullptr;
     int next = -1;  // shards next, next-1, ..., 0 have not left (they leave last to first)
   } push_;
-  std::chrono::milliseconds beat_every_{0};                 // 0: no heartbeats
-  std::vector<std::chrono::steady_clock::time_point> last_sent_;  // per server
-  std::vector<std::chrono::steady_clock::time_point> heard_, rejoining_;  // collect()'s, per server
-  long beat_step_ = 0;                                       // the clock Beats report (and a rejoin)
-  std::jthread heartbeats_;  // last member: stopped and joined first
+  std::chrono::milliseconds beat_every_{0};  // 0: no heartbeats
+  comm::Liveness servers_;                   // per server
+  long beat_step_ = 0;                       // the clock Beats report (and a rejoin)
+  std::unique_ptr<ClockThread> heartbeats_;  // last member: stopped and joined first
 };
 
 }  // namespace pslab

@@ -13,8 +13,8 @@ double unix_now_s() {
   return duration<double>(system_clock::now().time_since_epoch()).count();
 }
 
-MetricsWriter::MetricsWriter(const std::string& path, double run_start_unix_s, bool append)
-    : path_(path), run_start_(run_start_unix_s > 0 ? run_start_unix_s : unix_now_s()) {
+MetricsWriter::MetricsWriter(const std::string& path, double run_start_unix_s, bool append, const RunClock& clock)
+    : path_(path), clock_(clock), run_start_(run_start_unix_s > 0 ? run_start_unix_s : clock.unix_s()) {
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   f_ = std::fopen(path.c_str(), append ? "a" : "w");
@@ -26,7 +26,7 @@ MetricsWriter::~MetricsWriter() {
   if (f_) std::fclose(f_);
 }
 
-double MetricsWriter::now() const { return sim_now_ ? *sim_now_ : unix_now_s() - run_start_; }
+double MetricsWriter::now() const { return sim_now_ ? *sim_now_ : clock_.unix_s() - run_start_; }
 
 void MetricsWriter::write(const nlohmann::ordered_json& record, double t) {
   char stamp[32];

@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/clock.h"
+
 namespace pslab {
 
 // Seconds since the Unix epoch, as a double (for the run-start instant passed between processes).
@@ -17,8 +19,8 @@ double unix_now_s();
 class MetricsWriter {
  public:
   // Opens (truncates; with append, appends to: a resumed run) `path`, creating its parent
-  // directory. run_start_unix_s <= 0 means now.
-  MetricsWriter(const std::string& path, double run_start_unix_s, bool append = false);
+  // directory. Times are clock.unix_s() - run_start_unix_s; run_start_unix_s <= 0 means now.
+  MetricsWriter(const std::string& path, double run_start_unix_s, bool append = false, const RunClock& clock = wall_clock());
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
@@ -39,6 +41,7 @@ class MetricsWriter {
  private:
   std::string path_;
   std::FILE* f_ = nullptr;
+  const RunClock& clock_;
   double run_start_;
   double last_flush_;
   const double* sim_now_ = nullptr;

@@ -39,10 +39,13 @@
 #include <vector>
 
 #include "comm/run_key.h"
+#include "core/clock.h"
 #include "core/registry.h"
 
 namespace pslab::comm {
 
+// Deadlines are time points of the transport's clock (Transport::clock()); for the real
+// transports, whose clock is the wall clock, steady_clock's.
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 inline Deadline after(std::chrono::milliseconds ms) { return Clock::now() + ms; }
@@ -184,6 +187,10 @@ class Transport {
   virtual ~Transport() = default;
   // As cluster.transport names it, e.g. "tcp".
   virtual std::string name() const = 0;
+  // The clock of the processes that use it: every deadline given to its listeners and
+  // connections is a time point of this clock. The wall clock; the virtual cluster's
+  // simulated transport brings its simulated one (src/sim/).
+  virtual RunClock& clock() { return wall_clock(); }
   // The form of its addresses, for launchers: "tcp" (tcp://HOST:PORT, processes on any hosts),
   // "ipc" (ipc:///PATH, Unix sockets: every process on one host), or "auto" (either: ipc when
   // the launcher places every process on one host).

@@ -1,4 +1,4 @@
-#include "snapshots.h"
+#include "comm/snapshots.h"
 
 #include <cstdio>
 #include <cstring>
@@ -9,8 +9,8 @@ namespace pslab {
 
 SnapshotSender::SnapshotSender(comm::Transport& transport, const std::string& endpoint, double interval_s,
                                double timeout_s)
-    : endpoint_(endpoint), interval_(interval_s), timeout_(std::chrono::milliseconds(long(timeout_s * 1000))),
-      next_(std::chrono::steady_clock::now()) {
+    : clock_(transport.clock()), endpoint_(endpoint), interval_(interval_s),
+      timeout_(std::chrono::milliseconds(long(timeout_s * 1000))), next_(clock_.now()) {
   comm::ConnectOptions co;
   co.queue = 2;
   co.linger = timeout_;
@@ -18,19 +18,19 @@ SnapshotSender::SnapshotSender(comm::Transport& transport, const std::string& en
 }
 
 void SnapshotSender::send(const float* theta, std::size_t n, long step, long samples, bool final) {
-  next_ = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(interval_);
+  next_ = clock_.now() + std::chrono::duration_cast<RunClock::duration>(interval_);
   const wire::PullReply h{step, step, 0, samples, 0, final, wire::checksum(theta, n), 0, n, /*codec: dense f32*/ 0,
                           n * sizeof(float)};
   // No release function: the transport copies θ, which changes with the next step.
   const comm::OutPayload payload{theta, n * sizeof(float)};
-  const auto deadline = final ? comm::Clock::now() + timeout_ : comm::Clock::now();
+  const auto deadline = final ? clock_.now() + timeout_ : clock_.now();
   if (!conn_->send(0, enc_.encode(wire::Header{0, -1, h}), payload, deadline) && final)
     throw std::runtime_error("the evaluator at " + endpoint_ + " did not take the final snapshot in time");
   // A non-final snapshot that could not be queued is skipped: the evaluator is behind.
 }
 
 SnapshotReceiver::SnapshotReceiver(comm::Transport& transport, const std::string& endpoint, double timeout_s)
-    : endpoint_(endpoint), timeout_(std::chrono::milliseconds(long(timeout_s * 1000))) {
+    : clock_(transport.clock()), endpoint_(endpoint), timeout_(std::chrono::milliseconds(long(timeout_s * 1000))) {
   comm::ListenOptions lo;
   lo.queue = 4;
   try {
@@ -55,13 +55,13 @@ std::string SnapshotReceiver::check(const comm::Message& m, std::size_t n, wire:
 }
 
 Snapshot SnapshotReceiver::next(float* theta, std::size_t n) {
-  const auto deadline = comm::Clock::now() + timeout_;
+  const auto deadline = clock_.now() + timeout_;
   comm::PeerId from;
   bool have = false;
   wire::PullReply newest;
   // Everything waiting, then (if none of it was a snapshot) more until the deadline; the newest
   // good snapshot wins, anything else is counted and dropped.
-  while (listener_->recv(other_, from, have ? comm::Clock::now() : deadline)) {
+  while (listener_->recv(other_, from, have ? clock_.now() : deadline)) {
     wire::PullReply r;
     const std::string why = check(other_, n, r);
     if (why.empty()) {

@@ -1,4 +1,4 @@
-#include "bucketed_allreduce.h"
+#include "comm/bucketed_allreduce.h"
 
 #include <algorithm>
 #include <stdexcept>

@@ -21,17 +21,18 @@ class SnapshotSender {
   // `transport` must outlive the sender.
   SnapshotSender(comm::Transport& transport, const std::string& evaluator_endpoint, double interval_s, double timeout_s);
   // Whether a snapshot is due now.
-  bool due() const { return std::chrono::steady_clock::now() >= next_; }
+  bool due() const { return clock_.now() >= next_; }
   // Sends θ (host, n floats) taken after `step` steps and `samples` samples (all ranks).
   // Non-final snapshots are dropped when the evaluator is behind.
   void send(const float* theta, std::size_t n, long step, long samples, bool final);
 
  private:
+  RunClock& clock_;  // the transport's
   std::unique_ptr<comm::Connections> conn_;
   std::string endpoint_;
   std::chrono::duration<double> interval_;
   std::chrono::milliseconds timeout_;
-  std::chrono::steady_clock::time_point next_;
+  RunClock::time_point next_;
   wire::Encoder enc_;
 };
 
@@ -58,6 +59,7 @@ class SnapshotReceiver {
  private:
   static std::string check(const comm::Message& m, std::size_t n, wire::PullReply& r);
 
+  RunClock& clock_;  // the transport's
   std::unique_ptr<comm::Listener> listener_;
   std::string endpoint_;
   std::chrono::milliseconds timeout_;

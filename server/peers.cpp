@@ -1,0 +1,77 @@
+// The liveness of a server's workers (comm/liveness.h): Beats to the workers whose pulls it
+// holds, workers silent for cluster.heartbeat_s dropped (asp, ssp) or named in an error, and a
+// worker rejoining a server restarted from its checkpoint.
+#include <cstdio>
+
+#include "server.h"
+
+namespace pslab {
+
+void Server::find_lost_workers(time_point now) {
+  if (!barrier_open_) return;  // before it, the start barrier's own timeout names who is missing
+  workers_.check_silence(now, [&](std::size_t w) {
+    const int r = int(w);
+    const double silent_s = workers_.silent_s(w, now);
+    if (continue_on_loss_) return lose_worker(r, silent_s);
+    char b[200];
+    std::snprintf(b, sizeof b, ": worker %d lost: silent for %.1f s at clock %ld (cluster.heartbeat_s = %g); ", r, silent_s,
+                  state_->clock_of(r), cfg_.cluster.heartbeat_s);
+    throw std::runtime_error(who() + b +
+                             (state_->rule().trains_without_lost_workers() ? "cluster.on_worker_loss = \"fail\""
+                                                                           : cfg_.cluster.mode + " cannot train on without it"));
+  });
+}
+
+void Server::beat_held_pulls(time_point now) {
+  workers_.beats_due(now, [&](std::size_t r) {
+    // Not a reply: not counted in bytes_out (the summary's bytes_pulled); a Beat that cannot
+    // leave is one the worker's own timeout covers.
+    (void)listener_->send(worker_ids_[r], enc_.encode(header(wire::Beat{state_->version()})));
+    return true;
+  });
+}
+
+void Server::rejoin(int rank, long clock) {
+  const long was = state_->clock_of(rank);
+  long lost = 0;
+  try {
+    lost = state_->fast_forward(rank, clock);
+  } catch (const std::logic_error& e) {
+    throw std::runtime_error("server " + std::to_string(opt_.shard) + ": worker " + std::to_string(rank) +
+                             " rejoined at clock " + std::to_string(clock) + ": " + e.what());
+  }
+  updates_lost_ += lost;
+  if (trace_) trace_->event("rejoin " + std::to_string(rank) + " " + std::to_string(clock));
+  std::fprintf(stderr, "server %d: worker %d rejoined at clock %ld (this server's checkpoint had it at %ld: %ld update(s) lost)\n",
+               opt_.shard, rank, clock, was, lost);
+  if (!metrics_) return;
+  metrics_->write({{"kind", "worker_rejoined"}, {"shard", opt_.shard}, {"worker", rank}, {"clock", clock},
+                   {"checkpoint_clock", was}, {"updates_lost", lost}});
+  metrics_->flush();
+}
+
+void Server::lose_worker(int rank, double silent_s) {
+  state_->drop_worker(rank);
+  workers_.finish(std::size_t(rank));
+  if (trace_) trace_->event("drop " + std::to_string(rank));
+  const long clock = state_->clock_of(rank);
+  losses_.push_back({{"worker", rank}, {"clock", clock}, {"silent_s", silent_s}});
+  std::fprintf(stderr, "server %d: worker %d lost: silent for %.1f s at clock %ld (cluster.heartbeat_s = %g); "
+               "training goes on without it (cluster.on_worker_loss)\n", opt_.shard, rank, silent_s, clock,
+               cfg_.cluster.heartbeat_s);
+  for (std::size_t i = 0; i < held_.size();) {  // its held pull, if it hangs rather than died
+    if (held_[i].rank != rank) {
+      ++i;
+      continue;
+    }
+    const HeldPull h = held_[i];
+    held_.erase(held_.begin() + std::ptrdiff_t(i));
+    send(h.identity, header(wire::Error{wire::ErrorCode::protocol, "worker " + std::to_string(rank) +
+                                                                       " was dropped from this run as lost"}));
+  }
+  if (!metrics_) return;
+  metrics_->write({{"kind", "worker_lost"}, {"shard", opt_.shard}, {"worker", rank}, {"clock", clock}, {"silent_s", silent_s}});
+  metrics_->flush();
+}
+
+}  // namespace pslab

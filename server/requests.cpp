@@ -1,0 +1,324 @@
+// Every message a server takes: checked (transport, header, sender, shard), then answered.
+// Hello and the start barrier, pulls (served now, or held until the mode's rule allows them),
+// pushes, progress polls, Bye, Shutdown, Beats and Stats.
+#include <algorithm>
+#include <cstdio>
+
+#include "server.h"
+
+namespace pslab {
+
+namespace {
+
+void free_param_buffer(void*, void* hint) { ParamVersions::release(static_cast<ParamVersions::Buffer*>(hint)); }
+void free_encoded_buffer(void*, void* hint) { EncodedVersions::release(static_cast<EncodedVersions::Buffer*>(hint)); }
+
+}  // namespace
+
+void Server::handle(const comm::PeerId& id, const comm::Message& m) {
+  const long bad_before = counters_.bad_total(), bytes = long(m.wire_bytes());
+  handle_message(id, m);
+  (counters_.bad_total() > bad_before ? counters_.bytes_bad : counters_.bytes_in) += bytes;
+}
+
+void Server::handle_message(const comm::PeerId& id, const comm::Message& m) {
+  if (!m.malformed().empty()) {
+    if (id.empty()) ++counters_.bad["malformed"];  // nobody to answer
+    else reply_error(id, wire::ErrorCode::malformed, m.malformed());
+    return;
+  }
+  std::string why;
+  const std::optional<wire::Header> h = wire::decode(m.header(), why);
+  if (!h) return reply_error(id, wire::ErrorCode::malformed, why);
+  if (m.has_payload() && !std::holds_alternative<wire::Push>(h->body))
+    return reply_error(id, wire::ErrorCode::wrong_size, std::string("a payload frame after a ") + wire::body_name(h->body));
+  if (const auto* hello = std::get_if<wire::Hello>(&h->body)) return on_hello(id, *hello);
+  Peer* peer = sender(id, *h);
+  if (!peer) return;
+  if (const auto* p = std::get_if<wire::Pull>(&h->body)) {
+    if (p->progress_only) return serve_progress(id, *peer);
+    ++counters_.pulls;
+    on_pull(id, *peer, p->clock);
+  } else if (const auto* push = std::get_if<wire::Push>(&h->body)) {
+    on_push(id, *peer, *push, msg_);
+  } else if (std::holds_alternative<wire::Bye>(h->body)) {
+    on_bye(id, *peer);
+  } else if (std::holds_alternative<wire::Shutdown>(h->body)) {
+    on_shutdown(id, *peer);
+  } else if (std::holds_alternative<wire::Beat>(h->body)) {
+    // A heartbeat: the peer is alive (noted by sender()); no answer.
+  } else if (std::holds_alternative<wire::Stats>(h->body)) {
+    send(id, header(wire::StatsReply{stats_json().dump()}));
+  } else {
+    reply_error(id, wire::ErrorCode::unknown_type, std::string("a server does not take ") + wire::body_name(h->body));
+  }
+}
+
+Server::Peer* Server::sender(const comm::PeerId& id, const wire::Header& h) {
+  auto it = peers_.find(id);
+  if (it == peers_.end()) {
+    reply_error(id, wire::ErrorCode::unknown_peer,
+                std::string(wire::body_name(h.body)) + " from a connection that has not said Hello");
+    return nullptr;
+  }
+  Peer& peer = it->second;
+  if (h.sender != peer.rank) {
+    reply_error(id, wire::ErrorCode::unknown_peer,
+                "sender " + std::to_string(h.sender) + " on a connection that said Hello as " + std::to_string(peer.rank));
+    return nullptr;
+  }
+  if (peer.role == wire::Role::worker && state_->dropped(peer.rank)) {
+    reply_error(id, wire::ErrorCode::protocol, "worker " + std::to_string(peer.rank) +
+                                                   " was dropped from this run as lost (silent for more than "
+                                                   "cluster.heartbeat_s); it cannot rejoin");
+    return nullptr;
+  }
+  if (peer.role == wire::Role::worker) {
+    last_message_ = clock_.now();
+    workers_.heard(std::size_t(peer.rank), last_message_);
+  }
+  const bool about_shard = std::holds_alternative<wire::Pull>(h.body) || std::holds_alternative<wire::Push>(h.body);
+  if (about_shard && h.shard != opt_.shard) {
+    reply_error(id, wire::ErrorCode::wrong_shard,
+                "message for shard " + std::to_string(h.shard) + " reached server " + std::to_string(opt_.shard));
+    return nullptr;
+  }
+  return &peer;
+}
+
+// ---- Hello and the start barrier ----
+
+void Server::on_hello(const std::string& id, const wire::Hello& m) {
+  const int W = cfg_.cluster.workers;
+  if (m.param_count != num_params_)
+    return reply_error(id, wire::ErrorCode::config, "peer has a model of " + std::to_string(m.param_count) +
+                                                        " parameters, this server's has " + std::to_string(num_params_) +
+                                                        ": are both started from the same config?");
+  if (m.config_hash != config_hash_)
+    return reply_error(id, wire::ErrorCode::config, "peer's config differs from this server's (fingerprints differ): "
+                                                    "start every process of a run from the same config file");
+  if (m.role == wire::Role::evaluator) {
+    peers_[id] = Peer{m.role, wire::kEvaluator};
+  } else {
+    if (m.rank < 0 || m.rank >= W)
+      return reply_error(id, wire::ErrorCode::protocol,
+                         "worker rank " + std::to_string(m.rank) + " is not in [0, " + std::to_string(W) + ")");
+    std::string& slot = worker_ids_[std::size_t(m.rank)];
+    if (state_->dropped(m.rank))
+      return reply_error(id, wire::ErrorCode::protocol,
+                         "worker " + std::to_string(m.rank) + " was dropped from this run as lost; it cannot rejoin");
+    if (!slot.empty() && slot != id)
+      return reply_error(id, wire::ErrorCode::protocol,
+                         "worker " + std::to_string(m.rank) + " already said Hello from another connection");
+    slot = id;
+    peers_[id] = Peer{m.role, m.rank};
+    workers_.heard(std::size_t(m.rank), clock_.now());
+    if (m.rejoin_clock >= 0) rejoin(m.rank, m.rejoin_clock);
+  }
+  if (m.role == wire::Role::evaluator || barrier_open_) return send(id, welcome(id));
+  open_barrier_when_full(id);
+}
+
+void Server::open_barrier_when_full(const std::string& id) {
+  welcome_waiting_.push_back(id);
+  if (!std::all_of(worker_ids_.begin(), worker_ids_.end(), [](const std::string& s) { return !s.empty(); })) return;
+  barrier_open_ = true;
+  last_message_ = clock_.now();
+  for (std::size_t r = 0; r < worker_ids_.size(); ++r) workers_.watch(r, true, last_message_);
+  for (const auto& w : welcome_waiting_) send(w, welcome(w));
+  welcome_waiting_.clear();
+}
+
+// Each worker is told its clock here (a server resumed from a checkpoint: where it goes on).
+wire::Header Server::welcome(const std::string& to) const {
+  const Peer& p = peers_.at(to);
+  return header(wire::Welcome{opt_.shard, cfg_.cluster.servers, range_.offset, range_.length, cfg_.cluster.workers,
+                              state_->rule().name(), state_->version(),
+                              p.role == wire::Role::worker ? state_->clock_of(p.rank) : 0});
+}
+
+std::string Server::missing_hellos() const {
+  std::string m;
+  for (int r = 0; r < cfg_.cluster.workers; ++r)
+    if (worker_ids_[std::size_t(r)].empty()) m += (m.empty() ? "workers " : ", ") + std::to_string(r);
+  return m.empty() ? "nobody" : m;
+}
+
+// ---- pulls ----
+
+void Server::on_pull(const std::string& id, const Peer& p, long clock) {
+  const auto now = clock_.now();
+  if (p.role == wire::Role::evaluator) return serve_pull(id, p.rank, clock, now);
+  if (clock != state_->clock_of(p.rank))
+    return reply_error(id, wire::ErrorCode::protocol, "pull for clock " + std::to_string(clock) + " from worker " +
+                                                          std::to_string(p.rank) + ", whose clock here is " +
+                                                          std::to_string(state_->clock_of(p.rank)));
+  if (state_->pull_ready(clock)) return serve_pull(id, p.rank, clock, now);
+  held_.push_back(HeldPull{id, p.rank, clock, now});
+  workers_.hold(std::size_t(p.rank), now);
+  ++counters_.pulls_held;
+}
+
+void Server::serve_pull(const std::string& id, int rank, long clock, time_point since) {
+  const double held_s = seconds_between(since, clock_.now());
+  counters_.hold_ms_total += held_s * 1e3;
+  counters_.hold_ms_max = std::max(counters_.hold_ms_max, held_s * 1e3);
+  if (rank >= 0) state_->record_pull(rank, clock);
+  if (trace_ && rank >= 0) trace_->pull(rank, clock, state_->version());
+  ParamVersions& pv = state_->params();
+  wire::PullReply r{clock, state_->version(), state_->min_clock(), state_->samples_applied(), long(held_s * 1e6),
+                    finished() == cfg_.cluster.workers, state_->current_checksum(), range_.offset, range_.length,
+                    /*codec: dense f32*/ 0, range_.length * sizeof(float)};
+  if (pull_encoded_ && rank >= 0) {  // cluster.pull_codec: workers get θ encoded (the evaluator f32)
+    EncodedVersions::Buffer* e = pull_encoded_->acquire(pv.current(), state_->version());  // released once sent
+    r.codec = pull_encoded_->wire_id();
+    r.bytes = e->size;
+    r.checksum = e->checksum;
+    send(id, header(r), comm::OutPayload{e->bytes.data(), e->size, &free_encoded_buffer, e});
+  } else {
+    ParamVersions::Buffer* buf = pv.acquire_current();  // released by the transport once sent
+    send(id, header(r), comm::OutPayload{buf->data, pv.size() * sizeof(float), &free_param_buffer, buf});
+  }
+  if (opt_.record_pulls && metrics_ && rank >= 0)
+    metrics_->write({{"kind", "pull"}, {"worker", rank}, {"clock", clock}, {"min_clock", r.min_clock},
+                     {"version", r.version}, {"held_ms", held_s * 1e3}});
+}
+
+void Server::serve_progress(const std::string& id, const Peer& p) {
+  if (p.role != wire::Role::evaluator)
+    return reply_error(id, wire::ErrorCode::protocol, "a progress-only Pull from worker " + std::to_string(p.rank) +
+                                                          ": only the evaluator asks for progress without θ");
+  ++counters_.progress_polls;
+  send(id, header(wire::PullReply{state_->min_clock(), state_->version(), state_->min_clock(), state_->samples_applied(),
+                                  0, finished() == cfg_.cluster.workers, 0, range_.offset, /*length*/ 0, /*codec*/ 0,
+                                  /*bytes*/ 0}));
+}
+
+void Server::release_ready_pulls() {
+  for (std::size_t i = 0; i < held_.size();) {
+    if (!state_->pull_ready(held_[i].clock)) {
+      ++i;
+      continue;
+    }
+    const HeldPull h = held_[i];
+    held_.erase(held_.begin() + std::ptrdiff_t(i));
+    workers_.release(std::size_t(h.rank));
+    serve_pull(h.identity, h.rank, h.clock, h.since);
+  }
+}
+
+void Server::expire_held_pulls(time_point now) {
+  const auto timeout = std::chrono::duration<double>(cfg_.cluster.timeout_s);
+  for (std::size_t i = 0; i < held_.size();) {
+    if (now - held_[i].since <= timeout) {
+      ++i;
+      continue;
+    }
+    const HeldPull h = held_[i];
+    held_.erase(held_.begin() + std::ptrdiff_t(i));
+    workers_.release(std::size_t(h.rank));
+    char b[64];
+    std::snprintf(b, sizeof b, " held %.1f s: ", seconds_between(h.since, now));
+    reply_error(h.identity, wire::ErrorCode::timeout,
+                "pull of worker " + std::to_string(h.rank) + " for clock " + std::to_string(h.clock) + b + state_->why_held(h.clock));
+    std::fprintf(stderr, "server %d: timeout: pull of worker %d for clock %ld: %s\n", opt_.shard, h.rank, h.clock,
+                 state_->why_held(h.clock).c_str());
+  }
+}
+
+// ---- pushes ----
+
+std::string Server::refuse_push(const Peer& p, const wire::Push& m, const comm::Message& msg, wire::ErrorCode& code) const {
+  if (p.role != wire::Role::worker) return code = wire::ErrorCode::protocol, "only workers push";
+  if (m.offset != range_.offset || m.length != range_.length)
+    return code = wire::ErrorCode::wrong_shard,
+           "push for floats [" + std::to_string(m.offset) + ", " + std::to_string(m.offset + m.length) + "); server " +
+               std::to_string(opt_.shard) + " holds [" + std::to_string(range_.offset) + ", " +
+               std::to_string(range_.offset + range_.length) + ")";
+  const PushCodec& codec = state_->codec();
+  if (m.codec != codec.wire_id())
+    return code = wire::ErrorCode::config, "push encoded with codec id " + std::to_string(m.codec) +
+                                               "; this run's cluster.codec is \"" + codec.name() + "\" (id " +
+                                               std::to_string(codec.wire_id()) + ")";
+  const std::size_t got = msg.has_payload() ? msg.payload().size() : 0, most = codec.max_bytes(m.length);
+  if (!msg.has_payload() || got != m.bytes || got > most)
+    return code = wire::ErrorCode::wrong_size, "push payload of " + std::to_string(got) + " bytes; the header says " +
+                                                   std::to_string(m.bytes) + " bytes, " + codec.name() + " of " +
+                                                   std::to_string(m.length) + " floats takes at most " + std::to_string(most);
+  return "";
+}
+
+void Server::on_push(const std::string& id, const Peer& p, const wire::Push& m, const comm::Message& msg) {
+  wire::ErrorCode code{};
+  if (const std::string why = refuse_push(p, m, msg, code); !why.empty()) return reply_error(id, code, why);
+  // The gradient is applied (or accumulated, or refused) before any answer leaves: its bytes go
+  // back to the worker first (shm lends them), so the worker may reuse them once answered.
+  const std::size_t bytes = msg.payload().size();
+  try {
+    state_->push(p.rank, m.clock, m.version_pulled, m.batch, msg.payload(), m.checksum);
+    msg_.done_with_payload();
+  } catch (const ProtocolError& e) {
+    msg_.done_with_payload();
+    return reply_error(id, wire::ErrorCode::protocol, e.what());
+  } catch (const ChecksumError& e) {
+    msg_.done_with_payload();
+    return reply_error(id, wire::ErrorCode::bad_checksum, e.what());
+  } catch (const PayloadError& e) {
+    msg_.done_with_payload();
+    return reply_error(id, wire::ErrorCode::bad_payload, e.what());
+  }
+  if (trace_) trace_->push(p.rank, m.clock, m.version_pulled, m.batch);
+  ++counters_.pushes;
+  auto& pushed = counters_.pushed[state_->codec().name()];
+  ++pushed.pushes;
+  pushed.payload_bytes += long(bytes);
+  if (!m.then_pull) return send(id, header(wire::PushAck{m.clock, state_->version()}));
+  ++counters_.pulls;
+  on_pull(id, p, m.clock + 1);
+}
+
+// ---- the end of a worker and of the run ----
+
+void Server::on_bye(const std::string& id, const Peer& p) {
+  if (p.role == wire::Role::worker && !said_bye_[std::size_t(p.rank)]) {
+    said_bye_[std::size_t(p.rank)] = 1;
+    workers_.finish(std::size_t(p.rank));
+    last_message_ = clock_.now();
+  }
+  send(id, header(wire::Ack{}));
+}
+
+void Server::on_shutdown(const std::string& id, const Peer& p) {
+  if (p.role != wire::Role::evaluator)  // the run ends when its evaluator has taken the final θ
+    return reply_error(id, wire::ErrorCode::protocol,
+                       "Shutdown from worker " + std::to_string(p.rank) + ": only the evaluator ends a run");
+  shutdown_ = true;
+  send(id, header(wire::Ack{}));
+}
+
+// ---- answers ----
+
+void Server::send(const std::string& id, const wire::Header& h, comm::OutPayload payload) {
+  const std::span<const std::byte> head = enc_.encode(h);
+  const long bytes = long(head.size() + payload.size);
+  if (listener_->send(id, head, payload)) {
+    counters_.bytes_out += bytes;
+    return;
+  }
+  // The peer is gone, or not reading its replies: the reply is dropped. Counted, and said on
+  // stderr for the first few, so that a timeout elsewhere can be traced back here.
+  if (++counters_.dropped_replies > 5) return;
+  const auto it = peers_.find(id);
+  const std::string who = it == peers_.end()                      ? "a peer that never said Hello"
+                          : it->second.role == wire::Role::worker ? "worker " + std::to_string(it->second.rank)
+                                                                  : "the evaluator";
+  std::fprintf(stderr, "server %d: could not queue the %s reply (%ld bytes) to %s: gone, or not reading%s\n", opt_.shard,
+               wire::body_name(h.body), bytes, who.c_str(), counters_.dropped_replies == 5 ? " (further drops are only counted)" : "");
+}
+
+void Server::reply_error(const std::string& id, wire::ErrorCode code, const std::string& message) {
+  if (code != wire::ErrorCode::timeout) ++counters_.bad[wire::error_code_name(code)];
+  send(id, header(wire::Error{code, message}));
+}
+
+}  // namespace pslab
