@@ -105,7 +105,7 @@ void Server::run() {
       auto wake = std::min({next_stats, now + std::chrono::milliseconds(200), workers_.next_due(now)});
       for (const auto& h : held_) wake = std::min(wake, h.since + timeout);
       if (serve_until(wake)) find_lost_workers(clock_.now());  // silence now is the peers', not this loop's
-      release_ready_pulls();
+      release_ready_pulls();  // a worker dropped as lost may be what held pulls waited for
       expire_held_pulls(clock_.now());
       beat_held_pulls(clock_.now());
       const auto t = clock_.now();
@@ -129,10 +129,13 @@ void Server::run() {
 }
 
 bool Server::serve_until(time_point wake) {
-  if (!listener_->recv(msg_, from_, wake)) return true;
-  handle(from_, msg_);
-  int i = 1;
-  while (i < 256 && listener_->recv(msg_, from_, clock_.now())) handle(from_, msg_), ++i;
+  int i = 0;
+  for (auto until = wake; i < 256 && listener_->recv(msg_, from_, until); ++i, until = clock_.now()) {
+    handle(from_, msg_);
+    // Pulls a message made ready are served before the next message is taken, so that what a
+    // server does depends only on the order of its messages (a replay re-executes that order).
+    release_ready_pulls();
+  }
   return i < 256;
 }
 

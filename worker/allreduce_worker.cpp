@@ -119,7 +119,7 @@ void AllreduceRank::resume() {
 }
 
 void AllreduceRank::join_group() {
-  coll_ = make_collective(ctx_.backend(), *rv_, opt_.host.empty() ? cfg_.cluster.bind : opt_.host, cfg_.cluster.transport,
+  coll_ = make_collective(ctx_.backend(), *rv_, opt_.host.empty() ? cfg_.cluster.bind : opt_.host, ctx_.transport().name(),
                           cfg_.cluster.collective);
   coll_->broadcast(model_.params(), P_, 0);
   // A rank silent for cluster.heartbeat_s (stopped, hung, its host gone) is named by every other

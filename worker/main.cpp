@@ -5,7 +5,7 @@
 //   eval       the evaluator (PS modes and all-reduce)
 //   config     validate a config, write it back with defaults, list the keys, expand a sweep
 //   keygen     write a new run key (comm/run_key.h)
-//   virtual    a whole run in one process, in simulated time (virtual_cluster.h)
+//   virtual    a whole run in one process, in simulated time (src/sim/virtual_cluster.h)
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
@@ -22,7 +22,7 @@
 #include "roles.h"
 #include "run/plan.h"
 #include "train_single.h"
-#include "virtual_cluster.h"
+#include "sim/virtual_cluster.h"
 
 using namespace pslab;
 

@@ -27,7 +27,7 @@ void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
                                 std::to_string(cfg.cluster.servers));
   Replica& replica = ctx.replica();
   PsClient client(ctx.transport(), opt.servers, client_options(cfg, wire::Role::worker, opt.rank));
-  ctx.announce(cfg.cluster.mode + " over " + std::to_string(opt.servers.size()) + " server(s), " + cfg.cluster.transport +
+  ctx.announce(cfg.cluster.mode + " over " + std::to_string(opt.servers.size()) + " server(s), " + ctx.transport().name() +
                ", pushes in " + cfg.cluster.codec + (cfg.cluster.overlap ? ", overlapped with backward" : ""));
   PushWhenReady push_when_ready(client);
   // Overlap (CPU only, so ∇θ is final when backward says so): shards leave during backward

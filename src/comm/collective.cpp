@@ -198,14 +198,45 @@ std::string ranks_on_other_hosts(RendezvousClient& rv) {
 }  // namespace
 
 namespace {
-std::unique_ptr<Collective> make_host_collective(RendezvousClient& rv, const std::string& host, const std::string& transport) {
-  if (transport != "shm" && transport != "auto") return make_gloo_collective(rv, host);
+// shm when every rank is on one host; else Gloo ("auto") or an error ("shm").
+std::unique_ptr<Collective> make_shm_or(RendezvousClient& rv, const std::string& host, bool gloo_across_hosts) {
   const std::string elsewhere = rv.world() > 1 ? ranks_on_other_hosts(rv) : std::string();
   if (elsewhere.empty()) return make_shm_collective(rv);
-  if (transport == "auto") return make_gloo_collective(rv, host);
+  if (gloo_across_hosts) return make_gloo_collective(rv, host);
   throw std::runtime_error("cluster.transport = \"shm\" needs every all-reduce rank on one host: " + elsewhere);
 }
+
+std::unique_ptr<Collective> make_host_collective(RendezvousClient& rv, const std::string& host, const std::string& transport) {
+  for (const auto& e : host_collective_registry().entries())
+    if (e.name == transport) return e.make(transport)->make(rv, host);
+  return make_gloo_collective(rv, host);  // a transport with no entry: Gloo over TCP
+}
+
+struct Gloo final : HostCollective {
+  std::unique_ptr<Collective> make(RendezvousClient& rv, const std::string& host) const override {
+    return make_gloo_collective(rv, host);
+  }
+};
+struct ShmOrGloo final : HostCollective {
+  explicit ShmOrGloo(bool gloo) : gloo_across_hosts(gloo) {}
+  std::unique_ptr<Collective> make(RendezvousClient& rv, const std::string& host) const override {
+    return make_shm_or(rv, host, gloo_across_hosts);
+  }
+  bool gloo_across_hosts;
+};
 }  // namespace
+
+Registry<HostCollective>& host_collective_registry() {
+  static Registry<HostCollective> r("host collective", {
+      {"tcp", "tcp", "Gloo over TCP", false, [](const std::string&) { return std::make_unique<Gloo>(); }},
+      {"ipc", "ipc", "Gloo over TCP", false, [](const std::string&) { return std::make_unique<Gloo>(); }},
+      {"shm", "shm", "shared memory (every rank on one host)", false,
+       [](const std::string&) { return std::make_unique<ShmOrGloo>(false); }},
+      {"auto", "auto", "shared memory when every rank is on one host, else Gloo", false,
+       [](const std::string&) { return std::make_unique<ShmOrGloo>(true); }},
+  });
+  return r;
+}
 
 std::string ranks_sharing_a_gpu(const std::vector<std::string>& gpu_of_rank) {
   std::map<std::string, std::vector<int>> ranks;  // "host|bus id" -> its ranks, ascending

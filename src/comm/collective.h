@@ -23,6 +23,7 @@
 #include "backend.h"
 #include "comm/half.h"
 #include "comm/rendezvous.h"
+#include "core/registry.h"
 
 namespace pslab {
 
@@ -64,9 +65,16 @@ std::unique_ptr<Collective> make_nccl_collective(RendezvousClient& rv, int devic
 bool nccl_built();
 // Shared memory; every rank must be on one host (comm::shared_memory_domain()) and user.
 std::unique_ptr<Collective> make_shm_collective(RendezvousClient& rv);
-// The host collective by `transport` (cluster.transport): "shm" the shm collective (an error
-// names the ranks on other hosts), "auto" the shm collective when every rank is on one host and
-// Gloo otherwise, "tcp" / "ipc" Gloo.
+// The all-reduce of CPU buffers that goes with a transport, by its name (Transport::name()):
+// "shm" the shm collective (an error names the ranks on other hosts), "auto" the shm collective
+// when every rank is on one host and Gloo otherwise, "tcp" / "ipc" Gloo; a transport with no
+// entry gets Gloo. The virtual cluster registers its own for its simulated transport (src/sim/).
+struct HostCollective {
+  virtual ~HostCollective() = default;
+  virtual std::unique_ptr<Collective> make(RendezvousClient& rv, const std::string& host) const = 0;
+};
+Registry<HostCollective>& host_collective_registry();
+// The host collective by `transport` (the transport's name, see host_collective_registry()).
 // CPU backends: that host collective. CUDA backends by `collective` (cluster.collective): "nccl"
 // NCCL on the backend's GPU; "gloo" the host collective through host memory; "auto" NCCL
 // unless two ranks share a GPU (same host and PCI bus id), then through host memory, saying

@@ -121,7 +121,8 @@ void Coordinator::serve(std::stop_token stop) {
 
 RendezvousClient::RendezvousClient(comm::Transport& transport, std::string endpoint, int rank, int world,
                                    std::chrono::milliseconds timeout)
-    : clock_(transport.clock()), endpoint_(std::move(endpoint)), rank_(rank), world_(world), timeout_(timeout) {
+    : transport_(transport), clock_(transport.clock()), endpoint_(std::move(endpoint)), rank_(rank), world_(world),
+      timeout_(timeout) {
   comm::ConnectOptions co;
   co.linger = std::chrono::milliseconds(500);
   conn_ = transport.connect({endpoint_}, co);

@@ -74,6 +74,7 @@ class RendezvousClient : public gloo::rendezvous::Store {
 
   int rank() const { return rank_; }
   int world() const { return world_; }
+  comm::Transport& transport() const { return transport_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   const std::string& endpoint() const { return endpoint_; }
 
@@ -81,6 +82,7 @@ class RendezvousClient : public gloo::rendezvous::Store {
   // Waits `wait` for the key; a failure says "within `stated`" (the caller's whole timeout).
   std::vector<char> get(const std::string& key, std::chrono::milliseconds wait, std::chrono::milliseconds stated);
   wire::Header request(const wire::Body& body, std::chrono::milliseconds wait);
+  comm::Transport& transport_;
   RunClock& clock_;  // the transport's
   std::unique_ptr<comm::Connections> conn_;
   comm::Message msg_;

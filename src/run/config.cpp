@@ -382,8 +382,6 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
   check(c.train.accumulate >= 1, "train.accumulate", "must be >= 1");
   check(c.train.accumulate == 1 || !c.cluster.overlap, "train.accumulate",
         "with cluster.overlap: a push or all-reduce goes once per accumulated update, not during each backward");
-  check(c.train.accumulate == 1 || c.cluster.launcher != "virtual", "train.accumulate",
-        "the virtual cluster does not simulate gradient accumulation yet");
 
   check(c.train.epochs > 0 || c.train.steps > 0, "train.epochs", "must be > 0 (or set train.steps)");
   check(c.train.steps >= 0, "train.steps", "must be >= 0");
@@ -416,8 +414,6 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
                               "share precision between values are for gradients), got \"" + c.cluster.pull_codec + "\"");
   check(c.cluster.pull_codec == "f32" || c.uses_servers(), "cluster.pull_codec",
         "encodes the servers' pull replies: cluster.mode = \"allreduce\" has no servers (cluster.codec sets its wire)");
-  check(c.cluster.pull_codec == "f32" || c.cluster.launcher != "virtual", "cluster.pull_codec",
-        "the virtual cluster does not simulate pull codecs yet");
   check(c.uses_servers() || c.cluster.error_feedback != "on", "cluster.error_feedback",
         "keeps what a lossy push codec left out for the next push: PS modes only");
   check(c.eval.every_epochs >= 0, "eval.every_epochs", "must be >= 0");

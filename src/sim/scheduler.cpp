@@ -1,0 +1,207 @@
+// The turn passes from thread to thread directly: a thread that waits runs the event loop itself
+// (deliveries included) until it finds the next thread to wake, hands that one the turn, and
+// sleeps; if the next is itself, it goes on with no switch at all. The driving thread only starts
+// the loop and waits for the end.
+#include "sim/scheduler.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace pslab::sim {
+
+struct Scheduler::Thread {
+  std::string name;
+  std::function<void()> fn;
+  std::thread os;
+  std::condition_variable cv;
+  bool turn = false;     // it runs (another handed it the turn)
+  bool started = false;  // it has had a turn
+  bool waiting = true;   // it waits for a wake-up (its first turn, or wait_until)
+  bool done = false;
+  std::uint64_t generation = 1;  // of its current wait: a wake-up event of another is stale
+  time_point wakes_at{};         // its current wait's timer (max: none), for a deadlock's message
+  std::vector<Thread*> joiners;
+};
+
+namespace {
+constexpr auto kSlowTurn = std::chrono::seconds(300);  // real time: a turn this long is named
+}
+
+Scheduler::Scheduler() = default;
+
+Scheduler::~Scheduler() {
+  std::unique_lock lock(mu_);
+  aborting_ = true;  // threads that never had a turn end without running (run() was not called)
+  for (auto& t : threads_)
+    if (!t->started) t->turn = true, t->cv.notify_one();
+  lock.unlock();
+  for (auto& t : threads_)
+    if (t->os.joinable()) t->os.join();
+}
+
+Scheduler::Thread* Scheduler::spawn(std::string name, std::function<void()> fn, time_point at) {
+  std::unique_lock lock(mu_);
+  threads_.push_back(std::make_unique<Thread>());
+  Thread* t = threads_.back().get();
+  t->name = std::move(name);
+  t->fn = std::move(fn);
+  ++live_;
+  push(at == time_point{} ? now_ : std::max(at, now_), t, t->generation, {});
+  t->os = std::thread([this, t] { body(t); });
+  return t;
+}
+
+void Scheduler::body(Thread* t) {
+  bool run_fn = true;
+  {
+    std::unique_lock lock(mu_);
+    t->cv.wait(lock, [&] { return t->turn; });
+    t->started = true;
+    if (aborting_) return;  // destroyed without run(): nobody waits for its end
+    run_fn = !stopping_;
+  }
+  try {
+    if (run_fn) t->fn();
+  } catch (const Stopped&) {
+    // the simulation stopped: nothing more to say
+  } catch (...) {
+    stop(std::current_exception(), t->name);
+  }
+  std::unique_lock lock(mu_);
+  t->done = true;
+  --live_;
+  for (Thread* j : t->joiners) push(now_, j, j->generation, {});
+  t->turn = false;
+  pass_turn(lock, nullptr);
+}
+
+void Scheduler::push(time_point t, Thread* thread, std::uint64_t generation, std::function<void()> fn) {
+  events_.push(Event{t, seq_++, thread, generation, std::move(fn)});
+}
+
+void Scheduler::at(time_point t, std::function<void()> fn) {
+  std::lock_guard lock(mu_);
+  push(std::max(t, now_), nullptr, 0, std::move(fn));
+}
+
+Scheduler::Thread* Scheduler::next_turn(std::unique_lock<std::mutex>& lock) {
+  current_ = nullptr;
+  while (live_ > 0) {
+    if (events_.empty()) {
+      // Every thread waits and nothing can wake one: a bug (every wait of pslab's has a
+      // deadline). Nothing can unblock them, so the process ends here, naming them.
+      std::fprintf(stderr, "[virtual] deadlock at simulated %.3f s: every thread waits, nothing is left to wake one: %s\n",
+                   seconds(), waiting_threads().c_str());
+      std::abort();
+    }
+    Event ev = std::move(const_cast<Event&>(events_.top()));  // popped at once: its callback is not copied
+    events_.pop();
+    now_ = std::max(now_, ev.t);
+    if (!ev.thread) {
+      lock.unlock();
+      ev.fn();  // a delivery: it may wake a thread
+      lock.lock();
+      continue;
+    }
+    Thread* t = ev.thread;
+    if (t->done || !t->waiting || ev.generation != t->generation) continue;  // stale
+    t->waiting = false;
+    current_ = t;
+    ++turns_;
+    return t;
+  }
+  return nullptr;
+}
+
+void Scheduler::pass_turn(std::unique_lock<std::mutex>& lock, Thread* self) {
+  Thread* next = next_turn(lock);
+  if (next && next == self) return;  // it goes on: no switch
+  if (next) {
+    next->turn = true;
+    next->cv.notify_one();
+  } else {
+    finished_ = true;
+    driver_cv_.notify_one();
+  }
+  if (!self) return;
+  self->cv.wait(lock, [&] { return self->turn; });
+}
+
+void Scheduler::stop(std::exception_ptr why, const std::string& who) {
+  std::lock_guard lock(mu_);
+  if (!first_error_) {
+    first_error_ = why;
+    try {
+      std::rethrow_exception(why);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[virtual] %s failed at simulated %.3f s: %s\n", who.c_str(), seconds(), e.what());
+    } catch (...) {
+      std::fprintf(stderr, "[virtual] %s failed at simulated %.3f s\n", who.c_str(), seconds());
+    }
+  }
+  if (stopping_) return;
+  stopping_ = true;
+  for (auto& t : threads_)  // every waiting thread gets a turn now, to unwind
+    if (t->waiting && !t->done) push(now_, t.get(), t->generation, {});
+}
+
+void Scheduler::wait_until(time_point t) {
+  std::unique_lock lock(mu_);
+  Thread* self = current_;
+  if (!self) throw std::logic_error("sim::Scheduler::wait_until outside a simulation thread");
+  if (stopping_ && std::uncaught_exceptions() == 0) throw Stopped{};
+  // Unwinding after a stop (a destructor's wait): no timer, but a turn for the others, and the
+  // deadline's time, so that a wait for another thread or for a time ends.
+  const bool unwinding = stopping_;
+  if (unwinding && t != time_point::max()) now_ = std::max(now_, t);
+  self->waiting = true;
+  ++self->generation;
+  self->wakes_at = t;
+  if (unwinding) push(now_, self, self->generation, {});
+  else if (t != time_point::max()) push(std::max(t, now_), self, self->generation, {});
+  self->turn = false;
+  pass_turn(lock, self);
+  self->turn = true;
+}
+
+void Scheduler::wake(Thread* t) {
+  std::lock_guard lock(mu_);
+  if (t && t->waiting && !t->done) push(now_, t, t->generation, {});
+}
+
+void Scheduler::join(Thread* t) {
+  std::unique_lock lock(mu_);
+  while (!t->done) {
+    t->joiners.push_back(current_);
+    lock.unlock();
+    wait_until(time_point::max());
+    lock.lock();
+  }
+}
+
+std::string Scheduler::current_name() const { return current_ ? current_->name : "the driver"; }
+
+std::string Scheduler::waiting_threads() const {
+  std::string s;
+  for (const auto& t : threads_)
+    if (!t->done) s += (s.empty() ? "" : ", ") + t->name + (t->wakes_at == time_point::max() ? " (waits with no deadline)" : "");
+  return s;
+}
+
+void Scheduler::run() {
+  std::unique_lock lock(mu_);
+  pass_turn(lock, nullptr);
+  for (long turns = -1; !driver_cv_.wait_for(lock, kSlowTurn, [&] { return finished_; });) {
+    if (turns_ == turns && current_)
+      std::fprintf(stderr, "[virtual] %s has kept its turn for %lld s of real time at simulated %.3f s: it waits outside "
+                   "the simulation, or computes for long\n", current_->name.c_str(),
+                   static_cast<long long>(kSlowTurn.count()), seconds());
+    turns = turns_;
+  }
+  lock.unlock();
+  for (auto& t : threads_)
+    if (t->os.joinable()) t->os.join();
+  if (first_error_) std::rethrow_exception(first_error_);
+}
+
+}  // namespace pslab::sim
