@@ -17,7 +17,7 @@ void Server::find_lost_workers(time_point now) {
     std::snprintf(b, sizeof b, ": worker %d lost: silent for %.1f s at clock %ld (cluster.heartbeat_s = %g); ", r, silent_s,
                   state_->clock_of(r), cfg_.cluster.heartbeat_s);
     throw std::runtime_error(who() + b +
-                             (state_->rule().trains_without_lost_workers() ? "cluster.on_worker_loss = \"fail\""
+                             (state_->mode().trains_without_lost_workers() ? "cluster.on_worker_loss = \"fail\""
                                                                            : cfg_.cluster.mode + " cannot train on without it"));
   });
 }

@@ -133,7 +133,7 @@ void Server::open_barrier_when_full(const std::string& id) {
 wire::Header Server::welcome(const std::string& to) const {
   const Peer& p = peers_.at(to);
   return header(wire::Welcome{opt_.shard, cfg_.cluster.servers, range_.offset, range_.length, cfg_.cluster.workers,
-                              state_->rule().name(), state_->version(),
+                              state_->mode().name(), state_->version(),
                               p.role == wire::Role::worker ? state_->clock_of(p.rank) : 0});
 }
 

@@ -23,7 +23,7 @@ void run_local_worker(RoleContext& ctx, PsClient& client, const WorkerProtocol& 
   Replica& replica = ctx.replica();
   Model& model = replica.model();
   const std::size_t P = model.num_params();
-  const bool elastic = proto.push == WorkerProtocol::Push::elastic;
+  const bool elastic = proto.kind == WorkerProtocol::Kind::elastic;
   const long every = elastic ? cfg.cluster.sync_every : proto.local_steps;
   const float alpha = float(proto.alpha);
 

@@ -1,10 +1,10 @@
 // The loop of a PS worker whose rule averages models instead of gradients (local:H, easgd):
 // the worker trains its own θ with its own optimizer and pushes a change of θ now and then
-// (ps/rules/rule.h, WorkerProtocol).
+// (ps/modes/mode.h, WorkerProtocol).
 #pragma once
 
 #include "ps/client.h"
-#include "ps/rules/rule.h"
+#include "ps/modes/mode.h"
 #include "role_context.h"
 
 #include <cstddef>
@@ -21,7 +21,7 @@ inline void elastic_exchange(float* theta, float* centre_then_e, std::size_t n, 
   }
 }
 
-// Runs steps [0, total_steps) after client.connect(); the caller says Bye. `proto.push` is
+// Runs steps [0, total_steps) after client.connect(); the caller says Bye. `proto.kind` is
 // delta or elastic.
 void run_local_worker(RoleContext& ctx, PsClient& client, const WorkerProtocol& proto, int lr_batch);
 

@@ -34,14 +34,14 @@ void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
   // (a slowed rank's as late as on a slower machine: Straggler::paced).
   GradListener* listener = cfg.cluster.overlap ? ctx.straggler().paced(&push_when_ready) : nullptr;
 
-  const auto rule = make_rule(cfg.cluster.mode);
-  const WorkerProtocol proto = rule->worker_protocol();
-  if (proto.push != WorkerProtocol::Push::gradient) {
+  const Mode& mode = cfg.mode();
+  const WorkerProtocol proto = mode.worker_protocol();
+  if (proto.kind != WorkerProtocol::Kind::gradient) {
     if (opt.resume)
       throw std::invalid_argument(cfg.cluster.mode + " keeps each worker's own θ and optimizer state on the worker, "
                                   "which checkpoints do not hold: a run in this mode cannot be resumed");
     client.connect();
-    run_local_worker(ctx, client, proto, rule->update_batch(cfg.train.batch, cfg.cluster.workers));
+    run_local_worker(ctx, client, proto, mode.update_batch(cfg.train.batch, cfg.cluster.workers));
     ctx.metrics().flush();
     return;
   }

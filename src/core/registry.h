@@ -1,9 +1,10 @@
-// A registry of the named implementations of one seam: consistency rules (cluster.mode),
-// push codecs (cluster.codec) and transports (cluster.transport). The config names an
+// A registry of the named implementations of one seam: modes (cluster.mode), push codecs
+// (cluster.codec), transports (cluster.transport), models (model.kind), optimizers
+// (optimizer.kind) and the host collective of each transport. The config names an
 // implementation as "name" or "name:argument" (e.g. "ssp:2"); the registry creates it.
 //
 // Built-in implementations are listed in their seam's registry file, one line each
-// (ps/rules/registry.cpp, ps/codecs/registry.cpp, comm/transport/registry.cpp). A test or
+// (ps/modes/registry.cpp, ps/codecs/registry.cpp, comm/transport/registry.cpp, ...). A test or
 // an extension adds its own with add(), e.g. from a static Registrar in its own file; nothing
 // else has to change.
 //
@@ -35,6 +36,9 @@ class Registry {
     std::string help;   // one line
     bool takes_argument = false;
     Factory make;
+    std::string example = "";  // an argument it takes, e.g. "2" for ssp:<s> (to make one for a listing)
+    // "ssp:2": a spec that makes this implementation.
+    std::string example_spec() const { return takes_argument ? name + ":" + example : name; }
   };
 
   // `what` names the seam in errors, e.g. "consistency rule".
@@ -95,7 +99,7 @@ class Registry {
   std::vector<Entry> entries_;
 };
 
-// Adds an entry at static initialisation: `static Registrar<ConsistencyRule> r(rule_registry(), {...});`
+// Adds an entry at static initialisation: `static Registrar<Mode> r(mode_registry(), {...});`
 template <typename T>
 struct Registrar {
   Registrar(Registry<T>& registry, typename Registry<T>::Entry e) { registry.add(std::move(e)); }

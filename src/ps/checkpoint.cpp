@@ -16,13 +16,13 @@ namespace pslab {
 namespace {
 
 constexpr char kMagic[8] = {'P', 'S', 'L', 'A', 'B', 'C', 'K', 'P'};
-constexpr std::int64_t kFormat = 1;
+constexpr std::int64_t kFormat = 2, kFormatBsp = 1;  // format 1: the kept integers were acc_samples, acc_empty
 constexpr std::size_t kHeaderWords = 32;
 
 // Header word indices (after the magic at word 0).
 enum : std::size_t {
   kFormatWord = 1, kShard, kNumShards, kOffset, kLength, kWorkers, kVersion, kSamples, kOptSteps, kOptBuffers,
-  kAccFloats, kAccSamples, kAccEmpty, kBuckets, kConfigHash, kBodyBytes, kBodyChecksum, kRuleBytes
+  kKeptFloats, kKeptCount0, kKeptCount1, kBuckets, kConfigHash, kBodyBytes, kBodyChecksum, kReserved
 };
 
 template <typename T>
@@ -50,21 +50,20 @@ void write_checkpoint(const std::string& path, const ShardCheckpoint& c) {
   std::size_t buckets = 0;
   for (const auto& h : c.staleness) buckets = std::max(buckets, h.size());
   std::vector<char> body;
-  body.reserve((2 * W + W * buckets) * 8 + (1 + c.optimizer.size()) * L * 4 + c.acc.size() * 4);
+  body.reserve((2 * W + W * buckets) * 8 + (1 + c.optimizer.size()) * L * 4 + c.kept.size() * 4);
   std::vector<std::int64_t> ints(c.clocks.begin(), c.clocks.end());
   put(body, ints.data(), W);
   ints.assign(c.lost.begin(), c.lost.end());
   put(body, ints.data(), W);
   put(body, c.theta.data(), L);
   for (const auto& b : c.optimizer) put(body, b.data(), L);
-  put(body, c.acc.data(), c.acc.size());
+  put(body, c.kept.data(), c.kept.size());
   for (std::size_t w = 0; w < W; ++w) {  // W histograms of `buckets` counts
     if (w < c.staleness.size()) ints.assign(c.staleness[w].begin(), c.staleness[w].end());
     else ints.clear();
     ints.resize(buckets);
     put(body, ints.data(), buckets);
   }
-  put(body, c.rule_state.data(), c.rule_state.size());
   std::int64_t head[kHeaderWords] = {};
   std::memcpy(&head[0], kMagic, 8);
   head[kFormatWord] = kFormat;
@@ -77,14 +76,13 @@ void write_checkpoint(const std::string& path, const ShardCheckpoint& c) {
   head[kSamples] = c.samples_applied;
   head[kOptSteps] = c.optimizer_steps;
   head[kOptBuffers] = std::int64_t(c.optimizer.size());
-  head[kAccFloats] = std::int64_t(c.acc.size());
-  head[kAccSamples] = c.acc_samples;
-  head[kAccEmpty] = c.acc_empty;
+  head[kKeptFloats] = std::int64_t(c.kept.size());
+  head[kKeptCount0] = c.kept_counts[0];
+  head[kKeptCount1] = c.kept_counts[1];
   head[kBuckets] = std::int64_t(buckets);
   head[kConfigHash] = std::int64_t(c.config_hash);
   head[kBodyBytes] = std::int64_t(body.size());
   head[kBodyChecksum] = std::int64_t(wire::checksum_bytes(body.data(), body.size()));
-  head[kRuleBytes] = std::int64_t(c.rule_state.size());
 
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -123,14 +121,14 @@ ShardCheckpoint read_checkpoint(const std::string& path) {
   std::int64_t head[kHeaderWords] = {};
   if (!in.read(reinterpret_cast<char*>(head), sizeof head)) throw std::runtime_error("checkpoint " + path + ": truncated header");
   if (std::memcmp(&head[0], kMagic, 8) != 0) throw std::runtime_error("checkpoint " + path + ": not a pslab checkpoint");
-  if (head[kFormatWord] != kFormat)
+  if (head[kFormatWord] != kFormat && head[kFormatWord] != kFormatBsp)
     throw std::runtime_error("checkpoint " + path + ": format " + std::to_string(head[kFormatWord]) + ", this build reads " +
-                             std::to_string(kFormat));
-  const std::int64_t W = head[kWorkers], L = head[kLength], nb = head[kOptBuffers], acc = head[kAccFloats],
-                     buckets = head[kBuckets], bytes = head[kBodyBytes], rule = head[kRuleBytes];
+                             std::to_string(kFormatBsp) + " and " + std::to_string(kFormat));
+  const std::int64_t W = head[kWorkers], L = head[kLength], nb = head[kOptBuffers], kept = head[kKeptFloats],
+                     buckets = head[kBuckets], bytes = head[kBodyBytes];
   const bool sane = W >= 1 && W < (1 << 20) && L >= 0 && L < (std::int64_t(1) << 36) && nb >= 0 && nb <= 2 &&
-                    (acc == 0 || acc == L) && buckets >= 0 && buckets < (1 << 20) && rule >= 0 && rule < (1 << 30);
-  if (!sane || bytes != (2 * W + W * buckets) * 8 + (1 + nb) * L * 4 + acc * 4 + rule)
+                    (kept == 0 || kept == L) && buckets >= 0 && buckets < (1 << 20) && head[kReserved] == 0;
+  if (!sane || bytes != (2 * W + W * buckets) * 8 + (1 + nb) * L * 4 + kept * 4)
     throw std::runtime_error("checkpoint " + path + ": inconsistent header (sizes do not add up)");
   std::vector<char> body(std::size_t(bytes), 0);
   if (!in.read(body.data(), bytes) || in.peek() != std::ifstream::traits_type::eof())
@@ -148,8 +146,8 @@ ShardCheckpoint read_checkpoint(const std::string& path) {
   c.version = head[kVersion];
   c.samples_applied = head[kSamples];
   c.optimizer_steps = head[kOptSteps];
-  c.acc_samples = head[kAccSamples];
-  c.acc_empty = head[kAccEmpty] != 0;
+  c.kept_counts[0] = head[kKeptCount0];
+  c.kept_counts[1] = head[kFormatWord] == kFormatBsp ? (head[kKeptCount1] != 0 ? 0 : 1) : head[kKeptCount1];
   std::size_t at = 0;
   std::vector<std::int64_t> ints(static_cast<std::size_t>(W), 0);
   take(body, at, ints.data(), ints.size(), path);
@@ -160,16 +158,14 @@ ShardCheckpoint read_checkpoint(const std::string& path) {
   take(body, at, c.theta.data(), c.theta.size(), path);
   c.optimizer.assign(std::size_t(nb), std::vector<float>(std::size_t(L)));
   for (auto& b : c.optimizer) take(body, at, b.data(), b.size(), path);
-  c.acc.resize(std::size_t(acc));
-  take(body, at, c.acc.data(), c.acc.size(), path);
+  c.kept.resize(std::size_t(kept));
+  take(body, at, c.kept.data(), c.kept.size(), path);
   c.staleness.assign(std::size_t(W), std::vector<long>(std::size_t(buckets)));
   ints.resize(std::size_t(buckets));
   for (auto& h : c.staleness) {
     take(body, at, ints.data(), ints.size(), path);
     h.assign(ints.begin(), ints.end());
   }
-  c.rule_state.resize(std::size_t(rule));
-  take(body, at, c.rule_state.data(), c.rule_state.size(), path);
   return c;
 }
 

@@ -1,6 +1,6 @@
 // A parameter server's checkpoint of its shard: θ, the optimizer's state, the version, the
-// workers' clocks (and which were dropped), bsp's open accumulation and the staleness
-// statistics: everything a server needs to go on where it stopped.
+// workers' clocks (and which were dropped), what the shard keeps for its mode (bsp: the open
+// clock's sum) and the staleness statistics: everything a server needs to go on where it stopped.
 //
 // One file per shard (RUN_DIR/checkpoints/server<K>.ckpt), written atomically: the bytes go to
 // a temporary file in the same directory, which is flushed to disk and then renamed over the
@@ -8,17 +8,18 @@
 // rename is the "done" marker).
 //
 // Layout, every field little-endian:
-//   header   32 x int64: "PSLABCKP" (8 bytes), format version (1), shard, num_shards, offset,
+//   header   32 x int64: "PSLABCKP" (8 bytes), format version (2), shard, num_shards, offset,
 //            length, workers, version, samples_applied, optimizer steps, optimizer buffers,
-//            accumulated floats (0 or length), acc_samples, acc_empty, staleness buckets per
-//            worker, config fingerprint, body bytes, body checksum (wire::checksum_bytes),
-//            the rule's state bytes, then zeros
+//            the mode's kept floats (0 or length), its two kept integers, staleness buckets
+//            per worker, config fingerprint, body bytes, body checksum (wire::checksum_bytes),
+//            0 (reserved), then zeros
 //   body     clocks (workers x int64), lost (workers x int64, 0/1), θ (length x float32),
-//            each optimizer buffer (length x float32), the accumulation (its floats),
-//            staleness histograms (workers x buckets x int64), the rule's state
-//            (ConsistencyRule::save(), its bytes)
+//            each optimizer buffer (length x float32), the mode's kept buffer (its floats),
+//            staleness histograms (workers x buckets x int64)
+// Format 1 (the kept integers were bsp's acc_samples and acc_empty) is read too.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -35,11 +36,9 @@ struct ShardCheckpoint {
   std::vector<float> theta;  // length floats
   long optimizer_steps = 0;
   std::vector<std::vector<float>> optimizer;  // Optimizer::state()
-  std::vector<float> acc;                     // bsp: the open clock's gradient sum (or empty)
-  long acc_samples = 0;
-  bool acc_empty = true;
+  std::vector<float> kept;                    // what the shard keeps for the mode (bsp: the open clock's sum), or empty
+  std::array<long, 2> kept_counts{};          // the integers it keeps for the mode (bsp: the sum's samples and pushes)
   std::vector<std::vector<long>> staleness;  // per worker, histogram
-  std::string rule_state;                    // ConsistencyRule::save() (built-in rules: empty)
 };
 
 // Writes `c` to `path` atomically (path + ".tmp", fsync, rename). Throws std::runtime_error

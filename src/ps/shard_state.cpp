@@ -73,10 +73,12 @@ constexpr std::size_t kMinFloatsPerThread = std::size_t(1) << 17;
 }  // namespace
 
 ShardState::ShardState(Backend& cpu, const Options& opt, std::vector<float> initial)
-    : opt_(opt), be_(cpu), rule_(make_rule(opt.mode)), codec_(make_codec(opt.codec)),
+    : opt_(opt), be_(cpu), mode_(mode_of(opt.mode)), codec_(make_codec(opt.codec)),
       optimizer_(cpu, opt.optimizer, opt.range.length, opt.layers),
-      params_(std::move(initial), opt.memory), clocks_(std::size_t(opt.workers), 0), lost_(std::size_t(opt.workers), 0), staleness_(std::size_t(opt.workers)),
-      team_(std::max(1, opt.threads)), grad_sums_(std::size_t(team_.size())), param_sums_(std::size_t(team_.size())) {
+      params_(std::move(initial), opt.memory), clocks_(std::size_t(opt.workers), 0), lost_(std::size_t(opt.workers), 0),
+      staleness_(std::size_t(opt.workers)), team_(std::max(1, opt.threads)), grad_sums_(std::size_t(team_.size())),
+      param_sums_(std::size_t(team_.size())) {
+  if (!mode_.uses_servers()) throw std::invalid_argument("cluster.mode = \"" + opt.mode + "\" has no servers");
   if (params_.size() != opt.range.length)
     throw std::invalid_argument("ShardState: initial slice has " + std::to_string(params_.size()) +
                                 " floats, the shard " + std::to_string(opt.range.length));
@@ -95,11 +97,9 @@ ShardCheckpoint ShardState::checkpoint() const {
   c.theta.assign(params_.current(), params_.current() + params_.size());
   c.optimizer_steps = optimizer_.steps();
   c.optimizer = optimizer_.state();
-  if (!acc_empty_) c.acc = acc_;
-  c.acc_samples = acc_samples_;
-  c.acc_empty = acc_empty_;
+  c.kept = kept_;
+  c.kept_counts = kept_counts_;
   c.staleness = staleness_;
-  c.rule_state = rule_->save();
   return c;
 }
 
@@ -111,8 +111,7 @@ void ShardState::restore(const ShardCheckpoint& c) {
   if (c.clocks.size() != clocks_.size())
     throw std::invalid_argument("it has " + std::to_string(c.clocks.size()) + " workers, this run " +
                                 std::to_string(clocks_.size()));
-  if (!c.acc_empty && c.acc.size() != opt_.range.length) throw std::invalid_argument("its accumulation has the wrong size");
-  rule_->load(c.rule_state);
+  if (!c.kept.empty() && c.kept.size() != opt_.range.length) throw std::invalid_argument("its mode's buffer has the wrong size");
   optimizer_.restore(c.optimizer_steps, c.optimizer);
   float* next = params_.next();
   std::copy(c.theta.begin(), c.theta.end(), next);
@@ -122,9 +121,8 @@ void ShardState::restore(const ShardCheckpoint& c) {
   samples_applied_ = c.samples_applied;
   clocks_ = c.clocks;
   lost_ = c.lost;
-  acc_ = c.acc;
-  acc_samples_ = c.acc_samples;
-  acc_empty_ = c.acc_empty;
+  kept_ = c.kept;
+  kept_counts_ = c.kept_counts;
   staleness_ = c.staleness;
   for (auto& h : staleness_)  // the file pads every histogram to the longest
     while (!h.empty() && h.back() == 0) h.pop_back();
@@ -132,11 +130,11 @@ void ShardState::restore(const ShardCheckpoint& c) {
 
 void ShardState::record_pull(int worker, long clock) {
   if (opt_.record_pulls) pulls_.push_back({worker, clock, min_clock(), version_});
-  if (rule_->keeps_pulled_params() && worker >= 0 && worker < opt_.workers) {
+  if (mode_.keeps_served_theta() && worker >= 0 && worker < opt_.workers) {
     const std::size_t n = opt_.range.length;
-    if (pulled_.empty()) pulled_.assign(std::size_t(opt_.workers) * n, 0.0f), pulled_version_.assign(std::size_t(opt_.workers), -1);
-    std::copy(params_.current(), params_.current() + n, pulled_.begin() + std::ptrdiff_t(std::size_t(worker) * n));
-    pulled_version_[std::size_t(worker)] = version_;
+    if (served_.empty()) served_.assign(std::size_t(opt_.workers) * n, 0.0f), served_version_.assign(std::size_t(opt_.workers), -1);
+    std::copy(params_.current(), params_.current() + n, served_.begin() + std::ptrdiff_t(std::size_t(worker) * n));
+    served_version_[std::size_t(worker)] = version_;
   }
 }
 
@@ -147,31 +145,30 @@ void ShardState::count_staleness(int worker, long staleness) {
   ++h[b];
 }
 
-void ShardState::step(const float* grad, long update_samples, double lr_factor, const std::uint64_t* verify,
-                      Update how) {
+void ShardState::update(const float* x, long update_samples, double lr_factor, const std::uint64_t* verify, Update how) {
   const double epoch = double(samples_applied_) / double(opt_.train_size);
-  const int lr_batch = rule_->update_batch(opt_.batch, opt_.workers);
+  const int lr_batch = mode_.update_batch(opt_.batch, opt_.workers);
   const double lr = lr_factor * learning_rate(opt_.schedule, opt_.optimizer.lr, lr_batch, epoch);
   const float* cur = params_.current();
   float* next = params_.next();
   if (how.optimizer) {
     optimizer_.begin_step();
-    optimizer_.prepare(cur, grad);  // layer-wise optimizers: the trust ratios over the whole shard
+    optimizer_.prepare(cur, x);  // layer-wise optimizers: the trust ratios over the whole shard
   }
   const float scale = float(how.scale);
   const int slices = for_slices([&](std::size_t begin, std::size_t end, int t) {
-    wire::Checksum grad_sum, param_sum;
+    wire::Checksum x_sum, param_sum;
     for (std::size_t lo = begin; lo < end; lo += kChunk) {
       const std::size_t n = std::min(kChunk, end - lo);
-      if (verify) grad_sum.update(grad + lo, n);
+      if (verify) x_sum.update(x + lo, n);
       if (how.optimizer) {
-        optimizer_.step_range(cur + lo, grad + lo, next + lo, lo, n, lr);
+        optimizer_.step_range(cur + lo, x + lo, next + lo, lo, n, lr);
       } else {
-        for (std::size_t i = lo; i < lo + n; ++i) next[i] = cur[i] + scale * grad[i];
+        for (std::size_t i = lo; i < lo + n; ++i) next[i] = cur[i] + scale * x[i];
       }
       param_sum.update(next + lo, n);
     }
-    grad_sums_[std::size_t(t)] = grad_sum, param_sums_[std::size_t(t)] = param_sum;
+    grad_sums_[std::size_t(t)] = x_sum, param_sums_[std::size_t(t)] = param_sum;
   });
   for (int t = 1; t < slices; ++t) grad_sums_[0].append(grad_sums_[std::size_t(t)]), param_sums_[0].append(param_sums_[std::size_t(t)]);
   if (verify && grad_sums_[0].value() != *verify) bad_checksum();  // `next` is never published
@@ -206,96 +203,57 @@ std::uint64_t ShardState::checksum_of(const float* data) {
   return grad_sums_[0].value();
 }
 
-void ShardState::verify_pending() {
-  if (pending_.verified) return;
-  if (checksum_of(pending_.grad) != pending_.checksum) bad_checksum();
-  pending_.verified = true;
+// ---- the primitives a mode uses (ShardOps) ----
+
+const float* ShardState::payload() {
+  if (!pending_.verified) {
+    if (checksum_of(pending_.payload) != pending_.checksum) bad_checksum();
+    pending_.verified = true;
+  }
+  return pending_.payload;
 }
 
-void ShardState::apply(double lr_factor) {
-  if (pending_.batch == 0) return verify_pending();  // an empty batch: no update (momentum, Adam, decay would move θ)
-  if (opt_.optimizer.staleness_lr) lr_factor /= double(std::max(1L, pending_staleness()));  // Zhang et al. 2016
-  const long samples = pending_.counted ? 0 : pending_.batch;
-  if (!pending_.verified && optimizer_.stateless()) {
-    // A stateless optimizer's update can be abandoned before publication: verify the
-    // gradient in the same pass. A stateful one would have changed its state: verify first.
-    step(pending_.grad, samples, lr_factor, &pending_.checksum);
+const float* ShardState::served(int worker) {
+  if (served_version_.empty() || served_version_[std::size_t(worker)] != pending_.version_pulled)
+    throw ProtocolError(mode_.name() + ": worker " + std::to_string(worker) + " pushed a gradient of version " +
+                        std::to_string(pending_.version_pulled) + ", but this shard last served it " +
+                        (served_version_.empty() || served_version_[std::size_t(worker)] < 0
+                             ? std::string("nothing")
+                             : "version " + std::to_string(served_version_[std::size_t(worker)])));
+  return served_.data() + std::size_t(worker) * opt_.range.length;
+}
+
+float* ShardState::kept() {
+  if (kept_.size() != opt_.range.length) kept_.assign(opt_.range.length, 0.0f);
+  return kept_.data();
+}
+
+float* ShardState::scratch() {
+  if (scratch_.size() != opt_.range.length) scratch_.resize(opt_.range.length);
+  return scratch_.data();
+}
+
+void ShardState::update_with(const float* x, long samples, double lr_factor, Update how) {
+  if (x) return update(x, samples, lr_factor, nullptr, how);
+  // This push's payload. A stateless update can be abandoned before publication: its payload is
+  // checked in the same pass. A stateful one (momentum, Adam) would have changed its state: checked first.
+  if (!pending_.verified && (!how.optimizer || optimizer_.stateless())) {
+    update(pending_.payload, samples, lr_factor, &pending_.checksum, how);
     pending_.verified = true;
   } else {
-    verify_pending();
-    step(pending_.grad, samples, lr_factor, nullptr);
+    update(payload(), samples, lr_factor, nullptr, how);
   }
-  pending_.counted = true;
 }
 
-void ShardState::apply_delay_compensated(double lambda) {
-  if (pending_.batch == 0) return verify_pending();
-  const int w = pending_.worker;
-  if (pulled_version_.empty() || pulled_version_[std::size_t(w)] != pending_.version_pulled)
-    throw ProtocolError(rule_->name() + ": worker " + std::to_string(w) + " pushed a gradient of version " +
-                        std::to_string(pending_.version_pulled) + ", but this shard last served it " +
-                        (pulled_version_.empty() || pulled_version_[std::size_t(w)] < 0
-                             ? std::string("nothing")
-                             : "version " + std::to_string(pulled_version_[std::size_t(w)])));
-  verify_pending();  // before the gradient is read for the correction
-  const std::size_t n = opt_.range.length;
-  if (compensated_.size() != n) compensated_.resize(n);
-  const float* g = pending_.grad;
-  const float* now = params_.current();
-  const float* then = pulled_.data() + std::size_t(w) * n;
-  const float l = float(lambda);
-  for (std::size_t i = 0; i < n; ++i) compensated_[i] = g[i] + l * g[i] * g[i] * (now[i] - then[i]);
-  const float* grad = pending_.grad;
-  pending_.grad = compensated_.data();
-  double lr_factor = 1.0;
-  if (opt_.optimizer.staleness_lr) lr_factor /= double(std::max(1L, pending_staleness()));
-  step(pending_.grad, pending_.counted ? 0 : pending_.batch, lr_factor, nullptr);
-  pending_.grad = grad;
-  pending_.counted = true;
+void ShardState::step(const float* grad, double lr_factor, long samples) {
+  if (!grad && pending_.batch == 0) return (void)payload();  // an empty batch: no update (momentum, Adam, decay would move θ)
+  if (opt_.optimizer.staleness_lr) lr_factor /= double(std::max(1L, pending_staleness()));  // Zhang et al. 2016
+  update_with(grad, samples, lr_factor, Update{true, 1.0});
 }
 
-void ShardState::add(double scale) {
-  if (pending_.batch == 0) return verify_pending();
-  // No optimizer state: the payload is checked in the pass that adds it, before publication.
-  step(pending_.grad, pending_.counted ? 0 : pending_.batch, 1.0, pending_.verified ? nullptr : &pending_.checksum,
-       Update{false, scale});
-  pending_.verified = pending_.counted = true;
-}
-
-void ShardState::add_accumulated() {
-  if (acc_samples_ > 0) {
-    step(acc_.data(), acc_samples_, 1.0, nullptr, Update{false, 1.0 / double(acc_samples_)});
-  } else {
-    ++version_;  // a clock without samples: θ stays, the clock advances
-  }
-  acc_samples_ = 0;
-  acc_empty_ = true;
-}
-
-void ShardState::accumulate() {
-  verify_pending();
-  const std::size_t n = opt_.range.length;
-  if (acc_.size() != n) acc_.assign(n, 0.0f);
-  if (acc_empty_) {
-    const float b = float(pending_.batch);
-    for (std::size_t i = 0; i < n; ++i) acc_[i] = b * pending_.grad[i];
-    acc_empty_ = false;
-  } else if (pending_.batch > 0) {
-    be_.axpy(n, float(pending_.batch), pending_.grad, acc_.data());
-  }
-  acc_samples_ += pending_.batch;
-  pending_.counted = true;
-}
-
-void ShardState::apply_accumulated() {
-  if (acc_samples_ > 0) {
-    be_.scale(opt_.range.length, 1.0f / float(acc_samples_), acc_.data());
-    step(acc_.data(), acc_samples_, 1.0, nullptr);
-  } else {
-    ++version_;  // a clock without samples: θ stays, the clock advances
-  }
-  acc_samples_ = 0;
-  acc_empty_ = true;
+void ShardState::add(const float* change, double scale, long samples) {
+  if (!change && pending_.batch == 0) return (void)payload();
+  update_with(change, samples, 1.0, Update{false, scale});
 }
 
 void ShardState::push(int worker, long clock, long version_pulled, int batch, std::span<const std::byte> payload,
@@ -314,23 +272,23 @@ void ShardState::push(int worker, long clock, long version_pulled, int batch, st
     throw ProtocolError("push computed on version " + std::to_string(version_pulled) +
                         ", which this shard has not reached (at " + std::to_string(version_) + ")");
   const PushInfo info{worker, clock, version_pulled, batch};
-  rule_->check_push(info, view());
+  mode_.check_push(info, view());
 
-  // The gradient, dense. Dense f32 is read in place and checked in the first pass over it
+  // The payload, dense. Dense f32 is read in place and checked in the first pass over it
   // (fused with the update where it can be); other codecs are checked, then decoded.
   const std::size_t n = opt_.range.length;
-  const float* grad = decoded_.data();
+  const float* dense = decoded_.data();
   bool verified = false;
   if (codec_->dense_f32()) {
     if (payload.size() != n * sizeof(float))
       throw PayloadError("f32 payload of " + std::to_string(payload.size()) + " bytes for a shard of " +
                          std::to_string(n) + " floats");
     if (reinterpret_cast<std::uintptr_t>(payload.data()) % alignof(float) == 0) {
-      grad = reinterpret_cast<const float*>(payload.data());
+      dense = reinterpret_cast<const float*>(payload.data());
     } else {
       if (decoded_.size() != n) decoded_.resize(n);  // a transport that does not align: copy once
       codec_->decode(payload, n, decoded_.data());
-      grad = decoded_.data();
+      dense = decoded_.data();
     }
   } else {
     if (wire::checksum_bytes(payload.data(), payload.size()) != checksum) bad_checksum();
@@ -338,13 +296,13 @@ void ShardState::push(int worker, long clock, long version_pulled, int batch, st
     verified = true;
   }
 
-  // The rule sees the worker's clock with this push counted; a payload that fails its check
-  // inside the rule's first ShardOps call changed nothing, and the clock goes back.
+  // The mode sees the worker's clock with this push counted; a payload that fails its check
+  // in the mode's first read of it changed nothing, and the clock goes back.
   const long arrived_at = version_;
-  pending_ = Pending{grad, checksum, batch, verified, false, worker, version_pulled};
+  pending_ = Pending{dense, checksum, batch, verified, worker, version_pulled};
   ++wclock;
   try {
-    rule_->on_push(info, view(), *this);
+    mode_.on_push(info, view(), *this);
   } catch (...) {
     --wclock;
     pending_ = Pending{};
@@ -357,16 +315,16 @@ void ShardState::push(int worker, long clock, long version_pulled, int batch, st
 long ShardState::fast_forward(int worker, long clock) {
   long& c = clocks_.at(std::size_t(worker));
   if (clock <= c) return 0;
-  if (!rule_->trains_without_lost_workers())
-    throw std::logic_error(rule_->name() + " cannot train on without worker " + std::to_string(worker) + "'s updates");
+  if (!mode_.trains_without_lost_workers())
+    throw std::logic_error(mode_.name() + " cannot train on without worker " + std::to_string(worker) + "'s updates");
   const long lost = clock - c;
   c = clock;
   return lost;
 }
 
 void ShardState::drop_worker(int worker) {
-  if (!rule_->trains_without_lost_workers())
-    throw std::logic_error(rule_->name() + " cannot train on without worker " + std::to_string(worker));
+  if (!mode_.trains_without_lost_workers())
+    throw std::logic_error(mode_.name() + " cannot train on without worker " + std::to_string(worker));
   lost_.at(std::size_t(worker)) = 1;
 }
 

@@ -2,11 +2,11 @@
 // its range, the clock table of the workers and the staleness statistics. A plain object
 // that the server's event loop drives and that tests drive directly, without sockets.
 //
-// What a push does and when a pull may be served is the consistency rule's decision
-// (ps/rules/rule.h, chosen by Options::mode); the shard checks what every rule needs
-// (a worker's rank, its next clock, a version the shard has had, the payload's checksum),
-// decodes the payload with the run's push codec (ps/codecs/, Options::codec) and asks the
-// rule, which updates θ through ShardOps.
+// What a push does and when a pull may be served is the mode's decision (ps/modes/mode.h,
+// chosen by Options::mode); the shard checks what every mode needs (a worker's rank, its next
+// clock, a version the shard has had, the payload's checksum), decodes the payload with the
+// run's push codec (ps/codecs/, Options::codec) and asks the mode, which updates θ through the
+// shard's primitives (ShardOps).
 //
 // Versions: `version` counts updates applied to the shard. Staleness of a push = the shard's
 // version when it arrived - the version its gradient was computed on (0 under bsp).
@@ -15,6 +15,7 @@
 // ParamVersions::release(), which a transport's I/O thread calls when a zero-copy send is done.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -30,7 +31,7 @@
 #include "ps/checkpoint.h"
 #include "ps/codecs/codec.h"
 #include "ps/errors.h"
-#include "ps/rules/rule.h"
+#include "ps/modes/mode.h"
 
 namespace pslab {
 
@@ -89,7 +90,7 @@ struct PullRecord {
 class ShardState : private ShardOps {
  public:
   struct Options {
-    std::string mode = "asp";    // the consistency rule, as cluster.mode names it
+    std::string mode = "asp";    // as cluster.mode names it (a mode with servers)
     std::string codec = "f32";   // the push codec, as cluster.codec names it
     int workers = 1;
     ShardRange range;
@@ -103,32 +104,32 @@ class ShardState : private ShardOps {
     ParamVersions::Memory memory;  // where θ versions live (default: the heap)
   };
   // `initial` is the shard's slice of the initial θ (range.length floats). Throws
-  // std::invalid_argument for an unknown mode or codec.
+  // std::invalid_argument for an unknown mode or codec, or a mode without servers.
   ShardState(Backend& cpu, const Options& opt, std::vector<float> initial);
 
   // A worker's gradient for its step `clock`, computed on parameters of `version_pulled`, over
   // `batch` samples: `payload` is its range.length floats encoded by the codec, `checksum`
-  // the payload's wire::checksum_bytes. The rule decides what it does (asp/ssp: applied now;
-  // bsp: accumulated and applied with the clock). Throws ProtocolError when the push breaks
-  // the rules and PayloadError when the payload fails its checksum or cannot be decoded;
+  // the payload's wire::checksum_bytes. The mode decides what it does (asp/ssp: applied now;
+  // bsp: summed and applied with the clock). Throws ProtocolError when the push breaks the
+  // mode's rules and PayloadError when the payload fails its checksum or cannot be decoded;
   // either way nothing changes.
   void push(int worker, long clock, long version_pulled, int batch, std::span<const std::byte> payload,
             std::uint64_t checksum);
   // Whether a pull by a worker at `clock` may be served now (evaluators are never held).
-  bool pull_ready(long clock) const { return rule_->pull_ready(clock, view()); }
+  bool pull_ready(long clock) const { return mode_.pull_ready(clock, view()); }
   // Why a pull for `clock` is held, naming the workers it waits for.
-  std::string why_held(long clock) const { return rule_->why_held(clock, view()); }
-  // Notes that a pull was served now (the records; for a rule that keeps_pulled_params, a copy
+  std::string why_held(long clock) const { return mode_.why_held(clock, view()); }
+  // Notes that a pull was served now (the records; for a mode that keeps_served_theta, a copy
   // of the shard as served to `worker`).
   void record_pull(int worker, long clock);
-  // Bytes of those copies: workers x shard, 0 for rules that keep none.
-  std::size_t pulled_params_bytes() const { return pulled_.size() * sizeof(float); }
-  // Drops a worker that died or fell silent (the server decides; the rule must train on without
-  // it): its clock no longer counts for the rule, and a later push from it is refused.
+  // Bytes of those copies: workers x shard, 0 for modes that keep none.
+  std::size_t pulled_params_bytes() const { return served_.size() * sizeof(float); }
+  // Drops a worker that died or fell silent (the server decides; the mode must train on without
+  // it): its clock no longer counts for the mode, and a later push from it is refused.
   void drop_worker(int worker);
   bool dropped(int worker) const { return lost_[std::size_t(worker)] != 0; }
   // A worker rejoining a server restarted from a checkpoint that is behind it: its clock moves
-  // to `clock` (the rule must train on without the updates in between, as asp and ssp do);
+  // to `clock` (the mode must train on without the updates in between, as asp and ssp do);
   // returns how many of its updates this shard lost (0 if it was not behind).
   long fast_forward(int worker, long clock);
 
@@ -138,7 +139,7 @@ class ShardState : private ShardOps {
   // Goes on from a checkpoint of this shard (same range and workers; throws
   // std::invalid_argument naming what differs). θ becomes a new current version.
   void restore(const ShardCheckpoint& c);
-  const ConsistencyRule& rule() const { return *rule_; }
+  const Mode& mode() const { return mode_; }
   const PushCodec& codec() const { return *codec_; }
   long version() const { return version_; }
   long min_clock() const { return view().min_clock(); }
@@ -157,13 +158,12 @@ class ShardState : private ShardOps {
   long updates_applied() const { return version_; }
 
  private:
-  // The push being handled, for the ShardOps the rule calls.
+  // The push being handled, for the primitives the mode calls.
   struct Pending {
-    const float* grad = nullptr;  // dense, range.length floats
-    std::uint64_t checksum = 0;   // of the payload bytes; for dense f32, grad's own bytes
+    const float* payload = nullptr;  // dense, range.length floats
+    std::uint64_t checksum = 0;      // of the payload bytes; for dense f32, the floats' own bytes
     int batch = 0;
-    bool verified = false;  // the gradient's checksum was checked
-    bool counted = false;   // its samples were added to samples_applied_
+    bool verified = false;    // the payload's checksum was checked
     int worker = 0;
     long version_pulled = 0;  // the version its gradient was computed on
   };
@@ -171,24 +171,28 @@ class ShardState : private ShardOps {
   long pending_staleness() const { return version_ - pending_.version_pulled; }
   ShardView view() const { return ShardView{version_, clocks_, lost_}; }
   // ShardOps, on pending_.
-  void apply(double lr_factor) override;
-  void accumulate() override;
-  void apply_accumulated() override;
-  void apply_delay_compensated(double lambda) override;
-  void add(double scale) override;
-  void add_accumulated() override;
-  void verify_pending();
-  // How step() makes the next version: an optimizer step with a gradient, or θ + scale x a change.
+  std::size_t length() const override { return opt_.range.length; }
+  const float* payload() override;
+  const float* theta() const override { return params_.current(); }
+  const float* served(int worker) override;
+  float* kept() override;
+  std::span<long, 2> kept_counts() override { return kept_counts_; }
+  float* scratch() override;
+  Backend& cpu() override { return be_; }
+  void step(const float* grad, double lr_factor, long samples) override;
+  void add(const float* change, double scale, long samples) override;
+  void advance() override { ++version_; }
+  // How update() makes the next version: an optimizer step with a gradient, or θ + scale x a change.
   struct Update {
     bool optimizer;
     double scale;  // !optimizer: the change's factor
   };
-  // Writes the next version from the current one and `grad` (a gradient, or a change of θ),
-  // chunk by chunk, computing the new version's checksum on the way (and, with verify, the
-  // gradient's: on a mismatch the new version is dropped before publication and PayloadError
-  // thrown).
-  void step(const float* grad, long update_samples, double lr_factor, const std::uint64_t* verify,
-            Update how = Update{true, 1.0});
+  // Writes the next version from the current one and `x` (a gradient, or a change of θ),
+  // chunk by chunk, computing the new version's checksum on the way (and, with verify, x's: on
+  // a mismatch the new version is dropped before publication and ChecksumError thrown).
+  void update(const float* x, long update_samples, double lr_factor, const std::uint64_t* verify, Update how);
+  // update() with x = grad, or with the pending payload (verified in the same pass where that is safe).
+  void update_with(const float* x, long samples, double lr_factor, Update how);
   // Runs fn(lo, hi, t) over slices [lo, hi) of the shard, on the team's threads when the shard
   // is large enough to gain (slices of whole 64-byte lines; t = the slice's index); returns how
   // many slices there were.
@@ -198,7 +202,7 @@ class ShardState : private ShardOps {
 
   Options opt_;
   Backend& be_;
-  std::unique_ptr<ConsistencyRule> rule_;
+  const Mode& mode_;
   std::unique_ptr<PushCodec> codec_;
   std::vector<float> decoded_;  // a push decoded to dense floats (codecs other than dense f32)
   Optimizer optimizer_;
@@ -209,16 +213,15 @@ class ShardState : private ShardOps {
   std::vector<long> clocks_;  // per worker: pushes done
   std::vector<char> lost_;    // per worker: 1 = dropped (drop_worker)
   Pending pending_;
-  // Rules that accumulate: the open clock's batch-weighted gradient sum, allocated on first use.
-  std::vector<float> acc_;
-  long acc_samples_ = 0;
-  bool acc_empty_ = true;
+  std::vector<float> kept_;           // the mode's kept buffer, allocated on first use (in checkpoints)
+  std::array<long, 2> kept_counts_{};  // the mode's kept integers (in checkpoints)
+  std::vector<float> scratch_;        // a buffer for one push, allocated on first use
   std::vector<std::vector<long>> staleness_;
   std::vector<PullRecord> pulls_;
-  // keeps_pulled_params rules: per worker, the shard as last served (workers x range.length)
-  // and its version (-1: never served); the corrected gradient of a push, reused.
-  std::vector<float> pulled_, compensated_;
-  std::vector<long> pulled_version_;
+  // keeps_served_theta modes: per worker, the shard as last served (workers x range.length)
+  // and its version (-1: never served).
+  std::vector<float> served_;
+  std::vector<long> served_version_;
   ThreadTeam team_;
   std::vector<wire::Checksum> grad_sums_, param_sums_;  // per slice, reused
 };

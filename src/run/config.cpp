@@ -2,7 +2,7 @@
 
 #include "comm/transport/transport.h"
 #include "ps/codecs/codec.h"
-#include "ps/rules/rule.h"
+#include "ps/modes/mode.h"
 
 #include <toml++/toml.h>
 
@@ -349,24 +349,39 @@ ExperimentConfig from_table(const toml::table& root, const std::string& origin) 
 
 }  // namespace
 
-void validate(const ExperimentConfig& c, const std::string& origin) {
-  auto check = [&](bool ok, const char* key, const std::string& what) {
+namespace {
+
+// Checks of one config: check(ok, key, what) fails with "<origin>: <key>: <what>".
+struct Checker {
+  const ExperimentConfig& c;
+  const std::string& origin;
+  void operator()(bool ok, const char* key, const std::string& what) const {
     if (!ok) fail(origin, key, what);
-  };
-  check(!c.name.empty() && c.name.find('/') == std::string::npos, "name",
-        "must be a non-empty name without '/'");
+  }
+  // A seam's name through its registry (built-ins and whatever a test registered).
+  template <typename Registry>
+  void name(const Registry& registry, const std::string& name, const char* key) const {
+    try {
+      registry.check(name);
+    } catch (const std::invalid_argument& e) {
+      fail(origin, key, e.what());
+    }
+  }
+};
+
+void validate_model_and_data(const Checker& check) {
+  const ExperimentConfig& c = check.c;
+  check(!c.name.empty() && c.name.find('/') == std::string::npos, "name", "must be a non-empty name without '/'");
   check(c.model.kind == "linear" || c.model.kind == "mlp" || c.model.kind == "cnn", "model.kind",
         "expected \"linear\", \"mlp\" or \"cnn\", got \"" + c.model.kind + "\"");
-  check(c.model.init == "he" || c.model.init == "zeros", "model.init",
-        "expected \"he\" or \"zeros\", got \"" + c.model.init + "\"");
+  check(c.model.init == "he" || c.model.init == "zeros", "model.init", "expected \"he\" or \"zeros\", got \"" + c.model.init + "\"");
   for (int h : c.model.hidden) check(h > 0, "model.hidden", "widths must be > 0");
   for (int h : c.model.conv_channels) check(h > 0, "model.conv_channels", "channels must be > 0");
-  check(c.data.kind == "fashion-mnist" || c.data.kind == "least-squares" || c.data.kind == "logistic",
-        "data.kind", "expected \"fashion-mnist\", \"least-squares\" or \"logistic\", got \"" + c.data.kind + "\"");
+  check(c.data.kind == "fashion-mnist" || c.data.kind == "least-squares" || c.data.kind == "logistic", "data.kind",
+        "expected \"fashion-mnist\", \"least-squares\" or \"logistic\", got \"" + c.data.kind + "\"");
   check(c.data.kind != "least-squares" || c.model.kind == "linear", "model.kind",
         "data.kind = \"least-squares\" needs model.kind = \"linear\" (its known optimum is linear)");
-  check(c.data.kind == "fashion-mnist" || c.model.kind != "cnn", "model.kind",
-        "\"cnn\" needs image data (data.kind = \"fashion-mnist\")");
+  check(c.data.kind == "fashion-mnist" || c.model.kind != "cnn", "model.kind", "\"cnn\" needs image data (data.kind = \"fashion-mnist\")");
   check(c.data.train_samples >= 0, "data.train_samples", "must be >= 0");
   check(c.data.test_samples >= 0, "data.test_samples", "must be >= 0");
   check(c.data.dim > 0, "data.dim", "must be > 0");
@@ -376,88 +391,102 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
     validate(c.optimizer);
     validate(c.schedule);
   } catch (const std::invalid_argument& e) {
-    throw ConfigError(origin + ": " + e.what());
+    throw ConfigError(check.origin + ": " + e.what());
   }
+}
+
+void validate_train(const Checker& check) {
+  const ExperimentConfig& c = check.c;
   check(c.train.batch >= 1, "train.batch", "must be >= 1");
   check(c.train.accumulate >= 1, "train.accumulate", "must be >= 1");
   check(c.train.accumulate == 1 || !c.cluster.overlap, "train.accumulate",
         "with cluster.overlap: a push or all-reduce goes once per accumulated update, not during each backward");
-
   check(c.train.epochs > 0 || c.train.steps > 0, "train.epochs", "must be > 0 (or set train.steps)");
   check(c.train.steps >= 0, "train.steps", "must be >= 0");
   check(c.train.device == "cpu" || c.train.device == "cuda", "train.device",
         "expected \"cpu\" or \"cuda\", got \"" + c.train.device + "\"");
   check(c.train.threads >= 0, "train.threads", "must be >= 0");
   check(c.train.log_every >= 1, "train.log_every", "must be >= 1");
-  if (c.cluster.mode != kAllreduce) {
-    try {
-      rule_registry().check(c.cluster.mode);
-    } catch (const std::invalid_argument& e) {
-      fail(origin, "cluster.mode", std::string(e.what()) + "; or \"allreduce\" (gradients all-reduced, no servers)");
+  check(!c.train.tf32 || c.train.device == "cuda", "train.tf32", "TF32 is a GPU option: it needs train.device = \"cuda\"");
+}
+
+// The rendered value of `key` in `c` (for comparing a key with its default).
+std::string value_of(const ExperimentConfig& c, const std::string& key) {
+  std::string v;
+  visit_fields(c, [&](const char* k, const auto& field, const char*) {
+    if (k != key) return;
+    toml::table t;
+    write_field(t, "v", field);
+    v = node_text(*t["v"].node());
+  });
+  return v;
+}
+
+// What the mode needs: its name, the keys only some modes read, and what its protocol allows.
+void validate_mode(const Checker& check) {
+  const ExperimentConfig& c = check.c;
+  check.name(mode_registry(), c.cluster.mode, "cluster.mode");
+  const Mode& mode = c.mode();
+  const std::string in_mode = "cluster.mode = \"" + c.cluster.mode + "\"";
+  const auto mine = mode.reads();
+  for (const auto& e : mode_registry().entries())
+    for (const Mode::Key& k : (e.takes_argument && e.example.empty() ? std::vector<Mode::Key>{}
+                                                                      : mode_of(e.example_spec()).reads())) {  // every mode's mode-only keys
+      const bool read = std::any_of(mine.begin(), mine.end(), [&](const Mode::Key& m) { return m.key == k.key; });
+      check(read || value_of(c, k.key) == value_of(ExperimentConfig{}, k.key), k.key.c_str(),
+            k.what + "; " + in_mode + " does not use it");
     }
-  }
-  // The seams' names, through their registries (built-ins and whatever a test registered).
-  auto check_name = [&](const auto& registry, const std::string& name, const char* key) {
-    try {
-      registry.check(name);
-    } catch (const std::invalid_argument& e) {
-      fail(origin, key, e.what());
-    }
-  };
-  check_name(comm::transport_registry(), c.cluster.transport, "cluster.transport");
-  check_name(codec_registry(), c.cluster.codec, "cluster.codec");
-  check(c.uses_servers() || c.cluster.codec == "f32" || c.cluster.codec == "f16" || c.cluster.codec == "bf16",
-        "cluster.codec", "allreduce all-reduces the gradient in \"f32\", \"f16\" or \"bf16\"; \"" + c.cluster.codec +
-                             "\" is a codec for PS pushes");
+  const WorkerProtocol::Kind kind = mode.worker_protocol().kind;
+  const bool gradients = kind == WorkerProtocol::Kind::gradient || kind == WorkerProtocol::Kind::allreduce;
+  check(c.train.accumulate == 1 || gradients, "train.accumulate",
+        "accumulates gradients for a push; " + in_mode + " trains each worker's own model between pushes");
+  check(!c.cluster.overlap || gradients, "cluster.overlap",
+        "overlaps gradient pushes with backward; " + in_mode + " pushes changes of the model after local steps");
+  const bool servers = mode.uses_servers();
+  check(servers || c.cluster.codec == "f32" || c.cluster.codec == "f16" || c.cluster.codec == "bf16", "cluster.codec",
+        "allreduce all-reduces the gradient in \"f32\", \"f16\" or \"bf16\"; \"" + c.cluster.codec + "\" is a codec for PS pushes");
+  check(c.cluster.pull_codec == "f32" || servers, "cluster.pull_codec",
+        "encodes the servers' pull replies: " + in_mode + " has no servers (cluster.codec sets its wire)");
+  check(servers || c.cluster.error_feedback != "on", "cluster.error_feedback",
+        "keeps what a lossy push codec left out for the next push: PS modes only");
+  check(!c.optimizer.staleness_lr || servers, "optimizer.staleness_lr",
+        "divides a server's update by its staleness: " + in_mode + " has no servers");
+}
+
+void validate_cluster(const Checker& check) {
+  const ExperimentConfig& c = check.c;
+  check.name(comm::transport_registry(), c.cluster.transport, "cluster.transport");
+  check.name(codec_registry(), c.cluster.codec, "cluster.codec");
   check(c.cluster.pull_codec == "f32" || c.cluster.pull_codec == "f16" || c.cluster.pull_codec == "bf16",
         "cluster.pull_codec", "expected \"f32\", \"f16\" or \"bf16\" (a pull carries θ itself: codecs that drop or "
                               "share precision between values are for gradients), got \"" + c.cluster.pull_codec + "\"");
-  check(c.cluster.pull_codec == "f32" || c.uses_servers(), "cluster.pull_codec",
-        "encodes the servers' pull replies: cluster.mode = \"allreduce\" has no servers (cluster.codec sets its wire)");
-  check(c.uses_servers() || c.cluster.error_feedback != "on", "cluster.error_feedback",
-        "keeps what a lossy push codec left out for the next push: PS modes only");
-  check(c.eval.every_epochs >= 0, "eval.every_epochs", "must be >= 0");
   check(c.cluster.error_feedback == "auto" || c.cluster.error_feedback == "on" || c.cluster.error_feedback == "off",
         "cluster.error_feedback", "expected \"auto\", \"on\" or \"off\", got \"" + c.cluster.error_feedback + "\"");
   check(c.cluster.workers >= 1, "cluster.workers", "must be >= 1");
   check(c.cluster.servers >= 1, "cluster.servers", "must be >= 1");
   check(c.cluster.server_threads >= 0, "cluster.server_threads", "must be >= 0");
   check(c.cluster.sync_every >= 1, "cluster.sync_every", "must be >= 1");
-  if (c.uses_servers()) {
-    const WorkerProtocol proto = make_rule(c.cluster.mode)->worker_protocol();
-    check(c.cluster.sync_every == 1 || proto.push == WorkerProtocol::Push::elastic, "cluster.sync_every",
-          "is the elastic exchange period of easgd; cluster.mode = \"" + c.cluster.mode + "\" does not use it" +
-              (proto.push == WorkerProtocol::Push::delta ? " (local:H names its own period)" : ""));
-    check(c.train.accumulate == 1 || proto.push == WorkerProtocol::Push::gradient, "train.accumulate",
-          "accumulates gradients for a push; cluster.mode = \"" + c.cluster.mode +
-              "\" trains each worker's own model between pushes");
-    check(!c.cluster.overlap || proto.push == WorkerProtocol::Push::gradient, "cluster.overlap",
-          "overlaps gradient pushes with backward; cluster.mode = \"" + c.cluster.mode +
-              "\" pushes changes of the model after local steps");
-  }
   check(c.cluster.bucket_kb >= 1, "cluster.bucket_kb", "must be >= 1");
   check(!c.cluster.overlap || c.train.device == "cpu", "cluster.overlap",
         "GPU workers do not overlap yet: set it false with train.device = \"" + c.train.device + "\"");
-  check(!c.train.tf32 || c.train.device == "cuda", "train.tf32",
-        "TF32 is a GPU option: it needs train.device = \"cuda\"");
   check(c.cluster.collective == "auto" || c.cluster.collective == "nccl" || c.cluster.collective == "gloo",
         "cluster.collective", "expected \"auto\", \"nccl\" or \"gloo\", got \"" + c.cluster.collective + "\"");
   check(c.cluster.collective != "nccl" || c.train.device == "cuda", "cluster.collective",
         "\"nccl\" all-reduces GPU buffers: it needs train.device = \"cuda\" (CPU workers use Gloo or shm)");
+  check(c.cluster.auth == "auto" || c.cluster.auth == "curve" || c.cluster.auth == "none", "cluster.auth",
+        "expected \"auto\", \"curve\" or \"none\", got \"" + c.cluster.auth + "\"");
+  check(c.cluster.timeout_s > 0, "cluster.timeout_s", "must be > 0");
+  check(c.cluster.heartbeat_s > 0, "cluster.heartbeat_s", "must be > 0");
+}
+
+void validate_placement(const Checker& check) {
+  const ExperimentConfig& c = check.c;
   check(c.cluster.launcher == "local" || c.cluster.launcher == "ssh" || c.cluster.launcher == "slurm" ||
             c.cluster.launcher == "virtual",
         "cluster.launcher", "expected \"local\", \"ssh\", \"slurm\" or \"virtual\", got \"" + c.cluster.launcher + "\"");
   check(c.cluster.launcher != "virtual" || c.train.device == "cpu", "cluster.launcher",
         "the virtual cluster computes on the CPU: set train.device = \"cpu\"");
-  check(c.virtual_cluster.compute_ms >= 0, "virtual.compute_ms", "must be >= 0");
-  check(c.virtual_cluster.latency_us >= 0, "virtual.latency_us", "must be >= 0");
-  check(c.virtual_cluster.bandwidth_gbps > 0, "virtual.bandwidth_gbps", "must be > 0");
-  check(c.virtual_cluster.apply_gbps > 0, "virtual.apply_gbps", "must be > 0");
-  check(c.virtual_cluster.allreduce_ms >= 0, "virtual.allreduce_ms", "must be >= 0");
-  check(c.virtual_cluster.allreduce_compute_ms >= 0, "virtual.allreduce_compute_ms", "must be >= 0");
-  check(c.virtual_cluster.startup_ms >= 0, "virtual.startup_ms", "must be >= 0");
-  check(c.cluster.launcher != "ssh" || !c.cluster.hosts.empty(), "cluster.hosts",
-        "cluster.launcher = \"ssh\" needs at least one host");
+  check(c.cluster.launcher != "ssh" || !c.cluster.hosts.empty(), "cluster.hosts", "cluster.launcher = \"ssh\" needs at least one host");
   check(c.cluster.launcher == "local" || c.cluster.launcher == "virtual" || c.cluster.bind == "127.0.0.1", "cluster.bind",
         "is the local launcher's address; with cluster.launcher = \"" + c.cluster.launcher +
             "\" each host listens on its own address: name it with cluster.interface or cluster.addresses");
@@ -468,52 +497,69 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
   }
   check(c.cluster.interface.find_first_of(" \t,=") == std::string::npos, "cluster.interface",
         "expected an interface name or an address, got \"" + c.cluster.interface + "\"");
-  check(!c.optimizer.staleness_lr || c.uses_servers(), "optimizer.staleness_lr",
-        "divides a server's update by its staleness: cluster.mode = \"allreduce\" has no servers");
-  check(c.cluster.auth == "auto" || c.cluster.auth == "curve" || c.cluster.auth == "none", "cluster.auth",
-        "expected \"auto\", \"curve\" or \"none\", got \"" + c.cluster.auth + "\"");
-  check(c.cluster.timeout_s > 0, "cluster.timeout_s", "must be > 0");
-  check(c.cluster.heartbeat_s > 0, "cluster.heartbeat_s", "must be > 0");
-  check(c.cluster.on_worker_loss == "auto" || c.cluster.on_worker_loss == "continue" ||
-            c.cluster.on_worker_loss == "fail",
+  const VirtualConfig& v = c.virtual_cluster;
+  check(v.compute_ms >= 0, "virtual.compute_ms", "must be >= 0");
+  check(v.latency_us >= 0, "virtual.latency_us", "must be >= 0");
+  check(v.bandwidth_gbps > 0, "virtual.bandwidth_gbps", "must be > 0");
+  check(v.apply_gbps > 0, "virtual.apply_gbps", "must be > 0");
+  check(v.allreduce_ms >= 0, "virtual.allreduce_ms", "must be >= 0");
+  check(v.allreduce_compute_ms >= 0, "virtual.allreduce_compute_ms", "must be >= 0");
+  check(v.startup_ms >= 0, "virtual.startup_ms", "must be >= 0");
+}
+
+void validate_failures(const Checker& check) {
+  const ExperimentConfig& c = check.c;
+  const bool trains_on = c.mode().uses_servers() && c.mode().trains_without_lost_workers();
+  check(c.cluster.on_worker_loss == "auto" || c.cluster.on_worker_loss == "continue" || c.cluster.on_worker_loss == "fail",
         "cluster.on_worker_loss", "expected \"auto\", \"continue\" or \"fail\", got \"" + c.cluster.on_worker_loss + "\"");
-  if (c.cluster.on_worker_loss == "continue") {
-    const bool can = c.uses_servers() && make_rule(c.cluster.mode)->trains_without_lost_workers();
-    check(can, "cluster.on_worker_loss",
-          "\"continue\" needs a mode that trains on without a lost worker (asp, ssp:s); cluster.mode = \"" +
-              c.cluster.mode + "\" needs every worker" + (c.uses_servers() ? " each clock" : " in every all-reduce"));
-  }
-  check(c.cluster.on_server_loss == "auto" || c.cluster.on_server_loss == "restart" ||
-            c.cluster.on_server_loss == "fail",
+  check(c.cluster.on_worker_loss != "continue" || trains_on, "cluster.on_worker_loss",
+        "\"continue\" needs a mode that trains on without a lost worker (asp, ssp:s); cluster.mode = \"" + c.cluster.mode +
+            "\" needs every worker" + (c.uses_servers() ? " each clock" : " in every all-reduce"));
+  check(c.cluster.on_server_loss == "auto" || c.cluster.on_server_loss == "restart" || c.cluster.on_server_loss == "fail",
         "cluster.on_server_loss", "expected \"auto\", \"restart\" or \"fail\", got \"" + c.cluster.on_server_loss + "\"");
-  if (c.cluster.on_server_loss == "restart") {
-    const bool can = c.uses_servers() && make_rule(c.cluster.mode)->trains_without_lost_workers();
-    check(can, "cluster.on_server_loss",
-          "\"restart\" needs a mode that trains on when updates are lost (asp, ssp:s); cluster.mode = \"" +
-              c.cluster.mode + "\" does not");
-    check(c.cluster.launcher != "slurm", "cluster.on_server_loss",
-          "\"restart\" needs the local or ssh launcher (under Slurm, srun owns the tasks)");
-    check(c.cluster.transport == "tcp" || c.cluster.transport == "ipc", "cluster.on_server_loss",
-          "\"restart\" needs cluster.transport = \"tcp\" or \"ipc\" (over shm, a worker's gradient lent to a "
-          "server that died is never given back); got \"" + c.cluster.transport + "\"");
-  }
+  if (c.cluster.on_server_loss != "restart") return;
+  check(trains_on, "cluster.on_server_loss",
+        "\"restart\" needs a mode that trains on when updates are lost (asp, ssp:s); cluster.mode = \"" + c.cluster.mode +
+            "\" does not");
+  check(c.cluster.launcher != "slurm", "cluster.on_server_loss",
+        "\"restart\" needs the local or ssh launcher (under Slurm, srun owns the tasks)");
+  check(c.cluster.transport == "tcp" || c.cluster.transport == "ipc", "cluster.on_server_loss",
+        "\"restart\" needs cluster.transport = \"tcp\" or \"ipc\" (over shm, a worker's gradient lent to a "
+        "server that died is never given back); got \"" + c.cluster.transport + "\"");
+}
+
+void validate_eval_and_straggler(const Checker& check) {
+  const ExperimentConfig& c = check.c;
   check(c.eval.interval_s > 0, "eval.interval_s", "must be > 0");
+  check(c.eval.every_epochs >= 0, "eval.every_epochs", "must be >= 0");
   check(c.checkpoint.every_s >= 0, "checkpoint.every_s", "must be >= 0");
   check(c.eval.batch >= 1, "eval.batch", "must be >= 1");
   check(c.eval.target_acc >= 0 && c.eval.target_acc <= 1, "eval.target_acc", "must be in [0, 1]");
   for (int w : c.straggler.workers)
     check(w >= 0 && w < c.cluster.workers, "straggler.workers",
-          "rank " + std::to_string(w) + " is not a worker (cluster.workers = " +
-              std::to_string(c.cluster.workers) + ")");
+          "rank " + std::to_string(w) + " is not a worker (cluster.workers = " + std::to_string(c.cluster.workers) + ")");
   check(c.straggler.slowdown >= 1, "straggler.slowdown", "must be >= 1");
   check(c.straggler.delay_ms >= 0, "straggler.delay_ms", "must be >= 0");
   check(c.straggler.exp_delay_ms >= 0, "straggler.exp_delay_ms", "must be >= 0");
 }
 
+}  // namespace
+
+void validate(const ExperimentConfig& c, const std::string& origin) {
+  const Checker check{c, origin};
+  validate_model_and_data(check);
+  validate_train(check);
+  validate_cluster(check);
+  validate_mode(check);
+  validate_placement(check);
+  validate_failures(check);
+  validate_eval_and_straggler(check);
+}
+
 bool restarts_lost_servers(const ExperimentConfig& c) {
   if (c.cluster.on_server_loss == "fail" || !c.uses_servers() || c.cluster.launcher == "slurm") return false;
   if (c.cluster.transport != "tcp" && c.cluster.transport != "ipc") return false;  // shm, auto (shm on one host)
-  return make_rule(c.cluster.mode)->trains_without_lost_workers();
+  return c.mode().trains_without_lost_workers();
 }
 
 bool uses_error_feedback(const ExperimentConfig& c) {
@@ -523,8 +569,10 @@ bool uses_error_feedback(const ExperimentConfig& c) {
 
 bool continues_without_lost_workers(const ExperimentConfig& c) {
   if (c.cluster.on_worker_loss == "fail" || !c.uses_servers()) return false;
-  return make_rule(c.cluster.mode)->trains_without_lost_workers();
+  return c.mode().trains_without_lost_workers();
 }
+
+const Mode& ExperimentConfig::mode() const { return mode_of(cluster.mode); }
 
 namespace {
 
@@ -587,7 +635,7 @@ std::string describe_keys() {
     s << key << std::string(key_width - std::min(key_width, std::strlen(key)), ' ') << " = "
       << node_text(*t["v"].node()) << "\n      " << type_name<T>() << ": " << doc << "\n";
   });
-  // What each seam has registered (ps/rules/, ps/codecs/, comm/transport/).
+  // What each seam has registered (ps/modes/, ps/codecs/, comm/transport/).
   auto list = [&](const char* key, const auto& registry, const char* more) {
     s << "\n" << key << " takes:\n";
     constexpr std::size_t width = 16;  // the longest usage, "dcasgd:<lambda>", and a space
@@ -595,7 +643,7 @@ std::string describe_keys() {
       s << "  " << e.usage << std::string(width - std::min(width - 1, e.usage.size()), ' ') << e.help << "\n";
     if (*more) s << "  " << more << "\n";
   };
-  list("cluster.mode", rule_registry(), "allreduce       all-reduce the gradients between the workers every step; no servers");
+  list("cluster.mode", mode_registry(), "");
   list("cluster.codec", codec_registry(), "");
   list("cluster.transport", comm::transport_registry(), "");
   return s.str();

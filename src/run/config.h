@@ -13,11 +13,9 @@
 #include <vector>
 
 #include "core/optimizer.h"
+#include "ps/modes/mode.h"
 
 namespace pslab {
-
-// The one mode without parameter servers: gradients are all-reduced between the workers.
-inline constexpr const char* kAllreduce = "allreduce";
 
 // A bad config. what() reads "<file>: <key>: <what was expected, what was found>".
 class ConfigError : public std::runtime_error {
@@ -54,7 +52,7 @@ struct TrainConfig {
 };
 
 struct ClusterConfig {
-  std::string mode = "bsp";  // "allreduce", or a consistency rule of the servers (ps/rules/)
+  std::string mode = "bsp";  // a mode of ps/modes/: "allreduce", "bsp", "ssp:<s>", "asp", ...
   int workers = 1;
   int servers = 1;           // PS modes only
   int server_threads = 0;    // threads per server for large updates (0 = host cores / processes on it)
@@ -130,8 +128,11 @@ struct ExperimentConfig {
   StragglerConfig straggler;
   VirtualConfig virtual_cluster;  // [virtual]
 
-  // Whether the run has parameter servers: every mode but "allreduce" (ps/rules/ lists them).
-  bool uses_servers() const { return cluster.mode != kAllreduce; }
+  // The mode cluster.mode names (made once per process; ps/modes/mode.h). Throws
+  // std::invalid_argument for an unknown mode.
+  const Mode& mode() const;
+  // Whether the run has parameter servers: every mode but "allreduce".
+  bool uses_servers() const { return mode().uses_servers(); }
 };
 
 // Whether a lost worker fails the run (cluster.on_worker_loss resolved: "auto" is "continue"

@@ -1,21 +1,20 @@
 // ssp:s: stale-synchronous. Each push is applied on arrival; a pull for clock c is served once
 // the slowest worker has clock >= c - s, so no worker computes on parameters more than s
 // clocks ahead of the slowest. ssp:0 serves a pull only when every worker has caught up.
-#include <charconv>
-
-#include "ps/rules/rule.h"
+#include "ps/modes/mode.h"
 
 namespace pslab {
 namespace {
 
-class Ssp final : public ConsistencyRule {
+class Ssp final : public Mode {
  public:
   explicit Ssp(long staleness) : s_(staleness) {}
   std::string name() const override { return "ssp:" + std::to_string(s_); }
-  void on_push(const PushInfo&, const ShardView&, ShardOps& ops) override { ops.apply(); }
-  bool pull_ready(long clock, const ShardView& s) const override { return s.min_clock() >= clock - s_; }
+  WorkerProtocol worker_protocol() const override { return {}; }
   int update_batch(int batch, int) const override { return batch; }
   bool trains_without_lost_workers() const override { return true; }  // the others' clocks still bound staleness
+  void on_push(const PushInfo& p, const ShardView&, ShardOps& ops) const override { ops.step(nullptr, 1.0, p.batch); }
+  bool pull_ready(long clock, const ShardView& s) const override { return s.min_clock() >= clock - s_; }
   std::string why_held(long clock, const ShardView& s) const override {
     return name() + " needs every worker at clock >= " + std::to_string(clock - s_) + "; behind: " +
            workers_below(s, clock - s_);
@@ -27,13 +26,10 @@ class Ssp final : public ConsistencyRule {
 
 }  // namespace
 
-std::unique_ptr<ConsistencyRule> make_ssp(const std::string& arg) {
-  long s = -1;
-  const char* b = arg.data();
-  const char* e = arg.data() + arg.size();
-  const auto [p, ec] = std::from_chars(b, e, s);
-  if (ec != std::errc() || p != e || b == e || s < 0)
-    throw std::invalid_argument("the staleness bound must be an integer >= 0, e.g. \"ssp:2\"");
+std::unique_ptr<Mode> make_ssp(const std::string& arg) {
+  const char* expected = "the staleness bound must be an integer >= 0, e.g. \"ssp:2\"";
+  const long s = mode_integer(arg, expected);
+  if (s < 0) throw std::invalid_argument(expected);
   return std::make_unique<Ssp>(s);
 }
 
