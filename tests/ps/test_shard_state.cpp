@@ -14,7 +14,6 @@
 #include "ps/shard_state.h"
 #include "comm/wire.h"
 #include "core/rng.h"
-#include "core/thread_team.h"
 #include "local_worker.h"
 
 using namespace pslab;
@@ -304,16 +303,6 @@ TEST(ShardState, AnUpdateSplitOverThreadsIsBitwiseTheOneThreadUpdate) {
     EXPECT_EQ(results[2], results[0]) << kind;
     EXPECT_NE(results[0], theta);
   }
-}
-
-TEST(ThreadTeam, RunsEveryMemberAndRethrowsAFailure) {
-  ThreadTeam team(3);
-  std::vector<int> ran(3, 0);
-  for (int i = 0; i < 100; ++i) team.run([&](int t) { ++ran[std::size_t(t)]; });
-  EXPECT_EQ(ran, (std::vector<int>{100, 100, 100}));
-  EXPECT_THROW(team.run([](int t) { if (t == 2) throw std::runtime_error("member 2"); }), std::runtime_error);
-  team.run([&](int t) { ++ran[std::size_t(t)]; });  // still works after a failure
-  EXPECT_EQ(ran, (std::vector<int>{101, 101, 101}));
 }
 
 TEST(Rules, TheRegistryMakesEachModeFromItsName) {
