@@ -156,26 +156,16 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Combine(::testing::Value
 
 class AllReduceStops : public ::testing::TestWithParam<std::string> {};
 
+// What a rank all-reduces at each step: 100 ones.
+struct Ones {
+  explicit Ones(Collective& coll) : coll(coll) {}
+  void step(long s) { coll.allreduce_sum(x.data(), x.size(), s); }
+  Collective& coll;
+  std::vector<float> x = std::vector<float>(100, 1.0f);
+};
+
 TEST_P(AllReduceStops, ARankThatStopsMidRunIsNamedWithItsStep) {
-  const auto tr = test::coordinator_transport();
-  const std::string ep = tr->local_address("coordinator");
-  Coordinator coord(*tr, ep, 2, std::chrono::milliseconds(100));
-  std::string error;
-  run_threads(2, [&](int r) {
-    RendezvousClient rv(*tr, ep, r, 2, std::chrono::milliseconds(1000));
-    auto coll = test::host_collective(GetParam(), rv);
-    std::vector<float> x(100, 1.0f);
-    for (long step = 0; step < 5; ++step) {
-      if (r == 1 && step == 3) return;  // rank 1 stops after step 2
-      rv.report_step(step);
-      try {
-        coll->allreduce_sum(x.data(), x.size(), step);
-      } catch (const std::runtime_error& e) {
-        error = e.what();
-        return;
-      }
-    }
-  });
+  const std::string error = test::error_when_rank_1_stops_after_step_2<Ones>(GetParam());
   EXPECT_NE(error.find("all-reduce of step 3 on rank 0"), std::string::npos) << error;
   EXPECT_NE(error.find("rank 1 (at step 2"), std::string::npos) << error;
   if (GetParam() == "shm") {

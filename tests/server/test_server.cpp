@@ -353,11 +353,19 @@ TEST(Timeouts, AWorkerWhoseServerIsGoneFailsNamingTheServer) {
   }
 }
 
-// Two workers' start barrier: both say Hello at once (each server answers when both have).
-static void connect_both(PsClient& a, PsClient& b) {
-  std::thread t([&] { b.connect(); });
-  a.connect();
+// The clients of workers 0 and 1 of a run of `cfg` on `cluster`, connected: both say Hello at
+// once (the start barrier: each server answers when both have). `hung`: worker 1 sends no
+// heartbeats, as a process that hangs (SIGSTOP) sends nothing.
+std::pair<std::unique_ptr<PsClient>, std::unique_ptr<PsClient>> two_workers(const ExperimentConfig& cfg, Cluster& cluster,
+                                                                            bool hung = false) {
+  PsClient::Options second = client_options(cfg, wire::Role::worker, 1);
+  if (hung) second.heartbeat_s = 0;
+  auto w0 = std::make_unique<PsClient>(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
+  auto w1 = std::make_unique<PsClient>(*cluster.transport, cluster.endpoints, second);
+  std::thread t([&] { w1->connect(); });
+  w0->connect();
   t.join();
+  return {std::move(w0), std::move(w1)};
 }
 
 TEST(Timeouts, AHeldPullIsAnsweredWithWhomItWaitedFor) {
@@ -365,13 +373,11 @@ TEST(Timeouts, AHeldPullIsAnsweredWithWhomItWaitedFor) {
   cfg.cluster.timeout_s = 0.5;
   Cluster cluster(cfg);
   const std::size_t P = count_params(model_spec(cfg));
-  PsClient w0(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
-  PsClient w1(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 1));
-  connect_both(w0, w1);
+  auto [w0, w1] = two_workers(cfg, cluster);
   std::vector<float> theta(P), grad(P, 0.0f);
-  w0.pull(0, theta.data());
+  w0->pull(0, theta.data());
   try {
-    w0.push(0, 1, grad.data(), theta.data());  // worker 1 never pushes clock 0
+    w0->push(0, 1, grad.data(), theta.data());  // worker 1 never pushes clock 0
     FAIL() << "no error";
   } catch (const std::runtime_error& e) {
     const std::string m = e.what();
@@ -402,11 +408,9 @@ TEST(WorkerLoss, AnAspServerKeepsABusyWorkerAndDropsADeadOne) {
   cfg.cluster.heartbeat_s = 0.3;
   Cluster cluster(cfg);
   const std::size_t P = count_params(model_spec(cfg));
-  PsClient w0(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
-  auto w1 = std::make_unique<PsClient>(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 1));
-  connect_both(w0, *w1);
+  auto [w0, w1] = two_workers(cfg, cluster);
   std::vector<float> theta(P), grad(P, 0.5f);
-  w0.pull(0, theta.data());
+  w0->pull(0, theta.data());
   w1->pull(0, theta.data());
   std::this_thread::sleep_for(std::chrono::milliseconds(900));  // both "compute" for 3 x heartbeat_s
   for (const auto& s : cluster.servers) EXPECT_EQ(s->workers_lost().size(), 0u) << "a busy worker was dropped";
@@ -414,7 +418,7 @@ TEST(WorkerLoss, AnAspServerKeepsABusyWorkerAndDropsADeadOne) {
   const auto died = std::chrono::steady_clock::now();
   w1.reset();  // worker 1 dies: no Bye, no more heartbeats
   for (long c = 0; c < 8; ++c) {  // worker 0 trains on
-    w0.push(c, 1, grad.data(), theta.data());
+    w0->push(c, 1, grad.data(), theta.data());
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   for (const auto& s : cluster.servers) {
@@ -425,7 +429,7 @@ TEST(WorkerLoss, AnAspServerKeepsABusyWorkerAndDropsADeadOne) {
     EXPECT_TRUE(s->state().dropped(1));
   }
   EXPECT_LT(std::chrono::steady_clock::now() - died, std::chrono::seconds(2));
-  w0.bye(8);
+  w0->bye(8);
   cluster.join();  // every worker is done: worker 0 said Bye, worker 1 was lost
   cluster.rethrow();
   for (const auto& s : cluster.servers) EXPECT_EQ(s->state().version(), 9);
@@ -438,24 +442,20 @@ TEST(WorkerLoss, SspServesThePullsAHungWorkerHeldOnceItIsDropped) {
   cfg.cluster.heartbeat_s = 0.3;
   Cluster cluster(cfg);
   const std::size_t P = count_params(model_spec(cfg));
-  PsClient w0(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
-  PsClient::Options hung = client_options(cfg, wire::Role::worker, 1);
-  hung.heartbeat_s = 0;  // a process that hangs (SIGSTOP) sends nothing
-  PsClient w1(*cluster.transport, cluster.endpoints, hung);
-  connect_both(w0, w1);
+  auto [w0, w1] = two_workers(cfg, cluster, /*hung=*/true);
   std::vector<float> theta(P), grad(P, 0.5f);
-  w0.pull(0, theta.data());
-  w1.pull(0, theta.data());
+  w0->pull(0, theta.data());
+  w1->pull(0, theta.data());
   const auto t0 = std::chrono::steady_clock::now();
-  const PullResult r = w0.push(0, 1, grad.data(), theta.data());  // held: ssp:0 waits for worker 1
+  const PullResult r = w0->push(0, 1, grad.data(), theta.data());  // held: ssp:0 waits for worker 1
   const double held_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_GE(held_s, 0.25);
   EXPECT_LT(held_s, 1.5) << "the held pull waited for a worker that had been silent for heartbeat_s";
   EXPECT_GE(r.held_us, 250000);
-  expect_refused([&] { w1.push(0, 1, grad.data(), theta.data()); }, "worker 1 was dropped from this run as lost",
+  expect_refused([&] { w1->push(0, 1, grad.data(), theta.data()); }, "worker 1 was dropped from this run as lost",
                  "a dropped worker's push was taken");
-  w0.push(1, 1, grad.data(), theta.data());  // no longer held by worker 1
-  w0.bye(2);
+  w0->push(1, 1, grad.data(), theta.data());  // no longer held by worker 1
+  w0->bye(2);
   cluster.join();
   cluster.rethrow();
   EXPECT_EQ(cluster.servers[0]->state().version(), 2);
@@ -468,28 +468,26 @@ TEST(WorkerLoss, AServerHoldingAPullForLongIsNotTakenForSilent) {
   cfg.cluster.heartbeat_s = 0.3;
   Cluster cluster(cfg);
   const std::size_t P = count_params(model_spec(cfg));
-  PsClient w0(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
-  PsClient w1(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 1));
-  connect_both(w0, w1);
+  auto [w0, w1] = two_workers(cfg, cluster);
   std::vector<float> theta0(P), theta1(P), grad(P, 0.5f);
-  w0.pull(0, theta0.data());
-  w1.pull(0, theta1.data());
+  w0->pull(0, theta0.data());
+  w1->pull(0, theta1.data());
   std::thread slow([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // worker 1 computes for 4 x heartbeat_s
-    w1.push(0, 1, grad.data(), theta1.data());
+    w1->push(0, 1, grad.data(), theta1.data());
   });
   PullResult r{};
   std::string error;
   try {
-    r = w0.push(0, 1, grad.data(), theta0.data());  // held until worker 1 pushes
+    r = w0->push(0, 1, grad.data(), theta0.data());  // held until worker 1 pushes
   } catch (const std::runtime_error& e) {
     error = e.what();
   }
   slow.join();
   ASSERT_EQ(error, "") << "a server holding a pull was taken for silent";
   EXPECT_GE(r.held_us, 1000000);
-  w0.bye(1);
-  w1.bye(1);
+  w0->bye(1);
+  w1->bye(1);
   cluster.join();
   cluster.rethrow();
   EXPECT_EQ(theta0, theta1);
@@ -501,11 +499,7 @@ TEST(WorkerLoss, ABspServerFailsNamingTheSilentWorker) {
   ExperimentConfig cfg = test::small_config("bsp", 2, 1);
   cfg.cluster.heartbeat_s = 0.3;
   Cluster cluster(cfg);
-  PsClient w0(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
-  PsClient::Options hung = client_options(cfg, wire::Role::worker, 1);
-  hung.heartbeat_s = 0;
-  PsClient w1(*cluster.transport, cluster.endpoints, hung);
-  connect_both(w0, w1);
+  const auto workers = two_workers(cfg, cluster, /*hung=*/true);  // connected, then worker 1 is silent
   const auto t0 = std::chrono::steady_clock::now();
   cluster.join();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));

@@ -3,14 +3,17 @@
 // and data whose sum over the ranks is exact in any order.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "comm/collective.h"
 #include "comm/rendezvous.h"
 #include "comm/transport/transport.h"
+#include "harness.h"
 
 namespace pslab::test {
 
@@ -37,6 +40,34 @@ inline long wrong_sums(const std::vector<float>& x, int W) {
     wrong += x[i] != float(want);
   }
   return wrong;
+}
+
+// Two ranks as threads, each with a collective of `kind` on one coordinator that takes a rank
+// silent for 100 ms for lost (a rank waits at most 1 s). Each rank makes a Rank(collective),
+// then runs its step(s) for s = 0, 1, ..., 4, reporting s first; rank 1 stops after step 2.
+// A step that throws ends its rank; returns what it said ("" if no step threw).
+template <typename Rank>
+std::string error_when_rank_1_stops_after_step_2(const std::string& kind) {
+  const auto tr = coordinator_transport();
+  const std::string ep = tr->local_address("coordinator");
+  Coordinator coord(*tr, ep, 2, std::chrono::milliseconds(100));
+  std::string error;
+  run_threads(2, [&](int r) {
+    RendezvousClient rv(*tr, ep, r, 2, std::chrono::milliseconds(1000));
+    auto coll = host_collective(kind, rv);
+    Rank rank(*coll);
+    for (long step = 0; step < 5; ++step) {
+      if (r == 1 && step == 3) return;  // rank 1 stops after step 2
+      rv.report_step(step);
+      try {
+        rank.step(step);
+      } catch (const std::runtime_error& e) {
+        error = e.what();
+        return;
+      }
+    }
+  });
+  return error;
 }
 
 }  // namespace pslab::test

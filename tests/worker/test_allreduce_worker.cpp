@@ -232,31 +232,22 @@ TEST(AllReduceOverlap, ABucketStartsAsSoonAsBackwardFinishesIt) {
 // A rank that stops: the reducing thread's timeout reaches the training thread in finish(),
 // naming the rank and the step; the buckets are cut from the end, the first takes the rest.
 TEST(AllReduceOverlap, ARankThatStopsIsNamedFromTheReducingThread) {
-  const auto tr = test::coordinator_transport();
-  const std::string ep = tr->local_address("coordinator");
-  Coordinator coord(*tr, ep, 2, std::chrono::milliseconds(100));
-  std::string error;
-  run_threads(2, [&](int r) {
-    RendezvousClient rv(*tr, ep, r, 2, std::chrono::milliseconds(1000));
-    auto coll = test::host_collective("shm", rv);
-    std::vector<float> g(100, 1.0f);
-    BucketedAllreduce buckets(*coll, g.data(), g.size(), 30, 1.0);
-    EXPECT_EQ(buckets.buckets(), 4u);  // [0, 10) [10, 40) [40, 70) [70, 100)
-    for (long step = 0; step < 5; ++step) {
-      if (r == 1 && step == 3) return;  // rank 1 stops after step 2
-      rv.report_step(step);
-      std::fill(g.begin(), g.end(), 1.0f);
-      buckets.start(step);
-      for (std::size_t lo : {70u, 40u, 10u, 0u}) buckets.ready(lo);
-      try {
-        buckets.finish();
-      } catch (const std::runtime_error& e) {
-        error = e.what();
-        return;
-      }
-      EXPECT_EQ(g, std::vector<float>(100, 2.0f)) << "step " << step;
+  // A rank's gradient: 100 ones, all-reduced in the buckets [0, 10) [10, 40) [40, 70) [70, 100).
+  struct Buckets {
+    explicit Buckets(Collective& coll) : buckets(coll, g.data(), g.size(), 30, 1.0) {
+      EXPECT_EQ(buckets.buckets(), 4u);
     }
-  });
+    void step(long s) {
+      std::fill(g.begin(), g.end(), 1.0f);
+      buckets.start(s);
+      for (std::size_t lo : {70u, 40u, 10u, 0u}) buckets.ready(lo);
+      buckets.finish();
+      EXPECT_EQ(g, std::vector<float>(100, 2.0f)) << "step " << s;
+    }
+    std::vector<float> g = std::vector<float>(100, 1.0f);
+    BucketedAllreduce buckets;
+  };
+  const std::string error = test::error_when_rank_1_stops_after_step_2<Buckets>("shm");
   EXPECT_NE(error.find("all-reduce of step 3 on rank 0"), std::string::npos) << error;
   EXPECT_NE(error.find("rank 1 (at step 2"), std::string::npos) << error;
 }

@@ -10,7 +10,6 @@
 #include <nlohmann/json.hpp>
 
 #include "harness.h"
-#include "roles.h"
 #include "run/config.h"
 
 using namespace pslab;
@@ -29,15 +28,7 @@ TEST(Evaluator, AnIntervalLongerThanTheRunDoesNotHoldUpItsEnd) {
   cfg.eval.interval_s = 600;
   Cluster cluster(cfg, /*record_pulls=*/false, /*wait_for_shutdown=*/true);
   std::atomic<bool> evaluator_done{false};
-  std::thread evaluator([&] {
-    RoleOptions o;
-    o.servers = cluster.endpoints;
-    o.out_dir = dir.string();
-    o.progress = false;
-    o.transport = cluster.transport.get();
-    run_evaluator(cfg, o);
-    evaluator_done = true;
-  });
+  std::thread evaluator = test::start_evaluator(cfg, cluster, dir, &evaluator_done);
   test::run_ps_workers(cfg, cluster, dir);
   // Generous against 600 s: the end must be seen at the next poll, not at the next tick.
   for (int i = 0; i < 600 && !evaluator_done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -63,14 +54,7 @@ TEST(Evaluator, ItsStepIsTheWorkersStepsInEveryMode) {
   ExperimentConfig cfg = test::small_config("asp", 2, 2);
   cfg.eval.interval_s = 0.05;
   Cluster cluster(cfg, /*record_pulls=*/false, /*wait_for_shutdown=*/true);
-  std::thread evaluator([&] {
-    RoleOptions o;
-    o.servers = cluster.endpoints;
-    o.out_dir = dir.string();
-    o.progress = false;
-    o.transport = cluster.transport.get();
-    run_evaluator(cfg, o);
-  });
+  std::thread evaluator = test::start_evaluator(cfg, cluster, dir);
   test::run_ps_workers(cfg, cluster, dir);
   evaluator.join();
   cluster.join();
