@@ -58,7 +58,7 @@ dst="$stage/$name"
 mkdir -p "$dst/build/worker" "$dst/build/server" "$dst/build/tests" "$dst/build/lib" "$dst/tests"
 cp "$build/worker/pslab_worker" "$dst/build/worker/"
 cp "$build/server/pslab_server" "$dst/build/server/"
-for t in test_gpu_backend test_gpu_training test_allreduce bench_train bench_ps bench_allreduce; do
+for t in test_gpu bench_train bench_ps bench_allreduce; do
   [[ -x $build/tests/$t ]] && cp "$build/tests/$t" "$dst/build/tests/"
 done
 (cd "$root" && tar cf - --exclude=__pycache__ experiments README.md) | tar xf - -C "$dst"

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -14,7 +15,6 @@
 #include "ps/shard_state.h"
 #include "comm/wire.h"
 #include "core/rng.h"
-#include "core/thread_team.h"
 #include "local_worker.h"
 
 using namespace pslab;
@@ -32,6 +32,12 @@ template <std::size_t N>
 void push(ShardState& s, int worker, long clock, long version_pulled, int batch, const float (&g)[N],
           std::uint64_t checksum) {
   s.push(worker, clock, version_pulled, batch, std::as_bytes(std::span<const float>(g, N)), checksum);
+}
+
+// Pushes of the gradient {1} with batch 1, in order, each {worker, clock, version pulled}.
+void push_ones(ShardState& s, std::initializer_list<std::array<long, 3>> pushes) {
+  const float g[] = {1};
+  for (const auto& [worker, clock, version_pulled] : pushes) push(s, int(worker), clock, version_pulled, 1, g, sum(g));
 }
 
 ShardState::Options options(const char* mode, int workers, std::size_t n) {
@@ -116,10 +122,7 @@ TEST(ShardState, SspGatesPullsOnTheSlowestWorker) {
 TEST(ShardState, ADroppedWorkerNoLongerHoldsSspAndCannotPush) {
   auto cpu = make_cpu_backend(1);
   ShardState s(*cpu, options("ssp:1", 3, 1), {0.0f});
-  const float g[] = {1};
-  push(s, 0, 0, 0, 1, g, sum(g));
-  push(s, 1, 0, 1, 1, g, sum(g));
-  push(s, 0, 1, 2, 1, g, sum(g));
+  push_ones(s, {{0, 0, 0}, {1, 0, 1}, {0, 1, 2}});
   EXPECT_FALSE(s.pull_ready(2));  // worker 2 is at clock 0
   EXPECT_NE(s.why_held(2).find("worker 2 (clock 0)"), std::string::npos) << s.why_held(2);
   s.drop_worker(2);
@@ -128,7 +131,7 @@ TEST(ShardState, ADroppedWorkerNoLongerHoldsSspAndCannotPush) {
   EXPECT_TRUE(s.pull_ready(2));
   EXPECT_FALSE(s.pull_ready(3));
   EXPECT_EQ(s.why_held(3).find("worker 2"), std::string::npos) << "a dropped worker is not waited for: " << s.why_held(3);
-  EXPECT_THROW(push(s, 2, 0, 0, 1, g, sum(g)), ProtocolError);
+  EXPECT_THROW(push_ones(s, {{2, 0, 0}}), ProtocolError);
   EXPECT_EQ(s.version(), 3) << "the refused push changed nothing";
   EXPECT_EQ(s.clock_of(2), 0);
 
@@ -306,16 +309,6 @@ TEST(ShardState, AnUpdateSplitOverThreadsIsBitwiseTheOneThreadUpdate) {
   }
 }
 
-TEST(ThreadTeam, RunsEveryMemberAndRethrowsAFailure) {
-  ThreadTeam team(3);
-  std::vector<int> ran(3, 0);
-  for (int i = 0; i < 100; ++i) team.run([&](int t) { ++ran[std::size_t(t)]; });
-  EXPECT_EQ(ran, (std::vector<int>{100, 100, 100}));
-  EXPECT_THROW(team.run([](int t) { if (t == 2) throw std::runtime_error("member 2"); }), std::runtime_error);
-  team.run([&](int t) { ++ran[std::size_t(t)]; });  // still works after a failure
-  EXPECT_EQ(ran, (std::vector<int>{101, 101, 101}));
-}
-
 TEST(Rules, TheRegistryMakesEachModeFromItsName) {
   EXPECT_EQ(make_rule("bsp")->name(), "bsp");
   EXPECT_EQ(make_rule("ssp:3")->name(), "ssp:3");
@@ -484,10 +477,7 @@ TEST(Rules, TheLearningRatesBatchIsWhatOneUpdateAverages) {
 TEST(Rules, AHeldSspPullNamesTheWorkersBehind) {
   auto cpu = make_cpu_backend(1);
   ShardState s(*cpu, options("ssp:1", 3, 1), {0.0f});
-  const float g[] = {1};
-  push(s, 0, 0, 0, 1, g, sum(g));
-  push(s, 0, 1, 1, 1, g, sum(g));
-  push(s, 1, 0, 0, 1, g, sum(g));
+  push_ones(s, {{0, 0, 0}, {0, 1, 1}, {1, 0, 0}});
   EXPECT_FALSE(s.pull_ready(2));
   EXPECT_EQ(s.why_held(2), "ssp:1 needs every worker at clock >= 1; behind: worker 2 (clock 0)");
 }

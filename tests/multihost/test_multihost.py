@@ -19,7 +19,8 @@ runs with each task where Slurm put it, recorded so in the manifest; allreduce (
 nodes; `scancel` reported as a cancelled job, with no process left on either node.
 
 Needs root, iproute2 and network namespaces, sshd and Slurm (installed with apt-get when
-missing); skips with the reason otherwise. Run: PSLAB_BUILD=build python3 -m unittest -v tests/test_multihost.py
+missing); skips with the reason otherwise. Run from the repository root:
+    PSLAB_BUILD=build PSLAB_MULTIHOST=1 /usr/bin/python3 -m unittest -v tests/multihost/test_multihost.py
 """
 import json
 import os
@@ -29,16 +30,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import unittest
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-LAUNCH = REPO / "experiments" / "launch.py"
-TINY = REPO / "experiments" / "configs" / "tiny.toml"
-PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-BUILD = pathlib.Path(os.environ.get("PSLAB_BUILD") or REPO / "build").resolve()
+from tests.launcher.helpers import BUILD, LAUNCH, PYTHON, REPO, TINY, Launches, wait_for_train_lines_in
+
 SSHD = "/usr/sbin/sshd"
 HOSTS = ("hostA", "hostB", "hostC")
 
@@ -63,6 +60,13 @@ def undo(made):
                 pass
         else:
             sh("ip", kind, "del", what, check=False)
+
+
+def cmdline(pid):
+    try:
+        return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return f"{pid} (gone)"
 
 
 def why_not():
@@ -183,16 +187,20 @@ class Cluster:
         return total
 
 
-@unittest.skipIf(os.environ.get("PSLAB_MULTIHOST") != "1", "the multi-host tier runs from its CTest entry, "
-                 "multihost (PSLAB_MULTIHOST=1)")
-class MultiHostTest(unittest.TestCase):
+class ClusterTestCase(unittest.TestCase):
+    """Tests on one cluster of namespace hosts, made for the class (cluster_type(tmp).up(), in a
+    temporary directory named tmp_prefix...) and taken down after it; skipped, saying why, where
+    why_not() says it cannot be made. Each test's runs go to self.runs."""
+    tier = "multi-host tier"
+    tmp_prefix = "pslab-test-multihost-"
+
     @classmethod
     def setUpClass(cls):
-        reason = why_not()
+        reason = cls.why_not()
         if reason:
-            raise unittest.SkipTest(f"multi-host tier: {reason}")
-        cls.tmp = pathlib.Path(tempfile.mkdtemp(prefix="pslab-test-multihost-"))
-        cls.cluster = Cluster(cls.tmp)
+            raise unittest.SkipTest(f"{cls.tier}: {reason}")
+        cls.tmp = pathlib.Path(tempfile.mkdtemp(prefix=cls.tmp_prefix))
+        cls.cluster = cls.cluster_type(cls.tmp)
         try:
             cls.cluster.up()
         except Exception:
@@ -207,14 +215,31 @@ class MultiHostTest(unittest.TestCase):
 
     def setUp(self):
         self.runs = self.tmp / f"runs-{self._testMethodName}"
+
+    def assert_no_process_left_on(self, places, what, grace=8.0):
+        """No process but the cluster's own daemons in the namespaces of `places` (hosts or nodes)
+        once `grace` s have passed."""
+        end = time.monotonic() + grace
+        while any(self.cluster.pids(x) for x in places) and time.monotonic() < end:
+            time.sleep(0.1)
+        left = {x: [cmdline(p) for p in self.cluster.pids(x)] for x in places}
+        self.assertEqual({x: v for x, v in left.items() if v}, {}, f"processes left on the {what}")
+
+
+@unittest.skipIf(os.environ.get("PSLAB_MULTIHOST") != "1", "the multi-host tier runs from its CTest entry, "
+                 "multihost (PSLAB_MULTIHOST=1)")
+class MultiHostTest(Launches, ClusterTestCase):
+    cluster_type = Cluster
+    why_not = staticmethod(why_not)
+    launch_timeout = 120
+
+    def setUp(self):
+        super().setUp()
         self.env = dict(os.environ, PSLAB_BUILD=str(BUILD), **self.cluster.ssh_env)
         self.launchers = []
 
     def tearDown(self):
-        for p in self.launchers:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        self.stop_launchers()
 
     def config(self, name, mode="bsp", servers=2, workers=3, steps=500, extra=""):
         text = (TINY.read_text().replace("servers = 1", f"servers = {servers}")
@@ -225,38 +250,14 @@ class MultiHostTest(unittest.TestCase):
         path.write_text(text)
         return path
 
-    def launch(self, *args, timeout=120):
-        return subprocess.run([PYTHON, str(LAUNCH), *map(str, args)], cwd=REPO, env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
-
-    def launch_bg(self, *args):
-        p = subprocess.Popen([PYTHON, str(LAUNCH), *map(str, args)], cwd=REPO, env=self.env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.launchers.append(p)
-        return p
-
     def runs_of(self, runs):
         return sorted(d for d in runs.glob("tiny/*/*") if not d.parent.is_symlink() and (d / "plan.json").exists())
 
-    def assert_no_process_on_any_host(self, grace=8.0):
-        end = time.monotonic() + grace
-        while any(self.cluster.pids(h) for h in HOSTS) and time.monotonic() < end:
-            time.sleep(0.1)
-        left = {h: [self.cmdline(p) for p in self.cluster.pids(h)] for h in HOSTS}
-        self.assertEqual({h: v for h, v in left.items() if v}, {}, "processes left on the hosts")
-
-    @staticmethod
-    def cmdline(pid):
-        try:
-            return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            return f"{pid} (gone)"
+    def assert_no_process_on_any_host(self):
+        self.assert_no_process_left_on(HOSTS, "hosts")
 
     def wait_for_train_lines(self, runs, names, timeout=60):
-        end = time.monotonic() + timeout
-        while not all(any('"train"' in m.read_text() for m in runs.glob(f"tiny/*/*/metrics/{n}.jsonl")) for n in names):
-            self.assertLess(time.monotonic(), end, f"{names} wrote no train line")
-            time.sleep(0.05)
+        wait_for_train_lines_in(self, runs, names, timeout, runs_glob="tiny/*/*")
 
     # ---- the tests -----------------------------------------------------------------------------
     def test_every_mode_across_three_hosts(self):
@@ -512,30 +513,15 @@ PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe
 
 @unittest.skipIf(os.environ.get("PSLAB_MULTIHOST") != "1", "the multi-host tier runs from its CTest entry, "
                  "multihost (PSLAB_MULTIHOST=1)")
-class SlurmTest(unittest.TestCase):
+class SlurmTest(ClusterTestCase):
     """The launcher under a real Slurm (slurmctld, two slurmd in namespaces, munge)."""
-
-    @classmethod
-    def setUpClass(cls):
-        reason = why_not() or why_not_slurm()
-        if reason:
-            raise unittest.SkipTest(f"multi-host tier (Slurm): {reason}")
-        cls.tmp = pathlib.Path(tempfile.mkdtemp(prefix="pslab-test-slurm-"))
-        cls.cluster = SlurmCluster(cls.tmp)
-        try:
-            cls.cluster.up()
-        except Exception:
-            cls.cluster.down()
-            shutil.rmtree(cls.tmp, ignore_errors=True)
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.cluster.down()
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+    tier = "multi-host tier (Slurm)"
+    tmp_prefix = "pslab-test-slurm-"
+    cluster_type = SlurmCluster
+    why_not = staticmethod(lambda: why_not() or why_not_slurm())
 
     def setUp(self):
-        self.runs = self.tmp / f"runs-{self._testMethodName}"
+        super().setUp()
         self.env = dict(os.environ, PSLAB_BUILD=str(BUILD), **self.cluster.env)
 
     def config(self, name, mode="bsp", steps=500):
@@ -552,12 +538,8 @@ class SlurmTest(unittest.TestCase):
         self.assertEqual(len(runs), 1, runs)
         return runs[0]
 
-    def assert_no_process_on_any_node(self, grace=8.0):
-        end = time.monotonic() + grace
-        while any(self.cluster.pids(n) for n in SLURM_NODES) and time.monotonic() < end:
-            time.sleep(0.1)
-        left = {n: [MultiHostTest.cmdline(p) for p in self.cluster.pids(n)] for n in SLURM_NODES}
-        self.assertEqual({n: v for n, v in left.items() if v}, {}, "processes left on the nodes")
+    def assert_no_process_on_any_node(self):
+        self.assert_no_process_left_on(SLURM_NODES, "nodes")
 
     def test_an_uneven_allocation_runs_where_slurm_put_each_task(self):
         # salloc -N 2 -n 4 on nodes of 3 CPUs and 1: three tasks on nodeA, one on nodeB
@@ -594,10 +576,7 @@ class SlurmTest(unittest.TestCase):
         p = subprocess.Popen(self.salloc(4, "run", self.config(name, steps=100000), "--runs-dir", self.runs, "--no-plots"),
                              cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.addCleanup(lambda: (p.kill(), p.communicate()) if p.poll() is None else None)
-        deadline = time.monotonic() + 60
-        while not any('"train"' in f.read_text() for f in self.runs.glob("tiny/*/*/metrics/worker1.jsonl")):
-            self.assertLess(time.monotonic(), deadline, "worker1 wrote no train line")
-            time.sleep(0.1)
+        wait_for_train_lines_in(self, self.runs, ["worker1"], 60, runs_glob="tiny/*/*")
         return p
 
     def test_ctrl_c_of_the_launcher_leaves_no_task_on_any_node(self):
@@ -605,7 +584,7 @@ class SlurmTest(unittest.TestCase):
         self.assertTrue(all(self.cluster.pids(n) for n in SLURM_NODES), "not every node runs a task")
         # the launcher itself (salloc's child), as a terminal's Ctrl-C reaches it
         launcher = next(pid for pid in map(int, sh("pgrep", "-P", str(p.pid)).stdout.split())
-                        if "launch.py" in MultiHostTest.cmdline(pid))
+                        if "launch.py" in cmdline(pid))
         os.kill(launcher, signal.SIGINT)
         out, err = p.communicate(timeout=60)
         self.assertIn("interrupted by SIGINT", err)

@@ -124,6 +124,23 @@ class MultiProcess : public ::testing::Test {
                      << "\ntimeout_s = " << timeout_s << "\ntransport = \"" << transport << "\"\n[eval]\ninterval_s = 0.2\n";
     return p.string();
   }
+  // Server 0 of the config `cfg` on a free port of 127.0.0.1 (`server_flags` added to its
+  // command line) and worker 0 of it, started as processes of `procs`: which they are, and the
+  // server's address.
+  struct ServerAndWorker {
+    std::size_t server, worker;
+    std::string ep;
+  };
+  static ServerAndWorker start_server_and_worker(Processes& procs, const std::string& cfg,
+                                                 const std::vector<std::string>& server_flags = {}) {
+    const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
+    std::vector<std::string> server_argv = {PSLAB_SERVER_BIN, "-c", cfg, "--shard", "0", "--bind", ep};
+    server_argv.insert(server_argv.end(), server_flags.begin(), server_flags.end());
+    const auto server = procs.spawn("server0", server_argv);
+    const auto worker = procs.spawn("worker0", {PSLAB_WORKER_BIN, "ps", "-c", cfg, "--rank", "0", "--servers", ep, "-q"});
+    return {server, worker, ep};
+  }
+
   fs::path dir;
 };
 
@@ -179,9 +196,7 @@ INSTANTIATE_TEST_SUITE_P(Transports, MultiProcessRun, ::testing::Values("tcp", "
 TEST_F(MultiProcess, AWorkerWhoseServerDiesFailsNamingIt) {
   const std::string cfg = write_config("asp", 1, 1, 100000, 1.0);
   Processes procs(dir);
-  const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
-  const auto server = procs.spawn("server0", {PSLAB_SERVER_BIN, "-c", cfg, "--shard", "0", "--bind", ep});
-  const auto worker = procs.spawn("worker0", {PSLAB_WORKER_BIN, "ps", "-c", cfg, "--rank", "0", "--servers", ep, "-q"});
+  const auto [server, worker, ep] = start_server_and_worker(procs, cfg);
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // training is under way
   ASSERT_EQ(procs.wait(worker, 0), -1) << "worker ended early: " << procs.log(worker);
   procs.kill(server);
@@ -194,9 +209,7 @@ TEST_F(MultiProcess, AWorkerWhoseServerDiesFailsNamingIt) {
 TEST_F(MultiProcess, AMissingWorkerIsNamedByTheServerAtTheStartBarrier) {
   const std::string cfg = write_config("bsp", 2, 1, 1, 1.0);
   Processes procs(dir);
-  const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
-  const auto server = procs.spawn("server0", {PSLAB_SERVER_BIN, "-c", cfg, "--shard", "0", "--bind", ep});
-  const auto worker = procs.spawn("worker0", {PSLAB_WORKER_BIN, "ps", "-c", cfg, "--rank", "0", "--servers", ep, "-q"});
+  const auto [server, worker, ep] = start_server_and_worker(procs, cfg);
   EXPECT_EQ(procs.wait(server, 10), 1);
   EXPECT_NE(procs.log(server).find("start barrier: waited 1 s for Hello from workers 1"), std::string::npos)
       << procs.log(server);
@@ -207,9 +220,7 @@ TEST_F(MultiProcess, AMissingWorkerIsNamedByTheServerAtTheStartBarrier) {
 TEST_F(MultiProcess, AServerWaitingForAShutdownThatNeverComesSaysSo) {
   const std::string cfg = write_config("asp", 1, 1, 1, 1.0);
   Processes procs(dir);
-  const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
-  const auto server = procs.spawn("server0", {PSLAB_SERVER_BIN, "-c", cfg, "--shard", "0", "--bind", ep, "--wait-for-shutdown"});
-  const auto worker = procs.spawn("worker0", {PSLAB_WORKER_BIN, "ps", "-c", cfg, "--rank", "0", "--servers", ep, "-q"});
+  const auto [server, worker, ep] = start_server_and_worker(procs, cfg, {"--wait-for-shutdown"});
   EXPECT_EQ(procs.wait(worker, 20), 0) << procs.log(worker);
   EXPECT_EQ(procs.wait(server, 10), 1) << "the server must give up, not wait forever";
   EXPECT_NE(procs.log(server).find("but no Shutdown came"), std::string::npos) << procs.log(server);

@@ -169,6 +169,21 @@ inline std::vector<std::vector<float>> run_allreduce_workers(const ExperimentCon
   return theta;
 }
 
+// Starts the evaluator of a PS-mode `cfg` against `cluster` on a thread of its own (metrics
+// under `dir`); `done`, if given, is set once it has returned.
+inline std::thread start_evaluator(const ExperimentConfig& cfg, Cluster& cluster, const std::filesystem::path& dir,
+                                   std::atomic<bool>* done = nullptr) {
+  return std::thread([&cfg, &cluster, dir, done] {
+    RoleOptions o;
+    o.servers = cluster.endpoints;
+    o.out_dir = dir.string();
+    o.progress = false;
+    o.transport = cluster.transport.get();
+    run_evaluator(cfg, o);
+    if (done) *done = true;
+  });
+}
+
 inline std::filesystem::path temp_dir(const std::string& name) {
   static std::atomic<int> n{0};
   const auto d = std::filesystem::temp_directory_path() /

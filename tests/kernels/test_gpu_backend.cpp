@@ -7,7 +7,7 @@
 // (fill, copy, relu, im2col) and integer results (count_correct) must match exactly.
 //
 // Without a GPU (a build without CUDA, no driver, no device) every test is SKIPPED with the
-// reason; with one, a backend that cannot be made fails every test (tests/gpu.h).
+// reason; with one, a backend that cannot be made fails every test (tests/support/gpu.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 // Training on the CUDA backend against the same run on the CPU backend: the parameter-server
 // worker (θ and ∇θ staged through Replica over tcp and ipc) and the all-reduce worker (NCCL).
 // θ agrees within 1e-3 * max(1, |θ_cpu|) after 50 steps (the backends' float results differ
-// in the last bits per step; see test_gpu_backend.cpp). Skipped without a GPU (tests/gpu.h).
+// in the last bits per step; see test_gpu_backend.cpp). Skipped without a GPU (tests/support/gpu.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,0 +1,271 @@
+"""Runs that fail or are stopped: a killed or failing process, Ctrl-C, SIGTERM and the wall-clock
+guard stop everything and leave nothing (Failures); a hung or stopped process named within the
+heartbeat (Heartbeats: bounds in seconds, so its CTest entry runs alone); shared-memory segments and
+a failed sweep point's processes gone (Cleanup: it looks at every process and at /dev/shm of the
+machine, so its CTest entry runs alone too).
+"""
+import json
+import os
+import pathlib
+import signal
+import threading
+import time
+import unittest
+
+from tests.launcher.helpers import LauncherTestCase, cmdlines_containing, option, pslab_processes, wait_until
+
+
+class Failures(LauncherTestCase):
+    """A killed or failing process, signals and the wall-clock guard: the run stops (or goes on), nothing is left."""
+
+    def test_killed_worker_fails_the_run_and_stops_everything(self):
+        p = self.launch_bg("run", self.long_config(), "--runs-dir", self.runs, "--no-plots")
+        procs = self.wait_for_processes(4)
+        worker1 = [pid for pid, argv in procs.items() if argv[1] == "ps" and option(argv, "--rank") == "1"]
+        self.assertEqual(len(worker1), 1, procs)
+        # training has started: worker 0 and the evaluator have written metrics
+        wait_until(self, lambda: all(any(m.stat().st_size for m in self.runs.glob(f"tiny/*/run/metrics/{n}.jsonl"))
+                                     for n in ("worker0", "evaluator")), 30, "worker 0 and the evaluator wrote no metrics")
+        os.kill(worker1[0], signal.SIGKILL)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 1, out + err)
+        self.assertRegex(err, r"worker1 \(rank 1\) .*killed by signal 9 \(SIGKILL\)")
+        self.assertIn("logs/worker1.log", err)
+        self.assert_no_processes_left()
+        s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
+        self.assertEqual(s["status"], "failed")
+        self.assertIn("worker1", s["failure"])
+        self.assertGreater(len(s["failure"].splitlines()), 1, "the failure keeps the last lines of the process's log")
+        # the processes the launcher stopped say so in their logs
+        logs = self.only_invocation("tiny") / "run" / "logs"
+        self.assertIn("pslab_worker: worker 0: stopped by SIGTERM", (logs / "worker0.log").read_text())
+        self.assertIn("pslab_worker: evaluator: stopped by SIGTERM", (logs / "evaluator.log").read_text())
+
+    def test_asp_and_ssp_runs_go_on_without_a_killed_worker(self):
+        # cluster.on_worker_loss = "auto" is "continue" in asp and ssp: worker 1 is killed while
+        # training; the servers drop it after heartbeat_s of silence, worker 0 trains to the end.
+        self.subtests_in_fresh_runs("mode", ("asp", "ssp:2"), self.check_run_goes_on_without_a_killed_worker)
+
+    def check_run_goes_on_without_a_killed_worker(self, mode):
+        path = self.tiny_variant("loss.toml", [("steps = 500", "steps = 1200"), ('mode = "bsp"', f'mode = "{mode}"')])
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1")
+        procs = self.wait_for_processes(4)
+        worker1 = [pid for pid, argv in procs.items() if argv[1] == "ps" and option(argv, "--rank") == "1"]
+        self.assertEqual(len(worker1), 1, procs)
+        self.wait_for_train_lines(["worker0", "worker1"])
+        os.kill(worker1[0], signal.SIGKILL)
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 0, out + err)
+        self.assertRegex(err, r"worker1 \(rank 1\) on local was killed by signal 9 \(SIGKILL\); the run goes on without it")
+        self.assert_no_processes_left()
+        run = self.only_invocation("tiny") / "run"
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok", s.get("failure"))
+        self.assertEqual(len(s["workers_lost"]), 1, s["workers_lost"])
+        lost = s["workers_lost"][0]
+        self.assertEqual(lost["worker"], 1)
+        self.assertIn("SIGKILL", lost["how"])
+        self.assertGreaterEqual(lost["silent_s"], 1.0)  # the servers waited heartbeat_s, no less
+        self.assertLess(lost["clock"], 1200)
+        self.assertIn("went on without worker 1", out)
+        self.assertIn("worker 1 lost: silent for", (run / "logs" / "server0.log").read_text())
+        self.assertGreater(s["final_test_acc"], 0.5)  # worker 0 trained on
+
+    def test_failing_process_log_is_shown(self):
+        # every process that loads data fails on a data path that does not exist
+        path = self.tiny_variant("bad.toml", [('kind = "logistic"', 'kind = "fashion-mnist"\npath = "/nonexistent"')])
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots", timeout=60)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertRegex(r.stderr, r"(server\d \(shard \d\)|worker\d \(rank \d\)|evaluator) on \S+ exited with code [1-9]")
+        self.assertIn("/nonexistent", r.stderr)  # the tail of the failing process's log
+        self.assert_no_processes_left()
+
+    def test_sigint_stops_everything(self):
+        p = self.launch_bg("run", self.long_config(), "--runs-dir", self.runs, "--no-plots")
+        self.wait_for_processes(4)
+        time.sleep(0.3)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 130, out + err)
+        self.assertIn("SIGINT", err)
+        self.assert_no_processes_left()
+
+    def test_sigterm_stops_everything(self):
+        p = self.launch_bg("run", self.long_config(), "--runs-dir", self.runs, "--no-plots")
+        self.wait_for_processes(4)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 143, out + err)
+        self.assert_no_processes_left()
+
+    def test_wall_clock_guard(self):
+        p = self.launch_bg("run", self.long_config(), "--runs-dir", self.runs, "--no-plots", "--max-minutes", "0.05")
+        out, err = p.communicate(timeout=40)
+        self.assertEqual(p.returncode, 1, out + err)
+        self.assertIn("--max-minutes", err)
+        self.assert_no_processes_left()
+
+
+class Heartbeats(LauncherTestCase):
+    """A hung or stopped process is named within the heartbeat (timing-sensitive: run alone)."""
+
+    def test_a_hung_bsp_worker_is_named_within_the_heartbeat(self):
+        # bsp cannot go on without a worker: a stopped (SIGSTOP) worker fails the run within about
+        # heartbeat_s, and the error names it, not the worker waiting for it.
+        p = self.launch_bg("run", self.long_config(), "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1")
+        procs = self.wait_for_processes(4)
+        worker1 = [pid for pid, argv in procs.items() if argv[1] == "ps" and option(argv, "--rank") == "1"]
+        self.wait_for_train_lines(["worker0", "worker1"])
+        os.kill(worker1[0], signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            out, err = p.communicate(timeout=30)
+        finally:
+            try:
+                os.kill(worker1[0], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.assertEqual(p.returncode, 1, out + err)
+        self.assertLess(time.monotonic() - stopped, 6.0, err)
+        self.assertRegex(err, r"server0 \(shard 0\) on local exited with code 1")
+        self.assertRegex(err, r"worker 1 lost: silent for 1\.\d s at clock \d+ \(cluster\.heartbeat_s = 1\); bsp cannot train on without it")
+        self.assert_no_processes_left()
+
+    def stderr_with_times(self, p):
+        """Reads p's stderr on a thread: returns [(monotonic time, line)], filled as lines come."""
+        lines = []
+        def read():
+            for line in p.stderr:
+                lines.append((time.monotonic(), line))
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        self.addCleanup(t.join, 5)
+        return lines
+
+    def stop_until_the_run_fails(self, p, pid, lines):
+        """SIGSTOPs pid and waits for the launcher to fail the run (exit 1); returns its stderr,
+        its first FAILED line and how many seconds after the SIGSTOP that line came."""
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            p.wait(timeout=30)
+        finally:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)  # the reader thread takes the last lines
+        err = "".join(line for _, line in lines)
+        self.assertEqual(p.returncode, 1, err)
+        first = next(((t, line) for t, line in lines if "FAILED" in line), None)
+        self.assertIsNotNone(first, err)
+        return err, first[1], first[0] - stopped
+
+    def test_a_stopped_allreduce_rank_is_named_within_two_heartbeats(self):
+        # SIGSTOP of rank 1: the other rank's group watch names it, and that is the launcher's
+        # first error, within 2 x cluster.heartbeat_s.
+        path = self.tiny_variant("ar.toml", [("steps = 500", "steps = 100000"), ('mode = "bsp"', 'mode = "allreduce"')])
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1")
+        lines = self.stderr_with_times(p)
+        procs = self.wait_for_processes(3)
+        rank1 = [pid for pid, argv in procs.items() if argv[1] == "allreduce" and option(argv, "--rank") == "1"]
+        self.assertEqual(len(rank1), 1, procs)
+        self.wait_for_train_lines(["worker0", "worker1"])
+        err, first, after = self.stop_until_the_run_fails(p, rank1[0], lines)
+        self.assertRegex(first, r"worker0 \(rank 0\) on local exited with code 1")
+        self.assertLess(after, 2 * 1.0, err)
+        self.assertRegex(err, r"all-reduce rank 0: rank 1 lost: silent for 1\.\d s at step \d+ \(cluster\.heartbeat_s = 1\)")
+        self.assert_no_processes_left()
+
+    def test_a_stopped_server_is_named_by_its_workers_within_two_heartbeats(self):
+        # SIGSTOP of the server of an asp run: a worker whose push has no answer names it (the
+        # server is not holding it, or it would beat), and that is not a lost worker. (With
+        # cluster.on_server_loss = "restart", the asp default, the workers would first
+        # wait some seconds for a restart: "fail" here.)
+        path = self.tiny_variant("asp.toml", [("steps = 500", "steps = 100000"), ('mode = "bsp"', 'mode = "asp"')])
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1",
+                           "--set", "cluster.on_server_loss=fail")
+        lines = self.stderr_with_times(p)
+        procs = self.wait_for_processes(4)
+        server = [pid for pid, argv in procs.items() if "--shard" in argv]
+        self.assertEqual(len(server), 1, procs)
+        self.wait_for_train_lines(["worker0", "worker1"])
+        err, first, after = self.stop_until_the_run_fails(p, server[0], lines)
+        self.assertNotIn("goes on without it", err)
+        self.assertRegex(first, r"worker\d \(rank \d\) on local exited with code 1")
+        self.assertLess(after, 2 * 1.0, err)
+        self.assertRegex(err, r"server 0 at \S+: silent for 1\.\d s while (Push|Pull) \(clock \d+\) waited for its reply")
+        self.assert_no_processes_left()
+
+
+class Cleanup(LauncherTestCase):
+    """Nothing of a run is left anywhere on the machine (checks every process and /dev/shm: run alone)."""
+
+    def test_shm_run_and_a_killed_server_leave_no_segment(self):
+        # shm: payloads through memfd segments, which go with the processes; the sockets' directory
+        # goes with the run. A finished run, then one whose server is killed mid-run.
+        def pslab_segments():
+            held = set()
+            for fd_dir in pathlib.Path("/proc").glob("[0-9]*/fd"):
+                try:
+                    for fd in fd_dir.iterdir():
+                        if os.readlink(fd).startswith("/memfd:pslab-shm"):
+                            held.add(fd_dir.parent.name)
+                except OSError:
+                    pass
+            return held
+        dev_shm = set(os.listdir("/dev/shm"))
+        ok = self.tiny_variant("shm.toml", [("steps = 500", "steps = 60"), ("[cluster]", '[cluster]\ntransport = "shm"')])
+        r = self.launch("run", ok, "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        run = self.only_invocation("tiny") / "run"
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok")
+        self.assertEqual(s["pushed_by_codec"]["f32"]["pushes"], 2 * 60)
+        sockets = json.loads((run / "manifest.json").read_text())["socket_dir"]
+        self.assertFalse(os.path.exists(sockets), sockets)
+
+        p = self.launch_bg("run", self.tiny_variant("shm-long.toml", [("steps = 500", "steps = 100000"),
+                                                                      ("[cluster]", '[cluster]\ntransport = "shm"')]),
+                           "--runs-dir", self.runs, "--no-plots")
+        procs = self.wait_for_processes(4)
+        end = time.monotonic() + 20
+        while len(pslab_segments() & set(map(str, procs))) < 3 and time.monotonic() < end:
+            time.sleep(0.1)  # until the server and both workers have sent a payload
+        self.assertGreaterEqual(len(pslab_segments() & set(map(str, procs))), 3, "segments of the run")
+        server = [pid for pid, argv in procs.items() if "--shard" in argv]
+        self.assertEqual(len(server), 1, procs)
+        os.kill(server[0], signal.SIGKILL)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 1, out + err)
+        self.assertRegex(err, r"server0 \(shard 0\) on local was killed by signal 9")
+        self.assert_no_processes_left()
+        self.assertEqual(pslab_segments() & set(map(str, procs)), set())
+        self.assertEqual(set(os.listdir("/dev/shm")) - dev_shm, set(), "something was left in /dev/shm")
+        killed = [m for m in (self.runs / "tiny").glob("*/run/manifest.json")
+                  if m.parent != run and not m.parent.parent.is_symlink()]
+        self.assertEqual(len(killed), 1, killed)
+        sockets = json.loads(killed[0].read_text())["socket_dir"]
+        self.assertFalse(os.path.exists(sockets), sockets)
+
+    def test_failed_run_is_cleaned_up_before_the_next_one(self):
+        # --keep-going: while the sweep's second run trains, nothing of the failed first run is left
+        path = self.tiny_variant("sweep.toml", [('mode = "bsp"', 'mode = ["bsp", "asp"]'), ("steps = 500", "steps = 100000")])
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--keep-going")
+        procs = self.wait_for_processes(4)
+        self.assertTrue(all("mode=bsp" in " ".join(argv) for argv in procs.values()), procs)
+        server = [pid for pid, argv in procs.items() if "pslab_server" in argv[0]]
+        time.sleep(0.3)
+        os.kill(server[0], signal.SIGKILL)
+        wait_until(self, lambda: any("mode=asp" in " ".join(a) for a in pslab_processes(str(self.runs)).values()), 20,
+                   "the second run did not start")
+        self.assertEqual(cmdlines_containing("mode=bsp"), {}, "processes of the failed run are still there")
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 130, out + err)
+        self.assertRegex(err, r"FAILED mode=bsp: server0 \(shard 0\) on local was killed by signal 9")
+        self.assert_no_processes_left()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,54 @@
+"""The `pslab` command, from `cmake --install` into a prefix and from the checkout.
+"""
+import json
+import os
+import subprocess
+import unittest
+
+from tests.launcher.helpers import LauncherTestCase, REPO, TINY, BUILD, PNG_MAGIC
+
+
+class Install(LauncherTestCase):
+    """The pslab command, installed and in the checkout."""
+
+    def test_pslab_command_from_an_install_prefix_and_the_checkout(self):
+        prefix = self.tmp / "prefix"
+        r = subprocess.run(["cmake", "--install", str(BUILD), "--prefix", str(prefix)], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        for name in ("pslab", "pslab_worker", "pslab_server"):
+            self.assertTrue(os.access(prefix / "bin" / name, os.X_OK), name)
+        env = dict(self.env, PATH=f"{prefix / 'bin'}:{self.env['PATH']}")
+        env.pop("PSLAB_BUILD")  # the installed binaries, found beside the installed launcher
+        work = self.tmp / "work"
+        work.mkdir()
+        def pslab(*args, cwd=work):
+            return subprocess.run(["pslab", *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+        r = pslab("--help")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for cmd in ("run", "resume", "replay", "calibrate", "plot", "scale", "bundle"):
+            self.assertIn(f"pslab {cmd}", r.stdout)
+            h = pslab(cmd, "--help")
+            self.assertEqual(h.returncode, 0, f"pslab {cmd} --help: {h.stdout}{h.stderr}")
+            self.assertRegex(h.stdout, r"(?i)usage|pslab|experiments", cmd)
+        self.assertIn("usage: pslab run", pslab("run", "--help").stdout)
+        self.assertEqual(pslab("nonsense").returncode, 2)
+        config = prefix / "share" / "pslab" / "experiments" / "configs" / "tiny.toml"
+        r = pslab("run", config, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        run = next(d for d in (work / "runs" / "tiny").glob("*/run") if not d.parent.is_symlink())  # ./runs
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok")
+        manifest = json.loads((run / "manifest.json").read_text())
+        self.assertTrue(manifest["build_dir"].startswith(str(prefix)), manifest["build_dir"])
+        r = pslab("plot", run, "--out", work / "plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertTrue((work / "plots" / "convergence.png").read_bytes().startswith(PNG_MAGIC))
+        # from the checkout: the same command
+        r = subprocess.run([str(REPO / "experiments" / "pslab"), "run", TINY, "--dry-run"], cwd=self.tmp,
+                           env=self.env, capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("[server0@local]", r.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()

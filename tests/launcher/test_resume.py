@@ -1,0 +1,101 @@
+"""Resuming and restarting from checkpoints: Ctrl-C then `launch.py resume` ends like a run never
+stopped; a killed asp server is restarted from its checkpoint and the run ends ok.
+"""
+import json
+import os
+import re
+import signal
+import stat
+import time
+import unittest
+
+from tests.launcher.helpers import LauncherTestCase, option, wait_until
+
+
+class Resume(LauncherTestCase):
+    """Checkpoints: a run resumed, a server restarted."""
+
+    def test_resume_after_ctrl_c_ends_like_an_uninterrupted_run(self):
+        # Ctrl-C mid-run, then `launch.py resume`: ssp:1 over 2 servers (the servers write their
+        # checkpoints as they stop) and allreduce (rank 0 wrote one every 0.3 s); each ends with
+        # the accuracy of a run never stopped.
+        self.subtests_in_fresh_runs("mode", ("ssp:1", "allreduce"), self.check_resume)
+
+    def check_resume(self, mode):
+        path = self.tiny_variant("resume.toml", [("steps = 500", "steps = 1200"), ('mode = "bsp"', f'mode = "{mode}"'),
+                                                 ("servers = 1", "servers = 2")],
+                                 append="\n[checkpoint]\nevery_s = 0.3\n")
+        whole = self.launch("run", path, "--runs-dir", self.tmp / f"whole-{mode}", "--no-plots", timeout=120)
+        self.assertEqual(whole.returncode, 0, whole.stdout + whole.stderr)
+        reference = json.loads(next((self.tmp / f"whole-{mode}").glob("tiny/2*/run/summary.json")).read_text())
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots")
+        self.wait_for_processes(5 if mode != "allreduce" else 3)
+        self.wait_for_train_lines(["worker0", "worker1"])
+        time.sleep(1.0)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 130, out + err)
+        run = self.only_invocation("tiny") / "run"
+        self.assertEqual(json.loads((run / "summary.json").read_text())["status"], "interrupted")
+        self.assertEqual(stat.S_IMODE((run / "checkpoints").stat().st_mode), 0o700)
+        writers = ["server0", "server1"] if mode != "allreduce" else ["worker0"]
+        written = [json.loads(line) for w in writers for line in (run / "metrics" / f"{w}.jsonl").read_text().splitlines()
+                   if '"checkpoint"' in line]
+        self.assertTrue(written, "no checkpoint was written")
+        if mode != "allreduce":
+            self.assertEqual(sorted(c["why"] for c in written if c["why"] == "stopped"), ["stopped", "stopped"], written)
+        r = self.launch("resume", run, "--no-plots", timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("resuming", r.stdout)
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok", s.get("failure"))
+        resumed = [json.loads(line) for k in (0, 1) for line in (run / "metrics" / f"worker{k}.jsonl").read_text().splitlines()
+                   if '"resumed"' in line]
+        self.assertEqual(len(resumed), 2, resumed)
+        self.assertTrue(all(0 < x["step"] < 1200 for x in resumed), resumed)
+        log = "server0" if mode != "allreduce" else "worker1"
+        self.assertIn("resumed from", (run / "logs" / f"{log}.log").read_text())
+        self.assertLess(abs(s["final_test_acc"] - reference["final_test_acc"]), 0.02, (s["final_test_acc"], reference["final_test_acc"]))
+        self.assert_no_processes_left()
+        # A finished run is not resumed.
+        again = self.launch("resume", run, "--no-plots")
+        self.assertEqual(again.returncode, 2, again.stdout + again.stderr)
+        self.assertIn("the run finished (ok); there is nothing to resume", again.stderr)
+
+    def test_a_killed_asp_server_is_restarted_from_its_checkpoint(self):
+        # asp over 2 servers, over tcp and over ipc: kill -9 of server 1 mid-run; the launcher
+        # restarts it from its checkpoint (written every 0.3 s), the workers and the evaluator
+        # rejoin it, the run ends ok and says how many updates were lost.
+        self.subtests_in_fresh_runs("transport", ("tcp", "ipc"), self.check_server_restart)
+
+    def check_server_restart(self, transport):
+        path = self.tiny_variant("restart.toml", [("steps = 500", "steps = 1500"), ('mode = "bsp"', 'mode = "asp"'),
+                                                  ("servers = 1", "servers = 2")],
+                                 append="\n[checkpoint]\nevery_s = 0.3\n")
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1",
+                           "--set", f'cluster.transport="{transport}"')
+        procs = self.wait_for_processes(5)
+        server1 = [pid for pid, argv in procs.items() if "--shard" in argv and option(argv, "--shard") == "1"]
+        self.assertEqual(len(server1), 1, procs)
+        self.wait_for_train_lines(["worker0", "worker1"])
+        run = self.only_invocation("tiny") / "run"
+        wait_until(self, (run / "checkpoints" / "server1.ckpt").exists, 20, "server 1 wrote no checkpoint")
+        os.kill(server1[0], signal.SIGKILL)
+        out, err = p.communicate(timeout=90)
+        self.assertEqual(p.returncode, 0, out + err)
+        self.assertRegex(err, r"server1 \(shard 1\) on local was killed by signal 9 \(SIGKILL\); restarting it from its checkpoint")
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok", s.get("failure"))
+        self.assertEqual([(r["server"], "SIGKILL" in r["how"]) for r in s["servers_restarted"]], [(1, True)])
+        log = (run / "logs" / "server1.log").read_text()
+        self.assertIn("server 1: resumed from", log)
+        rejoined = re.findall(r"worker (\d) rejoined at clock \d+ \(this server's checkpoint had it at \d+: (\d+) update", log)
+        self.assertEqual(sorted(w for w, _ in rejoined), ["0", "1"], log)
+        self.assertEqual(s["updates_lost"], sum(int(n) for _, n in rejoined))
+        self.assertIn("restarted server 1", out)
+        self.assertGreater(s["final_test_acc"], 0.9)
+        self.assert_no_processes_left()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,237 @@
+"""Real runs of experiments/configs/tiny.toml (synthetic logistic regression, seconds) on this host:
+what a run writes (config, plan, manifest, summary, metrics, logs, plots, the comparison), sweeps,
+a diverged run, the algorithms beyond the three modes, a sweep over seeds; plot.py's imports.
+"""
+import json
+import subprocess
+import sys
+import tomllib
+import unittest
+
+from tests.launcher.helpers import LauncherTestCase, REPO, TINY, PYTHON, WORKER_BIN, PNG_MAGIC
+
+
+class Runs(LauncherTestCase):
+    """End-to-end runs on this host and what they write."""
+
+    def test_tiny_end_to_end(self):
+        r = self.launch("run", TINY, "--runs-dir", self.runs)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        inv = self.only_invocation("tiny")
+        self.assertRegex(inv.name, r"^\d{8}-\d{6}$")
+        run = inv / "run"
+        for f in ["config.toml", "plan.json", "manifest.json", "summary.json", "metrics/worker0.jsonl", "metrics/worker1.jsonl",
+                  "metrics/server0.jsonl", "metrics/evaluator.jsonl", "logs/server0.log", "logs/worker0.log",
+                  "logs/worker1.log", "logs/evaluator.log"]:
+            self.assertTrue((run / f).is_file(), f)
+        for png in ["convergence", "bytes", "throughput", "step_time", "staleness"]:
+            for d in (run / "plots", inv / "plots"):
+                data = (d / f"{png}.png").read_bytes()
+                self.assertEqual(data[:8], PNG_MAGIC, d / png)
+                self.assertGreater(len(data), 10000)
+        # config.toml: exactly what ran, every default filled in
+        with open(run / "config.toml", "rb") as f:
+            cfg = tomllib.load(f)
+        self.assertEqual(cfg["train"]["steps"], 500)
+        self.assertEqual(cfg["cluster"]["timeout_s"], 60.0)  # a default, written out
+        # manifest
+        m = json.loads((run / "manifest.json").read_text())
+        self.assertEqual([p["name"] for p in m["processes"]], ["server0", "worker0", "worker1", "evaluator"])
+        for p in m["processes"]:
+            self.assertIn(str(run / "config.toml"), p["command"])
+            self.assertIsInstance(p["pid"], int)
+        for key in ["git", "host", "cpu", "gpu", "libraries", "seed", "start_time", "launcher_command"]:
+            self.assertIn(key, m)
+        self.assertIn("run", m["launcher_command"])
+        self.assertEqual(m["transport"], "tcp")
+        self.assertIn("python", m["libraries"])
+        # summary
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual((s["mode"], s["workers"], s["servers"], s["device"], s["seed"], s["status"]),
+                         ("bsp", 2, 1, "cpu", 1, "ok"))
+        self.assertGreater(s["final_test_acc"], 0.85)
+        self.assertLessEqual(s["final_test_acc"], 1.0)
+        self.assertGreaterEqual(s["best_test_acc"], s["final_test_acc"])
+        self.assertEqual(s["target_acc"], 0.9)
+        self.assertIsNotNone(s["time_to_target_s"])
+        self.assertTrue(0 < s["time_to_target_s"] <= s["wall_s"])
+        self.assertAlmostEqual(s["epochs"], 500 * 2 * 32 / 4096, places=6)
+        self.assertEqual(s["staleness"]["max"], 0)  # bsp
+        self.assertGreater(s["bytes_pushed"], 500 * 2 * 132 * 4)  # 500 steps x 2 workers x 132 floats
+        self.assertEqual(s["pushed_by_codec"], {"f32": {"pushes": 500 * 2, "payload_bytes": 500 * 2 * 132 * 4}})
+        self.assertGreater(s["bytes_pulled"], 0)
+        self.assertAlmostEqual(s["train_samples"], 500 * 2 * 32, delta=500 * 2 * 32 * 1e-3)
+        # samples/s cannot exceed the training samples over the time the workers trained
+        self.assertGreater(s["samples_per_s"], 0)
+        self.assertLess(s["samples_per_s"], 2 * 32 / 0.005)  # each step of a worker sleeps >= 5 ms
+        self.assertGreater(s["step_time_ms"]["delay"], 4.9)
+        # progress lines and the comparison
+        self.assertRegex(r.stdout, r"step \d+(-\d+)?/500")
+        self.assertRegex(r.stdout, r"ETA")
+        self.assertIn("| run | bsp |", r.stdout)
+        rows = (inv / "comparison.csv").read_text().splitlines()
+        self.assertEqual(len(rows), 2)
+        self.assertTrue((inv / "comparison.md").read_text().count("| run | bsp |") == 1)
+        self.assert_no_processes_left()
+
+    def test_run_follows_the_binarys_plan(self):
+        # the steps, processes and sizes come from `pslab_worker config --plan`, saved as plan.json
+        sets = ["--set", "train.steps=37", "--set", "cluster.servers=2"]
+        dry = self.launch("run", TINY, *sets, "--runs-dir", self.runs, "--dry-run")
+        self.assertEqual(dry.returncode, 0, dry.stderr)
+        self.assertIn("2 servers, 37 steps per worker]", dry.stdout)
+        r = self.launch("run", TINY, *sets, "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn(", 37 steps each ->", r.stdout)
+        run = self.only_invocation("tiny") / "run"
+        plan = json.loads((run / "plan.json").read_text())
+        self.assertEqual((plan["total_steps"], plan["workers"], plan["servers"], plan["uses_servers"]), (37, 2, 2, True))
+        self.assertEqual([p["name"] for p in plan["processes"]],
+                         ["server0", "server1", "worker0", "worker1", "evaluator"])
+        binary = subprocess.run([str(WORKER_BIN), "config", "-c", str(run / "config.toml"), "--plan", "-"],
+                                capture_output=True, text=True, check=True)
+        self.assertEqual(json.loads(binary.stdout), plan)  # what the run's own config plans
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual((s["steps_per_worker"], s["status"]), (37, "ok"))
+        self.assertAlmostEqual(s["train_samples"], 37 * 2 * 32, delta=1)
+        # each of the 37 x 2 pushes reached both servers, and counts once
+        self.assertEqual((s["staleness"]["count"], s["staleness"]["max"]), (37 * 2, 0))  # bsp
+        self.assert_no_processes_left()
+        # plot.py still draws a run from before plan.json (cluster.mode from config.toml instead)
+        (run / "plan.json").unlink()
+        p = subprocess.run([PYTHON, str(REPO / "experiments" / "plot.py"), str(run), "--out", str(self.tmp / "plots")],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        for png in ["convergence", "throughput", "step_time", "staleness"]:
+            self.assertEqual((self.tmp / "plots" / f"{png}.png").read_bytes()[:8], PNG_MAGIC, png)
+
+    def test_staleness_counts_each_push_once(self):
+        sys.path.insert(0, str(REPO / "experiments"))
+        try:
+            from launcher.metrics import staleness_stats
+        finally:
+            sys.path.remove(str(REPO / "experiments"))
+        # 2 servers; worker 0 pushed 3 times, worker 1 twice: every push is in both histograms
+        finals = [{"kind": "server_final", "shard": 0, "staleness": {"count": 999},
+                   "staleness_hist": {"0": [2, 1], "1": [0, 1, 1]}},
+                  {"kind": "server_final", "shard": 1, "staleness_hist": {"0": [1, 1, 1], "1": [2]}}]
+        st = staleness_stats(finals)  # merged: 5 at 0, 3 at 1, 2 at 2
+        self.assertEqual(st["count"], 5)
+        self.assertAlmostEqual(st["mean"], (1 * 3 + 2 * 2) / 10)
+        self.assertEqual((st["p99"], st["max"]), (2, 2))
+        # p99 is the smallest staleness with at least 99% of the (push, shard) pairs at or below it
+        finals = [{"staleness_hist": {"0": [99, 0, 0, 0, 0, 1]}}, {"staleness_hist": {"0": [99, 0, 0, 0, 0, 1]}},
+                  {"kind": "server_final", "shard": 2}]  # a server without a histogram does not count
+        st = staleness_stats(finals)
+        self.assertEqual((st["count"], st["p99"], st["max"]), (100, 0, 5))
+        self.assertAlmostEqual(st["mean"], 10 / 200)
+        self.assertIsNone(staleness_stats([{"staleness_hist": {"0": [0, 0]}}]))
+        self.assertIsNone(staleness_stats([]))
+
+    def test_plot_imports_the_metrics_module_alone(self):
+        code = ("import sys; sys.path.insert(0, 'experiments'); import plot; assert 'launch' not in sys.modules; "
+                "print(sorted(m for m in sys.modules if m.split('.')[0] == 'launcher'))")
+        r = subprocess.run([PYTHON, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "['launcher', 'launcher.metrics']")
+
+    def test_plots_use_a_python_that_has_matplotlib(self):
+        # plot.py ran under /usr/bin/python3 even where only python3 on PATH had matplotlib.
+        bad, good = self.tmp / "no-mpl-python", self.tmp / "mpl-python"
+        for path, status in ((bad, 1), (good, 0)):  # answer "import matplotlib" with this status
+            path.write_text(f"#!/bin/sh\nexit {status}\n")
+            path.chmod(0o755)
+        code = ("import sys; sys.path.insert(0, 'experiments'); from launcher.run import plot_python; "
+                f"print(plot_python([{str(bad)!r}, {str(good)!r}]), plot_python([{str(bad)!r}]))")
+        r = subprocess.run([PYTHON, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.split(), [str(good), "None"])
+        # None at all: said before the first run, and the runs go on without plots.
+        env = dict(self.env, PSLAB_PLOT_PYTHON=str(bad))
+        r = self.launch("run", TINY, "--set", "train.steps=30", "--runs-dir", self.runs, env=env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn(f"no Python with matplotlib found (tried: {bad})", r.stderr)
+        self.assertNotIn("plot.py failed", r.stderr)
+        self.assertFalse((self.only_invocation("tiny") / "run" / "plots").exists())
+
+    def test_diverged_run_is_reported(self):
+        r = self.launch("run", TINY, "--set", "optimizer.lr=1e38", "--set", "train.steps=100",
+                        "--set", "straggler.delay_ms=0", "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)  # the experiment's outcome, not a failure
+        s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
+        self.assertEqual(s["status"], "diverged")
+        self.assertGreater(s["diverged"]["epoch"], 0.0)
+        self.assertIn(s["diverged"]["worker"], (0, 1))
+        self.assertIn("training diverged at epoch", r.stdout)
+        self.assertIn("| run | bsp | 2 | 1 | diverged |", r.stdout)
+        self.assert_no_processes_left()
+
+    def test_sweep_runs_every_point(self):
+        path = self.tiny_variant("sweep.toml", [('mode = "bsp"', 'mode = ["allreduce", "bsp", "asp"]'),
+                                                ("steps = 500", "steps = 100"), ("delay_ms = 5.0", "delay_ms = 1.0")])
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        inv = self.only_invocation("tiny")
+        modes = ["allreduce", "bsp", "asp"]
+        self.assertEqual(sorted(d.name for d in inv.iterdir() if d.is_dir()), sorted(f"mode={m}" for m in modes))
+        for mode in modes:
+            run = inv / f"mode={mode}"
+            s = json.loads((run / "summary.json").read_text())
+            self.assertEqual((s["mode"], s["status"]), (mode, "ok"))
+            self.assertEqual(s["servers"], 0 if mode == "allreduce" else 1)
+            self.assertEqual(s["staleness"] is None, mode == "allreduce")
+            self.assertGreater(s["final_test_acc"], 0.5)
+            with open(run / "config.toml", "rb") as f:
+                self.assertEqual(tomllib.load(f)["cluster"]["mode"], mode)
+            self.assertEqual(sorted(p.name for p in (run / "logs").iterdir()),
+                             sorted(["evaluator.log", "worker0.log", "worker1.log"] + ([] if mode == "allreduce" else ["server0.log"])))
+        lines = (inv / "comparison.csv").read_text().splitlines()
+        self.assertEqual([line.split(",")[:2] for line in lines[1:]], [[f"mode={m}", m] for m in modes])
+
+    def test_dcasgd_and_staleness_aware_steps_train_over_real_servers(self):
+        path = self.tiny_variant("algos.toml", [('mode = "bsp"', 'mode = ["asp", "dcasgd:0.1"]'),
+                                                ("workers = 2", "workers = 4"), ("servers = 1", "servers = 2")])
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "optimizer.staleness_lr=true")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        inv = self.only_invocation("tiny")
+        for d in ("mode=asp", "mode=dcasgd_0.1"):
+            s = json.loads((inv / d / "summary.json").read_text())
+            self.assertEqual(s["status"], "ok", d)
+            self.assertGreater(s["final_test_acc"], 0.85, d)
+            self.assertGreater(s["staleness"]["mean"], 0.5, d)  # the steps it divided were stale
+        plan = json.loads((inv / "mode=dcasgd_0.1" / "plan.json").read_text())
+        for k in (0, 1):
+            fin = [x for x in map(json.loads, (inv / "mode=dcasgd_0.1" / "metrics" / f"server{k}.jsonl").read_text().splitlines())
+                   if x.get("kind") == "server_final"][0]
+            shard = plan["params"] // 2 + (1 if k < plan["params"] % 2 else 0)
+            self.assertEqual(fin["pulled_params_bytes"], 4 * shard * 4)  # θ as served, one copy per worker
+        self.assertNotIn("pulled_params_bytes", (inv / "mode=asp" / "metrics" / "server0.jsonl").read_text())
+
+    def test_a_sweep_over_seeds_is_summarized_as_mean_and_sd(self):
+        r = self.launch("run", TINY, "--set", "seed=[1, 2]", "--set", 'cluster.mode=["bsp", "asp"]',
+                        "--set", 'cluster.launcher="virtual"', "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        md = (self.only_invocation("tiny") / "comparison.md").read_text()
+        self.assertIn("Over seeds (mean ± sd):", md)
+        rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| mode=")}
+        self.assertEqual(sorted(rows), ["mode=asp", "mode=bsp"])
+        accs = {}
+        for mode in ("bsp", "asp"):
+            accs[mode] = [json.loads((d / "summary.json").read_text())["final_test_acc"]
+                          for d in sorted(self.only_invocation("tiny").glob(f"seed=*,mode={mode}"))]
+            self.assertEqual(len(accs[mode]), 2)
+            mean = sum(accs[mode]) / 2
+            sd = abs(accs[mode][0] - accs[mode][1]) / 2 ** 0.5
+            self.assertIn(f"| mode={mode} | 2 | {100 * mean:.2f} ± {100 * sd:.2f}% |", rows[f"mode={mode}"])
+        s = json.loads(next(self.only_invocation("tiny").glob("seed=1,mode=bsp")).joinpath("summary.json").read_text())
+        self.assertAlmostEqual(s["train_time_to_target_s"], s["time_to_target_s"] - s["startup_s"])
+        # the curves: the mean over the seeds with a band
+        runs = sorted(str(d) for d in self.only_invocation("tiny").glob("seed=*"))
+        p = subprocess.run([PYTHON, str(REPO / "experiments" / "plot.py"), *runs, "--out", str(self.tmp / "plots")],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual((self.tmp / "plots" / "seeds.png").read_bytes()[:8], PNG_MAGIC)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,159 @@
+"""The ssh launcher end to end through a stand-in `ssh` on PATH that runs the command here (Ssh),
+and over two hosts made of network namespaces (TwoHosts: needs root and iproute2; run by its own
+CTest entry, launcher_two_hosts, which sets PSLAB_TWO_HOSTS=1; skipped, saying why, elsewhere).
+"""
+import json
+import os
+import pathlib
+import random
+import re
+import shlex
+import shutil
+import socket
+import stat
+import subprocess
+import unittest
+
+from tests.launcher.helpers import LauncherTestCase, remote_argv, free_base_port
+
+
+class Ssh(LauncherTestCase):
+    """Runs over ssh through a local stand-in."""
+
+    def test_ssh_end_to_end_with_a_local_stand_in(self):
+        log = self.tmp / "ssh-calls"
+        self.fake_bin("ssh", f"""\
+            #!/bin/bash
+            # stand-in: ssh [-o OPT]... HOST COMMAND -> runs COMMAND here
+            while [[ $1 == -o ]]; do shift 2; done
+            echo "$1" >> {log}
+            export SSH_CONNECTION="127.0.0.1 40000 127.0.0.1 22"  # what sshd sets: the address reached
+            exec bash -c "$2"
+            """)
+        path = self.ssh_config(["localhost", "127.0.0.1"], servers=1, workers=2)
+        base = free_base_port()
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots", "--base-port", base)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        # each host asked once for its address and free ports, then one ssh per process
+        self.assertEqual(sorted(log.read_text().split()), ["127.0.0.1"] * 3 + ["localhost"] * 3)
+        s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok")
+        self.assertGreater(s["final_test_acc"], 0.85)
+        self.assert_no_processes_left()
+
+    def test_allreduce_over_ssh_with_a_local_stand_in(self):
+        # rank 0 and the evaluator listen on endpoints named by host name, as on a real cluster
+        self.fake_bin("ssh", """\
+            #!/bin/bash
+            while [[ $1 == -o ]]; do shift 2; done
+            export SSH_CONNECTION="127.0.0.1 40000 127.0.0.1 22"  # what sshd sets: the address reached
+            exec bash -c "$2"
+            """)
+        path = self.ssh_config([socket.gethostname(), "127.0.0.1"], servers=1, workers=2)
+        path.write_text(path.read_text().replace('mode = "bsp"', 'mode = "allreduce"'))
+        base = free_base_port()
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots", "--base-port", base)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
+        self.assertEqual((s["mode"], s["servers"], s["status"], s["staleness"]), ("allreduce", 0, "ok", None))
+        self.assertGreater(s["final_test_acc"], 0.85)
+        self.assert_no_processes_left()
+
+
+class TwoHosts(LauncherTestCase):
+    """A run over two hosts made of network namespaces (PSLAB_TWO_HOSTS=1)."""
+
+    def two_namespace_hosts(self):
+        """Two network namespaces joined by a veth pair stand in for two hosts: (ip A, ip B), and a
+        stand-in ssh on PATH that runs a command "on" an address in its namespace. Skips (saying
+        why) where namespaces cannot be made: not root, or no CAP_SYS_ADMIN (some containers)."""
+        if os.environ.get("PSLAB_TWO_HOSTS") != "1":
+            self.skipTest("two-host test: run by its own CTest entry, launcher_two_hosts (PSLAB_TWO_HOSTS=1)")
+        if os.geteuid() != 0 or not shutil.which("ip"):
+            self.skipTest("two-host test: needs root and iproute2 to make network namespaces")
+        tag = f"{os.getpid() % 10000}{random.randrange(100)}"
+        ns, net = (f"pslab-a{tag}", f"pslab-b{tag}"), f"10.231.{random.randrange(1, 250)}"
+        ips = (f"{net}.1", f"{net}.2")
+        def ip(*args):
+            return subprocess.run(["ip", *args], capture_output=True, text=True)
+        r = ip("netns", "add", ns[0])
+        if r.returncode != 0:
+            self.skipTest(f"two-host test: cannot make a network namespace here ({r.stderr.strip()})")
+        self.addCleanup(lambda: [ip("netns", "del", n) for n in ns])
+        for cmd in (["netns", "add", ns[1]],
+                    ["link", "add", f"va{tag}", "netns", ns[0], "type", "veth", "peer", "name", f"vb{tag}", "netns", ns[1]],
+                    ["-n", ns[0], "addr", "add", f"{ips[0]}/24", "dev", f"va{tag}"],
+                    ["-n", ns[1], "addr", "add", f"{ips[1]}/24", "dev", f"vb{tag}"],
+                    ["-n", ns[0], "link", "set", f"va{tag}", "up"], ["-n", ns[1], "link", "set", f"vb{tag}", "up"],
+                    ["-n", ns[0], "link", "set", "lo", "up"], ["-n", ns[1], "link", "set", "lo", "up"]):
+            r = ip(*cmd)
+            if r.returncode != 0:
+                self.skipTest(f"two-host test: cannot link the namespaces here (ip {' '.join(cmd)}: {r.stderr.strip()})")
+        self.fake_bin("ssh", f"""\
+            #!/bin/bash
+            # stand-in: ssh [-o OPT]... ADDRESS COMMAND -> COMMAND in that address's namespace
+            while [[ $1 == -o ]]; do shift 2; done
+            case $1 in {ips[0]}) ns={ns[0]} ;; {ips[1]}) ns={ns[1]} ;; *) echo "no host $1" >&2; exit 255 ;; esac
+            export SSH_CONNECTION="$1 40000 $1 22"
+            exec ip netns exec $ns bash -c "$2"
+            """)
+        def bytes_across():  # bytes that went through host A's end of the link, both ways
+            out = ip("-n", ns[0], "-s", "-j", "link", "show", f"va{tag}").stdout
+            st = json.loads(out)[0]["stats64"]
+            return st["rx"]["bytes"] + st["tx"]["bytes"]
+        return ips, bytes_across
+
+    def test_a_run_over_two_hosts_uses_tcp_between_them(self):
+        """cluster.transport = "auto" across two hosts (network namespaces): in the parameter-server
+        run each pair of processes on one host talks over shared memory and each pair across
+        hosts over TCP (a server listens on both); the all-reduce run uses TCP and Gloo. Both
+        finish, their traffic crossed the link between the hosts, and nothing is left behind."""
+        ips, bytes_across = self.two_namespace_hosts()
+        path = self.ssh_config(list(ips), servers=2, workers=2)
+        path.write_text(path.read_text().replace("[cluster]", '[cluster]\ntransport = "auto"'))
+        for mode in ("bsp", "allreduce"):
+            path.write_text(re.sub(r'mode = "\w+"', f'mode = "{mode}"', path.read_text()))
+            before = bytes_across()
+            base = free_base_port()
+            r = self.launch("run", path, "--runs-dir", self.runs / mode, "--no-plots", "--base-port", base)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            run = next((self.runs / mode).glob("tiny/*/run"))
+            s = json.loads((run / "summary.json").read_text())
+            self.assertEqual((s["mode"], s["status"]), (mode, "ok"))
+            self.assertGreater(s["final_test_acc"], 0.85)
+            manifest = json.loads((run / "manifest.json").read_text())
+            procs = {p["name"]: p for p in manifest["processes"]}
+            # over two hosts, listeners bind addresses others reach: peers prove the run's key (cluster.auth = "auto")
+            self.assertEqual(manifest["auth"], "curve")
+            self.assertEqual(stat.S_IMODE((run / "run.key").stat().st_mode), 0o600)
+            self.assertTrue(all("--auth-key" in p["command"] for p in procs.values()), procs)
+            crossed = bytes_across() - before
+            # every step moves the model (132 floats) between the hosts; 500 steps x 2 workers
+            self.assertGreater(crossed, 500 * 132 * 4, "the run's traffic did not cross the link between the hosts")
+            if mode == "allreduce":
+                self.assertNotIn("ipc://", json.dumps(procs))
+                log = (run / "logs" / "worker1.log").read_text()
+                self.assertIn("allreduce over gloo", log)
+                continue
+            # round robin: server0, worker0, evaluator on host A; server1, worker1 on host B
+            self.assertEqual([procs[n]["host"] for n in ("server0", "server1", "worker0", "worker1", "evaluator")],
+                             [ips[0], ips[1], ips[0], ips[1], ips[0]])
+            def arg(name, flag):
+                argv = shlex.split(procs[name]["command"])  # ssh ... HOST 'cd REPO && ... && exec ARGV'
+                argv = remote_argv(argv)
+                return argv[argv.index(flag) + 1]
+            for k in (0, 1):
+                # each server binds its own host's address (the one ssh reached it at), not every interface
+                self.assertRegex(arg(f"server{k}", "--bind"), rf"^ipc:///tmp/pslab-[^+]+/server{k}\+tcp://{ips[k]}:{base + k}$")
+            sock = arg("server0", "--bind").split("+")[0]
+            ipc1 = arg("server1", "--bind").split("+")[0]
+            for who, expected in (("worker0", [sock, f"tcp://{ips[1]}:{base + 1}"]),
+                                  ("evaluator", [sock, f"tcp://{ips[1]}:{base + 1}"]),
+                                  ("worker1", [f"tcp://{ips[0]}:{base}", ipc1])):
+                self.assertEqual(arg(who, "--servers").split(","), expected, who)
+            self.assertFalse(pathlib.Path(sock).parent.exists(), "the run's socket directory was left behind")
+        self.assert_no_processes_left()
+
+
+if __name__ == "__main__":
+    unittest.main()

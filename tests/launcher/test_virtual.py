@@ -1,0 +1,85 @@
+"""The virtual cluster (every mode in simulated time, in one process, deterministic) and replay of a
+real run's order traces (bit for bit, and a reordered or damaged trace named).
+"""
+import json
+import unittest
+
+from tests.launcher.helpers import LauncherTestCase
+
+
+class Virtual(LauncherTestCase):
+    """The virtual cluster and replay."""
+
+    def test_virtual_cluster_runs_every_mode_in_simulated_time(self):
+        path = self.tiny_variant("virtual.toml", [('mode = "bsp"', 'mode = ["bsp", "asp", "allreduce"]'),
+                                                  ("workers = 2", "workers = 4"), ("servers = 1", "servers = 2"),
+                                                  ("[cluster]", '[cluster]\nlauncher = "virtual"'),
+                                                  ("[straggler]", "[straggler]\nworkers = [3]\nslowdown = 3.0")],
+                                 append="\n[virtual]\ncompute_ms = 2.0\n")
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        inv = self.only_invocation("tiny")
+        sums = {}
+        for d in inv.iterdir():
+            if (d / "summary.json").exists():
+                s = json.loads((d / "summary.json").read_text())
+                sums[s["mode"]] = s
+        self.assertEqual(sorted(sums), ["allreduce", "asp", "bsp"])
+        for mode, s in sums.items():
+            self.assertEqual((s["status"], s["simulated"]), ("ok", True), mode)
+            self.assertGreater(s["final_test_acc"], 0.85, mode)
+            # one process ran it all, no socket, no key; the metrics are a real run's, in simulated time
+            m = json.loads((inv / f"mode={mode}" / "manifest.json").read_text())
+            self.assertEqual([p["name"] for p in m["processes"]], ["virtual"])
+            self.assertTrue(m["simulated"])
+            self.assertFalse((inv / f"mode={mode}" / "run.key").exists())
+        # simulated time: the straggler sets bsp's pace: 500 steps of 3 x 2 ms compute + 5 ms delay + comm
+        train = [json.loads(x) for x in (inv / "mode=bsp" / "metrics" / "worker0.jsonl").read_text().splitlines()]
+        self.assertGreater(train[-1]["t"], 500 * 11e-3)
+        self.assertLess(train[-1]["t"], 500 * 12e-3)
+        self.assertAlmostEqual(train[-1]["compute_ms"], 2.0, places=6)
+        self.assertEqual(sums["bsp"]["staleness"]["max"], 0)
+        self.assertGreater(sums["asp"]["staleness"]["mean"], 0.5)  # the straggler's pushes are stale
+        self.assertIn("(simulated)", r.stdout)
+        # deterministic: the same config again, the same metrics
+        again = self.tmp / "again"
+        r = self.launch("run", path, "--runs-dir", again, "--no-plots", "--set", 'cluster.mode="asp"')
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        run2 = next(d for d in (again / "tiny").glob("*/run") if not d.parent.is_symlink())
+        for name in ("server0.jsonl", "worker3.jsonl"):
+            self.assertEqual((inv / "mode=asp" / "metrics" / name).read_text(), (run2 / "metrics" / name).read_text(), name)
+
+    def test_replay_of_a_real_asp_run_ends_on_its_theta_bit_for_bit(self):
+        path = self.tiny_variant("asp4.toml", [('mode = "bsp"', 'mode = "asp"'), ("workers = 2", "workers = 4"),
+                                               ("servers = 1", "servers = 2")])
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        run = self.only_invocation("tiny") / "run"
+        traces = [(run / "trace" / f"server{k}.txt").read_text().splitlines() for k in (0, 1)]
+        self.assertEqual(sum(line.startswith("push ") for line in traces[0]), 4 * 500)
+        r = self.launch("replay", run, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("bit for bit: 2 shard checksum(s) equal", r.stdout)
+        s = json.loads((run / "replay" / "summary.json").read_text())
+        self.assertTrue(s["replay_identical"])
+        self.assertEqual(s["params_checksums"], s["recorded_params_checksums"])
+        # another worker's push moved before a pull it followed: the replay is at another version than
+        # the run served, and says so (the order is checked, not just read)
+        lines = traces[0]
+        i = next(i for i in range(len(lines) - 1) if lines[i].startswith("pull ") and lines[i + 1].startswith("push ")
+                 and lines[i].split()[1] != lines[i + 1].split()[1])
+        lines[i], lines[i + 1] = lines[i + 1], lines[i]
+        (run / "trace" / "server0.txt").write_text("\n".join(lines) + "\n")
+        r = self.launch("replay", run, "--no-plots")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertRegex(r.stderr, r"server 0, operation \d+ \(pull of worker \d, step \d+\): the shard is at version \d+, "
+                                   r"the run served \d+")
+        # a trace that is not one: named with its line
+        (run / "trace" / "server1.txt").write_text("push 0 0 0 32\nnonsense\n")
+        r = self.launch("replay", run, "--no-plots")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("server1.txt:2: not an order-trace line", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
