@@ -19,7 +19,7 @@
 #include "harness.h"
 #include "ps/codecs/codec.h"
 #include "ps/errors.h"
-#include "ps/rules/rule.h"
+#include "ps/modes/mode.h"
 #include "run/setup.h"
 
 using namespace pslab;
@@ -28,21 +28,20 @@ namespace {
 
 // ---- a mode: every push applied twice, each with half the step ---------------------------------
 
-class Twice final : public ConsistencyRule {
+class Twice final : public Mode {
  public:
   std::string name() const override { return "twice"; }
-  void on_push(const PushInfo&, const ShardView&, ShardOps& ops) override {
-    ops.apply(0.5);
-    ops.apply(0.5);
+  WorkerProtocol worker_protocol() const override { return {}; }
+  int update_batch(int batch, int) const override { return batch; }
+  void on_push(const PushInfo& p, const ShardView&, ShardOps& ops) const override {
+    ops.step(nullptr, 0.5, p.batch);
+    ops.step(nullptr, 0.5, 0);
   }
   bool pull_ready(long, const ShardView&) const override { return true; }
-  int update_batch(int batch, int) const override { return batch; }
-  std::string why_held(long, const ShardView&) const override { return "twice never holds a pull"; }
 };
 
-const Registrar<ConsistencyRule> twice_rule(rule_registry(), {"twice", "twice", "test: every push applied twice, "
-                                                              "each with half the step", false,
-                                                              [](const std::string&) { return std::make_unique<Twice>(); }});
+const Registrar<Mode> twice_rule(mode_registry(), {"twice", "twice", "test: every push applied twice, each with half the step",
+                                                   false, [](const std::string&) { return std::make_unique<Twice>(); }});
 
 // ---- a codec: float64 on the wire ------------------------------------------------------------------
 

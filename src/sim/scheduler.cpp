@@ -162,6 +162,7 @@ void Scheduler::wait_until(time_point t) {
   self->turn = false;
   pass_turn(lock, self);
   self->turn = true;
+  if (stopping_ && !unwinding) throw Stopped{};  // the simulation stopped while this thread waited
 }
 
 void Scheduler::wake(Thread* t) {

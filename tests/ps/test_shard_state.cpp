@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "ps/rules/rule.h"
+#include "ps/modes/mode.h"
 #include "ps/checkpoint.h"
 #include "ps/shard_state.h"
 #include "comm/wire.h"
@@ -136,10 +136,10 @@ TEST(ShardState, ADroppedWorkerNoLongerHoldsSspAndCannotPush) {
   EXPECT_EQ(s.clock_of(2), 0);
 
   ShardState b(*cpu, options("bsp", 2, 1), {0.0f});
-  EXPECT_FALSE(b.rule().trains_without_lost_workers());
+  EXPECT_FALSE(b.mode().trains_without_lost_workers());
   EXPECT_THROW(b.drop_worker(1), std::logic_error);
-  EXPECT_TRUE(make_rule("asp")->trains_without_lost_workers());
-  EXPECT_TRUE(make_rule("ssp:3")->trains_without_lost_workers());
+  EXPECT_TRUE(make_mode("asp")->trains_without_lost_workers());
+  EXPECT_TRUE(make_mode("ssp:3")->trains_without_lost_workers());
 }
 
 // ---- checkpoints (ps/checkpoint.h) ----
@@ -192,6 +192,30 @@ TEST(Checkpoint, AShardGoesOnBitwiseFromItsCheckpoint) {
     EXPECT_EQ(std::memcmp(b.current(), a.current(), 2 * sizeof(float)), 0)
         << a.current()[0] << " " << a.current()[1] << " vs " << b.current()[0] << " " << b.current()[1];
   }
+}
+
+// Format 1 (before modes kept their state in the shard) held bsp's open clock as acc_samples and
+// acc_empty where format 2 has the kept counts (samples, pushes): it is still read.
+TEST(Checkpoint, AFormatOneFileIsReadWithItsOpenClock) {
+  auto cpu = make_cpu_backend(1);
+  ShardState a(*cpu, options("bsp", 2, 2), {1.0f, 2.0f});
+  const float g[] = {0.5f, 1.5f};
+  push(a, 0, 0, 0, 3, g, sum(g));  // clock 0 open: 3 samples from one push
+  ShardCheckpoint c = a.checkpoint();
+  EXPECT_EQ(c.kept_counts, (std::array<long, 2>{3, 1}));
+  const std::string path = checkpoint_file("format1");
+  for (const std::int64_t acc_empty : {0, 1}) {
+    write_checkpoint(path, c);
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    const std::int64_t format = 1;
+    f.seekp(1 * 8), f.write(reinterpret_cast<const char*>(&format), 8);
+    f.seekp(13 * 8), f.write(reinterpret_cast<const char*>(&acc_empty), 8);
+    f.close();
+    const ShardCheckpoint r = read_checkpoint(path);
+    EXPECT_EQ(r.kept_counts[0], 3);
+    EXPECT_EQ(r.kept_counts[1], acc_empty ? 0 : 1) << "format 1's acc_empty " << acc_empty;
+  }
+  std::filesystem::remove(path);
 }
 
 // A damaged or foreign file is refused, naming the file and what is wrong; a checkpoint of
@@ -310,29 +334,32 @@ TEST(ShardState, AnUpdateSplitOverThreadsIsBitwiseTheOneThreadUpdate) {
 }
 
 TEST(Rules, TheRegistryMakesEachModeFromItsName) {
-  EXPECT_EQ(make_rule("bsp")->name(), "bsp");
-  EXPECT_EQ(make_rule("ssp:3")->name(), "ssp:3");
-  EXPECT_EQ(make_rule("asp")->name(), "asp");
-  EXPECT_EQ(make_rule("dcasgd:0.04")->name(), "dcasgd:0.04");
-  EXPECT_THROW(make_rule("dcasgd:-1"), std::invalid_argument);
-  EXPECT_THROW(make_rule("dcasgd:x"), std::invalid_argument);
-  EXPECT_THROW(make_rule("ssp"), std::invalid_argument);
-  EXPECT_THROW(make_rule("ssp:x"), std::invalid_argument);
-  EXPECT_THROW(make_rule("bsp:1"), std::invalid_argument);
-  EXPECT_EQ(make_rule("local:4")->name(), "local:4");
-  EXPECT_EQ(make_rule("local:4")->worker_protocol().local_steps, 4);
-  EXPECT_EQ(make_rule("easgd:0.25")->name(), "easgd:0.25");
-  EXPECT_EQ(make_rule("easgd:0.25")->worker_protocol().alpha, 0.25);
-  EXPECT_EQ(make_rule("asp")->worker_protocol().push, WorkerProtocol::Push::gradient);
+  EXPECT_EQ(make_mode("bsp")->name(), "bsp");
+  EXPECT_EQ(make_mode("ssp:3")->name(), "ssp:3");
+  EXPECT_EQ(make_mode("asp")->name(), "asp");
+  EXPECT_EQ(make_mode("dcasgd:0.04")->name(), "dcasgd:0.04");
+  EXPECT_THROW(make_mode("dcasgd:-1"), std::invalid_argument);
+  EXPECT_THROW(make_mode("dcasgd:x"), std::invalid_argument);
+  EXPECT_THROW(make_mode("ssp"), std::invalid_argument);
+  EXPECT_THROW(make_mode("ssp:x"), std::invalid_argument);
+  EXPECT_THROW(make_mode("bsp:1"), std::invalid_argument);
+  EXPECT_EQ(make_mode("local:4")->name(), "local:4");
+  EXPECT_EQ(make_mode("local:4")->worker_protocol().local_steps, 4);
+  EXPECT_EQ(make_mode("easgd:0.25")->name(), "easgd:0.25");
+  EXPECT_EQ(make_mode("easgd:0.25")->worker_protocol().alpha, 0.25);
+  EXPECT_EQ(make_mode("asp")->worker_protocol().kind, WorkerProtocol::Kind::gradient);
+  EXPECT_EQ(make_mode("allreduce")->worker_protocol().kind, WorkerProtocol::Kind::allreduce);
+  EXPECT_FALSE(make_mode("allreduce")->uses_servers());
+  EXPECT_TRUE(make_mode("bsp")->uses_servers());
   for (const char* bad : {"local:0", "local:x", "local", "easgd:0", "easgd:1", "easgd:-0.1", "easgd"})
-    EXPECT_THROW(make_rule(bad), std::invalid_argument) << bad;
+    EXPECT_THROW(make_mode(bad), std::invalid_argument) << bad;
   try {
-    make_rule("gossip");
+    make_mode("gossip");
     FAIL() << "no error";
   } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()),
-              "\"gossip\" is not a consistency rule: expected \"bsp\", \"ssp:<s>\", \"asp\", \"dcasgd:<lambda>\", \"local:<H>\" or "
-              "\"easgd:<alpha>\"");
+              "\"gossip\" is not a mode: expected \"allreduce\", \"bsp\", \"ssp:<s>\", \"asp\", \"dcasgd:<lambda>\", "
+              "\"local:<H>\" or \"easgd:<alpha>\"");
   }
 }
 
@@ -362,7 +389,7 @@ TEST(ShardState, DcAsgdCompensatesAGradientForTheUpdatesItMissed) {
   ShardState::Options o = options("dcasgd:0.5", 2, 2);
   o.optimizer.lr = 0.5;
   ShardState s(*cpu, o, {1.0f, 2.0f});
-  EXPECT_EQ(s.rule().name(), "dcasgd:0.5");
+  EXPECT_EQ(s.mode().name(), "dcasgd:0.5");
   s.record_pull(0, 0);
   s.record_pull(1, 0);
   EXPECT_EQ(s.pulled_params_bytes(), 2 * 2 * sizeof(float));  // one shard's copy per worker
@@ -441,7 +468,7 @@ TEST(ShardState, EasgdMovesTheCentreAndEachWorkerTowardEachOther) {
   ShardState::Options o = options("easgd:0.25", 2, 1);
   o.optimizer.lr = 7.0;  // never used: the pushes are elastic differences
   ShardState s(*cpu, o, {1.0f});
-  const float alpha = float(s.rule().worker_protocol().alpha);
+  const float alpha = float(s.mode().worker_protocol().alpha);
   float theta[2] = {3.0f, -1.0f};
   long clock[2] = {0, 0};
   auto exchange = [&](int r) {
@@ -467,11 +494,11 @@ TEST(ShardState, EasgdMovesTheCentreAndEachWorkerTowardEachOther) {
 }
 
 TEST(Rules, TheLearningRatesBatchIsWhatOneUpdateAverages) {
-  EXPECT_EQ(make_rule("bsp")->update_batch(64, 4), 256);
-  EXPECT_EQ(make_rule("local:4")->update_batch(64, 4), 256);
-  EXPECT_EQ(make_rule("easgd:0.2")->update_batch(64, 4), 64);
-  EXPECT_EQ(make_rule("ssp:2")->update_batch(64, 4), 64);
-  EXPECT_EQ(make_rule("asp")->update_batch(64, 4), 64);
+  EXPECT_EQ(make_mode("bsp")->update_batch(64, 4), 256);
+  EXPECT_EQ(make_mode("local:4")->update_batch(64, 4), 256);
+  EXPECT_EQ(make_mode("easgd:0.2")->update_batch(64, 4), 64);
+  EXPECT_EQ(make_mode("ssp:2")->update_batch(64, 4), 64);
+  EXPECT_EQ(make_mode("asp")->update_batch(64, 4), 64);
 }
 
 TEST(Rules, AHeldSspPullNamesTheWorkersBehind) {
@@ -482,13 +509,15 @@ TEST(Rules, AHeldSspPullNamesTheWorkersBehind) {
   EXPECT_EQ(s.why_held(2), "ssp:1 needs every worker at clock >= 1; behind: worker 2 (clock 0)");
 }
 
-TEST(Rules, TheBuiltInRulesKeepNoStateOfTheirOwn) {
-  for (const char* mode : {"bsp", "ssp:1", "asp", "dcasgd:0.1"}) {
-    auto r = make_rule(mode);
-    EXPECT_EQ(r->save(), "");
-    EXPECT_NO_THROW(r->load(""));
-    EXPECT_THROW(r->load("junk"), std::invalid_argument) << mode;
-  }
+// A mode is made once per process and shared (it is immutable: what changes lives in the shard);
+// a mode without servers makes no shard.
+TEST(Rules, AModeIsMadeOnceAndAModeWithoutServersMakesNoShard) {
+  EXPECT_EQ(&mode_of("ssp:2"), &mode_of("ssp:2"));
+  EXPECT_NE(&mode_of("ssp:2"), &mode_of("ssp:3"));
+  EXPECT_THROW(mode_of("ssp:x"), std::invalid_argument);
+  EXPECT_THROW(mode_of("ssp:x"), std::invalid_argument) << "a failed spec is not kept";
+  auto cpu = make_cpu_backend(1);
+  EXPECT_THROW(ShardState(*cpu, options("allreduce", 2, 1), {0.0f}), std::invalid_argument);
 }
 
 // Defect: a push of an empty batch (possible at the end of an epoch, sampler.h) used to be

@@ -52,8 +52,7 @@ TEST(Config, SyncEveryAndOverlapAreRefusedWhereTheModeDoesNotUseThem) {
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nmode = \"asp\"\nsync_every = 4\n"),
             "exp.toml: cluster.sync_every: is the elastic exchange period of easgd; cluster.mode = \"asp\" does not use it");
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nmode = \"local:4\"\nsync_every = 4\n"),
-            "exp.toml: cluster.sync_every: is the elastic exchange period of easgd; cluster.mode = \"local:4\" does not "
-            "use it (local:H names its own period)");
+            "exp.toml: cluster.sync_every: is the elastic exchange period of easgd; cluster.mode = \"local:4\" does not use it");
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nmode = \"easgd:0.2\"\nsync_every = 0\n"),
             "exp.toml: cluster.sync_every: must be >= 1");
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nmode = \"easgd:0.2\"\noverlap = true\n"),
@@ -82,9 +81,8 @@ TEST(Config, PullCodecsRoundEachValueAndNeedServers) {
 
 TEST(Config, UnknownModeIsNamed) {
   const std::string e = error_of("name = \"x\"\n[cluster]\nmode = \"gossip\"\n");
-  EXPECT_EQ(e, "exp.toml: cluster.mode: \"gossip\" is not a consistency rule: expected \"bsp\", \"ssp:<s>\", \"asp\", "
-            "\"dcasgd:<lambda>\", \"local:<H>\" or \"easgd:<alpha>\"; "
-               "or \"allreduce\" (gradients all-reduced, no servers)") << e;
+  EXPECT_EQ(e, "exp.toml: cluster.mode: \"gossip\" is not a mode: expected \"allreduce\", \"bsp\", \"ssp:<s>\", \"asp\", "
+            "\"dcasgd:<lambda>\", \"local:<H>\" or \"easgd:<alpha>\"") << e;
   const std::string no_bound = error_of("name = \"x\"\n[cluster]\nmode = \"ssp\"\n");
   EXPECT_EQ(no_bound.rfind("exp.toml: cluster.mode: \"ssp\" needs an argument: ssp:<s>", 0), 0u) << no_bound;
   const std::string negative = error_of("name = \"x\"\n[cluster]\nmode = \"ssp:-1\"\n");
