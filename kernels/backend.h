@@ -27,26 +27,6 @@ enum class Device { cpu, cuda };
 
 enum class Trans { no, yes };
 
-// Hyper-parameters of one optimizer step; lr already includes the schedule.
-struct SgdArgs {
-  float lr = 0.0f;
-  float weight_decay = 0.0f;
-};
-struct MomentumArgs {
-  float lr = 0.0f;
-  float momentum = 0.9f;
-  float weight_decay = 0.0f;
-  bool nesterov = false;
-};
-struct AdamArgs {
-  float lr = 0.0f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
-  long step = 1;  // 1-based; bias corrections are computed from it
-};
-
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -132,15 +112,11 @@ class Backend {
   virtual long count_correct(const float* logits, const std::int32_t* labels, int rows,
                              int C) = 0;
 
-  // ---- optimizer steps over n parameters ----
-  // w_out (n) = update(w (n), g (n)); w_out may equal w (in place) or be another buffer of n
-  // floats that does not overlap w. State (v, m; n each) is updated in place.
-  virtual void sgd_step(const float* w, const float* g, float* w_out, std::size_t n,
-                        const SgdArgs& a) = 0;
-  virtual void momentum_step(const float* w, float* v, const float* g, float* w_out,
-                             std::size_t n, const MomentumArgs& a) = 0;
-  virtual void adam_step(const float* w, float* m, float* v, const float* g, float* w_out,
-                         std::size_t n, const AdamArgs& a) = 0;
+  // ---- element-wise programs (kernels/elementwise.h: math::Program) ----
+  // Runs `p` for every index in [0, n) over `arrays` (p.arrays pointers to n floats each, on this
+  // device), writing the arrays it marks as outputs: an optimizer's step, composed of the
+  // program's ops (core/optimizers/), with no backend method of its own.
+  virtual void run(const math::Program& p, float* const* arrays, std::size_t n) = 0;
 
   // ---- convolution helpers, a whole batch per call ----
   // x (B,C,H,W) -> cols (C*KH*KW, B*OH*OW), column b*OH*OW + n = output pixel n of image b

@@ -59,35 +59,51 @@ PSLAB_HD float mse_row(const float* y, const float* t, int C, float* dy, float g
   return loss;
 }
 
-// ---- optimizer updates (one parameter each) ----------------------------------------------
-// Each returns the updated weight, so a caller may write it in place or to another buffer
-// (the server writes a new version while the old one is still being sent). Optimizer state
-// (v, m) is updated in place. Weight decay is L2 added to the gradient (g + wd * w), as
-// torch.optim.SGD does.
+// ---- element-wise programs ---------------------------------------------------------------
+// An element-wise update of several arrays at once, e.g. an optimizer's step, as a short
+// program that both backends run (Backend::run): for every index i, its ops in order, over
+// registers that are the arrays' element i ([0, arrays)) or temporaries (the rest). An op reads
+// registers x and y and writes register dst:
+//   axpby       dst = a x + b y
+//   mul         dst = x y
+//   div         dst = x / y
+//   sqrt        dst = sqrt(x)
+//   add_scalar  dst = x + a
+//   scale       dst = a x
+//   div_scalar  dst = x / a
+// Arrays marked as outputs are written back (the CPU writes them in place as it goes, the GPU at
+// the end of an element: so an output that aliases an input must not be read after it is
+// written, e.g. w_out == w written by the last op).
 
-PSLAB_HD float sgd_update(float w, float g, float lr, float wd) {
-  return w - lr * (g + wd * w);
-}
+enum class OpCode : std::uint8_t { axpby, mul, div, sqrt, add_scalar, scale, div_scalar };
 
-// Heavy-ball momentum, PyTorch convention: v = mu * v + g; w -= lr * v.
-// Nesterov: w -= lr * (g + mu * v) with the updated v.
-PSLAB_HD float momentum_update(float w, float& v, float g, float lr, float mu, float wd,
-                               bool nesterov) {
-  const float gd = g + wd * w;
-  v = mu * v + gd;
-  return w - lr * (nesterov ? gd + mu * v : v);
-}
+struct Op {
+  OpCode code;
+  std::uint8_t dst, x, y;
+  float a, b;
+};
 
-// Adam (Kingma & Ba) with bias correction; step counts from 1.
-// bc1 = 1 - beta1^step and bc2 = 1 - beta2^step are computed once per step by the caller.
-PSLAB_HD float adam_update(float w, float& m, float& v, float g, float lr, float beta1,
-                           float beta2, float eps, float wd, float bc1, float bc2) {
-  const float gd = g + wd * w;
-  m = beta1 * m + (1.0f - beta1) * gd;
-  v = beta2 * v + (1.0f - beta2) * gd * gd;
-  const float mhat = m / bc1;
-  const float vhat = v / bc2;
-  return w - lr * mhat / (sqrtf(vhat) + eps);
+struct Program {
+  static constexpr int kMaxOps = 16, kMaxRegisters = 12;
+  Op ops[kMaxOps] = {};
+  int n_ops = 0;
+  int arrays = 0;        // registers [0, arrays) are the arrays
+  unsigned outputs = 0;  // bit k: array k is written back (set by op() when it writes array k)
+  // Adds an op (on the host); throws std::logic_error past kMaxOps or kMaxRegisters.
+  Program& op(OpCode code, int dst, int x, int y = 0, float a = 0.0f, float b = 0.0f);
+};
+
+PSLAB_HD float apply_op(const Op& o, float x, float y) {
+  switch (o.code) {
+    case OpCode::axpby: return o.a * x + o.b * y;
+    case OpCode::mul: return x * y;
+    case OpCode::div: return x / y;
+    case OpCode::sqrt: return sqrtf(x);
+    case OpCode::add_scalar: return x + o.a;
+    case OpCode::scale: return o.a * x;
+    case OpCode::div_scalar: return x / o.a;
+  }
+  return 0.0f;
 }
 
 // ---- gathering a batch's rows -------------------------------------------------------------

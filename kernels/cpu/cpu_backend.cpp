@@ -22,6 +22,30 @@ blasint blas_int(std::size_t n) {
   return blasint(n);
 }
 
+// One op of an element-wise program over m elements of its registers: math::apply_op with the
+// op's code fixed, so that the switch is out of the loop and the loop vectorizes.
+template <math::OpCode C>
+void op_loop(const math::Op& op, float* d, const float* x, const float* y, std::size_t m) {
+  const math::Op fixed{C, 0, 0, 0, op.a, op.b};
+  for (std::size_t i = 0; i < m; ++i) d[i] = math::apply_op(fixed, x[i], y[i]);
+}
+
+void run_op(const math::Op& op, float* const* reg, std::size_t m) {
+  float* d = reg[op.dst];
+  const float* x = reg[op.x];
+  const float* y = reg[op.y];
+  using math::OpCode;
+  switch (op.code) {
+    case OpCode::axpby: return op_loop<OpCode::axpby>(op, d, x, y, m);
+    case OpCode::mul: return op_loop<OpCode::mul>(op, d, x, y, m);
+    case OpCode::div: return op_loop<OpCode::div>(op, d, x, y, m);
+    case OpCode::sqrt: return op_loop<OpCode::sqrt>(op, d, x, y, m);
+    case OpCode::add_scalar: return op_loop<OpCode::add_scalar>(op, d, x, y, m);
+    case OpCode::scale: return op_loop<OpCode::scale>(op, d, x, y, m);
+    case OpCode::div_scalar: return op_loop<OpCode::div_scalar>(op, d, x, y, m);
+  }
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) {
@@ -135,25 +159,17 @@ class CpuBackend final : public Backend {
     return n;
   }
 
-  void sgd_step(const float* w, const float* g, float* w_out, std::size_t n,
-                const SgdArgs& a) override {
-    // Plain SGD in place is w += (-lr) g, an axpy: OpenBLAS runs it on all its threads (the
-    // single-process trainer's hot path). Otherwise the shared elementwise update.
-    if (w == w_out && a.weight_decay == 0.0f) return axpy(n, -a.lr, g, w_out);
-    for (std::size_t i = 0; i < n; ++i) w_out[i] = math::sgd_update(w[i], g[i], a.lr, a.weight_decay);
-  }
-  void momentum_step(const float* w, float* v, const float* g, float* w_out, std::size_t n,
-                     const MomentumArgs& a) override {
-    for (std::size_t i = 0; i < n; ++i)
-      w_out[i] = math::momentum_update(w[i], v[i], g[i], a.lr, a.momentum, a.weight_decay, a.nesterov);
-  }
-  void adam_step(const float* w, float* m, float* v, const float* g, float* w_out, std::size_t n,
-                 const AdamArgs& a) override {
-    const float bc1 = 1.0f - std::pow(a.beta1, float(a.step));
-    const float bc2 = 1.0f - std::pow(a.beta2, float(a.step));
-    for (std::size_t i = 0; i < n; ++i)
-      w_out[i] = math::adam_update(w[i], m[i], v[i], g[i], a.lr, a.beta1, a.beta2, a.eps,
-                                   a.weight_decay, bc1, bc2);
+  // In blocks of kBlock elements, each op over the block in turn (the block's registers stay in
+  // L1, and each op's loop vectorizes); the arithmetic is math::apply_op, as on the GPU.
+  void run(const math::Program& p, float* const* arrays, std::size_t n) override {
+    constexpr std::size_t kBlock = 256;
+    alignas(64) float temps[math::Program::kMaxRegisters][kBlock];
+    float* reg[math::Program::kMaxRegisters];
+    for (std::size_t lo = 0; lo < n; lo += kBlock) {
+      const std::size_t m = std::min(kBlock, n - lo);
+      for (int k = 0; k < math::Program::kMaxRegisters; ++k) reg[k] = k < p.arrays ? arrays[k] + lo : temps[k];
+      for (int o = 0; o < p.n_ops; ++o) run_op(p.ops[o], reg, m);
+    }
   }
 
   // im2col and col2im walk the column matrix in order, row (c, kh, kw) by row, with no

@@ -404,26 +404,12 @@ class CudaBackend final : public Backend {
     return static_cast<long>(n);
   }
 
-  // ---- optimizer steps ----
-  void sgd_step(const float* w, const float* g, float* w_out, std::size_t n,
-                const SgdArgs& a) override {
+  // ---- element-wise programs ----
+  void run(const math::Program& p, float* const* arrays, std::size_t n) override {
     activate();
-    cuda::launch_sgd_step(w, g, w_out, n, a.lr, a.weight_decay, stream_->get());
-  }
-  void momentum_step(const float* w, float* v, const float* g, float* w_out, std::size_t n,
-                     const MomentumArgs& a) override {
-    activate();
-    cuda::launch_momentum_step(w, v, g, w_out, n, a.lr, a.momentum, a.weight_decay, a.nesterov,
-                               stream_->get());
-  }
-  void adam_step(const float* w, float* m, float* v, const float* g, float* w_out, std::size_t n,
-                 const AdamArgs& a) override {
-    activate();
-    // Bias corrections on the host, exactly as the CPU backend computes them.
-    const float bc1 = 1.0f - std::pow(a.beta1, float(a.step));
-    const float bc2 = 1.0f - std::pow(a.beta2, float(a.step));
-    cuda::launch_adam_step(w, m, v, g, w_out, n, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
-                           bc1, bc2, stream_->get());
+    cuda::ProgramArrays a{};
+    for (int k = 0; k < p.arrays && k < math::Program::kMaxRegisters; ++k) a.p[k] = arrays[k];
+    cuda::launch_program(p, a, n, stream_->get());
   }
 
   // ---- convolution helpers ----

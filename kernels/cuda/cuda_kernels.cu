@@ -152,25 +152,19 @@ __global__ void count_correct_kernel(const float* logits, const std::int32_t* la
   }
 }
 
-// ---- optimizer steps -----------------------------------------------------------------------
+// ---- element-wise programs ------------------------------------------------------------------
 
-__global__ void sgd_kernel(const float* w, const float* g, float* w_out, std::size_t n,
-                           float lr, float wd) {
-  for (std::size_t i = global_index(); i < n; i += grid_stride())
-    w_out[i] = math::sgd_update(w[i], g[i], lr, wd);
-}
-
-__global__ void momentum_kernel(const float* w, float* v, const float* g, float* w_out,
-                                std::size_t n, float lr, float mu, float wd, bool nesterov) {
-  for (std::size_t i = global_index(); i < n; i += grid_stride())
-    w_out[i] = math::momentum_update(w[i], v[i], g[i], lr, mu, wd, nesterov);
-}
-
-__global__ void adam_kernel(const float* w, float* m, float* v, const float* g, float* w_out,
-                            std::size_t n, float lr, float beta1, float beta2, float eps,
-                            float wd, float bc1, float bc2) {
-  for (std::size_t i = global_index(); i < n; i += grid_stride())
-    w_out[i] = math::adam_update(w[i], m[i], v[i], g[i], lr, beta1, beta2, eps, wd, bc1, bc2);
+__global__ void program_kernel(const math::Program p, const ProgramArrays a, std::size_t n) {
+  for (std::size_t i = global_index(); i < n; i += grid_stride()) {
+    float r[math::Program::kMaxRegisters];
+    for (int k = 0; k < p.arrays; ++k) r[k] = a.p[k][i];
+    for (int o = 0; o < p.n_ops; ++o) {
+      const math::Op& op = p.ops[o];
+      r[op.dst] = math::apply_op(op, r[op.x], r[op.y]);
+    }
+    for (int k = 0; k < p.arrays; ++k)
+      if (p.outputs >> k & 1u) a.p[k][i] = r[k];
+  }
 }
 
 // ---- convolution helpers -------------------------------------------------------------------
@@ -357,33 +351,17 @@ void launch_count_correct(const float* logits, const std::int32_t* labels, int r
   PSLAB_CUDA_CHECK_LAUNCH();
 }
 
-void launch_sgd_step(const float* w, const float* g, float* w_out, std::size_t n, float lr,
-                     float weight_decay, cudaStream_t stream) {
+void launch_program(const math::Program& p, const ProgramArrays& arrays, std::size_t n, cudaStream_t stream) {
   if (n == 0) return;
-  require(w != nullptr && g != nullptr && w_out != nullptr, "launch_sgd_step", "w, g or w_out is null");
-  sgd_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(w, g, w_out, n, lr, weight_decay);
-  PSLAB_CUDA_CHECK_LAUNCH();
-}
-
-void launch_momentum_step(const float* w, float* v, const float* g, float* w_out, std::size_t n,
-                          float lr, float momentum, float weight_decay, bool nesterov,
-                          cudaStream_t stream) {
-  if (n == 0) return;
-  require(w != nullptr && v != nullptr && g != nullptr && w_out != nullptr,
-          "launch_momentum_step", "w, v, g or w_out is null");
-  momentum_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(w, v, g, w_out, n, lr, momentum,
-                                                                  weight_decay, nesterov);
-  PSLAB_CUDA_CHECK_LAUNCH();
-}
-
-void launch_adam_step(const float* w, float* m, float* v, const float* g, float* w_out,
-                      std::size_t n, float lr, float beta1, float beta2, float eps,
-                      float weight_decay, float bc1, float bc2, cudaStream_t stream) {
-  if (n == 0) return;
-  require(w != nullptr && m != nullptr && v != nullptr && g != nullptr && w_out != nullptr,
-          "launch_adam_step", "w, m, v, g or w_out is null");
-  adam_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(w, m, v, g, w_out, n, lr, beta1,
-                                                              beta2, eps, weight_decay, bc1, bc2);
+  require(p.arrays >= 0 && p.arrays <= math::Program::kMaxRegisters && p.n_ops >= 0 && p.n_ops <= math::Program::kMaxOps,
+          "launch_program", "a program out of bounds");
+  for (int k = 0; k < p.arrays; ++k) require(arrays.p[k] != nullptr, "launch_program", "an array is null");
+  for (int o = 0; o < p.n_ops; ++o) {
+    const math::Op& op = p.ops[o];
+    require(op.dst < math::Program::kMaxRegisters && op.x < math::Program::kMaxRegisters &&
+                op.y < math::Program::kMaxRegisters, "launch_program", "an op names a register out of bounds");
+  }
+  program_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(p, arrays, n);
   PSLAB_CUDA_CHECK_LAUNCH();
 }
 

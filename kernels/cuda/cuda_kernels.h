@@ -76,21 +76,15 @@ void launch_mse(const float* y, const float* t, int rows, int C, float grad_scal
 void launch_count_correct(const float* logits, const std::int32_t* labels, int rows, int C,
                           unsigned long long* correct, cudaStream_t stream);
 
-// ---- optimizer steps over n parameters (w, state, g all (n)) -------------------------------
+// ---- element-wise programs (math::Program) -------------------------------------------------
 
-// w_out = w - lr * (g + wd * w)   (math::sgd_update); w_out may equal w
-void launch_sgd_step(const float* w, const float* g, float* w_out, std::size_t n, float lr,
-                     float weight_decay, cudaStream_t stream);
-// v = mu * v + (g + wd * w); w_out = w - lr * (v or Nesterov's g + mu * v)
-// (math::momentum_update); w_out may equal w
-void launch_momentum_step(const float* w, float* v, const float* g, float* w_out, std::size_t n,
-                          float lr, float momentum, float weight_decay, bool nesterov,
-                          cudaStream_t stream);
-// Adam with bias corrections bc1 = 1 - beta1^step, bc2 = 1 - beta2^step computed by the
-// caller (math::adam_update); w_out may equal w
-void launch_adam_step(const float* w, float* m, float* v, const float* g, float* w_out,
-                      std::size_t n, float lr, float beta1, float beta2, float eps,
-                      float weight_decay, float bc1, float bc2, cudaStream_t stream);
+// The arrays of a program, by value into the kernel.
+struct ProgramArrays {
+  float* p[math::Program::kMaxRegisters];
+};
+// For i in [0, n): the program's ops on element i of `arrays` (math::apply_op), the arrays it
+// marks as outputs written at the end.
+void launch_program(const math::Program& p, const ProgramArrays& arrays, std::size_t n, cudaStream_t stream);
 
 // ---- convolution helpers, a whole batch per launch -----------------------------------------
 // Geometry preconditions: C, H, W, pad >= 0; KH, KW, stride >= 1; OH, OW >= 0.

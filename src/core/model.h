@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "core/registry.h"
 #include "core/rng.h"
 
 namespace pslab {
@@ -21,7 +22,7 @@ enum class Loss { softmax_xent, mse };
 // What to build. Input shape (channels, height, width); `outputs` = classes (softmax_xent)
 // or regression outputs (mse).
 struct ModelSpec {
-  std::string kind = "mlp";           // "linear" (softmax regression / least squares), "mlp", "cnn"
+  std::string kind = "mlp";           // a model of core/models/: "linear", "mlp", "cnn"
   int channels = 1, height = 28, width = 28;
   int outputs = 10;
   std::vector<int> hidden = {256, 128};     // mlp: widths of the hidden layers
@@ -87,6 +88,17 @@ class Layer {
  private:
   Shape in_, out_;
 };
+
+// A model kind (model.kind): the layers it builds for a spec. One file each in core/models/,
+// a line each in model_registry() (core/models/registry.cpp).
+class ModelKind {
+ public:
+  virtual ~ModelKind() = default;
+  // The layers for `spec` (its input shape, its outputs, the kind's own keys); throws
+  // std::invalid_argument saying what the spec lacks (a cnn: image input).
+  virtual std::vector<std::unique_ptr<Layer>> layers(const ModelSpec& spec) const = 0;
+};
+Registry<ModelKind>& model_registry();
 
 // Builds the layers of a spec (no device memory; the server uses this to size and
 // initialise θ without a backend).

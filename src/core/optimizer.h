@@ -5,15 +5,17 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "backend.h"
+#include "core/registry.h"
 
 namespace pslab {
 
 struct OptimizerConfig {
-  std::string kind = "sgd";  // "sgd", "momentum", "nesterov", "adam", "lars", "lamb"
+  std::string kind = "sgd";  // an optimizer of core/optimizers/: "sgd", "momentum", "nesterov", "adam", "lars", "lamb"
   double lr = 0.1;           // base learning rate (before schedule and scaling)
   double momentum = 0.9;     // momentum / nesterov / lars
   double weight_decay = 0.0; // L2, added to the gradient (lamb: decoupled, added to the update)
@@ -44,7 +46,42 @@ double learning_rate(const ScheduleConfig& s, double lr, int global_batch, doubl
 void validate(const OptimizerConfig& o);
 void validate(const ScheduleConfig& s);
 
-// Optimizer state (momentum / Adam moments) for `n` parameters on `be`'s device.
+// What an optimizer kind does (one file each in core/optimizers/, a line each in its registry),
+// composed of the backend's element-wise programs and vector primitives: no backend method of
+// its own. The Optimizer below owns the state buffers it asks for and the step count.
+struct OptimizerStep {
+  Backend& be;
+  const OptimizerConfig& cfg;
+  float* const* state;  // state_buffers() buffers, each the whole range (index them with `offset`)
+  long step;            // 1-based, this update's
+  double lr;            // this update's, scheduled
+};
+class OptimizerRule {
+ public:
+  virtual ~OptimizerRule() = default;
+  // Buffers of the range's size it keeps across steps, zero at first (momentum: 1, adam: 2), in
+  // the order checkpoints keep them.
+  virtual int state_buffers() const { return 0; }
+  // Before the pieces of an update, over the whole range: w and g (n floats; `layer_begin`
+  // locates the layers in it, with n at the end). Layer-wise kinds take their trust ratios here.
+  virtual void prepare(const OptimizerStep&, const float* /*w*/, const float* /*g*/,
+                       const std::vector<std::size_t>& /*layer_begin*/) {}
+  // One piece [offset, offset + n) of the update: w, g and w_out point at the piece (w_out == w
+  // or not overlapping it).
+  virtual void update(const OptimizerStep& s, const float* w, const float* g, float* w_out, std::size_t offset,
+                      std::size_t n, const std::vector<std::size_t>& layer_begin) = 0;
+  // The trust ratio of each layer in the last prepare() (layer-wise kinds; empty otherwise).
+  virtual const std::vector<double>& trust_ratios() const {
+    static const std::vector<double> none;
+    return none;
+  }
+};
+// optimizer.kind -> rule. Built-ins: sgd, momentum, nesterov, adam, lars, lamb
+// (core/optimizers/registry.cpp).
+Registry<OptimizerRule>& optimizer_registry();
+
+// An optimizer over `n` parameters on `be`'s device: its kind's rule (optimizer.kind), its state
+// buffers and its step count.
 //
 // The layer-wise optimizers scale each layer's step by a trust ratio computed over that layer:
 //   lars (You et al. 2017)  t = η ||w|| / (||g|| + wd ||w||);  v = μ v + t (g + wd w);  w −= lr v
@@ -57,6 +94,7 @@ void validate(const ScheduleConfig& s);
 // Threading: one thread at a time, except step_range() on disjoint pieces after prepare().
 class Optimizer {
  public:
+  // Throws std::invalid_argument naming the field for a bad config or an unknown kind.
   Optimizer(Backend& be, const OptimizerConfig& cfg, std::size_t n, std::vector<std::size_t> layers = {});
   // One update of w (n) with gradient g (n) at learning rate lr (already scheduled), in place.
   void step(float* w, const float* g, double lr) { step(w, g, w, lr); }
@@ -71,15 +109,13 @@ class Optimizer {
   // and w_out point at the piece (n floats) and `offset` locates it in the optimizer's range
   // (for its state). Equals step().
   void begin_step() { ++steps_; }
-  // Layer-wise kinds: the trust ratios (lamb: and the moments and r, in the scratch buffer);
-  // no-op for the others. w and g: the whole range.
   void prepare(const float* w, const float* g);
   void step_range(const float* w, const float* g, float* w_out, std::size_t offset, std::size_t n, double lr);
   // Whether the optimizer keeps state across steps (an update that is abandoned half-way
   // would leave stateful optimizers inconsistent).
-  bool stateless() const { return kind_ == Kind::sgd; }
+  bool stateless() const { return state_.empty(); }
   // The trust ratio of each layer in the last prepare() (layer-wise kinds; empty otherwise).
-  const std::vector<double>& trust_ratios() const { return trust_; }
+  const std::vector<double>& trust_ratios() const { return rule_->trust_ratios(); }
   long steps() const { return steps_; }
   std::size_t size() const { return n_; }
   // The state a checkpoint keeps: the step count and the state buffers in order (momentum and
@@ -90,17 +126,15 @@ class Optimizer {
   const OptimizerConfig& config() const { return cfg_; }
 
  private:
-  enum class Kind { sgd, momentum, nesterov, adam, lars, lamb };
-  bool layer_wise() const { return kind_ == Kind::lars || kind_ == Kind::lamb; }
+  OptimizerStep context(double lr) { return OptimizerStep{be_, cfg_, state_ptrs_.data(), steps_, lr}; }
   Backend& be_;
   OptimizerConfig cfg_;
-  Kind kind_;
   std::size_t n_;
   long steps_ = 0;
-  DeviceBuffer<float> m_, v_;  // momentum, nesterov, lars: v_ only; adam, lamb: m_ and v_
-  std::vector<std::size_t> layer_begin_;  // layer-wise: each layer's first index, and n at the end
-  std::vector<double> trust_;             // layer-wise: per layer, from prepare()
-  DeviceBuffer<float> scratch_;           // layer-wise: lars t·g, lamb r (n floats)
+  std::unique_ptr<OptimizerRule> rule_;
+  std::vector<std::size_t> layer_begin_;  // each layer's first index, and n at the end
+  std::vector<DeviceBuffer<float>> state_;
+  std::vector<float*> state_ptrs_;
 };
 
 }  // namespace pslab

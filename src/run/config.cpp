@@ -3,6 +3,7 @@
 #include "comm/transport/transport.h"
 #include "ps/codecs/codec.h"
 #include "ps/modes/mode.h"
+#include "run/setup.h"
 
 #include <toml++/toml.h>
 
@@ -30,7 +31,7 @@ template <typename Config, typename F>
 void visit_fields(Config& c, F&& f) {
   f("name", c.name, "experiment name: runs/<name>/ holds its runs");
   f("seed", c.seed, "seed of initialisation, shuffling and straggler delays");
-  f("model.kind", c.model.kind, "\"linear\" (softmax regression / least squares), \"mlp\" or \"cnn\"");
+  f("model.kind", c.model.kind, "the model (listed below)");
   f("model.hidden", c.model.hidden, "mlp: hidden layer widths");
   f("model.conv_channels", c.model.conv_channels, "cnn: channels of the 5x5 stride-2 convolutions");
   f("model.init", c.model.init, "\"he\" (He/Xavier-uniform weights from the seed) or \"zeros\"");
@@ -41,9 +42,7 @@ void visit_fields(Config& c, F&& f) {
   f("data.test_samples", c.data.test_samples, "test samples used (0 = all; synthetic: 0 = 2048)");
   f("data.dim", c.data.dim, "synthetic: input features");
   f("data.outputs", c.data.outputs, "synthetic: regression outputs or classes");
-  f("optimizer.kind", c.optimizer.kind,
-    "\"sgd\", \"momentum\", \"nesterov\", \"adam\", or the layer-wise \"lars\" (momentum scaled per layer by "
-    "trust x |w| / (|g| + weight_decay |w|)) and \"lamb\" (Adam's step scaled per layer by |w| / |step|)");
+  f("optimizer.kind", c.optimizer.kind, "the optimizer (listed below)");
   f("optimizer.lr", c.optimizer.lr, "base learning rate");
   f("optimizer.momentum", c.optimizer.momentum, "momentum coefficient (momentum, nesterov, lars)");
   f("optimizer.trust", c.optimizer.trust, "lars: the trust coefficient of the layer-wise learning rate");
@@ -372,8 +371,7 @@ struct Checker {
 void validate_model_and_data(const Checker& check) {
   const ExperimentConfig& c = check.c;
   check(!c.name.empty() && c.name.find('/') == std::string::npos, "name", "must be a non-empty name without '/'");
-  check(c.model.kind == "linear" || c.model.kind == "mlp" || c.model.kind == "cnn", "model.kind",
-        "expected \"linear\", \"mlp\" or \"cnn\", got \"" + c.model.kind + "\"");
+  check.name(model_registry(), c.model.kind, "model.kind");
   check(c.model.init == "he" || c.model.init == "zeros", "model.init", "expected \"he\" or \"zeros\", got \"" + c.model.init + "\"");
   for (int h : c.model.hidden) check(h > 0, "model.hidden", "widths must be > 0");
   for (int h : c.model.conv_channels) check(h > 0, "model.conv_channels", "channels must be > 0");
@@ -381,7 +379,6 @@ void validate_model_and_data(const Checker& check) {
         "expected \"fashion-mnist\", \"least-squares\" or \"logistic\", got \"" + c.data.kind + "\"");
   check(c.data.kind != "least-squares" || c.model.kind == "linear", "model.kind",
         "data.kind = \"least-squares\" needs model.kind = \"linear\" (its known optimum is linear)");
-  check(c.data.kind == "fashion-mnist" || c.model.kind != "cnn", "model.kind", "\"cnn\" needs image data (data.kind = \"fashion-mnist\")");
   check(c.data.train_samples >= 0, "data.train_samples", "must be >= 0");
   check(c.data.test_samples >= 0, "data.test_samples", "must be >= 0");
   check(c.data.dim > 0, "data.dim", "must be > 0");
@@ -392,6 +389,11 @@ void validate_model_and_data(const Checker& check) {
     validate(c.schedule);
   } catch (const std::invalid_argument& e) {
     throw ConfigError(check.origin + ": " + e.what());
+  }
+  try {  // what the model needs of its input (a cnn: images)
+    build_layers(model_spec(c));
+  } catch (const std::invalid_argument& e) {
+    fail(check.origin, "model.kind", e.what());
   }
 }
 
@@ -643,6 +645,8 @@ std::string describe_keys() {
       s << "  " << e.usage << std::string(width - std::min(width - 1, e.usage.size()), ' ') << e.help << "\n";
     if (*more) s << "  " << more << "\n";
   };
+  list("model.kind", model_registry(), "");
+  list("optimizer.kind", optimizer_registry(), "");
   list("cluster.mode", mode_registry(), "");
   list("cluster.codec", codec_registry(), "");
   list("cluster.transport", comm::transport_registry(), "");

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "core/optimizer.h"
 #include "gpu.h"
 
 namespace pslab {
@@ -463,64 +464,54 @@ TEST_F(GpuBackend, CountCorrect) {
     }
 }
 
-// ---- optimizer steps (three steps each, so the state's evolution is compared too) ------------
+// ---- element-wise programs and the optimizers made of them ---------------------------------
 
-TEST_F(GpuBackend, SgdStep) {
+// Every op of an element-wise program, on both backends.
+TEST_F(GpuBackend, EveryProgramOp) {
+  using math::OpCode;
   for (const std::size_t n : kSizes) {
     SCOPED_TRACE("n = " + std::to_string(n));
-    const auto w = random_floats(n, 12);
-    DeviceBuffer<float> cw = upload(cpu(), w), gw = upload(gpu(), w);
-    const SgdArgs a{0.1f, 5e-4f};
-    for (int step = 0; step < 3; ++step) {
-      const auto g = random_floats(n, 13 + std::uint32_t(step));
-      DeviceBuffer<float> cg = upload(cpu(), g), gg = upload(gpu(), g);
-      cpu().sgd_step(cw.data(), cg.data(), cw.data(), n, a);
-      gpu().sgd_step(gw.data(), gg.data(), gw.data(), n, a);
-    }
-    EXPECT_TRUE(agree("sgd w", download(cpu(), cw), download(gpu(), gw)));
+    const auto x = random_floats(n, 30, 0.5f, 2.0f), y = random_floats(n, 31, 0.5f, 2.0f);
+    math::Program p;
+    p.arrays = 3;  // x, y, out
+    p.op(OpCode::axpby, 3, 0, 1, 0.5f, -2.0f).op(OpCode::mul, 4, 3, 1).op(OpCode::div, 4, 4, 0).op(OpCode::sqrt, 5, 1);
+    p.op(OpCode::add_scalar, 5, 5, 0, 0.25f).op(OpCode::scale, 5, 5, 0, 3.0f).op(OpCode::div_scalar, 5, 5, 0, 7.0f);
+    p.op(OpCode::axpby, 2, 4, 5, 1.0f, 1.0f);
+    DeviceBuffer<float> cx = upload(cpu(), x), cy = upload(cpu(), y), co = upload(cpu(), x);
+    DeviceBuffer<float> gx = upload(gpu(), x), gy = upload(gpu(), y), go = upload(gpu(), x);
+    float* ca[] = {cx.data(), cy.data(), co.data()};
+    float* ga[] = {gx.data(), gy.data(), go.data()};
+    cpu().run(p, ca, n);
+    gpu().run(p, ga, n);
+    EXPECT_TRUE(agree("program out", download(cpu(), co), download(gpu(), go)));
+    EXPECT_TRUE(agree("program x untouched", download(cpu(), cx), download(gpu(), gx)));
   }
 }
 
-TEST_F(GpuBackend, MomentumStep) {
-  for (const bool nesterov : {false, true})
+// Every optimizer kind (three steps each, so the state's evolution is compared too), two layers.
+TEST_F(GpuBackend, EveryOptimizerStepsAlikeOnBothBackends) {
+  for (const auto& e : optimizer_registry().entries())
     for (const std::size_t n : kSizes) {
-      SCOPED_TRACE("n = " + std::to_string(n) + (nesterov ? " nesterov" : ""));
-      const auto w = random_floats(n, 14), v = random_floats(n, 15, -0.1f, 0.1f);
-      DeviceBuffer<float> cw = upload(cpu(), w), cv = upload(cpu(), v);
-      DeviceBuffer<float> gw = upload(gpu(), w), gv = upload(gpu(), v);
-      const MomentumArgs a{0.05f, 0.9f, 1e-4f, nesterov};
+      SCOPED_TRACE(e.name + ", n = " + std::to_string(n));
+      OptimizerConfig cfg;
+      cfg.kind = e.name;
+      cfg.lr = 0.05;
+      cfg.weight_decay = 1e-3;
+      const std::vector<std::size_t> layers = {n / 3, n - n / 3};
+      Optimizer oc(cpu(), cfg, n, layers), og(gpu(), cfg, n, layers);
+      const auto w = random_floats(n, 17);
+      DeviceBuffer<float> cw = upload(cpu(), w), gw = upload(gpu(), w);
       for (int step = 0; step < 3; ++step) {
-        const auto g = random_floats(n, 16 + std::uint32_t(step));
+        const auto g = random_floats(n, 18 + std::uint32_t(step));
         DeviceBuffer<float> cg = upload(cpu(), g), gg = upload(gpu(), g);
-        cpu().momentum_step(cw.data(), cv.data(), cg.data(), cw.data(), n, a);
-        gpu().momentum_step(gw.data(), gv.data(), gg.data(), gw.data(), n, a);
+        oc.step(cw.data(), cg.data(), 0.05);
+        og.step(gw.data(), gg.data(), 0.05);
       }
-      EXPECT_TRUE(agree("momentum w", download(cpu(), cw), download(gpu(), gw)));
-      EXPECT_TRUE(agree("momentum v", download(cpu(), cv), download(gpu(), gv)));
+      EXPECT_TRUE(agree(e.name + " w", download(cpu(), cw), download(gpu(), gw)));
+      const auto cs = oc.state(), gs = og.state();
+      ASSERT_EQ(cs.size(), gs.size());
+      for (std::size_t i = 0; i < cs.size(); ++i) EXPECT_TRUE(agree(e.name + " state", cs[i], gs[i]));
     }
-}
-
-TEST_F(GpuBackend, AdamStep) {
-  for (const std::size_t n : kSizes) {
-    SCOPED_TRACE("n = " + std::to_string(n));
-    const auto w = random_floats(n, 17);
-    const std::vector<float> zeros(n, 0.0f);
-    DeviceBuffer<float> cw = upload(cpu(), w), cm = upload(cpu(), zeros), cv = upload(cpu(), zeros);
-    DeviceBuffer<float> gw = upload(gpu(), w), gm = upload(gpu(), zeros), gv = upload(gpu(), zeros);
-    for (long step = 1; step <= 3; ++step) {
-      AdamArgs a;
-      a.lr = 1e-3f;
-      a.weight_decay = 1e-2f;
-      a.step = step;
-      const auto g = random_floats(n, 18 + std::uint32_t(step));
-      DeviceBuffer<float> cg = upload(cpu(), g), gg = upload(gpu(), g);
-      cpu().adam_step(cw.data(), cm.data(), cv.data(), cg.data(), cw.data(), n, a);
-      gpu().adam_step(gw.data(), gm.data(), gv.data(), gg.data(), gw.data(), n, a);
-    }
-    EXPECT_TRUE(agree("adam w", download(cpu(), cw), download(gpu(), gw)));
-    EXPECT_TRUE(agree("adam m", download(cpu(), cm), download(gpu(), gm)));
-    EXPECT_TRUE(agree("adam v", download(cpu(), cv), download(gpu(), gv)));
-  }
 }
 
 // ---- convolution helpers -------------------------------------------------------------------

@@ -1,0 +1,145 @@
+// The layers models are built from (core/models/), each over its slices of θ and ∇θ
+// (Layer, core/model.h): Linear, Relu and Conv2d.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "core/model.h"
+
+namespace pslab {
+
+// How a layer's weights start (its biases start at zero): He-uniform for a layer followed by a
+// ReLU, Xavier-uniform otherwise (the output layer).
+enum class Init { he, xavier };
+
+// n values uniform in [-limit, limit] from rng.
+void init_uniform(float* w, std::size_t n, double limit, Rng& rng);
+
+// y = x W + b.  W (in, out) row-major, b (out).
+class Linear final : public Layer {
+ public:
+  Linear(Shape in, int out, Init init) : Layer(in, Shape{out, 1, 1}), init_(init) {}
+  std::string describe() const override {
+    return "linear(" + std::to_string(in().size()) + "->" + std::to_string(out().size()) + ")";
+  }
+  std::size_t num_params() const override { return std::size_t(fan_in() + 1) * fan_out(); }
+  void init_params(float* w, Rng& rng) const override {
+    const double limit = init_ == Init::he ? std::sqrt(6.0 / fan_in())
+                                           : std::sqrt(6.0 / (fan_in() + fan_out()));
+    init_uniform(w, std::size_t(fan_in()) * fan_out(), limit, rng);
+    std::fill_n(w + std::size_t(fan_in()) * fan_out(), fan_out(), 0.0f);
+  }
+  void bind(float* w, float* g) override {
+    W_ = w;
+    b_ = w + std::size_t(fan_in()) * fan_out();
+    dW_ = g;
+    db_ = g + std::size_t(fan_in()) * fan_out();
+  }
+  void forward(Backend& be, const float* x, float* y, int B, float*) override {
+    const int I = fan_in(), O = fan_out();
+    be.gemm(Trans::no, Trans::no, B, O, I, 1.0f, x, I, W_, O, 0.0f, y, O);  // (B,I)(I,O)
+    be.add_bias(y, b_, B, O, 1);
+  }
+  void backward(Backend& be, const float* x, const float*, const float* dy, float* dx, int B,
+                float*, const GradProgress& progress) override {
+    const int I = fan_in(), O = fan_out();
+    be.bias_grad(dy, B, O, 1, db_);  // the tail of the slice: b follows W
+    progress.ready_from(std::size_t(I) * O);
+    // dW = x^T dy, (I, O). On the CPU in blocks of rows from the last, so that a listener
+    // hears the tail early; always in the same blocks, listener or not, because BLAS rounds a
+    // block's dot products differently from the whole product's. (GPU: one GEMM, one launch.)
+    const int rows = be.device() == Device::cpu ? block_rows(I, O) : I;
+    for (int hi = I; hi > 0; hi -= rows) {
+      const int lo = std::max(0, hi - rows);
+      be.gemm(Trans::yes, Trans::no, hi - lo, O, B, 1.0f, x + lo, I, dy, O, 0.0f, dW_ + std::size_t(lo) * O, O);
+      progress.ready_from(std::size_t(lo) * O);
+    }
+    if (dx) be.gemm(Trans::no, Trans::yes, B, I, O, 1.0f, dy, O, W_, O, 0.0f, dx, I);  // dy W^T
+  }
+
+ private:
+  int fan_in() const { return in().size(); }
+  int fan_out() const { return out().size(); }
+  // Rows of dW per block: I rows in blocks of about kGradPieceFloats floats, as even as a
+  // multiple of 16 rows (BLAS's row blocking) allows, so that no block is a sliver.
+  static int block_rows(int I, int O) {
+    const std::size_t blocks = std::max<std::size_t>(1, (std::size_t(I) * O + kGradPieceFloats - 1) / kGradPieceFloats);
+    return int((std::size_t(I) + blocks - 1) / blocks + 15) / 16 * 16;
+  }
+  Init init_;
+  float *W_ = nullptr, *b_ = nullptr, *dW_ = nullptr, *db_ = nullptr;
+};
+
+class Relu final : public Layer {
+ public:
+  explicit Relu(Shape s) : Layer(s, s) {}
+  std::string describe() const override { return "relu"; }
+  void forward(Backend& be, const float* x, float* y, int B, float*) override {
+    be.relu_forward(x, y, std::size_t(B) * in().size());
+  }
+  void backward(Backend& be, const float*, const float* y, const float* dy, float* dx, int B,
+                float*, const GradProgress&) override {
+    if (dx) be.relu_backward(dy, y, dx, std::size_t(B) * in().size());
+  }
+};
+
+// 2-D convolution: Backend::conv_forward / conv_backward over the whole batch (a constant
+// number of backend calls per pass, whatever the batch size), then the bias.
+//   x (B, C, H, W) -> y (B, OC, OH, OW); W (OC, C*K*K) row-major, b (OC).
+// Scratch: what the backend's convolution needs (Backend::conv_scratch_floats), kept from
+// forward to backward.
+class Conv2d final : public Layer {
+ public:
+  Conv2d(Shape in, int out_channels, int k, int stride, int pad, Init init)
+      : Layer(in, out_shape(in, out_channels, k, stride, pad)),
+        g_{in.c, in.h, in.w, k, k, stride, pad}, init_(init) {}
+  std::string describe() const override {
+    return "conv" + std::to_string(g_.KH) + "x" + std::to_string(g_.KW) + "/s" +
+           std::to_string(g_.stride) + "(" + std::to_string(in().c) + "->" +
+           std::to_string(out().c) + ", " + std::to_string(out().h) + "x" +
+           std::to_string(out().w) + ")";
+  }
+  std::size_t num_params() const override { return std::size_t(out().c) * (ckk() + 1); }
+  void init_params(float* w, Rng& rng) const override {
+    const double fan_in = ckk(), fan_out = double(out().c) * g_.KH * g_.KW;
+    const double limit = init_ == Init::he ? std::sqrt(6.0 / fan_in) : std::sqrt(6.0 / (fan_in + fan_out));
+    init_uniform(w, std::size_t(out().c) * ckk(), limit, rng);
+    std::fill_n(w + std::size_t(out().c) * ckk(), out().c, 0.0f);
+  }
+  void bind(float* w, float* g) override {
+    W_ = w;
+    b_ = w + std::size_t(out().c) * ckk();
+    dW_ = g;
+    db_ = g + std::size_t(out().c) * ckk();
+  }
+  std::size_t scratch_floats(int batch) const override {
+    return Backend::conv_scratch_floats(g_, out().c, batch);
+  }
+  void forward(Backend& be, const float* x, float* y, int B, float* scratch) override {
+    be.conv_forward(x, W_, g_, out().c, B, y, scratch);
+    be.add_bias(y, b_, B, out().c, ohw());
+  }
+  void backward(Backend& be, const float*, const float*, const float* dy, float* dx, int B,
+                float* scratch, const GradProgress&) override {
+    be.conv_backward(W_, dy, g_, out().c, B, dW_, dx, scratch);
+    if (B == 0) return be.fill(db_, std::size_t(out().c), 0.0f);
+    be.bias_grad(dy, B, out().c, ohw(), db_);
+  }
+
+ private:
+  static Shape out_shape(Shape in, int oc, int k, int stride, int pad) {
+    const math::ConvGeometry g{in.c, in.h, in.w, k, k, stride, pad};
+    if (g.OH() < 1 || g.OW() < 1) throw std::invalid_argument("conv: input too small for the kernel");
+    return Shape{oc, g.OH(), g.OW()};
+  }
+  int ckk() const { return g_.C * g_.KH * g_.KW; }
+  int ohw() const { return out().h * out().w; }
+  math::ConvGeometry g_;
+  Init init_;
+  float *W_ = nullptr, *b_ = nullptr, *dW_ = nullptr, *db_ = nullptr;
+};
+
+}  // namespace pslab
