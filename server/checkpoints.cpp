@@ -27,7 +27,9 @@ void Server::resume_from(const std::string& path) {
   const auto now = clock_.now();
   for (std::size_t r = 0; r < said_bye_.size(); ++r) {
     workers_.watch(r, true, now);
-    if (said_bye_[r] || state_->dropped(int(r))) workers_.finish(r);
+    if (!said_bye_[r] && !state_->dropped(int(r))) continue;
+    workers_.finish(r);
+    ++finished_;
   }
   std::fprintf(stderr, "server %d: resumed from %s at version %ld\n", opt_.shard, path.c_str(), c.version);
 }

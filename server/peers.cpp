@@ -23,12 +23,13 @@ void Server::find_lost_workers(time_point now) {
 }
 
 void Server::beat_held_pulls(time_point now) {
-  workers_.beats_due(now, [&](std::size_t r) {
-    // Not a reply: not counted in bytes_out (the summary's bytes_pulled); a Beat that cannot
-    // leave is one the worker's own timeout covers.
-    (void)listener_->send(worker_ids_[r], enc_.encode(header(wire::Beat{state_->version()})));
-    return true;
-  });
+  for (const HeldPull& h : held_)  // (held workers only: the others are owed none)
+    workers_.beat_if_due(std::size_t(h.rank), now, [&] {
+      // Not a reply: not counted in bytes_out (the summary's bytes_pulled); a Beat that cannot
+      // leave is one the worker's own timeout covers.
+      (void)listener_->send(h.identity, enc_.encode(header(wire::Beat{state_->version()})));
+      return true;
+    });
 }
 
 void Server::rejoin(int rank, long clock) {
@@ -52,6 +53,7 @@ void Server::rejoin(int rank, long clock) {
 
 void Server::lose_worker(int rank, double silent_s) {
   state_->drop_worker(rank);
+  ++finished_;
   workers_.finish(std::size_t(rank));
   if (trace_) trace_->event("drop " + std::to_string(rank));
   const long clock = state_->clock_of(rank);

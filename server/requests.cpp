@@ -282,6 +282,7 @@ void Server::on_push(const std::string& id, const Peer& p, const wire::Push& m, 
 void Server::on_bye(const std::string& id, const Peer& p) {
   if (p.role == wire::Role::worker && !said_bye_[std::size_t(p.rank)]) {
     said_bye_[std::size_t(p.rank)] = 1;
+    ++finished_;
     workers_.finish(std::size_t(p.rank));
     last_message_ = clock_.now();
   }

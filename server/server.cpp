@@ -81,12 +81,6 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
 
 Server::~Server() = default;
 
-int Server::finished() const {
-  int n = 0;
-  for (int r = 0; r < cfg_.cluster.workers; ++r) n += said_bye_[std::size_t(r)] || state_->dropped(r);
-  return n;
-}
-
 bool Server::done() const {
   return finished() == cfg_.cluster.workers && (!opt_.wait_for_shutdown || shutdown_);
 }
@@ -98,13 +92,20 @@ void Server::run() {
   const auto timeout = from_s(cfg_.cluster.timeout_s), stats_every = from_s(opt_.stats_every_s);
   const auto checkpoint_every = from_s(cfg_.checkpoint.every_s);
   auto next_stats = started_ + stats_every, next_checkpoint = started_ + checkpoint_every;
+  // Silence is looked for every 20th of heartbeat_s (at most every 50 ms), not after every message.
+  const auto silence_every = std::min<RunClock::duration>(from_s(cfg_.cluster.heartbeat_s / 20), std::chrono::milliseconds(50));
+  auto next_silence_check = started_;
   try {
     while (!done()) {
       if (opt_.stop && opt_.stop->load()) throw std::runtime_error(who() + ": stopped by a signal");
       const auto now = clock_.now();
-      auto wake = std::min({next_stats, now + std::chrono::milliseconds(200), workers_.next_due(now)});
-      for (const auto& h : held_) wake = std::min(wake, h.since + timeout);
-      if (serve_until(wake)) find_lost_workers(clock_.now());  // silence now is the peers', not this loop's
+      // (Silence is checked at least every 200 ms: heartbeat_s is seconds.)
+      auto wake = std::min(next_stats, now + std::chrono::milliseconds(200));
+      for (const auto& h : held_) wake = std::min({wake, h.since + timeout, workers_.next_beat(std::size_t(h.rank))});
+      if (serve_until(wake) && clock_.now() >= next_silence_check) {  // silence now is the peers', not this loop's
+        find_lost_workers(clock_.now());
+        next_silence_check = clock_.now() + silence_every;
+      }
       release_ready_pulls();  // a worker dropped as lost may be what held pulls waited for
       expire_held_pulls(clock_.now());
       beat_held_pulls(clock_.now());

@@ -112,7 +112,7 @@ class Server {
   bool serve_until(time_point wake);
   // The waits that end the server with an error naming whom they waited for.
   void check_waits(time_point now);
-  int finished() const;  // workers done: said Bye, or dropped as lost
+  int finished() const { return finished_; }  // workers done: said Bye, or dropped as lost
   bool done() const;
   std::string who() const;  // "server 1 (tcp://...)"
 
@@ -188,6 +188,7 @@ class Server {
   comm::Liveness workers_;                      // by rank
   std::vector<std::string> welcome_waiting_;    // identities waiting for the start barrier
   std::vector<char> said_bye_;
+  int finished_ = 0;  // workers that said Bye or were dropped as lost
   bool continue_on_loss_ = false;       // continues_without_lost_workers(cfg)
   nlohmann::ordered_json losses_ = nlohmann::ordered_json::array();  // {worker, clock, silent_s} per lost worker
   long updates_lost_ = 0;  // restarted from a checkpoint: updates of rejoining workers it lacks

@@ -90,6 +90,17 @@ class Liveness {
       if (owed && now - x.sent >= opt_.beat_every && fn(p)) x.sent = now;
     }
   }
+  // fn() when peer p is owed a Beat now (as beats_due, for one peer: a server's held workers).
+  template <typename F>
+  void beat_if_due(std::size_t p, time_point now, F&& fn) {
+    Peer& x = peers_[p];
+    const bool owed = opt_.beat_all ? x.state != State::gone : x.state == State::held;
+    if (opt_.beat_every.count() && owed && now - x.sent >= opt_.beat_every && fn()) x.sent = now;
+  }
+  // When peer p is next owed a Beat (if it is owed any).
+  time_point next_beat(std::size_t p) const {
+    return opt_.beat_every.count() ? peers_[p].sent + opt_.beat_every : time_point::max();
+  }
   // The earliest time a check or a Beat may be due (the owner's next wake-up).
   time_point next_due(time_point now) const;
 

@@ -1,20 +1,47 @@
 // The turn passes from thread to thread directly: a thread that waits runs the event loop itself
-// (deliveries included) until it finds the next thread to wake, hands that one the turn, and
-// sleeps; if the next is itself, it goes on with no switch at all. The driving thread only starts
-// the loop and waits for the end.
+// (deliveries included) until it finds the next thread to wake, hands that one the turn (its
+// baton), and sleeps on its own; if the next is itself, it goes on with no switch at all. The
+// driving thread only starts the loop and waits for the end. Only the thread with the turn
+// touches the scheduler's state, so no lock guards it: each hand-over (a Baton's release store,
+// then acquire exchange) orders what one thread did before what the next does.
 #include "sim/scheduler.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 
 namespace pslab::sim {
 
+namespace {
+
+// The turn, handed to one thread: give() by the thread that passes it, take() by the one that
+// waits for it, which sleeps in the kernel (a futex) until then, without spinning (on a machine
+// of two cores a spinning waiter would take the core the turn's holder needs).
+class Baton {
+ public:
+  void give() {
+    v_.store(1, std::memory_order_release);
+    ::syscall(SYS_futex, &v_, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+  }
+  void take() {
+    while (v_.exchange(0, std::memory_order_acquire) == 0)
+      ::syscall(SYS_futex, &v_, FUTEX_WAIT_PRIVATE, 0, nullptr, nullptr, 0);  // (returns at once if given meanwhile)
+  }
+
+ private:
+  std::atomic<int> v_{0};
+};
+
+}  // namespace
+
 struct Scheduler::Thread {
   std::string name;
   std::function<void()> fn;
   std::thread os;
-  std::condition_variable cv;
-  bool turn = false;     // it runs (another handed it the turn)
+  Baton turn;  // given: it has the turn
   bool started = false;  // it has had a turn
   bool waiting = true;   // it waits for a wake-up (its first turn, or wait_until)
   bool done = false;
@@ -30,17 +57,14 @@ constexpr auto kSlowTurn = std::chrono::seconds(300);  // real time: a turn this
 Scheduler::Scheduler() = default;
 
 Scheduler::~Scheduler() {
-  std::unique_lock lock(mu_);
   aborting_ = true;  // threads that never had a turn end without running (run() was not called)
   for (auto& t : threads_)
-    if (!t->started) t->turn = true, t->cv.notify_one();
-  lock.unlock();
+    if (!t->started) t->turn.give();
   for (auto& t : threads_)
     if (t->os.joinable()) t->os.join();
 }
 
 Scheduler::Thread* Scheduler::spawn(std::string name, std::function<void()> fn, time_point at) {
-  std::unique_lock lock(mu_);
   threads_.push_back(std::make_unique<Thread>());
   Thread* t = threads_.back().get();
   t->name = std::move(name);
@@ -52,39 +76,29 @@ Scheduler::Thread* Scheduler::spawn(std::string name, std::function<void()> fn, 
 }
 
 void Scheduler::body(Thread* t) {
-  bool run_fn = true;
-  {
-    std::unique_lock lock(mu_);
-    t->cv.wait(lock, [&] { return t->turn; });
-    t->started = true;
-    if (aborting_) return;  // destroyed without run(): nobody waits for its end
-    run_fn = !stopping_;
-  }
+  t->turn.take();
+  t->started = true;
+  if (aborting_) return;  // destroyed without run(): nobody waits for its end
   try {
-    if (run_fn) t->fn();
+    if (!stopping_) t->fn();
   } catch (const Stopped&) {
     // the simulation stopped: nothing more to say
   } catch (...) {
     stop(std::current_exception(), t->name);
   }
-  std::unique_lock lock(mu_);
   t->done = true;
   --live_;
   for (Thread* j : t->joiners) push(now_, j, j->generation, {});
-  t->turn = false;
-  pass_turn(lock, nullptr);
+  pass_turn(nullptr);
 }
 
 void Scheduler::push(time_point t, Thread* thread, std::uint64_t generation, std::function<void()> fn) {
   events_.push(Event{t, seq_++, thread, generation, std::move(fn)});
 }
 
-void Scheduler::at(time_point t, std::function<void()> fn) {
-  std::lock_guard lock(mu_);
-  push(std::max(t, now_), nullptr, 0, std::move(fn));
-}
+void Scheduler::at(time_point t, std::function<void()> fn) { push(std::max(t, now_), nullptr, 0, std::move(fn)); }
 
-Scheduler::Thread* Scheduler::next_turn(std::unique_lock<std::mutex>& lock) {
+Scheduler::Thread* Scheduler::next_turn() {
   current_ = nullptr;
   while (live_ > 0) {
     if (events_.empty()) {
@@ -98,9 +112,7 @@ Scheduler::Thread* Scheduler::next_turn(std::unique_lock<std::mutex>& lock) {
     events_.pop();
     now_ = std::max(now_, ev.t);
     if (!ev.thread) {
-      lock.unlock();
       ev.fn();  // a delivery: it may wake a thread
-      lock.lock();
       continue;
     }
     Thread* t = ev.thread;
@@ -113,22 +125,20 @@ Scheduler::Thread* Scheduler::next_turn(std::unique_lock<std::mutex>& lock) {
   return nullptr;
 }
 
-void Scheduler::pass_turn(std::unique_lock<std::mutex>& lock, Thread* self) {
-  Thread* next = next_turn(lock);
+void Scheduler::pass_turn(Thread* self) {
+  Thread* next = next_turn();
   if (next && next == self) return;  // it goes on: no switch
   if (next) {
-    next->turn = true;
-    next->cv.notify_one();
+    next->turn.give();
   } else {
+    std::lock_guard lock(end_mu_);
     finished_ = true;
-    driver_cv_.notify_one();
+    end_cv_.notify_one();
   }
-  if (!self) return;
-  self->cv.wait(lock, [&] { return self->turn; });
+  if (self) self->turn.take();
 }
 
 void Scheduler::stop(std::exception_ptr why, const std::string& who) {
-  std::lock_guard lock(mu_);
   if (!first_error_) {
     first_error_ = why;
     try {
@@ -146,7 +156,6 @@ void Scheduler::stop(std::exception_ptr why, const std::string& who) {
 }
 
 void Scheduler::wait_until(time_point t) {
-  std::unique_lock lock(mu_);
   Thread* self = current_;
   if (!self) throw std::logic_error("sim::Scheduler::wait_until outside a simulation thread");
   if (stopping_ && std::uncaught_exceptions() == 0) throw Stopped{};
@@ -159,24 +168,18 @@ void Scheduler::wait_until(time_point t) {
   self->wakes_at = t;
   if (unwinding) push(now_, self, self->generation, {});
   else if (t != time_point::max()) push(std::max(t, now_), self, self->generation, {});
-  self->turn = false;
-  pass_turn(lock, self);
-  self->turn = true;
+  pass_turn(self);
   if (stopping_ && !unwinding) throw Stopped{};  // the simulation stopped while this thread waited
 }
 
 void Scheduler::wake(Thread* t) {
-  std::lock_guard lock(mu_);
   if (t && t->waiting && !t->done) push(now_, t, t->generation, {});
 }
 
 void Scheduler::join(Thread* t) {
-  std::unique_lock lock(mu_);
   while (!t->done) {
     t->joiners.push_back(current_);
-    lock.unlock();
     wait_until(time_point::max());
-    lock.lock();
   }
 }
 
@@ -190,14 +193,14 @@ std::string Scheduler::waiting_threads() const {
 }
 
 void Scheduler::run() {
-  std::unique_lock lock(mu_);
-  pass_turn(lock, nullptr);
-  for (long turns = -1; !driver_cv_.wait_for(lock, kSlowTurn, [&] { return finished_; });) {
-    if (turns_ == turns && current_)
-      std::fprintf(stderr, "[virtual] %s has kept its turn for %lld s of real time at simulated %.3f s: it waits outside "
-                   "the simulation, or computes for long\n", current_->name.c_str(),
-                   static_cast<long long>(kSlowTurn.count()), seconds());
-    turns = turns_;
+  pass_turn(nullptr);
+  std::unique_lock lock(end_mu_);
+  for (long turns = -1; !end_cv_.wait_for(lock, kSlowTurn, [&] { return finished_; });) {
+    // (read without the turn: a diagnostic, after 5 minutes without a new turn)
+    if (turns_.load() == turns)
+      std::fprintf(stderr, "[virtual] a thread has kept its turn for %lld s of real time: it waits outside the "
+                   "simulation, or computes for long\n", static_cast<long long>(kSlowTurn.count()));
+    turns = turns_.load();
   }
   lock.unlock();
   for (auto& t : threads_)

@@ -17,9 +17,11 @@
 // to its deadline); run() then rethrows the first failure. If every thread waits with nothing
 // left to wake it, the process ends naming them (a bug: every wait of pslab's has a deadline).
 //
-// Threading: run() on the driving thread; the rest from simulation threads (or callbacks).
+// Threading: spawn() and run() on the driving thread (spawn() also from a simulation thread);
+// the rest only on the thread that has the turn (a simulation thread, or a callback it runs).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -92,16 +94,16 @@ class Scheduler {
   void body(Thread* t);  // a simulation thread's: its first turn, fn, its end
   // Runs the events (deliveries inline) until one wakes a thread: that thread, now current; null
   // when every thread has ended.
-  Thread* next_turn(std::unique_lock<std::mutex>& lock);
+  Thread* next_turn();
   // Hands the turn to the next thread (self: it may be the next and go on) and, if self is not
   // null and not next, waits until it has the turn again.
-  void pass_turn(std::unique_lock<std::mutex>& lock, Thread* self);
+  void pass_turn(Thread* self);
   std::string waiting_threads() const;
 
-  mutable std::mutex mu_;
-  std::condition_variable driver_cv_;  // the end: finished_
+  std::mutex end_mu_;  // the driving thread waits for the end: finished_
+  std::condition_variable end_cv_;
   bool finished_ = false;
-  long turns_ = 0;
+  std::atomic<long> turns_{0};
   std::priority_queue<Event, std::vector<Event>, Later> events_;
   std::uint64_t seq_ = 0;
   time_point now_ = epoch();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <unordered_map>
 
 namespace pslab::sim {
 
@@ -11,19 +12,6 @@ namespace {
 struct Held final : comm::Message::Storage {
   SimMessage msg;
 };
-
-SimMessage copy_of(std::span<const std::byte> header, comm::OutPayload& payload, std::string from) {
-  SimMessage m;
-  m.header.assign(header.begin(), header.end());
-  m.has_payload = !payload.empty();
-  if (m.has_payload) {
-    const auto* p = static_cast<const std::byte*>(payload.data);
-    m.payload.assign(p, p + payload.size);
-  }
-  m.from = std::move(from);
-  comm::release(payload);  // copied: the sender may reuse it at once
-  return m;
-}
 
 Scheduler::duration from_s(double s) {
   return std::chrono::duration_cast<Scheduler::duration>(std::chrono::duration<double>(s));
@@ -41,6 +29,7 @@ bool SimTransport::Inbox::pop(Scheduler& s, comm::Message& m, std::string& from,
     waiter = nullptr;
   }
   Held& h = m.storage<Held>();
+  net.recycle(h.msg);
   h.msg = std::move(messages.front());
   messages.pop_front();
   from = h.msg.from;
@@ -59,9 +48,9 @@ void SimTransport::Inbox::push(Scheduler& s, SimMessage&& msg) {
 struct SimTransport::Peers {
   struct Peer {
     std::weak_ptr<SimTransport::Inbox> inbox;
-    std::map<std::string, std::size_t> index;  // listener address -> the connection's index for it
+    std::unordered_map<std::string, std::size_t> index;  // listener address -> the connection's index for it
   };
-  std::map<std::string, Peer> by_id;
+  std::unordered_map<std::string, Peer> by_id;
   long next_id = 0;
 };
 
@@ -72,7 +61,7 @@ using Peers = SimTransport::Peers;
 class SimConnections final : public comm::Connections {
  public:
   SimConnections(SimTransport& net, Peers& peers, std::vector<std::string> addresses)
-      : net_(net), peers_(peers), addresses_(std::move(addresses)), inbox_(std::make_shared<SimTransport::Inbox>()),
+      : net_(net), peers_(peers), addresses_(std::move(addresses)), inbox_(std::make_shared<SimTransport::Inbox>(net)),
         links_(addresses_.size()) {
     id_ = "c" + std::to_string(peers.next_id++);
     Peers::Peer& p = peers.by_id[id_];
@@ -84,7 +73,7 @@ class SimConnections final : public comm::Connections {
   const std::string& address(std::size_t k) const override { return addresses_.at(k); }
   bool send(std::size_t k, std::span<const std::byte> header, comm::OutPayload payload, comm::Deadline) override {
     const std::string& to = addresses_.at(k);
-    SimMessage m = copy_of(header, payload, id_);
+    SimMessage m = net_.copy_of(header, payload, id_);
     net_.carry(links_[k], std::move(m), [&net = net_, to](SimMessage&& msg) { net.arrive(to, std::move(msg)); });
     return true;
   }
@@ -107,7 +96,7 @@ class SimConnections final : public comm::Connections {
 class SimListener final : public comm::Listener {
  public:
   SimListener(SimTransport& net, Peers& peers, std::string address)
-      : net_(net), peers_(peers), address_(std::move(address)), inbox_(std::make_shared<SimTransport::Inbox>()) {
+      : net_(net), peers_(peers), address_(std::move(address)), inbox_(std::make_shared<SimTransport::Inbox>(net)) {
     net.listening(address_, inbox_);
   }
   const std::string& address() const override { return address_; }
@@ -122,7 +111,7 @@ class SimListener final : public comm::Listener {
       return false;
     }
     if (DeliveryPolicy* p = net_.policy()) p->sent(address_, to, header);
-    SimMessage m = copy_of(header, payload, std::to_string(it->second.index.at(address_)));
+    SimMessage m = net_.copy_of(header, payload, std::to_string(it->second.index.at(address_)));
     net_.carry(links_[to], std::move(m), [&s = net_.scheduler(), inbox](SimMessage&& msg) { inbox->push(s, std::move(msg)); });
     return true;
   }
@@ -132,7 +121,7 @@ class SimListener final : public comm::Listener {
   Peers& peers_;
   std::string address_;
   std::shared_ptr<SimTransport::Inbox> inbox_;
-  std::map<std::string, SimTransport::Link> links_;  // to each peer
+  std::unordered_map<std::string, SimTransport::Link> links_;  // to each peer
 };
 
 // ---- the transport ----
@@ -156,6 +145,25 @@ std::unique_ptr<comm::Connections> SimTransport::connect(const std::vector<std::
   for (const auto& a : addresses)
     if (a.rfind("sim://", 0) != 0) throw std::invalid_argument("sim transport: cannot connect to " + a + " (sim://NAME)");
   return std::make_unique<SimConnections>(*this, *peers_, addresses);
+}
+
+SimMessage SimTransport::copy_of(std::span<const std::byte> header, comm::OutPayload& payload, std::string from) {
+  SimMessage m;
+  m.header.assign(header.begin(), header.end());
+  m.has_payload = !payload.empty();
+  if (m.has_payload) {
+    if (!pool_.empty()) m.payload = std::move(pool_.back()), pool_.pop_back();
+    const auto* p = static_cast<const std::byte*>(payload.data);
+    m.payload.assign(p, p + payload.size);  // (a pooled buffer's capacity is reused)
+  }
+  m.from = std::move(from);
+  comm::release(payload);  // copied: the sender may reuse it at once
+  return m;
+}
+
+void SimTransport::recycle(SimMessage& m) {
+  if (m.payload.capacity() > 0 && pool_.size() < 4096) pool_.push_back(std::move(m.payload));
+  m.payload.clear();
 }
 
 void SimTransport::carry(Link& link, SimMessage&& msg, std::function<void(SimMessage&&)> land) {

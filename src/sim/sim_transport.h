@@ -85,6 +85,10 @@ class SimTransport final : public comm::Transport {
   void carry(Link& link, SimMessage&& msg, std::function<void(SimMessage&&)> land);
   // A message that crossed to the listener at `address`.
   void arrive(const std::string& address, SimMessage&& msg);
+  // The message of a send: header and payload copied (into a buffer of the pool), the payload
+  // released; recycle() gives a received message's buffers back.
+  SimMessage copy_of(std::span<const std::byte> header, comm::OutPayload& payload, std::string from);
+  void recycle(SimMessage& m);
   void listening(const std::string& address, std::shared_ptr<Inbox> inbox);
 
  private:
@@ -100,6 +104,7 @@ class SimTransport final : public comm::Transport {
   std::map<std::string, std::vector<SimMessage>> early_;      // sent before the listener was there
   std::map<std::string, Scheduler::time_point> busy_until_;   // a server's queue: when it is done
   std::map<std::string, std::shared_ptr<void>> shared_;
+  std::vector<std::vector<std::byte>> pool_;  // payload buffers of messages received and done with
 };
 
 // Registers the all-reduce of the "sim" transport (sim_collective.cpp) in
@@ -108,6 +113,8 @@ void register_sim_collective();
 
 // A queue of received messages and the thread that waits on it.
 struct SimTransport::Inbox {
+  explicit Inbox(SimTransport& t) : net(t) {}
+  SimTransport& net;  // (its pool of payload buffers)
   std::deque<SimMessage> messages;
   Scheduler::Thread* waiter = nullptr;
   // Waits until a message is there or `deadline` passes; pops it into `m` (false: none).
