@@ -1,26 +1,36 @@
-// The seams, proven: a consistency rule, a push codec and a transport defined only in this
-// file, registered through the registries (ps/rules/, ps/codecs/, comm/transport/), train end
-// to end through the in-process harness (servers and workers as threads) by naming them in
-// the config. No other file knows them.
+// The seams, proven: a mode (old math and new), a push codec, a transport, a model and an
+// optimizer defined only in this file, each registered with one line in its registry
+// (ps/modes/, ps/codecs/, comm/transport/, core/models/, core/optimizers/), train end to end
+// through the in-process harness (servers and workers as threads) by naming them in the config,
+// and run in the virtual cluster (src/sim/) as they are. No other file knows them.
 //
-//   twice   a mode that applies every push twice, each with half the step
-//   f64     a codec that sends the gradient as float64
-//   memq    a transport that delivers through in-memory queues (a mutex and a condition
-//           variable per queue); it copies what it is given and releases the sender's payload
+//   twice    a mode that applies every push twice, each with half the step
+//   clip:c   a mode with math of its own: asp with each gradient clipped to [-c, c] elementwise
+//   f64      a codec that sends the gradient as float64
+//   memq     a transport that delivers through in-memory queues (a mutex and a condition
+//            variable per queue); it copies what it is given and releases the sender's payload
+//   wide     a model: one ReLU layer of 24, from the layers of core/layers.h
+//   rmsprop  an optimizer made of the backend's element-wise ops: v = ρ v + (1 − ρ) g²;
+//            w −= lr g / (√v + ε)
 #include <gtest/gtest.h>
 
 #include <condition_variable>
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
 
 #include "comm/transport/transport.h"
+#include "core/layers.h"
+#include "core/optimizer.h"
 #include "harness.h"
 #include "ps/codecs/codec.h"
 #include "ps/errors.h"
 #include "ps/modes/mode.h"
 #include "run/setup.h"
+#include "sim/virtual_cluster.h"
 
 using namespace pslab;
 
@@ -42,6 +52,33 @@ class Twice final : public Mode {
 
 const Registrar<Mode> twice_rule(mode_registry(), {"twice", "twice", "test: every push applied twice, each with half the step",
                                                    false, [](const std::string&) { return std::make_unique<Twice>(); }});
+
+// ---- a mode with math of its own: each gradient clipped elementwise, then applied as asp does ----
+
+class Clip final : public Mode {
+ public:
+  explicit Clip(float c, std::string text) : c_(c), text_(std::move(text)) {}
+  std::string name() const override { return "clip:" + text_; }
+  WorkerProtocol worker_protocol() const override { return {}; }
+  int update_batch(int batch, int) const override { return batch; }
+  bool trains_without_lost_workers() const override { return true; }
+  void on_push(const PushInfo& p, const ShardView&, ShardOps& ops) const override {
+    const float* g = ops.payload();
+    float* clipped = ops.scratch();
+    for (std::size_t i = 0; i < ops.length(); ++i) clipped[i] = std::clamp(g[i], -c_, c_);
+    ops.step(clipped, 1.0, p.batch);
+  }
+  bool pull_ready(long, const ShardView&) const override { return true; }
+
+ private:
+  float c_;
+  std::string text_;
+};
+
+const Registrar<Mode> clip_mode(mode_registry(), {"clip", "clip:<c>", "test: asp with each gradient clipped to [-c, c]", true,
+                                                  [](const std::string& a) {
+                                                    return std::make_unique<Clip>(float(mode_number(a, "a number")), a);
+                                                  }, "0.01"});
 
 // ---- a codec: float64 on the wire ------------------------------------------------------------------
 
@@ -271,6 +308,45 @@ const Registrar<comm::Transport> memq_transport(comm::transport_registry(),
                                                 {"memq", "memq", "test: in-memory queues, one process", false,
                                                  [](const std::string&) { return std::make_unique<memq::Transport>(); }});
 
+// ---- a model: one ReLU layer of 24 -----------------------------------------------------------------
+
+struct Wide final : ModelKind {
+  std::vector<std::unique_ptr<Layer>> layers(const ModelSpec& spec) const override {
+    std::vector<std::unique_ptr<Layer>> l;
+    l.push_back(std::make_unique<Linear>(Shape{spec.channels, spec.height, spec.width}, 24, Init::he));
+    l.push_back(std::make_unique<Relu>(l.back()->out()));
+    l.push_back(std::make_unique<Linear>(l.back()->out(), spec.outputs, Init::xavier));
+    return l;
+  }
+};
+
+const Registrar<ModelKind> wide_model(model_registry(), {"wide", "wide", "test: one ReLU layer of 24", false,
+                                                         [](const std::string&) { return std::make_unique<Wide>(); }});
+
+// ---- an optimizer: RMSprop, composed of the backend's element-wise ops ----------------------------
+
+class RmsProp final : public OptimizerRule {
+ public:
+  int state_buffers() const override { return 1; }
+  void update(const OptimizerStep& s, const float* w, const float* g, float* w_out, std::size_t offset, std::size_t n,
+              const std::vector<std::size_t>&) override {
+    using math::OpCode;
+    const float rho = 0.9f, eps = 1e-8f;
+    math::Program p;
+    p.arrays = 4;  // w, g, w_out, v
+    p.op(OpCode::mul, 4, 1, 1);                        // g²
+    p.op(OpCode::axpby, 3, 3, 4, rho, 1.0f - rho);     // v = ρ v + (1 − ρ) g²
+    p.op(OpCode::sqrt, 5, 3).op(OpCode::add_scalar, 5, 5, 0, eps);
+    p.op(OpCode::div, 5, 1, 5);                        // g / (√v + ε)
+    p.op(OpCode::axpby, 2, 0, 5, 1.0f, -float(s.lr));  // w_out = w − lr g / (√v + ε)
+    float* arrays[] = {const_cast<float*>(w), const_cast<float*>(g), w_out, s.state[0] + offset};
+    s.be.run(p, arrays, n);
+  }
+};
+
+const Registrar<OptimizerRule> rmsprop(optimizer_registry(), {"rmsprop", "rmsprop", "test: RMSprop (rho 0.9)", false,
+                                                               [](const std::string&) { return std::make_unique<RmsProp>(); }});
+
 // ---- the proofs ---------------------------------------------------------------------------------
 
 // θ after training `cfg` on the in-process harness, and the servers' final versions.
@@ -334,6 +410,53 @@ TEST(Seams, ATransportDefinedInATestTrainsEndToEnd) {
   const ExperimentConfig ssp = sgd_config("ssp:1", 3, "memq");
   const Trained c = train(ssp);
   for (long v : c.versions) EXPECT_EQ(v, 3L * ssp.train.steps) << "no push lost or applied twice";
+}
+
+// A mode with math of its own: with a bound no gradient reaches it is asp bit for bit; with a
+// tight one every step is at most lr x c per parameter, and training still moves.
+TEST(Seams, AModeWithNewMathTrainsEndToEnd) {
+  const Trained loose = train(sgd_config("clip:1e9", 1)), asp = train(sgd_config("asp", 1));
+  EXPECT_EQ(loose.theta, asp.theta);
+  const ExperimentConfig tight = sgd_config("clip:0.001", 1);
+  const Trained t = train(tight);
+  const std::vector<float> start = initial_params(model_spec(tight), tight.seed);
+  float most = 0;
+  for (std::size_t i = 0; i < start.size(); ++i) most = std::max(most, std::abs(t.theta[i] - start[i]));
+  EXPECT_GT(most, 0.0f);
+  EXPECT_LE(most, float(tight.optimizer.lr * 0.001 * tight.train.steps) * 1.0001f);
+}
+
+// A model and an optimizer defined here train through the servers like the built-in ones.
+TEST(Seams, AModelAndAnOptimizerDefinedInATestTrainEndToEnd) {
+  ExperimentConfig cfg = sgd_config("asp", 2);
+  cfg.model.kind = "wide";
+  cfg.optimizer.kind = "rmsprop";
+  cfg.optimizer.lr = 0.01;
+  EXPECT_EQ(count_params(model_spec(cfg)), std::size_t(16 * 24 + 24 + 24 * 3 + 3));
+  const Trained a = train(cfg);
+  EXPECT_EQ(a.theta.size(), count_params(model_spec(cfg)));
+  EXPECT_NE(a.theta, initial_params(model_spec(cfg), cfg.seed));
+  for (float x : a.theta) EXPECT_TRUE(std::isfinite(x));
+}
+
+// Every plug-in above runs in the virtual cluster with no change to it: the simulation runs the
+// same servers, workers and evaluator (the transport named in the config is replaced by the
+// simulated one).
+TEST(Seams, EveryPlugInRunsInTheVirtualCluster) {
+  const std::vector<std::vector<std::string>> runs = {
+      {"cluster.mode=\"twice\""}, {"cluster.mode=\"clip:0.05\""}, {"cluster.codec=\"f64\""},
+      {"cluster.transport=\"memq\""}, {"model.kind=\"wide\""}, {"optimizer.kind=\"rmsprop\"", "optimizer.lr=0.01"}};
+  for (const auto& sets : runs) {
+    std::vector<std::string> all = {"cluster.launcher=\"virtual\"", "virtual.compute_ms=1", "cluster.mode=\"asp\""};
+    all.insert(all.end(), sets.begin(), sets.end());
+    const ExperimentConfig cfg = parse_config(to_toml(test::small_config("asp", 2, 2)), "seams", all);
+    const auto dir = test::temp_dir("seams_virtual");
+    VirtualOptions o;
+    o.out_dir = dir.string();
+    o.progress = false;
+    EXPECT_GT(run_virtual_cluster(cfg, o), 0.5) << sets[0];
+    std::filesystem::remove_all(dir);
+  }
 }
 
 // Defect: the server ignored replies it could not queue (a dropped reply surfaced later as a
