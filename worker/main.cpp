@@ -21,7 +21,6 @@
 #include "core/data.h"
 #include "roles.h"
 #include "run/plan.h"
-#include "train_single.h"
 #include "sim/virtual_cluster.h"
 
 using namespace pslab;
@@ -51,52 +50,62 @@ void say_when_stopped(const std::string& who) {
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) std::signal(sig, on_stop_signal);
 }
 
-}  // namespace
+// The subcommands: their options (CLI11), then what each does.
+struct Commands {
+  explicit Commands(CLI::App& app);
+  int run();
 
-int main(int argc, char** argv) {
-  CLI::App app{"pslab worker: trains a model alone or as one rank of a distributed run"};
-  app.require_subcommand(1);
-
+  CLI::App *train, *ps, *allreduce, *eval, *virt, *config, *keygen;
   std::string config_path;
   std::vector<std::string> overrides;
-  auto add_config = [&](CLI::App* sub) {
+  SingleRunOptions single;
+  RoleOptions role;
+  VirtualOptions vopt;
+  std::string servers, resolved_out, expand_dir, plan_out, key_path;
+  bool quiet = false, list_keys = false;
+
+ private:
+  void add_config(CLI::App* sub) {
     sub->add_option("-c,--config", config_path, "experiment config (TOML)")->required()->check(CLI::ExistingFile);
     sub->add_option("--set", overrides, "override a key: section.key=value (TOML value; repeatable)");
-  };
+  }
+  void add_role(CLI::App* sub);
+  int run_train();
+  int run_role();
+  int run_virtual();
+  int run_config();
+};
 
-  auto* train = app.add_subcommand("train", "train on this process alone; metrics to <out>/metrics/worker0.jsonl");
+void Commands::add_role(CLI::App* sub) {
+  add_config(sub);
+  sub->add_option("-o,--out", role.out_dir, "run directory (metrics go to <out>/metrics/)")->capture_default_str();
+  sub->add_option("--run-start", role.run_start, "run start, Unix seconds (metric times count from it)");
+  sub->add_option("--procs-on-host", role.procs_on_host, "processes sharing this host's cores (sets BLAS threads when train.threads = 0)")
+      ->capture_default_str();
+  sub->add_option("--gpu-slot", role.gpu_slot, "with train.device = \"cuda\": this process's slot among the GPU processes "
+                                                "on its host; it runs on GPU (slot mod the GPUs visible)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub->add_flag("-q,--quiet", quiet, "no progress lines");
+  sub->add_option("--auth-key", role.auth_key, "the run's key file (mode 0600, made by the launcher): peers authenticate");
+  sub->add_flag("--resume", role.resume, "a resumed run: go on where it stopped (ps: from the clock the servers' "
+                                         "checkpoints hold for this worker; allreduce: from --checkpoint), append to the metrics");
+}
+
+Commands::Commands(CLI::App& app) {
+  train = app.add_subcommand("train", "train on this process alone; metrics to <out>/metrics/worker0.jsonl");
   add_config(train);
-  SingleRunOptions single;
   train->add_option("-o,--out", single.out_dir, "run directory")->capture_default_str();
   train->add_option("--run-start", single.run_start, "run start, Unix seconds (metrics times count from it)");
-  bool quiet = false;
   train->add_flag("-q,--quiet", quiet, "no progress lines");
 
-  RoleOptions role;
-  std::string servers;
-  bool role_quiet = false;
-  auto add_role = [&](CLI::App* sub) {
-    add_config(sub);
-    sub->add_option("-o,--out", role.out_dir, "run directory (metrics go to <out>/metrics/)")->capture_default_str();
-    sub->add_option("--run-start", role.run_start, "run start, Unix seconds (metric times count from it)");
-    sub->add_option("--procs-on-host", role.procs_on_host, "processes sharing this host's cores (sets BLAS threads when train.threads = 0)")
-        ->capture_default_str();
-    sub->add_option("--gpu-slot", role.gpu_slot, "with train.device = \"cuda\": this process's slot among the GPU processes "
-                                                  "on its host; it runs on GPU (slot mod the GPUs visible)")
-        ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
-    sub->add_flag("-q,--quiet", role_quiet, "no progress lines");
-    sub->add_option("--auth-key", role.auth_key, "the run's key file (mode 0600, made by the launcher): peers authenticate");
-    sub->add_flag("--resume", role.resume, "a resumed run: go on where it stopped (ps: from the clock the servers' "
-                                           "checkpoints hold for this worker; allreduce: from --checkpoint), append to the metrics");
-  };
   const char* servers_help = "server endpoints in shard order, comma-separated (e.g. tcp://127.0.0.1:5555,tcp://127.0.0.1:5556)";
-  auto* ps = app.add_subcommand("ps", "one worker of a parameter-server run (bsp, ssp:s, asp): pull, compute, push every step");
+  ps = app.add_subcommand("ps", "one worker of a parameter-server run (bsp, ssp:s, asp, ...): pull, compute, push every step");
   add_role(ps);
   ps->add_option("--rank", role.rank, "this worker's rank in [0, cluster.workers)")->required();
   ps->add_option("--servers", servers, servers_help)->required();
 
-  auto* allreduce = app.add_subcommand("allreduce", "one rank of the all-reduce mode: compute, all-reduce the gradient, step");
+  allreduce = app.add_subcommand("allreduce", "one rank of the all-reduce mode: compute, all-reduce the gradient, step");
   add_role(allreduce);
   allreduce->add_option("--rank", role.rank, "this rank in [0, cluster.workers)")->required();
   allreduce->add_option("--coordinator", role.coordinator, "rank 0's rendezvous endpoint, e.g. tcp://127.0.0.1:29500 "
@@ -106,119 +115,122 @@ int main(int argc, char** argv) {
   allreduce->add_option("--snapshots", role.snapshots, "rank 0 pushes θ snapshots to the evaluator listening here");
   allreduce->add_option("--host", role.host, "address this rank's Gloo connections listen on (default: cluster.bind)");
 
-  auto* eval = app.add_subcommand("eval", "the evaluator: test loss and accuracy every eval.interval_s, once more at the end");
+  eval = app.add_subcommand("eval", "the evaluator: test loss and accuracy every eval.interval_s, once more at the end");
   add_role(eval);
   auto* eval_servers = eval->add_option("--servers", servers, std::string("PS modes: ") + servers_help);
   auto* eval_snaps = eval->add_option("--snapshots", role.snapshots, "all-reduce mode: listen here for rank 0's θ snapshots");
   eval_servers->excludes(eval_snaps);
 
-  auto* virt = app.add_subcommand("virtual", "every worker and server of the run in this process, in simulated time "
-                                             "(cluster.launcher = \"virtual\"; [virtual] is the cost model)");
+  virt = app.add_subcommand("virtual", "every worker and server of the run in this process, in simulated time "
+                                       "(cluster.launcher = \"virtual\"; [virtual] is the cost model)");
   add_config(virt);
-  VirtualOptions vopt;
-  bool virt_quiet = false;
   virt->add_option("-o,--out", vopt.out_dir, "run directory (metrics go to <out>/metrics/)")->capture_default_str();
   virt->add_option("--procs-on-host", vopt.procs_on_host, "BLAS threads as for one process among this many (a replay: "
                                                           "the real run's workers')")->capture_default_str();
-  virt->add_flag("-q,--quiet", virt_quiet, "no progress lines");
+  virt->add_flag("-q,--quiet", quiet, "no progress lines");
 
-  auto* config = app.add_subcommand("config", "validate a config; write it back with defaults; expand sweeps");
+  config = app.add_subcommand("config", "validate a config; write it back with defaults; expand sweeps");
   config->add_option("-c,--config", config_path, "experiment config (TOML)")->check(CLI::ExistingFile);
   config->add_option("--set", overrides, "override a key: section.key=value (repeatable)");
-  std::string resolved_out, expand_dir;
-  bool list_keys = false;
   config->add_option("--write", resolved_out, "write the validated config, every default filled in, to this file");
   config->add_option("--expand", expand_dir, "write one config per sweep point into this directory; print their paths");
   config->add_flag("--keys", list_keys, "list every key with its default and meaning");
-  std::string plan_out;
   config->add_option("--plan", plan_out, "write the run plan as JSON to this file (\"-\": standard output): mode, "
                                          "data sizes, steps per epoch and in all, the processes of the run");
 
-  auto* keygen = app.add_subcommand("keygen", "write a new run key (a CURVE key pair) to FILE, mode 0600; the launcher "
-                                              "makes one per run and hands it to every process (--auth-key)");
-  std::string key_path;
+  keygen = app.add_subcommand("keygen", "write a new run key (a CURVE key pair) to FILE, mode 0600; the launcher "
+                                        "makes one per run and hands it to every process (--auth-key)");
   keygen->add_option("FILE", key_path, "where to write it (must not exist)")->required();
+}
 
+int Commands::run() {
+  if (*train) return run_train();
+  if (*ps || *eval || *allreduce) return run_role();
+  if (*virt) return run_virtual();
+  if (*keygen) return comm::write_run_key(comm::make_run_key(), key_path), 0;
+  return run_config();
+}
+
+void print_result(const ExperimentConfig& cfg, double result) {
+  std::printf("final test %s: %.4f\n", cfg.data.kind == "least-squares" ? "loss" : "accuracy", result);
+}
+
+int Commands::run_train() {
+  single.progress = !quiet;
+  const ExperimentConfig cfg = load_config(config_path, overrides);
+  std::filesystem::create_directories(single.out_dir);
+  std::ofstream(single.out_dir + "/config.toml") << to_toml(cfg);
+  print_result(cfg, run_single(cfg, single));
+  return 0;
+}
+
+int Commands::run_role() {
+  const ExperimentConfig cfg = load_config(config_path, overrides);
+  role.progress = !quiet;
+  say_when_stopped(*eval ? std::string("evaluator") : (*ps ? "worker " : "rank ") + std::to_string(role.rank));
+  for (std::size_t lo = 0; lo <= servers.size();) {
+    const std::size_t hi = std::min(servers.find(',', lo), servers.size());
+    if (hi > lo) role.servers.push_back(servers.substr(lo, hi - lo));
+    lo = hi + 1;
+  }
+  if (*ps) return run_ps_worker(cfg, role), 0;
+  if (*allreduce) return run_allreduce_worker(cfg, role), 0;
+  if (role.servers.empty() && role.snapshots.empty())
+    throw std::invalid_argument("eval needs --servers (PS modes) or --snapshots (all-reduce mode)");
+  print_result(cfg, run_evaluator(cfg, role));
+  return 0;
+}
+
+int Commands::run_virtual() {
+  const ExperimentConfig cfg = load_config(config_path, overrides);
+  vopt.progress = !quiet;
+  say_when_stopped("virtual cluster");
+  print_result(cfg, run_virtual_cluster(cfg, vopt));
+  return 0;
+}
+
+int Commands::run_config() {
+  if (list_keys) return std::cout << describe_keys(), 0;
+  if (config_path.empty()) throw ConfigError("config: --config is required (except with --keys)");
+  if (!expand_dir.empty()) {
+    std::ifstream in(config_path);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::vector<std::string> labels;
+    const auto points = expand_sweep(text.str(), config_path, labels, overrides);
+    std::filesystem::create_directories(expand_dir);
+    for (std::size_t i = 0; i < points.size(); ++i) {
+      const ExperimentConfig cfg = parse_config(points[i], config_path + " [" + labels[i] + "]");
+      char name[32];
+      std::snprintf(name, sizeof name, "%03zu.toml", i);
+      const std::string path = expand_dir + "/" + name;
+      std::ofstream(path) << to_toml(cfg);
+      std::cout << path << "\t" << (labels[i].empty() ? "-" : labels[i]) << "\n";
+    }
+    return 0;
+  }
+  const ExperimentConfig cfg = load_config(config_path, overrides);
+  if (!plan_out.empty()) {
+    const std::string plan = run_plan(cfg).dump(2) + "\n";
+    if (plan_out == "-") std::cout << plan;
+    else std::ofstream(plan_out) << plan;
+  }
+  if (!resolved_out.empty()) std::ofstream(resolved_out) << to_toml(cfg);
+  else if (plan_out.empty()) std::cout << to_toml(cfg);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pslab worker: trains a model alone or as one rank of a distributed run"};
+  app.require_subcommand(1);
+  Commands commands(app);
   CLI11_PARSE(app, argc, argv);
   try {
-    if (*train) {
-      single.progress = !quiet;
-      const ExperimentConfig cfg = load_config(config_path, overrides);
-      std::filesystem::create_directories(single.out_dir);
-      std::ofstream(single.out_dir + "/config.toml") << to_toml(cfg);
-      const double result = run_single(cfg, single);
-      std::printf("final test %s: %.4f\n", cfg.data.kind == "least-squares" ? "loss" : "accuracy", result);
-      return 0;
-    }
-    if (*ps || *eval || *allreduce) {
-      const ExperimentConfig cfg = load_config(config_path, overrides);
-      role.progress = !role_quiet;
-      say_when_stopped(*eval ? std::string("evaluator") : (*ps ? "worker " : "rank ") + std::to_string(role.rank));
-      for (std::size_t lo = 0; lo <= servers.size();) {
-        const std::size_t hi = std::min(servers.find(',', lo), servers.size());
-        if (hi > lo) role.servers.push_back(servers.substr(lo, hi - lo));
-        lo = hi + 1;
-      }
-      if (*ps) {
-        run_ps_worker(cfg, role);
-      } else if (*allreduce) {
-        run_allreduce_worker(cfg, role);
-      } else {
-        if (role.servers.empty() && role.snapshots.empty())
-          throw std::invalid_argument("eval needs --servers (PS modes) or --snapshots (all-reduce mode)");
-        const double result = run_evaluator(cfg, role);
-        std::printf("final test %s: %.4f\n", cfg.data.kind == "least-squares" ? "loss" : "accuracy", result);
-      }
-      return 0;
-    }
-    if (*virt) {
-      const ExperimentConfig cfg = load_config(config_path, overrides);
-      vopt.progress = !virt_quiet;
-      say_when_stopped("virtual cluster");
-      const double result = run_virtual_cluster(cfg, vopt);
-      std::printf("final test %s: %.4f\n", cfg.data.kind == "least-squares" ? "loss" : "accuracy", result);
-      return 0;
-    }
-    if (*keygen) {
-      comm::write_run_key(comm::make_run_key(), key_path);
-      return 0;
-    }
-    if (*config) {
-      if (list_keys) {
-        std::cout << describe_keys();
-        return 0;
-      }
-      if (config_path.empty()) throw ConfigError("config: --config is required (except with --keys)");
-      if (!expand_dir.empty()) {
-        std::ifstream in(config_path);
-        std::stringstream text;
-        text << in.rdbuf();
-        std::vector<std::string> labels;
-        const auto points = expand_sweep(text.str(), config_path, labels, overrides);
-        std::filesystem::create_directories(expand_dir);
-        for (std::size_t i = 0; i < points.size(); ++i) {
-          const ExperimentConfig cfg = parse_config(points[i], config_path + " [" + labels[i] + "]");
-          char name[32];
-          std::snprintf(name, sizeof name, "%03zu.toml", i);
-          const std::string path = expand_dir + "/" + name;
-          std::ofstream(path) << to_toml(cfg);
-          std::cout << path << "\t" << (labels[i].empty() ? "-" : labels[i]) << "\n";
-        }
-        return 0;
-      }
-      const ExperimentConfig cfg = load_config(config_path, overrides);
-      if (!plan_out.empty()) {
-        const std::string plan = run_plan(cfg).dump(2) + "\n";
-        if (plan_out == "-") std::cout << plan;
-        else std::ofstream(plan_out) << plan;
-      }
-      if (!resolved_out.empty()) std::ofstream(resolved_out) << to_toml(cfg);
-      else if (plan_out.empty()) std::cout << to_toml(cfg);
-      return 0;
-    }
+    return commands.run();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pslab_worker: error: %s\n", e.what());
     return 1;
   }
-  return 0;
 }

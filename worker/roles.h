@@ -1,4 +1,6 @@
-// The distributed roles of the worker binary, and what the launcher tells each of them.
+// The roles of the worker binary, one loop each in worker/roles/: single-process training (the
+// mainline), a PS worker, an all-reduce rank, the evaluator; and what the launcher tells each of
+// the distributed ones (RoleOptions).
 #pragma once
 
 #include <string>
@@ -9,6 +11,21 @@
 #include "run/config.h"
 
 namespace pslab {
+
+// ---- single-process training (roles/single.cpp): the plain mainline (load data, build the
+// model, compute, step, log) that the distributed modes extend ----
+
+struct SingleRunOptions {
+  std::string out_dir = ".";  // metrics go to <out_dir>/metrics/worker0.jsonl
+  double run_start = 0.0;     // Unix seconds; <= 0: now
+  bool progress = true;       // a progress line on stderr every epoch and every few seconds
+};
+
+// Trains on one process and returns the final test accuracy (classification) or test loss
+// (regression).
+double run_single(const ExperimentConfig& cfg, const SingleRunOptions& opt);
+
+// ---- the distributed roles ----
 
 struct RoleOptions {
   int rank = 0;                      // worker rank in [0, cluster.workers)
@@ -38,16 +55,17 @@ struct RoleOptions {
                                          // it (the virtual cluster: evaluation takes no simulated time)
 };
 
-// One worker of a PS mode (bsp, ssp:s, asp, ...): pull -> compute -> push+pull, every step.
+// One worker of a PS mode (bsp, ssp:s, asp, ...): pull -> compute -> push+pull, every step
+// (roles/ps_worker.cpp; local:H and easgd: roles/local_worker.cpp).
 void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt);
 
-// One rank of the all-reduce mode: forward, backward, all-reduce of the flat gradient,
+// One rank of the all-reduce mode (roles/allreduce_rank.cpp): forward, backward, all-reduce of the flat gradient,
 // local optimizer step, every step; no servers. Returns the final θ (host copy); its
 // checksum is also written to the rank's metrics ({"kind": "final", "params_checksum"}), so
 // that replicas can be compared across processes.
 std::vector<float> run_allreduce_worker(const ExperimentConfig& cfg, const RoleOptions& opt);
 
-// The evaluator: takes θ every eval.interval_s (PS modes: from the servers; all-reduce:
+// The evaluator (roles/evaluator.cpp): takes θ every eval.interval_s (PS modes: from the servers; all-reduce:
 // rank 0's snapshots, when opt.snapshots is set), measures test loss and accuracy on the
 // whole test set, and after training ends evaluates once more (and shuts the servers down).
 // Returns the final test accuracy (classification) or loss (regression).

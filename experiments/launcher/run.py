@@ -157,124 +157,153 @@ def make_run_key(bins, run_dir):
 def start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=None):
     """Starts the run's processes, waits for them all, writes manifest.json and summary.json.
     resume_from: a resumed run's original start (Unix s; metric times go on counting from it)."""
-    run_start = resume_from or time.time()
-    extra = {"transport": plan.transport, "auth": "curve" if plan.authenticates else "none"}
-    if resume_from:
-        extra["resumed_at_unix_s"] = time.time()
-    if sockets:
-        extra["socket_dir"] = str(sockets)
-    if plan.launcher == "local":
-        procs = plan_local(plan, run_dir, run_start, bins, sockets)
-        started = procs
-    elif plan.virtual:  # one process, simulated time
-        procs = plan_virtual(plan, run_dir, bins, getattr(opts, "procs_on_host", 1))
-        started = procs
-        extra["simulated"] = True
-    elif plan.launcher == "ssh":
-        where = cluster_hosts(plan, plan.hosts)
-        probed = probe_hosts(plan, where, ports_wanted(where) if opts.base_port is None else {}, ssh_base())
-        extra["hosts"] = probed  # each host's address, and the ports chosen on it
-        procs = plan_ssh(plan, run_dir, run_start, bins, probed, opts.base_port, sockets, append=bool(resume_from))
-        started = procs
-    else:  # slurm: one srun; each task finds its role (launch.py task)
+    return Supervisor(plan, run_dir, bins, opts, sockets, resume_from).run(prefix)
+
+
+class Supervisor:
+    """One run's processes from start to end: placed by the launcher (local, virtual, ssh, Slurm),
+    started, watched (a worker lost where the run goes on without it, a server restarted from its
+    checkpoint), stopped when one fails, then summarized."""
+
+    def __init__(self, plan, run_dir, bins, opts, sockets, resume_from):
+        self.plan, self.run_dir, self.bins, self.opts, self.sockets = plan, run_dir, bins, opts, sockets
+        self.resume_from = resume_from
+        self.run_start = resume_from or time.time()
+        self.extra = {"transport": plan.transport, "auth": "curve" if plan.authenticates else "none"}
+        if resume_from:
+            self.extra["resumed_at_unix_s"] = time.time()
+        if sockets:
+            self.extra["socket_dir"] = str(sockets)
+        self.lost = []       # workers that failed while the run went on: {"worker", "how", "log"}
+        self.restarted = []  # servers restarted from their checkpoints: {"server", "how", "log"}
+        self.procs, self.started = self.place()
+        if resume_from:  # servers from their checkpoints; workers go on from the clocks those hold
+            for p in self.procs:
+                p.argv += resume_arguments(run_dir, p)
+                p.command = ssh_command(p, sockets, append=True) if plan.launcher == "ssh" else p.argv
+
+    def place(self):
+        """The run's processes by launcher, and those this launcher starts itself."""
+        plan, run_dir, bins, opts, sockets = self.plan, self.run_dir, self.bins, self.opts, self.sockets
+        if plan.launcher == "local":
+            procs = plan_local(plan, run_dir, self.run_start, bins, sockets)
+            return procs, procs
+        if plan.virtual:  # one process, simulated time
+            self.extra["simulated"] = True
+            procs = plan_virtual(plan, run_dir, bins, getattr(opts, "procs_on_host", 1))
+            return procs, procs
+        if plan.launcher == "ssh":
+            where = cluster_hosts(plan, plan.hosts)
+            probed = probe_hosts(plan, where, ports_wanted(where) if opts.base_port is None else {}, ssh_base())
+            self.extra["hosts"] = probed  # each host's address, and the ports chosen on it
+            procs = plan_ssh(plan, run_dir, self.run_start, bins, probed, opts.base_port, sockets, append=bool(self.resume_from))
+            return procs, procs
+        return self.place_slurm()
+
+    def place_slurm(self):
+        """Slurm: one srun; each task finds its role (launch.py task)."""
+        plan, run_dir, opts, sockets = self.plan, self.run_dir, self.opts, self.sockets
         n = len(plan.processes)
         nodes = ["<the node>"] * n if plan.unix_sockets else [f"<node of task {i}>" for i in range(n)]
-        procs = plan_cluster(plan, run_dir, run_start, bins, nodes, fixed_or_probed_ports(nodes, None, opts.base_port),
-                             lambda h: h, sockets)
+        procs = plan_cluster(plan, run_dir, self.run_start, self.bins, nodes,
+                             fixed_or_probed_ports(nodes, None, opts.base_port), lambda h: h, sockets)
         (run_dir / "launch.json").write_text(json.dumps({
-            "run_start": run_start, "build_dir": str(bins.build), "base_port": opts.base_port,
+            "run_start": self.run_start, "build_dir": str(self.bins.build), "base_port": opts.base_port,
             "socket_dir": str(sockets) if sockets else None,
-            "resume": bool(resume_from)}, indent=2) + "\n")  # each task adds --resume (task.py)
+            "resume": bool(self.resume_from)}, indent=2) + "\n")  # each task adds --resume (task.py)
         srun = Proc(name="srun", role="srun", rank=-1, index=-1, host="local", argv=srun_command(plan, run_dir),
                     log=run_dir / "logs" / "srun.log")
         srun.command = srun.argv
-        started = [srun]
-        extra["srun_command"] = shlex.join(srun.argv)
-    if resume_from:  # servers from their checkpoints; workers go on from the clocks those hold
-        for p in procs:
-            p.argv += resume_arguments(run_dir, p)
-            p.command = ssh_command(p, sockets, append=True) if plan.launcher == "ssh" else p.argv
-    write_manifest(run_dir, plan, procs, run_start, bins, extra)
-    progress = Progress(plan, run_dir, prefix)
-    failure_of = srun_failure(procs, started[0], run_dir) if plan.launcher == "slurm" else process_failure
-    lost = []  # workers that failed while the run went on: {"worker", "how", "log"}
+        self.extra["srun_command"] = shlex.join(srun.argv)
+        return procs, [srun]
 
-    def tolerate(p):
+    def manifest(self, placed=False):
+        write_manifest(self.run_dir, self.plan, self.procs, self.run_start, self.bins, self.extra, placed=placed)
+
+    def tolerate(self, p):
         """A worker's failure in a run that goes on without it (cluster.on_worker_loss), or a
         server's that is restarted from its checkpoint (cluster.on_server_loss): said once."""
+        plan = self.plan
         if p.role == "server":
-            return restart_server(p)
-        if plan.on_worker_loss != "continue" or p.role != "worker" or len(lost) + 1 >= plan.workers:
+            return self.restart_server(p)
+        if plan.on_worker_loss != "continue" or p.role != "worker" or len(self.lost) + 1 >= plan.workers:
             return False
         # Died (a signal: -N locally, 128+N through a shell, 255 when ssh lost it), not an error
         # exit: a worker that exits 1 names what went wrong (often a peer), which fails the run.
         if 0 <= p.returncode < 128:
             return False
-        progress.poll()
-        if p.rank not in progress.first:  # it failed before training: a problem with its start, not a loss
+        self.progress.poll()
+        if p.rank not in self.progress.first:  # it failed before training: a problem with its start, not a loss
             return False
-        lost.append({"worker": p.rank, "how": how_it_ended(p), "log": str(p.log)})
-        progress.forget(p.rank)
+        self.lost.append({"worker": p.rank, "how": how_it_ended(p), "log": str(p.log)})
+        self.progress.forget(p.rank)
         warn(f"{p.describe()} on {p.host} {how_it_ended(p)}; the run goes on without it "
              f"({plan.mode}, cluster.on_worker_loss = \"continue\": the servers drop it after "
              f"cluster.heartbeat_s = {plan.heartbeat_s:g} s of silence); the last lines of {p.log}:\n{log_tail(p.log, 5)}")
         return True
 
-    restarted = []  # servers restarted from their checkpoints: {"server", "how", "log"}
-
-    def restart_server(p):
+    def restart_server(self, p):
         """A server that died (a signal) comes back from its checkpoint on the same address; the
         workers and the evaluator rejoin it (PsClient). At most 3 times per server."""
-        ckpt = checkpoint_path(run_dir, p.name)
-        if (plan.on_server_loss != "restart" or 0 <= p.returncode < 128 or not ckpt.is_file()
-                or sum(r["server"] == p.rank for r in restarted) >= 3):
+        ckpt = checkpoint_path(self.run_dir, p.name)
+        if (self.plan.on_server_loss != "restart" or 0 <= p.returncode < 128 or not ckpt.is_file()
+                or sum(r["server"] == p.rank for r in self.restarted) >= 3):
             return False
         argv = list(p.argv)
         if "--resume" in argv:
             del argv[argv.index("--resume"):argv.index("--resume") + 2]
         q = dataclasses.replace(p, argv=argv + ["--resume", str(ckpt)], popen=None, returncode=None)
-        q.command = ssh_command(q, sockets, append=True) if plan.launcher == "ssh" else q.argv
-        restarted.append({"server": p.rank, "how": how_it_ended(p), "log": str(p.log)})
+        q.command = ssh_command(q, self.sockets, append=True) if self.plan.launcher == "ssh" else q.argv
+        self.restarted.append({"server": p.rank, "how": how_it_ended(p), "log": str(p.log)})
         warn(f"{p.describe()} on {p.host} {how_it_ended(p)}; restarting it from its checkpoint "
              f"{ckpt} (cluster.on_server_loss = \"restart\": the workers rejoin it, and the updates since that "
              f"checkpoint are lost, counted in summary.json)")
         start(q, REPO, append_log=True)
-        started.append(q)
-        procs[procs.index(p)] = q
-        if plan.launcher != "slurm":
-            write_manifest(run_dir, plan, procs, run_start, bins, extra)
+        self.started.append(q)
+        self.procs[self.procs.index(p)] = q
+        if self.plan.launcher != "slurm":
+            self.manifest()
         return True
 
-    try:
-        for p in started:
-            check_signal()
-            start(p, REPO, append_log=bool(resume_from))
-        if plan.launcher != "slurm":
-            write_manifest(run_dir, plan, procs, run_start, bins, extra)  # now with pids
-        monitor(started, progress, run_start, opts.max_minutes * 60, failure_of, tolerate)
-    except BaseException as e:
-        stopped = stop_all(started)
-        write_manifest(run_dir, plan, procs, run_start, bins, extra, placed=True)
-        if not isinstance(e, (RunFailed, Interrupted)):
-            raise  # a launcher bug: its processes are stopped all the same
-        wall = time.time() - run_start
-        failure = str(e) if isinstance(e, RunFailed) else f"stopped by {e}"
-        s = summarize(plan, run_dir, wall, status=e.status if isinstance(e, RunFailed) else "interrupted",
-                      failure=failure, lost=lost, restarted=restarted)
+    def run(self, prefix):
+        plan, run_dir = self.plan, self.run_dir
+        self.manifest()
+        self.progress = Progress(plan, run_dir, prefix)
+        failure_of = srun_failure(self.procs, self.started[0], run_dir) if plan.launcher == "slurm" else process_failure
+        try:
+            for p in self.started:
+                check_signal()
+                start(p, REPO, append_log=bool(self.resume_from))
+            if plan.launcher != "slurm":
+                self.manifest()  # now with pids
+            monitor(self.started, self.progress, self.run_start, self.opts.max_minutes * 60, failure_of, self.tolerate)
+        except BaseException as e:
+            self.stopped(e)
+            raise
+        finally:
+            for p in self.started:
+                if p.popen is not None and p.popen.stdin:
+                    p.popen.stdin.close()
+        self.manifest(placed=True)
+        s = summarize(plan, run_dir, time.time() - self.run_start, lost=self.lost, restarted=self.restarted)
+        if getattr(self.opts, "replay_of", None):
+            s.update(replay_verdict(self.opts.replay_of, run_dir, plan))
         (run_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
+        return s
+
+    def stopped(self, e):
+        """The run failed or was interrupted: every process stopped, the summary says why."""
+        stopped = stop_all(self.started)
+        self.manifest(placed=True)
+        if not isinstance(e, (RunFailed, Interrupted)):
+            return  # a launcher bug: its processes are stopped all the same
+        failure = str(e) if isinstance(e, RunFailed) else f"stopped by {e}"
+        s = summarize(self.plan, self.run_dir, time.time() - self.run_start,
+                      status=e.status if isinstance(e, RunFailed) else "interrupted",
+                      failure=failure, lost=self.lost, restarted=self.restarted)
+        (self.run_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
         if stopped:
             warn(f"stopped {len(stopped)} other process(es): {', '.join(p.name for p in stopped)}")
-        raise
-    finally:
-        for p in started:
-            if p.popen is not None and p.popen.stdin:
-                p.popen.stdin.close()
-    write_manifest(run_dir, plan, procs, run_start, bins, extra, placed=True)
-    s = summarize(plan, run_dir, time.time() - run_start, lost=lost, restarted=restarted)
-    if getattr(opts, "replay_of", None):
-        s.update(replay_verdict(opts.replay_of, run_dir, plan))
-    (run_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
-    return s
 
 
 def shard_checksums(run_dir, plan):

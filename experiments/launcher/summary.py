@@ -1,4 +1,48 @@
-"""summary.json of a run (from its metrics files) and the one line said when a run ends."""
+"""summary.json of a run (from its metrics files) and the one line said when a run ends.
+
+summary.json's keys:
+
+
+mode, workers, servers, device, seed, target_acc   from the run's plan (plan.json)
+status              "ok", "diverged" (the training loss stopped being finite: see "diverged",
+                    {worker, step, epoch} of the earliest), "failed" (see "failure"),
+                    "cancelled" (the Slurm job or step was: scancel, time limit) or "interrupted"
+failure             failed or interrupted: what failed, how, and the last lines of its log
+final_test_acc      the evaluator's last test accuracy (None when the data is not a
+                    classification); best_test_acc: the best of all its evaluations
+time_to_target_s, epochs_to_target   at the first evaluation with test accuracy >= target_acc
+startup_s           when the first worker's first training window began (s from the run's
+                    start: processes, data, connections); train_time_to_target_s the time to
+                    target counted from then
+epochs              of the last evaluation: passes over the training set by all workers
+samples_per_s       all workers together = total samples / training span, where a worker's
+                    samples in a metrics window = samples_per_s * window length (t minus its
+                    previous line's t; for its first line the window's samples are step *
+                    batch), and the span runs from the earliest window start (first line's
+                    t minus its window's length) to the last train line; train_samples:
+                    the total samples
+bytes_pushed, bytes_pulled   as the servers counted them, bad input apart (all-reduce: the bytes each rank
+                    all-reduced, summed over the ranks, in both)
+pushed_by_codec     PS modes: {codec: {"pushes", "payload_bytes"}}, the accepted pushes and
+                    their payload bytes summed over the servers (cluster.codec)
+staleness           PS modes: {mean, p99, max, count} (metrics.staleness_stats): the
+                    distribution over (push, shard) pairs of the servers' merged histograms,
+                    in versions of the shard; count is the number of pushes, each counted
+                    once (not once per server); None for all-reduce
+workers_lost        PS modes with cluster.on_worker_loss = "continue": the workers the run went on
+                    without (workers_lost()); [] when none was lost
+servers_restarted   with cluster.on_server_loss = "restart": [{server, how, log}] per restart of a
+                    server that died, from its checkpoint
+updates_lost        the updates those restarts lost (workers' pushes after the checkpoint), over
+                    the servers; 0 without restarts
+wall_s              the run's wall-clock time, from its start to its last process's exit
+simulated           true for the virtual cluster (cluster.launcher = "virtual"): every time
+                    above but wall_s is simulated; a replay adds replay_of, params_checksums,
+                    recorded_params_checksums and replay_identical
+final_test_loss, final_is_last_eval (the evaluator's final evaluation after training),
+evaluations, steps_per_worker (the plan's total_steps), step_time_ms (mean ms per step of
+every worker: compute, comm, wait, delay) and step_time_ms_per_worker
+"""
 from .metrics import read_jsonl, staleness_stats
 
 
@@ -34,62 +78,10 @@ def workers_lost(finals, lost):
     return [out[k] for k in sorted(out)]
 
 
-def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, restarted=None):
-    """summary.json of a run. Its keys:
-
-    mode, workers, servers, device, seed, target_acc   from the run's plan (plan.json)
-    status              "ok", "diverged" (the training loss stopped being finite: see "diverged",
-                        {worker, step, epoch} of the earliest), "failed" (see "failure"),
-                        "cancelled" (the Slurm job or step was: scancel, time limit) or "interrupted"
-    failure             failed or interrupted: what failed, how, and the last lines of its log
-    final_test_acc      the evaluator's last test accuracy (None when the data is not a
-                        classification); best_test_acc: the best of all its evaluations
-    time_to_target_s, epochs_to_target   at the first evaluation with test accuracy >= target_acc
-    startup_s           when the first worker's first training window began (s from the run's
-                        start: processes, data, connections); train_time_to_target_s the time to
-                        target counted from then
-    epochs              of the last evaluation: passes over the training set by all workers
-    samples_per_s       all workers together = total samples / training span, where a worker's
-                        samples in a metrics window = samples_per_s * window length (t minus its
-                        previous line's t; for its first line the window's samples are step *
-                        batch), and the span runs from the earliest window start (first line's
-                        t minus its window's length) to the last train line; train_samples:
-                        the total samples
-    bytes_pushed, bytes_pulled   as the servers counted them, bad input apart (all-reduce: the bytes each rank
-                        all-reduced, summed over the ranks, in both)
-    pushed_by_codec     PS modes: {codec: {"pushes", "payload_bytes"}}, the accepted pushes and
-                        their payload bytes summed over the servers (cluster.codec)
-    staleness           PS modes: {mean, p99, max, count} (metrics.staleness_stats): the
-                        distribution over (push, shard) pairs of the servers' merged histograms,
-                        in versions of the shard; count is the number of pushes, each counted
-                        once (not once per server); None for all-reduce
-    workers_lost        PS modes with cluster.on_worker_loss = "continue": the workers the run went on
-                        without (workers_lost()); [] when none was lost
-    servers_restarted   with cluster.on_server_loss = "restart": [{server, how, log}] per restart of a
-                        server that died, from its checkpoint
-    updates_lost        the updates those restarts lost (workers' pushes after the checkpoint), over
-                        the servers; 0 without restarts
-    wall_s              the run's wall-clock time, from its start to its last process's exit
-    simulated           true for the virtual cluster (cluster.launcher = "virtual"): every time
-                        above but wall_s is simulated; a replay adds replay_of, params_checksums,
-                        recorded_params_checksums and replay_identical
-    final_test_loss, final_is_last_eval (the evaluator's final evaluation after training),
-    evaluations, steps_per_worker (the plan's total_steps), step_time_ms (mean ms per step of
-    every worker: compute, comm, wait, delay) and step_time_ms_per_worker
-    """
-    metrics = run_dir / "metrics"
-    batch = plan.batch
-    worker_rows = {r: read_jsonl(metrics / f"worker{r}.jsonl") for r in range(plan.workers)}
-    train = {r: [x for x in rows if x.get("kind") == "train"] for r, rows in worker_rows.items()}
-    # A worker whose loss stopped being finite wrote one "diverged" line; the earliest counts.
-    diverged = min((x for rows in worker_rows.values() for x in rows if x.get("kind") == "diverged"),
-                   key=lambda x: x.get("epoch", 0.0), default=None)
-    if diverged and status == "ok":
-        status = "diverged"
-    evals = [x for x in read_jsonl(metrics / "evaluator.jsonl") if x.get("kind") == "eval"]
-    servers = [p["name"] for p in plan.processes if p["role"] == "server"]
-    finals = [x for name in servers for x in read_jsonl(metrics / f"{name}.jsonl") if x.get("kind") == "server_final"]
-
+def training_windows(train, batch):
+    """From every worker's train lines: the samples trained (all workers), when each worker's
+    first window began and its last ended, the summed step times (ms) and steps, and each
+    worker's mean step time."""
     total_samples, starts, ends = 0.0, [], []
     step_ms = {"compute": 0.0, "comm": 0.0, "wait": 0.0, "delay": 0.0}
     n_steps = 0
@@ -116,6 +108,25 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
             for k in step_ms:
                 step_ms[k] += w_ms[k]
             n_steps += w_steps
+    return total_samples, starts, ends, step_ms, n_steps, per_worker
+
+
+def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, restarted=None):
+    """summary.json of a run (its keys: the module's docstring)."""
+    metrics = run_dir / "metrics"
+    batch = plan.batch
+    worker_rows = {r: read_jsonl(metrics / f"worker{r}.jsonl") for r in range(plan.workers)}
+    train = {r: [x for x in rows if x.get("kind") == "train"] for r, rows in worker_rows.items()}
+    # A worker whose loss stopped being finite wrote one "diverged" line; the earliest counts.
+    diverged = min((x for rows in worker_rows.values() for x in rows if x.get("kind") == "diverged"),
+                   key=lambda x: x.get("epoch", 0.0), default=None)
+    if diverged and status == "ok":
+        status = "diverged"
+    evals = [x for x in read_jsonl(metrics / "evaluator.jsonl") if x.get("kind") == "eval"]
+    servers = [p["name"] for p in plan.processes if p["role"] == "server"]
+    finals = [x for name in servers for x in read_jsonl(metrics / f"{name}.jsonl") if x.get("kind") == "server_final"]
+
+    total_samples, starts, ends, step_ms, n_steps, per_worker = training_windows(train, batch)
     span = (max(ends) - min(starts)) if starts and ends else 0.0
 
     acc = [x for x in evals if "test_acc" in x]

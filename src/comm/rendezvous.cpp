@@ -32,7 +32,9 @@ Coordinator::~Coordinator() {
   thread_.reset();  // stops and joins the serving thread
 }
 
-void Coordinator::serve(std::stop_token stop) {
+// What the coordinator keeps while it serves: the key-value store, the gets waiting for a key,
+// and when each rank was last heard from (and at which step).
+struct Coordinator::State {
   struct PendingGet {
     std::string id, key;
     RunClock::time_point deadline;
@@ -45,74 +47,79 @@ void Coordinator::serve(std::stop_token stop) {
   };
   std::map<std::string, std::string> kv;
   std::vector<PendingGet> pending;
-  std::vector<Heard> heard(static_cast<std::size_t>(world_));
+  std::vector<Heard> heard;
   wire::Encoder enc;
+};
+
+void Coordinator::reply(State& st, const std::string& to, const wire::Body& b) {
+  // Best effort: a rank that stopped reading times out on its own side.
+  listener_->send(to, st.enc.encode(wire::Header{wire::kServer, -1, b}));
+}
+
+void Coordinator::handle(State& st, const std::string& id, const wire::Header& h) {
+  const int r = h.sender;
+  const bool rank = r >= 0 && r < world_;
+  if (rank) st.heard[std::size_t(r)].when = clock_.now(), st.heard[std::size_t(r)].seen = true;
+  if (const auto* m = std::get_if<wire::KvSet>(&h.body)) {
+    st.kv[m->key] = m->value;
+    reply(st, id, wire::Ack{});
+    for (std::size_t i = 0; i < st.pending.size();) {
+      if (st.pending[i].key != m->key) {
+        ++i;
+        continue;
+      }
+      reply(st, st.pending[i].id, wire::KvValue{m->key, m->value, true});
+      st.pending.erase(st.pending.begin() + std::ptrdiff_t(i));
+    }
+  } else if (const auto* m = std::get_if<wire::KvGet>(&h.body)) {
+    auto it = st.kv.find(m->key);
+    if (it != st.kv.end()) reply(st, id, wire::KvValue{m->key, it->second, true});
+    else if (m->wait_ms > 0) st.pending.push_back({id, m->key, clock_.now() + std::chrono::milliseconds(m->wait_ms)});
+    else reply(st, id, wire::KvValue{m->key, "", false});
+  } else if (const auto* m = std::get_if<wire::Beat>(&h.body)) {
+    if (rank) st.heard[std::size_t(r)].step = m->step;
+  } else if (std::holds_alternative<wire::GroupStatus>(h.body)) {
+    reply(st, id, wire::StatsReply{group_status(st).dump()});
+  } else if (std::holds_alternative<wire::Bye>(h.body)) {
+    if (rank) st.heard[std::size_t(r)].done = true;
+    ++byes_;
+    reply(st, id, wire::Ack{});
+  } else {
+    reply(st, id, wire::Error{wire::ErrorCode::unknown_type, std::string("the coordinator does not take ") + wire::body_name(h.body)});
+  }
+}
+
+nlohmann::json Coordinator::group_status(const State& st) const {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const State::Heard& x : st.heard) {
+    if (!x.seen) ranks.push_back(nullptr);
+    else ranks.push_back({{"step", x.step}, {"age_s", seconds_between(x.when, clock_.now())}, {"done", x.done}});
+  }
+  return nlohmann::json{{"ranks", ranks}};
+}
+
+void Coordinator::serve(std::stop_token stop) {
+  State st;
+  st.heard.resize(std::size_t(world_));
   comm::Message msg;
   comm::PeerId id;
-  // Replies are best effort: a rank that stopped reading times out on its own side.
-  auto send = [&](const std::string& to, const wire::Body& b) {
-    listener_->send(to, enc.encode(wire::Header{wire::kServer, -1, b}));
-  };
   while (!stop.stop_requested()) {
     // Wakes every 50 ms to expire held KvGets and to notice the stop.
-    for (auto until = clock_.now() + std::chrono::milliseconds(50); listener_->recv(msg, id, until);
-         until = clock_.now()) {
+    for (auto until = clock_.now() + std::chrono::milliseconds(50); listener_->recv(msg, id, until); until = clock_.now()) {
       if (!msg.malformed().empty() || msg.has_payload()) continue;
       std::string why;
       const auto h = wire::decode(msg.header(), why);
-      if (!h) {
-        send(id, wire::Error{wire::ErrorCode::malformed, why});
-        continue;
-      }
-      const int r = h->sender;
-      if (r >= 0 && r < world_) {
-        heard[std::size_t(r)].when = clock_.now();
-        heard[std::size_t(r)].seen = true;
-      }
-      if (const auto* m = std::get_if<wire::KvSet>(&h->body)) {
-        kv[m->key] = m->value;
-        send(id, wire::Ack{});
-        for (std::size_t i = 0; i < pending.size();) {
-          if (pending[i].key == m->key) {
-            send(pending[i].id, wire::KvValue{m->key, m->value, true});
-            pending.erase(pending.begin() + std::ptrdiff_t(i));
-          } else {
-            ++i;
-          }
-        }
-      } else if (const auto* m = std::get_if<wire::KvGet>(&h->body)) {
-        auto it = kv.find(m->key);
-        if (it != kv.end()) send(id, wire::KvValue{m->key, it->second, true});
-        else if (m->wait_ms > 0) pending.push_back({id, m->key, clock_.now() + std::chrono::milliseconds(m->wait_ms)});
-        else send(id, wire::KvValue{m->key, "", false});
-      } else if (const auto* m = std::get_if<wire::Beat>(&h->body)) {
-        if (r >= 0 && r < world_) heard[std::size_t(r)].step = m->step;
-      } else if (std::holds_alternative<wire::GroupStatus>(h->body)) {
-        nlohmann::json ranks = nlohmann::json::array();
-        for (int k = 0; k < world_; ++k) {
-          const Heard& x = heard[std::size_t(k)];
-          if (!x.seen) ranks.push_back(nullptr);
-          else ranks.push_back({{"step", x.step}, {"age_s", seconds_between(x.when, clock_.now())},
-                                {"done", x.done}});
-        }
-        send(id, wire::StatsReply{nlohmann::json{{"ranks", ranks}}.dump()});
-      } else if (std::holds_alternative<wire::Bye>(h->body)) {
-        if (r >= 0 && r < world_) heard[std::size_t(r)].done = true;
-        ++byes_;
-        send(id, wire::Ack{});
-      } else {
-        send(id, wire::Error{wire::ErrorCode::unknown_type,
-                             std::string("the coordinator does not take ") + wire::body_name(h->body)});
-      }
+      if (h) handle(st, id, *h);
+      else reply(st, id, wire::Error{wire::ErrorCode::malformed, why});
     }
     const auto now = clock_.now();
-    for (std::size_t i = 0; i < pending.size();) {
-      if (now >= pending[i].deadline) {
-        send(pending[i].id, wire::KvValue{pending[i].key, "", false});
-        pending.erase(pending.begin() + std::ptrdiff_t(i));
-      } else {
+    for (std::size_t i = 0; i < st.pending.size();) {
+      if (now < st.pending[i].deadline) {
         ++i;
+        continue;
       }
+      reply(st, st.pending[i].id, wire::KvValue{st.pending[i].key, "", false});
+      st.pending.erase(st.pending.begin() + std::ptrdiff_t(i));
     }
   }
 }

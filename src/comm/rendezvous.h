@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <gloo/rendezvous/store.h>
+#include <nlohmann/json.hpp>
 
 #include "comm/transport/transport.h"
 #include "comm/wire.h"
@@ -39,7 +40,11 @@ class Coordinator {
   Coordinator& operator=(const Coordinator&) = delete;
 
  private:
+  struct State;
   void serve(std::stop_token stop);
+  void handle(State& st, const std::string& id, const wire::Header& h);
+  void reply(State& st, const std::string& to, const wire::Body& b);
+  nlohmann::json group_status(const State& st) const;  // {"ranks": [{step, age_s, done} or null]}
   RunClock& clock_;  // the transport's
   std::unique_ptr<comm::Listener> listener_;
   int world_;

@@ -115,100 +115,119 @@ std::span<const std::byte> Encoder::encode(const Header& h) {
   return {reinterpret_cast<const std::byte*>(fbb_.GetBufferPointer()), fbb_.GetSize()};
 }
 
-std::optional<Header> decode(const void* data, std::size_t size, std::string& error) {
+namespace {
+
+// The message in a header frame, verified (structure, magic, protocol, a body present), or null
+// with `error` saying why not. `aligned`: where an unaligned frame is copied (the verifier
+// reads at aligned offsets; ZeroMQ frames are not guaranteed to be aligned).
+const fb::Message* verified_message(const void* data, std::size_t size, std::string& error,
+                                    std::unique_ptr<std::uint8_t[]>& aligned, std::uint8_t* local, std::size_t local_size) {
   if (size < 8 || size > (1u << 20)) {
     error = "header frame of " + std::to_string(size) + " bytes (expected 8 B to 1 MiB)";
-    return std::nullopt;
+    return nullptr;
   }
-  // The verifier reads at aligned offsets; ZeroMQ frames are not guaranteed to be aligned.
-  alignas(8) std::uint8_t local[512];
-  std::unique_ptr<std::uint8_t[]> heap;
   const std::uint8_t* buf = static_cast<const std::uint8_t*>(data);
   if (reinterpret_cast<std::uintptr_t>(buf) % 8 != 0) {
-    std::uint8_t* dst = size <= sizeof local ? local : (heap.reset(new std::uint8_t[size + 8]), heap.get());
+    std::uint8_t* dst = size <= local_size ? local : (aligned.reset(new std::uint8_t[size + 8]), aligned.get());
     std::memcpy(dst, buf, size);
     buf = dst;
   }
   flatbuffers::Verifier v(buf, size, /*max_depth=*/8, /*max_tables=*/16);
   if (!fb::VerifyMessageBuffer(v)) {
     error = "header does not verify as a pslab message (FlatBuffers verifier, identifier PSLB)";
-    return std::nullopt;
+    return nullptr;
   }
   const fb::Message* m = fb::GetMessage(buf);
   if (m->magic() != kMagic) {
     char b[96];
     std::snprintf(b, sizeof b, "wrong magic 0x%08x (expected 0x%08x)", m->magic(), kMagic);
     error = b;
-    return std::nullopt;
+    return nullptr;
   }
   if (m->protocol() != kProtocol) {
-    error = "protocol version " + std::to_string(m->protocol()) + " (this build speaks " +
-            std::to_string(kProtocol) + ")";
-    return std::nullopt;
+    error = "protocol version " + std::to_string(m->protocol()) + " (this build speaks " + std::to_string(kProtocol) + ")";
+    return nullptr;
   }
   // The verifier accepts a union whose value is absent: every body is a table, even an empty one.
   if (!m->body()) {
     error = "a header whose body (type " + std::to_string(int(m->body_type())) + ") is missing";
-    return std::nullopt;
+    return nullptr;
   }
-  Header h;
-  h.sender = m->sender();
-  h.shard = m->shard();
+  return m;
+}
+
+// The body of a verified message, one case per message type (a table); false with `error` for
+// an unknown type or value.
+bool decode_body(const fb::Message* m, Body& body, std::string& error) {
   switch (m->body_type()) {
     case fb::Body_Hello: {
       const auto* b = m->body_as_Hello();
-      h.body = Hello{Role(b->role()), b->rank(), b->param_count(), b->config_hash(), b->rejoin_clock()};
+      body = Hello{Role(b->role()), b->rank(), b->param_count(), b->config_hash(), b->rejoin_clock()};
       break;
     }
     case fb::Body_Welcome: {
       const auto* b = m->body_as_Welcome();
-      h.body = Welcome{b->shard(), b->num_shards(), b->offset(), b->length(), b->workers(), str(b->mode()), b->version(),
+      body = Welcome{b->shard(), b->num_shards(), b->offset(), b->length(), b->workers(), str(b->mode()), b->version(),
                         b->worker_clock()};
       break;
     }
-    case fb::Body_Pull: h.body = Pull{m->body_as_Pull()->clock(), m->body_as_Pull()->progress_only()}; break;
+    case fb::Body_Pull: body = Pull{m->body_as_Pull()->clock(), m->body_as_Pull()->progress_only()}; break;
     case fb::Body_PullReply: {
       const auto* b = m->body_as_PullReply();
-      h.body = PullReply{b->clock(),         b->version(),  b->min_clock(), b->samples_applied(),
+      body = PullReply{b->clock(),         b->version(),  b->min_clock(), b->samples_applied(),
                          b->held_us(),       b->training_done(), b->checksum(), b->offset(),
                          b->length(),        b->codec(),    b->bytes()};
       break;
     }
     case fb::Body_Push: {
       const auto* b = m->body_as_Push();
-      h.body = Push{b->clock(),  b->version_pulled(), b->batch(),     b->checksum(), b->offset(),
+      body = Push{b->clock(),  b->version_pulled(), b->batch(),     b->checksum(), b->offset(),
                     b->length(), b->then_pull(),      b->codec(),     b->bytes()};
       break;
     }
-    case fb::Body_PushAck: h.body = PushAck{m->body_as_PushAck()->clock(), m->body_as_PushAck()->version()}; break;
-    case fb::Body_Bye: h.body = Bye{m->body_as_Bye()->clock()}; break;
-    case fb::Body_Shutdown: h.body = Shutdown{}; break;
-    case fb::Body_Ack: h.body = Ack{}; break;
-    case fb::Body_Stats: h.body = Stats{}; break;
-    case fb::Body_StatsReply: h.body = StatsReply{str(m->body_as_StatsReply()->json())}; break;
+    case fb::Body_PushAck: body = PushAck{m->body_as_PushAck()->clock(), m->body_as_PushAck()->version()}; break;
+    case fb::Body_Bye: body = Bye{m->body_as_Bye()->clock()}; break;
+    case fb::Body_Shutdown: body = Shutdown{}; break;
+    case fb::Body_Ack: body = Ack{}; break;
+    case fb::Body_Stats: body = Stats{}; break;
+    case fb::Body_StatsReply: body = StatsReply{str(m->body_as_StatsReply()->json())}; break;
     case fb::Body_Error: {
       const auto* b = m->body_as_Error();
       const int code = b->code();
       if (code < 0 || code > int(ErrorCode::bad_payload)) {
         error = "Error message with unknown code " + std::to_string(code);
-        return std::nullopt;
+        return false;
       }
-      h.body = Error{ErrorCode(code), str(b->message())};
+      body = Error{ErrorCode(code), str(b->message())};
       break;
     }
-    case fb::Body_KvSet: h.body = KvSet{str(m->body_as_KvSet()->key()), str(m->body_as_KvSet()->value())}; break;
-    case fb::Body_KvGet: h.body = KvGet{str(m->body_as_KvGet()->key()), m->body_as_KvGet()->wait_ms()}; break;
+    case fb::Body_KvSet: body = KvSet{str(m->body_as_KvSet()->key()), str(m->body_as_KvSet()->value())}; break;
+    case fb::Body_KvGet: body = KvGet{str(m->body_as_KvGet()->key()), m->body_as_KvGet()->wait_ms()}; break;
     case fb::Body_KvValue: {
       const auto* b = m->body_as_KvValue();
-      h.body = KvValue{str(b->key()), str(b->value()), b->found()};
+      body = KvValue{str(b->key()), str(b->value()), b->found()};
       break;
     }
-    case fb::Body_Beat: h.body = Beat{m->body_as_Beat()->step()}; break;
-    case fb::Body_GroupStatus: h.body = GroupStatus{}; break;
+    case fb::Body_Beat: body = Beat{m->body_as_Beat()->step()}; break;
+    case fb::Body_GroupStatus: body = GroupStatus{}; break;
     default:
       error = "unknown message type " + std::to_string(int(m->body_type()));
-      return std::nullopt;
+      return false;
   }
+  return true;
+}
+
+}  // namespace
+
+std::optional<Header> decode(const void* data, std::size_t size, std::string& error) {
+  alignas(8) std::uint8_t local[512];
+  std::unique_ptr<std::uint8_t[]> heap;
+  const fb::Message* m = verified_message(data, size, error, heap, local, sizeof local);
+  if (!m) return std::nullopt;
+  Header h;
+  h.sender = m->sender();
+  h.shard = m->shard();
+  if (!decode_body(m, h.body, error)) return std::nullopt;
   return h;
 }
 

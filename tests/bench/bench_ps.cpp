@@ -243,96 +243,112 @@ nlohmann::ordered_json bench_apply(std::size_t floats, int runs) {
           {"memcpy_GBps", double(floats) * 4 / median(copy) / 1e9}};
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"pslab parameter-server transfer benchmark (1 server x 1 worker on this host)"};
+// What to measure (the command line).
+struct Options {
   int runs = 5;
   std::string json_path;
   std::vector<int> sizes_kib = {4, 256, 4096, 16384};
   std::string transport = "tcp";
-  app.add_option("--runs", runs, "timed runs per measurement (median reported)")->capture_default_str();
-  app.add_option("--json", json_path, "write results here");
-  app.add_option("--sizes-kib", sizes_kib, "tensor sizes in KiB")->delimiter(',')->capture_default_str();
   int server_threads = 1;
-  app.add_option("--server-threads", server_threads, "threads the server splits an update over (cluster.server_threads)")
-      ->capture_default_str();
-  app.add_option("--transport", transport, "tcp (loopback), ipc (Unix sockets) or shm (shared memory)")
-      ->capture_default_str();
-  bool auth = false;
-  app.add_flag("--auth", auth, "also measure push+pull with the peers authenticated (CURVE on tcp), same invocation");
-  bool heartbeat_cost = false;
-  app.add_flag("--heartbeat-cost", heartbeat_cost, "also measure push+pull with the worker's heartbeats off, same invocation");
+  bool auth = false, heartbeat_cost = false, floor = false;
   std::vector<std::string> codecs;
-  app.add_option("--codecs", codecs, "also measure push+pull with pushes in these codecs (e.g. f16,bf16), same invocation; "
-                                     "gain = f32's time / the codec's")->delimiter(',');
-  bool floor = false;
-  app.add_flag("--floor", floor, "also measure the floor: the raw echo plus the memory passes pslab cannot skip (checksums, "
-                                 "SGD, the copy into θ), whole and in --floor-pieces pieces (pipelined), same invocation");
   int floor_pieces = 8;
-  app.add_option("--floor-pieces", floor_pieces, "pieces of the pipelined floor")->capture_default_str();
+};
+
+void add_options(CLI::App& app, Options& o) {
+  app.add_option("--runs", o.runs, "timed runs per measurement (median reported)")->capture_default_str();
+  app.add_option("--json", o.json_path, "write results here");
+  app.add_option("--sizes-kib", o.sizes_kib, "tensor sizes in KiB")->delimiter(',')->capture_default_str();
+  app.add_option("--server-threads", o.server_threads, "threads the server splits an update over (cluster.server_threads)")
+      ->capture_default_str();
+  app.add_option("--transport", o.transport, "tcp (loopback), ipc (Unix sockets) or shm (shared memory)")->capture_default_str();
+  app.add_flag("--auth", o.auth, "also measure push+pull with the peers authenticated (CURVE on tcp), same invocation");
+  app.add_flag("--heartbeat-cost", o.heartbeat_cost, "also measure push+pull with the worker's heartbeats off, same invocation");
+  app.add_option("--codecs", o.codecs, "also measure push+pull with pushes in these codecs (e.g. f16,bf16), same invocation; "
+                                       "gain = f32's time / the codec's")->delimiter(',');
+  app.add_flag("--floor", o.floor, "also measure the floor: the raw echo plus the memory passes pslab cannot skip (checksums, "
+                                   "SGD, the copy into θ), whole and in --floor-pieces pieces (pipelined), same invocation");
+  app.add_option("--floor-pieces", o.floor_pieces, "pieces of the pipelined floor")->capture_default_str();
+}
+
+// The floor beside pslab's push+pull (--floor).
+void add_floor(nlohmann::ordered_json& r, int kib, std::size_t floats, const Options& o) {
+  const double us = r["pslab"]["push_pull_us"].get<double>();
+  r["floor"] = bench_raw(floats * 4, o.runs, o.transport, true, 1);
+  r["floor_pipelined"] = bench_raw(floats * 4, o.runs, o.transport, true, o.floor_pieces);
+  r["floor_pipelined"]["pieces"] = o.floor_pieces;
+  const double f1 = r["floor"]["round_trip_us"].get<double>(), fp = r["floor_pipelined"]["round_trip_us"].get<double>();
+  r["floor_over_pslab"] = f1 / us;
+  std::fprintf(stderr, "%6d KiB: floor (raw echo + checksums, SGD, copy) %8.1f us = %.2fx raw's speed; in %d pieces "
+               "%8.1f us = %.2fx raw's; pslab at %.2fx the floor's speed\n", kib, f1,
+               r["raw_zmq"]["round_trip_us"].get<double>() / f1, o.floor_pieces, fp,
+               r["raw_zmq"]["round_trip_us"].get<double>() / fp, f1 / us);
+}
+
+// pslab's push+pull beside the variants asked for (authenticated, without heartbeats, codecs).
+void add_variants(nlohmann::ordered_json& r, int kib, std::size_t floats, const Options& o, const comm::RunKey& key) {
+  const double us = r["pslab"]["push_pull_us"].get<double>();
+  if (o.auth) {
+    r["pslab_auth"] = bench_pslab(floats, o.runs, o.transport, o.server_threads, &key);
+    r["auth_cost"] = r["pslab_auth"]["push_pull_us"].get<double>() / us;
+    std::fprintf(stderr, "%6d KiB: authenticated push+pull %8.1f us: %.2fx the time without\n", kib,
+                 r["pslab_auth"]["push_pull_us"].get<double>(), r["auth_cost"].get<double>());
+  }
+  if (o.heartbeat_cost) {
+    r["pslab_no_heartbeat"] = bench_pslab(floats, o.runs, o.transport, o.server_threads, nullptr, false);
+    r["heartbeat_cost"] = us / r["pslab_no_heartbeat"]["push_pull_us"].get<double>();
+    std::fprintf(stderr, "%6d KiB: push+pull without heartbeats %8.1f us: heartbeats cost %.3fx\n", kib,
+                 r["pslab_no_heartbeat"]["push_pull_us"].get<double>(), r["heartbeat_cost"].get<double>());
+  }
+  for (const std::string& codec : o.codecs) {
+    auto c = bench_pslab(floats, o.runs, o.transport, o.server_threads, nullptr, true, codec);
+    c["gain_over_f32"] = us / c["push_pull_us"].get<double>();
+    std::fprintf(stderr, "%6d KiB: push+pull with %s pushes %8.1f us: %.2fx f32's speed\n", kib, codec.c_str(),
+                 c["push_pull_us"].get<double>(), c["gain_over_f32"].get<double>());
+    r["pslab_" + codec] = c;
+  }
+}
+
+nlohmann::ordered_json measure(int kib, const Options& o, const comm::RunKey& key) {
+  const std::size_t floats = std::size_t(kib) * 1024 / 4;
+  nlohmann::ordered_json r{{"size_kib", kib}, {"floats", floats}};
+  r["pslab"] = bench_pslab(floats, o.runs, o.transport, o.server_threads);
+  r["raw_zmq"] = bench_raw(floats * 4, o.runs, o.transport);
+  r["raw_zmq_tcp"] = o.transport == "tcp" ? r["raw_zmq"] : bench_raw(floats * 4, o.runs, "tcp");
+  r["server_apply"] = bench_apply(floats, o.runs);
+  if (o.floor) add_floor(r, kib, floats, o);
+  add_variants(r, kib, floats, o, key);
+  const double us = r["pslab"]["push_pull_us"].get<double>(), tcp_us = r["raw_zmq_tcp"]["round_trip_us"].get<double>();
+  r["raw_zmq_tcp_over_pslab"] = tcp_us / us;  // > 1: pslab's round trip is faster than a bare TCP echo
+  std::fprintf(stderr, "%6d KiB: push+pull %8.1f us  %5.2f GB/s | push, pull %8.1f us | raw zmq %8.1f us %5.2f GB/s | "
+               "raw zmq tcp / pslab %.2fx | apply %5.2f GB/s, memcpy %5.2f GB/s\n",
+               kib, us, r["pslab"]["push_pull_GBps"].get<double>(), r["pslab"]["push_then_pull_us"].get<double>(),
+               r["raw_zmq"]["round_trip_us"].get<double>(), r["raw_zmq"]["GBps"].get<double>(), tcp_us / us,
+               r["server_apply"]["apply_GBps"].get<double>(), r["server_apply"]["memcpy_GBps"].get<double>());
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pslab parameter-server transfer benchmark (1 server x 1 worker on this host)"};
+  Options o;
+  add_options(app, o);
   CLI11_PARSE(app, argc, argv);
-  for (int kib : sizes_kib)
-    if (floor && (floor_pieces < 1 || (std::size_t(kib) * 256) % std::size_t(floor_pieces) != 0)) {
-      std::fprintf(stderr, "bench_ps: --floor-pieces %d does not divide the %d KiB tensor's %zu floats\n", floor_pieces, kib,
+  for (int kib : o.sizes_kib)
+    if (o.floor && (o.floor_pieces < 1 || (std::size_t(kib) * 256) % std::size_t(o.floor_pieces) != 0)) {
+      std::fprintf(stderr, "bench_ps: --floor-pieces %d does not divide the %d KiB tensor's %zu floats\n", o.floor_pieces, kib,
                    std::size_t(kib) * 256);
       return 2;
     }
   const comm::RunKey key = comm::make_run_key();
-
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
-  for (int kib : sizes_kib) {
-    const std::size_t floats = std::size_t(kib) * 1024 / 4;
-    nlohmann::ordered_json r{{"size_kib", kib}, {"floats", floats}};
-    r["pslab"] = bench_pslab(floats, runs, transport, server_threads);
-    r["raw_zmq"] = bench_raw(floats * 4, runs, transport);
-    r["raw_zmq_tcp"] = transport == "tcp" ? r["raw_zmq"] : bench_raw(floats * 4, runs, "tcp");
-    r["server_apply"] = bench_apply(floats, runs);
-    if (floor) {
-      const double us = r["pslab"]["push_pull_us"].get<double>();
-      r["floor"] = bench_raw(floats * 4, runs, transport, true, 1);
-      r["floor_pipelined"] = bench_raw(floats * 4, runs, transport, true, floor_pieces);
-      r["floor_pipelined"]["pieces"] = floor_pieces;
-      const double f1 = r["floor"]["round_trip_us"].get<double>(), fp = r["floor_pipelined"]["round_trip_us"].get<double>();
-      r["floor_over_pslab"] = f1 / us;
-      std::fprintf(stderr, "%6d KiB: floor (raw echo + checksums, SGD, copy) %8.1f us = %.2fx raw's speed; in %d pieces "
-                   "%8.1f us = %.2fx raw's; pslab at %.2fx the floor's speed\n", kib, f1,
-                   r["raw_zmq"]["round_trip_us"].get<double>() / f1, floor_pieces, fp,
-                   r["raw_zmq"]["round_trip_us"].get<double>() / fp, f1 / us);
-    }
-    if (auth) {
-      r["pslab_auth"] = bench_pslab(floats, runs, transport, server_threads, &key);
-      r["auth_cost"] = r["pslab_auth"]["push_pull_us"].get<double>() / r["pslab"]["push_pull_us"].get<double>();
-      std::fprintf(stderr, "%6d KiB: authenticated push+pull %8.1f us: %.2fx the time without\n", kib,
-                   r["pslab_auth"]["push_pull_us"].get<double>(), r["auth_cost"].get<double>());
-    }
-    if (heartbeat_cost) {
-      r["pslab_no_heartbeat"] = bench_pslab(floats, runs, transport, server_threads, nullptr, false);
-      r["heartbeat_cost"] = r["pslab"]["push_pull_us"].get<double>() / r["pslab_no_heartbeat"]["push_pull_us"].get<double>();
-      std::fprintf(stderr, "%6d KiB: push+pull without heartbeats %8.1f us: heartbeats cost %.3fx\n", kib,
-                   r["pslab_no_heartbeat"]["push_pull_us"].get<double>(), r["heartbeat_cost"].get<double>());
-    }
-    for (const std::string& codec : codecs) {
-      auto c = bench_pslab(floats, runs, transport, server_threads, nullptr, true, codec);
-      const double gain = r["pslab"]["push_pull_us"].get<double>() / c["push_pull_us"].get<double>();
-      c["gain_over_f32"] = gain;
-      std::fprintf(stderr, "%6d KiB: push+pull with %s pushes %8.1f us: %.2fx f32's speed\n", kib, codec.c_str(),
-                   c["push_pull_us"].get<double>(), gain);
-      r["pslab_" + codec] = c;
-    }
-    const double us = r["pslab"]["push_pull_us"].get<double>(), tcp_us = r["raw_zmq_tcp"]["round_trip_us"].get<double>();
-    r["raw_zmq_tcp_over_pslab"] = tcp_us / us;  // > 1: pslab's round trip is faster than a bare TCP echo
-    std::fprintf(stderr, "%6d KiB: push+pull %8.1f us  %5.2f GB/s | push, pull %8.1f us | raw zmq %8.1f us %5.2f GB/s | "
-                 "raw zmq tcp / pslab %.2fx | apply %5.2f GB/s, memcpy %5.2f GB/s\n",
-                 kib, us, r["pslab"]["push_pull_GBps"].get<double>(), r["pslab"]["push_then_pull_us"].get<double>(),
-                 r["raw_zmq"]["round_trip_us"].get<double>(), r["raw_zmq"]["GBps"].get<double>(), tcp_us / us,
-                 r["server_apply"]["apply_GBps"].get<double>(), r["server_apply"]["memcpy_GBps"].get<double>());
-    results.push_back(r);
-  }
-  nlohmann::ordered_json out{{"benchmark", "ps_push_pull"}, {"transport", transport}, {"server_threads", server_threads},
-                             {"auth", auth}, {"heartbeat_cost", heartbeat_cost}, {"floor", floor}, {"codecs", codecs}, {"runs", runs},
+  for (int kib : o.sizes_kib) results.push_back(measure(kib, o, key));
+  nlohmann::ordered_json out{{"benchmark", "ps_push_pull"}, {"transport", o.transport}, {"server_threads", o.server_threads},
+                             {"auth", o.auth}, {"heartbeat_cost", o.heartbeat_cost}, {"floor", o.floor}, {"codecs", o.codecs},
+                             {"runs", o.runs},
                              {"metric", "median over runs of the mean time per request; GB/s counts bytes pushed + bytes pulled"},
                              {"results", results}};
   std::printf("%s\n", out.dump(2).c_str());
-  if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+  if (!o.json_path.empty()) std::ofstream(o.json_path) << out.dump(2) << "\n";
 }

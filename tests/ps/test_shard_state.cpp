@@ -15,7 +15,7 @@
 #include "ps/shard_state.h"
 #include "comm/wire.h"
 #include "core/rng.h"
-#include "local_worker.h"
+#include "roles/local_worker.h"
 
 using namespace pslab;
 

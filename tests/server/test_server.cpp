@@ -197,26 +197,60 @@ TEST_P(BadInput, EveryKindIsCountedAnsweredAndLeavesThetaBitwiseUnchanged) {
 // message is counted as bad input exactly once (by reason); θ is bitwise unchanged. Mutations
 // that happen to decode as a Hello are not sent (an unauthenticated Hello is issue 13's
 // authentication, tested on its own).
+namespace storm {
+
+// n TCP connections to `endpoint` that never speak ZeroMQ's greeting (every other one sends the
+// start of one, then nothing).
+std::vector<int> half_open_connections(const std::string& endpoint, int n) {
+  std::vector<int> fds;
+  const int port = std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+  for (int i = 0; i < n; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(std::uint16_t(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
+    if (i % 2) EXPECT_EQ(::send(fd, "\xff\0\0", 3, MSG_NOSIGNAL), 3);
+    fds.push_back(fd);
+  }
+  return fds;
+}
+
+// One message of the storm: a header of `body`, mutated one of five ways (or intact), with a
+// payload, an extra frame or (huge_ok) an 8 MiB frame now and then.
+std::vector<std::string> frames(wire::Encoder& enc, const wire::Body& body, Rng& rng, const std::string& payload,
+                                const std::string& huge, bool huge_ok) {
+  auto below = [&](std::uint64_t n) { return std::size_t(rng.next() % n); };
+  const auto h = enc.encode(wire::Header{int(below(5)) - 2, int(below(3)) - 1, body});
+  std::string head(reinterpret_cast<const char*>(h.data()), h.size());
+  switch (below(6)) {
+    case 0:  // bytes flipped
+      for (std::size_t k = 0, n = 1 + below(4); k < n; ++k) head[below(head.size())] ^= char(1 + below(255));
+      break;
+    case 1: head.resize(below(head.size())); break;  // cut
+    case 2: head += std::string(1 + below(64), char(below(256))); break;  // appended
+    case 3: {  // noise
+      head.resize(below(300));
+      for (char& c : head) c = char(below(256));
+      break;
+    }
+    default: break;  // intact: refused all the same (no Hello on this connection)
+  }
+  std::vector<std::string> f = {head};
+  if (std::holds_alternative<wire::Push>(body) ? below(4) != 0 : below(8) == 0) f.push_back(payload);
+  if (below(16) == 0) f.push_back("extra");
+  if (huge_ok && below(2000) == 0) f.push_back(huge);  // 8 MiB of garbage: read and counted too
+  return f;
+}
+
+}  // namespace storm
+
 TEST_P(BadInput, AStormOfMutatedMessagesIsCountedAndChangesNothing) {
   const std::vector<float> before = theta();
   const long bytes_in_before = nlohmann::json::parse(evaluator->stats(0))["bytes_in"].get<long>();
-  std::vector<int> half_open;  // TCP connections that never speak ZeroMQ's greeting
-  if (GetParam() == "tcp") {
-    const std::string ep = cluster->endpoints[0];
-    const int port = std::stoi(ep.substr(ep.rfind(':') + 1));
-    for (int i = 0; i < 50; ++i) {
-      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_port = htons(std::uint16_t(port));
-      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
-      if (i % 2) {  // the start of a greeting, then nothing
-        ASSERT_EQ(::send(fd, "\xff\0\0", 3, MSG_NOSIGNAL), 3);
-      }
-      half_open.push_back(fd);
-    }
-  }
+  const std::vector<int> half_open = GetParam() == "tcp" ? storm::half_open_connections(cluster->endpoints[0], 50)
+                                                         : std::vector<int>{};
   const std::vector<float> g(P, 0.25f);
   const std::uint64_t gsum = wire::checksum(g.data(), P);
   const std::vector<wire::Body> bodies = {
@@ -224,45 +258,23 @@ TEST_P(BadInput, AStormOfMutatedMessagesIsCountedAndChangesNothing) {
       wire::PushAck{1, 1}, wire::Beat{2}, wire::KvGet{"k", 10}, wire::Error{wire::ErrorCode::protocol, "x"}};
   const std::string payload(reinterpret_cast<const char*>(g.data()), 4 * P);
   const std::string huge(std::size_t(8) << 20, '\x5a');  // far more than this shard's 4 * P bytes
-  long huge_sent = 0;
   Rng rng(2026);
-  auto below = [&](std::uint64_t n) { return std::size_t(rng.next() % n); };
-  long sent = 0;
-  const int storm = 100000;
-  for (int i = 0; i < storm; ++i) {
-    const wire::Body& b = bodies[below(bodies.size())];
-    const auto h = enc.encode(wire::Header{int(below(5)) - 2, int(below(3)) - 1, b});
-    std::string head(reinterpret_cast<const char*>(h.data()), h.size());
-    std::vector<std::string> frames;
-    switch (below(6)) {
-      case 0:  // bytes flipped
-        for (std::size_t k = 0, n = 1 + below(4); k < n; ++k) head[below(head.size())] ^= char(1 + below(255));
-        break;
-      case 1: head.resize(below(head.size())); break;  // cut
-      case 2: head += std::string(1 + below(64), char(below(256))); break;  // appended
-      case 3: {  // noise
-        head.resize(below(300));
-        for (char& c : head) c = char(below(256));
-        break;
-      }
-      default: break;  // intact: refused all the same (no Hello on this connection)
-    }
-    frames.push_back(head);
-    if (std::holds_alternative<wire::Push>(b) ? below(4) != 0 : below(8) == 0) frames.push_back(payload);
-    if (below(16) == 0) frames.push_back("extra");
-    if (!packets && below(2000) == 0) frames.push_back(huge);  // 8 MiB of garbage: read and counted too
+  long sent = 0, huge_sent = 0;
+  const int storm_size = 100000;
+  for (int i = 0; i < storm_size; ++i) {
+    const auto f = storm::frames(enc, bodies[rng.next() % bodies.size()], rng, payload, huge, !packets);
     std::string why;
-    const auto d = wire::decode(head.data(), head.size(), why);
+    const auto d = wire::decode(f[0].data(), f[0].size(), why);
     if (d && std::holds_alternative<wire::Hello>(d->body)) continue;
     if (packets) {
-      packets->send(frames);
+      packets->send(f);
     } else {
-      for (std::size_t k = 0; k < frames.size(); ++k)
-        ASSERT_TRUE(raw->send(zmq::buffer(frames[k]), k + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none))
+      for (std::size_t k = 0; k < f.size(); ++k)
+        ASSERT_TRUE(raw->send(zmq::buffer(f[k]), k + 1 < f.size() ? zmq::send_flags::sndmore : zmq::send_flags::none))
             << "message " << i << ": the server took nothing for 10 s";
     }
     ++sent;
-    huge_sent += frames.back().size() == huge.size();
+    huge_sent += f.back().size() == huge.size();
   }
   // Every message counted, once: wait until the server has seen them all.
   nlohmann::json stats;
@@ -272,10 +284,8 @@ TEST_P(BadInput, AStormOfMutatedMessagesIsCountedAndChangesNothing) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_EQ(stats["bad_total"].get<long>(), sent) << stats.dump();
-  EXPECT_GT(sent, storm * 9 / 10);
-  if (!packets) {
-    EXPECT_GT(huge_sent, 20) << "the storm sent too few 8 MiB frames to show they are counted";
-  }
+  EXPECT_GT(sent, storm_size * 9 / 10);
+  if (!packets) EXPECT_GT(huge_sent, 20) << "the storm sent too few 8 MiB frames to show they are counted";
   // Their bytes count as bad input, not as traffic the run moved (bytes_pushed in the summary).
   EXPECT_GT(stats["bytes_bad"].get<long>(), 1000000) << stats.dump();
   EXPECT_LT(stats["bytes_in"].get<long>() - bytes_in_before, 100000) << stats.dump();

@@ -13,7 +13,7 @@
 #include "core/replica.h"
 #include "core/sampler.h"
 #include "harness.h"
-#include "local_worker.h"
+#include "roles/local_worker.h"
 #include "ps/client.h"
 #include "roles.h"
 #include "run/config.h"

@@ -12,7 +12,7 @@
 #include "core/replica.h"
 #include "core/sampler.h"
 #include "run/setup.h"
-#include "train_single.h"
+#include "roles.h"
 
 using namespace pslab;
 

@@ -9,7 +9,7 @@
 //
 // A push's clock counts the worker's pushes. Host buffers: θ_pulled and the pushed change, P
 // floats each, allocated once.
-#include "local_worker.h"
+#include "roles/local_worker.h"
 
 #include <vector>
 

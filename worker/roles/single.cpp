@@ -1,7 +1,7 @@
 // Single-process training, the mainline: load data, build the model, then every step compute
 // the gradient and step the optimizer (with train.accumulate = N, every N steps, on the mean of
 // their gradients); evaluate at every epoch's end.
-#include "train_single.h"
+#include "roles.h"
 
 #include "core/optimizer.h"
 #include "grad_accumulator.h"

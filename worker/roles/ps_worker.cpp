@@ -3,7 +3,7 @@
 // cluster.overlap each shard's push leaves as soon as backward has finished that shard.
 // Rules that average models (local:H, easgd) run worker/local_worker.cpp's loop instead.
 #include "grad_accumulator.h"
-#include "local_worker.h"
+#include "roles/local_worker.h"
 #include "ps/client.h"
 #include "role_context.h"
 #include "run/setup.h"
