@@ -143,6 +143,23 @@ def cmd_run(a):
 def main(argv=None, prog="launch.py"):
     ap = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
+    for add in (add_run, add_resume, add_calibrate, add_replay, add_task, add_remote, add_probe):
+        add(sub)
+    a = ap.parse_args(argv)
+    try:
+        return dispatch(a)
+    except UsageError as e:
+        msg = str(e)
+        print(msg if msg.startswith("pslab_worker:") else f"launch.py: error: {msg}", file=sys.stderr)
+        if msg.startswith("pslab_worker:"):
+            print("launch.py: the config is invalid; nothing was started", file=sys.stderr)
+        return 2
+    except Interrupted as e:
+        warn(f"interrupted by {e}; every process of the run was stopped")
+        return 128 + e.signum
+
+
+def add_run(sub):
     r = sub.add_parser("run", help="run an experiment config (a sweep: one run per point)",
                        description="Run an experiment config; a sweep runs one point after the other. "
                                    "See `launch.py --help` for the run directories, the launchers, the "
@@ -151,7 +168,7 @@ def main(argv=None, prog="launch.py"):
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a key for every run, e.g. --set optimizer.lr=0.05 (TOML value; repeatable); "
                         "applied before the sweep expands, so --set cluster.mode=bsp on a mode sweep runs bsp alone")
-    r.add_argument("--runs-dir", help="the directory that holds <name>/<YYYYmmdd-HHMMSS>/ (default: <repo>/runs)")
+    r.add_argument("--runs-dir", help="the directory that holds <name>/<YYYYmmdd-HHMMSS>/ (default: ./runs, where the launcher is started)")
     r.add_argument("--build-dir", help="build directory with worker/pslab_worker and server/pslab_server "
                                        "(default: $PSLAB_BUILD, else <repo>/build)")
     r.add_argument("--dry-run", action="store_true", help="print every process's command line; start, create or write nothing")
@@ -164,6 +181,9 @@ def main(argv=None, prog="launch.py"):
     r.add_argument("--base-port", type=int, default=None,
                    help="ssh / slurm: process i listens on BASE + i (default: ports chosen per run: ssh: free ports "
                         "asked of each host; Slurm: a window of 64 ports in 20000-31999 from the job and step ids)")
+
+
+def add_resume(sub):
     u = sub.add_parser("resume", help="go on with a stopped or failed run from its servers' checkpoints",
                        description="Go on with a run that was stopped (Ctrl-C) or failed, in its own directory: "
                                    "the servers start from RUN_DIR/checkpoints/ (written every checkpoint.every_s "
@@ -177,17 +197,23 @@ def main(argv=None, prog="launch.py"):
     u.add_argument("--max-minutes", type=float, default=60.0, help="wall-clock guard (default 60)")
     u.add_argument("--base-port", type=int, default=None, help="ssh / slurm: process i listens on BASE + i "
                                                                    "(default: ports chosen per run, as for run)")
+
+
+def add_calibrate(sub):
     c = sub.add_parser("calibrate", help="measure the virtual cluster's cost model on this machine",
                        description=__import__("launcher.calibrate", fromlist=["x"]).__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("config", help="experiment config (TOML): its workers, servers, transport and placement are measured")
     c.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key (as for run)")
     c.add_argument("--steps", type=int, default=200, help="steps per calibration run (default 200)")
-    c.add_argument("--runs-dir", help="where runs/calibration/<name>/<stamp>/ goes (default: <repo>/runs)")
+    c.add_argument("--runs-dir", help="where runs/calibration/<name>/<stamp>/ goes (default: ./runs, where the launcher is started)")
     c.add_argument("--out", help="the calibration file (default: calibration.json in the calibration runs' directory)")
     c.add_argument("--build-dir", help="build directory (default: $PSLAB_BUILD, else <repo>/build)")
     c.add_argument("--max-minutes", type=float, default=10.0, help="wall-clock guard per run (default 10)")
     c.add_argument("--base-port", type=int, default=None, help="ssh / slurm: fixed ports (as for run)")
+
+
+def add_replay(sub):
     y = sub.add_parser("replay", help="re-execute a finished parameter-server run's recorded order; same final θ",
                        description="Re-executes, in the virtual cluster (one process), the order in which each server "
                                    "of a finished bsp/ssp/asp run applied pushes and served pulls (RUN_DIR/trace/, "
@@ -199,6 +225,9 @@ def main(argv=None, prog="launch.py"):
     y.add_argument("--build-dir", help="build directory (default: $PSLAB_BUILD, else <repo>/build)")
     y.add_argument("--no-plots", action="store_true", help="do not draw plots")
     y.add_argument("--max-minutes", type=float, default=60.0, help="wall-clock guard (default 60)")
+
+
+def add_task(sub):
     t = sub.add_parser("task", help="one task of a Slurm run (srun starts it; not for direct use)",
                        description="One task of a Slurm run: reads SLURM_PROCID, SLURM_NTASKS and the node list, "
                                    "and execs the binary of its role with its output in RUN_DIR/logs/.")
@@ -206,6 +235,9 @@ def main(argv=None, prog="launch.py"):
     t.add_argument("--print", action="store_true", help="print this task's command instead of running it")
     t.add_argument("--hosts", help="the node list, comma-separated (default: `scontrol show hostnames` of "
                                    "SLURM_STEP_NODELIST or SLURM_JOB_NODELIST)")
+
+
+def add_remote(sub):
     m = sub.add_parser("remote", help="the far end of an ssh-started process (ssh runs it; not for direct use)",
                        description="Runs ARGV in a process group of its own with its output in LOG, ends the group "
                                    "when stdin says \"stop\" or ends (the launcher stopped or the connection dropped) "
@@ -213,39 +245,35 @@ def main(argv=None, prog="launch.py"):
     m.add_argument("--log", required=True, help="the process's log on this host (the run directory's logs/NAME.log)")
     m.add_argument("--append", action="store_true", help="append to LOG (a resumed run)")
     m.add_argument("argv", nargs=argparse.REMAINDER, help="-- the command")
+
+
+def add_probe(sub):
     q = sub.add_parser("probe", help="print this host's address and free ports as JSON (ssh runs it; not for direct use)")
     q.add_argument("--ports", type=int, default=0, help="how many free ports to choose")
     q.add_argument("--address", help="the address or interface named for this host (cluster.addresses, cluster.interface)")
-    a = ap.parse_args(argv)
-    try:
-        if a.command == "task":
-            return run_task(a.run_dir, a.hosts, a.print)
-        if a.command == "remote":
-            argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
-            if not argv:
-                raise UsageError("remote: no command after --")
-            from launcher.remote import run_remote
-            return run_remote(argv, a.log, a.append)
-        if a.command == "probe":
-            return probe_main(a.address, a.ports)
-        catch_signals()
-        if a.command == "resume":
-            return resume_run(a.run_dir, find_binaries(a.build_dir), a)
-        if a.command == "calibrate":
-            from launcher.calibrate import calibrate
-            return calibrate(pathlib.Path(a.config), find_binaries(a.build_dir), a)
-        if a.command == "replay":
-            return replay_run(a.run_dir, find_binaries(a.build_dir), a)
-        return cmd_run(a)
-    except UsageError as e:
-        msg = str(e)
-        print(msg if msg.startswith("pslab_worker:") else f"launch.py: error: {msg}", file=sys.stderr)
-        if msg.startswith("pslab_worker:"):
-            print("launch.py: the config is invalid; nothing was started", file=sys.stderr)
-        return 2
-    except Interrupted as e:
-        warn(f"interrupted by {e}; every process of the run was stopped")
-        return 128 + e.signum
+
+
+def dispatch(a):
+    """Runs the parsed subcommand; returns the exit status."""
+    if a.command == "task":
+        return run_task(a.run_dir, a.hosts, a.print)
+    if a.command == "remote":
+        argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
+        if not argv:
+            raise UsageError("remote: no command after --")
+        from launcher.remote import run_remote
+        return run_remote(argv, a.log, a.append)
+    if a.command == "probe":
+        return probe_main(a.address, a.ports)
+    catch_signals()
+    if a.command == "resume":
+        return resume_run(a.run_dir, find_binaries(a.build_dir), a)
+    if a.command == "calibrate":
+        from launcher.calibrate import calibrate
+        return calibrate(pathlib.Path(a.config), find_binaries(a.build_dir), a)
+    if a.command == "replay":
+        return replay_run(a.run_dir, find_binaries(a.build_dir), a)
+    return cmd_run(a)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ RUN_DIR/plots for one run, ./plots for several):
   convergence.png  test accuracy and training loss vs wall-clock time and vs epochs (2x2);
                    dashed line: target accuracy (eval.target_acc); dot: where a run first reaches it
   seeds.png        when runs repeat over seeds (seed = [1, 2, 3]): test accuracy against epochs and
-                   against time, per run without its seed, as the mean over the seeds with a band
-                   from the lowest to the highest
+                   against time since each run's first step (start-ups differ from seed to seed),
+                   per run without its seed, as the mean over the seeds with a band from the
+                   lowest to the highest
   bytes.png        test accuracy against the bytes pushed so far (the servers' count over the
                    run, spread over its evaluations by the samples applied): what each codec or
                    mode pays on the wire for its accuracy (only when the runs pushed bytes)
@@ -86,6 +87,7 @@ class Run:
         self.stragglers = set(self.cfg.get("straggler", {}).get("workers", [])) \
             if self.cfg.get("straggler", {}).get("slowdown", 1.0) > 1.0 else set()
         self.train, self.evals, self.finals = {}, [], []
+        self.first_step_t = None  # when the first worker began its first step (runs before "start" lines: None)
         for f in sorted(metrics.glob("*.jsonl")):
             for r in read_jsonl(f):
                 kind = r.get("kind")
@@ -95,6 +97,8 @@ class Run:
                     self.evals.append(r)
                 elif kind == "server_final":
                     self.finals.append(r)
+                elif kind == "start":
+                    self.first_step_t = min(r["t"], self.first_step_t if self.first_step_t is not None else r["t"])
         for rows in self.train.values():
             rows.sort(key=lambda r: r["t"])
         self.evals.sort(key=lambda r: r["t"])
@@ -266,7 +270,8 @@ def plot_seeds(runs, out):
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     cmap = plt.get_cmap("tab10")
     for i, (name, rs) in enumerate(sorted(groups.items())):
-        curves = [[(e["epoch"], e["t"], 100 * e["test_acc"]) for e in r.evals if "test_acc" in e] for r in rs]
+        curves = [[(e["epoch"], e["t"] - (r.first_step_t or 0.0), 100 * e["test_acc"]) for e in r.evals if "test_acc" in e]
+                  for r in rs]
         curves = [c for c in curves if len(c) >= 2]
         if len(curves) < 2:
             continue
@@ -277,7 +282,7 @@ def plot_seeds(runs, out):
             ax.plot(grid, ys.mean(axis=0), color=cmap(i % 10), lw=1.8, label=f"{name} ({len(curves)} seeds)")
             ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=cmap(i % 10), alpha=0.2)
     for ax, xl in ((axes[0], "epochs (passes over the training set, all workers)"),
-                   (axes[1], "wall-clock time since run start (s)")):
+                   (axes[1], "wall-clock time since the run's first step (s)")):
         ax.set_xlabel(xl)
         ax.set_ylabel("test accuracy (%)")
         ax.grid(alpha=0.3)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing and builds (experiments/setup.sh), then compares the
 # consistency modes (allreduce, bsp, ssp:2, asp) on Fashion-MNIST with one straggler
-# (experiments/configs/default.toml) and says where the comparison table and plots are.
+# (experiments/configs/default.toml) into ./runs/compare/ and says where the comparison table and
+# plots are.
 # Extra arguments go to the launcher, e.g. --set train.epochs=1 or --max-minutes 20.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -13,7 +14,7 @@ status=0
   --build-dir "$root/build" --keep-going "$@" || status=$?
 if ((status == 2 || status == 130 || status == 143)); then exit "$status"; fi  # nothing (more) to show
 
-latest="$root/runs/compare/latest"
+latest="$PWD/runs/compare/latest"  # the launcher writes ./runs where it is started
 if [[ -d "$latest" ]]; then
   dir=$(cd "$latest" && pwd -P)
   echo "[quickstart] comparison table: $dir/comparison.md (and comparison.csv)"

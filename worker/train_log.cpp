@@ -12,6 +12,11 @@ TrainLog::TrainLog(MetricsWriter& metrics, Progress& progress, int rank, int log
       window_start_(metrics.now()) {}
 
 void TrainLog::add(long step, double epoch, const StepRecord& r, bool force) {
+  if (!started_) {
+    started_ = true;
+    const double took = r.compute_s + r.comm_s + r.wait_s + r.delay_s;
+    metrics_.write({{"kind", "start"}, {"worker", rank_}, {"step", step}}, std::max(0.0, metrics_.now() - took));
+  }
   if (!std::isfinite(r.loss) && !diverged_) {
     diverged_ = true;
     std::fprintf(stderr,

@@ -5,6 +5,9 @@
 // (allreduce mode: allreduce_bytes, the running total this rank all-reduced)
 // (times are means per step over the window, in milliseconds; wait_ms is the part of
 // comm_ms that a server held the request for consistency; delay_ms is injected straggling).
+// The first step this process takes is marked by {"kind": "start", "worker", "step", "t"}, t when
+// that step began (its end less its compute, comm, wait and delay): plots put the runs of
+// several seeds on one time axis from there, whatever their start-up took.
 // The first step whose loss is not finite is reported once: a warning on stderr and a
 // metrics line {"kind": "diverged", "worker", "step", "epoch"}.
 #pragma once
@@ -43,7 +46,7 @@ class TrainLog {
   StepRecord sum_;
   int n_ = 0;
   long allreduce_bytes_ = 0;  // since the start
-  bool diverged_ = false;
+  bool diverged_ = false, started_ = false;
   double window_start_;
 };
 

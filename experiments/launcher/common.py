@@ -8,9 +8,9 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def default_runs_dir():
-    """Where runs go without --runs-dir: <checkout>/runs; for an installed pslab (cmake --install,
-    which leaves share/pslab/.installed), ./runs."""
-    return pathlib.Path.cwd() / "runs" if (REPO / ".installed").exists() else REPO / "runs"
+    """Where runs go without --runs-dir: ./runs, in the directory the launcher was started in
+    (from a checkout or installed); the launcher prints the run directory before anything starts."""
+    return pathlib.Path.cwd() / "runs"
 
 
 def is_loopback(addr):

@@ -26,7 +26,7 @@ MetricsWriter::~MetricsWriter() {
   if (f_) std::fclose(f_);
 }
 
-double MetricsWriter::now() const { return sim_now_ ? *sim_now_ : clock_.unix_s() - run_start_; }
+double MetricsWriter::now() const { return clock_.unix_s() - run_start_; }
 
 void MetricsWriter::write(const nlohmann::ordered_json& record, double t) {
   char stamp[32];

@@ -25,10 +25,8 @@ class MetricsWriter {
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
 
-  // Seconds since the run's start (or, after use_clock, the simulated time it points at).
+  // Seconds since the run's start, by the clock (simulated in the virtual cluster).
   double now() const;
-  // The virtual cluster: times are *sim_now_s, simulated seconds since the run's start, from now on.
-  void use_clock(const double* sim_now_s) { sim_now_ = sim_now_s; }
   // Writes `record` with "t" (seconds since run start) added as the first key. Buffered;
   // flushed by flush(), every `flush_every_s` of writes and at destruction.
   void write(const nlohmann::ordered_json& record) { write(record, now()); }
@@ -44,7 +42,6 @@ class MetricsWriter {
   const RunClock& clock_;
   double run_start_;
   double last_flush_;
-  const double* sim_now_ = nullptr;
   static constexpr double flush_every_s = 1.0;
 };
 

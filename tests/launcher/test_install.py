@@ -43,11 +43,19 @@ class Install(LauncherTestCase):
         r = pslab("plot", run, "--out", work / "plots")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertTrue((work / "plots" / "convergence.png").read_bytes().startswith(PNG_MAGIC))
-        # from the checkout: the same command
-        r = subprocess.run([str(REPO / "experiments" / "pslab"), "run", TINY, "--dry-run"], cwd=self.tmp,
+        # from the checkout, started in another directory: the runs go to ./runs there, and the
+        # first line says where
+        elsewhere = self.tmp / "elsewhere"
+        elsewhere.mkdir()
+        r = subprocess.run([str(REPO / "experiments" / "pslab"), "run", TINY, "--dry-run"], cwd=elsewhere,
                            env=self.env, capture_output=True, text=True)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("[server0@local]", r.stdout)
+        r = subprocess.run([str(REPO / "experiments" / "pslab"), "run", TINY, "--no-plots"], cwd=elsewhere,
+                           env=self.env, capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn(str(elsewhere / "runs" / "tiny"), r.stdout.splitlines()[0])
+        self.assertTrue(any((elsewhere / "runs" / "tiny").glob("*/run/summary.json")))
 
 
 if __name__ == "__main__":

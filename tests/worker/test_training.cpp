@@ -119,10 +119,18 @@ TEST(Training, RunSingleLearnsLogisticAndWritesMetrics) {
   std::ifstream f(dir / "metrics/worker0.jsonl");
   std::string line;
   int train_lines = 0, eval_lines = 0;
+  std::vector<nlohmann::json> starts;
   while (std::getline(f, line)) {
     const auto j = nlohmann::json::parse(line);
     ASSERT_TRUE(j.contains("t"));
+    if (j["kind"] == "start") starts.push_back(j);
     if (j["kind"] == "train") {
+      if (train_lines == 0) {  // the first step began before the first window ended, after the start-up
+        ASSERT_EQ(starts.size(), 1u);
+        EXPECT_EQ(starts[0]["step"], 0);
+        EXPECT_LT(starts[0]["t"].get<double>(), j["t"].get<double>());
+        EXPECT_GT(starts[0]["t"].get<double>(), 0.0);
+      }
       ++train_lines;
       EXPECT_TRUE(j.contains("samples_per_s"));
     }
@@ -133,6 +141,7 @@ TEST(Training, RunSingleLearnsLogisticAndWritesMetrics) {
   }
   EXPECT_EQ(eval_lines, 5);
   EXPECT_GE(train_lines, 5);
+  EXPECT_EQ(starts.size(), 1u);
   std::filesystem::remove_all(dir);
 }
 
