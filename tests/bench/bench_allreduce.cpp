@@ -81,7 +81,10 @@ nlohmann::ordered_json run_rank(int rank, int W, const std::string& ep, const st
   o.coordinator = ep_train;
   o.out_dir = "/tmp/pslab_bench_allreduce_rank" + std::to_string(rank) + "_" + std::to_string(::getpid());
   o.progress = false;
-  o.transport = transport.get();
+  // The rank's own transport, as pslab_worker makes it from cluster.transport: its name picks the
+  // host collective (shm, auto: shared memory; tcp, ipc: Gloo).
+  const auto train_transport = comm::make_transport(how);
+  o.transport = train_transport.get();
   run_allreduce_worker(cfg, o);
   std::vector<double> rate, compute, comm;
   std::ifstream f(o.out_dir + "/metrics/worker" + std::to_string(rank) + ".jsonl");
@@ -134,9 +137,12 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  const auto transport = comm::make_transport("tcp");  // for addresses only
+  // Addresses only: the collectives' rendezvous over TCP, the training ranks' over `how` (kept
+  // alive until the ranks are done: an ipc address's directory is the transport's).
+  const auto transport = comm::make_transport("tcp");
+  const auto train_transport = comm::make_transport(how);
   const std::string ep = transport->local_address("coordinator");
-  const std::string ep_train = transport->local_address("coordinator-train");
+  const std::string ep_train = train_transport->local_address("coordinator-train");
   const std::string out0 = "/tmp/pslab_bench_allreduce_" + std::to_string(::getpid()) + ".json";
   std::vector<pid_t> children;
   for (int r = 0; r < ranks; ++r) {
