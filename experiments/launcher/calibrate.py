@@ -27,10 +27,13 @@ def calibrate(config, bins, opts):
     runs_dir = pathlib.Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
     with tempfile.TemporaryDirectory(prefix="pslab-calibrate-") as tmp:
         tmp = pathlib.Path(tmp)
-        base = expand_sweep(bins, config, opts.set or [], tmp)[0]
+        points = expand_sweep(bins, config, opts.set or [], tmp)
+        base = points[0]
         off = [f"train.steps={opts.steps}"]
         launcher = [] if base.launcher != "virtual" else ['cluster.launcher="local"']
-        servers = max(base.servers, base.plan.get("servers", 0)) or 1
+        # The servers of the config's PS runs (an all-reduce point has none: the first point of
+        # the default comparison is one); the round trip is fitted per shard of that many.
+        servers = next((p.servers for p in points if p.uses_servers), 0) or 1
         asp = replan(bins, base, off + launcher + ['cluster.mode="asp"', f"cluster.servers={servers}"], tmp)
         allreduce = replan(bins, base, off + launcher + ['cluster.mode="allreduce"'], tmp)
     inv = new_invocation_dir(runs_dir / "calibration", base.name)

@@ -49,6 +49,30 @@ class Virtual(LauncherTestCase):
         for name in ("server0.jsonl", "worker3.jsonl"):
             self.assertEqual((inv / "mode=asp" / "metrics" / name).read_text(), (run2 / "metrics" / name).read_text(), name)
 
+    def test_calibrate_measures_the_configs_own_servers_and_fits_the_cost_model(self):
+        # A sweep whose first point is an all-reduce run (no servers), as the default comparison's:
+        # the asp calibration run still has the 2 servers of the config's PS runs, and the round
+        # trip is fitted per shard of 2.
+        path = self.tiny_variant("cal.toml", [('mode = "bsp"', 'mode = ["allreduce", "asp"]'),
+                                              ("servers = 1", "servers = 2")])
+        out = self.tmp / "cal.json"
+        r = self.launch("calibrate", path, "--steps", "40", "--runs-dir", self.runs, "--out", out)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("asp with 2 server(s)", r.stdout)
+        c = json.loads(out.read_text())
+        self.assertEqual((c["workers"], c["servers"], c["steps"]), (2, 2, 40))
+        for key in ("virtual.compute_ms", "virtual.bandwidth_gbps", "virtual.allreduce_ms", "virtual.startup_ms"):
+            self.assertGreater(c["set"][key], 0, key)
+        # the fit reproduces the measured round trip of one shard (2 latency + 2 b / bw + b / apply;
+        # loosely: the file rounds the bandwidth to 4 decimals of GB/s, coarse for the tiny shards)
+        b = 4 * 132 / 2  # bytes of one shard: the tiny model's 4 x (32 + 1) parameters over 2 servers
+        s = c["set"]
+        rt_ms = 2 * s["virtual.latency_us"] * 1e-3 + 2 * b / (s["virtual.bandwidth_gbps"] * 1e6) + \
+            b / (s["virtual.apply_gbps"] * 1e6)
+        measured = c["measured_ms_per_step"]["asp"]["comm"]
+        if measured > 2 * s["virtual.latency_us"] * 1e-3 + b / (s["virtual.apply_gbps"] * 1e6):
+            self.assertAlmostEqual(rt_ms, measured, delta=0.3 * measured)
+
     def test_replay_of_a_real_asp_run_ends_on_its_theta_bit_for_bit(self):
         path = self.tiny_variant("asp4.toml", [('mode = "bsp"', 'mode = "asp"'), ("workers = 2", "workers = 4"),
                                                ("servers = 1", "servers = 2")])
