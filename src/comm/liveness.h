@@ -35,9 +35,9 @@ namespace pslab::comm {
 
 class Liveness {
  public:
+  enum class State { alive, held, silent, rejoining, gone };
   using time_point = RunClock::time_point;
   using duration = RunClock::duration;
-  enum class State { alive, held, silent, rejoining, gone };
   struct Options {
     duration silence{};     // watched and silent this long: silent (0: never)
     duration beat_every{};  // a Beat to each peer owed one, this often (0: none)

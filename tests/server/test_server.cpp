@@ -363,27 +363,30 @@ TEST(Timeouts, AWorkerWhoseServerIsGoneFailsNamingTheServer) {
   }
 }
 
-// The clients of workers 0 and 1 of a run of `cfg` on `cluster`, connected: both say Hello at
-// once (the start barrier: each server answers when both have). `hung`: worker 1 sends no
-// heartbeats, as a process that hangs (SIGSTOP) sends nothing.
-std::pair<std::unique_ptr<PsClient>, std::unique_ptr<PsClient>> two_workers(const ExperimentConfig& cfg, Cluster& cluster,
-                                                                            bool hung = false) {
-  PsClient::Options second = client_options(cfg, wire::Role::worker, 1);
-  if (hung) second.heartbeat_s = 0;
-  auto w0 = std::make_unique<PsClient>(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
-  auto w1 = std::make_unique<PsClient>(*cluster.transport, cluster.endpoints, second);
-  std::thread t([&] { w1->connect(); });
-  w0->connect();
-  t.join();
-  return {std::move(w0), std::move(w1)};
-}
+// A run of `cfg` (its servers as threads) and the clients of its workers 0 and 1, connected:
+// both say Hello at once (the start barrier: each server answers when both have). `hung`:
+// worker 1 sends no heartbeats, as a process that hangs (SIGSTOP) sends nothing. P: the
+// model's parameter count. A test takes its parts by name: auto& [cluster, P, w0, w1] = run.
+struct TwoWorkerRun {
+  explicit TwoWorkerRun(const ExperimentConfig& cfg, bool hung = false) : cluster(cfg), P(count_params(model_spec(cfg))) {
+    PsClient::Options second = client_options(cfg, wire::Role::worker, 1);
+    if (hung) second.heartbeat_s = 0;
+    w0 = std::make_unique<PsClient>(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
+    w1 = std::make_unique<PsClient>(*cluster.transport, cluster.endpoints, second);
+    std::thread t([&] { w1->connect(); });
+    w0->connect();
+    t.join();
+  }
+  Cluster cluster;
+  const std::size_t P;
+  std::unique_ptr<PsClient> w0, w1;
+};
 
 TEST(Timeouts, AHeldPullIsAnsweredWithWhomItWaitedFor) {
   ExperimentConfig cfg = test::small_config("bsp", 2, 1);
   cfg.cluster.timeout_s = 0.5;
-  Cluster cluster(cfg);
-  const std::size_t P = count_params(model_spec(cfg));
-  auto [w0, w1] = two_workers(cfg, cluster);
+  TwoWorkerRun run(cfg);
+  auto& [cluster, P, w0, w1] = run;
   std::vector<float> theta(P), grad(P, 0.0f);
   w0->pull(0, theta.data());
   try {
@@ -416,9 +419,8 @@ TEST(Timeouts, AHeldPullIsAnsweredWithWhomItWaitedFor) {
 TEST(WorkerLoss, AnAspServerKeepsABusyWorkerAndDropsADeadOne) {
   ExperimentConfig cfg = test::small_config("asp", 2, 2);
   cfg.cluster.heartbeat_s = 0.3;
-  Cluster cluster(cfg);
-  const std::size_t P = count_params(model_spec(cfg));
-  auto [w0, w1] = two_workers(cfg, cluster);
+  TwoWorkerRun run(cfg);
+  auto& [cluster, P, w0, w1] = run;
   std::vector<float> theta(P), grad(P, 0.5f);
   w0->pull(0, theta.data());
   w1->pull(0, theta.data());
@@ -450,9 +452,8 @@ TEST(WorkerLoss, AnAspServerKeepsABusyWorkerAndDropsADeadOne) {
 TEST(WorkerLoss, SspServesThePullsAHungWorkerHeldOnceItIsDropped) {
   ExperimentConfig cfg = test::small_config("ssp:0", 2, 1);
   cfg.cluster.heartbeat_s = 0.3;
-  Cluster cluster(cfg);
-  const std::size_t P = count_params(model_spec(cfg));
-  auto [w0, w1] = two_workers(cfg, cluster, /*hung=*/true);
+  TwoWorkerRun run(cfg, /*hung=*/true);
+  auto& [cluster, P, w0, w1] = run;
   std::vector<float> theta(P), grad(P, 0.5f);
   w0->pull(0, theta.data());
   w1->pull(0, theta.data());
@@ -476,9 +477,8 @@ TEST(WorkerLoss, SspServesThePullsAHungWorkerHeldOnceItIsDropped) {
 TEST(WorkerLoss, AServerHoldingAPullForLongIsNotTakenForSilent) {
   ExperimentConfig cfg = test::small_config("bsp", 2, 2);
   cfg.cluster.heartbeat_s = 0.3;
-  Cluster cluster(cfg);
-  const std::size_t P = count_params(model_spec(cfg));
-  auto [w0, w1] = two_workers(cfg, cluster);
+  TwoWorkerRun run(cfg);
+  auto& [cluster, P, w0, w1] = run;
   std::vector<float> theta0(P), theta1(P), grad(P, 0.5f);
   w0->pull(0, theta0.data());
   w1->pull(0, theta1.data());
@@ -508,8 +508,8 @@ TEST(WorkerLoss, AServerHoldingAPullForLongIsNotTakenForSilent) {
 TEST(WorkerLoss, ABspServerFailsNamingTheSilentWorker) {
   ExperimentConfig cfg = test::small_config("bsp", 2, 1);
   cfg.cluster.heartbeat_s = 0.3;
-  Cluster cluster(cfg);
-  const auto workers = two_workers(cfg, cluster, /*hung=*/true);  // connected, then worker 1 is silent
+  TwoWorkerRun run(cfg, /*hung=*/true);  // connected, then worker 1 is silent
+  Cluster& cluster = run.cluster;
   const auto t0 = std::chrono::steady_clock::now();
   cluster.join();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
