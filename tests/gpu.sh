@@ -10,8 +10,8 @@
 #      `python3 -c "import torch"` works, the same models in PyTorch on the same GPU
 #      (tests/bench/torch_train.py); one table with the ratios; runs/bench/gpu.json
 #   3. the default comparison with train.device = "cuda" and its 4 workers on this machine's
-#      GPUs: all four modes must finish; then again with train.tf32 = true, for the README's
-#      line on what TF32 changes in accuracy
+#      GPUs: all four modes must finish; then again with train.tf32 = true, for the
+#      line in results/ on what TF32 changes in accuracy
 # --quick: fewer steps and runs (a smoke test of the command itself).
 # Exit: 0 every check passed; 1 a check failed (named at the end); 77 no GPU here (nothing checked).
 set -uo pipefail

@@ -109,7 +109,8 @@ class RunPlan:
     @property
     def authenticates(self):
         """Whether the run's peers prove its key (cluster.auth): "curve" yes, "none" no, "auto" when a
-        TCP listener binds an address other than loopback (ssh and Slurm bind every interface)."""
+        TCP listener binds an address other than loopback (under ssh and Slurm each listener binds
+        its host's own address)."""
         auth = self.plan.get("auth", "none")
         if self.virtual:
             return False
@@ -119,7 +120,7 @@ class RunPlan:
             return False
         return self.launcher != "local" or not is_loopback(self.bind)
 
-    launcher = property(lambda self: self.plan["launcher"])           # "local", "ssh" or "slurm"
+    launcher = property(lambda self: self.plan["launcher"])           # "local", "ssh", "slurm" or "virtual"
     hosts = property(lambda self: list(self.plan["hosts"]))
     bind = property(lambda self: self.plan["bind"])                   # the local launcher's listeners
     interface = property(lambda self: self.plan.get("interface", ""))  # ssh, Slurm: every host's (hosts.py)

@@ -1,9 +1,10 @@
 // The wire: message headers (FlatBuffers, schema in wire.fbs) and payload checksums.
 //
 // A message on a socket is [header frame][payload frame]? — the payload (pull replies and
-// pushes only) is raw float32, sent zero-copy and checked against the header's length and
-// checksum. This file is the one encoder and the one decoder of headers: every body type has
-// a C++ struct here, and encode()/decode() handle each of them (round-trip tested).
+// pushes only) is float32 or encoded by the codec the header names (float32 is sent zero-copy),
+// checked against the header's length and checksum. This file is the one encoder and the one
+// decoder of headers: every body type has a C++ struct here, and encode()/decode() handle each
+// of them (round-trip tested).
 //
 // decode() never throws on bad input: a frame that fails the FlatBuffers verifier, carries
 // the wrong magic or protocol version, or has no known body returns nullopt with the reason.

@@ -1,7 +1,7 @@
 // The order in which one parameter server applied pushes and served pulls: recorded by every
 // server of a real run (small, always on: one short line per push and per pull), so that
 // `launch.py replay` re-executes that order in the virtual cluster and reproduces the run's θ
-// bit for bit (worker/virtual_cluster.h).
+// bit for bit (src/sim/virtual_cluster.h).
 //
 // File: RUN_DIR/trace/server<k>.txt, one operation per line, in the server's order:
 //   push W CLOCK VERSION_PULLED BATCH     worker W's gradient for its step CLOCK was applied (or accumulated)

@@ -108,7 +108,7 @@ void visit_fields(Config& c, F&& f) {
     "a worker or all-reduce rank silent this long (heartbeats are sent meanwhile) is lost (s)");
   f("cluster.on_worker_loss", c.cluster.on_worker_loss,
     "PS modes: \"continue\" (the servers drop a lost worker and training goes on), \"fail\", or \"auto\": "
-    "continue where the mode allows it (asp, ssp), else fail");
+    "continue where the mode allows it (asp, ssp, dcasgd, easgd), else fail");
   f("cluster.on_server_loss", c.cluster.on_server_loss,
     "PS modes: \"restart\" (the launcher restarts a server that died from its checkpoint; the workers rejoin it and "
     "the updates since are lost, counted), \"fail\", or \"auto\": restart for asp and ssp over tcp or ipc (not under Slurm), else fail");
@@ -515,13 +515,13 @@ void validate_failures(const Checker& check) {
   check(c.cluster.on_worker_loss == "auto" || c.cluster.on_worker_loss == "continue" || c.cluster.on_worker_loss == "fail",
         "cluster.on_worker_loss", "expected \"auto\", \"continue\" or \"fail\", got \"" + c.cluster.on_worker_loss + "\"");
   check(c.cluster.on_worker_loss != "continue" || trains_on, "cluster.on_worker_loss",
-        "\"continue\" needs a mode that trains on without a lost worker (asp, ssp:s); cluster.mode = \"" + c.cluster.mode +
+        "\"continue\" needs a mode that trains on without a lost worker (asp, ssp:s, dcasgd, easgd); cluster.mode = \"" + c.cluster.mode +
             "\" needs every worker" + (c.uses_servers() ? " each clock" : " in every all-reduce"));
   check(c.cluster.on_server_loss == "auto" || c.cluster.on_server_loss == "restart" || c.cluster.on_server_loss == "fail",
         "cluster.on_server_loss", "expected \"auto\", \"restart\" or \"fail\", got \"" + c.cluster.on_server_loss + "\"");
   if (c.cluster.on_server_loss != "restart") return;
   check(trains_on, "cluster.on_server_loss",
-        "\"restart\" needs a mode that trains on when updates are lost (asp, ssp:s); cluster.mode = \"" + c.cluster.mode +
+        "\"restart\" needs a mode that trains on when updates are lost (asp, ssp:s, dcasgd, easgd); cluster.mode = \"" + c.cluster.mode +
             "\" does not");
   check(c.cluster.launcher != "slurm", "cluster.on_server_loss",
         "\"restart\" needs the local or ssh launcher (under Slurm, srun owns the tasks)");

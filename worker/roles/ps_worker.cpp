@@ -1,7 +1,7 @@
 // One worker of a parameter-server run: pull θ, then every step compute the gradient and
 // push it, the servers answering with θ for the next step (one round trip per step). With
 // cluster.overlap each shard's push leaves as soon as backward has finished that shard.
-// Rules that average models (local:H, easgd) run worker/local_worker.cpp's loop instead.
+// Rules that average models (local:H, easgd) run worker/roles/local_worker.cpp's loop instead.
 #include "grad_accumulator.h"
 #include "roles/local_worker.h"
 #include "ps/client.h"

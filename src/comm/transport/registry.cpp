@@ -1,6 +1,6 @@
 // The transports pslab knows: cluster.transport -> transport. Adding one: its folder beside
 // zmq/ (the same interface, comm/transport/transport.h), a line here, the launcher's
-// endpoints for it (experiments/launcher/placement.py), its tests and a README line.
+// endpoints for it (experiments/launcher/placement.py), its tests and a line in docs/clusters.md.
 #include "comm/transport/transport.h"
 #include "comm/transport/auto/auto_transport.h"
 #include "comm/transport/shm/shm_transport.h"

@@ -222,7 +222,7 @@ class Transport {
   virtual std::unique_ptr<PayloadMemory> payload_memory(std::size_t bytes);
 };
 
-// cluster.transport -> transport. Built-ins: tcp, ipc (comm/transport/registry.cpp).
+// cluster.transport -> transport. Built-ins: tcp, ipc, shm, auto (comm/transport/registry.cpp).
 Registry<Transport>& transport_registry();
 inline std::unique_ptr<Transport> make_transport(const std::string& name) { return transport_registry().make(name); }
 

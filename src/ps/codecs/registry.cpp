@@ -1,5 +1,5 @@
 // The push codecs pslab knows: cluster.codec -> codec. Adding one: its file beside these (a
-// wire id of its own), a line here, its tests (tests/test_codecs.cpp) and a README line.
+// wire id of its own), a line here, its tests (tests/ps/test_codecs.cpp) and a line in docs/algorithms.md.
 #include "ps/codecs/codec.h"
 
 namespace pslab {
