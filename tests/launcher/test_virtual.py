@@ -87,12 +87,15 @@ class Virtual(LauncherTestCase):
         s = json.loads((run / "replay" / "summary.json").read_text())
         self.assertTrue(s["replay_identical"])
         self.assertEqual(s["params_checksums"], s["recorded_params_checksums"])
-        # another worker's push moved before a pull it followed: the replay is at another version than
-        # the run served, and says so (the order is checked, not just read)
+        # another worker's push moved before a push and pull it followed (worker W's push that asked
+        # for θ back, and its answer): the replay serves W at another version than the run did, and
+        # says so (the order is checked, not just read). Moved before W's push, not just before its
+        # answer: a server answers such a pull as it applies the push, so in between it cannot go.
         lines = traces[0]
-        i = next(i for i in range(len(lines) - 1) if lines[i].startswith("pull ") and lines[i + 1].startswith("push ")
-                 and lines[i].split()[1] != lines[i + 1].split()[1])
-        lines[i], lines[i + 1] = lines[i + 1], lines[i]
+        i = next(i for i in range(1, len(lines) - 1)
+                 if lines[i - 1].startswith("push ") and lines[i].startswith("pull ") and lines[i + 1].startswith("push ")
+                 and lines[i - 1].split()[1] == lines[i].split()[1] != lines[i + 1].split()[1])
+        lines.insert(i - 1, lines.pop(i + 1))
         (run / "trace" / "server0.txt").write_text("\n".join(lines) + "\n")
         r = self.launch("replay", run, "--no-plots")
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
