@@ -161,24 +161,38 @@ void Server::on_pull(const std::string& id, const Peer& p, long clock) {
 
 void Server::serve_pull(const std::string& id, int rank, long clock, time_point since) {
   const double held_s = seconds_between(since, clock_.now());
-  counters_.hold_ms_total += held_s * 1e3;
-  counters_.hold_ms_max = std::max(counters_.hold_ms_max, held_s * 1e3);
-  if (rank >= 0) state_->record_pull(rank, clock);
-  if (trace_ && rank >= 0) trace_->pull(rank, clock, state_->version());
   ParamVersions& pv = state_->params();
   wire::PullReply r{clock, state_->version(), state_->min_clock(), state_->samples_applied(), long(held_s * 1e6),
                     finished() == cfg_.cluster.workers, state_->current_checksum(), range_.offset, range_.length,
                     /*codec: dense f32*/ 0, range_.length * sizeof(float)};
+  note_served(rank, clock, held_s, r);
   if (pull_encoded_ && rank >= 0) {  // cluster.pull_codec: workers get θ encoded (the evaluator f32)
     EncodedVersions::Buffer* e = pull_encoded_->acquire(pv.current(), state_->version());  // released once sent
     r.codec = pull_encoded_->wire_id();
     r.bytes = e->size;
     r.checksum = e->checksum;
     send(id, header(r), comm::OutPayload{e->bytes.data(), e->size, &free_encoded_buffer, e});
-  } else {
+  } else if (state_->pieces() == 1) {
     ParamVersions::Buffer* buf = pv.acquire_current();  // released by the transport once sent
     send(id, header(r), comm::OutPayload{buf->data, pv.size() * sizeof(float), &free_param_buffer, buf});
+  } else {  // in pieces (cluster.piece_kib), back to back: the worker copies one while the next travels
+    const Pieces& cut = state_->options().pieces;
+    r.pieces = std::uint32_t(state_->pieces());
+    for (std::size_t q = 0; q < state_->pieces(); ++q) {
+      const std::size_t lo = cut.begin(range_.length, q), n = cut.size(range_.length, q);
+      r.piece = std::uint32_t(q), r.offset = range_.offset + lo, r.length = n, r.bytes = n * sizeof(float);
+      r.checksum = state_->piece_checksum(q);
+      ParamVersions::Buffer* buf = pv.acquire_current();  // per piece: released by the transport once sent
+      send(id, header(r), comm::OutPayload{buf->data + lo, n * sizeof(float), &free_param_buffer, buf});
+    }
   }
+}
+
+void Server::note_served(int rank, long clock, double held_s, const wire::PullReply& r) {
+  counters_.hold_ms_total += held_s * 1e3;
+  counters_.hold_ms_max = std::max(counters_.hold_ms_max, held_s * 1e3);
+  if (rank >= 0) state_->record_pull(rank, clock);
+  if (trace_ && rank >= 0) trace_->pull(rank, clock, state_->version());
   if (opt_.record_pulls && metrics_ && rank >= 0)
     metrics_->write({{"kind", "pull"}, {"worker", rank}, {"clock", clock}, {"min_clock", r.min_clock},
                      {"version", r.version}, {"held_ms", held_s * 1e3}});
@@ -230,12 +244,21 @@ void Server::expire_held_pulls(time_point now) {
 
 std::string Server::refuse_push(const Peer& p, const wire::Push& m, const comm::Message& msg, wire::ErrorCode& code) const {
   if (p.role != wire::Role::worker) return code = wire::ErrorCode::protocol, "only workers push";
-  if (m.offset != range_.offset || m.length != range_.length)
-    return code = wire::ErrorCode::wrong_shard,
-           "push for floats [" + std::to_string(m.offset) + ", " + std::to_string(m.offset + m.length) + "); server " +
-               std::to_string(opt_.shard) + " holds [" + std::to_string(range_.offset) + ", " +
-               std::to_string(range_.offset + range_.length) + ")";
   const PushCodec& codec = state_->codec();
+  const std::size_t pieces = codec.dense_f32() ? state_->pieces() : 1;
+  if (m.pieces != 1 && (m.pieces != pieces || m.piece >= m.pieces))
+    return code = wire::ErrorCode::protocol, "push piece " + std::to_string(m.piece) + " of " + std::to_string(m.pieces) +
+                                                 "; server " + std::to_string(opt_.shard) + " takes pushes in " +
+                                                 std::to_string(pieces) + " (cluster.piece_kib, cluster.codec)";
+  const Pieces& cut = state_->options().pieces;
+  const std::size_t lo = m.pieces == 1 ? 0 : cut.begin(range_.length, m.piece);
+  const std::size_t n = m.pieces == 1 ? range_.length : cut.size(range_.length, m.piece);
+  if (m.offset != range_.offset + lo || m.length != n)
+    return code = wire::ErrorCode::wrong_shard,
+           "push for floats [" + std::to_string(m.offset) + ", " + std::to_string(m.offset + m.length) + ") as piece " +
+               std::to_string(m.piece) + " of " + std::to_string(m.pieces) + "; server " + std::to_string(opt_.shard) +
+               " holds [" + std::to_string(range_.offset) + ", " + std::to_string(range_.offset + range_.length) +
+               "), whose piece is [" + std::to_string(range_.offset + lo) + ", " + std::to_string(range_.offset + lo + n) + ")";
   if (m.codec != codec.wire_id())
     return code = wire::ErrorCode::config, "push encoded with codec id " + std::to_string(m.codec) +
                                                "; this run's cluster.codec is \"" + codec.name() + "\" (id " +
@@ -250,12 +273,20 @@ std::string Server::refuse_push(const Peer& p, const wire::Push& m, const comm::
 
 void Server::on_push(const std::string& id, const Peer& p, const wire::Push& m, const comm::Message& msg) {
   wire::ErrorCode code{};
-  if (const std::string why = refuse_push(p, m, msg, code); !why.empty()) return reply_error(id, code, why);
-  // The gradient is applied (or accumulated, or refused) before any answer leaves: its bytes go
-  // back to the worker first (shm lends them), so the worker may reuse them once answered.
-  const std::size_t bytes = msg.payload().size();
+  if (const std::string why = refuse_push(p, m, msg, code); !why.empty()) {
+    reply_error(id, code, why);
+    if (p.role == wire::Role::worker)  // nothing of its push in pieces is applied
+      for (const ShardState::Done& d : state_->abandon_push(p.rank)) finish_push(d);
+    return;
+  }
+  // The gradient is applied (or accumulated, gathered, or refused) before any answer leaves: its
+  // bytes go back to the worker first (shm lends them), so the worker may reuse them once answered.
+  Pushing& pushing = pushing_[std::size_t(p.rank)];
+  if (m.piece == 0) pushing = Pushing{m, 0};
+  pushing.bytes += long(msg.payload().size());
+  const std::vector<ShardState::Done>* done = nullptr;
   try {
-    state_->push(p.rank, m.clock, m.version_pulled, m.batch, msg.payload(), m.checksum);
+    done = &state_->push_piece({p.rank, m.clock, m.version_pulled, m.batch, m.piece, m.pieces}, msg.payload(), m.checksum);
     msg_.done_with_payload();
   } catch (const ProtocolError& e) {
     msg_.done_with_payload();
@@ -267,14 +298,70 @@ void Server::on_push(const std::string& id, const Peer& p, const wire::Push& m, 
     msg_.done_with_payload();
     return reply_error(id, wire::ErrorCode::bad_payload, e.what());
   }
-  if (trace_) trace_->push(p.rank, m.clock, m.version_pulled, m.batch);
+  if (m.then_pull && state_->streaming() == p.rank) reply_streamed_piece(id, p.rank, m.piece);
+  for (const ShardState::Done& d : *done) finish_push(d);
+  for (const ShardState::Done& d : state_->apply_waiting()) finish_push(d);  // after the streamed push's reply
+}
+
+void Server::reply_streamed_piece(const std::string& id, int rank, std::size_t piece) {
+  Pushing& pushing = pushing_[std::size_t(rank)];
+  if (piece == 0) {
+    const ShardState::After a = state_->after_stream(pushing.first.clock + 1);
+    // Not for an encoded pull (cluster.pull_codec), a mode that copies θ as served, or a pull
+    // the rule will hold: those are answered once the push ends.
+    pushing.streamed_reply = !pull_encoded_ && !state_->mode().keeps_served_theta() && a.advances && a.pull_ready;
+    pushing.reply = wire::PullReply{pushing.first.clock + 1, a.version, a.min_clock, a.samples_applied, 0,
+                                    finished() == cfg_.cluster.workers, 0, 0, 0, 0, 0, 0, std::uint32_t(state_->pieces())};
+    pushing.pieces_sent = 0;
+  }
+  if (!pushing.streamed_reply) return;
+  const Pieces& cut = state_->options().pieces;
+  wire::PullReply& r = pushing.reply;
+  const std::size_t lo = cut.begin(range_.length, piece), n = cut.size(range_.length, piece);
+  r.piece = std::uint32_t(piece), r.offset = range_.offset + lo, r.length = n, r.bytes = n * sizeof(float);
+  r.checksum = state_->streamed_checksum(piece);
+  ParamVersions::Buffer* buf = state_->acquire_streamed();  // released by the transport once sent
+  send(id, header(r), comm::OutPayload{buf->data + lo, n * sizeof(float), &free_param_buffer, buf});
+  ++pushing.pieces_sent;
+}
+
+void Server::finish_push(const ShardState::Done& d) {
+  const std::string& id = worker_ids_[std::size_t(d.worker)];
+  const Pushing& pushing = pushing_[std::size_t(d.worker)];
+  if (d.error) {
+    try {
+      std::rethrow_exception(d.error);
+    } catch (const ProtocolError& e) {
+      return reply_error(id, wire::ErrorCode::protocol, e.what());
+    } catch (const ChecksumError& e) {
+      return reply_error(id, wire::ErrorCode::bad_checksum, e.what());
+    } catch (const PayloadError& e) {
+      return reply_error(id, wire::ErrorCode::bad_payload, e.what());
+    }
+  }
+  const wire::Push& m = pushing.first;
+  if (trace_) trace_->push(d.worker, m.clock, m.version_pulled, m.batch);
   ++counters_.pushes;
   auto& pushed = counters_.pushed[state_->codec().name()];
   ++pushed.pushes;
-  pushed.payload_bytes += long(bytes);
+  pushed.payload_bytes += pushing.bytes;
   if (!m.then_pull) return send(id, header(wire::PushAck{m.clock, state_->version()}));
   ++counters_.pulls;
-  on_pull(id, p, m.clock + 1);
+  Pushing& sent = pushing_[std::size_t(d.worker)];
+  if (!sent.streamed_reply) return on_pull(id, peers_.at(id), m.clock + 1);
+  // Its reply went piece by piece: the last piece (applied with the push's end) from the version
+  // now published, which nothing has changed since.
+  sent.streamed_reply = false;
+  const Pieces& cut = state_->options().pieces;
+  wire::PullReply& r = sent.reply;
+  for (std::size_t q = sent.pieces_sent; q < state_->pieces(); ++q) {
+    const std::size_t lo = cut.begin(range_.length, q), n = cut.size(range_.length, q);
+    r.piece = std::uint32_t(q), r.offset = range_.offset + lo, r.length = n, r.bytes = n * sizeof(float);
+    r.checksum = state_->piece_checksum(q);
+    ParamVersions::Buffer* buf = state_->params().acquire_current();
+    send(id, header(r), comm::OutPayload{buf->data + lo, n * sizeof(float), &free_param_buffer, buf});
+  }
+  note_served(d.worker, m.clock + 1, 0.0, r);
 }
 
 // ---- the end of a worker and of the run ----

@@ -126,6 +126,13 @@ class Server {
   wire::Header welcome(const std::string& to) const;
   void on_pull(const std::string& id, const Peer& p, long clock);
   void on_push(const std::string& id, const Peer& p, const wire::Push& m, const comm::Message& msg);
+  // A push the shard ended (applied, or refused when it came to be applied): counted, traced
+  // and answered (PushAck, or the pull it asked for).
+  void finish_push(const ShardState::Done& d);
+  // After a piece of a streaming push+pull: its reply's piece, when the pull will be ready.
+  void reply_streamed_piece(const std::string& id, int rank, std::size_t piece);
+  // A served pull's counters, record, trace and metrics line.
+  void note_served(int rank, long clock, double held_s, const wire::PullReply& r);
   // Why the push cannot be applied ("" if it can), with the Error code to answer.
   std::string refuse_push(const Peer& p, const wire::Push& m, const comm::Message& msg, wire::ErrorCode& code) const;
   void on_bye(const std::string& id, const Peer& p);
@@ -194,6 +201,16 @@ class Server {
   long updates_lost_ = 0;  // restarted from a checkpoint: updates of rejoining workers it lacks
   bool barrier_open_ = false, shutdown_ = false;
   std::vector<HeldPull> held_;
+  struct Pushing {        // per worker: its push, as its first piece said, until the shard ends it
+    wire::Push first;
+    long bytes = 0;       // payload bytes of its pieces so far
+    // A push+pull that streams, whose pull is ready once it ends: the reply's pieces leave as
+    // the push's pieces are applied (the version they belong to is published at its end).
+    bool streamed_reply = false;
+    wire::PullReply reply;
+    std::size_t pieces_sent = 0;
+  };
+  std::vector<Pushing> pushing_;
   time_point started_, last_message_;
 };
 

@@ -56,11 +56,11 @@ struct BodyEncoder {
   std::pair<fb::Body, Off> operator()(const PullReply& m) const {
     return {fb::Body_PullReply, fb::CreatePullReply(f, m.clock, m.version, m.min_clock, m.samples_applied,
                                                     m.held_us, m.training_done, m.checksum, m.offset,
-                                                    m.length, m.codec, m.bytes).Union()};
+                                                    m.length, m.codec, m.bytes, m.piece, m.pieces).Union()};
   }
   std::pair<fb::Body, Off> operator()(const Push& m) const {
     return {fb::Body_Push, fb::CreatePush(f, m.clock, m.version_pulled, m.batch, m.checksum, m.offset,
-                                          m.length, m.then_pull, m.codec, m.bytes).Union()};
+                                          m.length, m.then_pull, m.codec, m.bytes, m.piece, m.pieces).Union()};
   }
   std::pair<fb::Body, Off> operator()(const PushAck& m) const {
     return {fb::Body_PushAck, fb::CreatePushAck(f, m.clock, m.version).Union()};
@@ -176,13 +176,13 @@ bool decode_body(const fb::Message* m, Body& body, std::string& error) {
       const auto* b = m->body_as_PullReply();
       body = PullReply{b->clock(),         b->version(),  b->min_clock(), b->samples_applied(),
                          b->held_us(),       b->training_done(), b->checksum(), b->offset(),
-                         b->length(),        b->codec(),    b->bytes()};
+                         b->length(),        b->codec(),    b->bytes(),     b->piece(), b->pieces()};
       break;
     }
     case fb::Body_Push: {
       const auto* b = m->body_as_Push();
       body = Push{b->clock(),  b->version_pulled(), b->batch(),     b->checksum(), b->offset(),
-                    b->length(), b->then_pull(),      b->codec(),     b->bytes()};
+                    b->length(), b->then_pull(),      b->codec(),     b->bytes(),    b->piece(), b->pieces()};
       break;
     }
     case fb::Body_PushAck: body = PushAck{m->body_as_PushAck()->clock(), m->body_as_PushAck()->version()}; break;

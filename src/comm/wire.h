@@ -22,7 +22,7 @@
 namespace pslab::wire {
 
 constexpr std::uint32_t kMagic = 0x50534C42;  // "PSLB"
-constexpr std::uint16_t kProtocol = 2;  // 2: payloads carry a codec and a byte length
+constexpr std::uint16_t kProtocol = 3;  // 3: pushes and pull replies in pieces
 // Sender ids that are not worker ranks.
 constexpr int kEvaluator = -1, kServer = -2, kTool = -3;
 
@@ -39,12 +39,14 @@ struct Welcome { int shard = 0; int num_shards = 0; std::uint64_t offset = 0, le
                  std::string mode; std::int64_t version = 0; std::int64_t worker_clock = 0; };
 struct Pull { std::int64_t clock = 0; bool progress_only = false; };  // see wire.fbs
 // Payloads: `length` floats (elements) of the shard starting at `offset`, encoded by codec
-// `codec` into `bytes` bytes, whose checksum_bytes is `checksum`.
+// `codec` into `bytes` bytes, whose checksum_bytes is `checksum`; piece `piece` of `pieces`
+// (ps/pieces.h; 1 piece: the whole shard).
 struct PullReply { std::int64_t clock = 0, version = 0, min_clock = 0, samples_applied = 0, held_us = 0;
                    bool training_done = false; std::uint64_t checksum = 0, offset = 0, length = 0;
-                   std::uint8_t codec = 0; std::uint64_t bytes = 0; };
+                   std::uint8_t codec = 0; std::uint64_t bytes = 0; std::uint32_t piece = 0, pieces = 1; };
 struct Push { std::int64_t clock = 0, version_pulled = 0; int batch = 0; std::uint64_t checksum = 0, offset = 0,
-              length = 0; bool then_pull = false; std::uint8_t codec = 0; std::uint64_t bytes = 0; };
+              length = 0; bool then_pull = false; std::uint8_t codec = 0; std::uint64_t bytes = 0;
+              std::uint32_t piece = 0, pieces = 1; };
 struct PushAck { std::int64_t clock = 0, version = 0; };
 struct Bye { std::int64_t clock = 0; };
 struct Shutdown {};

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <limits>
 #include <stdexcept>
+#include <type_traits>
 
 namespace pslab {
 
@@ -33,6 +34,7 @@ PsClient::PsClient(comm::Transport& transport, std::vector<std::string> endpoint
   if (endpoints.empty()) throw std::invalid_argument("PsClient: no server endpoints");
   if (opt.pull_codec != "f32") pull_codec_ = make_codec(opt.pull_codec);
   const int S = int(endpoints.size());
+  reply_piece_.assign(std::size_t(S), 0);
   for (int k = 0; k < S; ++k) {
     shards_.push_back(ShardInfo{endpoints[std::size_t(k)], shard_range(opt.num_params, S, k), 0});
     if (!codec_->dense_f32() && opt.role == wire::Role::worker) {
@@ -65,6 +67,8 @@ void PsClient::fail(int k, const std::string& what) const {
 }
 
 void PsClient::send(int k, const wire::Body& body, comm::OutPayload payload) {
+  const auto* push = std::get_if<wire::Push>(&body);
+  if (std::holds_alternative<wire::Pull>(body) || (push && push->piece == 0)) reply_piece_[std::size_t(k)] = 0;  // a new request
   if (!conns_->send(std::size_t(k), enc_.encode(wire::Header{opt_.rank, k, body}), payload, clock_.now() + timeout_))
     fail(k, std::string("could not send ") + wire::body_name(body) + " within " + std::to_string(timeout_.count() / 1000) +
                 " s: its queue stayed full (is it running? its log says why it stopped)");
@@ -103,7 +107,11 @@ void PsClient::collect(const std::string& what, std::vector<char>& pending, F&& 
     const int k = receive(w);
     const std::optional<wire::Header> h = reply_from(k, w);
     if (!h) continue;
-    on_reply(k, h->body);
+    if constexpr (std::is_same_v<std::invoke_result_t<F&, int, const wire::Body&>, bool>) {
+      if (!on_reply(k, h->body)) continue;  // a reply in pieces: more to come
+    } else {
+      on_reply(k, h->body);
+    }
     pending[std::size_t(k)] = 0;
     servers_.watch(std::size_t(k), false, clock_.now());
   }
@@ -233,12 +241,12 @@ void PsClient::connect() {
     heartbeats_ = clock_.start([this](std::stop_token stop) { heartbeat_loop(stop); });
 }
 
-void PsClient::take_params(int k, const wire::PullReply& r, std::span<const std::byte> payload, float* theta,
+bool PsClient::take_params(int k, const wire::PullReply& r, std::span<const std::byte> payload, float* theta,
                            PullResult& acc) {
   ShardInfo& s = shards_[std::size_t(k)];
-  if (r.offset != s.range.offset || r.length != s.range.length)
-    fail(k, "PullReply for floats [" + std::to_string(r.offset) + ", " + std::to_string(r.offset + r.length) + ")");
-  if (pull_codec_) {  // cluster.pull_codec: checked, then decoded into θ
+  if (pull_codec_) {  // cluster.pull_codec: checked, then decoded into θ (whole)
+    if (r.offset != s.range.offset || r.length != s.range.length || r.pieces != 1)
+      fail(k, "PullReply for floats [" + std::to_string(r.offset) + ", " + std::to_string(r.offset + r.length) + ")");
     if (r.codec != pull_codec_->wire_id() || payload.size() != r.bytes)
       fail(k, "PullReply payload of " + std::to_string(payload.size()) + " bytes in codec " + std::to_string(r.codec) +
                   ", expected " + opt_.pull_codec + " (codec " + std::to_string(pull_codec_->wire_id()) + ")");
@@ -249,16 +257,33 @@ void PsClient::take_params(int k, const wire::PullReply& r, std::span<const std:
     } catch (const PayloadError& e) {
       fail(k, std::string("PullReply payload: ") + e.what());
     }
-  } else {
-    if (r.codec != 0 || r.bytes != r.length * sizeof(float) || payload.size() != r.bytes)
-      fail(k, "PullReply payload of " + std::to_string(payload.size()) + " bytes in codec " + std::to_string(r.codec) +
-                  ", expected " + std::to_string(r.length * sizeof(float)) + " bytes of dense f32 (codec 0)");
-    const std::uint64_t sum =
-        wire::copy_with_checksum(theta + r.offset, reinterpret_cast<const float*>(payload.data()), r.length);
-    if (sum != r.checksum) fail(k, "PullReply payload checksum mismatch (corrupted in transit)");
+    s.version = r.version;
+    note_progress(r, acc);
+    return true;
   }
+  // Dense f32, whole or piece `piece` of the shard's pieces, in order, all of one version.
+  std::size_t& next = reply_piece_[std::size_t(k)];
+  const std::size_t pieces = opt_.pieces.count(s.range.length);
+  const std::size_t lo = opt_.pieces.begin(s.range.length, next), n = opt_.pieces.size(s.range.length, next);
+  if (r.pieces != pieces || r.piece != next || r.offset != s.range.offset + lo || r.length != n)
+    fail(k, "PullReply for floats [" + std::to_string(r.offset) + ", " + std::to_string(r.offset + r.length) +
+                ") as piece " + std::to_string(r.piece) + " of " + std::to_string(r.pieces) + ", expected piece " +
+                std::to_string(next) + " of " + std::to_string(pieces) + " = [" + std::to_string(s.range.offset + lo) +
+                ", " + std::to_string(s.range.offset + lo + n) + ")");
+  if (next > 0 && r.version != s.version)
+    fail(k, "PullReply piece " + std::to_string(next) + " of version " + std::to_string(r.version) + ", piece 0 was of " +
+                std::to_string(s.version) + " (a torn version)");
+  if (r.codec != 0 || r.bytes != r.length * sizeof(float) || payload.size() != r.bytes)
+    fail(k, "PullReply payload of " + std::to_string(payload.size()) + " bytes in codec " + std::to_string(r.codec) +
+                ", expected " + std::to_string(r.length * sizeof(float)) + " bytes of dense f32 (codec 0)");
+  const std::uint64_t sum =
+      wire::copy_with_checksum(theta + r.offset, reinterpret_cast<const float*>(payload.data()), r.length);
+  if (sum != r.checksum) fail(k, "PullReply payload checksum mismatch (corrupted in transit)");
   s.version = r.version;
-  note_progress(r, acc);
+  if (next == 0) note_progress(r, acc);
+  if (++next < pieces) return false;
+  next = 0;
+  return true;
 }
 
 void PsClient::note_progress(const wire::PullReply& r, PullResult& acc) {
@@ -290,7 +315,7 @@ PullResult PsClient::pull(long clock, float* theta) {
   collect("Pull (clock " + std::to_string(clock) + ")", pending, [&](int k, const wire::Body& body) {
     const auto* pr = std::get_if<wire::PullReply>(&body);
     if (!pr) fail(k, std::string("answered Pull with ") + wire::body_name(body));
-    take_params(k, *pr, msg_.payload(), theta, acc);
+    return take_params(k, *pr, msg_.payload(), theta, acc);
   }, true, [&](int k) { send(k, wire::Pull{clock}); });
   return acc;
 }
@@ -335,6 +360,17 @@ void PsClient::send_push(int k) {
                codec_->wire_id(), 0};
   const void* bytes = g;
   if (codec_->dense_f32()) {
+    const std::size_t pieces = opt_.pieces.count(s.range.length);
+    if (pieces > 1) {  // in pieces, each checksummed while the ones before it travel
+      h.pieces = std::uint32_t(pieces);
+      for (std::size_t q = 0; q < pieces; ++q) {
+        const std::size_t lo = opt_.pieces.begin(s.range.length, q), n = opt_.pieces.size(s.range.length, q);
+        h.piece = std::uint32_t(q), h.offset = s.range.offset + lo, h.length = n, h.bytes = n * sizeof(float);
+        h.checksum = wire::checksum(g + lo, n);
+        send(k, h, in_flight_.payload(g + lo, h.bytes));
+      }
+      return;
+    }
     h.bytes = s.range.length * sizeof(float);
   } else {
     const std::size_t i = std::size_t(k);
@@ -361,10 +397,10 @@ PullResult PsClient::finish_push() {
     if (theta) {
       const auto* pr = std::get_if<wire::PullReply>(&body);
       if (!pr) fail(k, std::string("answered Push+Pull with ") + wire::body_name(body));
-      take_params(k, *pr, msg_.payload(), theta, acc);
-    } else if (!std::holds_alternative<wire::PushAck>(body)) {
-      fail(k, std::string("answered Push with ") + wire::body_name(body));
+      return take_params(k, *pr, msg_.payload(), theta, acc);
     }
+    if (!std::holds_alternative<wire::PushAck>(body)) fail(k, std::string("answered Push with ") + wire::body_name(body));
+    return true;
   }, true, [&](int k) { send_push(k); });
   // Every server has the gradient, so the transport is done with our buffer or about to be.
   in_flight_.wait_idle(timeout_, "the gradient", [&] { conns_->progress(); });

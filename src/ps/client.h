@@ -7,7 +7,10 @@
 // the run's push codec (ps/codecs/): dense f32 zero-copy from the caller's buffer, others from
 // a buffer per shard allocated once; either is referenced until the transport is done, and
 // push() waits for that before returning. Parameters arrive in the transport's buffer and are
-// copied into θ in the same pass that verifies their checksum.
+// copied into θ in the same pass that verifies their checksum. Dense f32 pushes and replies of
+// a shard larger than a piece (cluster.piece_kib, ps/pieces.h) travel in pieces: each piece is
+// checksummed and sent while the ones before it travel, and each reply piece is copied into θ
+// while the next arrives.
 //
 // Every wait has a deadline; a missing reply throws naming the server, its address, and
 // what was waited for. An Error from a server throws with the server's message.
@@ -38,6 +41,7 @@
 #include "comm/transport/transport.h"
 #include "comm/wire.h"
 #include "ps/codecs/codec.h"
+#include "ps/pieces.h"
 #include "ps/shard_state.h"
 
 namespace pslab {
@@ -76,6 +80,7 @@ class PsClient {
     std::string pull_codec = "f32"; // how this client's pull replies encode θ (cluster.pull_codec; the evaluator: f32)
     bool error_feedback = false;    // cluster.error_feedback resolved: each shard's encoder keeps what it left out
     double heartbeat_s = 0.0;       // the run's cluster.heartbeat_s (workers; 0: no heartbeats)
+    Pieces pieces;                  // cluster.piece_kib: how dense f32 pushes and pull replies are cut
     bool rejoin = false;            // cluster.on_server_loss = "restart": wait for a silent server
                                     // to come back and rejoin it (needs heartbeat_s > 0)
   };
@@ -151,7 +156,8 @@ class PsClient {
   void beat_if_due();
   void heartbeat_loop(std::stop_token stop);
   [[noreturn]] void fail(int k, const std::string& what) const;
-  void take_params(int k, const wire::PullReply& r, std::span<const std::byte> payload, float* theta, PullResult& acc);
+  // A PullReply (or one piece of it) into θ, checked; true once server k's reply is complete.
+  bool take_params(int k, const wire::PullReply& r, std::span<const std::byte> payload, float* theta, PullResult& acc);
   static void note_progress(const wire::PullReply& r, PullResult& acc);  // versions, clocks, samples, done
   void send_push(int k);
   void expect_ack(const char* what, const wire::Body& request);
@@ -170,6 +176,7 @@ class PsClient {
   std::vector<std::vector<std::byte>> encoded_;
   std::vector<std::size_t> encoded_bytes_;
   std::vector<long> encoded_clock_;
+  std::vector<std::size_t> reply_piece_;  // per server: the next piece of the reply in progress
   wire::Encoder enc_;
   comm::Message msg_;  // reused for every reply
   comm::InFlight in_flight_;

@@ -1,6 +1,7 @@
 #include "ps/shard_state.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "comm/wire.h"
 
@@ -41,6 +42,12 @@ ParamVersions::Buffer* ParamVersions::acquire_current() {
   return current_;
 }
 
+ParamVersions::Buffer* ParamVersions::acquire_next() {
+  if (!next_) throw std::logic_error("ParamVersions::acquire_next without next()");
+  next_->in_flight.fetch_add(1, std::memory_order_relaxed);
+  return next_;
+}
+
 float* ParamVersions::next() {
   next_ = nullptr;
   for (auto& b : pool_)
@@ -77,13 +84,30 @@ ShardState::ShardState(Backend& cpu, const Options& opt, std::vector<float> init
       optimizer_(cpu, opt.optimizer, opt.range.length, opt.layers),
       params_(std::move(initial), opt.memory), clocks_(std::size_t(opt.workers), 0), lost_(std::size_t(opt.workers), 0),
       staleness_(std::size_t(opt.workers)), team_(std::max(1, opt.threads)), grad_sums_(std::size_t(team_.size())),
-      param_sums_(std::size_t(team_.size())) {
+      param_segs_(std::size_t(team_.size())), seg_first_(std::size_t(team_.size()), 0) {
+  win_n_ = opt.range.length;
+  piece_sums_.resize(pieces());
+  next_piece_sums_.resize(pieces());
+  for (auto& segs : param_segs_) segs.reserve(pieces() + 1);
+  incoming_.resize(std::size_t(opt.workers));
   if (!mode_.uses_servers()) throw std::invalid_argument("cluster.mode = \"" + opt.mode + "\" has no servers");
   if (params_.size() != opt.range.length)
     throw std::invalid_argument("ShardState: initial slice has " + std::to_string(params_.size()) +
                                 " floats, the shard " + std::to_string(opt.range.length));
-  checksum_ = checksum_of(params_.current());
+  sum_current();
   if (!codec_->dense_f32()) decoded_.resize(opt.range.length);
+}
+
+void ShardState::sum_current() {
+  const float* theta = params_.current();
+  for (std::size_t q = 0; q < pieces(); ++q) {
+    const std::size_t lo = opt_.pieces.begin(length_all(), q);
+    piece_sums_[q] = wire::Checksum();
+    piece_sums_[q].update(theta + lo, opt_.pieces.size(length_all(), q));
+  }
+  wire::Checksum whole = piece_sums_[0];
+  for (std::size_t q = 1; q < pieces(); ++q) whole.append(piece_sums_[q]);
+  checksum_ = whole.value();
 }
 
 ShardCheckpoint ShardState::checkpoint() const {
@@ -116,8 +140,10 @@ void ShardState::restore(const ShardCheckpoint& c) {
   float* next = params_.next();
   std::copy(c.theta.begin(), c.theta.end(), next);
   params_.publish();
-  checksum_ = checksum_of(params_.current());
+  sum_current();
   version_ = c.version;
+  for (Incoming& in : incoming_) in.open = in.ready = false;
+  streaming_ = -1, ready_.clear();
   samples_applied_ = c.samples_applied;
   clocks_ = c.clocks;
   lost_ = c.lost;
@@ -149,37 +175,63 @@ void ShardState::update(const float* x, long update_samples, double lr_factor, c
   const double epoch = double(samples_applied_) / double(opt_.train_size);
   const int lr_batch = mode_.update_batch(opt_.batch, opt_.workers);
   const double lr = lr_factor * learning_rate(opt_.schedule, opt_.optimizer.lr, lr_batch, epoch);
-  const float* cur = params_.current();
-  float* next = params_.next();
-  if (how.optimizer) {
+  const bool streaming = streaming_ >= 0;
+  const float* cur = params_.current() + win_lo_;
+  float* next = (streaming ? stream_next_ : params_.next()) + win_lo_;
+  if (how.optimizer && !streaming) {  // a streaming push counts its step at its end (stateless optimizers only)
     optimizer_.begin_step();
     optimizer_.prepare(cur, x);  // layer-wise optimizers: the trust ratios over the whole shard
   }
   const float scale = float(how.scale);
-  const int slices = for_slices([&](std::size_t begin, std::size_t end, int t) {
-    wire::Checksum x_sum, param_sum;
-    for (std::size_t lo = begin; lo < end; lo += kChunk) {
-      const std::size_t n = std::min(kChunk, end - lo);
+  const int slices = for_slices(win_n_, [&](std::size_t begin, std::size_t end, int t) {
+    wire::Checksum x_sum;
+    std::vector<wire::Checksum>& segs = param_segs_[std::size_t(t)];
+    segs.clear();
+    seg_first_[std::size_t(t)] = piece_of(win_lo_ + begin);
+    segs.emplace_back();
+    for (std::size_t lo = begin; lo < end;) {
+      // A chunk stays in cache for both passes, and inside one piece (its checksum is the piece's).
+      const std::size_t n = std::min({kChunk, end - lo, piece_end(piece_of(win_lo_ + lo)) - (win_lo_ + lo)});
       if (verify) x_sum.update(x + lo, n);
       if (how.optimizer) {
-        optimizer_.step_range(cur + lo, x + lo, next + lo, lo, n, lr);
+        optimizer_.step_range(cur + lo, x + lo, next + lo, win_lo_ + lo, n, lr);
       } else {
         for (std::size_t i = lo; i < lo + n; ++i) next[i] = cur[i] + scale * x[i];
       }
-      param_sum.update(next + lo, n);
+      segs.back().update(next + lo, n);
+      lo += n;
+      if (lo < end && piece_of(win_lo_ + lo) != piece_of(win_lo_ + lo - 1)) segs.emplace_back();
     }
-    grad_sums_[std::size_t(t)] = x_sum, param_sums_[std::size_t(t)] = param_sum;
+    grad_sums_[std::size_t(t)] = x_sum;
   });
-  for (int t = 1; t < slices; ++t) grad_sums_[0].append(grad_sums_[std::size_t(t)]), param_sums_[0].append(param_sums_[std::size_t(t)]);
+  for (int t = 1; t < slices; ++t) grad_sums_[0].append(grad_sums_[std::size_t(t)]);
   if (verify && grad_sums_[0].value() != *verify) bad_checksum();  // `next` is never published
+  std::size_t last = std::size_t(-1);  // the pieces' checksums, from the slices' segments in order
+  for (int t = 0; t < slices; ++t)
+    for (std::size_t j = 0; j < param_segs_[std::size_t(t)].size(); ++j) {
+      const std::size_t q = seg_first_[std::size_t(t)] + j;
+      if (q != last) next_piece_sums_[q] = param_segs_[std::size_t(t)][j];
+      else next_piece_sums_[q].append(param_segs_[std::size_t(t)][j]);
+      last = q;
+    }
+  if (streaming) {
+    stream_ = Stream{true, how.optimizer, update_samples};
+    return;
+  }
   params_.publish();
-  checksum_ = param_sums_[0].value();
+  publish_sums();
   ++version_;
   samples_applied_ += update_samples;
 }
 
-int ShardState::for_slices(const std::function<void(std::size_t, std::size_t, int)>& fn) {
-  const std::size_t n = opt_.range.length;
+void ShardState::publish_sums() {
+  piece_sums_.swap(next_piece_sums_);
+  wire::Checksum whole = piece_sums_[0];
+  for (std::size_t q = 1; q < pieces(); ++q) whole.append(piece_sums_[q]);
+  checksum_ = whole.value();
+}
+
+int ShardState::for_slices(std::size_t n, const std::function<void(std::size_t, std::size_t, int)>& fn) {
   const int slices = int(std::clamp<std::size_t>(n / kMinFloatsPerThread, 1, std::size_t(team_.size())));
   if (slices == 1) {
     fn(0, n, 0);
@@ -193,8 +245,8 @@ int ShardState::for_slices(const std::function<void(std::size_t, std::size_t, in
   return slices;
 }
 
-std::uint64_t ShardState::checksum_of(const float* data) {
-  const int slices = for_slices([&](std::size_t lo, std::size_t hi, int t) {
+std::uint64_t ShardState::checksum_of(const float* data, std::size_t n) {
+  const int slices = for_slices(n, [&](std::size_t lo, std::size_t hi, int t) {
     wire::Checksum c;
     c.update(data + lo, hi - lo);
     grad_sums_[std::size_t(t)] = c;
@@ -207,7 +259,7 @@ std::uint64_t ShardState::checksum_of(const float* data) {
 
 const float* ShardState::payload() {
   if (!pending_.verified) {
-    if (checksum_of(pending_.payload) != pending_.checksum) bad_checksum();
+    if (checksum_of(pending_.payload, win_n_) != pending_.checksum) bad_checksum();
     pending_.verified = true;
   }
   return pending_.payload;
@@ -220,17 +272,17 @@ const float* ShardState::served(int worker) {
                         (served_version_.empty() || served_version_[std::size_t(worker)] < 0
                              ? std::string("nothing")
                              : "version " + std::to_string(served_version_[std::size_t(worker)])));
-  return served_.data() + std::size_t(worker) * opt_.range.length;
+  return served_.data() + std::size_t(worker) * opt_.range.length + win_lo_;
 }
 
 float* ShardState::kept() {
   if (kept_.size() != opt_.range.length) kept_.assign(opt_.range.length, 0.0f);
-  return kept_.data();
+  return kept_.data() + win_lo_;
 }
 
 float* ShardState::scratch() {
   if (scratch_.size() != opt_.range.length) scratch_.resize(opt_.range.length);
-  return scratch_.data();
+  return scratch_.data() + win_lo_;
 }
 
 void ShardState::update_with(const float* x, long samples, double lr_factor, Update how) {
@@ -256,29 +308,48 @@ void ShardState::add(const float* change, double scale, long samples) {
   update_with(change, samples, 1.0, Update{false, scale});
 }
 
+void ShardState::advance() {
+  if (streaming_ < 0) return (void)++version_;
+  // A streaming push's piece that leaves θ as it is: the next version's piece is the current one's.
+  std::copy(params_.current() + win_lo_, params_.current() + win_lo_ + win_n_, stream_next_ + win_lo_);
+  next_piece_sums_[piece_of(win_lo_)] = piece_sums_[piece_of(win_lo_)];
+  stream_ = Stream{true, false, 0};
+}
+
+// ---- pushes ----
+
+void ShardState::check_push(const PushInfo& p) const {
+  if (p.worker < 0 || p.worker >= opt_.workers)
+    throw ProtocolError("push from worker " + std::to_string(p.worker) + ", expected a rank in [0, " +
+                        std::to_string(opt_.workers) + ")");
+  if (p.batch < 0) throw ProtocolError("push with batch " + std::to_string(p.batch) + " < 0");
+  if (lost_[std::size_t(p.worker)])
+    throw ProtocolError("push from worker " + std::to_string(p.worker) + ", which this run dropped as lost");
+  const long wclock = clocks_[std::size_t(p.worker)];
+  if (p.clock != wclock)
+    throw ProtocolError("push from worker " + std::to_string(p.worker) + " for clock " + std::to_string(p.clock) +
+                        ", expected its next clock " + std::to_string(wclock));
+  if (p.version_pulled < 0 || p.version_pulled > version_)
+    throw ProtocolError("push computed on version " + std::to_string(p.version_pulled) +
+                        ", which this shard has not reached (at " + std::to_string(version_) + ")");
+  mode_.check_push(p, view());
+}
+
 void ShardState::push(int worker, long clock, long version_pulled, int batch, std::span<const std::byte> payload,
                       std::uint64_t checksum) {
-  if (worker < 0 || worker >= opt_.workers)
-    throw ProtocolError("push from worker " + std::to_string(worker) + ", expected a rank in [0, " +
-                        std::to_string(opt_.workers) + ")");
-  if (batch < 0) throw ProtocolError("push with batch " + std::to_string(batch) + " < 0");
-  if (lost_[std::size_t(worker)])
-    throw ProtocolError("push from worker " + std::to_string(worker) + ", which this run dropped as lost");
-  long& wclock = clocks_[std::size_t(worker)];
-  if (clock != wclock)
-    throw ProtocolError("push from worker " + std::to_string(worker) + " for clock " + std::to_string(clock) +
-                        ", expected its next clock " + std::to_string(wclock));
-  if (version_pulled < 0 || version_pulled > version_)
-    throw ProtocolError("push computed on version " + std::to_string(version_pulled) +
-                        ", which this shard has not reached (at " + std::to_string(version_) + ")");
   const PushInfo info{worker, clock, version_pulled, batch};
-  mode_.check_push(info, view());
+  check_push(info);
+  if (streaming_ >= 0 || !ready_.empty() || incoming_[std::size_t(worker)].open || incoming_[std::size_t(worker)].ready)
+    throw ProtocolError("a whole push while a push in pieces is open: the server hands pushes to push_piece()");
+  apply_push(info, payload, checksum, false);
+}
 
+void ShardState::apply_push(const PushInfo& info, std::span<const std::byte> payload, std::uint64_t checksum,
+                            bool verified) {
   // The payload, dense. Dense f32 is read in place and checked in the first pass over it
   // (fused with the update where it can be); other codecs are checked, then decoded.
   const std::size_t n = opt_.range.length;
   const float* dense = decoded_.data();
-  bool verified = false;
   if (codec_->dense_f32()) {
     if (payload.size() != n * sizeof(float))
       throw PayloadError("f32 payload of " + std::to_string(payload.size()) + " bytes for a shard of " +
@@ -291,7 +362,7 @@ void ShardState::push(int worker, long clock, long version_pulled, int batch, st
       dense = decoded_.data();
     }
   } else {
-    if (wire::checksum_bytes(payload.data(), payload.size()) != checksum) bad_checksum();
+    if (!verified && wire::checksum_bytes(payload.data(), payload.size()) != checksum) bad_checksum();
     codec_->decode(payload, n, decoded_.data());
     verified = true;
   }
@@ -299,7 +370,8 @@ void ShardState::push(int worker, long clock, long version_pulled, int batch, st
   // The mode sees the worker's clock with this push counted; a payload that fails its check
   // in the mode's first read of it changed nothing, and the clock goes back.
   const long arrived_at = version_;
-  pending_ = Pending{dense, checksum, batch, verified, worker, version_pulled};
+  long& wclock = clocks_[std::size_t(info.worker)];
+  pending_ = Pending{dense, checksum, info.batch, verified, info.worker, info.version_pulled};
   ++wclock;
   try {
     mode_.on_push(info, view(), *this);
@@ -309,7 +381,163 @@ void ShardState::push(int worker, long clock, long version_pulled, int batch, st
     throw;
   }
   pending_ = Pending{};
-  if (batch > 0) count_staleness(worker, arrived_at - version_pulled);
+  if (info.batch > 0) count_staleness(info.worker, arrived_at - info.version_pulled);
+}
+
+const std::vector<ShardState::Done>& ShardState::push_piece(const PieceOf& p, std::span<const std::byte> payload,
+                                                            std::uint64_t checksum) {
+  done_.clear();
+  if (p.worker < 0 || p.worker >= opt_.workers)
+    throw ProtocolError("push from worker " + std::to_string(p.worker) + ", expected a rank in [0, " +
+                        std::to_string(opt_.workers) + ")");
+  Incoming& in = incoming_[std::size_t(p.worker)];
+  const PushInfo info{p.worker, p.clock, p.version_pulled, p.batch};
+  if (p.piece == 0) {
+    if (in.open || in.ready)
+      throw ProtocolError("push of worker " + std::to_string(p.worker) + " for clock " + std::to_string(p.clock) +
+                          " while its push for clock " + std::to_string(in.info.clock) + " is not applied yet");
+    check_push(info);
+    if (p.pieces != 1 && (p.pieces != pieces() || !codec_->dense_f32()))
+      throw ProtocolError("push in " + std::to_string(p.pieces) + " pieces; this shard's pushes come in " +
+                          std::to_string(codec_->dense_f32() ? pieces() : 1) + " (cluster.piece_kib, cluster.codec)");
+    if (p.pieces == 1 && streaming_ < 0 && ready_.empty()) {  // whole, nothing before it: applied now, as push() does
+      apply_push(info, payload, checksum, false);
+      done_.push_back(Done{p.worker, p.clock, nullptr});
+      return done_;
+    }
+    in.open = true, in.info = info, in.pieces = p.pieces, in.next = 0, in.size = 0;
+    in.streams = p.pieces > 1 && streaming_ < 0 && ready_.empty() && streams_in_pieces();
+    if (in.streams) streaming_ = p.worker, stream_next_ = params_.next(), stream_ = Stream{};
+  } else if (!in.open || p.piece != in.next || p.pieces != in.pieces || p.clock != in.info.clock ||
+             p.version_pulled != in.info.version_pulled || p.batch != in.info.batch) {
+    const std::string why = in.open ? "piece " + std::to_string(p.piece) + " of " + std::to_string(p.pieces) +
+                                          " of a push whose next is piece " + std::to_string(in.next) + " of " +
+                                          std::to_string(in.pieces) + " (or unlike its first piece)"
+                                    : "piece " + std::to_string(p.piece) + " of a push whose first piece did not come";
+    abandon(p.worker);
+    throw ProtocolError("worker " + std::to_string(p.worker) + " clock " + std::to_string(p.clock) + ": " + why);
+  }
+  try {
+    if (in.streams) stream_piece(in, p.piece, payload, checksum);
+    else gather_piece(in, p.piece, payload, checksum);
+  } catch (...) {
+    abandon(p.worker);
+    throw;
+  }
+  if (++in.next < in.pieces) return done_;
+  in.open = false;
+  if (in.streams) {
+    commit_stream();
+    done_.push_back(Done{p.worker, p.clock, nullptr});  // pushes that waited for it: apply_waiting()
+  } else if (streaming_ >= 0 || !ready_.empty()) {
+    in.ready = true;  // applied after the streaming push, in order
+    ready_.push_back(p.worker);
+  } else {
+    apply_gathered(p.worker);
+  }
+  return done_;
+}
+
+void ShardState::stream_piece(Incoming& in, std::size_t p, std::span<const std::byte> payload, std::uint64_t checksum) {
+  const std::size_t lo = opt_.pieces.begin(length_all(), p), n = opt_.pieces.size(length_all(), p);
+  if (payload.size() != n * sizeof(float))
+    throw PayloadError("f32 piece of " + std::to_string(payload.size()) + " bytes for piece " + std::to_string(p) +
+                       " of " + std::to_string(n) + " floats");
+  const float* dense = reinterpret_cast<const float*>(payload.data());
+  if (reinterpret_cast<std::uintptr_t>(payload.data()) % alignof(float) != 0) {  // a transport that does not align
+    if (decoded_.size() != length_all()) decoded_.resize(length_all());
+    std::memcpy(decoded_.data() + lo, payload.data(), payload.size());
+    dense = decoded_.data() + lo;
+  }
+  // The mode runs on this piece's window with the push's clock counted, as for a whole push;
+  // between pieces the shard is as it was before the push (its clock, version and θ).
+  long& wclock = clocks_[std::size_t(in.info.worker)];
+  win_lo_ = lo, win_n_ = n;
+  pending_ = Pending{dense, checksum, in.info.batch, false, in.info.worker, in.info.version_pulled};
+  ++wclock;
+  try {
+    mode_.on_push(in.info, view(), *this);
+  } catch (...) {
+    --wclock, win_lo_ = 0, win_n_ = length_all(), pending_ = Pending{};
+    throw;
+  }
+  --wclock, win_lo_ = 0, win_n_ = length_all(), pending_ = Pending{};
+}
+
+void ShardState::gather_piece(Incoming& in, std::size_t p, std::span<const std::byte> payload, std::uint64_t checksum) {
+  const std::size_t most = std::max(codec_->max_bytes(length_all()), length_all() * sizeof(float));
+  if (in.bytes.size() < most) in.bytes.resize(most);
+  const std::size_t at = in.pieces == 1 ? 0 : opt_.pieces.begin(length_all(), p) * sizeof(float);
+  const std::size_t expect = in.pieces == 1 ? payload.size() : opt_.pieces.size(length_all(), p) * sizeof(float);
+  if (payload.size() != expect || at + payload.size() > most)
+    throw PayloadError("piece " + std::to_string(p) + " of " + std::to_string(payload.size()) + " bytes, expected " +
+                       std::to_string(expect));
+  std::memcpy(in.bytes.data() + at, payload.data(), payload.size());
+  if (wire::checksum_bytes(in.bytes.data() + at, payload.size()) != checksum) bad_checksum();  // each piece checked
+  in.size = at + payload.size();
+}
+
+void ShardState::commit_stream() {
+  Incoming& in = incoming_[std::size_t(streaming_)];
+  const long arrived_at = version_;
+  if (stream_.advanced) {
+    params_.publish();
+    publish_sums();
+    ++version_;
+    samples_applied_ += stream_.samples;
+    if (stream_.optimizer) optimizer_.begin_step();
+  }
+  ++clocks_[std::size_t(in.info.worker)];
+  if (in.info.batch > 0) count_staleness(in.info.worker, arrived_at - in.info.version_pulled);
+  streaming_ = -1, stream_next_ = nullptr;
+}
+
+void ShardState::apply_gathered(int worker) {
+  Incoming& in = incoming_[std::size_t(worker)];
+  in.ready = false;
+  try {
+    check_push(in.info);  // as on its first piece, unless a push before it changed what it allows
+    apply_push(in.info, std::span<const std::byte>(in.bytes.data(), in.size), 0, /*verified*/ true);
+    done_.push_back(Done{worker, in.info.clock, nullptr});
+  } catch (...) {
+    done_.push_back(Done{worker, in.info.clock, std::current_exception()});
+  }
+}
+
+void ShardState::apply_ready() {
+  for (int w : ready_) apply_gathered(w);
+  ready_.clear();
+}
+
+const std::vector<ShardState::Done>& ShardState::apply_waiting() {
+  done_.clear();
+  if (streaming_ < 0) apply_ready();
+  return done_;
+}
+
+ShardState::After ShardState::after_stream(long pull_clock) {
+  After a;
+  if (streaming_ < 0) return a;
+  long& wclock = clocks_[std::size_t(streaming_)];
+  ++wclock, version_ += stream_.advanced;
+  a = After{stream_.advanced, version_, min_clock(), samples_applied_ + stream_.samples, mode_.pull_ready(pull_clock, view())};
+  --wclock, version_ -= stream_.advanced;
+  return a;
+}
+
+const std::vector<ShardState::Done>& ShardState::abandon_push(int worker) {
+  done_.clear();
+  if (worker >= 0 && worker < opt_.workers) abandon(worker);
+  return done_;
+}
+
+void ShardState::abandon(int worker) {
+  Incoming& in = incoming_[std::size_t(worker)];
+  in.open = in.ready = false;
+  ready_.erase(std::remove(ready_.begin(), ready_.end(), worker), ready_.end());
+  if (streaming_ != worker) return;
+  streaming_ = -1, stream_next_ = nullptr;  // its version was never published
+  apply_ready();
 }
 
 long ShardState::fast_forward(int worker, long clock) {
@@ -326,6 +554,8 @@ void ShardState::drop_worker(int worker) {
   if (!mode_.trains_without_lost_workers())
     throw std::logic_error(mode_.name() + " cannot train on without worker " + std::to_string(worker));
   lost_.at(std::size_t(worker)) = 1;
+  done_.clear();
+  abandon(worker);
 }
 
 }  // namespace pslab

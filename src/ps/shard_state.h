@@ -11,6 +11,16 @@
 // Versions: `version` counts updates applied to the shard. Staleness of a push = the shard's
 // version when it arrived - the version its gradient was computed on (0 under bsp).
 //
+// Pushes in pieces (ps/pieces.h, cluster.piece_kib): push_piece() takes each piece as it
+// arrives. One push at a time streams: each piece is checked and, where the mode
+// applies_in_pieces() and the optimizer keeps no state, applied at once into the next version's
+// buffer; that version is published whole at the last piece, so a pull never sees a torn
+// version (pulls in between are served the current one). Every other push in pieces is gathered
+// (each piece checked as it is copied) and applied whole at its last piece, or, when it ends
+// while another push streams, right after that one, in arrival order. The result is bit for bit
+// the whole push's: the same arithmetic per float, the same learning rate, version and counts.
+// A push abandoned half-way (a bad piece, its worker lost) leaves no trace.
+//
 // Threading: one thread (the server's event loop) calls everything, except
 // ParamVersions::release(), which a transport's I/O thread calls when a zero-copy send is done.
 #pragma once
@@ -18,6 +28,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -32,6 +43,7 @@
 #include "ps/codecs/codec.h"
 #include "ps/errors.h"
 #include "ps/modes/mode.h"
+#include "ps/pieces.h"
 
 namespace pslab {
 
@@ -63,6 +75,9 @@ class ParamVersions {
   // Marks the current buffer as referenced by one more send; pass the result to release()
   // (the transport's release callback) when the send is done.
   Buffer* acquire_current();
+  // The same for the buffer last returned by next() (a version being written, for a reply that
+  // leaves piece by piece as it is written).
+  Buffer* acquire_next();
   static void release(Buffer* b) { b->in_flight.fetch_sub(1, std::memory_order_release); }
   // A buffer other than the current one that no send references (allocated if none is free).
   float* next();
@@ -102,6 +117,7 @@ class ShardState : private ShardOps {
     bool record_pulls = false;   // keep a PullRecord per served pull
     int threads = 1;             // threads that share a large update (cluster.server_threads)
     ParamVersions::Memory memory;  // where θ versions live (default: the heap)
+    Pieces pieces;               // how pushes and pull replies are cut (cluster.piece_kib)
   };
   // `initial` is the shard's slice of the initial θ (range.length floats). Throws
   // std::invalid_argument for an unknown mode or codec, or a mode without servers.
@@ -115,6 +131,50 @@ class ShardState : private ShardOps {
   // either way nothing changes.
   void push(int worker, long clock, long version_pulled, int batch, std::span<const std::byte> payload,
             std::uint64_t checksum);
+  // Piece `piece` of `pieces` of a push (pieces == 1: the whole push, in any codec; otherwise
+  // dense f32 pieces cut by Options::pieces, in order). Returns the pushes this call ended, in
+  // order: none while pieces are missing; this one at its last piece; and pushes gathered while
+  // it streamed, applied after it. A Done with an error was refused at that point (nothing of
+  // it applied). Throws as push() does for this piece, and ProtocolError for a piece out of
+  // order or unlike its push's first; either way this worker's push is abandoned.
+  struct PieceOf {
+    int worker = 0;
+    long clock = 0, version_pulled = 0;
+    int batch = 0;
+    std::size_t piece = 0, pieces = 1;
+  };
+  struct Done {
+    int worker;
+    long clock;
+    std::exception_ptr error;  // null: applied
+  };
+  const std::vector<Done>& push_piece(const PieceOf& p, std::span<const std::byte> payload, std::uint64_t checksum);
+  // Pushes gathered while another streamed wait until this is called (so that the server can
+  // send the streamed push's reply first): applies them, and returns them as push_piece() does.
+  const std::vector<Done>& apply_waiting();
+  // Abandons the worker's push in pieces, if one is open (a piece the server refused): nothing
+  // of it applied. Returns the pushes that waited for it, now applied, as push_piece() does.
+  const std::vector<Done>& abandon_push(int worker);
+  // The worker whose push streams now (-1: none), and, after its first piece, what the shard
+  // will be once it ends: for a push+pull answered piece by piece as the pieces are applied.
+  int streaming() const { return streaming_; }
+  struct After {
+    bool advances = false;  // it makes a new version (not an empty batch)
+    long version = 0, min_clock = 0, samples_applied = 0;
+    bool pull_ready = false;  // a pull for pull_clock may be served then
+  };
+  After after_stream(long pull_clock);
+  // Piece p of the version the streaming push writes, once that piece is applied: its checksum,
+  // and its buffer, marked as referenced by one more send (ParamVersions::release).
+  std::uint64_t streamed_checksum(std::size_t p) const { return next_piece_sums_[p].value(); }
+  ParamVersions::Buffer* acquire_streamed() { return params_.acquire_next(); }
+  // Pieces of this shard (1: it travels whole).
+  std::size_t pieces() const { return opt_.pieces.count(opt_.range.length); }
+  // wire::checksum of piece p of the current version (computed while it was written).
+  std::uint64_t piece_checksum(std::size_t p) const { return piece_sums_[p].value(); }
+  // Pushes ended by the last drop_worker() (gathered pushes that waited for the dropped
+  // worker's streaming push), as push_piece() returns them.
+  const std::vector<Done>& done() const { return done_; }
   // Whether a pull by a worker at `clock` may be served now (evaluators are never held).
   bool pull_ready(long clock) const { return mode_.pull_ready(clock, view()); }
   // Why a pull for `clock` is held, naming the workers it waits for.
@@ -125,7 +185,8 @@ class ShardState : private ShardOps {
   // Bytes of those copies: workers x shard, 0 for modes that keep none.
   std::size_t pulled_params_bytes() const { return served_.size() * sizeof(float); }
   // Drops a worker that died or fell silent (the server decides; the mode must train on without
-  // it): its clock no longer counts for the mode, and a later push from it is refused.
+  // it): its clock no longer counts for the mode, a later push from it is refused, and its push
+  // in pieces, if one is open, is abandoned (pushes waiting for it are applied: done()).
   void drop_worker(int worker);
   bool dropped(int worker) const { return lost_[std::size_t(worker)] != 0; }
   // A worker rejoining a server restarted from a checkpoint that is behind it: its clock moves
@@ -167,13 +228,40 @@ class ShardState : private ShardOps {
     int worker = 0;
     long version_pulled = 0;  // the version its gradient was computed on
   };
+  // A push arriving in pieces, per worker, until it is applied.
+  struct Incoming {
+    bool open = false;   // pieces missing
+    bool ready = false;  // gathered whole, waiting for the streaming push to end
+    PushInfo info;
+    std::size_t pieces = 1, next = 0;
+    bool streams = false;          // applied piece by piece (else gathered into `bytes`)
+    std::vector<std::byte> bytes;  // the gathered payload, allocated on first use
+    std::size_t size = 0;
+  };
+  // What the streaming push's pieces did so far (the same for every piece).
+  struct Stream {
+    bool advanced = false;   // a new version is being written
+    bool optimizer = false;  // by an optimizer step
+    long samples = 0;
+  };
+  void check_push(const PushInfo& info) const;  // what push() checks before anything changes
+  // The push after its checks: `payload` in the codec, `verified` when its checksum was checked.
+  void apply_push(const PushInfo& info, std::span<const std::byte> payload, std::uint64_t checksum, bool verified);
+  bool streams_in_pieces() const { return mode_.applies_in_pieces() && optimizer_.stateless() && codec_->dense_f32(); }
+  void stream_piece(Incoming& in, std::size_t p, std::span<const std::byte> payload, std::uint64_t checksum);
+  void gather_piece(Incoming& in, std::size_t p, std::span<const std::byte> payload, std::uint64_t checksum);
+  void commit_stream();        // the streaming push's last piece: its version published
+  void apply_gathered(int worker);
+  void apply_ready();          // gathered pushes that waited for the streaming one
+  void abandon(int worker);    // nothing of the worker's open push applied
   // The pending push's staleness: versions made since the one it was computed on.
   long pending_staleness() const { return version_ - pending_.version_pulled; }
   ShardView view() const { return ShardView{version_, clocks_, lost_}; }
-  // ShardOps, on pending_.
-  std::size_t length() const override { return opt_.range.length; }
+  // ShardOps, on pending_ and the window [win_lo_, win_lo_ + win_n_) of the shard (all of it,
+  // or the streaming push's piece).
+  std::size_t length() const override { return win_n_; }
   const float* payload() override;
-  const float* theta() const override { return params_.current(); }
+  const float* theta() const override { return params_.current() + win_lo_; }
   const float* served(int worker) override;
   float* kept() override;
   std::span<long, 2> kept_counts() override { return kept_counts_; }
@@ -181,26 +269,34 @@ class ShardState : private ShardOps {
   Backend& cpu() override { return be_; }
   void step(const float* grad, double lr_factor, long samples) override;
   void add(const float* change, double scale, long samples) override;
-  void advance() override { ++version_; }
+  void advance() override;
   // How update() makes the next version: an optimizer step with a gradient, or θ + scale x a change.
   struct Update {
     bool optimizer;
     double scale;  // !optimizer: the change's factor
   };
-  // Writes the next version from the current one and `x` (a gradient, or a change of θ),
-  // chunk by chunk, computing the new version's checksum on the way (and, with verify, x's: on
-  // a mismatch the new version is dropped before publication and ChecksumError thrown).
+  // Writes the next version from the current one and `x` (a gradient, or a change of θ) over
+  // the window, chunk by chunk, computing the new version's piece checksums on the way (and,
+  // with verify, x's: on a mismatch the new version is dropped before publication and
+  // ChecksumError thrown). Publishes it, unless a push streams (commit_stream() does).
   void update(const float* x, long update_samples, double lr_factor, const std::uint64_t* verify, Update how);
   // update() with x = grad, or with the pending payload (verified in the same pass where that is safe).
   void update_with(const float* x, long samples, double lr_factor, Update how);
-  // Runs fn(lo, hi, t) over slices [lo, hi) of the shard, on the team's threads when the shard
-  // is large enough to gain (slices of whole 64-byte lines; t = the slice's index); returns how
-  // many slices there were.
-  int for_slices(const std::function<void(std::size_t, std::size_t, int)>& fn);
-  std::uint64_t checksum_of(const float* data);  // of range.length floats, over the slices
+  // Runs fn(lo, hi, t) over slices [lo, hi) of n floats, on the team's threads when n is large
+  // enough to gain (slices of whole 64-byte lines; t = the slice's index); returns how many
+  // slices there were.
+  int for_slices(std::size_t n, const std::function<void(std::size_t, std::size_t, int)>& fn);
+  std::uint64_t checksum_of(const float* data, std::size_t n);  // over the slices
+  // piece_sums_ and checksum_ of θ as it is now (at the start, after a restore).
+  void sum_current();
+  void publish_sums();  // next_piece_sums_ become the current version's; checksum_ from them
+  std::size_t piece_of(std::size_t i) const { return pieces() == 1 ? 0 : i / opt_.pieces.per; }
+  std::size_t piece_end(std::size_t q) const { return opt_.pieces.begin(length_all(), q) + opt_.pieces.size(length_all(), q); }
+  std::size_t length_all() const { return opt_.range.length; }
   void count_staleness(int worker, long staleness);
 
   Options opt_;
+  std::size_t win_lo_ = 0, win_n_ = 0;  // the ShardOps window (see length())
   Backend& be_;
   const Mode& mode_;
   std::unique_ptr<PushCodec> codec_;
@@ -208,6 +304,13 @@ class ShardState : private ShardOps {
   Optimizer optimizer_;
   ParamVersions params_;
   std::uint64_t checksum_ = 0;
+  std::vector<wire::Checksum> piece_sums_, next_piece_sums_;  // per piece: the current version's, the next's
+  std::vector<Incoming> incoming_;  // per worker
+  int streaming_ = -1;              // the worker whose push streams, -1: none
+  float* stream_next_ = nullptr;    // the version it writes
+  Stream stream_;
+  std::vector<int> ready_;          // gathered pushes waiting for it, in arrival order
+  std::vector<Done> done_;
   long version_ = 0;
   long samples_applied_ = 0;
   std::vector<long> clocks_;  // per worker: pushes done
@@ -223,7 +326,10 @@ class ShardState : private ShardOps {
   std::vector<float> served_;
   std::vector<long> served_version_;
   ThreadTeam team_;
-  std::vector<wire::Checksum> grad_sums_, param_sums_;  // per slice, reused
+  std::vector<wire::Checksum> grad_sums_;  // per slice, reused
+  // Per slice: the checksums of the pieces it wrote (consecutive, from piece seg_first_[t]).
+  std::vector<std::vector<wire::Checksum>> param_segs_;
+  std::vector<std::size_t> seg_first_;
 };
 
 }  // namespace pslab

@@ -88,6 +88,9 @@ void visit_fields(Config& c, F&& f) {
   f("cluster.overlap", c.cluster.overlap,
     "push (PS modes) or all-reduce (allreduce) each finished piece of the gradient while backward goes on");
   f("cluster.bucket_kb", c.cluster.bucket_kb, "allreduce with overlap: KiB of the gradient per all-reduce bucket");
+  f("cluster.piece_kib", c.cluster.piece_kib,
+    "PS modes: a shard's pushes and pull replies travel in pieces of this many KiB, each checked and applied as it "
+    "arrives while the next travels (0 = whole shards; pushes in codecs other than f32 go whole)");
   f("cluster.collective", c.cluster.collective,
     "allreduce with train.device = \"cuda\": \"nccl\", \"gloo\" (through host memory) or \"auto\" "
     "(NCCL when no two ranks share a GPU)");
@@ -469,6 +472,7 @@ void validate_cluster(const Checker& check) {
   check(c.cluster.server_threads >= 0, "cluster.server_threads", "must be >= 0");
   check(c.cluster.sync_every >= 1, "cluster.sync_every", "must be >= 1");
   check(c.cluster.bucket_kb >= 1, "cluster.bucket_kb", "must be >= 1");
+  check(c.cluster.piece_kib >= 0, "cluster.piece_kib", "must be >= 0 (0: whole shards)");
   check(!c.cluster.overlap || c.train.device == "cpu", "cluster.overlap",
         "GPU workers do not overlap yet: set it false with train.device = \"" + c.train.device + "\"");
   check(c.cluster.collective == "auto" || c.cluster.collective == "nccl" || c.cluster.collective == "gloo",

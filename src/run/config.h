@@ -63,6 +63,7 @@ struct ClusterConfig {
   int sync_every = 1;        // easgd: local steps between a worker's elastic exchanges with the centre
   bool overlap = false;      // send each finished piece of ∇θ while backward goes on (CPU workers)
   int bucket_kb = 256;       // allreduce with overlap: KiB of ∇θ per bucket
+  int piece_kib = 512;       // PS modes: KiB per piece of a push or pull reply (0 = whole shards; ps/pieces.h)
   std::string collective = "auto";  // allreduce on GPUs: "nccl", "gloo" (through host memory), "auto"
   std::string launcher = "local";    // "local", "ssh", "slurm"
   std::vector<std::string> hosts;    // ssh: hosts, round-robin over processes

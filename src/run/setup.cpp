@@ -69,6 +69,7 @@ PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int
   o.timeout_s = c.cluster.timeout_s;
   o.codec = c.cluster.codec;
   o.error_feedback = uses_error_feedback(c);
+  o.pieces = Pieces::of_kib(c.cluster.piece_kib);
   if (role == wire::Role::worker) o.pull_codec = c.cluster.pull_codec;  // the evaluator tests θ in f32
   if (role == wire::Role::worker) o.heartbeat_s = c.cluster.heartbeat_s;  // servers drop silent workers
   o.rejoin = restarts_lost_servers(c);  // a server that dies comes back: wait for it and rejoin

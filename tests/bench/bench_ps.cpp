@@ -3,12 +3,16 @@
 // request at a time. Writes JSON.
 //
 //   bench_ps [--runs 5] [--json FILE] [--sizes-kib 4,256,4096,16384] [--transport tcp|ipc|shm]
-//            [--server-threads N] [--auth] [--heartbeat-cost] [--floor [--floor-pieces 8]]
+//            [--server-threads N] [--piece-kib K] [--pieces] [--auth] [--heartbeat-cost]
+//            [--floor [--floor-pieces 8]]
 //
 // Metrics, per tensor size (median over runs; each run = many iterations after a warm-up):
 //   push_pull   one Push with then_pull answered by the new parameters (what a worker does
 //               every step): round-trip time, and GB/s = (bytes pushed + bytes pulled) / time
 //   push_then_pull  a Push answered by an ack, then a Pull: two round trips
+//               (pslab runs with cluster.piece_kib = --piece-kib, the config's default unless given)
+//   pslab_whole with --pieces: push_pull again with whole shards (cluster.piece_kib = 0), and
+//               pieces_gain = its time / push_pull's
 //   raw_zmq     a bare ZeroMQ DEALER/ROUTER echo of the same bytes over the same kind of
 //               socket (tcp; ipc for ipc and shm), zero-copy both ways, no pslab code
 //   raw_zmq_tcp the same over TCP loopback (ipc and shm: what they are measured against)
@@ -87,9 +91,10 @@ std::vector<double> time_runs(int runs, long iters, F fn) {
 long iterations_for(std::size_t bytes) { return std::clamp<long>(long((256u << 20) / bytes), 20, 3000); }
 
 nlohmann::ordered_json bench_pslab(std::size_t floats, int runs, const std::string& transport_name, int server_threads,
-                                   const comm::RunKey* key = nullptr, bool heartbeats = true,
+                                   int piece_kib, const comm::RunKey* key = nullptr, bool heartbeats = true,
                                    const std::string& codec = "f32") {
   ExperimentConfig cfg = config_for(floats);
+  if (piece_kib >= 0) cfg.cluster.piece_kib = piece_kib;
   cfg.cluster.transport = transport_name;
   cfg.cluster.codec = codec;  // pushes encoded (the bytes below still count f32's, for the ratio)
   cfg.cluster.server_threads = server_threads;
@@ -250,9 +255,10 @@ struct Options {
   std::vector<int> sizes_kib = {4, 256, 4096, 16384};
   std::string transport = "tcp";
   int server_threads = 1;
-  bool auth = false, heartbeat_cost = false, floor = false;
+  bool auth = false, heartbeat_cost = false, floor = false, pieces = false;
   std::vector<std::string> codecs;
   int floor_pieces = 8;
+  int piece_kib = -1;  // -1: the config's default
 };
 
 void add_options(CLI::App& app, Options& o) {
@@ -262,6 +268,8 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--server-threads", o.server_threads, "threads the server splits an update over (cluster.server_threads)")
       ->capture_default_str();
   app.add_option("--transport", o.transport, "tcp (loopback), ipc (Unix sockets) or shm (shared memory)")->capture_default_str();
+  app.add_option("--piece-kib", o.piece_kib, "cluster.piece_kib for pslab (default: the config's)");
+  app.add_flag("--pieces", o.pieces, "also measure push+pull with whole shards (cluster.piece_kib = 0), same invocation");
   app.add_flag("--auth", o.auth, "also measure push+pull with the peers authenticated (CURVE on tcp), same invocation");
   app.add_flag("--heartbeat-cost", o.heartbeat_cost, "also measure push+pull with the worker's heartbeats off, same invocation");
   app.add_option("--codecs", o.codecs, "also measure push+pull with pushes in these codecs (e.g. f16,bf16), same invocation; "
@@ -289,19 +297,19 @@ void add_floor(nlohmann::ordered_json& r, int kib, std::size_t floats, const Opt
 void add_variants(nlohmann::ordered_json& r, int kib, std::size_t floats, const Options& o, const comm::RunKey& key) {
   const double us = r["pslab"]["push_pull_us"].get<double>();
   if (o.auth) {
-    r["pslab_auth"] = bench_pslab(floats, o.runs, o.transport, o.server_threads, &key);
+    r["pslab_auth"] = bench_pslab(floats, o.runs, o.transport, o.server_threads, o.piece_kib, &key);
     r["auth_cost"] = r["pslab_auth"]["push_pull_us"].get<double>() / us;
     std::fprintf(stderr, "%6d KiB: authenticated push+pull %8.1f us: %.2fx the time without\n", kib,
                  r["pslab_auth"]["push_pull_us"].get<double>(), r["auth_cost"].get<double>());
   }
   if (o.heartbeat_cost) {
-    r["pslab_no_heartbeat"] = bench_pslab(floats, o.runs, o.transport, o.server_threads, nullptr, false);
+    r["pslab_no_heartbeat"] = bench_pslab(floats, o.runs, o.transport, o.server_threads, o.piece_kib, nullptr, false);
     r["heartbeat_cost"] = us / r["pslab_no_heartbeat"]["push_pull_us"].get<double>();
     std::fprintf(stderr, "%6d KiB: push+pull without heartbeats %8.1f us: heartbeats cost %.3fx\n", kib,
                  r["pslab_no_heartbeat"]["push_pull_us"].get<double>(), r["heartbeat_cost"].get<double>());
   }
   for (const std::string& codec : o.codecs) {
-    auto c = bench_pslab(floats, o.runs, o.transport, o.server_threads, nullptr, true, codec);
+    auto c = bench_pslab(floats, o.runs, o.transport, o.server_threads, o.piece_kib, nullptr, true, codec);
     c["gain_over_f32"] = us / c["push_pull_us"].get<double>();
     std::fprintf(stderr, "%6d KiB: push+pull with %s pushes %8.1f us: %.2fx f32's speed\n", kib, codec.c_str(),
                  c["push_pull_us"].get<double>(), c["gain_over_f32"].get<double>());
@@ -312,7 +320,14 @@ void add_variants(nlohmann::ordered_json& r, int kib, std::size_t floats, const 
 nlohmann::ordered_json measure(int kib, const Options& o, const comm::RunKey& key) {
   const std::size_t floats = std::size_t(kib) * 1024 / 4;
   nlohmann::ordered_json r{{"size_kib", kib}, {"floats", floats}};
-  r["pslab"] = bench_pslab(floats, o.runs, o.transport, o.server_threads);
+  r["pslab"] = bench_pslab(floats, o.runs, o.transport, o.server_threads, o.piece_kib);
+  r["piece_kib"] = o.piece_kib >= 0 ? o.piece_kib : config_for(floats).cluster.piece_kib;
+  if (o.pieces) {
+    r["pslab_whole"] = bench_pslab(floats, o.runs, o.transport, o.server_threads, 0);
+    r["pieces_gain"] = r["pslab_whole"]["push_pull_us"].get<double>() / r["pslab"]["push_pull_us"].get<double>();
+    std::fprintf(stderr, "%6d KiB: push+pull with whole shards %8.1f us: pieces of %d KiB are %.2fx faster\n", kib,
+                 r["pslab_whole"]["push_pull_us"].get<double>(), r["piece_kib"].get<int>(), r["pieces_gain"].get<double>());
+  }
   r["raw_zmq"] = bench_raw(floats * 4, o.runs, o.transport);
   r["raw_zmq_tcp"] = o.transport == "tcp" ? r["raw_zmq"] : bench_raw(floats * 4, o.runs, "tcp");
   r["server_apply"] = bench_apply(floats, o.runs);
@@ -345,6 +360,7 @@ int main(int argc, char** argv) {
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   for (int kib : o.sizes_kib) results.push_back(measure(kib, o, key));
   nlohmann::ordered_json out{{"benchmark", "ps_push_pull"}, {"transport", o.transport}, {"server_threads", o.server_threads},
+                             {"piece_kib", o.piece_kib >= 0 ? o.piece_kib : config_for(1024).cluster.piece_kib},
                              {"auth", o.auth}, {"heartbeat_cost", o.heartbeat_cost}, {"floor", o.floor}, {"codecs", o.codecs},
                              {"runs", o.runs},
                              {"metric", "median over runs of the mean time per request; GB/s counts bytes pushed + bytes pulled"},

@@ -74,6 +74,11 @@ TEST(Wire, EveryMessageTypeRoundTrips) {
     EXPECT_EQ(b.checksum, 77u);
     EXPECT_EQ(b.offset, 8u);
     EXPECT_EQ(b.length, 9u);
+    EXPECT_EQ(b.piece, 0u);  // whole, unless it says otherwise
+    EXPECT_EQ(b.pieces, 1u);
+    ROUND_TRIP(r3p, Header{kServer, 0, PullReply{5, 6, 4, 999, 1234, true, 77, 8, 9, 0, 36, 6, 7}});
+    EXPECT_EQ(std::get<PullReply>(r3p.body).piece, 6u);
+    EXPECT_EQ(std::get<PullReply>(r3p.body).pieces, 7u);
   }
   {
     ROUND_TRIP(r4, Header{2, 0, Push{11, 10, 64, 0xFFFFFFFFFFFFFFFFull, 0, 117573, true}});
@@ -84,6 +89,10 @@ TEST(Wire, EveryMessageTypeRoundTrips) {
     EXPECT_EQ(b.checksum, 0xFFFFFFFFFFFFFFFFull);
     EXPECT_EQ(b.length, 117573u);
     EXPECT_TRUE(b.then_pull);
+    EXPECT_EQ(b.pieces, 1u);
+    ROUND_TRIP(r4p, Header{2, 0, Push{11, 10, 64, 5, 4096, 4096, true, 0, 16384, 3, 9}});
+    EXPECT_EQ(std::get<Push>(r4p.body).piece, 3u);
+    EXPECT_EQ(std::get<Push>(r4p.body).pieces, 9u);
   }
   {
     ROUND_TRIP(r5, Header{kServer, 0, PushAck{3, 4}});
@@ -311,8 +320,8 @@ TEST(FuzzSeeds, OneDecodingSeedForEveryBodyType) {
       {0, -1, Hello{Role::worker, 0, 132, 0x1234}},
       {kServer, 0, Welcome{0, 2, 0, 66, 2, "ssp:2", 3}},
       {1, 0, Pull{7}},
-      {kServer, 1, PullReply{7, 9, 5, 640, 12, false, 0xabcdef, 66, 66, 0, 264}},
-      {1, 1, Push{7, 6, 32, 0xfeed, 66, 66, true, 0, 264}},
+      {kServer, 1, PullReply{7, 9, 5, 640, 12, false, 0xabcdef, 66, 66, 0, 264, 1, 3}},
+      {1, 1, Push{7, 6, 32, 0xfeed, 66, 66, true, 0, 264, 2, 3}},
       {kServer, 0, PushAck{7, 8}},
       {0, -1, Bye{500}},
       {kEvaluator, -1, Shutdown{}},

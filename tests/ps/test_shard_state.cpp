@@ -12,6 +12,7 @@
 
 #include "ps/modes/mode.h"
 #include "ps/checkpoint.h"
+#include "ps/pieces.h"
 #include "ps/shard_state.h"
 #include "comm/wire.h"
 #include "core/rng.h"
@@ -576,6 +577,128 @@ TEST(ParamVersions, UpdatesNeverWriteABufferThatASendStillReferences) {
   ParamVersions::release(sent2);
   v.publish();
   EXPECT_EQ(v.next(), old) << "released buffers are reused";
+}
+
+// ---- pushes in pieces (ps/pieces.h) ----
+
+// Pushes in pieces of 16 floats (a shard of 100: 7 pieces, the last of 4).
+ShardState::Options in_pieces(ShardState::Options o) {
+  o.pieces = Pieces{16};
+  return o;
+}
+
+// Piece after piece of one push, as the server hands them over; returns the pushes the last
+// call ended.
+std::vector<ShardState::Done> push_in_pieces(ShardState& s, int worker, long clock, long version_pulled, int batch,
+                                             const std::vector<float>& g, std::size_t from = 0,
+                                             std::size_t to = std::size_t(-1)) {
+  const Pieces cut = s.options().pieces;
+  const std::size_t n = s.options().range.length, P = s.pieces();
+  std::vector<ShardState::Done> done;
+  for (std::size_t q = from; q < std::min(to, P); ++q) {
+    const std::span<const float> piece(g.data() + cut.begin(n, q), cut.size(n, q));
+    done = s.push_piece({worker, clock, version_pulled, batch, q, P}, std::as_bytes(piece), wire::checksum(piece.data(), piece.size()));
+    const auto& waiting = s.apply_waiting();
+    done.insert(done.end(), waiting.begin(), waiting.end());
+  }
+  return done;
+}
+
+std::vector<float> gradient(int worker, long clock, std::size_t n) {
+  std::vector<float> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = std::sin(float(i * 7 + std::size_t(worker) * 13 + std::size_t(clock) * 3)) * 0.1f;
+  return g;
+}
+
+// Every mode, with a stateless and a stateful optimizer: a push in pieces (streamed or
+// gathered) leaves the shard bit for bit as the same push whole, with the same version,
+// clocks, samples and checksums.
+TEST(Pieces, EveryModeEqualsWholePushesBitForBit) {
+  for (const char* mode : {"asp", "ssp:1", "dcasgd:0.5", "easgd:0.25", "bsp", "local:2"})
+    for (const char* opt : {"sgd", "momentum"}) {
+      ShardState::Options o = options(mode, 2, 100);
+      o.optimizer.kind = opt;
+      o.optimizer.lr = 0.05;
+      auto cpu = make_cpu_backend(1);
+      std::vector<float> init(100);
+      for (std::size_t i = 0; i < 100; ++i) init[i] = float(i) * 0.01f;
+      ShardState whole(*cpu, o, init), cut(*cpu, in_pieces(o), init);
+      ASSERT_EQ(cut.pieces(), 7u);
+      for (long c = 0; c < 6; ++c)
+        for (int w = 0; w < 2; ++w) {
+          const std::vector<float> g = gradient(w, c, 100);
+          const int batch = c == 3 ? 0 : 1 + w;  // an empty batch too
+          whole.record_pull(w, c), cut.record_pull(w, c);
+          whole.push(w, c, whole.version(), batch, std::as_bytes(std::span<const float>(g)), wire::checksum(g.data(), 100));
+          const auto done = push_in_pieces(cut, w, c, cut.version(), batch, g);
+          ASSERT_EQ(done.size(), 1u) << mode;
+          EXPECT_FALSE(done[0].error);
+        }
+      EXPECT_EQ(std::memcmp(whole.current(), cut.current(), 400), 0) << mode << " " << opt;
+      EXPECT_EQ(whole.version(), cut.version()) << mode;
+      EXPECT_EQ(whole.samples_applied(), cut.samples_applied()) << mode;
+      EXPECT_EQ(whole.clock_of(1), cut.clock_of(1)) << mode;
+      EXPECT_EQ(whole.current_checksum(), cut.current_checksum()) << mode;
+      EXPECT_EQ(cut.current_checksum(), wire::checksum(cut.current(), 100)) << mode;
+      for (std::size_t q = 0; q < 7; ++q)
+        EXPECT_EQ(cut.piece_checksum(q), wire::checksum(cut.current() + q * 16, q < 6 ? 16 : 4)) << mode << " piece " << q;
+      EXPECT_EQ(whole.checkpoint().optimizer_steps, cut.checkpoint().optimizer_steps) << mode;
+    }
+}
+
+// Worker 0's push streams; worker 1's pieces, interleaved with it, are gathered and applied
+// after it. Pulls in between see the version before, whole; the result is the two pushes
+// applied whole in that order.
+TEST(Pieces, InterleavedPushesApplyInOrderAndNoPullSeesATornVersion) {
+  auto cpu = make_cpu_backend(1);
+  const std::vector<float> init(100, 1.0f);
+  ShardState whole(*cpu, options("asp", 2, 100), init), cut(*cpu, in_pieces(options("asp", 2, 100)), init);
+  const std::vector<float> g0 = gradient(0, 0, 100), g1 = gradient(1, 0, 100);
+  EXPECT_TRUE(push_in_pieces(cut, 0, 0, 0, 1, g0, 0, 3).empty());
+  EXPECT_EQ(cut.streaming(), 0);
+  EXPECT_TRUE(push_in_pieces(cut, 1, 0, 0, 1, g1, 0, 7).empty()) << "gathered whole: waits for worker 0's";
+  EXPECT_EQ(cut.version(), 0);
+  EXPECT_EQ(std::vector<float>(cut.current(), cut.current() + 100), init) << "the current version is untouched";
+  EXPECT_EQ(cut.current_checksum(), wire::checksum(init.data(), 100));
+  const auto done = push_in_pieces(cut, 0, 0, 0, 1, g0, 3);
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[0].worker, 0);
+  EXPECT_EQ(done[1].worker, 1);
+  whole.push(0, 0, 0, 1, std::as_bytes(std::span<const float>(g0)), wire::checksum(g0.data(), 100));
+  whole.push(1, 0, 0, 1, std::as_bytes(std::span<const float>(g1)), wire::checksum(g1.data(), 100));
+  EXPECT_EQ(std::memcmp(whole.current(), cut.current(), 400), 0);
+  EXPECT_EQ(cut.version(), 2);
+  EXPECT_EQ(cut.staleness_histogram(), whole.staleness_histogram());
+}
+
+// A bad piece, a piece out of order, or a lost worker abandons its push: nothing of it applied,
+// and pushes gathered behind it go on.
+TEST(Pieces, AnAbandonedPushLeavesNoTrace) {
+  auto cpu = make_cpu_backend(1);
+  const std::vector<float> init(100, 1.0f);
+  ShardState s(*cpu, in_pieces(options("asp", 2, 100)), init);
+  std::vector<float> g = gradient(0, 0, 100);
+  push_in_pieces(s, 0, 0, 0, 1, g, 0, 3);
+  const float bad[16] = {};
+  EXPECT_THROW(s.push_piece({0, 0, 0, 1, 3, 7}, std::as_bytes(std::span<const float>(bad)), 12345), ChecksumError);
+  EXPECT_EQ(s.streaming(), -1);
+  EXPECT_EQ(s.version(), 0);
+  EXPECT_EQ(s.clock_of(0), 0);
+  EXPECT_EQ(std::vector<float>(s.current(), s.current() + 100), init);
+  EXPECT_THROW(push_in_pieces(s, 0, 0, 0, 1, g, 1, 2), ProtocolError) << "a piece without its first";
+  push_in_pieces(s, 0, 0, 0, 1, g, 0, 2);
+  EXPECT_THROW(push_in_pieces(s, 0, 0, 0, 1, g, 3, 4), ProtocolError) << "piece 3 after piece 1";
+  EXPECT_EQ(s.version(), 0);
+  ASSERT_EQ(push_in_pieces(s, 0, 0, 0, 1, g).size(), 1u) << "the push sent again from its first piece";
+  EXPECT_EQ(s.version(), 1);
+  // Worker 1 streams and is lost half-way; worker 0's push gathered behind it is applied then.
+  push_in_pieces(s, 1, 0, 1, 1, gradient(1, 0, 100), 0, 4);
+  EXPECT_TRUE(push_in_pieces(s, 0, 1, 1, 1, gradient(0, 1, 100)).empty());
+  s.drop_worker(1);
+  ASSERT_EQ(s.done().size(), 1u);
+  EXPECT_EQ(s.done()[0].worker, 0);
+  EXPECT_EQ(s.version(), 2);
+  EXPECT_EQ(s.clock_of(1), 0);
 }
 
 }  // namespace

@@ -28,17 +28,18 @@ namespace pslab::test {
 // buckets of 1 KiB so that an all-reduce of the 323 floats goes in two).
 inline ExperimentConfig small_config(const std::string& mode, int workers, int servers,
                                      const std::string& variant = "tcp") {
-  const std::string suffix = "_overlap";
-  const bool overlap = variant.size() > suffix.size() && variant.ends_with(suffix);
-  const std::string transport = overlap ? variant.substr(0, variant.size() - suffix.size()) : variant;
+  const bool overlap = variant.ends_with("_overlap"), pieces = variant.ends_with("_pieces");
+  const std::string transport = variant.substr(0, variant.find('_'));
+  // _pieces: a wider MLP (1283 parameters) whose shards travel in pieces of 1 KiB (256 floats).
   return parse_config("name = \"test\"\n"
                       "[data]\nkind = \"logistic\"\ndim = 16\noutputs = 3\ntrain_samples = 512\ntest_samples = 64\n"
-                      "[model]\nkind = \"mlp\"\nhidden = [16]\n"
+                      "[model]\nkind = \"mlp\"\nhidden = [" + std::string(pieces ? "64" : "16") + "]\n"
                       "[optimizer]\nkind = \"momentum\"\nlr = 0.1\n"
                       "[train]\nbatch = 8\nthreads = 1\nlog_every = 1000\nsteps = 50\n"
                       "[cluster]\nmode = \"" + mode + "\"\nworkers = " + std::to_string(workers) +
                           "\nservers = " + std::to_string(servers) + "\ntransport = \"" + transport +
-                          "\"\ntimeout_s = 20\n" + (overlap ? "overlap = true\nbucket_kb = 1\n" : ""),
+                          "\"\ntimeout_s = 20\n" + (overlap ? "overlap = true\nbucket_kb = 1\n" : "") +
+                          "piece_kib = " + (pieces ? "1" : "0") + "\n",
                       "test");
 }
 
@@ -198,10 +199,12 @@ inline const std::vector<std::string>& exact_transports() {
   return t;
 }
 
-// ... and each also with overlap on (small_config's variants; CPU workers only), and on auto as
-// over several hosts: shared memory with some servers, TCP with others (Cluster).
+// ... and each also with overlap on (small_config's variants; CPU workers only), in pieces
+// (cluster.piece_kib), and on auto as over several hosts: shared memory with some servers, TCP
+// with others (Cluster). Without a suffix, shards travel whole.
 inline const std::vector<std::string>& exact_variants() {
-  static const std::vector<std::string> t = {"tcp", "ipc", "shm", "tcp_overlap", "ipc_overlap", "shm_overlap", "auto"};
+  static const std::vector<std::string> t = {"tcp", "ipc", "shm", "tcp_overlap", "ipc_overlap", "shm_overlap", "auto",
+                                             "tcp_pieces", "ipc_pieces", "shm_pieces", "auto_pieces"};
   return t;
 }
 

@@ -361,13 +361,14 @@ TEST_P(Asp, ThirtyTwoWorkersFourShardsEveryUpdateAppliedExactlyOnce) {
   ExperimentConfig cfg = test::small_config("asp", W, S, GetParam());
   cfg.model.kind = "linear";
   cfg.model.init = "zeros";
-  cfg.data.dim = 63;  // linear 63 -> 4: P = 256, 64 per shard
+  const bool pieces = cfg.cluster.piece_kib > 0;  // then 1024 floats per shard: 4 pieces, streamed (sgd)
+  cfg.data.dim = pieces ? 1023 : 63;  // linear dim -> 4: P = 256 (64 per shard), or 4096
   cfg.data.outputs = 4;
   cfg.optimizer.kind = "sgd";
   cfg.optimizer.lr = 1.0;
   Cluster cluster(cfg);
   const std::size_t P = count_params(model_spec(cfg));
-  ASSERT_EQ(P, 256u);
+  ASSERT_EQ(P, pieces ? 4096u : 256u);
   // Integer-valued gradients: every partial sum is exact in float32, in any order.
   auto g = [](int r, int k, std::size_t i) { return float(int((r * 7 + k * 3 + int(i)) % 5) - 2); };
   run_threads(W, [&](int r) {

@@ -12,6 +12,7 @@ class Asp final : public Mode {
   bool trains_without_lost_workers() const override { return true; }  // no worker waits for another
   void on_push(const PushInfo& p, const ShardView&, ShardOps& ops) const override { ops.step(nullptr, 1.0, p.batch); }
   bool pull_ready(long, const ShardView&) const override { return true; }
+  bool applies_in_pieces() const override { return true; }
 };
 
 }  // namespace

@@ -18,6 +18,7 @@ class DcAsgd final : public Mode {
   int update_batch(int batch, int) const override { return batch; }
   bool trains_without_lost_workers() const override { return true; }
   bool keeps_served_theta() const override { return true; }
+  bool applies_in_pieces() const override { return true; }
   void on_push(const PushInfo& p, const ShardView&, ShardOps& ops) const override {
     if (p.batch == 0) return ops.step(nullptr, 1.0, 0);  // an empty batch: checked, nothing changes
     const float* then = ops.served(p.worker);

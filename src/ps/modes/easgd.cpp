@@ -18,6 +18,7 @@ class Easgd final : public Mode {
   std::vector<Key> reads() const override { return {{"cluster.sync_every", "is the elastic exchange period of easgd"}}; }
   void on_push(const PushInfo& p, const ShardView&, ShardOps& ops) const override { ops.add(nullptr, 1.0, p.batch); }
   bool pull_ready(long, const ShardView&) const override { return true; }
+  bool applies_in_pieces() const override { return true; }
 
  private:
   double alpha_;

@@ -20,6 +20,8 @@
 //   when a pull is ready       pull_ready(clock)
 //   why a pull is held         why_held(clock): "bsp clock 17 still needs pushes from worker 3
 //                              (clock 16)"
+//   pieces                     applies_in_pieces(): whether a push may be applied piece by
+//                              piece as it arrives (asp, ssp, dcasgd, easgd)
 //
 // A mode is immutable (every method const): what changes with the pushes lives in the shard
 // (ShardState keeps the buffers, versions, statistics and the mode's kept state, and puts them
@@ -148,6 +150,13 @@ class Mode {
   // Whether the shard keeps, per worker, a copy of θ as it last served it (ShardOps::served;
   // dcasgd: one shard's worth of memory per worker).
   virtual bool keeps_served_theta() const { return false; }
+  // Whether on_push() may run piece by piece as a push arrives in pieces (ps/pieces.h): its
+  // work is elementwise over ops.length() floats, it decides the same way for every piece of a
+  // push, and it changes nothing in place but through step(), add() and advance() (so it uses
+  // no kept() buffer). The shard then runs it once per piece, on that piece's floats, and makes
+  // the version at the last piece; a push abandoned half-way leaves no trace. Otherwise (the
+  // default, e.g. bsp's clock sum) the pieces are gathered and the push applied whole.
+  virtual bool applies_in_pieces() const { return false; }
 };
 
 // cluster.mode -> mode. Built-ins: allreduce, bsp, ssp:<s>, asp, dcasgd:<λ>, local:<H>,

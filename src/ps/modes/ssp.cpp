@@ -15,6 +15,7 @@ class Ssp final : public Mode {
   bool trains_without_lost_workers() const override { return true; }  // the others' clocks still bound staleness
   void on_push(const PushInfo& p, const ShardView&, ShardOps& ops) const override { ops.step(nullptr, 1.0, p.batch); }
   bool pull_ready(long clock, const ShardView& s) const override { return s.min_clock() >= clock - s_; }
+  bool applies_in_pieces() const override { return true; }
   std::string why_held(long clock, const ShardView& s) const override {
     return name() + " needs every worker at clock >= " + std::to_string(clock - s_) + "; behind: " +
            workers_below(s, clock - s_);
