@@ -2,7 +2,7 @@
 # One command to check every GPU claim of pslab on a machine with a GPU, from a build or from
 # an unpacked bundle (experiments/bundle.sh; same layout):
 #
-#   tests/gpu.sh [--build-dir DIR] [--quick]
+#   tests/gpu.sh [--build-dir DIR] [--quick] [--only 1,4]
 #
 #   1. the GPU tests (GPU backend against the CPU one, GPU training, NCCL, ranks sharing a GPU)
 #      with PSLAB_REQUIRE_GPU=1: a GPU test that cannot run fails instead of skipping
@@ -12,15 +12,19 @@
 #   3. the default comparison with train.device = "cuda" and its 4 workers on this machine's
 #      GPUs: all four modes must finish; then again with train.tf32 = true, for the
 #      line in results/ on what TF32 changes in accuracy
-# --quick: fewer steps and runs (a smoke test of the command itself).
+#   4. the data path on this host's cores: bench_ps over TCP (4 and 16 MiB, pieces against
+#      whole shards, the floor and raw ZeroMQ in the same invocation) and shared memory;
+#      runs/bench/gpu-ps-*.json
+# --quick: fewer steps and runs (a smoke test of the command itself). --only: these steps alone.
 # Exit: 0 every check passed; 1 a check failed (named at the end); 77 no GPU here (nothing checked).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build="$root/build" quick=0
+build="$root/build" quick=0 only=1,2,3,4
 while (($#)); do
   case $1 in
     --build-dir) build=$2; shift 2 ;;
     --quick) quick=1; shift ;;
+    --only) only=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -30,6 +34,7 @@ out="$root/runs/bench"
 mkdir -p "$out"
 failed=()
 step() { echo; echo "=== $*"; }
+wanted() { [[ ",$only," == *",$1,"* ]]; }  # step $1 was asked for (--only)
 
 if ! gpus=$(nvidia-smi -L 2>&1) || [[ -z $gpus ]]; then
   echo "gpu.sh: no GPU here (nvidia-smi -L: ${gpus:-no output}); nothing checked"
@@ -54,6 +59,7 @@ if ldd "$build/worker/pslab_worker" | grep "not found"; then
   exit 1
 fi
 
+if wanted 1; then  # ---- step 1 ----
 step "1. GPU tests (PSLAB_REQUIRE_GPU=1: nothing skips)"
 export PSLAB_REQUIRE_GPU=1
 bin=test_gpu  # every GPU test: backend, collectives, training (tests/CMakeLists.txt)
@@ -65,7 +71,9 @@ else
   failed+=("$bin"); echo "FAIL $bin:"; grep -E "FAILED|Failure|error" "$out/gpu-$bin.log" | head -20
 fi
 unset PSLAB_REQUIRE_GPU
+fi
 
+if wanted 2; then  # ---- step 2 ----
 step "2. training throughput, pslab (bench_train --device cuda) and PyTorch on the same GPU"
 # samples per timed run: about 1M (MLP) / 200K (CNN), at least 50 steps; 20 warm-up steps
 budget_mlp=1000000 budget_cnn=200000 runs=3
@@ -109,7 +117,9 @@ for row in sys.argv[2:]:
 print("\n".join(lines))
 print(f"\n(written: {out / 'gpu.json'})")
 EOF
+fi
 
+if wanted 3; then  # ---- step 3 ----
 step "3. the default comparison on the GPU (train.device = \"cuda\", 4 workers), float32 and TF32"
 quick_set=(); ((quick)) && quick_set=(--set train.steps=60)
 for tf32 in false true; do
@@ -122,6 +132,21 @@ for tf32 in false true; do
     failed+=("default comparison on cuda, tf32 $tf32"); grep -v "^\[" "$log" | tail -25
   fi
 done
+fi
+
+if wanted 4; then  # ---- step 4 ----
+step "4. the data path: push+pull over TCP and shared memory on this host (bench_ps)"
+ps_runs=5; ((quick)) && ps_runs=1
+for transport in tcp shm; do
+  extra=(); [[ $transport == tcp ]] && extra=(--floor)
+  if "$build/tests/bench_ps" --transport "$transport" --sizes-kib 4096,16384 --runs "$ps_runs" --pieces "${extra[@]}" \
+       --json "$out/gpu-ps-$transport.json" > "$out/gpu-ps-$transport.log" 2>&1; then
+    grep "KiB" "$out/gpu-ps-$transport.log"
+  else
+    failed+=("bench_ps $transport"); tail -5 "$out/gpu-ps-$transport.log"
+  fi
+done
+fi
 
 echo
 if ((${#failed[@]})); then
