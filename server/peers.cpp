@@ -52,8 +52,8 @@ void Server::rejoin(int rank, long clock) {
 }
 
 void Server::lose_worker(int rank, double silent_s) {
+  state_->abandon_push(rank, *this);  // its push in pieces, half-way: nothing of it applied
   state_->drop_worker(rank);
-  for (const ShardState::Done& d : state_->done()) finish_push(d);  // pushes that waited for its push in pieces
   ++finished_;
   workers_.finish(std::size_t(rank));
   if (trace_) trace_->event("drop " + std::to_string(rank));

@@ -275,32 +275,69 @@ void Server::on_push(const std::string& id, const Peer& p, const wire::Push& m, 
   wire::ErrorCode code{};
   if (const std::string why = refuse_push(p, m, msg, code); !why.empty()) {
     reply_error(id, code, why);
-    if (p.role == wire::Role::worker)  // nothing of its push in pieces is applied
-      for (const ShardState::Done& d : state_->abandon_push(p.rank)) finish_push(d);
+    if (p.role == wire::Role::worker) state_->abandon_push(p.rank, *this);  // nothing of its push in pieces applied
     return;
   }
-  // The gradient is applied (or accumulated, gathered, or refused) before any answer leaves: its
-  // bytes go back to the worker first (shm lends them), so the worker may reuse them once answered.
   Pushing& pushing = pushing_[std::size_t(p.rank)];
   if (m.piece == 0) pushing = Pushing{m, 0};
   pushing.bytes += long(msg.payload().size());
-  const std::vector<ShardState::Done>* done = nullptr;
-  try {
-    done = &state_->push_piece({p.rank, m.clock, m.version_pulled, m.batch, m.piece, m.pieces}, msg.payload(), m.checksum);
-    msg_.done_with_payload();
-  } catch (const ProtocolError& e) {
-    msg_.done_with_payload();
-    return reply_error(id, wire::ErrorCode::protocol, e.what());
-  } catch (const ChecksumError& e) {
-    msg_.done_with_payload();
-    return reply_error(id, wire::ErrorCode::bad_checksum, e.what());
-  } catch (const PayloadError& e) {
-    msg_.done_with_payload();
-    return reply_error(id, wire::ErrorCode::bad_payload, e.what());
+  // The shard references the payload until the push ends (push_ended): the message is held
+  // and another takes its place for the next receive.
+  const std::span<const std::byte> payload = msg_.payload();
+  held_msgs_[std::size_t(p.rank)].push_back(std::move(msg_));
+  if (!spare_msgs_.empty()) {
+    msg_ = std::move(spare_msgs_.back());
+    spare_msgs_.pop_back();
+  } else {
+    msg_ = comm::Message();
   }
-  if (m.then_pull && state_->streaming() == p.rank) reply_streamed_piece(id, p.rank, m.piece);
-  for (const ShardState::Done& d : *done) finish_push(d);
-  for (const ShardState::Done& d : state_->apply_waiting()) finish_push(d);  // after the streamed push's reply
+  state_->push_piece({p.rank, m.clock, m.version_pulled, m.batch, m.piece, m.pieces}, payload, m.checksum, *this);
+}
+
+void Server::piece_applied(int worker, std::size_t piece) {
+  if (pushing_[std::size_t(worker)].first.then_pull) reply_streamed_piece(worker_ids_[std::size_t(worker)], worker, piece);
+}
+
+void Server::push_ended(const ShardState::Done& d) {
+  if (d.worker < 0 || d.worker >= cfg_.cluster.workers) return;  // never: sender() checked the rank
+  // Its payloads go back to the worker first (shm lends them), so the worker may reuse them once answered.
+  for (comm::Message& held : held_msgs_[std::size_t(d.worker)]) {
+    held.done_with_payload();
+    spare_msgs_.push_back(std::move(held));
+  }
+  held_msgs_[std::size_t(d.worker)].clear();
+  if (!d.abandoned) finish_push(d);
+}
+
+void Server::finish_push(const ShardState::Done& d) {
+  const std::string& id = worker_ids_[std::size_t(d.worker)];
+  const Pushing& pushing = pushing_[std::size_t(d.worker)];
+  if (d.error) {
+    pushing_[std::size_t(d.worker)].streamed_reply = false;
+    try {
+      std::rethrow_exception(d.error);
+    } catch (const ProtocolError& e) {
+      return reply_error(id, wire::ErrorCode::protocol, e.what());
+    } catch (const ChecksumError& e) {
+      return reply_error(id, wire::ErrorCode::bad_checksum, e.what());
+    } catch (const PayloadError& e) {
+      return reply_error(id, wire::ErrorCode::bad_payload, e.what());
+    }
+  }
+  const wire::Push& m = pushing.first;
+  if (trace_) trace_->push(d.worker, m.clock, m.version_pulled, m.batch);
+  ++counters_.pushes;
+  auto& pushed = counters_.pushed[state_->codec().name()];
+  ++pushed.pushes;
+  pushed.payload_bytes += pushing.bytes;
+  if (!m.then_pull) return send(id, header(wire::PushAck{m.clock, state_->version()}));
+  ++counters_.pulls;
+  Pushing& sent = pushing_[std::size_t(d.worker)];
+  if (!sent.streamed_reply) return on_pull(id, peers_.at(id), m.clock + 1);
+  // Its reply left piece by piece as the pieces were applied, the last one before the version
+  // was published.
+  sent.streamed_reply = false;
+  note_served(d.worker, m.clock + 1, 0.0, sent.reply);
 }
 
 void Server::reply_streamed_piece(const std::string& id, int rank, std::size_t piece) {
@@ -323,45 +360,6 @@ void Server::reply_streamed_piece(const std::string& id, int rank, std::size_t p
   ParamVersions::Buffer* buf = state_->acquire_streamed();  // released by the transport once sent
   send(id, header(r), comm::OutPayload{buf->data + lo, n * sizeof(float), &free_param_buffer, buf});
   ++pushing.pieces_sent;
-}
-
-void Server::finish_push(const ShardState::Done& d) {
-  const std::string& id = worker_ids_[std::size_t(d.worker)];
-  const Pushing& pushing = pushing_[std::size_t(d.worker)];
-  if (d.error) {
-    try {
-      std::rethrow_exception(d.error);
-    } catch (const ProtocolError& e) {
-      return reply_error(id, wire::ErrorCode::protocol, e.what());
-    } catch (const ChecksumError& e) {
-      return reply_error(id, wire::ErrorCode::bad_checksum, e.what());
-    } catch (const PayloadError& e) {
-      return reply_error(id, wire::ErrorCode::bad_payload, e.what());
-    }
-  }
-  const wire::Push& m = pushing.first;
-  if (trace_) trace_->push(d.worker, m.clock, m.version_pulled, m.batch);
-  ++counters_.pushes;
-  auto& pushed = counters_.pushed[state_->codec().name()];
-  ++pushed.pushes;
-  pushed.payload_bytes += pushing.bytes;
-  if (!m.then_pull) return send(id, header(wire::PushAck{m.clock, state_->version()}));
-  ++counters_.pulls;
-  Pushing& sent = pushing_[std::size_t(d.worker)];
-  if (!sent.streamed_reply) return on_pull(id, peers_.at(id), m.clock + 1);
-  // Its reply went piece by piece: the last piece (applied with the push's end) from the version
-  // now published, which nothing has changed since.
-  sent.streamed_reply = false;
-  const Pieces& cut = state_->options().pieces;
-  wire::PullReply& r = sent.reply;
-  for (std::size_t q = sent.pieces_sent; q < state_->pieces(); ++q) {
-    const std::size_t lo = cut.begin(range_.length, q), n = cut.size(range_.length, q);
-    r.piece = std::uint32_t(q), r.offset = range_.offset + lo, r.length = n, r.bytes = n * sizeof(float);
-    r.checksum = state_->piece_checksum(q);
-    ParamVersions::Buffer* buf = state_->params().acquire_current();
-    send(id, header(r), comm::OutPayload{buf->data + lo, n * sizeof(float), &free_param_buffer, buf});
-  }
-  note_served(d.worker, m.clock + 1, 0.0, r);
 }
 
 // ---- the end of a worker and of the run ----

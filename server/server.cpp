@@ -50,7 +50,7 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   so.record_pulls = opt.record_pulls;
   so.threads = server_threads(cfg, opt.procs_on_host);
   so.memory = [&transport](std::size_t bytes) { return transport.payload_memory(bytes); };  // shm: replies without a copy
-  so.pieces = Pieces::of_kib(cfg.cluster.piece_kib);
+  so.pieces = pieces_of(cfg);
   state_ = std::make_unique<ShardState>(*cpu_, so, std::move(slice));
   if (cfg.cluster.pull_codec != "f32")
     pull_encoded_ = std::make_unique<EncodedVersions>(make_codec(cfg.cluster.pull_codec), range_.length);
@@ -59,6 +59,7 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   worker_ids_.assign(std::size_t(W), "");
   said_bye_.assign(std::size_t(W), 0);
   pushing_.resize(std::size_t(W));
+  held_msgs_.resize(std::size_t(W));
   if (!opt.resume_path.empty()) resume_from(opt.resume_path);
   continue_on_loss_ = continues_without_lost_workers(cfg);
 

@@ -75,7 +75,7 @@ struct ServerCounters {
   long bad_total() const;
 };
 
-class Server {
+class Server : private ShardState::Listener {
  public:
   // Listens at construction (so a test can connect right away). `transport` must outlive the
   // server.
@@ -126,8 +126,11 @@ class Server {
   wire::Header welcome(const std::string& to) const;
   void on_pull(const std::string& id, const Peer& p, long clock);
   void on_push(const std::string& id, const Peer& p, const wire::Push& m, const comm::Message& msg);
-  // A push the shard ended (applied, or refused when it came to be applied): counted, traced
-  // and answered (PushAck, or the pull it asked for).
+  // ShardState::Listener: a piece of a push applied (a streamed reply's piece leaves); a push
+  // ended: its held messages given back, then counted, traced and answered (PushAck, the pull
+  // it asked for, or an Error), unless the server abandoned it.
+  void piece_applied(int worker, std::size_t piece) override;
+  void push_ended(const ShardState::Done& d) override;
   void finish_push(const ShardState::Done& d);
   // After a piece of a streaming push+pull: its reply's piece, when the pull will be ready.
   void reply_streamed_piece(const std::string& id, int rank, std::size_t piece);
@@ -211,6 +214,10 @@ class Server {
     std::size_t pieces_sent = 0;
   };
   std::vector<Pushing> pushing_;
+  // Per worker: the messages of its open push, whose payloads the shard references until the
+  // push ends; and received messages to reuse (no allocation per message once warm).
+  std::vector<std::vector<comm::Message>> held_msgs_;
+  std::vector<comm::Message> spare_msgs_;
   time_point started_, last_message_;
 };
 

@@ -62,6 +62,9 @@ class OptimizerRule {
   // Buffers of the range's size it keeps across steps, zero at first (momentum: 1, adam: 2), in
   // the order checkpoints keep them.
   virtual int state_buffers() const { return 0; }
+  // Whether an update must see the whole range before any piece of it (prepare(): layer-wise
+  // trust ratios): then a server takes pushes whole, not in pieces (ps/pieces.h).
+  virtual bool needs_whole_range() const { return false; }
   // Before the pieces of an update, over the whole range: w and g (n floats; `layer_begin`
   // locates the layers in it, with n at the end). Layer-wise kinds take their trust ratios here.
   virtual void prepare(const OptimizerStep&, const float* /*w*/, const float* /*g*/,
@@ -109,6 +112,7 @@ class Optimizer {
   // and w_out point at the piece (n floats) and `offset` locates it in the optimizer's range
   // (for its state). Equals step().
   void begin_step() { ++steps_; }
+  void cancel_step() { --steps_; }  // a step begun and abandoned before it changed any state
   void prepare(const float* w, const float* g);
   void step_range(const float* w, const float* g, float* w_out, std::size_t offset, std::size_t n, double lr);
   // Whether the optimizer keeps state across steps (an update that is abandoned half-way

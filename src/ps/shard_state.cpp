@@ -142,8 +142,8 @@ void ShardState::restore(const ShardCheckpoint& c) {
   params_.publish();
   sum_current();
   version_ = c.version;
-  for (Incoming& in : incoming_) in.open = in.ready = false;
-  streaming_ = -1, ready_.clear();
+  for (Incoming& in : incoming_) in.open = false;
+  applying_ = -1, queue_.clear();
   samples_applied_ = c.samples_applied;
   clocks_ = c.clocks;
   lost_ = c.lost;
@@ -175,12 +175,14 @@ void ShardState::update(const float* x, long update_samples, double lr_factor, c
   const double epoch = double(samples_applied_) / double(opt_.train_size);
   const int lr_batch = mode_.update_batch(opt_.batch, opt_.workers);
   const double lr = lr_factor * learning_rate(opt_.schedule, opt_.optimizer.lr, lr_batch, epoch);
-  const bool streaming = streaming_ >= 0;
+  const bool windowed = applying_ >= 0;  // a push in pieces: this piece's window, published at its end
   const float* cur = params_.current() + win_lo_;
-  float* next = (streaming ? stream_next_ : params_.next()) + win_lo_;
-  if (how.optimizer && !streaming) {  // a streaming push counts its step at its end (stateless optimizers only)
+  float* next = (windowed ? stream_next_ : params_.next()) + win_lo_;
+  if (how.optimizer && !windowed) {
     optimizer_.begin_step();
-    optimizer_.prepare(cur, x);  // layer-wise optimizers: the trust ratios over the whole shard
+    optimizer_.prepare(cur, x);  // layer-wise optimizers: the trust ratios over the whole shard (never in pieces)
+  } else if (how.optimizer && !stream_.optimizer) {
+    optimizer_.begin_step();  // once per push, at its first piece (Adam's bias correction counts it)
   }
   const float scale = float(how.scale);
   const int slices = for_slices(win_n_, [&](std::size_t begin, std::size_t end, int t) {
@@ -214,8 +216,8 @@ void ShardState::update(const float* x, long update_samples, double lr_factor, c
       else next_piece_sums_[q].append(param_segs_[std::size_t(t)][j]);
       last = q;
     }
-  if (streaming) {
-    stream_ = Stream{true, how.optimizer, update_samples};
+  if (windowed) {
+    stream_ = Stream{true, how.optimizer || stream_.optimizer, update_samples};
     return;
   }
   params_.publish();
@@ -309,11 +311,11 @@ void ShardState::add(const float* change, double scale, long samples) {
 }
 
 void ShardState::advance() {
-  if (streaming_ < 0) return (void)++version_;
+  if (applying_ < 0) return (void)++version_;
   // A streaming push's piece that leaves θ as it is: the next version's piece is the current one's.
   std::copy(params_.current() + win_lo_, params_.current() + win_lo_ + win_n_, stream_next_ + win_lo_);
   next_piece_sums_[piece_of(win_lo_)] = piece_sums_[piece_of(win_lo_)];
-  stream_ = Stream{true, false, 0};
+  stream_ = Stream{true, stream_.optimizer, 0};
 }
 
 // ---- pushes ----
@@ -339,7 +341,7 @@ void ShardState::push(int worker, long clock, long version_pulled, int batch, st
                       std::uint64_t checksum) {
   const PushInfo info{worker, clock, version_pulled, batch};
   check_push(info);
-  if (streaming_ >= 0 || !ready_.empty() || incoming_[std::size_t(worker)].open || incoming_[std::size_t(worker)].ready)
+  if (applying_ >= 0 || !queue_.empty() || incoming_[std::size_t(worker)].open)
     throw ProtocolError("a whole push while a push in pieces is open: the server hands pushes to push_piece()");
   apply_push(info, payload, checksum, false);
 }
@@ -384,160 +386,178 @@ void ShardState::apply_push(const PushInfo& info, std::span<const std::byte> pay
   if (info.batch > 0) count_staleness(info.worker, arrived_at - info.version_pulled);
 }
 
-const std::vector<ShardState::Done>& ShardState::push_piece(const PieceOf& p, std::span<const std::byte> payload,
-                                                            std::uint64_t checksum) {
-  done_.clear();
-  if (p.worker < 0 || p.worker >= opt_.workers)
-    throw ProtocolError("push from worker " + std::to_string(p.worker) + ", expected a rank in [0, " +
-                        std::to_string(opt_.workers) + ")");
+void ShardState::push_piece(const PieceOf& p, std::span<const std::byte> payload, std::uint64_t checksum, Listener& l) {
+  if (p.worker < 0 || p.worker >= opt_.workers) {
+    l.push_ended(Done{p.worker, p.clock, std::make_exception_ptr(ProtocolError(
+        "push from worker " + std::to_string(p.worker) + ", expected a rank in [0, " + std::to_string(opt_.workers) + ")"))});
+    return;
+  }
   Incoming& in = incoming_[std::size_t(p.worker)];
   const PushInfo info{p.worker, p.clock, p.version_pulled, p.batch};
+  // A refusal abandons the worker's open push, if any, and ends this one with the reason.
+  auto refuse = [&](std::exception_ptr why) {
+    abandon_push(p.worker, l);
+    l.push_ended(Done{p.worker, p.clock, why});
+  };
   if (p.piece == 0) {
-    if (in.open || in.ready)
-      throw ProtocolError("push of worker " + std::to_string(p.worker) + " for clock " + std::to_string(p.clock) +
-                          " while its push for clock " + std::to_string(in.info.clock) + " is not applied yet");
-    check_push(info);
-    if (p.pieces != 1 && (p.pieces != pieces() || !codec_->dense_f32()))
-      throw ProtocolError("push in " + std::to_string(p.pieces) + " pieces; this shard's pushes come in " +
-                          std::to_string(codec_->dense_f32() ? pieces() : 1) + " (cluster.piece_kib, cluster.codec)");
-    if (p.pieces == 1 && streaming_ < 0 && ready_.empty()) {  // whole, nothing before it: applied now, as push() does
-      apply_push(info, payload, checksum, false);
-      done_.push_back(Done{p.worker, p.clock, nullptr});
-      return done_;
+    if (in.open)
+      return refuse(std::make_exception_ptr(ProtocolError(
+          "push of worker " + std::to_string(p.worker) + " for clock " + std::to_string(p.clock) + " while its push for clock " +
+          std::to_string(in.info.clock) + " is not applied yet")));
+    try {
+      check_push(info);
+      if (p.pieces != 1 && (p.pieces != pieces() || !codec_->dense_f32()))
+        throw ProtocolError("push in " + std::to_string(p.pieces) + " pieces; this shard's pushes come in " +
+                            std::to_string(codec_->dense_f32() ? pieces() : 1) + " (cluster.piece_kib, cluster.codec)");
+      if (p.pieces == 1 && queue_.empty()) {  // whole, nothing before it: applied now, as push() does
+        apply_push(info, payload, checksum, false);
+        return l.push_ended(Done{p.worker, p.clock, nullptr});
+      }
+    } catch (...) {
+      return l.push_ended(Done{p.worker, p.clock, std::current_exception()});
     }
-    in.open = true, in.info = info, in.pieces = p.pieces, in.next = 0, in.size = 0;
-    in.streams = p.pieces > 1 && streaming_ < 0 && ready_.empty() && streams_in_pieces();
-    if (in.streams) streaming_ = p.worker, stream_next_ = params_.next(), stream_ = Stream{};
-  } else if (!in.open || p.piece != in.next || p.pieces != in.pieces || p.clock != in.info.clock ||
+    in.open = true, in.info = info, in.pieces = p.pieces, in.arrived = in.applied = 0;
+    in.streams = p.pieces > 1 && streams_in_pieces();
+    in.parts.resize(p.pieces);
+    queue_.push_back(p.worker);
+  } else if (!in.open || p.piece != in.arrived || p.pieces != in.pieces || p.clock != in.info.clock ||
              p.version_pulled != in.info.version_pulled || p.batch != in.info.batch) {
-    const std::string why = in.open ? "piece " + std::to_string(p.piece) + " of " + std::to_string(p.pieces) +
-                                          " of a push whose next is piece " + std::to_string(in.next) + " of " +
-                                          std::to_string(in.pieces) + " (or unlike its first piece)"
-                                    : "piece " + std::to_string(p.piece) + " of a push whose first piece did not come";
-    abandon(p.worker);
-    throw ProtocolError("worker " + std::to_string(p.worker) + " clock " + std::to_string(p.clock) + ": " + why);
+    return refuse(std::make_exception_ptr(ProtocolError(
+        "worker " + std::to_string(p.worker) + " clock " + std::to_string(p.clock) + ": piece " + std::to_string(p.piece) +
+        " of " + std::to_string(p.pieces) +
+        (in.open ? " of a push whose next is piece " + std::to_string(in.arrived) + " of " + std::to_string(in.pieces) +
+                       " (or unlike its first piece)"
+                 : " of a push whose first piece did not come"))));
   }
-  try {
-    if (in.streams) stream_piece(in, p.piece, payload, checksum);
-    else gather_piece(in, p.piece, payload, checksum);
-  } catch (...) {
-    abandon(p.worker);
-    throw;
+  if (p.pieces > 1) {
+    const std::size_t n = opt_.pieces.size(length_all(), p.piece);
+    if (payload.size() != n * sizeof(float))
+      return refuse(std::make_exception_ptr(PayloadError("f32 piece of " + std::to_string(payload.size()) + " bytes for piece " +
+                                                         std::to_string(p.piece) + " of " + std::to_string(n) + " floats")));
+    // A push applied once all came changes state in place: each piece checked as it comes.
+    if (!in.streams && wire::checksum_bytes(payload.data(), payload.size()) != checksum)
+      return refuse(std::make_exception_ptr(ChecksumError("push payload checksum mismatch (corrupted in transit)")));
   }
-  if (++in.next < in.pieces) return done_;
-  in.open = false;
-  if (in.streams) {
-    commit_stream();
-    done_.push_back(Done{p.worker, p.clock, nullptr});  // pushes that waited for it: apply_waiting()
-  } else if (streaming_ >= 0 || !ready_.empty()) {
-    in.ready = true;  // applied after the streaming push, in order
-    ready_.push_back(p.worker);
-  } else {
-    apply_gathered(p.worker);
-  }
-  return done_;
+  in.parts[p.piece] = Incoming::Part{payload, checksum};
+  ++in.arrived;
+  pump(l);
 }
 
-void ShardState::stream_piece(Incoming& in, std::size_t p, std::span<const std::byte> payload, std::uint64_t checksum) {
+void ShardState::pump(Listener& l) {
+  while (!queue_.empty()) {
+    const int w = queue_.front();
+    Incoming& in = incoming_[std::size_t(w)];
+    if (in.pieces == 1) {  // a whole push that waited for the ones before it
+      std::exception_ptr error;
+      try {
+        check_push(in.info);
+        apply_push(in.info, in.parts[0].bytes, in.parts[0].checksum, false);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      end_push(w, error, l);
+      continue;
+    }
+    if (!in.streams && in.arrived < in.pieces) return;  // applied once every piece came
+    if (applying_ != w) {
+      try {
+        check_push(in.info);  // again: a push before it may have changed what the rule allows
+      } catch (...) {
+        end_push(w, std::current_exception(), l);
+        continue;
+      }
+      applying_ = w, stream_next_ = params_.next(), stream_ = Stream{}, counts_before_ = kept_counts_;
+    }
+    std::exception_ptr error;
+    for (; in.applied < in.arrived && !error; ++in.applied) {
+      try {
+        apply_window(in, in.applied);
+        l.piece_applied(w, in.applied);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    if (error) {  // refused in a piece: before any change (checked pieces), or streaming (nothing kept, never published)
+      if (stream_.optimizer) optimizer_.cancel_step();
+      kept_counts_ = counts_before_;
+      applying_ = -1, stream_next_ = nullptr;
+      end_push(w, error, l);
+      continue;
+    }
+    if (in.applied < in.pieces) return;  // streaming: its next piece has not come
+    commit_window(in);
+    end_push(w, nullptr, l);
+  }
+}
+
+void ShardState::apply_window(Incoming& in, std::size_t p) {
   const std::size_t lo = opt_.pieces.begin(length_all(), p), n = opt_.pieces.size(length_all(), p);
-  if (payload.size() != n * sizeof(float))
-    throw PayloadError("f32 piece of " + std::to_string(payload.size()) + " bytes for piece " + std::to_string(p) +
-                       " of " + std::to_string(n) + " floats");
+  const std::span<const std::byte> payload = in.parts[p].bytes;
   const float* dense = reinterpret_cast<const float*>(payload.data());
   if (reinterpret_cast<std::uintptr_t>(payload.data()) % alignof(float) != 0) {  // a transport that does not align
     if (decoded_.size() != length_all()) decoded_.resize(length_all());
     std::memcpy(decoded_.data() + lo, payload.data(), payload.size());
     dense = decoded_.data() + lo;
   }
-  // The mode runs on this piece's window with the push's clock counted, as for a whole push;
-  // between pieces the shard is as it was before the push (its clock, version and θ).
+  // The mode runs on this piece's window with the push's clock counted, as for a whole push,
+  // from the same state for every piece (its kept counts as before the push); between pieces
+  // the shard is as it was before the push (its clock, version and θ).
   long& wclock = clocks_[std::size_t(in.info.worker)];
+  kept_counts_ = counts_before_;
   win_lo_ = lo, win_n_ = n;
-  pending_ = Pending{dense, checksum, in.info.batch, false, in.info.worker, in.info.version_pulled};
+  pending_ = Pending{dense, in.parts[p].checksum, in.info.batch, !in.streams, in.info.worker, in.info.version_pulled};
   ++wclock;
   try {
     mode_.on_push(in.info, view(), *this);
   } catch (...) {
-    --wclock, win_lo_ = 0, win_n_ = length_all(), pending_ = Pending{};
+    --wclock, win_lo_ = 0, win_n_ = length_all(), pending_ = Pending{}, kept_counts_ = counts_before_;
     throw;
   }
   --wclock, win_lo_ = 0, win_n_ = length_all(), pending_ = Pending{};
 }
 
-void ShardState::gather_piece(Incoming& in, std::size_t p, std::span<const std::byte> payload, std::uint64_t checksum) {
-  const std::size_t most = std::max(codec_->max_bytes(length_all()), length_all() * sizeof(float));
-  if (in.bytes.size() < most) in.bytes.resize(most);
-  const std::size_t at = in.pieces == 1 ? 0 : opt_.pieces.begin(length_all(), p) * sizeof(float);
-  const std::size_t expect = in.pieces == 1 ? payload.size() : opt_.pieces.size(length_all(), p) * sizeof(float);
-  if (payload.size() != expect || at + payload.size() > most)
-    throw PayloadError("piece " + std::to_string(p) + " of " + std::to_string(payload.size()) + " bytes, expected " +
-                       std::to_string(expect));
-  std::memcpy(in.bytes.data() + at, payload.data(), payload.size());
-  if (wire::checksum_bytes(in.bytes.data() + at, payload.size()) != checksum) bad_checksum();  // each piece checked
-  in.size = at + payload.size();
-}
-
-void ShardState::commit_stream() {
-  Incoming& in = incoming_[std::size_t(streaming_)];
+void ShardState::commit_window(Incoming& in) {
   const long arrived_at = version_;
   if (stream_.advanced) {
     params_.publish();
     publish_sums();
     ++version_;
     samples_applied_ += stream_.samples;
-    if (stream_.optimizer) optimizer_.begin_step();
   }
   ++clocks_[std::size_t(in.info.worker)];
   if (in.info.batch > 0) count_staleness(in.info.worker, arrived_at - in.info.version_pulled);
-  streaming_ = -1, stream_next_ = nullptr;
+  applying_ = -1, stream_next_ = nullptr;
 }
 
-void ShardState::apply_gathered(int worker) {
+void ShardState::end_push(int worker, std::exception_ptr error, Listener& l) {
   Incoming& in = incoming_[std::size_t(worker)];
-  in.ready = false;
-  try {
-    check_push(in.info);  // as on its first piece, unless a push before it changed what it allows
-    apply_push(in.info, std::span<const std::byte>(in.bytes.data(), in.size), 0, /*verified*/ true);
-    done_.push_back(Done{worker, in.info.clock, nullptr});
-  } catch (...) {
-    done_.push_back(Done{worker, in.info.clock, std::current_exception()});
-  }
-}
-
-void ShardState::apply_ready() {
-  for (int w : ready_) apply_gathered(w);
-  ready_.clear();
-}
-
-const std::vector<ShardState::Done>& ShardState::apply_waiting() {
-  done_.clear();
-  if (streaming_ < 0) apply_ready();
-  return done_;
+  in.open = false;
+  queue_.erase(std::remove(queue_.begin(), queue_.end(), worker), queue_.end());
+  l.push_ended(Done{worker, in.info.clock, error});
 }
 
 ShardState::After ShardState::after_stream(long pull_clock) {
   After a;
-  if (streaming_ < 0) return a;
-  long& wclock = clocks_[std::size_t(streaming_)];
+  if (applying_ < 0) return a;
+  long& wclock = clocks_[std::size_t(applying_)];
   ++wclock, version_ += stream_.advanced;
   a = After{stream_.advanced, version_, min_clock(), samples_applied_ + stream_.samples, mode_.pull_ready(pull_clock, view())};
   --wclock, version_ -= stream_.advanced;
   return a;
 }
 
-const std::vector<ShardState::Done>& ShardState::abandon_push(int worker) {
-  done_.clear();
-  if (worker >= 0 && worker < opt_.workers) abandon(worker);
-  return done_;
-}
-
-void ShardState::abandon(int worker) {
+void ShardState::abandon_push(int worker, Listener& l) {
+  if (worker < 0 || worker >= opt_.workers || !incoming_[std::size_t(worker)].open) return;
   Incoming& in = incoming_[std::size_t(worker)];
-  in.open = in.ready = false;
-  ready_.erase(std::remove(ready_.begin(), ready_.end(), worker), ready_.end());
-  if (streaming_ != worker) return;
-  streaming_ = -1, stream_next_ = nullptr;  // its version was never published
-  apply_ready();
+  if (applying_ == worker) {  // only a streaming push is ever left half-applied: its version never published
+    if (stream_.optimizer) optimizer_.cancel_step();
+    kept_counts_ = counts_before_;
+    applying_ = -1, stream_next_ = nullptr;
+  }
+  in.open = false;
+  queue_.erase(std::remove(queue_.begin(), queue_.end(), worker), queue_.end());
+  l.push_ended(Done{worker, in.info.clock, nullptr, /*abandoned*/ true});
+  pump(l);  // the pushes that waited for it
 }
 
 long ShardState::fast_forward(int worker, long clock) {
@@ -554,8 +574,6 @@ void ShardState::drop_worker(int worker) {
   if (!mode_.trains_without_lost_workers())
     throw std::logic_error(mode_.name() + " cannot train on without worker " + std::to_string(worker));
   lost_.at(std::size_t(worker)) = 1;
-  done_.clear();
-  abandon(worker);
 }
 
 }  // namespace pslab

@@ -12,14 +12,16 @@
 // version when it arrived - the version its gradient was computed on (0 under bsp).
 //
 // Pushes in pieces (ps/pieces.h, cluster.piece_kib): push_piece() takes each piece as it
-// arrives. One push at a time streams: each piece is checked and, where the mode
-// applies_in_pieces() and the optimizer keeps no state, applied at once into the next version's
-// buffer; that version is published whole at the last piece, so a pull never sees a torn
-// version (pulls in between are served the current one). Every other push in pieces is gathered
-// (each piece checked as it is copied) and applied whole at its last piece, or, when it ends
-// while another push streams, right after that one, in arrival order. The result is bit for bit
-// the whole push's: the same arithmetic per float, the same learning rate, version and counts.
-// A push abandoned half-way (a bad piece, its worker lost) leaves no trace.
+// arrives, by reference (the caller keeps its bytes until the push ends). Pushes are applied
+// one at a time, in the order their first pieces came, piece by piece: the mode runs on each
+// piece's window of the shard, writing the next version's buffer, which is published whole with
+// the push's last piece, so a pull never sees a torn version (pulls in between are served the
+// current one). A push streams (each piece applied as it comes, its checksum verified in the
+// same pass) where the mode applies_in_pieces() and the optimizer keeps no state; otherwise
+// each piece is verified as it comes and the push applied once all came (a push that changes
+// state in place must not fail half-way). The result is bit for bit the whole push's: the same
+// arithmetic per float, the same learning rate, version and counts. A streaming push abandoned
+// half-way (a bad piece, its worker lost) leaves no trace.
 //
 // Threading: one thread (the server's event loop) calls everything, except
 // ParamVersions::release(), which a transport's I/O thread calls when a zero-copy send is done.
@@ -132,11 +134,11 @@ class ShardState : private ShardOps {
   void push(int worker, long clock, long version_pulled, int batch, std::span<const std::byte> payload,
             std::uint64_t checksum);
   // Piece `piece` of `pieces` of a push (pieces == 1: the whole push, in any codec; otherwise
-  // dense f32 pieces cut by Options::pieces, in order). Returns the pushes this call ended, in
-  // order: none while pieces are missing; this one at its last piece; and pushes gathered while
-  // it streamed, applied after it. A Done with an error was refused at that point (nothing of
-  // it applied). Throws as push() does for this piece, and ProtocolError for a piece out of
-  // order or unlike its push's first; either way this worker's push is abandoned.
+  // dense f32 pieces cut by Options::pieces, in order). `payload` is referenced, not copied,
+  // until the listener hears push_ended() for this worker. What it applies (this push, pushes
+  // that waited for it) the listener hears as it happens. Throws as push() does for this
+  // piece, and ProtocolError for a piece out of order or unlike its push's first; either way
+  // this worker's push is abandoned (and push_ended() said for it first).
   struct PieceOf {
     int worker = 0;
     long clock = 0, version_pulled = 0;
@@ -146,35 +148,40 @@ class ShardState : private ShardOps {
   struct Done {
     int worker;
     long clock;
-    std::exception_ptr error;  // null: applied
+    std::exception_ptr error;  // why the shard refused it (null: applied, or abandoned)
+    bool abandoned = false;    // abandon_push(): the caller's decision, nothing applied
   };
-  const std::vector<Done>& push_piece(const PieceOf& p, std::span<const std::byte> payload, std::uint64_t checksum);
-  // Pushes gathered while another streamed wait until this is called (so that the server can
-  // send the streamed push's reply first): applies them, and returns them as push_piece() does.
-  const std::vector<Done>& apply_waiting();
-  // Abandons the worker's push in pieces, if one is open (a piece the server refused): nothing
-  // of it applied. Returns the pushes that waited for it, now applied, as push_piece() does.
-  const std::vector<Done>& abandon_push(int worker);
-  // The worker whose push streams now (-1: none), and, after its first piece, what the shard
-  // will be once it ends: for a push+pull answered piece by piece as the pieces are applied.
-  int streaming() const { return streaming_; }
+  class Listener {
+   public:
+    virtual ~Listener() = default;
+    // Piece `piece` of the worker's push is in the version being written (streamed_checksum(),
+    // acquire_streamed()); called before the push ends. Pushes of one piece: not called.
+    virtual void piece_applied(int worker, std::size_t piece) = 0;
+    // The worker's push ended: applied (its version published), or refused (nothing of it
+    // applied); its payloads are no longer referenced.
+    virtual void push_ended(const Done& d) = 0;
+  };
+  void push_piece(const PieceOf& p, std::span<const std::byte> payload, std::uint64_t checksum, Listener& l);
+  // Abandons the worker's push, if one is open (a piece the server refused; the worker lost):
+  // nothing of it applied; pushes that waited for it go on.
+  void abandon_push(int worker, Listener& l);
+  // The worker whose push is being applied (-1: none), and, once its first piece is, what the
+  // shard will be when it ends: for a push+pull answered piece by piece.
+  int streaming() const { return applying_; }
   struct After {
     bool advances = false;  // it makes a new version (not an empty batch)
     long version = 0, min_clock = 0, samples_applied = 0;
     bool pull_ready = false;  // a pull for pull_clock may be served then
   };
   After after_stream(long pull_clock);
-  // Piece p of the version the streaming push writes, once that piece is applied: its checksum,
-  // and its buffer, marked as referenced by one more send (ParamVersions::release).
+  // Piece p of the version the push being applied writes, once that piece is applied: its
+  // checksum, and its buffer, marked as referenced by one more send (ParamVersions::release).
   std::uint64_t streamed_checksum(std::size_t p) const { return next_piece_sums_[p].value(); }
   ParamVersions::Buffer* acquire_streamed() { return params_.acquire_next(); }
   // Pieces of this shard (1: it travels whole).
   std::size_t pieces() const { return opt_.pieces.count(opt_.range.length); }
   // wire::checksum of piece p of the current version (computed while it was written).
   std::uint64_t piece_checksum(std::size_t p) const { return piece_sums_[p].value(); }
-  // Pushes ended by the last drop_worker() (gathered pushes that waited for the dropped
-  // worker's streaming push), as push_piece() returns them.
-  const std::vector<Done>& done() const { return done_; }
   // Whether a pull by a worker at `clock` may be served now (evaluators are never held).
   bool pull_ready(long clock) const { return mode_.pull_ready(clock, view()); }
   // Why a pull for `clock` is held, naming the workers it waits for.
@@ -185,8 +192,8 @@ class ShardState : private ShardOps {
   // Bytes of those copies: workers x shard, 0 for modes that keep none.
   std::size_t pulled_params_bytes() const { return served_.size() * sizeof(float); }
   // Drops a worker that died or fell silent (the server decides; the mode must train on without
-  // it): its clock no longer counts for the mode, a later push from it is refused, and its push
-  // in pieces, if one is open, is abandoned (pushes waiting for it are applied: done()).
+  // it): its clock no longer counts for the mode, and a later push from it is refused (its
+  // open push, if any: abandon_push() first).
   void drop_worker(int worker);
   bool dropped(int worker) const { return lost_[std::size_t(worker)] != 0; }
   // A worker rejoining a server restarted from a checkpoint that is behind it: its clock moves
@@ -228,32 +235,33 @@ class ShardState : private ShardOps {
     int worker = 0;
     long version_pulled = 0;  // the version its gradient was computed on
   };
-  // A push arriving in pieces, per worker, until it is applied.
+  // A push arriving in pieces, per worker, from its first piece until it ends.
   struct Incoming {
-    bool open = false;   // pieces missing
-    bool ready = false;  // gathered whole, waiting for the streaming push to end
+    bool open = false;
     PushInfo info;
-    std::size_t pieces = 1, next = 0;
-    bool streams = false;          // applied piece by piece (else gathered into `bytes`)
-    std::vector<std::byte> bytes;  // the gathered payload, allocated on first use
-    std::size_t size = 0;
+    std::size_t pieces = 1, arrived = 0, applied = 0;
+    bool streams = false;  // each piece applied as it comes (else once all came, each verified)
+    struct Part {
+      std::span<const std::byte> bytes;
+      std::uint64_t checksum = 0;
+    };
+    std::vector<Part> parts;  // by piece (capacity kept)
   };
-  // What the streaming push's pieces did so far (the same for every piece).
+  // What the pieces of the push being applied did so far (the same for every piece).
   struct Stream {
     bool advanced = false;   // a new version is being written
-    bool optimizer = false;  // by an optimizer step
+    bool optimizer = false;  // by an optimizer step (counted once, at its first piece)
     long samples = 0;
   };
   void check_push(const PushInfo& info) const;  // what push() checks before anything changes
   // The push after its checks: `payload` in the codec, `verified` when its checksum was checked.
   void apply_push(const PushInfo& info, std::span<const std::byte> payload, std::uint64_t checksum, bool verified);
   bool streams_in_pieces() const { return mode_.applies_in_pieces() && optimizer_.stateless() && codec_->dense_f32(); }
-  void stream_piece(Incoming& in, std::size_t p, std::span<const std::byte> payload, std::uint64_t checksum);
-  void gather_piece(Incoming& in, std::size_t p, std::span<const std::byte> payload, std::uint64_t checksum);
-  void commit_stream();        // the streaming push's last piece: its version published
-  void apply_gathered(int worker);
-  void apply_ready();          // gathered pushes that waited for the streaming one
-  void abandon(int worker);    // nothing of the worker's open push applied
+  // Applies what can be applied now, in order: the pushes waiting, piece by piece.
+  void pump(Listener& l);
+  void apply_window(Incoming& in, std::size_t p);  // piece p of the push being applied
+  void commit_window(Incoming& in);                // its end: the version published
+  void end_push(int worker, std::exception_ptr error, Listener& l);  // off the queue, said
   // The pending push's staleness: versions made since the one it was computed on.
   long pending_staleness() const { return version_ - pending_.version_pulled; }
   ShardView view() const { return ShardView{version_, clocks_, lost_}; }
@@ -278,7 +286,7 @@ class ShardState : private ShardOps {
   // Writes the next version from the current one and `x` (a gradient, or a change of θ) over
   // the window, chunk by chunk, computing the new version's piece checksums on the way (and,
   // with verify, x's: on a mismatch the new version is dropped before publication and
-  // ChecksumError thrown). Publishes it, unless a push streams (commit_stream() does).
+  // ChecksumError thrown). Publishes it, unless a push is applied in pieces (commit_window()).
   void update(const float* x, long update_samples, double lr_factor, const std::uint64_t* verify, Update how);
   // update() with x = grad, or with the pending payload (verified in the same pass where that is safe).
   void update_with(const float* x, long samples, double lr_factor, Update how);
@@ -290,7 +298,7 @@ class ShardState : private ShardOps {
   // piece_sums_ and checksum_ of θ as it is now (at the start, after a restore).
   void sum_current();
   void publish_sums();  // next_piece_sums_ become the current version's; checksum_ from them
-  std::size_t piece_of(std::size_t i) const { return pieces() == 1 ? 0 : i / opt_.pieces.per; }
+  std::size_t piece_of(std::size_t i) const { return pieces() == 1 ? 0 : i / opt_.pieces.per_piece(length_all()); }
   std::size_t piece_end(std::size_t q) const { return opt_.pieces.begin(length_all(), q) + opt_.pieces.size(length_all(), q); }
   std::size_t length_all() const { return opt_.range.length; }
   void count_staleness(int worker, long staleness);
@@ -306,11 +314,11 @@ class ShardState : private ShardOps {
   std::uint64_t checksum_ = 0;
   std::vector<wire::Checksum> piece_sums_, next_piece_sums_;  // per piece: the current version's, the next's
   std::vector<Incoming> incoming_;  // per worker
-  int streaming_ = -1;              // the worker whose push streams, -1: none
+  std::vector<int> queue_;          // open pushes in the order their first pieces came
+  int applying_ = -1;               // the worker whose push is being applied (queue_ front), -1: none
   float* stream_next_ = nullptr;    // the version it writes
   Stream stream_;
-  std::vector<int> ready_;          // gathered pushes waiting for it, in arrival order
-  std::vector<Done> done_;
+  std::array<long, 2> counts_before_{};  // kept_counts() before it (each piece starts from them)
   long version_ = 0;
   long samples_applied_ = 0;
   std::vector<long> clocks_;  // per worker: pushes done

@@ -89,8 +89,9 @@ void visit_fields(Config& c, F&& f) {
     "push (PS modes) or all-reduce (allreduce) each finished piece of the gradient while backward goes on");
   f("cluster.bucket_kb", c.cluster.bucket_kb, "allreduce with overlap: KiB of the gradient per all-reduce bucket");
   f("cluster.piece_kib", c.cluster.piece_kib,
-    "PS modes: a shard's pushes and pull replies travel in pieces of this many KiB, each checked and applied as it "
-    "arrives while the next travels (0 = whole shards; pushes in codecs other than f32 go whole)");
+    "PS modes: a shard's pushes and pull replies travel in pieces of at least this many KiB (at most 8 per shard), "
+    "each checked and applied as it arrives while the next travels (0 = whole shards; pushes in codecs other than "
+    "f32, and runs with lars or lamb, go whole)");
   f("cluster.collective", c.cluster.collective,
     "allreduce with train.device = \"cuda\": \"nccl\", \"gloo\" (through host memory) or \"auto\" "
     "(NCCL when no two ranks share a GPU)");

@@ -1,5 +1,6 @@
 #include "run/setup.h"
 
+#include "core/optimizer.h"
 #include "core/sampler.h"
 
 #include <algorithm>
@@ -60,6 +61,11 @@ long total_steps(const ExperimentConfig& c, long steps_per_epoch) {
   return std::max(1L, long(std::ceil(c.train.epochs * double(steps_per_epoch) - 1e-9)));
 }
 
+Pieces pieces_of(const ExperimentConfig& c) {
+  if (optimizer_registry().make(c.optimizer.kind)->needs_whole_range()) return {};  // lars, lamb: whole shards
+  return Pieces::of_kib(c.cluster.piece_kib);
+}
+
 PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int rank) {
   PsClient::Options o;
   o.role = role;
@@ -69,7 +75,7 @@ PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int
   o.timeout_s = c.cluster.timeout_s;
   o.codec = c.cluster.codec;
   o.error_feedback = uses_error_feedback(c);
-  o.pieces = Pieces::of_kib(c.cluster.piece_kib);
+  o.pieces = pieces_of(c);
   if (role == wire::Role::worker) o.pull_codec = c.cluster.pull_codec;  // the evaluator tests θ in f32
   if (role == wire::Role::worker) o.heartbeat_s = c.cluster.heartbeat_s;  // servers drop silent workers
   o.rejoin = restarts_lost_servers(c);  // a server that dies comes back: wait for it and rejoin

@@ -29,6 +29,9 @@ std::size_t test_set_size(const ExperimentConfig& c);
 long steps_per_epoch(const ExperimentConfig& c, int workers);
 // Steps every worker runs: train.steps if > 0, else ceil(epochs * steps per epoch).
 long total_steps(const ExperimentConfig& c, long steps_per_epoch);
+// How the run's shards travel (cluster.piece_kib; whole with an optimizer that needs_whole_range),
+// the same for its workers and servers.
+Pieces pieces_of(const ExperimentConfig& c);
 // How a worker (role worker, its rank) or the evaluator (role evaluator, wire::kEvaluator)
 // of this run talks to the servers.
 PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int rank);

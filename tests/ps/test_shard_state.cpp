@@ -587,21 +587,33 @@ ShardState::Options in_pieces(ShardState::Options o) {
   return o;
 }
 
-// Piece after piece of one push, as the server hands them over; returns the pushes the last
-// call ended.
-std::vector<ShardState::Done> push_in_pieces(ShardState& s, int worker, long clock, long version_pulled, int batch,
-                                             const std::vector<float>& g, std::size_t from = 0,
-                                             std::size_t to = std::size_t(-1)) {
+// What the shard told its listener, in order.
+struct Heard : ShardState::Listener {
+  std::vector<std::pair<int, std::size_t>> pieces;  // (worker, piece) applied
+  std::vector<ShardState::Done> ended;
+  void piece_applied(int worker, std::size_t piece) override { pieces.emplace_back(worker, piece); }
+  void push_ended(const ShardState::Done& d) override { ended.push_back(d); }
+  // The pushes that ended, applied, in order; rethrows the first refusal.
+  std::vector<int> applied() const {
+    std::vector<int> w;
+    for (const auto& d : ended) {
+      if (d.error) std::rethrow_exception(d.error);
+      if (!d.abandoned) w.push_back(d.worker);
+    }
+    return w;
+  }
+};
+
+// Pieces [from, to) of one push, as the server hands them over (the payload stays valid: `g`).
+void push_in_pieces(ShardState& s, Heard& heard, int worker, long clock, long version_pulled, int batch,
+                    const std::vector<float>& g, std::size_t from = 0, std::size_t to = std::size_t(-1)) {
   const Pieces cut = s.options().pieces;
   const std::size_t n = s.options().range.length, P = s.pieces();
-  std::vector<ShardState::Done> done;
   for (std::size_t q = from; q < std::min(to, P); ++q) {
     const std::span<const float> piece(g.data() + cut.begin(n, q), cut.size(n, q));
-    done = s.push_piece({worker, clock, version_pulled, batch, q, P}, std::as_bytes(piece), wire::checksum(piece.data(), piece.size()));
-    const auto& waiting = s.apply_waiting();
-    done.insert(done.end(), waiting.begin(), waiting.end());
+    s.push_piece({worker, clock, version_pulled, batch, q, P}, std::as_bytes(piece), wire::checksum(piece.data(), piece.size()),
+                 heard);
   }
-  return done;
 }
 
 std::vector<float> gradient(int worker, long clock, std::size_t n) {
@@ -615,7 +627,7 @@ std::vector<float> gradient(int worker, long clock, std::size_t n) {
 // clocks, samples and checksums.
 TEST(Pieces, EveryModeEqualsWholePushesBitForBit) {
   for (const char* mode : {"asp", "ssp:1", "dcasgd:0.5", "easgd:0.25", "bsp", "local:2"})
-    for (const char* opt : {"sgd", "momentum"}) {
+    for (const char* opt : {"sgd", "momentum", "adam"}) {
       ShardState::Options o = options(mode, 2, 100);
       o.optimizer.kind = opt;
       o.optimizer.lr = 0.05;
@@ -630,9 +642,10 @@ TEST(Pieces, EveryModeEqualsWholePushesBitForBit) {
           const int batch = c == 3 ? 0 : 1 + w;  // an empty batch too
           whole.record_pull(w, c), cut.record_pull(w, c);
           whole.push(w, c, whole.version(), batch, std::as_bytes(std::span<const float>(g)), wire::checksum(g.data(), 100));
-          const auto done = push_in_pieces(cut, w, c, cut.version(), batch, g);
-          ASSERT_EQ(done.size(), 1u) << mode;
-          EXPECT_FALSE(done[0].error);
+          Heard heard;
+          push_in_pieces(cut, heard, w, c, cut.version(), batch, g);
+          ASSERT_EQ(heard.applied(), std::vector<int>{w}) << mode;
+          EXPECT_EQ(heard.pieces.size(), 7u) << mode;
         }
       EXPECT_EQ(std::memcmp(whole.current(), cut.current(), 400), 0) << mode << " " << opt;
       EXPECT_EQ(whole.version(), cut.version()) << mode;
@@ -646,24 +659,25 @@ TEST(Pieces, EveryModeEqualsWholePushesBitForBit) {
     }
 }
 
-// Worker 0's push streams; worker 1's pieces, interleaved with it, are gathered and applied
-// after it. Pulls in between see the version before, whole; the result is the two pushes
-// applied whole in that order.
+// Worker 0's push streams; worker 1's pieces, interleaved with it, wait (held, not copied) and
+// are applied after it. Pulls in between see the version before, whole; the result is the two
+// pushes applied whole in that order.
 TEST(Pieces, InterleavedPushesApplyInOrderAndNoPullSeesATornVersion) {
   auto cpu = make_cpu_backend(1);
   const std::vector<float> init(100, 1.0f);
   ShardState whole(*cpu, options("asp", 2, 100), init), cut(*cpu, in_pieces(options("asp", 2, 100)), init);
   const std::vector<float> g0 = gradient(0, 0, 100), g1 = gradient(1, 0, 100);
-  EXPECT_TRUE(push_in_pieces(cut, 0, 0, 0, 1, g0, 0, 3).empty());
+  Heard heard;
+  push_in_pieces(cut, heard, 0, 0, 0, 1, g0, 0, 3);
   EXPECT_EQ(cut.streaming(), 0);
-  EXPECT_TRUE(push_in_pieces(cut, 1, 0, 0, 1, g1, 0, 7).empty()) << "gathered whole: waits for worker 0's";
+  push_in_pieces(cut, heard, 1, 0, 0, 1, g1, 0, 7);
+  EXPECT_TRUE(heard.ended.empty()) << "worker 1's push waits for worker 0's";
+  EXPECT_EQ(heard.pieces.size(), 3u) << "worker 0's pieces are applied as they come";
   EXPECT_EQ(cut.version(), 0);
   EXPECT_EQ(std::vector<float>(cut.current(), cut.current() + 100), init) << "the current version is untouched";
   EXPECT_EQ(cut.current_checksum(), wire::checksum(init.data(), 100));
-  const auto done = push_in_pieces(cut, 0, 0, 0, 1, g0, 3);
-  ASSERT_EQ(done.size(), 2u);
-  EXPECT_EQ(done[0].worker, 0);
-  EXPECT_EQ(done[1].worker, 1);
+  push_in_pieces(cut, heard, 0, 0, 0, 1, g0, 3);
+  EXPECT_EQ(heard.applied(), (std::vector<int>{0, 1}));
   whole.push(0, 0, 0, 1, std::as_bytes(std::span<const float>(g0)), wire::checksum(g0.data(), 100));
   whole.push(1, 0, 0, 1, std::as_bytes(std::span<const float>(g1)), wire::checksum(g1.data(), 100));
   EXPECT_EQ(std::memcmp(whole.current(), cut.current(), 400), 0);
@@ -671,32 +685,61 @@ TEST(Pieces, InterleavedPushesApplyInOrderAndNoPullSeesATornVersion) {
   EXPECT_EQ(cut.staleness_histogram(), whole.staleness_histogram());
 }
 
+// bsp (applied once every piece came, each checked as it came): a bad piece refuses the push
+// before anything changed.
+TEST(Pieces, APushAppliedWholeIsCheckedPieceByPiece) {
+  auto cpu = make_cpu_backend(1);
+  ShardState s(*cpu, in_pieces(options("bsp", 2, 100)), std::vector<float>(100, 1.0f));
+  Heard heard;
+  push_in_pieces(s, heard, 0, 0, 0, 1, gradient(0, 0, 100), 0, 6);
+  EXPECT_TRUE(heard.pieces.empty()) << "nothing applied before the last piece";
+  const float bad[4] = {};
+  s.push_piece({0, 0, 0, 1, 6, 7}, std::as_bytes(std::span<const float>(bad)), 12345, heard);
+  ASSERT_FALSE(heard.ended.empty());
+  EXPECT_THROW(heard.applied(), ChecksumError);
+  EXPECT_EQ(s.clock_of(0), 0);
+  EXPECT_EQ(s.checkpoint().kept_counts[1], 0) << "the clock's sum untouched";
+}
+
 // A bad piece, a piece out of order, or a lost worker abandons its push: nothing of it applied,
-// and pushes gathered behind it go on.
+// and pushes waiting behind it go on.
 TEST(Pieces, AnAbandonedPushLeavesNoTrace) {
   auto cpu = make_cpu_backend(1);
   const std::vector<float> init(100, 1.0f);
   ShardState s(*cpu, in_pieces(options("asp", 2, 100)), init);
   std::vector<float> g = gradient(0, 0, 100);
-  push_in_pieces(s, 0, 0, 0, 1, g, 0, 3);
+  Heard heard;
+  push_in_pieces(s, heard, 0, 0, 0, 1, g, 0, 3);
   const float bad[16] = {};
-  EXPECT_THROW(s.push_piece({0, 0, 0, 1, 3, 7}, std::as_bytes(std::span<const float>(bad)), 12345), ChecksumError);
+  s.push_piece({0, 0, 0, 1, 3, 7}, std::as_bytes(std::span<const float>(bad)), 12345, heard);
+  EXPECT_THROW(heard.applied(), ChecksumError);
   EXPECT_EQ(s.streaming(), -1);
   EXPECT_EQ(s.version(), 0);
   EXPECT_EQ(s.clock_of(0), 0);
   EXPECT_EQ(std::vector<float>(s.current(), s.current() + 100), init);
-  EXPECT_THROW(push_in_pieces(s, 0, 0, 0, 1, g, 1, 2), ProtocolError) << "a piece without its first";
-  push_in_pieces(s, 0, 0, 0, 1, g, 0, 2);
-  EXPECT_THROW(push_in_pieces(s, 0, 0, 0, 1, g, 3, 4), ProtocolError) << "piece 3 after piece 1";
+  heard = Heard{};
+  push_in_pieces(s, heard, 0, 0, 0, 1, g, 1, 2);
+  EXPECT_THROW(heard.applied(), ProtocolError) << "a piece without its first";
+  heard = Heard{};
+  push_in_pieces(s, heard, 0, 0, 0, 1, g, 0, 2);
+  push_in_pieces(s, heard, 0, 0, 0, 1, g, 3, 4);
+  EXPECT_THROW(heard.applied(), ProtocolError) << "piece 3 after piece 1";
   EXPECT_EQ(s.version(), 0);
-  ASSERT_EQ(push_in_pieces(s, 0, 0, 0, 1, g).size(), 1u) << "the push sent again from its first piece";
+  heard = Heard{};
+  push_in_pieces(s, heard, 0, 0, 0, 1, g);
+  EXPECT_EQ(heard.applied(), std::vector<int>{0}) << "the push sent again from its first piece";
   EXPECT_EQ(s.version(), 1);
-  // Worker 1 streams and is lost half-way; worker 0's push gathered behind it is applied then.
-  push_in_pieces(s, 1, 0, 1, 1, gradient(1, 0, 100), 0, 4);
-  EXPECT_TRUE(push_in_pieces(s, 0, 1, 1, 1, gradient(0, 1, 100)).empty());
+  // Worker 1 streams and is lost half-way; worker 0's push waiting behind it is applied then.
+  heard = Heard{};
+  const std::vector<float> g1 = gradient(1, 0, 100), g01 = gradient(0, 1, 100);
+  push_in_pieces(s, heard, 1, 0, 1, 1, g1, 0, 4);
+  push_in_pieces(s, heard, 0, 1, 1, 1, g01);
+  EXPECT_TRUE(heard.ended.empty());
+  s.abandon_push(1, heard);
   s.drop_worker(1);
-  ASSERT_EQ(s.done().size(), 1u);
-  EXPECT_EQ(s.done()[0].worker, 0);
+  ASSERT_EQ(heard.ended.size(), 2u);
+  EXPECT_TRUE(heard.ended[0].abandoned);
+  EXPECT_EQ(heard.applied(), std::vector<int>{0});
   EXPECT_EQ(s.version(), 2);
   EXPECT_EQ(s.clock_of(1), 0);
 }

@@ -13,6 +13,7 @@ namespace pslab::optimizers {
 class LayerWise : public OptimizerRule {
  public:
   const std::vector<double>& trust_ratios() const override { return trust_; }
+  bool needs_whole_range() const override { return true; }
 
  protected:
   // The buffer, n floats, made on first use.
