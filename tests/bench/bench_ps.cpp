@@ -4,7 +4,11 @@
 //
 //   bench_ps [--runs 5] [--json FILE] [--sizes-kib 4,256,4096,16384] [--transport tcp|ipc|shm]
 //            [--server-threads N] [--piece-kib K] [--pieces] [--auth] [--heartbeat-cost]
-//            [--floor [--floor-pieces 8]]
+//            [--floor [--floor-pieces 8]] [--netns CLIENT,SERVER --server-ip IP]
+//
+// With --netns the server runs in network namespace SERVER and the worker in CLIENT (tcp only),
+// the server listening at IP: two hosts joined by a link, as tests/multihost/bench_two_hosts.sh
+// makes them (the TCP path through a veth pair, not loopback).
 //
 // Metrics, per tensor size (median over runs; each run = many iterations after a warm-up):
 //   push_pull   one Push with then_pull answered by the new parameters (what a worker does
@@ -31,8 +35,13 @@
 // The server applies SGD (asp) to every push, and both sides checksum every payload.
 #include <CLI/CLI.hpp>
 
+#include <fcntl.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <random>
 
 #include <algorithm>
 #include <chrono>
@@ -71,6 +80,29 @@ ExperimentConfig config_for(std::size_t floats) {
 }
 
 
+// Where the benchmark's two processes run: this host over loopback, or two network namespaces.
+struct Place {
+  std::string client_ns, server_ns, server_ip;
+  bool remote() const { return !server_ns.empty(); }
+};
+
+// This process (and the threads it starts from now on) into network namespace `ns` ("": stays).
+void enter_netns(const std::string& ns) {
+  if (ns.empty()) return;
+  const std::string path = "/var/run/netns/" + ns;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0)
+    throw std::runtime_error("cannot enter network namespace " + ns + " (" + path + "): " + std::strerror(errno));
+  ::close(fd);
+}
+
+// Where a server of the benchmark listens: a free local address, or a port at the server's IP
+// in its namespace (which runs nothing else).
+std::string server_endpoint(comm::Transport& t, const std::string& name, const Place& place) {
+  if (!place.remote()) return t.local_address(name);
+  return "tcp://" + place.server_ip + ":" + std::to_string(20000 + std::random_device{}() % 40000);
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -90,20 +122,21 @@ std::vector<double> time_runs(int runs, long iters, F fn) {
 
 long iterations_for(std::size_t bytes) { return std::clamp<long>(long((256u << 20) / bytes), 20, 3000); }
 
-nlohmann::ordered_json bench_pslab(std::size_t floats, int runs, const std::string& transport_name, int server_threads,
-                                   int piece_kib, const comm::RunKey* key = nullptr, bool heartbeats = true,
-                                   const std::string& codec = "f32") {
+nlohmann::ordered_json bench_pslab(const Place& place, std::size_t floats, int runs, const std::string& transport_name,
+                                   int server_threads, int piece_kib, const comm::RunKey* key = nullptr,
+                                   bool heartbeats = true, const std::string& codec = "f32") {
   ExperimentConfig cfg = config_for(floats);
   if (piece_kib >= 0) cfg.cluster.piece_kib = piece_kib;
   cfg.cluster.transport = transport_name;
   cfg.cluster.codec = codec;  // pushes encoded (the bytes below still count f32's, for the ratio)
   cfg.cluster.server_threads = server_threads;
   const auto transport = comm::make_transport(transport_name);  // its ZeroMQ context starts after the fork
-  const std::string ep = transport->local_address("bench-server");
+  const std::string ep = server_endpoint(*transport, "bench-server", place);
   const pid_t child = ::fork();
   if (child == 0) {
     try {
       {  // destructors close the socket, letting the last Ack leave before _exit
+        enter_netns(place.server_ns);
         set_cpu_backend_threads(1);  // as pslab_server does
         const auto server_transport = comm::make_transport(transport_name);
         if (key) server_transport->authenticate(*key);
@@ -160,15 +193,16 @@ nlohmann::ordered_json bench_pslab(std::size_t floats, int runs, const std::stri
 // the tensor travels as that many messages each way, the server applying each piece as it
 // arrives and replying with it at once: the pipeline a chunked protocol could build, to see
 // whether its work would hide behind the transfer here.
-nlohmann::ordered_json bench_raw(std::size_t bytes, int runs, const std::string& transport_name, bool passes = false,
-                                 int pieces = 1) {
+nlohmann::ordered_json bench_raw(const Place& place, std::size_t bytes, int runs, const std::string& transport_name,
+                                 bool passes = false, int pieces = 1) {
   const auto transport = comm::make_transport(transport_name);  // for an address only
-  const std::string ep = transport->local_address("bench-raw");
+  const std::string ep = server_endpoint(*transport, "bench-raw", place);
   const std::size_t floats = bytes / sizeof(float), per = floats / std::size_t(pieces);
   const pid_t child = ::fork();
   const long iters = iterations_for(bytes / 2);
   const long total = std::max(10L, iters / 10) + long(runs) * iters;
   if (child == 0) {
+    enter_netns(place.server_ns);  // before its ZeroMQ context: the I/O thread starts there
     {
       // The replies' memory first: it outlives the socket, which closes once every reply left.
       std::vector<char> reply(bytes, 1);
@@ -259,6 +293,8 @@ struct Options {
   std::vector<std::string> codecs;
   int floor_pieces = 8;
   int piece_kib = -1;  // -1: the config's default
+  std::vector<std::string> netns;  // --netns CLIENT,SERVER
+  Place place;
 };
 
 void add_options(CLI::App& app, Options& o) {
@@ -270,6 +306,9 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--transport", o.transport, "tcp (loopback), ipc (Unix sockets) or shm (shared memory)")->capture_default_str();
   app.add_option("--piece-kib", o.piece_kib, "cluster.piece_kib for pslab (default: the config's)");
   app.add_flag("--pieces", o.pieces, "also measure push+pull with whole shards (cluster.piece_kib = 0), same invocation");
+  app.add_option("--netns", o.netns, "CLIENT,SERVER: run the worker in network namespace CLIENT and the server in "
+                                     "SERVER (tcp; with --server-ip)")->delimiter(',')->expected(2);
+  app.add_option("--server-ip", o.place.server_ip, "with --netns: the server's address in its namespace");
   app.add_flag("--auth", o.auth, "also measure push+pull with the peers authenticated (CURVE on tcp), same invocation");
   app.add_flag("--heartbeat-cost", o.heartbeat_cost, "also measure push+pull with the worker's heartbeats off, same invocation");
   app.add_option("--codecs", o.codecs, "also measure push+pull with pushes in these codecs (e.g. f16,bf16), same invocation; "
@@ -282,8 +321,8 @@ void add_options(CLI::App& app, Options& o) {
 // The floor beside pslab's push+pull (--floor).
 void add_floor(nlohmann::ordered_json& r, int kib, std::size_t floats, const Options& o) {
   const double us = r["pslab"]["push_pull_us"].get<double>();
-  r["floor"] = bench_raw(floats * 4, o.runs, o.transport, true, 1);
-  r["floor_pipelined"] = bench_raw(floats * 4, o.runs, o.transport, true, o.floor_pieces);
+  r["floor"] = bench_raw(o.place, floats * 4, o.runs, o.transport, true, 1);
+  r["floor_pipelined"] = bench_raw(o.place, floats * 4, o.runs, o.transport, true, o.floor_pieces);
   r["floor_pipelined"]["pieces"] = o.floor_pieces;
   const double f1 = r["floor"]["round_trip_us"].get<double>(), fp = r["floor_pipelined"]["round_trip_us"].get<double>();
   r["floor_over_pslab"] = f1 / us;
@@ -297,19 +336,19 @@ void add_floor(nlohmann::ordered_json& r, int kib, std::size_t floats, const Opt
 void add_variants(nlohmann::ordered_json& r, int kib, std::size_t floats, const Options& o, const comm::RunKey& key) {
   const double us = r["pslab"]["push_pull_us"].get<double>();
   if (o.auth) {
-    r["pslab_auth"] = bench_pslab(floats, o.runs, o.transport, o.server_threads, o.piece_kib, &key);
+    r["pslab_auth"] = bench_pslab(o.place, floats, o.runs, o.transport, o.server_threads, o.piece_kib, &key);
     r["auth_cost"] = r["pslab_auth"]["push_pull_us"].get<double>() / us;
     std::fprintf(stderr, "%6d KiB: authenticated push+pull %8.1f us: %.2fx the time without\n", kib,
                  r["pslab_auth"]["push_pull_us"].get<double>(), r["auth_cost"].get<double>());
   }
   if (o.heartbeat_cost) {
-    r["pslab_no_heartbeat"] = bench_pslab(floats, o.runs, o.transport, o.server_threads, o.piece_kib, nullptr, false);
+    r["pslab_no_heartbeat"] = bench_pslab(o.place, floats, o.runs, o.transport, o.server_threads, o.piece_kib, nullptr, false);
     r["heartbeat_cost"] = us / r["pslab_no_heartbeat"]["push_pull_us"].get<double>();
     std::fprintf(stderr, "%6d KiB: push+pull without heartbeats %8.1f us: heartbeats cost %.3fx\n", kib,
                  r["pslab_no_heartbeat"]["push_pull_us"].get<double>(), r["heartbeat_cost"].get<double>());
   }
   for (const std::string& codec : o.codecs) {
-    auto c = bench_pslab(floats, o.runs, o.transport, o.server_threads, o.piece_kib, nullptr, true, codec);
+    auto c = bench_pslab(o.place, floats, o.runs, o.transport, o.server_threads, o.piece_kib, nullptr, true, codec);
     c["gain_over_f32"] = us / c["push_pull_us"].get<double>();
     std::fprintf(stderr, "%6d KiB: push+pull with %s pushes %8.1f us: %.2fx f32's speed\n", kib, codec.c_str(),
                  c["push_pull_us"].get<double>(), c["gain_over_f32"].get<double>());
@@ -320,16 +359,16 @@ void add_variants(nlohmann::ordered_json& r, int kib, std::size_t floats, const 
 nlohmann::ordered_json measure(int kib, const Options& o, const comm::RunKey& key) {
   const std::size_t floats = std::size_t(kib) * 1024 / 4;
   nlohmann::ordered_json r{{"size_kib", kib}, {"floats", floats}};
-  r["pslab"] = bench_pslab(floats, o.runs, o.transport, o.server_threads, o.piece_kib);
+  r["pslab"] = bench_pslab(o.place, floats, o.runs, o.transport, o.server_threads, o.piece_kib);
   r["piece_kib"] = o.piece_kib >= 0 ? o.piece_kib : config_for(floats).cluster.piece_kib;
   if (o.pieces) {
-    r["pslab_whole"] = bench_pslab(floats, o.runs, o.transport, o.server_threads, 0);
+    r["pslab_whole"] = bench_pslab(o.place, floats, o.runs, o.transport, o.server_threads, 0);
     r["pieces_gain"] = r["pslab_whole"]["push_pull_us"].get<double>() / r["pslab"]["push_pull_us"].get<double>();
     std::fprintf(stderr, "%6d KiB: push+pull with whole shards %8.1f us: pieces of %d KiB are %.2fx faster\n", kib,
                  r["pslab_whole"]["push_pull_us"].get<double>(), r["piece_kib"].get<int>(), r["pieces_gain"].get<double>());
   }
-  r["raw_zmq"] = bench_raw(floats * 4, o.runs, o.transport);
-  r["raw_zmq_tcp"] = o.transport == "tcp" ? r["raw_zmq"] : bench_raw(floats * 4, o.runs, "tcp");
+  r["raw_zmq"] = bench_raw(o.place, floats * 4, o.runs, o.transport);
+  r["raw_zmq_tcp"] = o.transport == "tcp" ? r["raw_zmq"] : bench_raw(o.place, floats * 4, o.runs, "tcp");
   r["server_apply"] = bench_apply(floats, o.runs);
   if (o.floor) add_floor(r, kib, floats, o);
   add_variants(r, kib, floats, o, key);
@@ -356,11 +395,23 @@ int main(int argc, char** argv) {
                    std::size_t(kib) * 256);
       return 2;
     }
+  if (o.netns.size() == 2) o.place.client_ns = o.netns[0], o.place.server_ns = o.netns[1];
+  if (o.place.remote() && (o.transport != "tcp" || o.place.server_ip.empty())) {
+    std::fprintf(stderr, "bench_ps: --netns needs --transport tcp and --server-ip\n");
+    return 2;
+  }
+  try {
+    enter_netns(o.place.client_ns);  // before any ZeroMQ context
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_ps: %s\n", e.what());
+    return 2;
+  }
   const comm::RunKey key = comm::make_run_key();
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   for (int kib : o.sizes_kib) results.push_back(measure(kib, o, key));
   nlohmann::ordered_json out{{"benchmark", "ps_push_pull"}, {"transport", o.transport}, {"server_threads", o.server_threads},
                              {"piece_kib", o.piece_kib >= 0 ? o.piece_kib : config_for(1024).cluster.piece_kib},
+                             {"client_netns", o.place.client_ns}, {"server_netns", o.place.server_ns},
                              {"auth", o.auth}, {"heartbeat_cost", o.heartbeat_cost}, {"floor", o.floor}, {"codecs", o.codecs},
                              {"runs", o.runs},
                              {"metric", "median over runs of the mean time per request; GB/s counts bytes pushed + bytes pulled"},
