@@ -28,7 +28,7 @@ namespace pslab::test {
 // buckets of 1 KiB so that an all-reduce of the 323 floats goes in two).
 inline ExperimentConfig small_config(const std::string& mode, int workers, int servers,
                                      const std::string& variant = "tcp") {
-  const bool overlap = variant.ends_with("_overlap"), pieces = variant.ends_with("_pieces");
+  const bool overlap = variant.find("_overlap") != std::string::npos, pieces = variant.ends_with("_pieces");
   const std::string transport = variant.substr(0, variant.find('_'));
   // _pieces: a wider MLP (1283 parameters) whose shards travel in pieces of 1 KiB (256 floats).
   return parse_config("name = \"test\"\n"
@@ -200,11 +200,12 @@ inline const std::vector<std::string>& exact_transports() {
 }
 
 // ... and each also with overlap on (small_config's variants; CPU workers only), in pieces
-// (cluster.piece_kib), and on auto as over several hosts: shared memory with some servers, TCP
-// with others (Cluster). Without a suffix, shards travel whole.
+// (cluster.piece_kib), both, and on auto as over several hosts: shared memory with some servers,
+// TCP with others (Cluster). Without _pieces, shards travel whole.
 inline const std::vector<std::string>& exact_variants() {
   static const std::vector<std::string> t = {"tcp", "ipc", "shm", "tcp_overlap", "ipc_overlap", "shm_overlap", "auto",
-                                             "tcp_pieces", "ipc_pieces", "shm_pieces", "auto_pieces"};
+                                             "tcp_pieces", "ipc_pieces", "shm_pieces", "auto_pieces",
+                                             "tcp_overlap_pieces", "shm_overlap_pieces"};
   return t;
 }
 
