@@ -176,15 +176,8 @@ void Server::serve_pull(const std::string& id, int rank, long clock, time_point 
     ParamVersions::Buffer* buf = pv.acquire_current();  // released by the transport once sent
     send(id, header(r), comm::OutPayload{buf->data, pv.size() * sizeof(float), &free_param_buffer, buf});
   } else {  // in pieces (cluster.piece_kib), back to back: the worker copies one while the next travels
-    const Pieces& cut = state_->options().pieces;
     r.pieces = std::uint32_t(state_->pieces());
-    for (std::size_t q = 0; q < state_->pieces(); ++q) {
-      const std::size_t lo = cut.begin(range_.length, q), n = cut.size(range_.length, q);
-      r.piece = std::uint32_t(q), r.offset = range_.offset + lo, r.length = n, r.bytes = n * sizeof(float);
-      r.checksum = state_->piece_checksum(q);
-      ParamVersions::Buffer* buf = pv.acquire_current();  // per piece: released by the transport once sent
-      send(id, header(r), comm::OutPayload{buf->data + lo, n * sizeof(float), &free_param_buffer, buf});
-    }
+    for (std::size_t q = 0; q < state_->pieces(); ++q) send_piece(id, r, q, state_->piece_checksum(q), pv.acquire_current());
   }
 }
 
@@ -349,17 +342,18 @@ void Server::reply_streamed_piece(const std::string& id, int rank, std::size_t p
     pushing.streamed_reply = !pull_encoded_ && !state_->mode().keeps_served_theta() && a.advances && a.pull_ready;
     pushing.reply = wire::PullReply{pushing.first.clock + 1, a.version, a.min_clock, a.samples_applied, 0,
                                     finished() == cfg_.cluster.workers, 0, 0, 0, 0, 0, 0, std::uint32_t(state_->pieces())};
-    pushing.pieces_sent = 0;
   }
-  if (!pushing.streamed_reply) return;
+  if (pushing.streamed_reply)
+    send_piece(id, pushing.reply, piece, state_->streamed_checksum(piece), state_->acquire_streamed());
+}
+
+void Server::send_piece(const std::string& id, wire::PullReply& r, std::size_t piece, std::uint64_t checksum,
+                        ParamVersions::Buffer* buf) {
   const Pieces& cut = state_->options().pieces;
-  wire::PullReply& r = pushing.reply;
   const std::size_t lo = cut.begin(range_.length, piece), n = cut.size(range_.length, piece);
   r.piece = std::uint32_t(piece), r.offset = range_.offset + lo, r.length = n, r.bytes = n * sizeof(float);
-  r.checksum = state_->streamed_checksum(piece);
-  ParamVersions::Buffer* buf = state_->acquire_streamed();  // released by the transport once sent
+  r.checksum = checksum;
   send(id, header(r), comm::OutPayload{buf->data + lo, n * sizeof(float), &free_param_buffer, buf});
-  ++pushing.pieces_sent;
 }
 
 // ---- the end of a worker and of the run ----

@@ -134,6 +134,10 @@ class Server : private ShardState::Listener {
   void finish_push(const ShardState::Done& d);
   // After a piece of a streaming push+pull: its reply's piece, when the pull will be ready.
   void reply_streamed_piece(const std::string& id, int rank, std::size_t piece);
+  // Piece `piece` of a PullReply `r` (its fields filled in here) from version buffer `buf`, which
+  // the caller acquired for this send (released by the transport once sent).
+  void send_piece(const std::string& id, wire::PullReply& r, std::size_t piece, std::uint64_t checksum,
+                  ParamVersions::Buffer* buf);
   // A served pull's counters, record, trace and metrics line.
   void note_served(int rank, long clock, double held_s, const wire::PullReply& r);
   // Why the push cannot be applied ("" if it can), with the Error code to answer.
@@ -211,7 +215,6 @@ class Server : private ShardState::Listener {
     // the push's pieces are applied (the version they belong to is published at its end).
     bool streamed_reply = false;
     wire::PullReply reply;
-    std::size_t pieces_sent = 0;
   };
   std::vector<Pushing> pushing_;
   // Per worker: the messages of its open push, whose payloads the shard references until the
