@@ -2,7 +2,7 @@
 # One command to check every GPU claim of pslab on a machine with a GPU, from a build or from
 # an unpacked bundle (experiments/bundle.sh; same layout):
 #
-#   tests/gpu.sh [--build-dir DIR] [--quick] [--only 1,4]
+#   tests/gpu.sh [--build-dir DIR] [--quick] [--only 1,4,5]
 #
 #   1. the GPU tests (GPU backend against the CPU one, GPU training, NCCL, ranks sharing a GPU)
 #      with PSLAB_REQUIRE_GPU=1: a GPU test that cannot run fails instead of skipping
@@ -15,11 +15,14 @@
 #   4. the data path on this host's cores: bench_ps over TCP (4 and 16 MiB, pieces against
 #      whole shards, the floor and raw ZeroMQ in the same invocation) and shared memory;
 #      runs/bench/gpu-ps-*.json
+#   5. the data path of GPU workers: experiments/configs/gpu-datapath.toml (4 workers on this
+#      machine's GPU, 2 servers, a 23.3 MB model, asp and bsp, pieces and whole shards): each
+#      run's comm / compute / wait ms per step
 # --quick: fewer steps and runs (a smoke test of the command itself). --only: these steps alone.
 # Exit: 0 every check passed; 1 a check failed (named at the end); 77 no GPU here (nothing checked).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build="$root/build" quick=0 only=1,2,3,4
+build="$root/build" quick=0 only=1,2,3,4,5
 while (($#)); do
   case $1 in
     --build-dir) build=$2; shift 2 ;;
@@ -146,6 +149,21 @@ for transport in tcp shm; do
     failed+=("bench_ps $transport"); tail -5 "$out/gpu-ps-$transport.log"
   fi
 done
+fi
+
+if wanted 5; then  # ---- step 5 ----
+step "5. the data path of GPU workers: 4 on this GPU, 2 servers, 23.3 MB model, pieces and whole shards"
+quick5=(); ((quick)) && quick5=(--set train.steps=40)
+log="$out/gpu-datapath.log"
+if /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/gpu-datapath.toml" --build-dir "$build" \
+     "${quick5[@]}" --runs-dir "$root/runs/gpu-datapath" --no-plots --keep-going > "$log" 2>&1; then
+  for s in "$root"/runs/gpu-datapath/gpu-datapath/latest/*/summary.json; do
+    /usr/bin/python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); t = d["step_time_ms"]
+print("%-24s comm %6.2f  compute %5.2f  wait %5.2f ms/step  %9.0f samples/s" % (sys.argv[1].split("/")[-2], t["comm"], t["compute"], t["wait"], d["samples_per_s"]))' "$s"
+  done
+else
+  failed+=("GPU data path (gpu-datapath.toml)"); grep -v "^\[" "$log" | tail -20
+fi
 fi
 
 echo

@@ -167,7 +167,7 @@ class ShardState : private ShardOps {
   void abandon_push(int worker, Listener& l);
   // The worker whose push is being applied (-1: none), and, once its first piece is, what the
   // shard will be when it ends: for a push+pull answered piece by piece.
-  int streaming() const { return applying_; }
+  int applying() const { return applying_; }
   struct After {
     bool advances = false;  // it makes a new version (not an empty batch)
     long version = 0, min_clock = 0, samples_applied = 0;

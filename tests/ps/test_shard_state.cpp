@@ -669,7 +669,7 @@ TEST(Pieces, InterleavedPushesApplyInOrderAndNoPullSeesATornVersion) {
   const std::vector<float> g0 = gradient(0, 0, 100), g1 = gradient(1, 0, 100);
   Heard heard;
   push_in_pieces(cut, heard, 0, 0, 0, 1, g0, 0, 3);
-  EXPECT_EQ(cut.streaming(), 0);
+  EXPECT_EQ(cut.applying(), 0);
   push_in_pieces(cut, heard, 1, 0, 0, 1, g1, 0, 7);
   EXPECT_TRUE(heard.ended.empty()) << "worker 1's push waits for worker 0's";
   EXPECT_EQ(heard.pieces.size(), 3u) << "worker 0's pieces are applied as they come";
@@ -713,7 +713,7 @@ TEST(Pieces, AnAbandonedPushLeavesNoTrace) {
   const float bad[16] = {};
   s.push_piece({0, 0, 0, 1, 3, 7}, std::as_bytes(std::span<const float>(bad)), 12345, heard);
   EXPECT_THROW(heard.applied(), ChecksumError);
-  EXPECT_EQ(s.streaming(), -1);
+  EXPECT_EQ(s.applying(), -1);
   EXPECT_EQ(s.version(), 0);
   EXPECT_EQ(s.clock_of(0), 0);
   EXPECT_EQ(std::vector<float>(s.current(), s.current() + 100), init);
