@@ -58,6 +58,33 @@ class Backend {
     return p;
   }
   virtual void deallocate_host(void* p) noexcept { std::free(p); }
+  // ---- copies beside the compute (a GPU's copy engine; the CPU copies at once) ----
+  // A Ticket names one queued copy. Tickets count up from 1 per backend, and copies land in the
+  // order they were queued: a copy that landed means every earlier one did too.
+  using Ticket = std::uint64_t;
+  // Queues a copy to host_dst (allocate_host memory) of what the work queued so far leaves at
+  // src; returns at once. The host may read host_dst once landed() says so.
+  virtual Ticket download_async(void* host_dst, const void* src, std::size_t bytes) {
+    if (host_dst != src) copy_to_host(host_dst, src, bytes);
+    return ++tickets_;
+  }
+  // Queues a copy of host_src (allocate_host memory, left unchanged until it landed) to dst;
+  // returns at once. Work queued after the next upload_fence() sees it.
+  virtual Ticket upload_async(void* dst, const void* host_src, std::size_t bytes) {
+    if (dst != host_src) copy_from_host(dst, host_src, bytes);
+    return ++tickets_;
+  }
+  // Makes host memory someone else allocated (a transport's shared memory) as fast to copy to
+  // and from as allocate_host's (CUDA: page-locks it, so that async copies stay async). False
+  // when the device refused (the memory still works, slower). Undo with unregister_host().
+  virtual bool register_host(void* /*p*/, std::size_t /*bytes*/) { return true; }
+  virtual void unregister_host(void* /*p*/) noexcept {}
+  // Whether copy `t` (and so every earlier one) has landed; with wait, waits until it has.
+  virtual bool landed(Ticket /*t*/, bool /*wait*/) { return true; }
+  // Work queued from now on waits for every upload queued so far (on the device: the host does
+  // not wait).
+  virtual void upload_fence() {}
+
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
   virtual void fill(float* x, std::size_t n, float value) = 0;
   // Waits until all queued work is done (no-op on the CPU).
@@ -148,6 +175,7 @@ class Backend {
 
  protected:
   double pending_loss_ = 0.0;  // the default *_deferred and take_loss
+  Ticket tickets_ = 0;         // the default *_async: the last ticket given
 };
 
 // The CPU backend. OpenBLAS has one thread count per process: threads > 0 sets it (the

@@ -13,10 +13,11 @@
 #      GPUs: all four modes must finish; then again with train.tf32 = true, for the
 #      line in results/ on what TF32 changes in accuracy
 #   4. the data path on this host's cores: bench_ps over TCP (4 and 16 MiB, pieces against
-#      whole shards, the floor and raw ZeroMQ in the same invocation) and shared memory;
+#      whole shards, the floor and raw ZeroMQ in the same invocation) and shared memory; then
+#      bench_ps --device cuda (23.3 MB from and to GPU memory, against one D2H + one H2D copy);
 #      runs/bench/gpu-ps-*.json
 #   5. the data path of GPU workers: experiments/configs/gpu-datapath.toml (4 workers on this
-#      machine's GPU, 2 servers, a 23.3 MB model, asp and bsp, pieces and whole shards): each
+#      machine's GPU, 2 servers, a 23.3 MB model, asp and bsp, overlap on and off): each
 #      run's comm / compute / wait ms per step
 # --quick: fewer steps and runs (a smoke test of the command itself). --only: these steps alone.
 # Exit: 0 every check passed; 1 a check failed (named at the end); 77 no GPU here (nothing checked).
@@ -149,10 +150,20 @@ for transport in tcp shm; do
     failed+=("bench_ps $transport"); tail -5 "$out/gpu-ps-$transport.log"
   fi
 done
+# A GPU worker's push+pull of the 23.3 MB model (22752 KiB): ∇θ from GPU memory, θ back to it,
+# against one device-to-host plus one host-to-device copy of it (the target: within 1.5x).
+for transport in shm tcp; do
+  if "$build/tests/bench_ps" --device cuda --transport "$transport" --sizes-kib 22752 --runs "$ps_runs" \
+       --json "$out/gpu-ps-cuda-$transport.json" > "$out/gpu-ps-cuda-$transport.log" 2>&1; then
+    grep "GPU memory" "$out/gpu-ps-cuda-$transport.log"
+  else
+    failed+=("bench_ps --device cuda $transport"); tail -5 "$out/gpu-ps-cuda-$transport.log"
+  fi
+done
 fi
 
 if wanted 5; then  # ---- step 5 ----
-step "5. the data path of GPU workers: 4 on this GPU, 2 servers, 23.3 MB model, pieces and whole shards"
+step "5. the data path of GPU workers: 4 on this GPU, 2 servers, 23.3 MB model, overlap on and off"
 quick5=(); ((quick)) && quick5=(--set train.steps=40)
 log="$out/gpu-datapath.log"
 if /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/gpu-datapath.toml" --build-dir "$build" \

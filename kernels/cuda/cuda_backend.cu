@@ -263,6 +263,58 @@ class CudaBackend final : public Backend {
   void synchronize() override {
     activate();
     PSLAB_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
+    if (lane_) PSLAB_CUDA_CHECK(cudaStreamSynchronize(lane_->stream.get()));
+  }
+
+  // ---- copies beside the compute: the copy lane (a second stream, so the copy engine) ----
+  // Each copy first waits (on the device) for the work queued on the compute stream so far, then
+  // records its ticket's event on the lane; copies on one stream land in order.
+  Ticket download_async(void* host_dst, const void* src, std::size_t bytes) override {
+    return queue_copy(host_dst, src, bytes, cudaMemcpyDeviceToHost);
+  }
+  Ticket upload_async(void* dst, const void* host_src, std::size_t bytes) override {
+    last_upload_ = queue_copy(dst, host_src, bytes, cudaMemcpyHostToDevice);
+    return last_upload_;
+  }
+  bool register_host(void* p, std::size_t bytes) override {
+    if (!p || bytes == 0) return true;
+    activate();
+    const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    if (e == cudaSuccess) return true;
+    (void)cudaGetLastError();  // not sticky: the memory is used unregistered
+    std::fprintf(stderr, "pslab cuda backend: cudaHostRegister of %zu bytes failed (%s): copies to and from it are staged\n",
+                 bytes, cudaGetErrorString(e));
+    return false;
+  }
+  void unregister_host(void* p) noexcept override {
+    if (!p) return;
+    if (const cudaError_t e = cudaHostUnregister(p); e != cudaSuccess) {
+      (void)cudaGetLastError();
+      report_cleanup_error("cudaHostUnregister", cudaGetErrorString(e));
+    }
+  }
+  bool landed(Ticket t, bool wait) override {
+    if (t <= landed_) return true;
+    if (t > tickets_) throw std::logic_error("CudaBackend::landed: ticket " + std::to_string(t) + " was never given (last " +
+                                             std::to_string(tickets_) + ")");
+    activate();
+    // Not landed yet, so ticket t still owns its slot (a slot is reused only after it landed).
+    const cudaEvent_t done = lane_->slots[t % CopyLane::kSlots].done.get();
+    const cudaError_t e = wait ? cudaEventSynchronize(done) : cudaEventQuery(done);
+    if (e == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    PSLAB_CUDA_CHECK(e);
+    landed_ = t;
+    return true;
+  }
+  void upload_fence() override {
+    if (last_upload_ <= fenced_) return;
+    fenced_ = last_upload_;
+    if (last_upload_ <= landed_) return;
+    activate();
+    PSLAB_CUDA_CHECK(cudaStreamWaitEvent(stream_->get(), lane_->slots[last_upload_ % CopyLane::kSlots].done.get(), 0));
   }
 
   // ---- linear algebra ----
@@ -440,6 +492,21 @@ class CudaBackend final : public Backend {
     if (current != device_) PSLAB_CUDA_CHECK(cudaSetDevice(device_));
   }
 
+  // A copy on the lane after the compute queued so far; its ticket.
+  Ticket queue_copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+    activate();
+    if (!lane_) lane_ = std::make_unique<CopyLane>();
+    const Ticket t = tickets_ + 1;
+    if (t > CopyLane::kSlots) landed(t - CopyLane::kSlots, /*wait*/ true);  // the slot's last copy
+    CopyLane::Slot& slot = lane_->slots[t % CopyLane::kSlots];
+    PSLAB_CUDA_CHECK(cudaEventRecord(slot.queued.get(), stream_->get()));
+    PSLAB_CUDA_CHECK(cudaStreamWaitEvent(lane_->stream.get(), slot.queued.get(), 0));
+    if (bytes) PSLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, lane_->stream.get()));
+    PSLAB_CUDA_CHECK(cudaEventRecord(slot.done.get(), lane_->stream.get()));
+    tickets_ = t;
+    return t;
+  }
+
   static double sum_row_losses(const unsigned char* bytes, int rows) {
     double loss = 0.0;
     for (int r = 0; r < rows; ++r) {
@@ -484,6 +551,24 @@ class CudaBackend final : public Backend {
   std::size_t loss_host_bytes_ = 0;
   // Declaration order = reverse destruction order: scratch, then handle, then stream.
   std::unique_ptr<Stream> stream_;
+  // The copy lane, made on first use: its stream and a ring of events, slot t % kSlots for
+  // ticket t (queued: the compute stream's point the copy waits for; done: the copy landed).
+  struct CopyLane {
+    static constexpr Ticket kSlots = 256;
+    struct Slot {
+      Event queued, done;
+    };
+    Stream stream;
+    std::unique_ptr<Slot[]> slots = std::make_unique<Slot[]>(kSlots);
+    ~CopyLane() {
+      if (const cudaError_t e = cudaStreamSynchronize(stream.get()); e != cudaSuccess)
+        report_cleanup_error("cudaStreamSynchronize (copy lane)", cudaGetErrorString(e));
+    }
+  };
+  std::unique_ptr<CopyLane> lane_;
+  Ticket landed_ = 0;       // every copy up to this ticket has landed
+  Ticket last_upload_ = 0;  // the last upload queued, and the last that upload_fence() covered
+  Ticket fenced_ = 0;
   std::unique_ptr<CublasHandle> cublas_;
   Scratch scratch_;
   Scratch loss_dev_;  // the deferred loss's, apart from scratch_ (which backward reuses)

@@ -15,6 +15,7 @@ Replica::Replica(Backend& be, const ModelSpec& spec, const Dataset& train, int m
   y_host_ = HostBuffer<std::int32_t>(be, std::size_t(max_batch));
   t_host_ = HostBuffer<float>(be, std::size_t(max_batch) * o);
   if (be.device() != Device::cpu) {
+    if (grad_host) grad_host_registered_ = be.register_host(grad_host, model_.num_params() * sizeof(float));
     x_dev_ = DeviceBuffer<float>(be, x_host_.size());
     y_dev_ = DeviceBuffer<std::int32_t>(be, y_host_.size());
     t_dev_ = DeviceBuffer<float>(be, t_host_.size());
@@ -87,6 +88,16 @@ double Replica::compute_gradient(std::span<const std::uint32_t> idx, float grad_
   return model_.forward_backward(b.x, b.labels, b.targets, int(idx.size()), grad_scale, listener);
 }
 
+Replica::~Replica() {
+  if (!grad_host_registered_) return;
+  try {
+    be_.synchronize();  // no copy still writes into it
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pslab: waiting for the device before unregistering the gradient's memory: %s\n", e.what());
+  }
+  be_.unregister_host(grad_host_given_);
+}
+
 float* Replica::host_params() {
   if (be_.device() == Device::cpu) return model_.params();
   if (theta_host_.empty()) theta_host_ = HostBuffer<float>(be_, model_.num_params());
@@ -104,16 +115,29 @@ const float* Replica::download_params() {
   return host;
 }
 
+float* Replica::host_grads() {
+  if (be_.device() == Device::cpu) return model_.grads();
+  if (grad_host_given_) return grad_host_given_;
+  if (grad_host_.empty()) grad_host_ = HostBuffer<float>(be_, model_.num_params());
+  return grad_host_.data();
+}
+
 const float* Replica::download_grads() {
   if (be_.device() == Device::cpu) return model_.grads();
-  float* host = grad_host_given_;
-  if (!host) {
-    if (grad_host_.empty()) grad_host_ = HostBuffer<float>(be_, model_.num_params());
-    host = grad_host_.data();
-  }
+  float* host = host_grads();
   be_.copy_to_host(host, model_.grads(), model_.num_params() * sizeof(float));
   return host;
 }
+
+void Replica::upload_params_async(std::size_t lo, std::size_t n) {
+  if (be_.device() == Device::cpu || n == 0) return;
+  if (lo > model_.num_params() || n > model_.num_params() - lo)
+    throw std::out_of_range("Replica::upload_params_async: floats [" + std::to_string(lo) + ", " + std::to_string(lo + n) +
+                            ") of a θ of " + std::to_string(model_.num_params()));
+  be_.upload_async(model_.params() + lo, host_params() + lo, n * sizeof(float));
+}
+
+void Replica::params_fence() { be_.upload_fence(); }
 
 EvalCounts Replica::evaluate(const Dataset& d) {
   EvalCounts total;

@@ -27,7 +27,12 @@ class Replica {
   // grad_host (P floats, optional, must outlive the replica): where ∇θ leaves for the network,
   // e.g. memory the transport sends from without a copy: on the CPU the model's ∇θ itself, on
   // a GPU the buffer download_grads() copies into.
+  // On a GPU grad_host is registered with the backend (Backend::register_host) while the
+  // replica lives, so that ∇θ's copies into it run on the copy engine.
   Replica(Backend& be, const ModelSpec& spec, const Dataset& train, int max_batch, float* grad_host = nullptr);
+  ~Replica();
+  Replica(const Replica&) = delete;
+  Replica& operator=(const Replica&) = delete;
 
   Model& model() { return model_; }
   Backend& backend() { return be_; }
@@ -49,6 +54,14 @@ class Replica {
   const float* download_params();
   // The model's ∇θ -> a host buffer of P floats, which it returns (no-op on the CPU).
   const float* download_grads();
+  // That host buffer, not written: where ∇θ lands piece by piece on a GPU (worker/grad_stager.h);
+  // on the CPU the model's ∇θ itself.
+  float* host_grads();
+  // host_params()[lo, lo + n) -> the model's θ, queued beside the compute (Backend::upload_async;
+  // no-op on the CPU): θ goes back to the GPU piece by piece as a pull reply's pieces land.
+  // params_fence(): the next forward waits for every such copy (on the device).
+  void upload_params_async(std::size_t lo, std::size_t n);
+  void params_fence();
 
  private:
   struct Batch { const float* x; const std::int32_t* labels; const float* targets; };
@@ -88,6 +101,7 @@ class Replica {
   std::vector<std::uint32_t> eval_idx_;
   HostBuffer<float> theta_host_, grad_host_;  // GPU only: θ and ∇θ staging, allocated on first use
   float* grad_host_given_;                     // the caller's grad_host, or nullptr
+  bool grad_host_registered_ = false;          // GPU: grad_host_given_ registered with the backend
 };
 
 }  // namespace pslab

@@ -259,6 +259,7 @@ bool PsClient::take_params(int k, const wire::PullReply& r, std::span<const std:
     }
     s.version = r.version;
     note_progress(r, acc);
+    if (params_landed_) params_landed_(r.offset, r.length);
     return true;
   }
   // Dense f32, whole or piece `piece` of the shard's pieces, in order, all of one version.
@@ -281,6 +282,7 @@ bool PsClient::take_params(int k, const wire::PullReply& r, std::span<const std:
   if (sum != r.checksum) fail(k, "PullReply payload checksum mismatch (corrupted in transit)");
   s.version = r.version;
   if (next == 0) note_progress(r, acc);
+  if (params_landed_) params_landed_(r.offset, r.length);
   if (++next < pieces) return false;
   next = 0;
   return true;

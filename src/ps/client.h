@@ -111,6 +111,11 @@ class PsClient {
   void begin_push(long clock, int batch, const float* grad, float* theta);
   void push_ready(std::size_t lo);
   PullResult finish_push();
+  // Told each time floats [lo, lo + n) of a θ buffer of pull() or finish_push() are written
+  // (a reply's piece or shard, checked), while the rest of the reply arrives: a GPU worker
+  // queues their copy to the device there (Replica::upload_params_async). Called on the calling
+  // thread, inside pull() / finish_push().
+  void on_params(std::function<void(std::size_t lo, std::size_t n)> landed) { params_landed_ = std::move(landed); }
   // Tells every server this worker is done (after its last push); each answers Ack.
   void bye(long clock);
   // Asks every server to exit once training is over (evaluator / launcher); each answers Ack.
@@ -177,6 +182,7 @@ class PsClient {
   std::vector<std::size_t> encoded_bytes_;
   std::vector<long> encoded_clock_;
   std::vector<std::size_t> reply_piece_;  // per server: the next piece of the reply in progress
+  std::function<void(std::size_t, std::size_t)> params_landed_;  // on_params()
   wire::Encoder enc_;
   comm::Message msg_;  // reused for every reply
   comm::InFlight in_flight_;

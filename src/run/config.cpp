@@ -86,7 +86,9 @@ void visit_fields(Config& c, F&& f) {
   f("cluster.sync_every", c.cluster.sync_every,
     "easgd: each worker's local steps between its elastic exchanges with the servers' centre");
   f("cluster.overlap", c.cluster.overlap,
-    "push (PS modes) or all-reduce (allreduce) each finished piece of the gradient while backward goes on");
+    "push (PS modes) or all-reduce (allreduce) each finished piece of the gradient while backward goes on; \"auto\": "
+    "on for GPU workers of PS modes (gradients leave the GPU on its copy engine as backward finishes them), on for CPU "
+    "workers on a host with at least as many cores as processes, off otherwise");
   f("cluster.bucket_kb", c.cluster.bucket_kb, "allreduce with overlap: KiB of the gradient per all-reduce bucket");
   f("cluster.piece_kib", c.cluster.piece_kib,
     "PS modes: a shard's pushes and pull replies travel in pieces of at least this many KiB (at most 8 per shard), "
@@ -148,6 +150,7 @@ template <typename T>
 const char* type_name() {
   if constexpr (std::is_same_v<T, std::string>) return "a string";
   else if constexpr (std::is_same_v<T, bool>) return "true or false";
+  else if constexpr (std::is_same_v<T, AutoBool>) return "true, false or \"auto\"";
   else if constexpr (std::is_floating_point_v<T>) return "a number";
   else if constexpr (std::is_integral_v<T>) return "an integer";
   else if constexpr (std::is_same_v<T, std::vector<int>>) return "a list of integers";
@@ -201,6 +204,10 @@ bool read_scalar(const toml::node& n, T& out) {
   } else if constexpr (std::is_same_v<T, bool>) {
     if (!n.is_boolean()) return false;
     out = *n.value<bool>();
+  } else if constexpr (std::is_same_v<T, AutoBool>) {
+    if (n.is_boolean()) out.value = *n.value<bool>() ? AutoBool::on : AutoBool::off;
+    else if (n.is_string() && *n.value<std::string>() == "auto") out.value = AutoBool::automatic;
+    else return false;
   } else if constexpr (std::is_floating_point_v<T>) {
     if (!n.is_number()) return false;
     out = T(*n.value<double>());
@@ -272,6 +279,9 @@ void write_field(toml::table& root, const std::string& key, const T& v) {
     t->insert_or_assign(leaf, std::move(a));
   } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     t->insert_or_assign(leaf, std::int64_t(v));
+  } else if constexpr (std::is_same_v<T, AutoBool>) {
+    if (v.is_auto()) t->insert_or_assign(leaf, "auto");
+    else t->insert_or_assign(leaf, v.is_on());
   } else {
     t->insert_or_assign(leaf, v);
   }
@@ -405,7 +415,7 @@ void validate_train(const Checker& check) {
   const ExperimentConfig& c = check.c;
   check(c.train.batch >= 1, "train.batch", "must be >= 1");
   check(c.train.accumulate >= 1, "train.accumulate", "must be >= 1");
-  check(c.train.accumulate == 1 || !c.cluster.overlap, "train.accumulate",
+  check(c.train.accumulate == 1 || !c.cluster.overlap.is_on(), "train.accumulate",
         "with cluster.overlap: a push or all-reduce goes once per accumulated update, not during each backward");
   check(c.train.epochs > 0 || c.train.steps > 0, "train.epochs", "must be > 0 (or set train.steps)");
   check(c.train.steps >= 0, "train.steps", "must be >= 0");
@@ -446,7 +456,7 @@ void validate_mode(const Checker& check) {
   const bool gradients = kind == WorkerProtocol::Kind::gradient || kind == WorkerProtocol::Kind::allreduce;
   check(c.train.accumulate == 1 || gradients, "train.accumulate",
         "accumulates gradients for a push; " + in_mode + " trains each worker's own model between pushes");
-  check(!c.cluster.overlap || gradients, "cluster.overlap",
+  check(!c.cluster.overlap.is_on() || gradients, "cluster.overlap",
         "overlaps gradient pushes with backward; " + in_mode + " pushes changes of the model after local steps");
   const bool servers = mode.uses_servers();
   check(servers || c.cluster.codec == "f32" || c.cluster.codec == "f16" || c.cluster.codec == "bf16", "cluster.codec",
@@ -474,8 +484,9 @@ void validate_cluster(const Checker& check) {
   check(c.cluster.sync_every >= 1, "cluster.sync_every", "must be >= 1");
   check(c.cluster.bucket_kb >= 1, "cluster.bucket_kb", "must be >= 1");
   check(c.cluster.piece_kib >= 0, "cluster.piece_kib", "must be >= 0 (0: whole shards)");
-  check(!c.cluster.overlap || c.train.device == "cpu", "cluster.overlap",
-        "GPU workers do not overlap yet: set it false with train.device = \"" + c.train.device + "\"");
+  check(!c.cluster.overlap.is_on() || c.train.device == "cpu" || c.cluster.mode != "allreduce", "cluster.overlap",
+        "allreduce on GPU workers does not overlap yet: set it false or \"auto\" with train.device = \"" +
+            c.train.device + "\"");
   check(c.cluster.collective == "auto" || c.cluster.collective == "nccl" || c.cluster.collective == "gloo",
         "cluster.collective", "expected \"auto\", \"nccl\" or \"gloo\", got \"" + c.cluster.collective + "\"");
   check(c.cluster.collective != "nccl" || c.train.device == "cuda", "cluster.collective",

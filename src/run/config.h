@@ -23,6 +23,14 @@ class ConfigError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A key that is true, false or "auto" (the run decides; the key's description says how).
+struct AutoBool {
+  enum Value { off, on, automatic } value = automatic;
+  bool is_auto() const { return value == automatic; }
+  bool is_on() const { return value == on; }  // explicitly true
+  bool operator==(const AutoBool&) const = default;
+};
+
 struct ModelConfig {
   std::string kind = "mlp";                   // "linear", "mlp", "cnn"
   std::vector<int> hidden = {256, 128};       // mlp hidden widths
@@ -61,7 +69,9 @@ struct ClusterConfig {
   std::string pull_codec = "f32";    // how pull replies to workers encode θ: "f32", "f16", "bf16"
   std::string error_feedback = "auto";  // "on", "off", or "auto": on for the codecs that want it (topk, sign)
   int sync_every = 1;        // easgd: local steps between a worker's elastic exchanges with the centre
-  bool overlap = false;      // send each finished piece of ∇θ while backward goes on (CPU workers)
+  // Send each finished piece of ∇θ while backward goes on; "auto": on for GPU workers, on for CPU
+  // workers on a host with at least as many cores as processes (run/setup.h: overlaps()).
+  AutoBool overlap;
   int bucket_kb = 256;       // allreduce with overlap: KiB of ∇θ per bucket
   int piece_kib = 512;       // PS modes: KiB per piece of a push or pull reply (0 = whole shards; ps/pieces.h)
   std::string collective = "auto";  // allreduce on GPUs: "nccl", "gloo" (through host memory), "auto"

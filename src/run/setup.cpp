@@ -95,6 +95,15 @@ int server_threads(const ExperimentConfig& c, int processes_on_host) {
   return std::max(1, cores / std::max(1, processes_on_host));
 }
 
+bool overlaps(const ExperimentConfig& c, int processes_on_host) {
+  if (!c.cluster.overlap.is_auto()) return c.cluster.overlap.is_on();
+  const WorkerProtocol::Kind kind = c.mode().worker_protocol().kind;
+  if (c.train.accumulate != 1 || (kind != WorkerProtocol::Kind::gradient && kind != WorkerProtocol::Kind::allreduce))
+    return false;
+  if (c.train.device == "cuda") return kind == WorkerProtocol::Kind::gradient;
+  return int(std::thread::hardware_concurrency()) >= std::max(1, processes_on_host);
+}
+
 ScheduleConfig schedule_for_run(const ExperimentConfig& c, long steps_per_epoch) {
   ScheduleConfig s = c.schedule;
   s.total_epochs = c.train.steps > 0 ? double(c.train.steps) / double(steps_per_epoch) : c.train.epochs;

@@ -43,6 +43,13 @@ int blas_threads(const ExperimentConfig& c, int processes_on_host);
 // Threads a server splits a large update over: cluster.server_threads, or the host's cores /
 // processes_on_host.
 int server_threads(const ExperimentConfig& c, int processes_on_host);
+// Whether a training process overlaps communication with backward (cluster.overlap): true or
+// false as set; "auto": on for GPU workers of the modes that push gradients (∇θ leaves the GPU
+// on its copy engine while the GPU computes the rest, the host idle otherwise), on for CPU
+// workers of those modes and of allreduce when the host has at least as many cores as processes
+// (sending takes cores that backward needs), off with train.accumulate > 1 and for rules that
+// push models (local:H, easgd). GPU all-reduce does not overlap.
+bool overlaps(const ExperimentConfig& c, int processes_on_host);
 // The schedule with its length (total_epochs) set from the run: train.epochs, or, when
 // train.steps decides the run's length, those steps in epochs of `steps_per_epoch` steps.
 ScheduleConfig schedule_for_run(const ExperimentConfig& c, long steps_per_epoch);

@@ -70,7 +70,7 @@ nlohmann::ordered_json run_rank(int rank, int W, const std::string& ep, const st
   ExperimentConfig cfg = parse_config("name = \"bench\"\n[cluster]\nmode = \"allreduce\"\n", "bench");
   cfg.cluster.workers = W;
   cfg.cluster.transport = how;
-  cfg.cluster.overlap = overlap;
+  cfg.cluster.overlap.value = overlap ? AutoBool::on : AutoBool::off;
   cfg.cluster.bucket_kb = bucket_kb;
   cfg.train.threads = 1;
   cfg.train.log_every = int(steps);

@@ -4,7 +4,7 @@
 //
 //   bench_ps [--runs 5] [--json FILE] [--sizes-kib 4,256,4096,16384] [--transport tcp|ipc|shm]
 //            [--server-threads N] [--piece-kib K] [--pieces] [--auth] [--heartbeat-cost]
-//            [--floor [--floor-pieces 8]] [--netns CLIENT,SERVER --server-ip IP]
+//            [--floor [--floor-pieces 8]] [--netns CLIENT,SERVER --server-ip IP] [--device cuda]
 //
 // With --netns the server runs in network namespace SERVER and the worker in CLIENT (tcp only),
 // the server listening at IP: two hosts joined by a link, as tests/multihost/bench_two_hosts.sh
@@ -32,10 +32,14 @@
 //   pslab_no_heartbeat  with --heartbeat-cost: push_pull with the worker's heartbeats off
 //               (cluster.heartbeat_s's thread and sliced waits; pslab above has them on, as runs
 //               do), and heartbeat_cost = push_pull's time / this one's
+//   pslab_cuda  with --device cuda: push+pull as a GPU worker makes it, ∇θ starting and θ ending
+//               in GPU memory (GpuSide), and over_copies = its time / one device-to-host plus one
+//               host-to-device copy of the tensor (d2h_h2d_us)
 // The server applies SGD (asp) to every push, and both sides checksum every payload.
 #include <CLI/CLI.hpp>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -58,6 +62,7 @@
 #include "ps/client.h"
 #include "server.h"
 #include "run/setup.h"
+#include "grad_stager.h"
 
 using namespace pslab;
 using Clock = std::chrono::steady_clock;
@@ -122,9 +127,73 @@ std::vector<double> time_runs(int runs, long iters, F fn) {
 
 long iterations_for(std::size_t bytes) { return std::clamp<long>(long((256u << 20) / bytes), 20, 3000); }
 
+// A GPU worker's side of push+pull (--device cuda): ∇θ starts in GPU memory and θ must end
+// there. Each request goes as a GPU worker's step does with overlap: ∇θ reported final tail by
+// tail (as backward reports it, kGradPieceFloats at a time) and downloaded on the copy engine
+// (GradStager) into the transport's registered memory, shards pushed as they land, θ's reply
+// pieces uploaded as they arrive, then the device waits for them.
+struct GpuSide {
+  std::unique_ptr<Backend> be = make_cuda_backend(0);
+  std::size_t P;
+  float* grad_host;  // the transport's memory, registered
+  bool registered;
+  DeviceBuffer<float> grad_dev, theta_dev;
+  HostBuffer<float> theta_host;
+  struct Push final : GradListener {
+    PsClient& client;
+    explicit Push(PsClient& c) : client(c) {}
+    void ready(std::size_t lo) override { client.push_ready(lo); }
+  } push;
+  GradStager stager;
+  GpuSide(PsClient& client, std::size_t n, float* host)
+      : P(n), grad_host(host), registered(be->register_host(host, n * sizeof(float))), grad_dev(*be, n), theta_dev(*be, n),
+        theta_host(*be, n), push(client), stager(*be, grad_dev.data(), host, n, std::size_t(1) << 18, push) {
+    be->copy_from_host(grad_dev.data(), host, n * sizeof(float));
+    client.on_params([this](std::size_t lo, std::size_t k) {
+      be->upload_async(theta_dev.data() + lo, theta_host.data() + lo, k * sizeof(float));
+    });
+  }
+  ~GpuSide() {
+    be->synchronize();
+    if (registered) be->unregister_host(grad_host);
+  }
+  void push_pull(PsClient& client, long clock) {
+    client.begin_push(clock, 1, grad_host, theta_host.data());
+    stager.start();
+    for (std::size_t lo = P; lo > 0;) {
+      lo = lo > kGradPieceFloats ? lo - kGradPieceFloats : 0;
+      stager.ready(lo);
+    }
+    client.finish_push();
+    be->upload_fence();
+    be->synchronize();
+  }
+  // The reference: one copy of ∇θ to the host and one of θ back.
+  void copies() {
+    be->copy_to_host(grad_host, grad_dev.data(), P * sizeof(float));
+    be->copy_from_host(theta_dev.data(), theta_host.data(), P * sizeof(float));
+  }
+};
+
+// push+pull as a GPU worker makes it (GpuSide), against the copies alone. clock: the client's
+// next, advanced.
+nlohmann::ordered_json bench_gpu_side(PsClient& client, std::size_t P, float* grad, int runs, long iters, long& clock) {
+  GpuSide gpu(client, P, grad);
+  const auto fused = time_runs(runs, iters, [&] { gpu.push_pull(client, clock++); });
+  const auto copies = time_runs(runs, iters, [&] { gpu.copies(); });
+  client.on_params({});
+  return {{"push_pull_us", median(fused) * 1e6},
+          {"d2h_h2d_us", median(copies) * 1e6},
+          {"over_copies", median(fused) / median(copies)},
+          {"registered", gpu.registered},
+          {"copies_per_push", gpu.stager.copies()},
+          {"device", gpu.be->describe()},
+          {"push_pull_us_runs", fused}};
+}
+
 nlohmann::ordered_json bench_pslab(const Place& place, std::size_t floats, int runs, const std::string& transport_name,
                                    int server_threads, int piece_kib, const comm::RunKey* key = nullptr,
-                                   bool heartbeats = true, const std::string& codec = "f32") {
+                                   bool heartbeats = true, const std::string& codec = "f32", bool cuda = false) {
   ExperimentConfig cfg = config_for(floats);
   if (piece_kib >= 0) cfg.cluster.piece_kib = piece_kib;
   cfg.cluster.transport = transport_name;
@@ -151,6 +220,16 @@ nlohmann::ordered_json bench_pslab(const Place& place, std::size_t floats, int r
       _exit(1);
     }
   }
+  // The server process ends with the benchmark, also when the benchmark fails half-way.
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      if (::waitpid(pid, nullptr, WNOHANG) == 0) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+      }
+    }
+  } reaper{child};
   const std::size_t P = count_params(model_spec(cfg));
   if (key) transport->authenticate(*key);
   PsClient::Options co = client_options(cfg, wire::Role::worker, 0);
@@ -166,6 +245,13 @@ nlohmann::ordered_json bench_pslab(const Place& place, std::size_t floats, int r
   client.pull(0, theta.data());
   long clock = 0;
   const long iters = iterations_for(P * 4);
+  if (cuda) {
+    const nlohmann::ordered_json r = bench_gpu_side(client, P, grad, runs, iters, clock);
+    client.bye(clock);
+    int st = 0;
+    ::waitpid(child, &st, 0);
+    return r;
+  }
   const auto fused = time_runs(runs, iters, [&] { client.push(clock++, 1, grad, theta.data()); });
   const auto split = time_runs(runs, std::max(10L, iters / 2), [&] {
     client.push(clock++, 1, grad, nullptr);
@@ -293,6 +379,7 @@ struct Options {
   std::vector<std::string> codecs;
   int floor_pieces = 8;
   int piece_kib = -1;  // -1: the config's default
+  std::string device = "cpu";  // cuda: also push+pull with ∇θ starting and θ ending in GPU memory
   std::vector<std::string> netns;  // --netns CLIENT,SERVER
   Place place;
 };
@@ -316,6 +403,9 @@ void add_options(CLI::App& app, Options& o) {
   app.add_flag("--floor", o.floor, "also measure the floor: the raw echo plus the memory passes pslab cannot skip (checksums, "
                                    "SGD, the copy into θ), whole and in --floor-pieces pieces (pipelined), same invocation");
   app.add_option("--floor-pieces", o.floor_pieces, "pieces of the pipelined floor")->capture_default_str();
+  app.add_option("--device", o.device, "cuda: also push+pull as a GPU worker does (∇θ from GPU memory, θ back to it), "
+                                       "against one device-to-host plus one host-to-device copy of the tensor")
+      ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
 }
 
 // The floor beside pslab's push+pull (--floor).
@@ -367,6 +457,13 @@ nlohmann::ordered_json measure(int kib, const Options& o, const comm::RunKey& ke
     std::fprintf(stderr, "%6d KiB: push+pull with whole shards %8.1f us: pieces of %d KiB are %.2fx faster\n", kib,
                  r["pslab_whole"]["push_pull_us"].get<double>(), r["piece_kib"].get<int>(), r["pieces_gain"].get<double>());
   }
+  if (o.device == "cuda") {
+    r["pslab_cuda"] = bench_pslab(o.place, floats, o.runs, o.transport, o.server_threads, o.piece_kib, nullptr, true, "f32", true);
+    const auto& g = r["pslab_cuda"];
+    std::fprintf(stderr, "%6d KiB: push+pull from and to GPU memory %8.1f us = %.2fx one D2H + one H2D copy (%8.1f us; "
+                 "%s memory%s)\n", kib, g["push_pull_us"].get<double>(), g["over_copies"].get<double>(),
+                 g["d2h_h2d_us"].get<double>(), o.transport.c_str(), g["registered"].get<bool>() ? " registered" : " NOT registered");
+  }
   r["raw_zmq"] = bench_raw(o.place, floats * 4, o.runs, o.transport);
   r["raw_zmq_tcp"] = o.transport == "tcp" ? r["raw_zmq"] : bench_raw(o.place, floats * 4, o.runs, "tcp");
   r["server_apply"] = bench_apply(floats, o.runs);
@@ -406,13 +503,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_ps: %s\n", e.what());
     return 2;
   }
+  if (std::string why; o.device == "cuda" && cuda_device_count(&why) == 0) {
+    std::fprintf(stderr, "bench_ps: --device cuda: %s\n", why.c_str());
+    return 2;
+  }
   const comm::RunKey key = comm::make_run_key();
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   for (int kib : o.sizes_kib) results.push_back(measure(kib, o, key));
   nlohmann::ordered_json out{{"benchmark", "ps_push_pull"}, {"transport", o.transport}, {"server_threads", o.server_threads},
                              {"piece_kib", o.piece_kib >= 0 ? o.piece_kib : config_for(1024).cluster.piece_kib},
                              {"client_netns", o.place.client_ns}, {"server_netns", o.place.server_ns},
-                             {"auth", o.auth}, {"heartbeat_cost", o.heartbeat_cost}, {"floor", o.floor}, {"codecs", o.codecs},
+                             {"device", o.device}, {"auth", o.auth}, {"heartbeat_cost", o.heartbeat_cost}, {"floor", o.floor}, {"codecs", o.codecs},
                              {"runs", o.runs},
                              {"metric", "median over runs of the mean time per request; GB/s counts bytes pushed + bytes pulled"},
                              {"results", results}};

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <thread>
 
 #include "core/optimizer.h"
 #include "run/config.h"
@@ -104,8 +105,10 @@ TEST(Config, RangeAndCrossFieldChecks) {
             "exp.toml: straggler.workers: rank 2 is not a worker (cluster.workers = 2)");
   EXPECT_NE(error_of("name = \"x\"\n[optimizer]\nkind = \"rmsprop\"\n").find("optimizer.kind"), std::string::npos);
   EXPECT_NE(error_of("name = \"x\"\n[data]\nkind = \"least-squares\"\n").find("model.kind"), std::string::npos);
-  EXPECT_EQ(error_of("name = \"x\"\n[train]\ndevice = \"cuda\"\n[cluster]\noverlap = true\n"),
-            "exp.toml: cluster.overlap: GPU workers do not overlap yet: set it false with train.device = \"cuda\"");
+  EXPECT_EQ(error_of("name = \"x\"\n[train]\ndevice = \"cuda\"\n[cluster]\nmode = \"allreduce\"\noverlap = true\n"),
+            "exp.toml: cluster.overlap: allreduce on GPU workers does not overlap yet: set it false or \"auto\" with "
+            "train.device = \"cuda\"");
+  EXPECT_EQ(error_of("name = \"x\"\n[train]\ndevice = \"cuda\"\n[cluster]\noverlap = true\n"), "(no error)");
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\noverlap = true\nbucket_kb = 0\n"), "exp.toml: cluster.bucket_kb: must be >= 1");
   EXPECT_EQ(error_of("name = \"x\"\n[train]\ntf32 = true\n"),
             "exp.toml: train.tf32: TF32 is a GPU option: it needs train.device = \"cuda\"");
@@ -256,6 +259,41 @@ TEST(Config, KeyListingCoversEverySection) {
 
 // Defect: schedule_for_run set the cosine's length to train.epochs even when train.steps
 // decided the run's length, so a steps-based run decayed on the wrong horizon.
+// cluster.overlap: true, false or "auto", written back as it was given.
+TEST(Config, OverlapIsTrueFalseOrAuto) {
+  EXPECT_TRUE(parse_config("name = \"x\"\n", "exp.toml").cluster.overlap.is_auto());
+  EXPECT_TRUE(parse_config("name = \"x\"\n[cluster]\noverlap = true\n", "exp.toml").cluster.overlap.is_on());
+  const ExperimentConfig off = parse_config("name = \"x\"\n[cluster]\noverlap = false\n", "exp.toml");
+  EXPECT_FALSE(off.cluster.overlap.is_on() || off.cluster.overlap.is_auto());
+  EXPECT_TRUE(parse_config("name = \"x\"\n[cluster]\noverlap = \"auto\"\n", "exp.toml").cluster.overlap.is_auto());
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\noverlap = \"yes\"\n"),
+            "exp.toml: cluster.overlap: expected true, false or \"auto\", got a string ('yes')");
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\noverlap = 1\n"),
+            "exp.toml: cluster.overlap: expected true, false or \"auto\", got an integer (1)");
+  for (const char* v : {"true", "false", "\"auto\""}) {
+    const ExperimentConfig c = parse_config(std::string("name = \"x\"\n[cluster]\noverlap = ") + v + "\n", "exp.toml");
+    EXPECT_EQ(parse_config(to_toml(c), "back.toml").cluster.overlap, c.cluster.overlap) << v;
+  }
+}
+
+// "auto" overlaps GPU workers that push gradients, and CPU workers where the cores suffice.
+TEST(Setup, OverlapAutoIsDecidedPerDeviceAndHost) {
+  auto cfg = [](const std::string& cluster, const std::string& train = "") {
+    return parse_config("name = \"x\"\n[train]\n" + train + "[cluster]\n" + cluster, "exp.toml");
+  };
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  EXPECT_TRUE(overlaps(cfg("mode = \"asp\"\n", "device = \"cuda\"\n"), 4 * cores));  // a GPU: whatever the cores
+  EXPECT_TRUE(overlaps(cfg("mode = \"bsp\"\n", "device = \"cuda\"\n"), 1));
+  EXPECT_FALSE(overlaps(cfg("mode = \"allreduce\"\n", "device = \"cuda\"\n"), 1));  // not yet on GPUs
+  EXPECT_FALSE(overlaps(cfg("mode = \"local:4\"\n", "device = \"cuda\"\n"), 1));    // pushes models
+  EXPECT_FALSE(overlaps(cfg("mode = \"bsp\"\n", "device = \"cuda\"\naccumulate = 2\n"), 1));
+  EXPECT_TRUE(overlaps(cfg("mode = \"bsp\"\n"), cores));  // a CPU with a core per process
+  EXPECT_TRUE(overlaps(cfg("mode = \"allreduce\"\n"), cores));
+  EXPECT_FALSE(overlaps(cfg("mode = \"bsp\"\n"), cores + 1));  // fewer cores than processes
+  EXPECT_FALSE(overlaps(cfg("mode = \"bsp\"\noverlap = false\n", "device = \"cuda\"\n"), 1));
+  EXPECT_TRUE(overlaps(cfg("mode = \"bsp\"\noverlap = true\n"), cores + 1));
+}
+
 TEST(Setup, AScheduleSpansTheStepsThatRunWhenTrainStepsDecides) {
   const ExperimentConfig c = parse_config(
       "name = \"x\"\n[data]\nkind = \"logistic\"\ntrain_samples = 1024\n[train]\nbatch = 32\nsteps = 64\n"

@@ -24,8 +24,8 @@
 namespace pslab::test {
 
 // A small synthetic problem (logistic, MLP 16-16-3, batch 8, 50 steps) with the given mode.
-// `variant`: a transport name, or one with "_overlap" appended (cluster.overlap = true, and
-// buckets of 1 KiB so that an all-reduce of the 323 floats goes in two).
+// `variant`: a transport name (cluster.overlap = false), or one with "_overlap" appended
+// (cluster.overlap = true, and buckets of 1 KiB so that an all-reduce of the 323 floats goes in two).
 inline ExperimentConfig small_config(const std::string& mode, int workers, int servers,
                                      const std::string& variant = "tcp") {
   const bool overlap = variant.find("_overlap") != std::string::npos, pieces = variant.ends_with("_pieces");
@@ -38,7 +38,7 @@ inline ExperimentConfig small_config(const std::string& mode, int workers, int s
                       "[train]\nbatch = 8\nthreads = 1\nlog_every = 1000\nsteps = 50\n"
                       "[cluster]\nmode = \"" + mode + "\"\nworkers = " + std::to_string(workers) +
                           "\nservers = " + std::to_string(servers) + "\ntransport = \"" + transport +
-                          "\"\ntimeout_s = 20\n" + (overlap ? "overlap = true\nbucket_kb = 1\n" : "") +
+                          "\"\ntimeout_s = 20\n" + (overlap ? "overlap = true\nbucket_kb = 1\n" : "overlap = false\n") +
                           "piece_kib = " + (pieces ? "1" : "0") + "\n",
                       "test");
 }
@@ -199,7 +199,7 @@ inline const std::vector<std::string>& exact_transports() {
   return t;
 }
 
-// ... and each also with overlap on (small_config's variants; CPU workers only), in pieces
+// ... and each also with overlap on (small_config's variants), in pieces
 // (cluster.piece_kib), both, and on auto as over several hosts: shared memory with some servers,
 // TCP with others (Cluster). Without _pieces, shards travel whole.
 inline const std::vector<std::string>& exact_variants() {
@@ -213,7 +213,7 @@ inline const std::vector<std::string>& exact_variants() {
 // finishes them (the tail first, `piece` floats at a time).
 inline PullResult push(const ExperimentConfig& cfg, PsClient& c, long clock, int batch, const float* grad, float* theta,
                        std::size_t piece = 7) {
-  if (!cfg.cluster.overlap) return c.push(clock, batch, grad, theta);
+  if (!cfg.cluster.overlap.is_on()) return c.push(clock, batch, grad, theta);
   c.begin_push(clock, batch, grad, theta);
   for (std::size_t lo = c.num_params(); lo > 0;) {
     lo = lo > piece ? lo - piece : 0;

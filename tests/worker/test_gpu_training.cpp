@@ -1,5 +1,5 @@
 // Training on the CUDA backend against the same run on the CPU backend: the parameter-server
-// worker (θ and ∇θ staged through Replica over tcp and ipc) and the all-reduce worker (NCCL).
+// worker (θ and ∇θ staged through Replica over tcp, ipc and shm, with overlap and without) and the all-reduce worker (NCCL).
 // θ agrees within 1e-3 * max(1, |θ_cpu|) after 50 steps (the backends' float results differ
 // in the last bits per step; see test_gpu_backend.cpp). Skipped without a GPU (tests/support/gpu.h).
 #include <gtest/gtest.h>
@@ -64,8 +64,32 @@ TEST_P(GpuPsTraining, AspOnCudaLosesNoPush) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, GpuPsTraining, ::testing::ValuesIn(test::exact_transports()),
+// Each transport, and with overlap: ∇θ downloaded on the copy engine as backward finishes it
+// (GradStager), θ's reply pieces uploaded as they arrive.
+INSTANTIATE_TEST_SUITE_P(Transports, GpuPsTraining,
+                         ::testing::Values("tcp", "ipc", "shm", "tcp_overlap", "shm_overlap", "shm_overlap_pieces"),
                          [](const auto& info) { return info.param; });
+
+// Overlap on a GPU changes when ∇θ leaves, not what: one worker (the servers' sums independent
+// of arrival order), a model whose ∇θ comes down in several copies (MLP 784-512-512-3, 665K
+// parameters, copies of >= 256K floats) and whose shard boundary lies inside the first layer,
+// bitwise the θ of the same run without overlap.
+TEST(GpuOverlap, AWorkerGivesBitwiseTheParametersOfARunWithout) {
+  PSLAB_SKIP_WITHOUT_GPU();
+  for (const std::string transport : {"shm", "tcp"}) {
+    std::vector<float> theta[2];
+    for (const bool overlap : {false, true}) {
+      ExperimentConfig cfg = test::small_config("bsp", 1, 2, transport + (overlap ? "_overlap_pieces" : "_pieces"));
+      cfg.data.dim = 784;
+      cfg.model.hidden = {512, 512};
+      cfg.train.steps = 20;
+      cfg.cluster.piece_kib = 512;
+      theta[overlap] = train_ps(cfg, "cuda");
+    }
+    EXPECT_TRUE(theta[0] == theta[1]) << transport << ": overlap changed θ";
+    EXPECT_TRUE(close(theta[0], theta[1])) << transport;
+  }
+}
 
 TEST(GpuAllReduceTraining, OneRankOnNcclMatchesGloo) {
   PSLAB_SKIP_WITHOUT_GPU();

@@ -5,7 +5,7 @@
 //   1 / global batch, so that the all-reduce SUM of the flat gradient is the global mean
 //   (weighted by each rank's batch size, with no extra pass); local optimizer step. With
 //   train.accumulate = N the all-reduce and the step come every N batches, on their mean.
-//   With cluster.overlap the all-reduce goes in buckets, each started as soon as backward
+//   With overlap (cluster.overlap, run/setup.h: overlaps()) the all-reduce goes in buckets, each started as soon as backward
 //   has finished it (BucketedAllreduce).
 //
 // Every rank runs the same number of steps (the sampler gives each the same count; a rank
@@ -93,7 +93,7 @@ AllreduceRank::AllreduceRank(const ExperimentConfig& cfg, const RoleOptions& opt
   join_group();
   if (opt.rank == 0 && !opt.snapshots.empty())
     snapshots_ = std::make_unique<SnapshotSender>(ctx_.transport(), opt.snapshots, cfg.eval.interval_s, cfg.cluster.timeout_s);
-  if (cfg.cluster.overlap)
+  if (overlaps(cfg, opt.procs_on_host))
     buckets_ = std::make_unique<BucketedAllreduce>(*coll_, model_.grads(), P_, std::size_t(cfg.cluster.bucket_kb) * 1024 / sizeof(float),
                                                    cfg.cluster.timeout_s, wire_);
   // A slowed rank's buckets start as late as on a slower machine (Straggler::paced).
