@@ -127,6 +127,7 @@ class RunPlan:
     host_addresses = property(lambda self: list(self.plan.get("host_addresses", [])))  # "HOST=ADDRESS|INTERFACE"
     device = property(lambda self: self.plan["device"])
     collective = property(lambda self: self.plan.get("collective", "auto"))  # allreduce on GPUs
+    mps = property(lambda self: self.plan.get("mps", "auto"))                # GPUs shared through MPS (mps.py)
     seed = property(lambda self: self.plan["seed"])
     batch = property(lambda self: self.plan["batch"])                 # per worker and step
     # samples behind one update of every worker: workers x batch x train.accumulate

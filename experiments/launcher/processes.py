@@ -58,15 +58,16 @@ def die_with_parent():
         pass
 
 
-def start(proc, cwd, append_log=False):
+def start(proc, cwd, append_log=False, env=None):
     """Starts proc.command in its own session, output to proc.log (appended to: a resumed run), or
-    for ssh to proc.ssh_log with stdin a pipe (the remote end's stop line); sets proc.popen."""
+    for ssh to proc.ssh_log with stdin a pipe (the remote end's stop line); sets proc.popen.
+    env: variables added to the launcher's environment for it (the run's MPS daemon)."""
     out = proc.ssh_log if proc.control else proc.log
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "ab" if append_log else "wb") as log:
         proc.popen = subprocess.Popen(proc.command, stdin=subprocess.PIPE if proc.control else subprocess.DEVNULL,
                                       stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
-                                      preexec_fn=die_with_parent)
+                                      preexec_fn=die_with_parent, env={**os.environ, **env} if env else None)
 
 
 def group_alive(pgid):

@@ -16,6 +16,7 @@ from .common import REPO, RunFailed, UsageError, say, warn
 from .comparison import write_comparison
 from .manifest import write_manifest
 from .hosts import probe_hosts
+from .mps import mps_daemon
 from .monitor import Progress, how_it_ended, monitor, process_failure, srun_failure
 from .placement import (DRY_RUN_SOCKET_DIR, Proc, checkpoint_path, cluster_hosts, fixed_or_probed_ports, plan_cluster,
                         plan_local, plan_ssh, plan_virtual, ports_wanted, resume_arguments, run_key_path, socket_dir,
@@ -98,8 +99,8 @@ def execute_run(plan, run_dir, bins, opts, prefix):
     plan.write(run_dir)  # config.toml, plan.json
     if plan.authenticates:
         make_run_key(bins, run_dir)
-    with socket_dir(plan) as sockets:
-        s = start_and_watch(plan, run_dir, bins, opts, prefix, sockets)
+    with socket_dir(plan) as sockets, mps_daemon(plan, run_dir) as mps_env:
+        s = start_and_watch(plan, run_dir, bins, opts, prefix, sockets, mps_env=mps_env)
     say(result_line(prefix, s))
     if not opts.no_plots:
         run_plot([str(run_dir), "--out", str(run_dir / "plots")], quiet=True)
@@ -135,8 +136,8 @@ def resume_run(run_dir, bins, opts):
         + (f", {plan.servers} server(s)" if plan.uses_servers else "") + ") from "
         f"{run_dir / 'checkpoints'}")
     try:
-        with socket_dir(plan) as sockets:
-            s = start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=run_start)
+        with socket_dir(plan) as sockets, mps_daemon(plan, run_dir) as mps_env:
+            s = start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=run_start, mps_env=mps_env)
     except RunFailed as e:
         print(f"launch.py: FAILED {run_dir}: {e}", file=sys.stderr, flush=True)
         return 1
@@ -154,10 +155,11 @@ def make_run_key(bins, run_dir):
         raise RunFailed(f"cannot make the run's key {path}: {(r.stderr or r.stdout).strip()}")
 
 
-def start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=None):
+def start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=None, mps_env=None):
     """Starts the run's processes, waits for them all, writes manifest.json and summary.json.
-    resume_from: a resumed run's original start (Unix s; metric times go on counting from it)."""
-    return Supervisor(plan, run_dir, bins, opts, sockets, resume_from).run(prefix)
+    resume_from: a resumed run's original start (Unix s; metric times go on counting from it);
+    mps_env: what points the local processes at the run's MPS daemon (mps.py), if any."""
+    return Supervisor(plan, run_dir, bins, opts, sockets, resume_from, mps_env).run(prefix)
 
 
 class Supervisor:
@@ -165,15 +167,18 @@ class Supervisor:
     started, watched (a worker lost where the run goes on without it, a server restarted from its
     checkpoint), stopped when one fails, then summarized."""
 
-    def __init__(self, plan, run_dir, bins, opts, sockets, resume_from):
+    def __init__(self, plan, run_dir, bins, opts, sockets, resume_from, mps_env=None):
         self.plan, self.run_dir, self.bins, self.opts, self.sockets = plan, run_dir, bins, opts, sockets
         self.resume_from = resume_from
+        self.env = mps_env or None
         self.run_start = resume_from or time.time()
         self.extra = {"transport": plan.transport, "auth": "curve" if plan.authenticates else "none"}
         if resume_from:
             self.extra["resumed_at_unix_s"] = time.time()
         if sockets:
             self.extra["socket_dir"] = str(sockets)
+        if self.env:
+            self.extra["mps_pipe_dir"] = self.env["CUDA_MPS_PIPE_DIRECTORY"]
         self.lost = []       # workers that failed while the run went on: {"worker", "how", "log"}
         self.restarted = []  # servers restarted from their checkpoints: {"server", "how", "log"}
         self.procs, self.started = self.place()
@@ -273,7 +278,7 @@ class Supervisor:
         try:
             for p in self.started:
                 check_signal()
-                start(p, REPO, append_log=bool(self.resume_from))
+                start(p, REPO, append_log=bool(self.resume_from), env=self.env)
             if plan.launcher != "slurm":
                 self.manifest()  # now with pids
             monitor(self.started, self.progress, self.run_start, self.opts.max_minutes * 60, failure_of, self.tolerate)

@@ -46,6 +46,9 @@ class Collective {
   virtual void allreduce_sum_half(float* data, std::size_t n, HalfFormat format, float scale, long step);
   // Whether allreduce_sum_half works here (Gloo, shm and host-staged: yes; NCCL: not yet).
   virtual bool reduces_half() const { return false; }
+  // A collective of device buffers that stages them through host memory: the host collective
+  // it runs on (overlap reduces host buckets on it directly, as they land). nullptr otherwise.
+  virtual Collective* host_side() { return nullptr; }
   // data (n floats) = root's data, on every rank.
   virtual void broadcast(float* data, std::size_t n, int root) = 0;
   virtual void barrier() = 0;

@@ -30,6 +30,7 @@ class HostStagedCollective final : public Collective {
     be_.copy_from_host(data, h, n * sizeof(float));
   }
   bool reduces_half() const override { return host_->reduces_half(); }
+  Collective* host_side() override { return host_.get(); }
   void allreduce_sum_half(float* data, std::size_t n, HalfFormat format, float scale, long step) override {
     float* h = staging(n);
     be_.copy_to_host(h, data, n * sizeof(float));

@@ -87,8 +87,8 @@ void visit_fields(Config& c, F&& f) {
     "easgd: each worker's local steps between its elastic exchanges with the servers' centre");
   f("cluster.overlap", c.cluster.overlap,
     "push (PS modes) or all-reduce (allreduce) each finished piece of the gradient while backward goes on; \"auto\": "
-    "on for GPU workers of PS modes (gradients leave the GPU on its copy engine as backward finishes them), on for CPU "
-    "workers on a host with at least as many cores as processes, off otherwise");
+    "on for GPU workers of PS modes and GPU all-reduce through host memory (gradients leave the GPU on its copy engine "
+    "as backward finishes them), on for CPU workers on a host with at least as many cores as processes, off otherwise");
   f("cluster.bucket_kb", c.cluster.bucket_kb, "allreduce with overlap: KiB of the gradient per all-reduce bucket");
   f("cluster.piece_kib", c.cluster.piece_kib,
     "PS modes: a shard's pushes and pull replies travel in pieces of at least this many KiB (at most 8 per shard), "
@@ -97,6 +97,10 @@ void visit_fields(Config& c, F&& f) {
   f("cluster.collective", c.cluster.collective,
     "allreduce with train.device = \"cuda\": \"nccl\", \"gloo\" (through host memory) or \"auto\" "
     "(NCCL when no two ranks share a GPU)");
+  f("cluster.mps", c.cluster.mps,
+    "GPU runs of the local launcher: \"auto\" starts a CUDA MPS daemon of the run's own when two or more of its "
+    "processes share a GPU (their kernels then run side by side instead of taking turns), \"on\" whenever it "
+    "computes on GPUs, \"off\" never; where MPS cannot start the run goes on without it");
   f("cluster.launcher", c.cluster.launcher,
     "\"local\", \"ssh\", \"slurm\", or \"virtual\": every worker and server in one process in simulated time ([virtual])");
   f("cluster.hosts", c.cluster.hosts, "ssh: hosts, processes placed round-robin");
@@ -484,9 +488,12 @@ void validate_cluster(const Checker& check) {
   check(c.cluster.sync_every >= 1, "cluster.sync_every", "must be >= 1");
   check(c.cluster.bucket_kb >= 1, "cluster.bucket_kb", "must be >= 1");
   check(c.cluster.piece_kib >= 0, "cluster.piece_kib", "must be >= 0 (0: whole shards)");
-  check(!c.cluster.overlap.is_on() || c.train.device == "cpu" || c.cluster.mode != "allreduce", "cluster.overlap",
-        "allreduce on GPU workers does not overlap yet: set it false or \"auto\" with train.device = \"" +
-            c.train.device + "\"");
+  check(!c.cluster.overlap.is_on() || c.train.device == "cpu" || c.cluster.mode != "allreduce" ||
+            c.cluster.collective != "nccl",
+        "cluster.overlap", "GPU ranks overlap an all-reduce through host memory only: NCCL's does not overlap yet (set "
+                           "it false or \"auto\", or cluster.collective = \"gloo\")");
+  check(c.cluster.mps == "auto" || c.cluster.mps == "on" || c.cluster.mps == "off", "cluster.mps",
+        "expected \"auto\", \"on\" or \"off\", got \"" + c.cluster.mps + "\"");
   check(c.cluster.collective == "auto" || c.cluster.collective == "nccl" || c.cluster.collective == "gloo",
         "cluster.collective", "expected \"auto\", \"nccl\" or \"gloo\", got \"" + c.cluster.collective + "\"");
   check(c.cluster.collective != "nccl" || c.train.device == "cuda", "cluster.collective",

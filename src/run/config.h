@@ -75,6 +75,7 @@ struct ClusterConfig {
   int bucket_kb = 256;       // allreduce with overlap: KiB of ∇θ per bucket
   int piece_kib = 512;       // PS modes: KiB per piece of a push or pull reply (0 = whole shards; ps/pieces.h)
   std::string collective = "auto";  // allreduce on GPUs: "nccl", "gloo" (through host memory), "auto"
+  std::string mps = "auto";         // GPUs shared through a private CUDA MPS daemon: "auto", "on", "off" (the launcher)
   std::string launcher = "local";    // "local", "ssh", "slurm"
   std::vector<std::string> hosts;    // ssh: hosts, round-robin over processes
   std::string bind = "127.0.0.1";    // local launcher: address servers and rendezvous bind to

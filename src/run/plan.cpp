@@ -29,6 +29,7 @@ nlohmann::ordered_json run_plan(const ExperimentConfig& c) {
           {"auth", c.cluster.auth},
           {"device", c.train.device},
           {"collective", c.cluster.collective},
+          {"mps", c.cluster.mps},
           {"seed", c.seed},
           {"batch", c.train.batch},
           {"accumulate", c.train.accumulate},

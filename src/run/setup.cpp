@@ -98,9 +98,10 @@ int server_threads(const ExperimentConfig& c, int processes_on_host) {
 bool overlaps(const ExperimentConfig& c, int processes_on_host) {
   if (!c.cluster.overlap.is_auto()) return c.cluster.overlap.is_on();
   const WorkerProtocol::Kind kind = c.mode().worker_protocol().kind;
-  if (c.train.accumulate != 1 || (kind != WorkerProtocol::Kind::gradient && kind != WorkerProtocol::Kind::allreduce))
+  if (c.train.accumulate != 1 || (kind != WorkerProtocol::Kind::gradient && kind != WorkerProtocol::Kind::allreduce) ||
+      c.cluster.launcher == "virtual")
     return false;
-  if (c.train.device == "cuda") return kind == WorkerProtocol::Kind::gradient;
+  if (c.train.device == "cuda") return kind == WorkerProtocol::Kind::gradient || c.cluster.collective != "nccl";
   return int(std::thread::hardware_concurrency()) >= std::max(1, processes_on_host);
 }
 

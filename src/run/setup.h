@@ -47,8 +47,10 @@ int server_threads(const ExperimentConfig& c, int processes_on_host);
 // false as set; "auto": on for GPU workers of the modes that push gradients (∇θ leaves the GPU
 // on its copy engine while the GPU computes the rest, the host idle otherwise), on for CPU
 // workers of those modes and of allreduce when the host has at least as many cores as processes
-// (sending takes cores that backward needs), off with train.accumulate > 1 and for rules that
-// push models (local:H, easgd). GPU all-reduce does not overlap.
+// (sending takes cores that backward needs), on for GPU all-reduce unless cluster.collective =
+// "nccl" (the rank overlaps only if its collective goes through host memory: "gloo", or "auto"
+// where ranks share a GPU), off with train.accumulate > 1, for rules that push models
+// (local:H, easgd) and in the virtual cluster (simulated time). NCCL all-reduce does not overlap.
 bool overlaps(const ExperimentConfig& c, int processes_on_host);
 // The schedule with its length (total_epochs) set from the run: train.epochs, or, when
 // train.steps decides the run's length, those steps in epochs of `steps_per_epoch` steps.

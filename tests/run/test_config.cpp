@@ -105,9 +105,13 @@ TEST(Config, RangeAndCrossFieldChecks) {
             "exp.toml: straggler.workers: rank 2 is not a worker (cluster.workers = 2)");
   EXPECT_NE(error_of("name = \"x\"\n[optimizer]\nkind = \"rmsprop\"\n").find("optimizer.kind"), std::string::npos);
   EXPECT_NE(error_of("name = \"x\"\n[data]\nkind = \"least-squares\"\n").find("model.kind"), std::string::npos);
-  EXPECT_EQ(error_of("name = \"x\"\n[train]\ndevice = \"cuda\"\n[cluster]\nmode = \"allreduce\"\noverlap = true\n"),
-            "exp.toml: cluster.overlap: allreduce on GPU workers does not overlap yet: set it false or \"auto\" with "
-            "train.device = \"cuda\"");
+  EXPECT_EQ(error_of("name = \"x\"\n[train]\ndevice = \"cuda\"\n[cluster]\nmode = \"allreduce\"\ncollective = \"nccl\"\n"
+                     "overlap = true\n"),
+            "exp.toml: cluster.overlap: GPU ranks overlap an all-reduce through host memory only: NCCL's does not overlap "
+            "yet (set it false or \"auto\", or cluster.collective = \"gloo\")");
+  EXPECT_EQ(error_of("name = \"x\"\n[train]\ndevice = \"cuda\"\n[cluster]\nmode = \"allreduce\"\ncollective = \"gloo\"\n"
+                     "overlap = true\n"),
+            "(no error)");
   EXPECT_EQ(error_of("name = \"x\"\n[train]\ndevice = \"cuda\"\n[cluster]\noverlap = true\n"), "(no error)");
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\noverlap = true\nbucket_kb = 0\n"), "exp.toml: cluster.bucket_kb: must be >= 1");
   EXPECT_EQ(error_of("name = \"x\"\n[train]\ntf32 = true\n"),
@@ -284,12 +288,15 @@ TEST(Setup, OverlapAutoIsDecidedPerDeviceAndHost) {
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   EXPECT_TRUE(overlaps(cfg("mode = \"asp\"\n", "device = \"cuda\"\n"), 4 * cores));  // a GPU: whatever the cores
   EXPECT_TRUE(overlaps(cfg("mode = \"bsp\"\n", "device = \"cuda\"\n"), 1));
-  EXPECT_FALSE(overlaps(cfg("mode = \"allreduce\"\n", "device = \"cuda\"\n"), 1));  // not yet on GPUs
+  EXPECT_FALSE(overlaps(cfg("mode = \"allreduce\"\ncollective = \"nccl\"\n", "device = \"cuda\"\n"), 1));  // not yet
+  EXPECT_TRUE(overlaps(cfg("mode = \"allreduce\"\n", "device = \"cuda\"\n"), 1));  // if the rank's goes through host memory
+  EXPECT_TRUE(overlaps(cfg("mode = \"allreduce\"\ncollective = \"gloo\"\n", "device = \"cuda\"\n"), 4 * cores));
   EXPECT_FALSE(overlaps(cfg("mode = \"local:4\"\n", "device = \"cuda\"\n"), 1));    // pushes models
   EXPECT_FALSE(overlaps(cfg("mode = \"bsp\"\n", "device = \"cuda\"\naccumulate = 2\n"), 1));
   EXPECT_TRUE(overlaps(cfg("mode = \"bsp\"\n"), cores));  // a CPU with a core per process
   EXPECT_TRUE(overlaps(cfg("mode = \"allreduce\"\n"), cores));
   EXPECT_FALSE(overlaps(cfg("mode = \"bsp\"\n"), cores + 1));  // fewer cores than processes
+  EXPECT_FALSE(overlaps(cfg("mode = \"allreduce\"\nlauncher = \"virtual\"\n"), 1));  // simulated time
   EXPECT_FALSE(overlaps(cfg("mode = \"bsp\"\noverlap = false\n", "device = \"cuda\"\n"), 1));
   EXPECT_TRUE(overlaps(cfg("mode = \"bsp\"\noverlap = true\n"), cores + 1));
 }

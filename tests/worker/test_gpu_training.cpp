@@ -91,6 +91,29 @@ TEST(GpuOverlap, AWorkerGivesBitwiseTheParametersOfARunWithout) {
   }
 }
 
+// Two ranks sharing the GPU, all-reducing through host memory: with overlap (∇θ downloaded as
+// backward finishes it, buckets reduced on the host as they land, the sum uploaded once) bitwise
+// the θ of the same run without, on both ranks.
+TEST(GpuAllReduceTraining, OverlapThroughHostMemoryGivesBitwiseTheParametersWithout) {
+  PSLAB_SKIP_WITHOUT_GPU();
+  std::vector<std::vector<float>> theta[2];
+  for (const bool overlap : {false, true}) {
+    ExperimentConfig cfg = test::small_config("allreduce", 2, 1, overlap ? "shm_overlap" : "shm");
+    cfg.train.device = "cuda";
+    cfg.cluster.collective = "gloo";
+    cfg.data.dim = 784;
+    cfg.model.hidden = {512, 512};
+    cfg.train.steps = 20;
+    cfg.cluster.bucket_kb = 256;
+    const auto dir = test::temp_dir("gpu_ar_overlap");
+    theta[overlap] = test::run_allreduce_workers(cfg, dir);
+    std::filesystem::remove_all(dir);
+  }
+  ASSERT_EQ(theta[1].size(), 2u);
+  EXPECT_TRUE(theta[0].at(0) == theta[1].at(0)) << "overlap changed θ";
+  EXPECT_TRUE(theta[1].at(0) == theta[1].at(1)) << "the ranks' replicas differ";
+}
+
 TEST(GpuAllReduceTraining, OneRankOnNcclMatchesGloo) {
   PSLAB_SKIP_WITHOUT_GPU();
   ExperimentConfig cfg = test::small_config("allreduce", 1, 1);

@@ -1,5 +1,6 @@
 // Overlap on a GPU worker: ∇θ leaves the device piece by piece as backward finishes it
-// (GradStager), and θ goes back piece by piece (Replica::upload_params_async). Run here on a
+// (GradStager), and θ goes back piece by piece (Replica::upload_params_async); a GPU rank's
+// all-reduce through host memory reduces ∇θ's buckets on the host as they land. Run here on a
 // backend whose copies land late (LaggingBackend), so that reading a copy's bytes before it
 // landed would be seen; tests/gpu.sh runs the same worker on a GPU against overlap off.
 #include <gtest/gtest.h>
@@ -9,6 +10,8 @@
 #include <numeric>
 #include <vector>
 
+#include "collectives.h"
+#include "comm/bucketed_allreduce.h"
 #include "core/replica.h"
 #include "core/sampler.h"
 #include "grad_stager.h"
@@ -110,4 +113,38 @@ TEST(GradStager, ThetaPiecesReachTheModelByTheFence) {
   r.params_fence();
   EXPECT_EQ(0, std::memcmp(host, r.model().params(), P * sizeof(float)));
   EXPECT_THROW(r.upload_params_async(P - 1, 2), std::out_of_range);
+}
+
+// A GPU rank's all-reduce through host memory, overlapped: each rank's ∇θ comes down in copies
+// that land late, the host buckets are reduced as they land, and every sum is exact (a bucket
+// reduced before its bytes landed would sum stale zeros).
+TEST(GradStager, HostBucketsAreReducedOnlyOnceLanded) {
+  for (const std::string kind : {"shm", "gloo"}) {
+    const auto tr = test::coordinator_transport();
+    const std::string ep = tr->local_address("coordinator");
+    Coordinator coord(*tr, ep, 2, std::chrono::milliseconds(5000));
+    const std::size_t n = 10007;
+    std::vector<float> host[2];
+    test::run_threads(2, [&](int r) {
+      RendezvousClient rv(*tr, ep, r, 2, std::chrono::milliseconds(10000));
+      auto coll = test::host_collective(kind, rv);
+      test::LaggingBackend be(3);
+      for (long step = 0; step < 3; ++step) {
+        const std::vector<float> dev = test::rank_data(n, r);
+        host[r].assign(n, 0.0f);
+        BucketedAllreduce buckets(*coll, host[r].data(), n, 1000, 10.0);
+        GradStager stager(be, dev.data(), host[r].data(), n, 1000, buckets);
+        rv.report_step(step);
+        buckets.start(step);
+        stager.start();
+        for (std::size_t lo = n; lo > 0;) {  // backward's tails, 700 floats at a time
+          lo = lo > 700 ? lo - 700 : 0;
+          stager.ready(lo);
+        }
+        buckets.finish();
+      }
+    });
+    EXPECT_EQ(test::wrong_sums(host[0], 2), 0) << kind;
+    EXPECT_EQ(host[0], host[1]) << kind;
+  }
 }

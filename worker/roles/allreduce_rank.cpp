@@ -5,8 +5,11 @@
 //   1 / global batch, so that the all-reduce SUM of the flat gradient is the global mean
 //   (weighted by each rank's batch size, with no extra pass); local optimizer step. With
 //   train.accumulate = N the all-reduce and the step come every N batches, on their mean.
-//   With overlap (cluster.overlap, run/setup.h: overlaps()) the all-reduce goes in buckets, each started as soon as backward
-//   has finished it (BucketedAllreduce).
+//   With overlap (cluster.overlap, run/setup.h: overlaps()) the all-reduce goes in buckets,
+//   each started as soon as backward has finished it (BucketedAllreduce); on GPU ranks that
+//   all-reduce through host memory, ∇θ comes down to the host on the copy engine as backward
+//   finishes it (GradStager), its buckets are reduced there as they land, and the sum goes
+//   back up once.
 //
 // Every rank runs the same number of steps (the sampler gives each the same count; a rank
 // whose shard is shorter contributes a smaller or empty last batch), so no rank waits on a
@@ -27,6 +30,7 @@
 #include "core/optimizer.h"
 #include "eval_schedule.h"
 #include "grad_accumulator.h"
+#include "grad_stager.h"
 #include "ps/checkpoint.h"
 #include "role_context.h"
 #include "run/setup.h"
@@ -54,6 +58,7 @@ class AllreduceRank {
 
  private:
   void join_group();
+  void overlap_buckets();  // buckets_ (and on a GPU stager_, host_grads_)
   void resume();
   void step(long step);
   void write_checkpoint_at(long step_done, const char* why);
@@ -71,8 +76,10 @@ class AllreduceRank {
   std::unique_ptr<RendezvousClient> rv_;
   std::unique_ptr<Collective> coll_;
   std::unique_ptr<GroupWatch> watch_;
-  std::unique_ptr<BucketedAllreduce> buckets_;  // cluster.overlap
-  GradListener* listener_ = nullptr;             // the buckets, paced for a straggler
+  std::unique_ptr<BucketedAllreduce> buckets_;  // overlap
+  HostBuffer<float> host_grads_;                 // overlap through host memory (GPU): ∇θ's host copy, reduced there
+  std::unique_ptr<GradStager> stager_;           // ... which it comes down to as backward finishes it
+  GradListener* listener_ = nullptr;             // the buckets (or the stager), paced for a straggler
   std::unique_ptr<SnapshotSender> snapshots_;    // rank 0, when an evaluator listens
   EpochTicks ticks_;                             // eval.every_epochs: snapshots by epochs, not by time
   const ScheduleConfig schedule_;
@@ -93,15 +100,31 @@ AllreduceRank::AllreduceRank(const ExperimentConfig& cfg, const RoleOptions& opt
   join_group();
   if (opt.rank == 0 && !opt.snapshots.empty())
     snapshots_ = std::make_unique<SnapshotSender>(ctx_.transport(), opt.snapshots, cfg.eval.interval_s, cfg.cluster.timeout_s);
-  if (overlaps(cfg, opt.procs_on_host))
-    buckets_ = std::make_unique<BucketedAllreduce>(*coll_, model_.grads(), P_, std::size_t(cfg.cluster.bucket_kb) * 1024 / sizeof(float),
-                                                   cfg.cluster.timeout_s, wire_);
+  if (overlaps(cfg, opt.procs_on_host)) overlap_buckets();
   // A slowed rank's buckets start as late as on a slower machine (Straggler::paced).
-  listener_ = buckets_ ? ctx_.straggler().paced(buckets_.get()) : nullptr;
+  listener_ = stager_ ? ctx_.straggler().paced(stager_.get()) : buckets_ ? ctx_.straggler().paced(buckets_.get()) : nullptr;
   ctx_.announce("allreduce over " + coll_->describe() + (wire_ ? ", gradients in " + cfg.cluster.codec : std::string()) +
                 (buckets_ ? ", " + std::to_string(buckets_->buckets()) + (buckets_->buckets() == 1 ? " bucket" : " buckets") +
                                 " overlapped with backward"
                           : std::string()));
+}
+
+void AllreduceRank::overlap_buckets() {
+  const std::size_t bucket = std::size_t(cfg_.cluster.bucket_kb) * 1024 / sizeof(float);
+  Backend& be = ctx_.backend();
+  if (be.device() == Device::cpu) {
+    buckets_ = std::make_unique<BucketedAllreduce>(*coll_, model_.grads(), P_, bucket, cfg_.cluster.timeout_s, wire_);
+    return;
+  }
+  Collective* host = coll_->host_side();
+  if (!host && cfg_.cluster.overlap.is_auto()) return;  // NCCL: no overlap yet
+  if (!host)
+    throw std::invalid_argument("cluster.overlap: GPU ranks overlap an all-reduce through host memory only; " +
+                                coll_->describe() + " does not overlap yet (set cluster.overlap = false, or "
+                                "cluster.collective = \"gloo\")");
+  host_grads_ = HostBuffer<float>(be, P_);
+  buckets_ = std::make_unique<BucketedAllreduce>(*host, host_grads_.data(), P_, bucket, cfg_.cluster.timeout_s, wire_);
+  stager_ = std::make_unique<GradStager>(be, model_.grads(), host_grads_.data(), P_, bucket, *buckets_);
 }
 
 void AllreduceRank::resume() {
@@ -150,6 +173,7 @@ void AllreduceRank::step(long step) {
   const long global_batch = ctx_.global_batch(step);
   rv_->report_step(step);  // before the step's first all-reduce call (with overlap: during backward)
   if (buckets_) buckets_->start(step, wire_scale(double(global_batch)));
+  if (stager_) stager_->start();
   const auto t0 = ctx_.clock().now();
   ctx_.straggler().start_step();
   StepRecord rec;
@@ -167,8 +191,10 @@ void AllreduceRank::step(long step) {
   if (due) {
     float* grad = acc_.mean();
     const auto t1 = ctx_.clock().now();
-    if (buckets_) buckets_->finish();  // what is left after backward: the exposed communication
-    else if (wire_) coll_->allreduce_sum_half(grad, P_, *wire_, wire_scale(acc_.weight()), step / N);
+    if (buckets_) {
+      buckets_->finish();  // what is left after backward: the exposed communication
+      if (stager_) ctx_.backend().copy_from_host(grad, host_grads_.data(), P_ * sizeof(float));  // the sum, back up once
+    } else if (wire_) coll_->allreduce_sum_half(grad, P_, *wire_, wire_scale(acc_.weight()), step / N);
     else coll_->allreduce_sum(grad, P_, step / N);
     rec.comm_s = ctx_.since(t1);
     rec.allreduce_bytes = long(P_ * (wire_ ? 2 : sizeof(float)));
