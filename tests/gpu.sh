@@ -19,11 +19,13 @@
 #   5. the data path of GPU workers: experiments/configs/gpu-datapath.toml (4 workers on this
 #      machine's GPU, 2 servers, a 23.3 MB model, asp and bsp, overlap on and off): each
 #      run's comm / compute / wait ms per step
+#   6. GPUs shared through MPS: the default comparison (no straggler, 1 epoch) on this GPU with
+#      cluster.mps = "auto" (a private MPS daemon: its 4 workers share the GPU) and "off"
 # --quick: fewer steps and runs (a smoke test of the command itself). --only: these steps alone.
 # Exit: 0 every check passed; 1 a check failed (named at the end); 77 no GPU here (nothing checked).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build="$root/build" quick=0 only=1,2,3,4,5
+build="$root/build" quick=0 only=1,2,3,4,5,6
 while (($#)); do
   case $1 in
     --build-dir) build=$2; shift 2 ;;
@@ -175,6 +177,21 @@ print("%-24s comm %6.2f  compute %5.2f  wait %5.2f ms/step  %9.0f samples/s" % (
 else
   failed+=("GPU data path (gpu-datapath.toml)"); grep -v "^\[" "$log" | tail -20
 fi
+fi
+
+if wanted 6; then  # ---- step 6 ----
+step "6. GPUs shared through MPS: the default comparison's 4 workers on this GPU, cluster.mps auto against off"
+quick6=(--set train.epochs=1.0); ((quick)) && quick6=(--set train.steps=60)
+for mps in auto off; do
+  log="$out/gpu-mps-$mps.log"
+  if /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/default.toml" --build-dir "$build" \
+       --set 'train.device="cuda"' --set seed=1 --set 'straggler.workers=[]' --set "cluster.mps=\"$mps\"" "${quick6[@]}" \
+       --runs-dir "$root/runs/gpu-mps-$mps" --no-plots --keep-going > "$log" 2>&1; then
+    echo "cluster.mps = $mps:"; grep -E "MPS|^\| " "$log"
+  else
+    failed+=("default comparison on cuda, cluster.mps $mps"); grep -v "^\[" "$log" | tail -25
+  fi
+done
 fi
 
 echo
