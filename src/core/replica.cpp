@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <stdexcept>
 
@@ -19,7 +20,10 @@ Replica::Replica(Backend& be, const ModelSpec& spec, const Dataset& train, int m
     x_dev_ = DeviceBuffer<float>(be, x_host_.size());
     y_dev_ = DeviceBuffer<std::int32_t>(be, y_host_.size());
     t_dev_ = DeviceBuffer<float>(be, t_host_.size());
-    idx_dev_ = DeviceBuffer<std::uint32_t>(be, std::size_t(max_batch));
+    for (int k = 0; k < 2; ++k) {
+      idx_host_[k] = HostBuffer<std::uint32_t>(be, std::size_t(max_batch));
+      idx_dev_[k] = DeviceBuffer<std::uint32_t>(be, std::size_t(max_batch));
+    }
   }
   eval_idx_.resize(std::size_t(max_batch));
 }
@@ -58,9 +62,15 @@ Replica::Batch Replica::stage(const Dataset& d, std::span<const std::uint32_t> i
   float* tg = cpu ? t_host_.data() : t_dev_.data();
   if (const Resident* r = resident(d)) {
     const std::uint32_t* i = idx.data();
-    if (!cpu) {  // only the indices cross to the GPU
-      be_.copy_from_host(idx_dev_.data(), idx.data(), n * sizeof(std::uint32_t));
-      i = idx_dev_.data();
+    if (!cpu && n == 0) i = idx_dev_[0].data();
+    if (!cpu && n > 0) {  // only the indices cross to the GPU, queued: the gathers wait on the device
+      const int k = idx_slot_;
+      idx_slot_ ^= 1;
+      if (idx_copied_[k]) be_.landed(idx_copied_[k], /*wait*/ true);  // the slot's last copy has read it
+      std::memcpy(idx_host_[k].data(), idx.data(), n * sizeof(std::uint32_t));
+      idx_copied_[k] = be_.upload_async(idx_dev_[k].data(), idx_host_[k].data(), n * sizeof(std::uint32_t));
+      be_.upload_fence();
+      i = idx_dev_[k].data();
     }
     be_.gather_rows(r->x, i, n, f * sizeof(float), x);
     if (d.classes > 0) be_.gather_rows(r->labels, i, n, sizeof(std::int32_t), y);

@@ -97,7 +97,12 @@ class Replica {
   HostBuffer<std::int32_t> y_host_;
   DeviceBuffer<float> x_dev_, t_dev_;  // GPU: the batch buffers
   DeviceBuffer<std::int32_t> y_dev_;
-  DeviceBuffer<std::uint32_t> idx_dev_;  // GPU: the step's sample indices
+  // GPU: a step's sample indices, through two page-locked slots in turn, each copied on the
+  // copy lane (no host round trip per step; the slot is rewritten once its last copy landed).
+  HostBuffer<std::uint32_t> idx_host_[2];
+  DeviceBuffer<std::uint32_t> idx_dev_[2];
+  Backend::Ticket idx_copied_[2] = {0, 0};
+  int idx_slot_ = 0;
   std::vector<std::uint32_t> eval_idx_;
   HostBuffer<float> theta_host_, grad_host_;  // GPU only: θ and ∇θ staging, allocated on first use
   float* grad_host_given_;                     // the caller's grad_host, or nullptr
