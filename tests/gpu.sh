@@ -7,8 +7,9 @@
 #   1. the GPU tests (GPU backend against the CPU one, GPU training, NCCL, ranks sharing a GPU)
 #      with PSLAB_REQUIRE_GPU=1: a GPU test that cannot run fails instead of skipping
 #   2. bench_train --device cuda, MLP and CNN at batch 64, 256, 1024 and 4096, and, where
-#      `python3 -c "import torch"` works, the same models in PyTorch on the same GPU
-#      (tests/bench/torch_train.py); one table with the ratios; runs/bench/gpu.json
+#      `python3 -c "import torch"` works, the same models in PyTorch on the same GPU at its best
+#      (tests/bench/torch_train.py: eager, staged and the step in a CUDA graph, float32 both
+#      sides); one table with the ratios; runs/bench/gpu.json
 #   3. the default comparison with train.device = "cuda" and its 4 workers on this machine's
 #      GPUs: all four modes must finish; then again with train.tf32 = true, for the
 #      line in results/ on what TF32 changes in accuracy
