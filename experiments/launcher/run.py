@@ -16,7 +16,7 @@ from .common import REPO, RunFailed, UsageError, say, warn
 from .comparison import write_comparison
 from .manifest import write_manifest
 from .hosts import probe_hosts
-from .mps import mps_daemon
+from .mps import decide_mps, mps_daemon
 from .monitor import Progress, how_it_ended, monitor, process_failure, srun_failure
 from .placement import (DRY_RUN_SOCKET_DIR, Proc, checkpoint_path, cluster_hosts, fixed_or_probed_ports, plan_cluster,
                         plan_local, plan_ssh, plan_virtual, ports_wanted, resume_arguments, run_key_path, socket_dir,
@@ -387,6 +387,9 @@ def dry_run(plans, bins, opts, runs_dir):
         if plan.authenticates:
             say(f"# cluster.auth: peers prove the run's key over TCP (CURVE); it is made at launch: "
                 f"{run_key_path(run_dir)}, mode 0600")
+        wanted, why = decide_mps(plan)
+        if why:
+            say(f"# {why}" + (" (made at launch, stopped when the run ends)" if wanted else ""))
         if plan.mixes_transports:
             say("# auto over several hosts: each server listens on a socket and a port; a peer on its host uses "
                 "the socket (shared memory), the others the port (TCP)")

@@ -98,6 +98,19 @@ class Mps(LauncherTestCase):
         self.assert_nothing_left(pipe)
         self.assert_no_processes_left()
 
+    def test_a_dry_run_says_it_and_starts_none(self):
+        self.fake_bin("nvidia-smi", SMI)
+        self.fake_bin("nvidia-cuda-mps-control", CONTROL)
+        calls = self.tmp / "mps-calls.log"
+        self.env.update(MPS_CALLS=str(calls))
+        path = self.tiny_variant("gpu.toml", [("[train]", '[train]\ndevice = "cuda"')])
+        r = self.launch("run", path, "--runs-dir", self.runs, "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn('# cluster.mps = "auto": worker0, worker1, evaluator share GPU 0: a private MPS daemon for the run '
+                      "(made at launch, stopped when the run ends)", r.stdout)
+        self.assertFalse(calls.exists())
+        self.assertFalse(self.runs.exists())
+
     def test_a_daemon_that_ignores_quit_is_killed(self):
         r, calls, _ = self.gpu_run(MPS_IGNORES_QUIT="1")
         pipe = calls.splitlines()[0].split()[1]
