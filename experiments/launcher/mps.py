@@ -99,7 +99,7 @@ def mps_daemon(plan, run_dir, gpus_of=visible_gpus):
         return
     control = shutil.which(CONTROL)
     if not control:
-        warn(f"{why.split(': a private')[0]}, but {CONTROL} is not on PATH: the run goes on without MPS")
+        warn(f"cluster.mps: {CONTROL} is not on PATH: the run's processes share their GPUs without MPS")
         yield {}
         return
     pipe = tempfile.mkdtemp(prefix="pslab-mps-", dir="/tmp")  # mode 0700

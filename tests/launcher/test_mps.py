@@ -140,6 +140,17 @@ class Mps(LauncherTestCase):
         self.assertNotIn("mps_pipe_dir", json.loads((run / "manifest.json").read_text()))
         self.assert_nothing_left(calls.splitlines()[0].split()[1])
 
+    def test_no_mps_control_is_one_line_and_the_run_goes_on(self):
+        if mps.shutil.which(mps.CONTROL, path=self.env["PATH"]):
+            self.skipTest(f"{mps.CONTROL} is installed here")
+        self.fake_bin("nvidia-smi", SMI)
+        path = self.tiny_variant("gpu.toml", [("[train]", '[train]\ndevice = "cuda"')])
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)  # the workers: no CUDA device here
+        self.assertEqual([l for l in r.stderr.splitlines() if "MPS" in l],
+                         [f"launch.py: cluster.mps: {mps.CONTROL} is not on PATH: the run's processes share "
+                          "their GPUs without MPS"], r.stderr)
+
     def test_an_interrupted_block_stops_the_daemon(self):
         self.fake_bin("nvidia-cuda-mps-control", CONTROL)
         calls = self.tmp / "mps-calls.log"
