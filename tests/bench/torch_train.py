@@ -56,6 +56,17 @@ def model_of(kind):
     raise SystemExit(f"torch_train.py: unknown --model {kind!r} (mlp or cnn)")
 
 
+def timed(a, run):
+    """Samples/s of run(a.steps) in each of a.runs runs, after run(a.warmup)."""
+    run(a.warmup)
+    rates = []
+    for _ in range(a.runs):
+        t0 = time.perf_counter()
+        run(a.steps)
+        rates.append(a.steps * a.batch / (time.perf_counter() - t0))
+    return rates
+
+
 def measure(a, x, y, feed):
     dev = torch.device(a.device)
     torch.manual_seed(1)
@@ -91,13 +102,7 @@ def measure(a, x, y, feed):
             opt.step()
         torch.cuda.synchronize() if dev.type == "cuda" else None
 
-    run(a.warmup)
-    rates = []
-    for _ in range(a.runs):
-        t0 = time.perf_counter()
-        run(a.steps)
-        rates.append(a.steps * a.batch / (time.perf_counter() - t0))
-    return rates
+    return timed(a, run)
 
 
 def graphed(a, model, opt, xs, ys, n, per_epoch, dev):
@@ -134,13 +139,7 @@ def graphed(a, model, opt, xs, ys, n, per_epoch, dev):
             graph.replay()
         torch.cuda.synchronize()
 
-    run(a.warmup)
-    rates = []
-    for _ in range(a.runs):
-        t0 = time.perf_counter()
-        run(a.steps)
-        rates.append(a.steps * a.batch / (time.perf_counter() - t0))
-    return rates
+    return timed(a, run)
 
 
 def main():
