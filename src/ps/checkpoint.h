@@ -11,12 +11,14 @@
 //   header   32 x int64: "PSLABCKP" (8 bytes), format version (2), shard, num_shards, offset,
 //            length, workers, version, samples_applied, optimizer steps, optimizer buffers,
 //            the mode's kept floats (0 or length), its two kept integers, staleness buckets
-//            per worker, config fingerprint, body bytes, body checksum (wire::checksum_bytes),
-//            0 (reserved), then zeros
+//            per worker, config fingerprint, body bytes, checksum, 0 (reserved), then zeros
 //   body     clocks (workers x int64), lost (workers x int64, 0/1), θ (length x float32),
 //            each optimizer buffer (length x float32), the mode's kept buffer (its floats),
 //            staleness histograms (workers x buckets x int64)
-// Format 1 (the kept integers were bsp's acc_samples and acc_empty) is read too.
+// The checksum (wire::Checksum) covers the whole file, header included, with its own word read
+// as zero: any flipped byte is refused, never resumed from.
+// Formats 1 and 2 are read too: their checksum covers the body only (format 1: the kept
+// integers were bsp's acc_samples and acc_empty).
 #pragma once
 
 #include <array>
@@ -41,11 +43,20 @@ struct ShardCheckpoint {
   std::vector<std::vector<long>> staleness;  // per worker, histogram
 };
 
+// The file's bytes for `c` (header and body), and back. decode_checkpoint checks the magic, the
+// format, the sizes against `n` and the checksum; it throws std::runtime_error
+// "checkpoint NAME: what is wrong".
+std::vector<char> encode_checkpoint(const ShardCheckpoint& c);
+ShardCheckpoint decode_checkpoint(const char* data, std::size_t n, const std::string& name);
+// What a format-3 file of these bytes must hold in its checksum word (n >= the header's size).
+std::uint64_t checkpoint_checksum(const char* data, std::size_t n);
+// The byte offset of the checksum word, for tests and the fuzzer.
+inline constexpr std::size_t kCheckpointChecksumAt = 17 * 8;
+
 // Writes `c` to `path` atomically (path + ".tmp", fsync, rename). Throws std::runtime_error
 // naming the path and the system's reason.
 void write_checkpoint(const std::string& path, const ShardCheckpoint& c);
-// Reads and checks a checkpoint: the magic, the format version, the sizes against the file's
-// length, and the body's checksum. Throws std::runtime_error naming the path and what is wrong.
+// Reads and checks a checkpoint (decode_checkpoint). Throws std::runtime_error naming the path and what is wrong.
 ShardCheckpoint read_checkpoint(const std::string& path);
 
 }  // namespace pslab

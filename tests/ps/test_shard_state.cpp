@@ -211,6 +211,10 @@ TEST(Checkpoint, AFormatOneFileIsReadWithItsOpenClock) {
     const std::int64_t format = 1;
     f.seekp(1 * 8), f.write(reinterpret_cast<const char*>(&format), 8);
     f.seekp(13 * 8), f.write(reinterpret_cast<const char*>(&acc_empty), 8);
+    std::vector<char> body(std::filesystem::file_size(path) - 256);  // formats 1 and 2: the body's checksum
+    f.seekg(256), f.read(body.data(), std::streamsize(body.size()));
+    const std::uint64_t body_sum = wire::checksum_bytes(body.data(), body.size());
+    f.seekp(kCheckpointChecksumAt), f.write(reinterpret_cast<const char*>(&body_sum), 8);
     f.close();
     const ShardCheckpoint r = read_checkpoint(path);
     EXPECT_EQ(r.kept_counts[0], 3);
@@ -244,7 +248,7 @@ TEST(Checkpoint, ADamagedOrForeignFileIsRefusedNamingIt) {
   std::string flipped = bytes;
   flipped[flipped.size() - 5] ^= 0x10;
   EXPECT_EQ(error_of(flipped), "checkpoint " + path + ": checksum mismatch (the file is corrupt)");
-  EXPECT_NE(error_of(bytes.substr(0, bytes.size() - 4)).find("is not " + std::to_string(bytes.size()) + " bytes long"),
+  EXPECT_NE(error_of(bytes.substr(0, bytes.size() - 4)).find("bytes long, not " + std::to_string(bytes.size()) + " as its header says"),
             std::string::npos);
   EXPECT_EQ(error_of(bytes.substr(0, 100)), "checkpoint " + path + ": truncated header");
   EXPECT_EQ(error_of("PSLABCKQ" + bytes.substr(8)), "checkpoint " + path + ": not a pslab checkpoint");
@@ -267,6 +271,32 @@ TEST(Checkpoint, ADamagedOrForeignFileIsRefusedNamingIt) {
   ShardState other_workers(*cpu, options("asp", 3, 3), {0.0f, 0.0f, 0.0f});
   EXPECT_THROW(other_workers.restore(c), std::invalid_argument);
   EXPECT_EQ(other_workers.version(), 0) << "a refused checkpoint changed nothing";
+}
+
+// Every byte of a checkpoint is covered: flipping any one bit of any byte (header, body, padding
+// of the header) is refused with an error naming the file; nothing resumes silently different.
+TEST(Checkpoint, EveryFlippedByteIsRefused) {
+  auto cpu = make_cpu_backend(1);
+  ShardState::Options o = options("bsp", 2, 3);
+  o.optimizer.kind = "adam";
+  ShardState a(*cpu, o, {1.0f, 2.0f, 3.0f});
+  const float g[] = {0.5f, 1.5f, -1.0f};
+  push(a, 0, 0, 0, 3, g, sum(g));
+  const std::vector<char> bytes = encode_checkpoint(a.checkpoint());
+  ASSERT_GT(bytes.size(), 256u + 3 * 4 * 3);
+  EXPECT_NO_THROW(decode_checkpoint(bytes.data(), bytes.size(), "small.ckpt"));
+  for (const unsigned char bit : {0x01, 0x80}) {
+    for (std::size_t i = 0; i < bytes.size(); ++i) {
+      std::vector<char> flipped = bytes;
+      flipped[i] = char(flipped[i] ^ bit);
+      try {
+        decode_checkpoint(flipped.data(), flipped.size(), "small.ckpt");
+        ADD_FAILURE() << "byte " << i << " flipped (bit " << int(bit) << ") was read as a checkpoint";
+      } catch (const std::runtime_error& e) {
+        EXPECT_EQ(std::string(e.what()).rfind("checkpoint small.ckpt: ", 0), 0u) << e.what();
+      }
+    }
+  }
 }
 
 TEST(ShardState, AspNeverHoldsAndMeasuresStaleness) {
