@@ -106,7 +106,7 @@ import pathlib
 import sys
 import tempfile
 
-from launcher.common import REPO, UsageError, default_runs_dir, say, warn
+from launcher.common import REPO, CannotWrite, UsageError, default_runs_dir, say, warn
 from launcher.gpus import decide_collective
 from launcher.hosts import probe_main
 from launcher.placement import check_placement
@@ -157,6 +157,14 @@ def main(argv=None, prog="launch.py"):
     except Interrupted as e:
         warn(f"interrupted by {e}; every process of the run was stopped")
         return 128 + e.signum
+    except CannotWrite as e:  # a full disk, a read-only run directory: one line, no traceback
+        warn(f"error: {e}")
+        return 1
+    except OSError as e:
+        if e.filename is None:
+            raise
+        warn(f"error: {e.filename}: {e.strerror}")
+        return 1
 
 
 def add_run(sub):

@@ -36,6 +36,7 @@ void Server::resume_from(const std::string& path) {
 
 void Server::write_checkpoint_now(const char* why) {
   const auto t0 = clock_.now();
+  long version = 0;
   try {
     ShardCheckpoint c = state_->checkpoint();
     for (std::size_t r = 0; r < c.lost.size(); ++r) c.lost[r] |= said_bye_[r] ? kSaidBye : 0;
@@ -43,13 +44,15 @@ void Server::write_checkpoint_now(const char* why) {
     c.num_shards = cfg_.cluster.servers;
     c.config_hash = config_hash_;
     write_checkpoint(opt_.checkpoint_path, c);
-    if (!metrics_) return;
-    metrics_->write({{"kind", "checkpoint"}, {"shard", opt_.shard}, {"why", why}, {"version", c.version},
-                     {"ms", seconds_between(t0, clock_.now()) * 1e3}});
-    metrics_->flush();
+    version = c.version;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "server %d: %s checkpoint not written: %s\n", opt_.shard, why, e.what());
+    return;
   }
+  if (!metrics_) return;
+  metrics_->write({{"kind", "checkpoint"}, {"shard", opt_.shard}, {"why", why}, {"version", version},
+                   {"ms", seconds_between(t0, clock_.now()) * 1e3}});
+  metrics_->flush();
 }
 
 }  // namespace pslab

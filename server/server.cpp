@@ -124,8 +124,16 @@ void Server::run() {
       }
     }
   } catch (...) {
-    write_stats(true);
-    if (!opt_.checkpoint_path.empty()) write_checkpoint_now("stopped");
+    try {  // what the server holds is saved; an error saving it (a full disk) is said, the first error thrown
+      write_stats(true);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "server %d: %s\n", opt_.shard, e.what());
+    }
+    try {
+      if (!opt_.checkpoint_path.empty()) write_checkpoint_now("stopped");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "server %d: %s\n", opt_.shard, e.what());
+    }
     throw;
   }
   write_stats(true);

@@ -27,6 +27,14 @@ using namespace pslab;
 
 namespace {
 
+// Writes `text` to `path`, or throws naming the path and the system's reason (a full disk).
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (out) out << text;
+  if (out) out.close();
+  if (!out) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
+}
+
 // A role stopped by a signal (the launcher's SIGTERM when another process failed, Ctrl-C) says
 // so in its log before it goes: what it was and which signal. The line is made before the
 // handler is installed; the handler only write()s it (async-signal-safe) and lets the
@@ -159,7 +167,7 @@ int Commands::run_train() {
   single.progress = !quiet;
   const ExperimentConfig cfg = load_config(config_path, overrides);
   std::filesystem::create_directories(single.out_dir);
-  std::ofstream(single.out_dir + "/config.toml") << to_toml(cfg);
+  write_file(single.out_dir + "/config.toml", to_toml(cfg));
   print_result(cfg, run_single(cfg, single));
   return 0;
 }
@@ -204,7 +212,7 @@ int Commands::run_config() {
       char name[32];
       std::snprintf(name, sizeof name, "%03zu.toml", i);
       const std::string path = expand_dir + "/" + name;
-      std::ofstream(path) << to_toml(cfg);
+      write_file(path, to_toml(cfg));
       std::cout << path << "\t" << (labels[i].empty() ? "-" : labels[i]) << "\n";
     }
     return 0;
@@ -213,9 +221,9 @@ int Commands::run_config() {
   if (!plan_out.empty()) {
     const std::string plan = run_plan(cfg).dump(2) + "\n";
     if (plan_out == "-") std::cout << plan;
-    else std::ofstream(plan_out) << plan;
+    else write_file(plan_out, plan);
   }
-  if (!resolved_out.empty()) std::ofstream(resolved_out) << to_toml(cfg);
+  if (!resolved_out.empty()) write_file(resolved_out, to_toml(cfg));
   else if (plan_out.empty()) std::cout << to_toml(cfg);
   return 0;
 }

@@ -16,7 +16,7 @@ import json
 import pathlib
 import tempfile
 
-from .common import RunFailed, UsageError, default_runs_dir, say
+from .common import RunFailed, UsageError, default_runs_dir, say, write_file
 from .plan import expand_sweep, new_invocation_dir, replan
 from .run import execute_run
 
@@ -63,7 +63,7 @@ def calibrate(config, bins, opts):
              "virtual.allreduce_ms": round(allreduce_ms, 4), "virtual.allreduce_compute_ms": round(ms_ar["compute"], 4),
              "virtual.startup_ms": round((startup_ms(s_asp, opts.steps) + startup_ms(s_ar, opts.steps)) / 2, 3)}
     out = pathlib.Path(opts.out) if opts.out else inv / "calibration.json"
-    out.write_text(json.dumps({
+    write_file(out, json.dumps({
         "config": str(config), "workers": asp.workers, "servers": asp.servers, "transport": asp.transport,
         "launcher": asp.launcher, "steps": opts.steps,
         "measured_ms_per_step": {"asp": ms_asp, "allreduce": ms_ar},

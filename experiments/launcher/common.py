@@ -1,5 +1,7 @@
-"""What every part of the launcher shares: the checkout's path, output, and the two errors
-that end an invocation (UsageError: exit 2) or a run (RunFailed: exit 1)."""
+"""What every part of the launcher shares: the checkout's path, output, writing its files, and
+the errors that end an invocation (UsageError: exit 2; CannotWrite: exit 1) or a run (RunFailed:
+exit 1)."""
+import os
 import pathlib
 import subprocess
 import sys
@@ -27,6 +29,45 @@ def warn(msg):
 
 class UsageError(Exception):
     """Bad config, options or missing binaries: exit 2, nothing started."""
+
+
+class CannotWrite(Exception):
+    """A file of the run could not be written (a full disk, a read-only directory): exit 1, one line
+    naming the path and the system's reason."""
+
+
+def write_file(path, text):
+    """Writes `text` to `path` whole or not at all: to a temporary file beside it, flushed to disk,
+    then renamed over it (a reader finds the old file or the new one, never a cut one). Raises
+    CannotWrite naming the path."""
+    path = pathlib.Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "w", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise CannotWrite(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def disk_trouble(path):
+    """' (the file system of PATH is full)' or ' (PATH is read-only)' when that is why a process of
+    the run may have failed, else ''."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return ""
+    if st.f_flag & os.ST_RDONLY or not os.access(path, os.W_OK):
+        return f" ({path} is read-only)"
+    if st.f_bavail == 0 or (st.f_favail == 0 and st.f_files):
+        return f" (the file system of {path} is full)"
+    return ""
 
 
 class RunFailed(Exception):

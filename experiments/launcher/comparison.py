@@ -1,6 +1,8 @@
 """The comparison of the runs of an invocation: comparison.csv, comparison.md, the table printed."""
 import csv
+import io
 
+from .common import write_file
 from .metrics import without_batch
 
 
@@ -106,11 +108,12 @@ def large_batch_table(rows):
 
 def write_comparison(inv_dir, results, target):
     rows = comparison_rows(results)
-    with open(inv_dir / "comparison.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow([k for k, _ in COLUMNS])
-        for r in rows:
-            w.writerow(["" if r.get(k) is None else r.get(k) for k, _ in COLUMNS])
+    out = io.StringIO()
+    w = csv.writer(out)
+    w.writerow([k for k, _ in COLUMNS])
+    for r in rows:
+        w.writerow(["" if r.get(k) is None else r.get(k) for k, _ in COLUMNS])
+    write_file(inv_dir / "comparison.csv", out.getvalue())
     head = "| " + " | ".join(h for _, h in COLUMNS) + " |"
     sep = "|" + "|".join("---" for _ in COLUMNS) + "|"
     lines = [head, sep] + ["| " + " | ".join(fmt_cell(k, r.get(k)) for k, _ in COLUMNS) + " |" for r in rows]
@@ -138,5 +141,5 @@ def write_comparison(inv_dir, results, target):
     for png in ("convergence", "seeds", "bytes", "large_batch", "throughput", "step_time", "staleness"):
         if (inv_dir / "plots" / f"{png}.png").exists():
             md += [f"![{png}](plots/{png}.png)", ""]
-    (inv_dir / "comparison.md").write_text("\n".join(md))
+    write_file(inv_dir / "comparison.md", "\n".join(md))
     return table, notes

@@ -10,7 +10,7 @@ import shutil
 import socket
 import sys
 
-from .common import REPO, cmd_out
+from .common import REPO, cmd_out, write_file
 from .remote import markers
 
 LIBRARY_PACKAGES = ["libzmq5", "libopenblas0", "libopenblas0-pthread", "libgloo0", "libflatbuffers2",
@@ -81,4 +81,4 @@ def write_manifest(run_dir, plan, procs, run_start, bins, extra=None, placed=Fal
     })
     if extra:
         m.update(extra)
-    (run_dir / "manifest.json").write_text(json.dumps(m, indent=2) + "\n")
+    write_file(run_dir / "manifest.json", json.dumps(m, indent=2) + "\n")

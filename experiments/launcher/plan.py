@@ -9,7 +9,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-from .common import REPO, UsageError, is_loopback
+from .common import REPO, UsageError, is_loopback, write_file
 from .processes import check_signal
 
 
@@ -66,8 +66,8 @@ class RunPlan:
             raise UsageError(f"{run_dir}: not a run directory the launcher prepared (plan.json, config.toml): {e}")
 
     def write(self, run_dir):
-        (run_dir / "config.toml").write_text(self.config_text)
-        (run_dir / "plan.json").write_text(self.plan_text)
+        write_file(run_dir / "config.toml", self.config_text)
+        write_file(run_dir / "plan.json", self.plan_text)
 
     # The plan's keys the launcher uses (`pslab_worker config --plan -` shows them all).
     name = property(lambda self: self.plan["name"])

@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 
-from .common import REPO, RunFailed, UsageError, say, warn
+from .common import REPO, CannotWrite, RunFailed, UsageError, disk_trouble, say, warn, write_file
 from .comparison import write_comparison
 from .manifest import write_manifest
 from .hosts import probe_hosts
@@ -139,7 +139,7 @@ def resume_run(run_dir, bins, opts):
         with socket_dir(plan) as sockets, mps_daemon(plan, run_dir) as mps_env:
             s = start_and_watch(plan, run_dir, bins, opts, prefix, sockets, resume_from=run_start, mps_env=mps_env)
     except RunFailed as e:
-        print(f"launch.py: FAILED {run_dir}: {e}", file=sys.stderr, flush=True)
+        print(f"launch.py: FAILED {run_dir}: {e}{disk_trouble(run_dir)}", file=sys.stderr, flush=True)
         return 1
     say(result_line(prefix, s))
     if not opts.no_plots:
@@ -212,7 +212,7 @@ class Supervisor:
         nodes = ["<the node>"] * n if plan.unix_sockets else [f"<node of task {i}>" for i in range(n)]
         procs = plan_cluster(plan, run_dir, self.run_start, self.bins, nodes,
                              fixed_or_probed_ports(nodes, None, opts.base_port), lambda h: h, sockets)
-        (run_dir / "launch.json").write_text(json.dumps({
+        write_file(run_dir / "launch.json", json.dumps({
             "run_start": self.run_start, "build_dir": str(self.bins.build), "base_port": opts.base_port,
             "socket_dir": str(sockets) if sockets else None,
             "resume": bool(self.resume_from)}, indent=2) + "\n")  # each task adds --resume (task.py)
@@ -293,20 +293,26 @@ class Supervisor:
         s = summarize(plan, run_dir, time.time() - self.run_start, lost=self.lost, restarted=self.restarted)
         if getattr(self.opts, "replay_of", None):
             s.update(replay_verdict(self.opts.replay_of, run_dir, plan))
-        (run_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
+        write_file(run_dir / "summary.json", json.dumps(s, indent=2) + "\n")
         return s
 
     def stopped(self, e):
         """The run failed or was interrupted: every process stopped, the summary says why."""
         stopped = stop_all(self.started)
-        self.manifest(placed=True)
+        try:
+            self.manifest(placed=True)
+        except CannotWrite as w:  # said; the run's own failure is what is raised
+            warn(str(w))
         if not isinstance(e, (RunFailed, Interrupted)):
             return  # a launcher bug: its processes are stopped all the same
         failure = str(e) if isinstance(e, RunFailed) else f"stopped by {e}"
         s = summarize(self.plan, self.run_dir, time.time() - self.run_start,
                       status=e.status if isinstance(e, RunFailed) else "interrupted",
                       failure=failure, lost=self.lost, restarted=self.restarted)
-        (self.run_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
+        try:
+            write_file(self.run_dir / "summary.json", json.dumps(s, indent=2) + "\n")
+        except CannotWrite as w:  # said; the run's own failure is what is raised
+            warn(str(w))
         if stopped:
             warn(f"stopped {len(stopped)} other process(es): {', '.join(p.name for p in stopped)}")
 
@@ -459,7 +465,7 @@ def run_all(plans, config, bins, opts, runs_dir):
             s = execute_run(plan, inv / dirname, bins, opts, prefix)
             results.append((dirname, s))
         except RunFailed as e:
-            print(f"launch.py: FAILED {dirname}: {e}", file=sys.stderr, flush=True)
+            print(f"launch.py: FAILED {dirname}: {e}{disk_trouble(inv / dirname)}", file=sys.stderr, flush=True)
             failed.append(dirname)
             try:
                 results.append((dirname, json.loads((inv / dirname / "summary.json").read_text())))

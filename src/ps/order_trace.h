@@ -31,8 +31,11 @@ class OrderTrace {
   void pull(int worker, long clock, long version);
   void event(const std::string& line);  // drop / rejoin / resume
   void flush();
+  // Each throws std::runtime_error "PATH: cannot write the order trace: why" when a write fails.
 
  private:
+  void check(int written);
+  std::string path_;
   std::FILE* f_ = nullptr;
 };
 

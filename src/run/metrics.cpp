@@ -23,7 +23,13 @@ MetricsWriter::MetricsWriter(const std::string& path, double run_start_unix_s, b
 }
 
 MetricsWriter::~MetricsWriter() {
-  if (f_) std::fclose(f_);
+  if (f_ && std::fclose(f_) != 0 && !failed_)  // roles flush at their end (checked); this is what is left after an error
+    std::fprintf(stderr, "%s: the last metrics lines could not be written: %s\n", path_.c_str(), std::strerror(errno));
+}
+
+void MetricsWriter::fail() {
+  failed_ = true;
+  throw std::runtime_error(path_ + ": cannot write metrics: " + std::strerror(errno ? errno : EIO));
 }
 
 double MetricsWriter::now() const { return clock_.unix_s() - run_start_; }
@@ -33,13 +39,15 @@ void MetricsWriter::write(const nlohmann::ordered_json& record, double t) {
   std::snprintf(stamp, sizeof stamp, "{\"t\":%.6f", t);
   std::string s = record.dump();  // "{...}"
   s.replace(0, 1, s.size() > 2 ? std::string(stamp) + "," : std::string(stamp));
-  std::fwrite(s.data(), 1, s.size(), f_);
-  std::fputc('\n', f_);
+  s.push_back('\n');
+  errno = 0;
+  if (std::fwrite(s.data(), 1, s.size(), f_) != s.size()) fail();
   if (now() - last_flush_ >= flush_every_s) flush();
 }
 
 void MetricsWriter::flush() {
-  std::fflush(f_);
+  errno = 0;
+  if (std::fflush(f_) != 0) fail();
   last_flush_ = now();
 }
 

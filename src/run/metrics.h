@@ -28,7 +28,9 @@ class MetricsWriter {
   // Seconds since the run's start, by the clock (simulated in the virtual cluster).
   double now() const;
   // Writes `record` with "t" (seconds since run start) added as the first key. Buffered;
-  // flushed by flush(), every `flush_every_s` of writes and at destruction.
+  // flushed by flush(), every `flush_every_s` of writes and at destruction. A write or flush
+  // that fails (a full disk) throws std::runtime_error "PATH: cannot write metrics: why":
+  // lines are never cut silently. Roles flush at their end, so that it is checked.
   void write(const nlohmann::ordered_json& record) { write(record, now()); }
   // The same, stamped `t` (seconds since run start) instead of now: what the record describes
   // happened then (an evaluation: when its θ was taken, not when the evaluation ended).
@@ -38,7 +40,9 @@ class MetricsWriter {
 
  private:
   std::string path_;
+  [[noreturn]] void fail();
   std::FILE* f_ = nullptr;
+  bool failed_ = false;
   const RunClock& clock_;
   double run_start_;
   double last_flush_;

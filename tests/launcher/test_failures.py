@@ -2,17 +2,19 @@
 guard stop everything and leave nothing (Failures); a hung or stopped process named within the
 heartbeat (Heartbeats: bounds in seconds, so its CTest entry runs alone); shared-memory segments and
 a failed sweep point's processes gone (Cleanup: it looks at every process and at /dev/shm of the
-machine, so its CTest entry runs alone too).
+machine, so its CTest entry runs alone too); a full disk and a read-only runs directory
+(DiskTrouble: needs root, to mount a small tmpfs; skips elsewhere, saying so).
 """
 import json
 import os
 import pathlib
 import signal
+import subprocess
 import threading
 import time
 import unittest
 
-from tests.launcher.helpers import LauncherTestCase, cmdlines_containing, option, pslab_processes, wait_until
+from tests.launcher.helpers import TINY, LauncherTestCase, cmdlines_containing, option, pslab_processes, wait_until
 
 
 class Failures(LauncherTestCase):
@@ -264,6 +266,54 @@ class Cleanup(LauncherTestCase):
         out, err = p.communicate(timeout=30)
         self.assertEqual(p.returncode, 130, out + err)
         self.assertRegex(err, r"FAILED mode=bsp: server0 \(shard 0\) on local was killed by signal 9")
+        self.assert_no_processes_left()
+
+
+class DiskTrouble(LauncherTestCase):
+    """A full disk or a read-only runs directory: exit 1 with a line naming the path and the
+    system's reason, no traceback, no 0-byte or cut file, nothing left running."""
+
+    def mount_tmpfs(self, size, read_only=False):
+        if os.geteuid() != 0:
+            self.skipTest("SKIPPED: mounting a small tmpfs needs root")
+        mnt = self.tmp / "disk"
+        mnt.mkdir()
+        opts = f"size={size}" + (",ro" if read_only else "")
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mnt)], capture_output=True, text=True)
+        if r.returncode != 0:
+            self.skipTest(f"SKIPPED: cannot mount a tmpfs here: {r.stderr.strip()}")
+        self.mounted = mnt
+        return mnt
+
+    def tearDown(self):
+        self.stop_launchers()
+        if getattr(self, "mounted", None):  # before the test's directory is removed
+            subprocess.run(["umount", "-l", str(self.mounted)], check=False)
+        super().tearDown()
+
+    def test_a_full_disk_is_one_clear_line_and_nothing_is_cut(self):
+        mnt = self.mount_tmpfs("48k")
+        r = self.launch("run", TINY, "--runs-dir", mnt / "runs", "--no-plots", timeout=120)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        self.assertRegex(r.stderr, rf"{mnt}/runs/\S+: (cannot write metrics: |cannot write the order trace: )?No space left on device"
+                         rf"|cannot write {mnt}/runs/\S+: No space left on device")
+        files = [f for f in mnt.rglob("*") if f.is_file()]
+        self.assertEqual([f for f in files if f.suffix == ".json" and f.stat().st_size == 0], [], "an empty JSON file")
+        self.assertEqual([f for f in files if f.name.endswith(".tmp")], [], "a temporary file was left")
+        for f in files:
+            if f.suffix in (".json", ".jsonl"):
+                text = f.read_text()
+                self.assertTrue(text == "" or text.endswith("\n"), f"{f} is cut: ...{text[-40:]!r}")
+                for line in text.splitlines() if f.suffix == ".jsonl" else [text]:
+                    json.loads(line)
+        self.assert_no_processes_left()
+
+    def test_a_read_only_runs_directory_is_one_clear_line(self):
+        mnt = self.mount_tmpfs("1m", read_only=True)
+        r = self.launch("run", TINY, "--runs-dir", mnt / "runs", "--no-plots", timeout=60)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertEqual(r.stderr.strip(), f"launch.py: error: {mnt}/runs: Read-only file system")
         self.assert_no_processes_left()
 
 

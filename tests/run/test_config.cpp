@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -410,6 +411,19 @@ TEST(Metrics, LinesAreStampedWithNowOrTheTimeGiven) {
   EXPECT_EQ(j.begin().key(), "t");
   EXPECT_NEAR(j["t"].get<double>(), 100.0, 5.0);
   std::remove(path.c_str());
+}
+
+// Metrics that cannot be written (a full disk) are an error naming the file, never cut silently.
+TEST(Metrics, AWriteThatFailsIsAnErrorNamingTheFile) {
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  MetricsWriter m("/dev/full", 0.0);
+  try {
+    for (int i = 0; i < 100000; ++i) m.write({{"kind", "train"}, {"step", i}});
+    m.flush();
+    ADD_FAILURE() << "metrics were written to /dev/full";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "/dev/full: cannot write metrics: No space left on device");
+  }
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // is deterministic, follows the cost model to the microsecond, and simulates every mode.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness.h"
+#include "ps/order_trace.h"
 #include "sim/virtual_cluster.h"
 
 using namespace pslab;
@@ -88,4 +91,40 @@ TEST(VirtualCluster, EveryModeTrainsAndAllreduceEndsWhereBspDoes) {
     fs::remove_all(dir);
   }
   EXPECT_NEAR(acc["allreduce"], acc["bsp"], 1e-9);
+}
+
+// A server killed mid-line and restarted appends on a line of its own: the trace is refused for
+// its restart, as documented, not for the torn line.
+TEST(OrderTraceFile, ATraceTornByAKillIsRefusedForItsRestart) {
+  const std::string path = (std::filesystem::temp_directory_path() / ("pslab-torn-" + std::to_string(::getpid()) + ".txt")).string();
+  std::ofstream(path) << "push 0 0 0 1\npull 0 1 1\npus";
+  {
+    OrderTrace trace(path, /*append=*/true);
+    trace.event("resume");
+    trace.push(1, 1, 1, 1);
+  }
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(text, "push 0 0 0 1\npull 0 1 1\npus\nresume\npush 1 1 1 1\n");
+  try {
+    read_order_trace(path);
+    ADD_FAILURE() << "a trace with a restart was read";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()), path + ":4: the run had a 'resume' (a lost worker, a restarted server or a resumed run): "
+                                            "its order cannot be replayed");
+  }
+  std::filesystem::remove(path);
+}
+
+// A trace that cannot be written (a full disk) is an error naming the file, not a cut trace.
+TEST(OrderTraceFile, AWriteThatFailsIsAnError) {
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  OrderTrace trace("/dev/full", false);
+  try {
+    for (int i = 0; i < 100000; ++i) trace.push(0, i, i, 1);
+    trace.flush();
+    ADD_FAILURE() << "writes to /dev/full succeeded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("/dev/full: cannot write the order trace: No space left on device", 0), 0u) << e.what();
+  }
 }
