@@ -9,7 +9,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-from .common import REPO, UsageError, is_loopback, write_file
+from .common import REPO, UsageError, write_file
 from .processes import check_signal
 
 
@@ -108,17 +108,15 @@ class RunPlan:
 
     @property
     def authenticates(self):
-        """Whether the run's peers prove its key (cluster.auth): "curve" yes, "none" no, "auto" when a
-        TCP listener binds an address other than loopback (under ssh and Slurm each listener binds
-        its host's own address)."""
+        """Whether the run's peers prove its key (cluster.auth): "curve" yes, "none" no, "auto" whenever
+        a listener is a TCP port, on loopback too (another user of the host could reach it); not
+        when every listener is a Unix socket in the run's private directory."""
         auth = self.plan.get("auth", "none")
         if self.virtual:
             return False
         if auth != "auto":
             return auth == "curve"
-        if self.unix_sockets:
-            return False
-        return self.launcher != "local" or not is_loopback(self.bind)
+        return not self.unix_sockets
 
     launcher = property(lambda self: self.plan["launcher"])           # "local", "ssh", "slurm" or "virtual"
     hosts = property(lambda self: list(self.plan["hosts"]))

@@ -112,7 +112,7 @@ void visit_fields(Config& c, F&& f) {
     "ssh, Slurm: per host, \"HOST=ADDRESS\" or \"HOST=INTERFACE\" (over cluster.interface)");
   f("cluster.auth", c.cluster.auth,
     "\"curve\": every TCP peer proves the run's key (made by the launcher), messages encrypted; \"none\"; "
-    "\"auto\": curve when a listener binds a non-loopback address");
+    "\"auto\": curve whenever a listener is a TCP port (loopback too), none when every one is a private Unix socket");
   f("cluster.timeout_s", c.cluster.timeout_s, "longest blocking wait before failing with the peer's name (s)");
   f("cluster.heartbeat_s", c.cluster.heartbeat_s,
     "a worker or all-reduce rank silent this long (heartbeats are sent meanwhile) is lost (s)");

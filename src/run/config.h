@@ -82,7 +82,7 @@ struct ClusterConfig {
   std::string interface;             // ssh, Slurm: every host's address is this interface's (or this address)
   std::vector<std::string> addresses;  // ssh, Slurm: "HOST=ADDRESS" or "HOST=INTERFACE", per host
   std::string auth = "auto";         // "curve" (peers prove the run's key), "none", or "auto": curve
-                                     // when a listener binds a non-loopback address (the launcher decides)
+                                     // whenever a listener is a TCP port, loopback too (the launcher decides)
   double timeout_s = 60.0;   // longest any blocking wait may take before it fails, naming the peer
   double heartbeat_s = 5.0;  // a worker or all-reduce rank silent this long (no message, no heartbeat) is lost
   std::string on_worker_loss = "auto";  // "continue" (drop it, train on), "fail", or "auto":

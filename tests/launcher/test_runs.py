@@ -3,12 +3,18 @@ what a run writes (config, plan, manifest, summary, metrics, logs, plots, the co
 a diverged run, the algorithms beyond the three modes, a sweep over seeds; plot.py's imports.
 """
 import json
+import os
+import pathlib
+import shutil
+import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import tomllib
 import unittest
 
-from tests.launcher.helpers import LauncherTestCase, REPO, TINY, PYTHON, WORKER_BIN, PNG_MAGIC
+from tests.launcher.helpers import LauncherTestCase, REPO, TINY, PYTHON, WORKER_BIN, PNG_MAGIC, option, wait_until
 
 
 class Runs(LauncherTestCase):
@@ -231,6 +237,59 @@ class Runs(LauncherTestCase):
                            capture_output=True, text=True, timeout=120)
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         self.assertEqual((self.tmp / "plots" / "seeds.png").read_bytes()[:8], PNG_MAGIC)
+
+
+class Outsiders(LauncherTestCase):
+    """A config that names no key (tiny.toml: tcp on 127.0.0.1) is closed to another local user:
+    the launcher makes the run's key, and a real worker started as `nobody` with the run's config
+    but not its key gets nothing from the servers and changes nothing (needs root, to be
+    another uid; skips elsewhere, saying so)."""
+
+    def test_another_local_user_gets_nothing_from_a_default_run(self):
+        if os.geteuid() != 0 or not shutil.which("setpriv"):
+            self.skipTest("SKIPPED: being another user needs root and setpriv")
+        p = self.launch_bg("run", self.long_config(), "--runs-dir", self.runs, "--no-plots")
+        procs = self.wait_for_processes(4)
+        self.wait_for_train_lines(["worker0", "worker1"])
+        run = next(self.runs.glob("tiny/*/run"))
+        self.assertEqual(json.loads((run / "manifest.json").read_text())["auth"], "curve")
+        self.assertEqual(stat.S_IMODE((run / "run.key").stat().st_mode), 0o600)
+        server = option(next(a for a in procs.values() if "pslab_server" in a[0]), "--bind")
+        self.assertTrue(server.startswith("tcp://127.0.0.1:"), server)
+        outside = pathlib.Path(tempfile.mkdtemp(prefix="pslab-test-outsider-"))
+        self.addCleanup(shutil.rmtree, outside, True)
+        outside.chmod(0o777)
+        config = outside / "config.toml"
+        shutil.copy(run / "config.toml", config)
+        config.chmod(0o644)
+        pushes_before = self.server_pushes(run)
+        # the run's own config (another one would be refused for its fingerprint alone), for 6 s
+        intruder = subprocess.Popen(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", str(WORKER_BIN), "ps",
+                                     "-c", str(config), "--rank", "0", "--servers", server, "-o", str(outside), "-q"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            out, _ = intruder.communicate(timeout=6)
+        except subprocess.TimeoutExpired:
+            intruder.kill()
+            out, _ = intruder.communicate()
+        answered = [line for line in out.splitlines() if "error:" in line and "no reply to Hello" not in line]
+        self.assertEqual(answered, [], "a server answered the outsider")
+        metrics = "".join(m.read_text() for m in outside.glob("metrics/*.jsonl"))
+        self.assertNotIn('"train"', metrics, "the outsider trained:\n" + out)
+        self.assertNotIn('"resumed"', metrics, out)
+        wait_until(self, lambda: self.server_pushes(run) > pushes_before, 20, "the run stopped training")
+        self.assertEqual(p.poll(), None, "the run ended")
+        log = (run / "logs" / "server0.log").read_text()
+        self.assertNotIn("error", log)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 130, out + err)
+        self.assert_no_processes_left()
+
+    @staticmethod
+    def server_pushes(run):
+        rows = [json.loads(line) for line in (run / "metrics" / "server0.jsonl").read_text().splitlines() if line.strip()]
+        return max((r.get("pushes", 0) for r in rows), default=0)
 
 
 if __name__ == "__main__":
