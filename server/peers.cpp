@@ -11,14 +11,7 @@ void Server::find_lost_workers(time_point now) {
   if (!barrier_open_) return;  // before it, the start barrier's own timeout names who is missing
   workers_.check_silence(now, [&](std::size_t w) {
     const int r = int(w);
-    const double silent_s = workers_.silent_s(w, now);
-    if (continue_on_loss_) return lose_worker(r, silent_s);
-    char b[200];
-    std::snprintf(b, sizeof b, ": worker %d lost: silent for %.1f s at clock %ld (cluster.heartbeat_s = %g); ", r, silent_s,
-                  state_->clock_of(r), cfg_.cluster.heartbeat_s);
-    throw std::runtime_error(who() + b +
-                             (state_->mode().trains_without_lost_workers() ? "cluster.on_worker_loss = \"fail\""
-                                                                           : cfg_.cluster.mode + " cannot train on without it"));
+    lose_worker(r, workers_.silent_s(w, now));  // (throws, naming it, where the run cannot go on without it)
   });
 }
 
@@ -52,16 +45,28 @@ void Server::rejoin(int rank, long clock) {
 }
 
 void Server::lose_worker(int rank, double silent_s) {
+  char why[160];
+  std::snprintf(why, sizeof why, "silent for %.1f s at clock %ld (cluster.heartbeat_s = %g)", silent_s, state_->clock_of(rank),
+                cfg_.cluster.heartbeat_s);
+  drop_worker(rank, why, {{"silent_s", silent_s}});
+}
+
+void Server::drop_worker(int rank, const std::string& why, const nlohmann::ordered_json& record) {
+  if (!continue_on_loss_)
+    throw std::runtime_error(who() + ": worker " + std::to_string(rank) + " lost: " + why + "; " +
+                             (state_->mode().trains_without_lost_workers() ? "cluster.on_worker_loss = \"fail\""
+                                                                           : cfg_.cluster.mode + " cannot train on without it"));
   state_->abandon_push(rank, *this);  // its push in pieces, half-way: nothing of it applied
   state_->drop_worker(rank);
   ++finished_;
   workers_.finish(std::size_t(rank));
   if (trace_) trace_->event("drop " + std::to_string(rank));
   const long clock = state_->clock_of(rank);
-  losses_.push_back({{"worker", rank}, {"clock", clock}, {"silent_s", silent_s}});
-  std::fprintf(stderr, "server %d: worker %d lost: silent for %.1f s at clock %ld (cluster.heartbeat_s = %g); "
-               "training goes on without it (cluster.on_worker_loss)\n", opt_.shard, rank, silent_s, clock,
-               cfg_.cluster.heartbeat_s);
+  nlohmann::ordered_json lost = {{"worker", rank}, {"clock", clock}};
+  for (const auto& [k, v] : record.items()) lost[k] = v;
+  losses_.push_back(lost);
+  std::fprintf(stderr, "server %d: worker %d lost: %s; training goes on without it (cluster.on_worker_loss)\n", opt_.shard,
+               rank, why.c_str());
   for (std::size_t i = 0; i < held_.size();) {  // its held pull, if it hangs rather than died
     if (held_[i].rank != rank) {
       ++i;
@@ -73,7 +78,9 @@ void Server::lose_worker(int rank, double silent_s) {
                                                                        " was dropped from this run as lost"}));
   }
   if (!metrics_) return;
-  metrics_->write({{"kind", "worker_lost"}, {"shard", opt_.shard}, {"worker", rank}, {"clock", clock}, {"silent_s", silent_s}});
+  nlohmann::ordered_json line = {{"kind", "worker_lost"}, {"shard", opt_.shard}};
+  for (const auto& [k, v] : lost.items()) line[k] = v;
+  metrics_->write(line);
   metrics_->flush();
 }
 

@@ -2,7 +2,9 @@
 // Hello and the start barrier, pulls (served now, or held until the mode's rule allows them),
 // pushes, progress polls, Bye, Shutdown, Beats and Stats.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 
 #include "server.h"
 
@@ -272,8 +274,9 @@ void Server::on_push(const std::string& id, const Peer& p, const wire::Push& m, 
     return;
   }
   Pushing& pushing = pushing_[std::size_t(p.rank)];
-  if (m.piece == 0) pushing = Pushing{m, 0};
+  if (m.piece == 0) pushing = Pushing{m, "", 0};
   pushing.bytes += long(msg.payload().size());
+  if (guard_ && guard_refuses(p.rank, m, msg)) return;  // its payload goes back with the next receive
   // The shard references the payload until the push ends (push_ended): the message is held
   // and another takes its place for the next receive.
   const std::span<const std::byte> payload = msg_.payload();
@@ -285,6 +288,57 @@ void Server::on_push(const std::string& id, const Peer& p, const wire::Push& m, 
     msg_ = comm::Message();
   }
   state_->push_piece({p.rank, m.clock, m.version_pulled, m.batch, m.piece, m.pieces}, payload, m.checksum, *this);
+}
+
+// ---- the push guard (push_guard.h) ----
+
+bool Server::guard_refuses(int rank, const wire::Push& m, const comm::Message& msg) {
+  Pushing& pushing = pushing_[std::size_t(rank)];
+  if (pushing.refused.empty()) {
+    pushing.refused = guard_check(rank, m, msg.payload());
+    if (pushing.refused.empty()) return false;
+    state_->abandon_push(rank, *this);  // its pieces so far: nothing of them kept
+    pushing.streamed_reply = false;     // (the reply starts again from piece 0: PsClient takes that)
+    const long n = guard_->refusals(rank) + 1;
+    if (n <= 3 || n % 100 == 0)
+      std::fprintf(stderr, "server %d: refused worker %d's push for clock %ld: %s (cluster.push_guard; %ld refused so far)\n",
+                   opt_.shard, rank, m.clock, pushing.refused.c_str(), n);
+    if (guard_->refused(rank)) {
+      const std::string why = "refused " + std::to_string(guard_->options().drop_after) + " pushes in a row by the push guard (" +
+                              pushing.refused + ")";
+      drop_worker(rank, why, {{"refused", n}, {"reason", pushing.refused}});
+      send(worker_ids_[std::size_t(rank)], header(wire::Error{wire::ErrorCode::protocol, "worker " + std::to_string(rank) +
+                                                                                             " was dropped from this run: " + why}));
+      return true;
+    }
+  }
+  if (m.piece + 1 >= m.pieces) push_empty_instead(rank);
+  return true;
+}
+
+std::string Server::guard_check(int rank, const wire::Push& m, std::span<const std::byte> payload) {
+  if (m.piece == 0)
+    if (std::string why = guard_->check_batch(m.batch); !why.empty()) return why;
+  const PushCodec& codec = state_->codec();
+  const float* values = guard_scratch_.data();
+  try {
+    if (!codec.dense_f32()) codec.decode(payload, m.length, guard_scratch_.data());
+    else if (reinterpret_cast<std::uintptr_t>(payload.data()) % alignof(float) == 0) values = reinterpret_cast<const float*>(payload.data());
+    else std::memcpy(guard_scratch_.data(), payload.data(), payload.size());
+  } catch (const PayloadError&) {
+    return "";  // not decodable: the shard refuses it, saying so
+  }
+  std::string why = guard_->check_values(rank, values, m.length, m.offset - range_.offset, m.piece == 0);
+  // Bytes damaged in transit are the checksum's to name, not the guard's (only a refusal pays for this pass).
+  if (!why.empty() && wire::checksum_bytes(payload.data(), payload.size()) != m.checksum) return "";
+  return why;
+}
+
+void Server::push_empty_instead(int rank) {
+  Pushing& pushing = pushing_[std::size_t(rank)];
+  pushing.first.batch = 0;  // (what the trace records: replay applies the same empty push)
+  const wire::Push& m = pushing.first;
+  state_->push_piece({rank, m.clock, m.version_pulled, 0, 0, 1}, empty_payload_, empty_checksum_, *this);
 }
 
 void Server::piece_applied(int worker, std::size_t piece) {
@@ -318,6 +372,7 @@ void Server::finish_push(const ShardState::Done& d) {
     }
   }
   const wire::Push& m = pushing.first;
+  if (guard_ && pushing.refused.empty()) guard_->accepted(d.worker);
   if (trace_) trace_->push(d.worker, m.clock, m.version_pulled, m.batch);
   ++counters_.pushes;
   auto& pushed = counters_.pushed[state_->codec().name()];

@@ -62,6 +62,15 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   held_msgs_.resize(std::size_t(W));
   if (!opt.resume_path.empty()) resume_from(opt.resume_path);
   continue_on_loss_ = continues_without_lost_workers(cfg);
+  if (cfg.cluster.push_guard) {
+    guard_ = std::make_unique<PushGuard>(PushGuard::options_for(cfg), W);
+    auto codec = make_codec(cfg.cluster.codec);  // the empty push: zeros, encoded as every push is
+    const std::vector<float> zeros(range_.length, 0.0f);
+    empty_payload_.resize(codec->max_bytes(range_.length));
+    empty_payload_.resize(codec->encode(zeros.data(), zeros.size(), empty_payload_.data()));
+    empty_checksum_ = wire::checksum_bytes(empty_payload_.data(), empty_payload_.size());
+    guard_scratch_.resize(range_.length);
+  }
 
   // A peer cannot make us allocate more than one shard plus a header per message, or 16 MiB where
   // that is less: garbage up to that size is read, answered and counted like any bad input (a

@@ -8,6 +8,8 @@
 //                    workers dropped or named, a worker rejoining a restarted server
 //   checkpoints.cpp  the shard's checkpoints: written periodically and at the end; resume
 //   stats.cpp        its counters: the Stats reply and the metrics lines
+//   push_guard.h     what it refuses from a worker that holds the run's key (cluster.push_guard);
+//                    requests.cpp applies it to each push as it arrives
 //
 // Every received message is checked before use: frame count, the header (FlatBuffers
 // verifier, magic, protocol), the sender (must have said Hello, rank must match), shard id,
@@ -40,6 +42,7 @@
 #include "ps/order_trace.h"
 #include "ps/pull_encoding.h"
 #include "ps/shard_state.h"
+#include "push_guard.h"
 #include "run/config.h"
 #include "run/metrics.h"
 
@@ -90,8 +93,11 @@ class Server : private ShardState::Listener {
   const ServerCounters& counters() const { return counters_; }
   long updates_lost() const { return updates_lost_; }
   ShardRange range() const { return range_; }
-  // [{worker, clock, silent_s}] of the workers dropped as lost, in order.
+  // [{worker, clock, silent_s}] of the workers dropped as lost, in order (dropped by the push
+  // guard: {worker, clock, refused, reason}).
   const nlohmann::ordered_json& workers_lost() const { return losses_; }
+  // The push guard (null: cluster.push_guard = false).
+  const PushGuard* guard() const { return guard_.get(); }
 
  private:
   using time_point = RunClock::time_point;
@@ -165,6 +171,17 @@ class Server : private ShardState::Listener {
   // counting the updates the checkpoint lacks (updates_lost in stats and metrics).
   void rejoin(int rank, long clock);
   void lose_worker(int rank, double silent_s);
+  // Drops a worker (where the run trains on without it; else throws naming it and `why`): its
+  // open push abandoned, its held pull answered; `record`'s keys join {worker, clock} in
+  // workers_lost and the "worker_lost" metrics line.
+  void drop_worker(int rank, const std::string& why, const nlohmann::ordered_json& record);
+
+  // ---- the push guard (requests.cpp) ----
+  // Whether this piece of a worker's push is not to be applied: the guard refused its push
+  // (now, or at an earlier piece). At the refused push's last piece, an empty push takes its place.
+  bool guard_refuses(int rank, const wire::Push& m, const comm::Message& msg);
+  std::string guard_check(int rank, const wire::Push& m, std::span<const std::byte> payload);
+  void push_empty_instead(int rank);
 
   // ---- checkpoints (checkpoints.cpp) ----
   // Writes the shard's checkpoint to opt_.checkpoint_path (a metrics line says when, which
@@ -208,8 +225,13 @@ class Server : private ShardState::Listener {
   long updates_lost_ = 0;  // restarted from a checkpoint: updates of rejoining workers it lacks
   bool barrier_open_ = false, shutdown_ = false;
   std::vector<HeldPull> held_;
+  std::unique_ptr<PushGuard> guard_;         // null: cluster.push_guard = false
+  std::vector<std::byte> empty_payload_;     // the guard's empty push: a zero shard in the run's codec
+  std::uint64_t empty_checksum_ = 0;
+  std::vector<float> guard_scratch_;         // a push's values, decoded or aligned, for the guard
   struct Pushing {        // per worker: its push, as its first piece said, until the shard ends it
     wire::Push first;
+    std::string refused;  // why the guard refused it ("": it did not)
     long bytes = 0;       // payload bytes of its pieces so far
     // A push+pull that streams, whose pull is ready once it ends: the reply's pieces leave as
     // the push's pieces are applied (the version they belong to is published at its end).

@@ -43,7 +43,8 @@ nlohmann::ordered_json Server::stats_json() const {
           {"peers_refused", transport_.peers_refused()},
           {"pushed", pushed_json(counters_)},
           {"workers_lost", losses_},
-          {"updates_lost", updates_lost_}};
+          {"updates_lost", updates_lost_},
+          {"push_guard", guard_ ? guard_->stats() : nlohmann::ordered_json(nullptr)}};
 }
 
 void Server::write_stats(bool final) {

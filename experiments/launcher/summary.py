@@ -31,6 +31,8 @@ staleness           PS modes: {mean, p99, max, count} (metrics.staleness_stats):
                     once (not once per server); None for all-reduce
 workers_lost        PS modes with cluster.on_worker_loss = "continue": the workers the run went on
                     without (workers_lost()); [] when none was lost
+pushes_refused      PS modes with cluster.push_guard: {worker: pushes the servers' guard refused
+                    (each counted once per server that refused it)}; {} when none was
 servers_restarted   with cluster.on_server_loss = "restart": [{server, how, log}] per restart of a
                     server that died, from its checkpoint
 updates_lost        the updates those restarts lost (workers' pushes after the checkpoint), over
@@ -60,6 +62,15 @@ def pushed_by_codec(finals):
             acc["pushes"] += c.get("pushes", 0)
             acc["payload_bytes"] += c.get("payload_bytes", 0)
     return out or None
+
+
+def pushes_refused(finals):
+    """{worker: refusals} summed over the servers' final lines (cluster.push_guard)."""
+    out = {}
+    for f in finals:
+        for w, n in ((f.get("push_guard") or {}).get("refused") or {}).items():
+            out[w] = out.get(w, 0) + n
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 
 def workers_lost(finals, lost):
@@ -156,6 +167,7 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
         "staleness": staleness_stats(finals) if plan.uses_servers else None,
         "pushed_by_codec": pushed_by_codec(finals) if plan.uses_servers else None,
         "workers_lost": workers_lost(finals, lost),
+        "pushes_refused": pushes_refused(finals),
         "servers_restarted": list(restarted or []),
         "updates_lost": sum(f.get("updates_lost", 0) for f in finals) if finals else 0,
         "wall_s": wall_s,
@@ -196,6 +208,9 @@ def result_line(label, s):
     if s.get("servers_restarted"):
         parts.append("restarted server " + ", ".join(str(r["server"]) for r in s["servers_restarted"])
                      + f" ({s.get('updates_lost', 0)} updates lost)")
+    if s.get("pushes_refused"):
+        parts.append("refused pushes of worker " + ", ".join(f"{w} ({n})" for w, n in s["pushes_refused"].items())
+                     + " (cluster.push_guard)")
     if s.get("workers_lost"):
         parts.append("went on without worker " + ", ".join(str(w["worker"]) for w in s["workers_lost"]))
     if s["samples_per_s"]:

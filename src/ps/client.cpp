@@ -262,8 +262,11 @@ bool PsClient::take_params(int k, const wire::PullReply& r, std::span<const std:
     if (params_landed_) params_landed_(r.offset, r.length);
     return true;
   }
-  // Dense f32, whole or piece `piece` of the shard's pieces, in order, all of one version.
+  // Dense f32, whole or piece `piece` of the shard's pieces, in order, all of one version. A
+  // reply that starts again from piece 0 replaces the pieces before it (the push guard refused
+  // the push whose version they were streamed from).
   std::size_t& next = reply_piece_[std::size_t(k)];
+  if (r.piece == 0) next = 0;
   const std::size_t pieces = opt_.pieces.count(s.range.length);
   const std::size_t lo = opt_.pieces.begin(s.range.length, next), n = opt_.pieces.size(s.range.length, next);
   if (r.pieces != pieces || r.piece != next || r.offset != s.range.offset + lo || r.length != n)

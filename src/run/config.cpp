@@ -122,6 +122,13 @@ void visit_fields(Config& c, F&& f) {
   f("cluster.on_server_loss", c.cluster.on_server_loss,
     "PS modes: \"restart\" (the launcher restarts a server that died from its checkpoint; the workers rejoin it and "
     "the updates since are lost, counted), \"fail\", or \"auto\": restart for asp and ssp over tcp or ipc (not under Slurm), else fail");
+  f("cluster.push_guard", c.cluster.push_guard,
+    "PS modes: servers refuse (count, and take as an empty batch) a push with a batch beyond the plan's, a value that is "
+    "not finite, or a norm over cluster.guard_norm_factor x the median of recent ones");
+  f("cluster.guard_norm_factor", c.cluster.guard_norm_factor,
+    "push guard: the norm bound, in medians of the last 64 accepted pushes' norms on a shard (from the 16th on; 0: none)");
+  f("cluster.guard_drop_after", c.cluster.guard_drop_after,
+    "push guard: a worker refused this many times in a row is dropped, with that reason (0: never)");
   f("eval.interval_s", c.eval.interval_s, "evaluator period (s); one more evaluation at the end");
   f("eval.every_epochs", c.eval.every_epochs,
     "if > 0: evaluate each time training has applied this many more epochs (instead of every eval.interval_s), "
@@ -502,6 +509,9 @@ void validate_cluster(const Checker& check) {
         "expected \"auto\", \"curve\" or \"none\", got \"" + c.cluster.auth + "\"");
   check(c.cluster.timeout_s > 0, "cluster.timeout_s", "must be > 0");
   check(c.cluster.heartbeat_s > 0, "cluster.heartbeat_s", "must be > 0");
+  check(c.cluster.guard_norm_factor == 0 || c.cluster.guard_norm_factor >= 1, "cluster.guard_norm_factor",
+        "must be 0 (no norm bound) or >= 1 (a bound below the median would refuse honest pushes)");
+  check(c.cluster.guard_drop_after >= 0, "cluster.guard_drop_after", "must be >= 0");
 }
 
 void validate_placement(const Checker& check) {

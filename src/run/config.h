@@ -92,6 +92,12 @@ struct ClusterConfig {
                                         // where the mode trains on when updates are lost (asp, ssp)
                                         // over tcp or ipc, and the launcher owns the processes (not
                                         // Slurm), else fail
+  // The push guard (server/push_guard.h): pushes with a batch beyond the plan's, values that are
+  // not finite, or a norm over guard_norm_factor x the median of recent ones are refused,
+  // counted, and count as empty; guard_drop_after refusals in a row drop the worker.
+  bool push_guard = true;
+  double guard_norm_factor = 10.0;  // 0: no norm bound
+  int guard_drop_after = 10;        // 0: never dropped for it
 };
 
 struct EvalConfig {

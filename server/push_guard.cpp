@@ -1,0 +1,92 @@
+#include "push_guard.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "run/config.h"
+
+namespace pslab {
+
+namespace {
+constexpr std::size_t kHistory = 64;  // accepted norms the bound's median is over
+constexpr long kWarmup = 16;          // accepted pushes before the norm is bounded
+}  // namespace
+
+PushGuard::Options PushGuard::options_for(const ExperimentConfig& cfg) {
+  const WorkerProtocol proto = cfg.mode().worker_protocol();
+  const long steps = proto.kind == WorkerProtocol::Kind::delta     ? proto.local_steps
+                     : proto.kind == WorkerProtocol::Kind::elastic ? cfg.cluster.sync_every
+                                                                   : 1;
+  return Options{long(cfg.train.batch) * cfg.train.accumulate * std::max(1L, steps), cfg.cluster.guard_norm_factor,
+                 cfg.cluster.guard_drop_after};
+}
+
+PushGuard::PushGuard(const Options& opt, int workers)
+    : opt_(opt), sumsq_(std::size_t(workers), 0.0), refused_(std::size_t(workers), 0), streak_(std::size_t(workers), 0) {
+  history_.reserve(kHistory);
+}
+
+std::string PushGuard::check_batch(int batch) const {
+  if (batch >= 0 && batch <= opt_.max_batch) return "";
+  return "a batch of " + std::to_string(batch) + " samples (this run's pushes hold 0 to " + std::to_string(opt_.max_batch) + ")";
+}
+
+std::string PushGuard::check_values(int worker, const float* v, std::size_t n, std::size_t at, bool first) {
+  double& sumsq = sumsq_[std::size_t(worker)];
+  if (first) sumsq = 0.0;
+  double s = 0.0;  // (NaN and inf make it non-finite: the loop needs no branch)
+  for (std::size_t i = 0; i < n; ++i) s += double(v[i]) * double(v[i]);
+  if (!std::isfinite(s)) {
+    const std::size_t bad = std::size_t(std::find_if(v, v + n, [](float x) { return !std::isfinite(x); }) - v);
+    return "a value that is not finite (" + std::to_string(v[std::min(bad, n - 1)]) + " at float " + std::to_string(at + bad) +
+           " of the shard)";
+  }
+  sumsq += s;
+  const double bound = norm_bound();
+  if (bound > 0 && std::sqrt(sumsq) > bound) {
+    char b[160];
+    std::snprintf(b, sizeof b, "a norm over %.4g (%.4g x the median of the last accepted pushes; cluster.guard_norm_factor)",
+                  bound, opt_.norm_factor);
+    return b;
+  }
+  return "";
+}
+
+double PushGuard::norm_bound() const {
+  if (opt_.norm_factor <= 0 || accepted_ < kWarmup) return 0.0;
+  std::vector<double> h = history_;  // (at most 64 values)
+  std::nth_element(h.begin(), h.begin() + std::ptrdiff_t(h.size() / 2), h.end());
+  return opt_.norm_factor * h[h.size() / 2];
+}
+
+void PushGuard::accepted(int worker) {
+  const double norm = std::sqrt(sumsq_[std::size_t(worker)]);
+  streak_[std::size_t(worker)] = 0;
+  sumsq_[std::size_t(worker)] = 0.0;
+  if (norm == 0.0) return;  // an empty batch says nothing about honest norms
+  if (history_.size() < kHistory) history_.push_back(norm);
+  else history_[next_] = norm;
+  next_ = (next_ + 1) % kHistory;
+  ++accepted_;
+}
+
+bool PushGuard::refused(int worker) {
+  ++refused_[std::size_t(worker)];
+  sumsq_[std::size_t(worker)] = 0.0;
+  return opt_.drop_after > 0 && ++streak_[std::size_t(worker)] >= opt_.drop_after;
+}
+
+long PushGuard::total_refused() const {
+  long n = 0;
+  for (long r : refused_) n += r;
+  return n;
+}
+
+nlohmann::ordered_json PushGuard::stats() const {
+  nlohmann::ordered_json by_worker = nlohmann::ordered_json::object();
+  for (std::size_t w = 0; w < refused_.size(); ++w)
+    if (refused_[w]) by_worker[std::to_string(w)] = refused_[w];
+  return {{"refused", by_worker}, {"norm_bound", norm_bound()}};
+}
+
+}  // namespace pslab

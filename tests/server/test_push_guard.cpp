@@ -1,0 +1,173 @@
+// The push guard (server/push_guard.h): its rules alone, then a server taking pushes from a
+// worker that holds the run's key but sends NaN, noise or an absurd batch.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <thread>
+
+#include "expect.h"
+#include "harness.h"
+#include "ps/client.h"
+#include "push_guard.h"
+#include "run/config.h"
+#include "run/setup.h"
+#include "server.h"
+
+using namespace pslab;
+using test::Cluster;
+using test::expect_refused;
+
+namespace {
+
+TEST(PushGuard, RefusesABatchBeyondThePlanAValueNotFiniteAndAnOutsizedNorm) {
+  PushGuard g(PushGuard::Options{64, 10.0, 3}, 2);
+  EXPECT_EQ(g.check_batch(64), "");
+  EXPECT_EQ(g.check_batch(0), "");
+  EXPECT_EQ(g.check_batch(65), "a batch of 65 samples (this run's pushes hold 0 to 64)");
+  EXPECT_NE(g.check_batch(-1), "");
+  const float nan[] = {0.0f, 1.0f, std::numeric_limits<float>::quiet_NaN()};
+  EXPECT_EQ(g.check_values(0, nan, 3, 100, true), "a value that is not finite (nan at float 102 of the shard)");
+  const float inf[] = {std::numeric_limits<float>::infinity()};
+  EXPECT_NE(g.check_values(0, inf, 1, 0, true), "");
+  // No norm bound before 16 accepted pushes; then 10 x their median.
+  const float big[] = {30.0f, 40.0f};  // norm 50
+  const float one[] = {0.6f, 0.8f};    // norm 1
+  EXPECT_EQ(g.check_values(1, big, 2, 0, true), "");
+  g.accepted(1);
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(g.check_values(1, one, 2, 0, true), "");
+    g.accepted(1);
+  }
+  const float six[] = {6.0f}, nine[] = {9.0f};
+  EXPECT_EQ(g.check_values(1, six, 1, 0, true), "") << "6 is within 10 x the median norm (1)";
+  EXPECT_EQ(g.check_values(1, nine, 1, 1, false), "a norm over 10 (10 x the median of the last accepted pushes; "
+                                                  "cluster.guard_norm_factor)")
+      << "the norm accumulates over the push's pieces: |(6, 9)| = 10.8";
+  EXPECT_NE(g.check_values(1, big, 2, 0, true), "");
+  EXPECT_TRUE(!g.refused(1) && !g.refused(1) && g.refused(1)) << "the third refusal in a row drops";
+  EXPECT_EQ(g.refusals(1), 3);
+  EXPECT_EQ(g.stats()["refused"]["1"], 3);
+}
+
+// Two workers on two servers (asp); worker 1 holds the key and pushes what no honest worker
+// would. Each bad push is refused, counted, and changes θ exactly as an empty batch does;
+// worker 1 keeps training (its clock moves on) until it is refused guard_drop_after times in
+// a row, then it is dropped naming why, and told so.
+struct GuardedRun {
+  explicit GuardedRun(const ExperimentConfig& cfg) : cluster(cfg), P(count_params(model_spec(cfg))) {
+    w0 = std::make_unique<PsClient>(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
+    w1 = std::make_unique<PsClient>(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 1));
+    std::thread t([&] { w1->connect(); });
+    w0->connect();
+    t.join();
+  }
+  Cluster cluster;
+  const std::size_t P;
+  std::unique_ptr<PsClient> w0, w1;
+};
+
+// Worker 0's honest pushes (20: enough for the norm bound), then worker 1's `bad` pushes
+// (batch, values) for clocks 0, 1, 2; returns θ pulled at the end.
+std::vector<float> train_with(const ExperimentConfig& cfg, int bad_batch, float bad_value, bool noise, GuardedRun& run) {
+  auto& [cluster, P, w0, w1] = run;
+  std::vector<float> theta(P), grad(P);
+  w0->pull(0, theta.data());
+  w1->pull(0, theta.data());
+  for (long c = 0; c < 20; ++c) {
+    for (std::size_t i = 0; i < P; ++i) grad[i] = 0.01f * std::sin(float(i + 7 * c));
+    w0->push(c, cfg.train.batch, grad.data(), theta.data());
+  }
+  for (long c = 0; c < 3; ++c) {
+    for (std::size_t i = 0; i < P; ++i) grad[i] = noise ? ((i + c) % 2 ? bad_value : -bad_value) : bad_value;
+    w1->push(c, bad_batch, grad.data(), theta.data());
+  }
+  w0->pull(20, theta.data());
+  return theta;
+}
+
+TEST(PushGuardRun, BadPushesAreRefusedCountedAndChangeThetaAsAnEmptyBatch) {
+  ExperimentConfig cfg = test::small_config("asp", 2, 2);
+  cfg.cluster.guard_drop_after = 4;
+  std::vector<float> reference;
+  {  // worker 1 pushes empty batches
+    GuardedRun run(cfg);
+    reference = train_with(cfg, 0, 0.0f, false, run);
+    for (const auto& s : run.cluster.servers) EXPECT_EQ(s->guard()->total_refused(), 0);
+    run.cluster.stop = true;
+    run.cluster.join();
+  }
+  struct Bad { const char* what; int batch; float value; bool noise; };
+  for (const Bad bad : {Bad{"nan", 8, std::numeric_limits<float>::quiet_NaN(), false}, Bad{"noise", 8, 0.5f, true},
+                        Bad{"absurd batch", std::numeric_limits<int>::max(), 0.001f, false}}) {
+    SCOPED_TRACE(bad.what);
+    GuardedRun run(cfg);
+    const std::vector<float> theta = train_with(cfg, bad.batch, bad.value, bad.noise, run);
+    EXPECT_EQ(std::memcmp(theta.data(), reference.data(), theta.size() * sizeof(float)), 0)
+        << "worker 1's refused pushes changed θ otherwise than empty batches";
+    for (const auto& s : run.cluster.servers) {
+      EXPECT_EQ(s->guard()->refusals(1), 3);
+      EXPECT_EQ(s->guard()->refusals(0), 0) << "an honest push was refused";
+      EXPECT_EQ(s->workers_lost().size(), 0u);
+    }
+    run.cluster.stop = true;
+    run.cluster.join();
+  }
+}
+
+// A push in pieces whose last piece holds a NaN, with plain SGD: its first pieces were applied
+// (streamed, and their reply pieces sent) before the guard saw the NaN; nothing of it stays,
+// and the worker takes the reply that starts again from piece 0.
+TEST(PushGuardRun, ABadLastPieceOfAStreamedPushLeavesNoTrace) {
+  ExperimentConfig cfg = test::small_config("asp", 2, 1, "tcp_pieces");
+  cfg.optimizer.kind = "sgd";
+  std::vector<float> after[2];
+  for (const bool bad : {false, true}) {
+    GuardedRun run(cfg);
+    auto& [cluster, P, w0, w1] = run;
+    ASSERT_GT(cluster.servers[0]->state().pieces(), 2u);
+    std::vector<float> theta(P), grad(P, 0.01f);
+    w0->pull(0, theta.data());
+    w1->pull(0, theta.data());
+    w0->push(0, cfg.train.batch, grad.data(), theta.data());
+    if (bad) grad[P - 1] = std::numeric_limits<float>::quiet_NaN();
+    const PullResult r = w1->push(0, bad ? cfg.train.batch : 0, bad ? grad.data() : std::vector<float>(P, 0.0f).data(),
+                                  theta.data());
+    EXPECT_TRUE(std::all_of(theta.begin(), theta.end(), [](float x) { return std::isfinite(x); }));
+    after[bad] = theta;
+    EXPECT_EQ(cluster.servers[0]->guard()->refusals(1), bad ? 1 : 0);
+    EXPECT_EQ(r.min_version, cluster.servers[0]->state().version());
+    cluster.stop = true;
+    cluster.join();
+  }
+  EXPECT_EQ(std::memcmp(after[0].data(), after[1].data(), after[0].size() * sizeof(float)), 0);
+}
+
+TEST(PushGuardRun, AWorkerRefusedTooOftenInARowIsDroppedAndToldWhy) {
+  ExperimentConfig cfg = test::small_config("asp", 2, 1);
+  cfg.cluster.guard_drop_after = 3;
+  GuardedRun run(cfg);
+  auto& [cluster, P, w0, w1] = run;
+  std::vector<float> theta(P), nan(P, std::numeric_limits<float>::quiet_NaN()), grad(P, 0.01f);
+  w0->pull(0, theta.data());
+  w1->pull(0, theta.data());
+  w1->push(0, cfg.train.batch, nan.data(), theta.data());
+  w1->push(1, cfg.train.batch, grad.data(), theta.data());  // an honest push ends the streak
+  w1->push(2, cfg.train.batch, nan.data(), theta.data());
+  w1->push(3, cfg.train.batch, nan.data(), theta.data());
+  expect_refused([&] { w1->push(4, cfg.train.batch, nan.data(), theta.data()); },
+                 "worker 1 was dropped from this run: refused 3 pushes in a row by the push guard (a value that is not finite",
+                 "the third refusal in a row did not drop worker 1");
+  const auto lost = cluster.servers[0]->workers_lost();
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0]["worker"], 1);
+  EXPECT_EQ(lost[0]["refused"], 4);
+  w0->push(0, cfg.train.batch, grad.data(), theta.data());  // worker 0 trains on
+  w0->bye(1);
+  cluster.join();
+  cluster.rethrow();
+}
+
+}  // namespace
