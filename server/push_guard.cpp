@@ -34,12 +34,22 @@ std::string PushGuard::check_batch(int batch) const {
 std::string PushGuard::check_values(int worker, const float* v, std::size_t n, std::size_t at, bool first) {
   double& sumsq = sumsq_[std::size_t(worker)];
   if (first) sumsq = 0.0;
-  double s = 0.0;  // (NaN and inf make it non-finite: the loop needs no branch)
-  for (std::size_t i = 0; i < n; ++i) s += double(v[i]) * double(v[i]);
+  // One pass at memory speed: 16 independent float lanes (vectorized; NaN and inf make the sum
+  // non-finite, so the loop needs no branch). A sum that overflowed is redone in double.
+  constexpr std::size_t kLanes = 16;
+  float lane[kLanes] = {};
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (std::size_t l = 0; l < kLanes; ++l) lane[l] += v[i + l] * v[i + l];
+  double s = 0.0;
+  for (; i < n; ++i) s += double(v[i]) * double(v[i]);
+  for (float x : lane) s += double(x);
   if (!std::isfinite(s)) {
     const std::size_t bad = std::size_t(std::find_if(v, v + n, [](float x) { return !std::isfinite(x); }) - v);
-    return "a value that is not finite (" + std::to_string(v[std::min(bad, n - 1)]) + " at float " + std::to_string(at + bad) +
-           " of the shard)";
+    if (bad < n)
+      return "a value that is not finite (" + std::to_string(v[bad]) + " at float " + std::to_string(at + bad) + " of the shard)";
+    s = 0.0;
+    for (i = 0; i < n; ++i) s += double(v[i]) * double(v[i]);
   }
   sumsq += s;
   const double bound = norm_bound();

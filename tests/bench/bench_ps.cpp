@@ -3,7 +3,7 @@
 // request at a time. Writes JSON.
 //
 //   bench_ps [--runs 5] [--json FILE] [--sizes-kib 4,256,4096,16384] [--transport tcp|ipc|shm]
-//            [--server-threads N] [--piece-kib K] [--pieces] [--auth] [--heartbeat-cost]
+//            [--server-threads N] [--piece-kib K] [--pieces] [--auth] [--heartbeat-cost] [--guard-cost]
 //            [--floor [--floor-pieces 8]] [--netns CLIENT,SERVER --server-ip IP] [--device cuda]
 //
 // With --netns the server runs in network namespace SERVER and the worker in CLIENT (tcp only),
@@ -32,6 +32,8 @@
 //   pslab_no_heartbeat  with --heartbeat-cost: push_pull with the worker's heartbeats off
 //               (cluster.heartbeat_s's thread and sliced waits; pslab above has them on, as runs
 //               do), and heartbeat_cost = push_pull's time / this one's
+//   pslab_no_guard  with --guard-cost: push_pull with the servers' push guard off
+//               (cluster.push_guard; on above, as in runs), and guard_cost = push_pull's time / this one's
 //   pslab_cuda  with --device cuda: push+pull as a GPU worker makes it, ∇θ starting and θ ending
 //               in GPU memory (GpuSide), and over_copies = its time / one device-to-host plus one
 //               host-to-device copy of the tensor (d2h_h2d_us)
@@ -193,8 +195,10 @@ nlohmann::ordered_json bench_gpu_side(PsClient& client, std::size_t P, float* gr
 
 nlohmann::ordered_json bench_pslab(const Place& place, std::size_t floats, int runs, const std::string& transport_name,
                                    int server_threads, int piece_kib, const comm::RunKey* key = nullptr,
-                                   bool heartbeats = true, const std::string& codec = "f32", bool cuda = false) {
+                                   bool heartbeats = true, const std::string& codec = "f32", bool cuda = false,
+                                   bool guard = true) {
   ExperimentConfig cfg = config_for(floats);
+  cfg.cluster.push_guard = guard;
   if (piece_kib >= 0) cfg.cluster.piece_kib = piece_kib;
   cfg.cluster.transport = transport_name;
   cfg.cluster.codec = codec;  // pushes encoded (the bytes below still count f32's, for the ratio)
@@ -375,7 +379,7 @@ struct Options {
   std::vector<int> sizes_kib = {4, 256, 4096, 16384};
   std::string transport = "tcp";
   int server_threads = 1;
-  bool auth = false, heartbeat_cost = false, floor = false, pieces = false;
+  bool auth = false, heartbeat_cost = false, guard_cost = false, floor = false, pieces = false;
   std::vector<std::string> codecs;
   int floor_pieces = 8;
   int piece_kib = -1;  // -1: the config's default
@@ -398,6 +402,7 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--server-ip", o.place.server_ip, "with --netns: the server's address in its namespace");
   app.add_flag("--auth", o.auth, "also measure push+pull with the peers authenticated (CURVE on tcp), same invocation");
   app.add_flag("--heartbeat-cost", o.heartbeat_cost, "also measure push+pull with the worker's heartbeats off, same invocation");
+  app.add_flag("--guard-cost", o.guard_cost, "also measure push+pull with the servers' push guard off (cluster.push_guard), same invocation");
   app.add_option("--codecs", o.codecs, "also measure push+pull with pushes in these codecs (e.g. f16,bf16), same invocation; "
                                        "gain = f32's time / the codec's")->delimiter(',');
   app.add_flag("--floor", o.floor, "also measure the floor: the raw echo plus the memory passes pslab cannot skip (checksums, "
@@ -436,6 +441,13 @@ void add_variants(nlohmann::ordered_json& r, int kib, std::size_t floats, const 
     r["heartbeat_cost"] = us / r["pslab_no_heartbeat"]["push_pull_us"].get<double>();
     std::fprintf(stderr, "%6d KiB: push+pull without heartbeats %8.1f us: heartbeats cost %.3fx\n", kib,
                  r["pslab_no_heartbeat"]["push_pull_us"].get<double>(), r["heartbeat_cost"].get<double>());
+  }
+  if (o.guard_cost) {
+    r["pslab_no_guard"] =
+        bench_pslab(o.place, floats, o.runs, o.transport, o.server_threads, o.piece_kib, nullptr, true, "f32", false, false);
+    r["guard_cost"] = us / r["pslab_no_guard"]["push_pull_us"].get<double>();
+    std::fprintf(stderr, "%6d KiB: push+pull without the push guard %8.1f us: the guard costs %.3fx\n", kib,
+                 r["pslab_no_guard"]["push_pull_us"].get<double>(), r["guard_cost"].get<double>());
   }
   for (const std::string& codec : o.codecs) {
     auto c = bench_pslab(o.place, floats, o.runs, o.transport, o.server_threads, o.piece_kib, nullptr, true, codec);
@@ -513,7 +525,7 @@ int main(int argc, char** argv) {
   nlohmann::ordered_json out{{"benchmark", "ps_push_pull"}, {"transport", o.transport}, {"server_threads", o.server_threads},
                              {"piece_kib", o.piece_kib >= 0 ? o.piece_kib : config_for(1024).cluster.piece_kib},
                              {"client_netns", o.place.client_ns}, {"server_netns", o.place.server_ns},
-                             {"device", o.device}, {"auth", o.auth}, {"heartbeat_cost", o.heartbeat_cost}, {"floor", o.floor}, {"codecs", o.codecs},
+                             {"device", o.device}, {"auth", o.auth}, {"heartbeat_cost", o.heartbeat_cost}, {"guard_cost", o.guard_cost}, {"floor", o.floor}, {"codecs", o.codecs},
                              {"runs", o.runs},
                              {"metric", "median over runs of the mean time per request; GB/s counts bytes pushed + bytes pulled"},
                              {"results", results}};
