@@ -58,6 +58,7 @@ void Server::drop_worker(int rank, const std::string& why, const nlohmann::order
                                                                            : cfg_.cluster.mode + " cannot train on without it"));
   state_->abandon_push(rank, *this);  // its push in pieces, half-way: nothing of it applied
   state_->drop_worker(rank);
+  if (guard_) guard_->forget(rank);
   ++finished_;
   workers_.finish(std::size_t(rank));
   if (trace_) trace_->event("drop " + std::to_string(rank));

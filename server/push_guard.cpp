@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "run/config.h"
 
@@ -22,7 +23,8 @@ PushGuard::Options PushGuard::options_for(const ExperimentConfig& cfg) {
 }
 
 PushGuard::PushGuard(const Options& opt, int workers)
-    : opt_(opt), sumsq_(std::size_t(workers), 0.0), refused_(std::size_t(workers), 0), streak_(std::size_t(workers), 0) {
+    : opt_(opt), sumsq_(std::size_t(workers), 0.0), refused_(std::size_t(workers), 0), streak_(std::size_t(workers), 0),
+      values_refused_(std::size_t(workers), 0), gone_(std::size_t(workers), 0) {
   history_.reserve(kHistory);
 }
 
@@ -32,6 +34,25 @@ std::string PushGuard::check_batch(int batch) const {
 }
 
 std::string PushGuard::check_values(int worker, const float* v, std::size_t n, std::size_t at, bool first) {
+  std::string why = values_problem(worker, v, n, at, first);
+  if (why.empty() || !everyone_refused(worker)) return why;
+  stood_aside_ = true;
+  std::fprintf(stderr, "push guard: the latest push of every worker was refused (%s): the run is diverging, not one "
+               "worker; the guard stands aside from now on\n", why.c_str());
+  return "";
+}
+
+bool PushGuard::everyone_refused(int worker) {
+  values_refused_[std::size_t(worker)] = 1;
+  for (std::size_t w = 0; w < values_refused_.size(); ++w)
+    if (!values_refused_[w] && !gone_[w]) return false;
+  return true;
+}
+
+void PushGuard::forget(int worker) { gone_[std::size_t(worker)] = 1; }
+
+std::string PushGuard::values_problem(int worker, const float* v, std::size_t n, std::size_t at, bool first) {
+  if (stood_aside_) return "";
   double& sumsq = sumsq_[std::size_t(worker)];
   if (first) sumsq = 0.0;
   // One pass at memory speed: 16 independent float lanes (vectorized; NaN and inf make the sum
@@ -72,6 +93,7 @@ double PushGuard::norm_bound() const {
 void PushGuard::accepted(int worker) {
   const double norm = std::sqrt(sumsq_[std::size_t(worker)]);
   streak_[std::size_t(worker)] = 0;
+  values_refused_[std::size_t(worker)] = 0;
   sumsq_[std::size_t(worker)] = 0.0;
   if (norm == 0.0) return;  // an empty batch says nothing about honest norms
   if (history_.size() < kHistory) history_.push_back(norm);
@@ -96,7 +118,7 @@ nlohmann::ordered_json PushGuard::stats() const {
   nlohmann::ordered_json by_worker = nlohmann::ordered_json::object();
   for (std::size_t w = 0; w < refused_.size(); ++w)
     if (refused_[w]) by_worker[std::to_string(w)] = refused_[w];
-  return {{"refused", by_worker}, {"norm_bound", norm_bound()}};
+  return {{"refused", by_worker}, {"norm_bound", norm_bound()}, {"stood_aside", stood_aside_}};
 }
 
 }  // namespace pslab

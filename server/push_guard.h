@@ -9,6 +9,10 @@
 // bsp and ssp are not held by it); refusals are counted per worker, and a worker refused
 // cluster.guard_drop_after times in a row is dropped with that reason.
 //
+// A run that diverges (too high a learning rate) is not an insider: once the latest push of
+// every worker still in the run was refused for its values, the guard stands aside for good
+// (says so once) and the run diverges as it would without it (its status: diverged).
+//
 // Pieces: a push in pieces is checked piece by piece as they arrive, the norm as it accumulates;
 // the first bad piece refuses the whole push.
 // Threading: the server's event loop.
@@ -42,6 +46,10 @@ class PushGuard {
   std::string check_values(int worker, const float* v, std::size_t n, std::size_t at, bool first);
   // The worker's push was applied: its norm joins the history, its streak of refusals ends.
   void accepted(int worker);
+  // The worker left the run (dropped): it no longer counts when telling divergence from an insider.
+  void forget(int worker);
+  // Whether the guard stood aside because every worker's pushes were refused (divergence).
+  bool stood_aside() const { return stood_aside_; }
   // The worker's push was refused for `why`; returns whether the worker is to be dropped now.
   bool refused(int worker);
   long refusals(int worker) const { return refused_[std::size_t(worker)]; }
@@ -52,9 +60,14 @@ class PushGuard {
 
  private:
   double norm_bound() const;  // 0: none yet
+  std::string values_problem(int worker, const float* v, std::size_t n, std::size_t at, bool first);
   Options opt_;
   std::vector<double> sumsq_;    // per worker: of its open push so far
+  // Whether `why` (a refusal for the values) is every worker's latest: then it stands aside.
+  bool everyone_refused(int worker);
   std::vector<long> refused_, streak_;
+  std::vector<char> values_refused_, gone_;  // per worker: its latest push refused for its values; dropped
+  bool stood_aside_ = false;
   std::vector<double> history_;  // norms of the last accepted pushes (a ring)
   std::size_t next_ = 0;
   long accepted_ = 0;

@@ -57,6 +57,10 @@ class Progress:
         self.latest = {}  # rank -> newest train line
         self.last_eval = None
         self.lost = set()  # ranks of lost workers (the run goes on without them)
+        # The servers' verdict: rank -> the first "worker_lost" line that dropped it (PS modes)
+        self.server_tails = [Tail(run_dir / "metrics" / f"server{k}.jsonl") for k in range(plan.servers)] \
+            if plan.uses_servers else []
+        self.dropped = {}
 
     def forget(self, rank):
         """A lost worker: no longer in the step range, the rate or the ETA."""
@@ -74,6 +78,10 @@ class Progress:
         for row in self.eval_tail.read():
             if row.get("kind") == "eval":
                 self.last_eval = row
+        for tail in self.server_tails:
+            for row in tail.read():
+                if row.get("kind") == "worker_lost":
+                    self.dropped.setdefault(row["worker"], row)
 
     def line(self, elapsed):
         plan = self.plan
@@ -122,9 +130,10 @@ class Progress:
         return "  ".join(parts)
 
 
-def monitor(procs, progress, run_start, deadline_s, failure_of, tolerate=lambda p: False):
+def monitor(procs, progress, run_start, deadline_s, failure_of, tolerate=lambda p: False, verdict=lambda: None):
     """Waits for every process; returns when all exited 0 or failed with tolerate(p) true (a lost
-    worker the run goes on without), raises RunFailed otherwise."""
+    worker the run goes on without), raises RunFailed otherwise. verdict(): called after each
+    look at the metrics (every second), to act on what the servers decided."""
     last_line = 0.0
     while True:
         check_signal()
@@ -144,6 +153,7 @@ def monitor(procs, progress, run_start, deadline_s, failure_of, tolerate=lambda 
                             f"still running: {running}")
         if now - last_line >= 1.0:
             progress.poll()
+            verdict()
             say(progress.line(now - run_start))
             last_line = now
         time.sleep(0.1)

@@ -234,10 +234,11 @@ class Supervisor:
         if plan.on_worker_loss != "continue" or p.role != "worker" or len(self.lost) + 1 >= plan.workers:
             return False
         # Died (a signal: -N locally, 128+N through a shell, 255 when ssh lost it), not an error
-        # exit: a worker that exits 1 names what went wrong (often a peer), which fails the run.
-        if 0 <= p.returncode < 128:
-            return False
+        # exit: a worker that exits 1 names what went wrong (often a peer), which fails the run;
+        # unless the servers had dropped it (it woke up and was told so).
         self.progress.poll()
+        if 0 <= p.returncode < 128 and p.rank not in self.progress.dropped:
+            return False
         if p.rank not in self.progress.first:  # it failed before training: a problem with its start, not a loss
             return False
         self.lost.append({"worker": p.rank, "how": how_it_ended(p), "log": str(p.log)})
@@ -246,6 +247,24 @@ class Supervisor:
              f"({plan.mode}, cluster.on_worker_loss = \"continue\": the servers drop it after "
              f"cluster.heartbeat_s = {plan.heartbeat_s:g} s of silence); the last lines of {p.log}:\n{log_tail(p.log, 5)}")
         return True
+
+    def act_on_verdict(self):
+        """A worker the servers dropped (silent for cluster.heartbeat_s: hung, stopped, cut off;
+        or refused by the push guard) whose process still runs: stopped now and recorded as lost,
+        so that the run ends when training does rather than waiting for it."""
+        for rank, row in self.progress.dropped.items():
+            p = next((q for q in self.procs if q.role == "worker" and q.rank == rank), None)
+            if p is None or p.returncode is not None or p.popen is None or p.popen.poll() is not None:
+                continue  # gone already: its exit is tolerate()'s to judge
+            reason = (f"silent for {row['silent_s']:.1f} s" if row.get("silent_s") is not None
+                      else row.get("reason", "dropped"))
+            stop_all([p])
+            p.returncode = p.popen.returncode
+            self.lost.append({"worker": rank, "how": f"was dropped by the servers at clock {row.get('clock')} ({reason}) "
+                              "and stopped by the launcher", "log": str(p.log)})
+            self.progress.forget(rank)
+            warn(f"{p.describe()} on {p.host}: the servers dropped it at clock {row.get('clock')} ({reason}); stopped it, "
+                 f"and the run goes on without it (cluster.on_worker_loss = \"continue\")")
 
     def restart_server(self, p):
         """A server that died (a signal) comes back from its checkpoint on the same address; the
@@ -281,7 +300,8 @@ class Supervisor:
                 start(p, REPO, append_log=bool(self.resume_from), env=self.env)
             if plan.launcher != "slurm":
                 self.manifest()  # now with pids
-            monitor(self.started, self.progress, self.run_start, self.opts.max_minutes * 60, failure_of, self.tolerate)
+            monitor(self.started, self.progress, self.run_start, self.opts.max_minutes * 60, failure_of, self.tolerate,
+                    self.act_on_verdict if plan.launcher != "slurm" else lambda: None)
         except BaseException as e:
             self.stopped(e)
             raise

@@ -133,6 +133,35 @@ class Heartbeats(LauncherTestCase):
         self.assertRegex(err, r"worker 1 lost: silent for 1\.\d s at clock \d+ \(cluster\.heartbeat_s = 1\); bsp cannot train on without it")
         self.assert_no_processes_left()
 
+    def test_a_stopped_asp_worker_is_stopped_once_the_servers_drop_it(self):
+        # asp goes on without a hung worker: the servers drop it after heartbeat_s, and the launcher,
+        # reading their verdict, stops it and records it as lost; the run ends ok when training
+        # does (not when the hung process would), within heartbeat_s + 2 s of its last step.
+        path = self.tiny_variant("asp.toml", [('mode = "bsp"', 'mode = "asp"'), ("steps = 500", "steps = 1500")])
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1")
+        procs = self.wait_for_processes(4)
+        worker1 = [pid for pid, argv in procs.items() if argv[1] == "ps" and option(argv, "--rank") == "1"]
+        self.wait_for_train_lines(["worker0", "worker1"])
+        os.kill(worker1[0], signal.SIGSTOP)
+        try:
+            out, err = p.communicate(timeout=60)
+        finally:
+            try:
+                os.kill(worker1[0], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.assertEqual(p.returncode, 0, out + err)
+        run = next(self.runs.glob("tiny/*/run"))
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok")
+        self.assertEqual([w["worker"] for w in s["workers_lost"]], [1], s["workers_lost"])
+        self.assertIn("was dropped by the servers at clock", s["workers_lost"][0]["how"])
+        self.assertIn("the servers dropped it", err)
+        trained = [json.loads(line) for line in (run / "metrics" / "worker0.jsonl").read_text().splitlines()]
+        last_step_t = max(r["t"] for r in trained if r.get("kind") == "train")
+        self.assertLess(s["wall_s"] - last_step_t, 1 + 2, "the run waited for the hung worker")
+        self.assert_no_processes_left()
+
     def stderr_with_times(self, p):
         """Reads p's stderr on a thread: returns [(monotonic time, line)], filled as lines come."""
         lines = []

@@ -32,6 +32,9 @@ TEST(PushGuard, RefusesABatchBeyondThePlanAValueNotFiniteAndAnOutsizedNorm) {
   EXPECT_EQ(g.check_values(0, nan, 3, 100, true), "a value that is not finite (nan at float 102 of the shard)");
   const float inf[] = {std::numeric_limits<float>::infinity()};
   EXPECT_NE(g.check_values(0, inf, 1, 0, true), "");
+  const float fine[] = {0.5f};
+  EXPECT_EQ(g.check_values(0, fine, 1, 0, true), "");
+  g.accepted(0);  // worker 0's latest push is fine again
   // No norm bound before 16 accepted pushes; then 10 x their median.
   const float big[] = {30.0f, 40.0f};  // norm 50
   const float one[] = {0.6f, 0.8f};    // norm 1
@@ -50,6 +53,21 @@ TEST(PushGuard, RefusesABatchBeyondThePlanAValueNotFiniteAndAnOutsizedNorm) {
   EXPECT_TRUE(!g.refused(1) && !g.refused(1) && g.refused(1)) << "the third refusal in a row drops";
   EXPECT_EQ(g.refusals(1), 3);
   EXPECT_EQ(g.stats()["refused"]["1"], 3);
+}
+
+// Every worker's latest push refused for its values: the run diverges (too high a learning
+// rate), no insider does; the guard stands aside, and the run diverges as it would without it.
+TEST(PushGuard, StandsAsideWhenEveryWorkersPushIsRefused) {
+  PushGuard g(PushGuard::Options{64, 10.0, 3}, 3);
+  const float nan[] = {std::numeric_limits<float>::quiet_NaN()}, fine[] = {0.5f};
+  EXPECT_NE(g.check_values(0, nan, 1, 0, true), "");
+  EXPECT_EQ(g.check_values(1, fine, 1, 0, true), "");
+  g.accepted(1);
+  EXPECT_NE(g.check_values(1, nan, 1, 0, true), "");
+  g.forget(2);  // worker 2 left the run: it does not count
+  EXPECT_EQ(g.check_values(0, nan, 1, 0, true), "") << "every worker still in the run pushes NaN: divergence";
+  EXPECT_TRUE(g.stood_aside());
+  EXPECT_EQ(g.check_values(1, nan, 1, 0, true), "");
 }
 
 // Two workers on two servers (asp); worker 1 holds the key and pushes what no honest worker
