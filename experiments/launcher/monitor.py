@@ -188,24 +188,31 @@ def process_failure(p):
 
 
 CANCELLED = re.compile(r"\*\*\* (JOB|STEP) (\S+) ON (\S+) CANCELLED AT (\S+)(.*?)\*\*\*")
+# A task's own end in srun's log: "srun: error: NODE: task 3: Exited with exit code 1", "...: task 2:
+# Killed", "...: tasks 0-1: Segmentation fault". "Terminated" is how srun reports the tasks it (or
+# scancel) stopped, a consequence, not a cause.
+TASK_FAILED = re.compile(r"srun: error: (\S+): tasks? (\d+)[-,\d]*: (?!Terminated)(.+)")
 
 
 def srun_failure(procs, srun_proc, run_dir):
-    """Which task failed, from srun's own log ("srun: error: NODE: task 3: Exited with exit code 1"),
-    or that the job or step was cancelled ("*** STEP 12.0 ON node1 CANCELLED AT ... ***")."""
+    """What ended a Slurm run, from srun's own log: a task that failed (its exit, or the signal
+    that killed it; srun's --kill-on-bad-exit then cancels the step, which is a consequence), or
+    the job or step cancelled (scancel, or its time limit: "CANCELLED AT ... DUE TO TIME LIMIT"),
+    whichever srun said first."""
     def make(p):
         text = p.log.read_text(errors="replace") if p.log.exists() else ""
-        c = CANCELLED.search(text)
-        if c:
+        c, t = CANCELLED.search(text), TASK_FAILED.search(text)
+        if c and not (t and t.start() < c.start()):
             why = c.group(5).strip() or "by scancel"
+            why = "its time limit" if "TIME LIMIT" in why else why.lower() if why.startswith("DUE TO") else why
             return RunFailed(f"the Slurm {c.group(1).lower()} {c.group(2)} was cancelled ({why}, at {c.group(4)}, "
                              f"said by {c.group(3)}); srun {describe_exit(p.returncode)}; the last lines of {p.log}:\n"
                              f"{log_tail(p.log)}", status="cancelled")
-        m = re.search(r"error:.*?tasks? (\d+)", text)
         msg = f"srun {describe_exit(p.returncode)}"
-        if m and int(m.group(1)) < len(procs):
-            t = procs[int(m.group(1))]
-            tlog = run_dir / "logs" / f"{t.name}.log"
-            msg += f"; task {t.index} = {t.describe()} failed; the last lines of {tlog}:\n{log_tail(tlog)}"
+        if t and int(t.group(2)) < len(procs):
+            task = procs[int(t.group(2))]
+            tlog = run_dir / "logs" / f"{task.name}.log"
+            msg += (f"; task {task.index} = {task.describe()} on {t.group(1)} failed first ({t.group(3).strip()}); "
+                    f"the last lines of {tlog}:\n{log_tail(tlog)}")
         return RunFailed(msg + f"\nthe last lines of {p.log}:\n{log_tail(p.log)}")
     return make

@@ -154,6 +154,33 @@ class Slurm(LauncherTestCase):
         s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
         self.assertEqual(s["status"], "cancelled")
 
+    def fake_srun_saying(self, calls, lines, code):
+        self.fake_bin("srun", "#!/bin/bash\n" + f'echo "$@" >> {calls}\n'
+                      + "".join(f"echo {json.dumps(line)} >&2\n" for line in lines) + f"exit {code}\n")
+
+    def test_a_killed_task_is_blamed_not_the_cancellation_it_caused(self):
+        # kill -9 of task 2: srun's --kill-on-bad-exit then cancels the step; the task is the cause
+        calls = self.install_fake_slurm()
+        self.fake_srun_saying(calls, ["srun: error: node1: task 2: Killed", "srun: Terminating StepId=12.0",
+                                      "slurmstepd: error: *** STEP 12.0 ON node1 CANCELLED AT 2026-11-25T08:40:00 ***",
+                                      "srun: error: node1: tasks 0-1,3: Terminated"], 137)
+        r = self.launch("run", self.slurm_config(), "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("task 2 = worker1 (rank 1) on node1 failed first (Killed)", r.stderr)
+        self.assertNotIn("was cancelled", r.stderr)
+        s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
+        self.assertEqual(s["status"], "failed")
+
+    def test_a_time_limit_is_reported_as_such(self):
+        calls = self.install_fake_slurm()
+        self.fake_srun_saying(calls, ["slurmstepd: error: *** JOB 77 ON node2 CANCELLED AT 2026-11-25T09:00:00 DUE TO TIME LIMIT ***",
+                                      "srun: error: node2: tasks 0-3: Terminated"], 143)
+        r = self.launch("run", self.slurm_config(), "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("the Slurm job 77 was cancelled (its time limit, at 2026-11-25T09:00:00, said by node2)", r.stderr)
+        s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
+        self.assertEqual(s["status"], "cancelled")
+
     def test_slurm_allreduce_task_roles(self):
         # allreduce: tasks are the workers, then the evaluator; rank 0 and the evaluator listen
         calls = self.install_fake_slurm()
