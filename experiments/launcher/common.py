@@ -19,6 +19,17 @@ def is_loopback(addr):
     return addr in ("localhost", "::1") or addr.startswith("127.")
 
 
+# The environment that decides a process's numerics (which BLAS kernels, how many threads, TF32):
+# recorded in manifest.json, handed to processes on other hosts, compared by a replay.
+NUMERICS_PREFIXES = ("OPENBLAS_", "GOTO", "OMP_", "MKL_", "BLIS_", "CUBLAS_", "NVIDIA_TF32_OVERRIDE")
+
+
+def numerics_env(environ=None):
+    """{name: value} of the variables in NUMERICS_PREFIXES set in `environ` (default: this process's)."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in sorted(environ.items()) if k.startswith(NUMERICS_PREFIXES)}
+
+
 def say(*parts):
     print(*parts, flush=True)
 

@@ -10,7 +10,7 @@ import shutil
 import socket
 import sys
 
-from .common import REPO, cmd_out, write_file
+from .common import REPO, cmd_out, numerics_env, write_file
 from .remote import markers
 
 LIBRARY_PACKAGES = ["libzmq5", "libopenblas0", "libopenblas0-pthread", "libgloo0", "libflatbuffers2",
@@ -73,6 +73,7 @@ def write_manifest(run_dir, plan, procs, run_start, bins, extra=None, placed=Fal
         "mode": plan.mode,
         "seed": plan.seed,
         "launcher": plan.launcher,
+        "numerics_env": numerics_env(),  # every process's: local ones inherit it, ssh passes it
         "start_time": datetime.datetime.fromtimestamp(run_start).astimezone().isoformat(timespec="seconds"),
         "run_start_unix_s": run_start,
         "build_dir": str(bins.build),

@@ -13,7 +13,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 
-from .common import REPO, UsageError, is_loopback
+from .common import REPO, UsageError, is_loopback, numerics_env
 from .hosts import is_address, named_address
 
 DRY_RUN_SOCKET_DIR = pathlib.Path("/tmp/pslab-XXXXXXXX")  # what a dry run shows for ipc
@@ -282,8 +282,11 @@ def ssh_command(proc, sockets=None, append=False):
     connection drops, writes the log on the host, and says how ARGV ended. ipc: the socket
     directory is made there first (on this machine the launcher has made it already)."""
     mkdir = f"mkdir -p -m 700 {shlex.quote(str(sockets))} && " if sockets else ""
+    # The launcher's numerics environment (BLAS core type, threads), as local processes have it:
+    # ssh gives the remote end its own, and a replay here would run other kernels.
+    env = ["env", *(f"{k}={v}" for k, v in numerics_env().items())] if numerics_env() else []
     wrapper = ["python3", "experiments/launch.py", "remote", "--log", str(proc.log), *(["--append"] if append else []), "--"]
-    remote = f"cd {shlex.quote(str(REPO))} && {mkdir}exec {shlex.join(wrapper + proc.argv)}"
+    remote = f"cd {shlex.quote(str(REPO))} && {mkdir}exec {shlex.join(env + wrapper + proc.argv)}"
     return [*ssh_base(), proc.host, remote]
 
 

@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 
-from .common import REPO, CannotWrite, RunFailed, UsageError, disk_trouble, say, warn, write_file
+from .common import REPO, CannotWrite, RunFailed, UsageError, disk_trouble, numerics_env, say, warn, write_file
 from .comparison import write_comparison
 from .manifest import write_manifest
 from .hosts import probe_hosts
@@ -374,6 +374,13 @@ def replay_run(run_dir, bins, opts):
         opts.procs_on_host = int(argv[argv.index("--procs-on-host") + 1])  # the real workers' BLAS threads
     except (OSError, ValueError, KeyError, StopIteration, IndexError):
         opts.procs_on_host = 1
+        manifest = {}
+    recorded, here = manifest.get("numerics_env"), numerics_env()
+    if recorded is not None and recorded != here:
+        differ = sorted(k for k in set(recorded) | set(here) if recorded.get(k) != here.get(k))
+        warn("the run's numerics environment differs from this one's (" + ", ".join(
+            f"{k}: {recorded.get(k, '(unset)')} there, {here.get(k, '(unset)')} here" for k in differ)
+            + "): the replay may run other BLAS kernels and not be bit for bit; set them as the run had them")
     out = run_dir / "replay"
     if out.exists():
         shutil.rmtree(out)

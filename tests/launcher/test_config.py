@@ -107,6 +107,8 @@ class Config(LauncherTestCase):
 
     def test_ssh_dry_run(self):
         path = self.ssh_config(["hostA", "hostB"])
+        for k in [k for k in self.env if k.startswith(("OPENBLAS_", "GOTO", "OMP_", "MKL_", "BLIS_", "CUBLAS_", "NVIDIA_TF32"))]:
+            del self.env[k]
         r = self.launch("run", path, "--runs-dir", self.runs, "--dry-run")
         self.assertEqual(r.returncode, 0, r.stderr)
         cmds = dry_run_commands(r.stdout)
@@ -124,6 +126,11 @@ class Config(LauncherTestCase):
         self.assertEqual(option(inner["server0"], "--bind"), "tcp://<address of hostA>:<port 0>")
         self.assertEqual(option(inner["worker0"], "--servers"),
                          "tcp://<address of hostA>:<port 0>,tcp://<address of hostB>:<port 1>")
+        # the launcher's numerics environment goes to every remote process (ssh gives it its own)
+        env = dict(self.env, OPENBLAS_CORETYPE="Haswell", OMP_NUM_THREADS="1")
+        r = self.launch("run", path, "--runs-dir", self.runs, "--dry-run", env=env)
+        self.assertIn(" exec env OMP_NUM_THREADS=1 OPENBLAS_CORETYPE=Haswell python3 experiments/launch.py remote --log ",
+                      dry_run_commands(r.stdout)["worker1"][1][6])
         # addresses named per host, fixed ports: each server binds its own host's address
         path.write_text(path.read_text().replace("[cluster]", '[cluster]\naddresses = ["hostA=10.1.0.1", "hostB=10.1.0.2"]'))
         r = self.launch("run", path, "--runs-dir", self.runs, "--dry-run", "--base-port", 29500)

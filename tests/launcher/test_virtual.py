@@ -84,9 +84,15 @@ class Virtual(LauncherTestCase):
         r = self.launch("replay", run, "--no-plots")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("bit for bit: 2 shard checksum(s) equal", r.stdout)
+        self.assertNotIn("numerics environment differs", r.stderr)
         s = json.loads((run / "replay" / "summary.json").read_text())
         self.assertTrue(s["replay_identical"])
         self.assertEqual(s["params_checksums"], s["recorded_params_checksums"])
+        # a replay under another numerics environment than the run's says so, naming the variable
+        recorded = json.loads((run / "manifest.json").read_text())["numerics_env"]
+        r = self.launch("replay", run, "--no-plots", env=dict(self.env, OMP_SCHEDULE="dynamic"))
+        self.assertIn("numerics environment differs from this one's (OMP_SCHEDULE: "
+                      f"{recorded.get('OMP_SCHEDULE', '(unset)')} there, dynamic here)", r.stderr)
         # another worker's push moved before a push and pull it followed (worker W's push that asked
         # for θ back, and its answer): the replay serves W at another version than the run did, and
         # says so (the order is checked, not just read). Moved before W's push, not just before its
