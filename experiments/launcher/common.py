@@ -19,6 +19,16 @@ def is_loopback(addr):
     return addr in ("localhost", "::1") or addr.startswith("127.")
 
 
+# What the launchers of one run on different hosts must agree on (the probe's answer, remote.py's
+# markers, the binaries' command lines): a host whose checkout says another is refused, named.
+LAUNCHER_PROTOCOL = 2
+
+
+def checkout_revision():
+    """This checkout's git revision (short), or None (a bundle, or no git)."""
+    return cmd_out(["git", "rev-parse", "--short", "HEAD"], cwd=REPO)
+
+
 # The environment that decides a process's numerics (which BLAS kernels, how many threads, TF32):
 # recorded in manifest.json, handed to processes on other hosts, compared by a replay.
 NUMERICS_PREFIXES = ("OPENBLAS_", "GOTO", "OMP_", "MKL_", "BLIS_", "CUBLAS_", "NVIDIA_TF32_OVERRIDE")

@@ -17,7 +17,7 @@ import struct
 import subprocess
 import time
 
-from .common import REPO, UsageError, is_loopback
+from .common import LAUNCHER_PROTOCOL, REPO, UsageError, checkout_revision, is_loopback, warn
 
 PROBE_TIMEOUT_S = 30.0
 SIOCGIFADDR = 0x8915
@@ -101,8 +101,16 @@ def probe_main(named, ports):
         raise UsageError(f"{socket.gethostname()}: no address for this host: none named (cluster.addresses, "
                          "cluster.interface) and SSH_CONNECTION is not set (not started by ssh)")
     print(json.dumps({"hostname": socket.gethostname(), "address": address,
-                      "ports": free_ports(address, ports) if ports else []}))
+                      "ports": free_ports(address, ports) if ports else [],
+                      "protocol": LAUNCHER_PROTOCOL, "revision": checkout_revision()}))
     return 0
+
+
+def version_mismatch(host, protocol, revision):
+    there = (f"launcher protocol {protocol}, revision {revision or 'unknown'}" if protocol is not None
+             else "an older one, whose launch.py has no 'probe'")
+    return (f"host {host} runs another version of pslab ({there}) than this host (protocol {LAUNCHER_PROTOCOL}, "
+            f"revision {checkout_revision() or 'unknown'}): bring {REPO} on {host} to this revision and build it there")
 
 
 def probe_hosts(plan, hosts, ports_per_host, ssh):
@@ -125,16 +133,25 @@ def probe_hosts(plan, hosts, ports_per_host, ssh):
             except subprocess.TimeoutExpired:
                 raise UsageError(f"host {host} did not answer within {PROBE_TIMEOUT_S:g} s over ssh "
                                  f"(asked for its address and free ports)")
+            if "invalid choice: 'probe'" in err:
+                raise UsageError(version_mismatch(host, None, None))
             try:
                 found[host] = json.loads(out.strip().splitlines()[-1])
             except (ValueError, IndexError):
                 raise UsageError(f"host {host}: cannot learn its address and free ports over ssh (exit {p.returncode}): "
                                  f"{(err or out).strip() or 'no output'}")
+            if found[host].get("protocol") != LAUNCHER_PROTOCOL:
+                raise UsageError(version_mismatch(host, found[host].get("protocol"), found[host].get("revision")))
     finally:
         for p in asked.values():
             if p.poll() is None:
                 p.kill()
                 p.wait()
+    here = checkout_revision()
+    other = {h: f.get("revision") for h, f in found.items() if f.get("revision") and here and f.get("revision") != here}
+    if other:
+        warn(f"host(s) {', '.join(f'{h} (at {r})' for h, r in other.items())} run another revision of pslab than this one "
+             f"({here}); the launchers agree (protocol {LAUNCHER_PROTOCOL}), but results may differ: bring {REPO} to {here} there")
     loop = sorted(h for h, f in found.items() if is_loopback(f["address"]))
     if loop and len(loop) < len(found):
         raise UsageError(f"host(s) {', '.join(loop)} were reached on a loopback address, the others "

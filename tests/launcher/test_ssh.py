@@ -14,7 +14,7 @@ import stat
 import subprocess
 import unittest
 
-from tests.launcher.helpers import LauncherTestCase, remote_argv, free_base_port
+from tests.launcher.helpers import REPO, LauncherTestCase, remote_argv, free_base_port
 
 
 class Ssh(LauncherTestCase):
@@ -39,6 +39,30 @@ class Ssh(LauncherTestCase):
         s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
         self.assertEqual(s["status"], "ok")
         self.assertGreater(s["final_test_acc"], 0.85)
+        self.assert_no_processes_left()
+
+    def test_a_host_with_another_version_is_refused_naming_it(self):
+        # "old": its launch.py has no probe (argparse refuses it); "other": another protocol
+        self.fake_bin("ssh", """\
+            #!/bin/bash
+            while [[ $1 == -o ]]; do shift 2; done
+            if [[ $1 == old ]]; then
+              echo "launch.py: error: argument command: invalid choice: 'probe' (choose from 'run', 'resume')" >&2; exit 2
+            fi
+            if [[ $1 == other ]]; then
+              echo '{"hostname": "other", "address": "10.0.0.9", "ports": [1, 2, 3], "protocol": 1, "revision": "abc1234"}'
+              exit 0
+            fi
+            export SSH_CONNECTION="127.0.0.1 40000 127.0.0.1 22"
+            exec bash -c "$2"
+            """)
+        for host, says in (("old", "an older one, whose launch.py has no 'probe'"),
+                           ("other", "launcher protocol 1, revision abc1234")):
+            path = self.ssh_config(["localhost", host], servers=1, workers=2)
+            r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots")
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertIn(f"host {host} runs another version of pslab ({says}) than this host (protocol ", r.stderr)
+            self.assertIn(f"bring {REPO} on {host} to this revision and build it there", r.stderr)
         self.assert_no_processes_left()
 
     def test_allreduce_over_ssh_with_a_local_stand_in(self):
