@@ -34,6 +34,14 @@ void Server::resume_from(const std::string& path) {
   std::fprintf(stderr, "server %d: resumed from %s at version %ld\n", opt_.shard, path.c_str(), c.version);
 }
 
+void Server::restart_fresh() {
+  barrier_open_ = true;  // the run started long ago: no start barrier
+  const auto now = clock_.now();
+  for (std::size_t r = 0; r < said_bye_.size(); ++r) workers_.watch(r, true, now);  // (one that finished: silent, dropped)
+  std::fprintf(stderr, "server %d: restarted without a checkpoint (it died before writing one): from the run's initial θ; "
+               "the updates of this shard so far are lost, counted as the workers rejoin\n", opt_.shard);
+}
+
 void Server::write_checkpoint_now(const char* why) {
   const auto t0 = clock_.now();
   long version = 0;

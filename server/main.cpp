@@ -44,6 +44,10 @@ int main(int argc, char** argv) {
                                           "(RUN_DIR/trace/server<k>.txt; launch.py replay re-executes it)");
   app.add_option("--resume", opt.resume_path, "go on from this checkpoint (written by --checkpoint of the same run)")
       ->check(CLI::ExistingFile);
+  app.add_flag("--restarted", opt.restarted,
+               "a server of a run under way, restarted without a checkpoint (it died before its first): no start barrier; "
+               "it begins from the run's initial θ, and the updates of its shard so far are lost (counted as workers rejoin)")
+      ->excludes("--resume");
   CLI11_PARSE(app, argc, argv);
 
   std::signal(SIGINT, on_signal);

@@ -36,8 +36,8 @@ void Server::rejoin(int rank, long clock) {
   }
   updates_lost_ += lost;
   if (trace_) trace_->event("rejoin " + std::to_string(rank) + " " + std::to_string(clock));
-  std::fprintf(stderr, "server %d: worker %d rejoined at clock %ld (this server's checkpoint had it at %ld: %ld update(s) lost)\n",
-               opt_.shard, rank, clock, was, lost);
+  std::fprintf(stderr, "server %d: worker %d rejoined at clock %ld (this server's %s had it at %ld: %ld update(s) lost)\n",
+               opt_.shard, rank, clock, opt_.restarted ? "initial state" : "checkpoint", was, lost);
   if (!metrics_) return;
   metrics_->write({{"kind", "worker_rejoined"}, {"shard", opt_.shard}, {"worker", rank}, {"clock", clock},
                    {"checkpoint_clock", was}, {"updates_lost", lost}});

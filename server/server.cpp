@@ -61,6 +61,7 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   pushing_.resize(std::size_t(W));
   held_msgs_.resize(std::size_t(W));
   if (!opt.resume_path.empty()) resume_from(opt.resume_path);
+  if (opt.restarted) restart_fresh();
   continue_on_loss_ = continues_without_lost_workers(cfg);
   if (cfg.cluster.push_guard) {
     guard_ = std::make_unique<PushGuard>(PushGuard::options_for(cfg), W);
@@ -84,10 +85,10 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
     throw std::runtime_error("server " + std::to_string(opt.shard) + ": " + e.what());
   }
   if (!opt.metrics_path.empty())
-    metrics_ = std::make_unique<MetricsWriter>(opt.metrics_path, opt.run_start, !opt.resume_path.empty(), clock_);
+    metrics_ = std::make_unique<MetricsWriter>(opt.metrics_path, opt.run_start, !opt.resume_path.empty() || opt.restarted, clock_);
   if (!opt.trace_path.empty()) {
-    trace_ = std::make_unique<OrderTrace>(opt.trace_path, !opt.resume_path.empty());
-    if (!opt.resume_path.empty()) trace_->event("resume");
+    trace_ = std::make_unique<OrderTrace>(opt.trace_path, !opt.resume_path.empty() || opt.restarted);
+    if (!opt.resume_path.empty() || opt.restarted) trace_->event("resume");
   }
 }
 

@@ -61,6 +61,9 @@ struct ServerOptions {
   // Checkpoints (ps/checkpoint.h): written to checkpoint_path every checkpoint.every_s and when
   // the server stops, however it stops ("" = none); resume_path: go on from this checkpoint.
   std::string checkpoint_path, resume_path;
+  // A server of a run under way, restarted without a checkpoint: no start barrier, the run's
+  // initial θ; what the workers had pushed to it is lost (counted as they rejoin).
+  bool restarted = false;
   std::string trace_path;        // the order of applied pushes and served pulls (ps/order_trace.h; "" = none)
 };
 
@@ -190,6 +193,8 @@ class Server : private ShardState::Listener {
   // Goes on from a checkpoint of this shard (--resume): the shard's state, and which workers had
   // said Bye (kept in the checkpoint's per-worker `lost` word as kSaidBye).
   void resume_from(const std::string& path);
+  // A server restarted without a checkpoint: the run is under way (ServerOptions::restarted).
+  void restart_fresh();
   static constexpr char kSaidBye = 2;
 
   // ---- counters (stats.cpp) ----

@@ -7,6 +7,7 @@ import os
 import pathlib
 import re
 import subprocess
+import tomllib
 from dataclasses import dataclass
 
 from .common import REPO, UsageError, write_file
@@ -139,6 +140,11 @@ class RunPlan:
     # (asp, ssp); "fail": it fails the run. Plans from before it was written: "fail".
     on_worker_loss = property(lambda self: self.plan.get("on_worker_loss", "fail"))
     heartbeat_s = property(lambda self: self.plan.get("heartbeat_s"))
+
+    @property
+    def checkpoint_every_s(self):
+        """checkpoint.every_s, from the run's config (the binary writes every key out)."""
+        return tomllib.loads(self.config_text).get("checkpoint", {}).get("every_s", 30.0)
     # "restart": a server that dies is restarted from its checkpoint and the run goes on (asp,
     # ssp over tcp or ipc; not under Slurm); "fail". Plans from before it was written: "fail".
     on_server_loss = property(lambda self: self.plan.get("on_server_loss", "fail"))

@@ -270,18 +270,24 @@ class Supervisor:
         """A server that died (a signal) comes back from its checkpoint on the same address; the
         workers and the evaluator rejoin it (PsClient). At most 3 times per server."""
         ckpt = checkpoint_path(self.run_dir, p.name)
-        if (self.plan.on_server_loss != "restart" or 0 <= p.returncode < 128 or not ckpt.is_file()
+        if (self.plan.on_server_loss != "restart" or 0 <= p.returncode < 128
                 or sum(r["server"] == p.rank for r in self.restarted) >= 3):
             return False
         argv = list(p.argv)
-        if "--resume" in argv:
-            del argv[argv.index("--resume"):argv.index("--resume") + 2]
-        q = dataclasses.replace(p, argv=argv + ["--resume", str(ckpt)], popen=None, returncode=None)
+        for flag, n in (("--resume", 2), ("--restarted", 1)):
+            if flag in argv:
+                del argv[argv.index(flag):argv.index(flag) + n]
+        # Without a checkpoint (it died before its first: checkpoint.every_s), from the run's initial θ.
+        fresh = not ckpt.is_file()
+        q = dataclasses.replace(p, argv=argv + (["--restarted"] if fresh else ["--resume", str(ckpt)]), popen=None,
+                                returncode=None)
         q.command = ssh_command(q, self.sockets, append=True) if self.plan.launcher == "ssh" else q.argv
         self.restarted.append({"server": p.rank, "how": how_it_ended(p), "log": str(p.log)})
-        warn(f"{p.describe()} on {p.host} {how_it_ended(p)}; restarting it from its checkpoint "
-             f"{ckpt} (cluster.on_server_loss = \"restart\": the workers rejoin it, and the updates since that "
-             f"checkpoint are lost, counted in summary.json)")
+        warn(f"{p.describe()} on {p.host} {how_it_ended(p)}; restarting it "
+             + (f"from the run's initial θ: it had written no checkpoint yet (checkpoint.every_s = {self.plan.checkpoint_every_s:g})"
+                if fresh else f"from its checkpoint {ckpt}")
+             + " (cluster.on_server_loss = \"restart\": the workers rejoin it, and the updates since are lost, counted in "
+             "summary.json)")
         start(q, REPO, append_log=True)
         self.started.append(q)
         self.procs[self.procs.index(p)] = q

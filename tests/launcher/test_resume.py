@@ -96,6 +96,33 @@ class Resume(LauncherTestCase):
         self.assertGreater(s["final_test_acc"], 0.9)
         self.assert_no_processes_left()
 
+    def test_a_server_killed_before_its_first_checkpoint_restarts_from_the_initial_theta(self):
+        # no checkpoint yet (every 1000 s): restarted from the run's initial θ, saying so; the
+        # workers rejoin it, the updates its shard had are lost and counted, and the run ends ok
+        path = self.tiny_variant("fresh.toml", [("steps = 500", "steps = 1500"), ('mode = "bsp"', 'mode = "asp"'),
+                                                ("servers = 1", "servers = 2")],
+                                 append="\n[checkpoint]\nevery_s = 1000\n")
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1")
+        procs = self.wait_for_processes(5)
+        server1 = [pid for pid, argv in procs.items() if "--shard" in argv and option(argv, "--shard") == "1"]
+        self.wait_for_train_lines(["worker0", "worker1"])
+        run = self.only_invocation("tiny") / "run"
+        self.assertFalse((run / "checkpoints" / "server1.ckpt").exists())
+        os.kill(server1[0], signal.SIGKILL)
+        out, err = p.communicate(timeout=90)
+        self.assertEqual(p.returncode, 0, out + err)
+        self.assertIn("restarting it from the run's initial θ: it had written no checkpoint yet (checkpoint.every_s = 1000)", err)
+        log = (run / "logs" / "server1.log").read_text()
+        self.assertIn("server 1: restarted without a checkpoint (it died before writing one): from the run's initial θ", log)
+        rejoined = re.findall(r"worker (\d) rejoined at clock \d+ \(this server's initial state had it at 0: (\d+) update", log)
+        self.assertEqual(sorted(w for w, _ in rejoined), ["0", "1"], log)
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok", s.get("failure"))
+        self.assertEqual(s["updates_lost"], sum(int(n) for _, n in rejoined))
+        self.assertGreater(s["updates_lost"], 0)
+        self.assertGreater(s["final_test_acc"], 0.85)
+        self.assert_no_processes_left()
+
 
 if __name__ == "__main__":
     unittest.main()
