@@ -3,7 +3,9 @@ local (free ports), ssh (round-robin over cluster.hosts; each host's address and
 asked of it, hosts.py), Slurm (one srun; each task's node from Slurm's own layout); the listeners' endpoints per cluster.transport (tcp: ports; ipc and shm:
 sockets in a private directory of the run, every process on one host; auto: sockets on one
 host, and over several hosts both, each peer using the one that fits where it runs)."""
+import collections
 import contextlib
+import functools
 import os
 import pathlib
 import shlex
@@ -163,11 +165,14 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_address=None):
     gloo_address(host): all-reduce ranks' Gloo connections listen on their host's address (multi-host).
     """
     layout = plan.processes
-    per_host = {h: hosts.count(h) for h in hosts}
+    per_host = collections.Counter(hosts)
     cfg = str(run_dir / "config.toml")
     common = ["-o", str(run_dir), "--run-start", f"{run_start:.6f}"]
+    servers = [(i, p["name"]) for i, p in enumerate(layout) if p["role"] == "server"]
+
+    @functools.cache  # per host, not per process: placement stays linear in processes
     def server_eps(peer_host):
-        return ",".join(endpoints.connect(i, p["name"], peer_host) for i, p in enumerate(layout) if p["role"] == "server")
+        return ",".join(endpoints.connect(i, name, peer_host) for i, name in servers)
 
     if not plan.uses_servers:
         rank0 = next(i for i, p in enumerate(layout) if p["role"] == "worker" and p["rank"] == 0)

@@ -62,6 +62,12 @@ class Config(LauncherTestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("nope.toml", r.stderr)
 
+    def test_placement_is_linear_in_processes(self):
+        # 100000 workers placed and printed in seconds (it was quadratic: ~15 min)
+        r = self.launch("run", TINY, "--runs-dir", self.runs, "--dry-run", "--set", "cluster.workers=100000", timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        self.assertEqual(sum(line.startswith("[worker") for line in r.stdout.splitlines()), 100000)
+
     def test_sweep_dry_run(self):
         path = self.tiny_variant("sweep.toml", [('mode = "bsp"', 'mode = ["bsp", "ssp:1"]'),
                                                 ("workers = 2", "workers = [1, 3]"), ("servers = 1", "servers = 2")])
