@@ -259,6 +259,8 @@ def add_probe(sub):
     q = sub.add_parser("probe", help="print this host's address and free ports as JSON (ssh runs it; not for direct use)")
     q.add_argument("--ports", type=int, default=0, help="how many free ports to choose")
     q.add_argument("--address", help="the address or interface named for this host (cluster.addresses, cluster.interface)")
+    q.add_argument("--slurm", action="store_true",
+                   help="as a task of a Slurm step: ports free on every address, and the node's Slurm name")
 
 
 def dispatch(a):
@@ -272,7 +274,7 @@ def dispatch(a):
         from launcher.remote import run_remote
         return run_remote(argv, a.log, a.append)
     if a.command == "probe":
-        return probe_main(a.address, a.ports)
+        return probe_main(a.address, a.ports, a.slurm)
     catch_signals()
     if a.command == "resume":
         return resume_run(a.run_dir, find_binaries(a.build_dir), a)

@@ -92,8 +92,13 @@ def free_ports(address, count):
             s.close()
 
 
-def probe_main(named, ports):
-    """`launch.py probe` (run over ssh on a host): prints {"hostname", "address", "ports"} as JSON."""
+def probe_main(named, ports, slurm=False):
+    """`launch.py probe` (run over ssh on a host): prints {"hostname", "address", "ports"} as JSON.
+    slurm (a task of the launcher's probe step): {"node", "ports"}, ports free on every address."""
+    if slurm:
+        print(json.dumps({"node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+                          "ports": free_ports("0.0.0.0", ports), "protocol": LAUNCHER_PROTOCOL}))
+        return 0
     conn = os.environ.get("SSH_CONNECTION", "").split()
     reached_at = conn[2] if len(conn) == 4 else None
     address = own_address(named) or reached_at

@@ -5,6 +5,7 @@ import datetime
 import json
 import os
 import pathlib
+import re
 import shlex
 import shutil
 import subprocess
@@ -12,7 +13,7 @@ import sys
 import tempfile
 import time
 
-from .common import REPO, CannotWrite, RunFailed, UsageError, disk_trouble, numerics_env, say, warn, write_file
+from .common import REPO, CannotWrite, RunFailed, UsageError, cmd_out, disk_trouble, numerics_env, say, warn, write_file
 from .comparison import write_comparison
 from .manifest import write_manifest
 from .hosts import probe_hosts
@@ -147,6 +148,46 @@ def resume_run(run_dir, bins, opts):
     return 0
 
 
+def slurm_job_ended():
+    """Why this Slurm job ended, when Slurm ended it ("the Slurm job 12 was cancelled (its time
+    limit)"), from `scontrol show job`; None otherwise (a user's Ctrl-C or kill)."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    out = cmd_out(["scontrol", "show", "job", "-o", job]) if job.isdigit() else None
+    state = re.search(r"\bJobState=(\S+)", out or "")
+    reason = re.search(r"\bReason=(\S+)", out or "")
+    if not state or state.group(1) not in ("CANCELLED", "TIMEOUT", "DEADLINE", "PREEMPTED", "NODE_FAIL"):
+        return None
+    why = {"CANCELLED": "by scancel", "TIMEOUT": "its time limit", "DEADLINE": "its deadline",
+           "PREEMPTED": "preempted", "NODE_FAIL": "a node failed"}[state.group(1)]
+    if reason and reason.group(1) not in ("None", "(null)"):
+        why += f", {reason.group(1)}"
+    return f"the Slurm job {job} was cancelled ({why})"
+
+
+def probe_slurm_ports(count):
+    """{node: `count` ports free there now}, from a first step of one task per node of the
+    allocation (launch.py probe --slurm), so that concurrent jobs on a node never share a port;
+    None (each task then derives a window from the job's id, saying so) where it cannot ask."""
+    nodes = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES")
+    if not (nodes and nodes.isdigit()):
+        return None
+    argv = ["srun", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "/usr/bin/python3",
+            "experiments/launch.py", "probe", "--slurm", "--ports", str(count)]
+    try:
+        p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)
+        found = {}
+        for line in p.stdout.splitlines():
+            row = json.loads(line)
+            found[row["node"]] = row["ports"]
+        if p.returncode == 0 and len(found) == int(nodes):
+            return found
+        why = f"srun exited {p.returncode}: {p.stderr.strip()[-300:] or 'no output'}"
+    except (OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+        why = str(e)
+    warn(f"could not ask the allocation's nodes for free ports ({why}); each task derives its ports from the job's id")
+    return None
+
+
 def make_run_key(bins, run_dir):
     """The run's key (cluster.auth), mode 0600 in the run directory, for its processes alone."""
     path = run_key_path(run_dir)
@@ -212,8 +253,10 @@ class Supervisor:
         nodes = ["<the node>"] * n if plan.unix_sockets else [f"<node of task {i}>" for i in range(n)]
         procs = plan_cluster(plan, run_dir, self.run_start, self.bins, nodes,
                              fixed_or_probed_ports(nodes, None, opts.base_port), lambda h: h, sockets)
+        ports = probe_slurm_ports(n) if opts.base_port is None and not plan.unix_sockets else None
         write_file(run_dir / "launch.json", json.dumps({
             "run_start": self.run_start, "build_dir": str(self.bins.build), "base_port": opts.base_port,
+            "ports": ports,  # {node: ports free there}, or None: each task derives a window (task.slurm_ports)
             "socket_dir": str(sockets) if sockets else None,
             "resume": bool(self.resume_from)}, indent=2) + "\n")  # each task adds --resume (task.py)
         srun = Proc(name="srun", role="srun", rank=-1, index=-1, host="local", argv=srun_command(plan, run_dir),
@@ -332,8 +375,12 @@ class Supervisor:
         if not isinstance(e, (RunFailed, Interrupted)):
             return  # a launcher bug: its processes are stopped all the same
         failure = str(e) if isinstance(e, RunFailed) else f"stopped by {e}"
-        s = summarize(self.plan, self.run_dir, time.time() - self.run_start,
-                      status=e.status if isinstance(e, RunFailed) else "interrupted",
+        status = e.status if isinstance(e, RunFailed) else "interrupted"
+        cancelled = slurm_job_ended() if isinstance(e, Interrupted) and self.plan.launcher == "slurm" else None
+        if cancelled:  # under sbatch, scancel and the time limit reach the launcher as its SIGTERM
+            status, failure = "cancelled", f"stopped by {e}: {cancelled}"
+            warn(cancelled)
+        s = summarize(self.plan, self.run_dir, time.time() - self.run_start, status=status,
                       failure=failure, lost=self.lost, restarted=self.restarted)
         try:
             write_file(self.run_dir / "summary.json", json.dumps(s, indent=2) + "\n")

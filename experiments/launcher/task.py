@@ -54,7 +54,7 @@ def run_task(run_dir, hosts=None, print_only=False):
                          f"{os.environ.get('SLURM_STEP_TASKS_PER_NODE')!r}, block distribution) puts it on {where[procid]}")
     address_of = node_addresses(plan, where, where[procid], print_only)
     bins = Binaries.at(launch["build_dir"])
-    port_of = slurm_ports(launch.get("base_port"))
+    port_of = slurm_ports(launch.get("base_port"), launch.get("ports"), where)
     procs = plan_cluster(plan, run_dir, launch["run_start"], bins, where, port_of, address_of, sockets)
     me = procs[procid]
     if launch.get("resume"):  # launch.py resume: from the checkpoints, logs appended to
@@ -154,11 +154,16 @@ def slurm_node_addrs(nodes):
     return found
 
 
-def slurm_ports(base_port):
-    """port_of(i): BASE + i with --base-port; else a window of ports 20000-31999 chosen from the job
-    and step ids, so that the steps of one job (and most jobs) do not share one."""
+def slurm_ports(base_port, probed=None, where=None):
+    """port_of(i): BASE + i with --base-port; else the ports the launcher's probe step found free
+    on each node ({node: ports}: process i takes its node's j-th, j its place among the node's
+    processes); else a window of ports 20000-31999 chosen from the job and step ids (two jobs
+    whose ids differ by a multiple of 187 share one: the probe avoids that)."""
     if base_port is not None:
         return lambda i: base_port + i
+    if probed and where and all(node in probed for node in where):
+        place = _places_on_nodes(where)
+        return lambda i: probed[where[i]][place[i]]
     job, step = os.environ.get("SLURM_JOB_ID", ""), os.environ.get("SLURM_STEP_ID", "0")
 
     def port_of(i):  # asked for only where a process listens on TCP
@@ -167,3 +172,12 @@ def slurm_ports(base_port):
         window = 64
         return 20000 + ((int(job) * 31 + int(step or 0)) % (12000 // window)) * window + i
     return port_of
+
+
+def _places_on_nodes(where):
+    """Each process's place among the processes of its node (0, 1, ...)."""
+    seen, place = {}, []
+    for node in where:
+        place.append(seen.get(node, 0))
+        seen[node] = place[-1] + 1
+    return place

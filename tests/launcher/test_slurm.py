@@ -25,7 +25,7 @@ class Slurm(LauncherTestCase):
             while [[ $1 == --* ]]; do [[ $1 == --ntasks=* ]] && n=${{1#--ntasks=}}; shift; done
             pids=()
             for ((i = 0; i < n; i++)); do
-              SLURM_PROCID=$i SLURM_NTASKS=$n SLURM_JOB_NODELIST="fake[1-1]" SLURM_STEP_TASKS_PER_NODE=$n \
+              SLURM_PROCID=$i SLURM_NTASKS=$n SLURM_JOB_NODELIST="fake[1-1]" SLURM_STEP_TASKS_PER_NODE=$n SLURMD_NODENAME=localhost \
                 SLURM_JOB_ID=$job SLURM_STEP_ID=0 "$@" & pids+=($!)
             done
             status=0
@@ -134,6 +134,50 @@ class Slurm(LauncherTestCase):
         bad = task(0, "--hosts", "node1", ntasks=5)
         self.assertEqual(bad.returncode, 2)
         self.assertIn("SLURM_NTASKS", bad.stderr)
+        self.assert_no_processes_left()
+
+    def test_ports_come_from_a_probe_step_of_one_task_per_node(self):
+        # inside an allocation (SLURM_JOB_NUM_NODES), a first step asks each node for free ports:
+        # concurrent jobs on a node cannot share one, as a window derived from the job id could
+        calls = self.install_fake_slurm()
+        self.env["SLURM_JOB_NUM_NODES"] = "1"
+        r = self.launch("run", self.slurm_config(mode="asp"), "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        steps = calls.read_text().splitlines()
+        self.assertEqual(len(steps), 2, steps)
+        self.assertIn("--ntasks=1 --ntasks-per-node=1 --kill-on-bad-exit=1 /usr/bin/python3 experiments/launch.py probe --slurm "
+                      "--ports 4", steps[0])
+        run = self.only_invocation("tiny") / "run"
+        ports = json.loads((run / "launch.json").read_text())["ports"]
+        self.assertEqual(list(ports), ["localhost"])
+        self.assertEqual(len(set(ports["localhost"])), 4)
+        m = {p["name"]: p for p in json.loads((run / "manifest.json").read_text())["processes"]}
+        self.assertIn(f"--bind tcp://127.0.0.1:{ports['localhost'][0]}", m["server0"]["command"])
+        self.assertIn(f"--servers tcp://127.0.0.1:{ports['localhost'][0]}", m["worker1"]["command"])
+        self.assert_no_processes_left()
+
+    def test_a_job_ended_by_its_time_limit_under_sbatch_is_reported_as_cancelled(self):
+        # under sbatch, the time limit (or scancel) reaches the launcher as SIGTERM: Slurm's own
+        # record of the job says which, not "interrupted"
+        self.install_fake_slurm()
+        self.fake_bin("scontrol", """\
+            #!/bin/bash
+            [[ $1 == show && $2 == hostnames ]] && { echo localhost; exit 0; }
+            [[ $1 == show && $2 == job ]] && { echo "JobId=$4 JobName=x JobState=TIMEOUT Reason=None"; exit 0; }
+            exit 1
+            """)
+        self.env["SLURM_JOB_ID"] = "77"
+        path = self.slurm_config()
+        path.write_text(path.read_text().replace("steps = 500", "steps = 100000"))
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--base-port", free_base_port())
+        self.wait_for_processes(4)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 143, out + err)
+        self.assertIn("the Slurm job 77 was cancelled (its time limit)", err)
+        s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
+        self.assertEqual(s["status"], "cancelled")
+        self.assertIn("its time limit", s["failure"])
         self.assert_no_processes_left()
 
     def test_a_cancelled_slurm_job_is_reported_as_cancelled(self):
