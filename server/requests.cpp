@@ -320,11 +320,12 @@ std::string Server::guard_check(int rank, const wire::Push& m, std::span<const s
   if (m.piece == 0)
     if (std::string why = guard_->check_batch(m.batch); !why.empty()) return why;
   const PushCodec& codec = state_->codec();
-  const float* values = guard_scratch_.data();
+  const bool in_place = codec.dense_f32() && reinterpret_cast<std::uintptr_t>(payload.data()) % alignof(float) == 0;
+  if (!in_place && guard_scratch_.size() < m.length) guard_scratch_.resize(m.length);  // once: decoded codecs, unaligned transports
+  const float* values = in_place ? reinterpret_cast<const float*>(payload.data()) : guard_scratch_.data();
   try {
     if (!codec.dense_f32()) codec.decode(payload, m.length, guard_scratch_.data());
-    else if (reinterpret_cast<std::uintptr_t>(payload.data()) % alignof(float) == 0) values = reinterpret_cast<const float*>(payload.data());
-    else std::memcpy(guard_scratch_.data(), payload.data(), payload.size());
+    else if (!in_place) std::memcpy(guard_scratch_.data(), payload.data(), payload.size());
   } catch (const PayloadError&) {
     return "";  // not decodable: the shard refuses it, saying so
   }

@@ -70,7 +70,6 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
     empty_payload_.resize(codec->max_bytes(range_.length));
     empty_payload_.resize(codec->encode(zeros.data(), zeros.size(), empty_payload_.data()));
     empty_checksum_ = wire::checksum_bytes(empty_payload_.data(), empty_payload_.size());
-    guard_scratch_.resize(range_.length);
   }
 
   // A peer cannot make us allocate more than one shard plus a header per message, or 16 MiB where

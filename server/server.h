@@ -233,7 +233,7 @@ class Server : private ShardState::Listener {
   std::unique_ptr<PushGuard> guard_;         // null: cluster.push_guard = false
   std::vector<std::byte> empty_payload_;     // the guard's empty push: a zero shard in the run's codec
   std::uint64_t empty_checksum_ = 0;
-  std::vector<float> guard_scratch_;         // a push's values, decoded or aligned, for the guard
+  std::vector<float> guard_scratch_;         // a push's values, decoded or aligned, for the guard (made when first needed)
   struct Pushing {        // per worker: its push, as its first piece said, until the shard ends it
     wire::Push first;
     std::string refused;  // why the guard refused it ("": it did not)

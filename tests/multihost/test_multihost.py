@@ -558,6 +558,11 @@ class SlurmTest(ClusterTestCase):
         self.assertIn("--procs-on-host 1", m["evaluator"]["command"])
         # the server listens on nodeA's address (its NodeAddr), not its name's 127.0.1.1 nor every interface
         self.assertIn(f"--bind tcp://{self.cluster.addr['nodeA']}:", m["server0"]["command"])
+        # its port came from the probe step (one task per node: ports free there), not the job id
+        ports = json.loads((run / "launch.json").read_text())["ports"]
+        self.assertEqual(sorted(ports), ["nodeA", "nodeB"])
+        self.assertIn(f"--bind tcp://{self.cluster.addr['nodeA']}:{ports['nodeA'][0]} ", m["server0"]["command"] + " ")
+        self.assertNotIn("could not ask the allocation's nodes", r.stderr)
         self.assert_no_process_on_any_node()
 
     def test_allreduce_across_nodes(self):
