@@ -518,6 +518,7 @@ def run_all(plans, config, bins, opts, runs_dir):
     of the completed runs and the comparison. Returns the exit status (0, or 1: a run failed)."""
     inv = new_invocation_dir(runs_dir, plans[0].name)
     latest = inv.parent / "latest"
+    before = os.readlink(latest) if latest.is_symlink() else None
     try:
         if latest.is_symlink() or not latest.exists():
             if latest.is_symlink():
@@ -525,6 +526,25 @@ def run_all(plans, config, bins, opts, runs_dir):
             latest.symlink_to(inv.name)
     except OSError:
         pass
+    try:
+        return run_points(plans, config, bins, opts, inv)
+    except UsageError:
+        # Refused before any run could start (a host that does not answer, a placement that
+        # cannot be): nothing of it is kept, and `latest` points where it did.
+        if not any(d.is_dir() and (d / "logs").is_dir() and any((d / "logs").iterdir()) for d in inv.iterdir()):
+            shutil.rmtree(inv, ignore_errors=True)
+            try:
+                if latest.is_symlink() and os.readlink(latest) == inv.name:
+                    latest.unlink()
+                    if before:
+                        latest.symlink_to(before)
+            except OSError:
+                pass
+        raise
+
+
+def run_points(plans, config, bins, opts, inv):
+    """run_all's runs, one after the other, into `inv`; then the plots and the comparison."""
     say(f"launch.py: {len(plans)} run(s) of {config} -> {inv}")
     if not opts.no_plots and plot_python() is None:
         warn(no_plot_python_warning())  # said before the runs, not after them

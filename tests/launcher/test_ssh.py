@@ -63,6 +63,8 @@ class Ssh(LauncherTestCase):
             self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
             self.assertIn(f"host {host} runs another version of pslab ({says}) than this host (protocol ", r.stderr)
             self.assertIn(f"bring {REPO} on {host} to this revision and build it there", r.stderr)
+        # refused before anything started: no run directory is left, and no `latest` points at one
+        self.assertEqual(list((self.runs / "tiny").iterdir()) if (self.runs / "tiny").exists() else [], [])
         self.assert_no_processes_left()
 
     def test_allreduce_over_ssh_with_a_local_stand_in(self):
