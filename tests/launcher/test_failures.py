@@ -115,18 +115,7 @@ class Heartbeats(LauncherTestCase):
         # bsp cannot go on without a worker: a stopped (SIGSTOP) worker fails the run within about
         # heartbeat_s, and the error names it, not the worker waiting for it.
         p = self.launch_bg("run", self.long_config(), "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1")
-        procs = self.wait_for_processes(4)
-        worker1 = [pid for pid, argv in procs.items() if argv[1] == "ps" and option(argv, "--rank") == "1"]
-        self.wait_for_train_lines(["worker0", "worker1"])
-        os.kill(worker1[0], signal.SIGSTOP)
-        stopped = time.monotonic()
-        try:
-            out, err = p.communicate(timeout=30)
-        finally:
-            try:
-                os.kill(worker1[0], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        out, err, stopped = self.stop_worker1_and_wait(p, timeout=30)
         self.assertEqual(p.returncode, 1, out + err)
         self.assertLess(time.monotonic() - stopped, 6.0, err)
         self.assertRegex(err, r"server0 \(shard 0\) on local exited with code 1")
@@ -139,17 +128,7 @@ class Heartbeats(LauncherTestCase):
         # does (not when the hung process would), within heartbeat_s + 2 s of its last step.
         path = self.tiny_variant("asp.toml", [('mode = "bsp"', 'mode = "asp"'), ("steps = 500", "steps = 1500")])
         p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1")
-        procs = self.wait_for_processes(4)
-        worker1 = [pid for pid, argv in procs.items() if argv[1] == "ps" and option(argv, "--rank") == "1"]
-        self.wait_for_train_lines(["worker0", "worker1"])
-        os.kill(worker1[0], signal.SIGSTOP)
-        try:
-            out, err = p.communicate(timeout=60)
-        finally:
-            try:
-                os.kill(worker1[0], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        out, err, _ = self.stop_worker1_and_wait(p, timeout=60)
         self.assertEqual(p.returncode, 0, out + err)
         run = next(self.runs.glob("tiny/*/run"))
         s = json.loads((run / "summary.json").read_text())
@@ -161,6 +140,23 @@ class Heartbeats(LauncherTestCase):
         last_step_t = max(r["t"] for r in trained if r.get("kind") == "train")
         self.assertLess(s["wall_s"] - last_step_t, 1 + 2, "the run waited for the hung worker")
         self.assert_no_processes_left()
+
+    def stop_worker1_and_wait(self, p, timeout):
+        """SIGSTOPs worker 1 of launcher p once both workers train; waits for p (at most `timeout`
+        s) and returns its stdout, stderr and when the SIGSTOP was sent (time.monotonic()); worker
+        1 is killed after, whatever happened."""
+        procs = self.wait_for_processes(4)
+        worker1 = [pid for pid, argv in procs.items() if argv[1] == "ps" and option(argv, "--rank") == "1"]
+        self.wait_for_train_lines(["worker0", "worker1"])
+        os.kill(worker1[0], signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            return (*p.communicate(timeout=timeout), stopped)
+        finally:
+            try:
+                os.kill(worker1[0], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def stderr_with_times(self, p):
         """Reads p's stderr on a thread: returns [(monotonic time, line)], filled as lines come."""

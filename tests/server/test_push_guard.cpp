@@ -17,7 +17,7 @@
 #include "server.h"
 
 using namespace pslab;
-using test::Cluster;
+using test::TwoWorkerRun;
 using test::expect_refused;
 
 namespace {
@@ -70,26 +70,14 @@ TEST(PushGuard, StandsAsideWhenEveryWorkersPushIsRefused) {
   EXPECT_EQ(g.check_values(1, nan, 1, 0, true), "");
 }
 
-// Two workers on two servers (asp); worker 1 holds the key and pushes what no honest worker
-// would. Each bad push is refused, counted, and changes θ exactly as an empty batch does;
-// worker 1 keeps training (its clock moves on) until it is refused guard_drop_after times in
-// a row, then it is dropped naming why, and told so.
-struct GuardedRun {
-  explicit GuardedRun(const ExperimentConfig& cfg) : cluster(cfg), P(count_params(model_spec(cfg))) {
-    w0 = std::make_unique<PsClient>(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
-    w1 = std::make_unique<PsClient>(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 1));
-    std::thread t([&] { w1->connect(); });
-    w0->connect();
-    t.join();
-  }
-  Cluster cluster;
-  const std::size_t P;
-  std::unique_ptr<PsClient> w0, w1;
-};
+// Two workers (test::TwoWorkerRun, asp); worker 1 holds the key and pushes what no honest
+// worker would. Each bad push is refused, counted, and changes θ exactly as an empty batch
+// does; worker 1 keeps training (its clock moves on) until it is refused guard_drop_after
+// times in a row, then it is dropped naming why, and told so.
 
 // Worker 0's honest pushes (20: enough for the norm bound), then worker 1's `bad` pushes
 // (batch, values) for clocks 0, 1, 2; returns θ pulled at the end.
-std::vector<float> train_with(const ExperimentConfig& cfg, int bad_batch, float bad_value, bool noise, GuardedRun& run) {
+std::vector<float> train_with(const ExperimentConfig& cfg, int bad_batch, float bad_value, bool noise, TwoWorkerRun& run) {
   auto& [cluster, P, w0, w1] = run;
   std::vector<float> theta(P), grad(P);
   w0->pull(0, theta.data());
@@ -111,7 +99,7 @@ TEST(PushGuardRun, BadPushesAreRefusedCountedAndChangeThetaAsAnEmptyBatch) {
   cfg.cluster.guard_drop_after = 4;
   std::vector<float> reference;
   {  // worker 1 pushes empty batches
-    GuardedRun run(cfg);
+    TwoWorkerRun run(cfg);
     reference = train_with(cfg, 0, 0.0f, false, run);
     for (const auto& s : run.cluster.servers) EXPECT_EQ(s->guard()->total_refused(), 0);
     run.cluster.stop = true;
@@ -121,7 +109,7 @@ TEST(PushGuardRun, BadPushesAreRefusedCountedAndChangeThetaAsAnEmptyBatch) {
   for (const Bad bad : {Bad{"nan", 8, std::numeric_limits<float>::quiet_NaN(), false}, Bad{"noise", 8, 0.5f, true},
                         Bad{"absurd batch", std::numeric_limits<int>::max(), 0.001f, false}}) {
     SCOPED_TRACE(bad.what);
-    GuardedRun run(cfg);
+    TwoWorkerRun run(cfg);
     const std::vector<float> theta = train_with(cfg, bad.batch, bad.value, bad.noise, run);
     EXPECT_EQ(std::memcmp(theta.data(), reference.data(), theta.size() * sizeof(float)), 0)
         << "worker 1's refused pushes changed θ otherwise than empty batches";
@@ -143,7 +131,7 @@ TEST(PushGuardRun, ABadLastPieceOfAStreamedPushLeavesNoTrace) {
   cfg.optimizer.kind = "sgd";
   std::vector<float> after[2];
   for (const bool bad : {false, true}) {
-    GuardedRun run(cfg);
+    TwoWorkerRun run(cfg);
     auto& [cluster, P, w0, w1] = run;
     ASSERT_GT(cluster.servers[0]->state().pieces(), 2u);
     std::vector<float> theta(P), grad(P, 0.01f);
@@ -166,7 +154,7 @@ TEST(PushGuardRun, ABadLastPieceOfAStreamedPushLeavesNoTrace) {
 TEST(PushGuardRun, AWorkerRefusedTooOftenInARowIsDroppedAndToldWhy) {
   ExperimentConfig cfg = test::small_config("asp", 2, 1);
   cfg.cluster.guard_drop_after = 3;
-  GuardedRun run(cfg);
+  TwoWorkerRun run(cfg);
   auto& [cluster, P, w0, w1] = run;
   std::vector<float> theta(P), nan(P, std::numeric_limits<float>::quiet_NaN()), grad(P, 0.01f);
   w0->pull(0, theta.data());

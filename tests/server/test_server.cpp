@@ -27,6 +27,7 @@
 
 using namespace pslab;
 using test::Cluster;
+using test::TwoWorkerRun;
 using test::expect_refused;
 
 namespace {
@@ -362,25 +363,6 @@ TEST(Timeouts, AWorkerWhoseServerIsGoneFailsNamingTheServer) {
     EXPECT_NE(m.find("server 0 at " + nobody), std::string::npos) << m;
   }
 }
-
-// A run of `cfg` (its servers as threads) and the clients of its workers 0 and 1, connected:
-// both say Hello at once (the start barrier: each server answers when both have). `hung`:
-// worker 1 sends no heartbeats, as a process that hangs (SIGSTOP) sends nothing. P: the
-// model's parameter count. A test takes its parts by name: auto& [cluster, P, w0, w1] = run.
-struct TwoWorkerRun {
-  explicit TwoWorkerRun(const ExperimentConfig& cfg, bool hung = false) : cluster(cfg), P(count_params(model_spec(cfg))) {
-    PsClient::Options second = client_options(cfg, wire::Role::worker, 1);
-    if (hung) second.heartbeat_s = 0;
-    w0 = std::make_unique<PsClient>(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
-    w1 = std::make_unique<PsClient>(*cluster.transport, cluster.endpoints, second);
-    std::thread t([&] { w1->connect(); });
-    w0->connect();
-    t.join();
-  }
-  Cluster cluster;
-  const std::size_t P;
-  std::unique_ptr<PsClient> w0, w1;
-};
 
 TEST(Timeouts, AHeldPullIsAnsweredWithWhomItWaitedFor) {
   ExperimentConfig cfg = test::small_config("bsp", 2, 1);

@@ -19,6 +19,7 @@
 #include "ps/client.h"
 #include "roles.h"
 #include "run/config.h"
+#include "run/setup.h"
 #include "server.h"
 
 namespace pslab::test {
@@ -221,5 +222,24 @@ inline PullResult push(const ExperimentConfig& cfg, PsClient& c, long clock, int
   }
   return c.finish_push();
 }
+
+// A run of `cfg` (its servers as threads) and the clients of its workers 0 and 1, connected:
+// both say Hello at once (the start barrier: each server answers when both have). `hung`:
+// worker 1 sends no heartbeats, as a process that hangs (SIGSTOP) sends nothing. P: the
+// model's parameter count. A test takes its parts by name: auto& [cluster, P, w0, w1] = run.
+struct TwoWorkerRun {
+  explicit TwoWorkerRun(const ExperimentConfig& cfg, bool hung = false) : cluster(cfg), P(count_params(model_spec(cfg))) {
+    PsClient::Options second = client_options(cfg, wire::Role::worker, 1);
+    if (hung) second.heartbeat_s = 0;
+    w0 = std::make_unique<PsClient>(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
+    w1 = std::make_unique<PsClient>(*cluster.transport, cluster.endpoints, second);
+    std::thread t([&] { w1->connect(); });
+    w0->connect();
+    t.join();
+  }
+  Cluster cluster;
+  const std::size_t P;
+  std::unique_ptr<PsClient> w0, w1;
+};
 
 }  // namespace pslab::test
