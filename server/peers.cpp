@@ -1,6 +1,7 @@
 // The liveness of a server's workers (comm/liveness.h): Beats to the workers whose pulls it
 // holds, workers silent for cluster.heartbeat_s dropped (asp, ssp) or named in an error, and a
-// worker rejoining a server restarted from its checkpoint.
+// worker rejoining a server restarted from its checkpoint, or back on a new connection.
+#include <algorithm>
 #include <cstdio>
 
 #include "server.h"
@@ -42,6 +43,37 @@ void Server::rejoin(int rank, long clock) {
   metrics_->write({{"kind", "worker_rejoined"}, {"shard", opt_.shard}, {"worker", rank}, {"clock", clock},
                    {"checkpoint_clock", was}, {"updates_lost", lost}});
   metrics_->flush();
+}
+
+void Server::resume_session(int rank, const std::string& id, long clock) {
+  const std::size_t r = std::size_t(rank);
+  const std::string old = worker_ids_[r];
+  if (old != id) {
+    peers_.erase(old);
+    std::replace(welcome_waiting_.begin(), welcome_waiting_.end(), old, id);  // (at the start barrier)
+  }
+  worker_ids_[r] = id;
+  peers_[id] = Peer{wire::Role::worker, rank};
+  workers_.heard(r, clock_.now());
+  // What it had under way is sent again once it has its Welcome: a push half-way in pieces is
+  // abandoned (nothing of it applied), a held pull forgotten (its answer would go nowhere).
+  state_->abandon_push(rank, *this);
+  pushing_[r].streamed_reply = false;
+  for (std::size_t i = 0; i < held_.size();) {
+    if (held_[i].rank != rank) {
+      ++i;
+      continue;
+    }
+    held_.erase(held_.begin() + std::ptrdiff_t(i));
+    workers_.release(r);
+  }
+  ++counters_.reconnects;
+  if (counters_.reconnects <= 10 || counters_.reconnects % 100 == 0)
+    std::fprintf(stderr, "server %d: worker %d is back on a new connection at clock %ld (this server's clock for it: %ld; "
+                 "%ld reconnect(s) so far)\n", opt_.shard, rank, clock, state_->clock_of(rank), counters_.reconnects);
+  if (!metrics_) return;
+  metrics_->write({{"kind", "worker_reconnected"}, {"shard", opt_.shard}, {"worker", rank}, {"clock", clock},
+                   {"server_clock", state_->clock_of(rank)}});
 }
 
 void Server::lose_worker(int rank, double silent_s) {

@@ -109,13 +109,17 @@ void Server::on_hello(const std::string& id, const wire::Hello& m) {
     if (state_->dropped(m.rank))
       return reply_error(id, wire::ErrorCode::protocol,
                          "worker " + std::to_string(m.rank) + " was dropped from this run as lost; it cannot rejoin");
-    if (!slot.empty() && slot != id)
-      return reply_error(id, wire::ErrorCode::protocol,
-                         "worker " + std::to_string(m.rank) + " already said Hello from another connection");
-    slot = id;
-    peers_[id] = Peer{m.role, m.rank};
-    workers_.heard(std::size_t(m.rank), clock_.now());
-    if (m.rejoin_clock >= 0) rejoin(m.rank, m.rejoin_clock);
+    if (!slot.empty() && m.rejoin_clock >= 0) {
+      resume_session(m.rank, id, m.rejoin_clock);  // its connection came back: the session moves to it
+    } else {
+      if (!slot.empty() && slot != id)
+        return reply_error(id, wire::ErrorCode::protocol,
+                           "worker " + std::to_string(m.rank) + " already said Hello from another connection");
+      slot = id;
+      peers_[id] = Peer{m.role, m.rank};
+      workers_.heard(std::size_t(m.rank), clock_.now());
+      if (m.rejoin_clock >= 0 && barrier_open_) rejoin(m.rank, m.rejoin_clock);  // this server restarted
+    }
   }
   if (m.role == wire::Role::evaluator || barrier_open_) return send(id, welcome(id));
   open_barrier_when_full(id);
@@ -273,6 +277,7 @@ void Server::on_push(const std::string& id, const Peer& p, const wire::Push& m, 
     if (p.role == wire::Role::worker) state_->abandon_push(p.rank, *this);  // nothing of its push in pieces applied
     return;
   }
+  if (m.clock < state_->clock_of(p.rank)) return on_duplicate_push(id, p, m);
   Pushing& pushing = pushing_[std::size_t(p.rank)];
   if (m.piece == 0) pushing = Pushing{m, "", 0};
   pushing.bytes += long(msg.payload().size());
@@ -288,6 +293,20 @@ void Server::on_push(const std::string& id, const Peer& p, const wire::Push& m, 
     msg_ = comm::Message();
   }
   state_->push_piece({p.rank, m.clock, m.version_pulled, m.batch, m.piece, m.pieces}, payload, m.checksum, *this);
+}
+
+// A push for a clock this server has taken from the worker already: sent again after a cut
+// connection lost its answer (or duplicated on the way). Answered as the first was, never
+// applied again.
+void Server::on_duplicate_push(const std::string& id, const Peer& p, const wire::Push& m) {
+  if (m.piece + 1 < m.pieces) return;  // answered at its last piece
+  if (++counters_.pushes_duplicate <= 3)
+    std::fprintf(stderr, "server %d: worker %d's push for clock %ld came again (this server has its clock at %ld): "
+                 "answered, not applied again\n", opt_.shard, p.rank, m.clock, state_->clock_of(p.rank));
+  if (!m.then_pull || m.clock + 1 != state_->clock_of(p.rank))
+    return send(id, header(wire::PushAck{m.clock, state_->version()}));
+  ++counters_.pulls;
+  on_pull(id, p, m.clock + 1);
 }
 
 // ---- the push guard (push_guard.h) ----

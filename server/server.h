@@ -5,7 +5,8 @@
 //   requests.cpp     every message checked, then answered: Hello and the start barrier, pulls
 //                    (served now or held for the rule), pushes, progress polls, Bye, Shutdown
 //   peers.cpp        liveness of the workers (comm/liveness.h): Beats to held workers, lost
-//                    workers dropped or named, a worker rejoining a restarted server
+//                    workers dropped or named, a worker rejoining a restarted server or
+//                    coming back on a new connection
 //   checkpoints.cpp  the shard's checkpoints: written periodically and at the end; resume
 //   stats.cpp        its counters: the Stats reply and the metrics lines
 //   push_guard.h     what it refuses from a worker that holds the run's key (cluster.push_guard);
@@ -25,6 +26,12 @@
 // (cluster.on_worker_loss, asp and ssp) the server drops it from the clock table, says so once
 // (stderr, a "worker_lost" metrics line, the final stats) and counts it as done; otherwise it
 // ends with an error naming the worker.
+//
+// Connections that come back: a worker whose connection was cut (its transport reconnects by
+// itself, as a new peer) says Hello again with its clock; the server moves the worker's session
+// to the new connection and drops what it had under way there, which the worker sends again.
+// A push is applied once per (worker, clock): one for a clock already taken is answered as the
+// first was, and counted (pushes_duplicate), never applied twice.
 //
 // Time: the transport's clock (Transport::clock()), so that the virtual cluster runs this
 // server in simulated time.
@@ -73,6 +80,8 @@ struct ServerCounters {
   long bytes_in = 0, bytes_out = 0;  // bytes_in: of the messages taken (bad input: bytes_bad)
   long bytes_bad = 0;                // of the messages counted as bad input
   long dropped_replies = 0;         // replies the transport could not queue (peer gone or not reading)
+  long reconnects = 0;              // workers back on a new connection (their session moved to it)
+  long pushes_duplicate = 0;        // pushes for a clock already taken: answered, not applied again
   struct Pushed {
     long pushes = 0, payload_bytes = 0;
   };
@@ -135,6 +144,7 @@ class Server : private ShardState::Listener {
   wire::Header welcome(const std::string& to) const;
   void on_pull(const std::string& id, const Peer& p, long clock);
   void on_push(const std::string& id, const Peer& p, const wire::Push& m, const comm::Message& msg);
+  void on_duplicate_push(const std::string& id, const Peer& p, const wire::Push& m);
   // ShardState::Listener: a piece of a push applied (a streamed reply's piece leaves); a push
   // ended: its held messages given back, then counted, traced and answered (PushAck, the pull
   // it asked for, or an Error), unless the server abandoned it.
@@ -173,6 +183,10 @@ class Server : private ShardState::Listener {
   // A worker's Hello to a server restarted from its checkpoint: moves its clock up to `clock`,
   // counting the updates the checkpoint lacks (updates_lost in stats and metrics).
   void rejoin(int rank, long clock);
+  // A worker's Hello again (Hello::rejoin_clock >= 0) to this server, which has its session: its
+  // connection was cut and came back. The session moves to connection `id`; what it had under
+  // way (a push in pieces, a held pull) is dropped, for the worker sends it again.
+  void resume_session(int rank, const std::string& id, long clock);
   void lose_worker(int rank, double silent_s);
   // Drops a worker (where the run trains on without it; else throws naming it and `why`): its
   // open push abandoned, its held pull answered; `record`'s keys join {worker, clock} in

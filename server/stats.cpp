@@ -40,6 +40,8 @@ nlohmann::ordered_json Server::stats_json() const {
           {"bad_total", counters_.bad_total()},
           {"bad", counters_.bad},
           {"dropped_replies", counters_.dropped_replies},
+          {"reconnects", counters_.reconnects},
+          {"pushes_duplicate", counters_.pushes_duplicate},
           {"peers_refused", transport_.peers_refused()},
           {"pushed", pushed_json(counters_)},
           {"workers_lost", losses_},

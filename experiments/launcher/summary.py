@@ -33,6 +33,10 @@ workers_lost        PS modes with cluster.on_worker_loss = "continue": the worke
                     without (workers_lost()); [] when none was lost
 pushes_refused      PS modes with cluster.push_guard: {worker: pushes the servers' guard refused
                     (each counted once per server that refused it)}; {} when none was
+reconnects          PS modes: sessions the servers moved to a new connection (a connection that was
+                    cut and came back; summed over the servers); pushes_duplicate: pushes that came
+                    again after such a cut, answered and not applied again (pushed_by_codec counts
+                    each push once)
 servers_restarted   with cluster.on_server_loss = "restart": [{server, how, log}] per restart of a
                     server that died, from its checkpoint
 updates_lost        the updates those restarts lost (workers' pushes after the checkpoint), over
@@ -168,6 +172,8 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
         "pushed_by_codec": pushed_by_codec(finals) if plan.uses_servers else None,
         "workers_lost": workers_lost(finals, lost),
         "pushes_refused": pushes_refused(finals),
+        "reconnects": sum(f.get("reconnects", 0) for f in finals) if plan.uses_servers else None,
+        "pushes_duplicate": sum(f.get("pushes_duplicate", 0) for f in finals) if plan.uses_servers else None,
         "servers_restarted": list(restarted or []),
         "updates_lost": sum(f.get("updates_lost", 0) for f in finals) if finals else 0,
         "wall_s": wall_s,
@@ -211,6 +217,8 @@ def result_line(label, s):
     if s.get("pushes_refused"):
         parts.append("refused pushes of worker " + ", ".join(f"{w} ({n})" for w, n in s["pushes_refused"].items())
                      + " (cluster.push_guard)")
+    if s.get("reconnects"):
+        parts.append(f"{s['reconnects']} connection(s) cut and back")
     if s.get("workers_lost"):
         parts.append("went on without worker " + ", ".join(str(w["worker"]) for w in s["workers_lost"]))
     if s["samples_per_s"]:

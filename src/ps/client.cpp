@@ -35,6 +35,7 @@ PsClient::PsClient(comm::Transport& transport, std::vector<std::string> endpoint
   if (opt.pull_codec != "f32") pull_codec_ = make_codec(opt.pull_codec);
   const int S = int(endpoints.size());
   reply_piece_.assign(std::size_t(S), 0);
+  hello_sent_.assign(std::size_t(S), RunClock::time_point{});
   for (int k = 0; k < S; ++k) {
     shards_.push_back(ShardInfo{endpoints[std::size_t(k)], shard_range(opt.num_params, S, k), 0});
     if (!codec_->dense_f32() && opt.role == wire::Role::worker) {
@@ -92,14 +93,12 @@ void PsClient::heartbeat_loop(std::stop_token stop) {
 // ---- waiting for replies ----
 
 template <typename F>
-void PsClient::collect(const std::string& what, std::vector<char>& pending, F&& on_reply, bool watch_silence,
-                       const std::function<void(int)>& resend) {
+void PsClient::collect(const Expect& e, std::vector<char>& pending, F&& on_reply) {
   // A server that holds a request sends heartbeats while it does (Server::beat_held_pulls), so
   // one silent for heartbeat_s is stopped, hung or gone: named now, not at the timeout. With
   // rejoin (cluster.on_server_loss = "restart"), the launcher restarts a server that died: this
   // client says Hello to it again (with its clock) until it answers, then sends the request anew.
-  const Wait w{what, pending, watch_silence && beat_every_.count() > 0, opt_.rejoin && bool(resend), resend,
-               clock_.now() + timeout_};
+  const Wait w{e, pending, e.watch && beat_every_.count() > 0, opt_.rejoin && bool(e.resend), clock_.now() + timeout_};
   const auto now = clock_.now();
   for (std::size_t k = 0; k < pending.size(); ++k)
     if (pending[k]) servers_.watch(k, w.watch, now);
@@ -126,8 +125,8 @@ int PsClient::receive(const Wait& w) {
       for (std::size_t k = 0; k < w.pending.size(); ++k)
         if (w.pending[k])
           who += (who.empty() ? "" : "; ") + ("server " + std::to_string(k) + " at " + shards_[k].endpoint) +
-                 (servers_.state(k) == comm::Liveness::State::rejoining ? " (silent, and not back after a restart)" : "");
-      throw std::runtime_error("no reply to " + w.what + " within " + std::to_string(timeout_.count() / 1000) +
+                 (servers_.state(k) == comm::Liveness::State::rejoining ? " (said Hello again; no Welcome came)" : "");
+      throw std::runtime_error("no reply to " + w.e.what + " within " + std::to_string(timeout_.count() / 1000) +
                                " s from " + who + " (is it running? its log says why it stopped)");
     }
     beat_if_due();  // a held pull, or a slow server: the other servers still hear from us
@@ -148,7 +147,7 @@ void PsClient::on_silent(int k, const Wait& w) {
   std::snprintf(b, sizeof b, "silent for %.1f s while ", servers_.silent_s(std::size_t(k), clock_.now()));
   char hb[80];
   std::snprintf(hb, sizeof hb, " waited for its reply (cluster.heartbeat_s = %g): ", opt_.heartbeat_s);
-  fail(k, b + w.what + hb + "a server sends heartbeats while it holds a request, so it is stopped, hung or gone");
+  fail(k, b + w.e.what + hb + "a server sends heartbeats while it holds a request, so it is stopped, hung or gone");
 }
 
 RunClock::duration PsClient::back_within() const {
@@ -163,50 +162,84 @@ void PsClient::say_hello_again(int k, const Wait& w) {
   if (servers_.state(i) != comm::Liveness::State::rejoining) {
     servers_.rejoin(i, now);
     std::fprintf(stderr, "%s: server %d at %s went silent during %s: waiting up to %.0f s for it to come back "
-                 "(cluster.on_server_loss = \"restart\")\n", who().c_str(), k, shards_[i].endpoint.c_str(), w.what.c_str(),
+                 "(cluster.on_server_loss = \"restart\")\n", who().c_str(), k, shards_[i].endpoint.c_str(), w.e.what.c_str(),
                  std::chrono::duration<double>(back_within()).count());
   } else if (servers_.rejoining_s(i, now) > std::chrono::duration<double>(back_within()).count()) {
     char b[160];
     std::snprintf(b, sizeof b, "silent for %.1f s and not back after a restart (cluster.on_server_loss = \"restart\"; "
                   "cluster.heartbeat_s = %g): it is hung or gone for good, during ",
                   servers_.rejoining_s(i, now) + std::chrono::duration<double>(beat_every_ * 4).count(), opt_.heartbeat_s);
-    fail(k, b + w.what);
+    fail(k, b + w.e.what);
   }
   servers_.heard(i, now);  // the next Hello after another heartbeat_s of silence
+  send_hello_again(k);
+}
+
+void PsClient::send_hello_again(int k) {
+  hello_sent_[std::size_t(k)] = clock_.now();
   send(k, wire::Hello{opt_.role, opt_.rank, opt_.num_params, opt_.config_hash, opt_.role == wire::Role::worker ? beat_step_ : -1});
 }
 
+void PsClient::on_unknown_peer(int k, const Wait& w) {
+  const std::size_t i = std::size_t(k);
+  const auto now = clock_.now();
+  if (servers_.state(i) == comm::Liveness::State::rejoining) {
+    // Answers to what reached it before our Hello come first; one to a message sent well after
+    // it means that Hello was lost (another cut): say it again.
+    if (now - hello_sent_[i] > std::max<RunClock::duration>(beat_every_, std::chrono::milliseconds(500))) send_hello_again(k);
+    return;
+  }
+  servers_.rejoin(i, now);
+  if (++reconnects_ <= 10 || reconnects_ % 100 == 0)
+    std::fprintf(stderr, "%s: server %d at %s does not know this connection (it was cut and came back, or the server "
+                 "restarted): saying Hello again at clock %ld during %s (%ld so far)\n", who().c_str(), k,
+                 shards_[i].endpoint.c_str(), beat_step_, w.e.what.c_str(), reconnects_);
+  send_hello_again(k);
+}
+
+namespace {
+// A PushAck or PullReply for another clock than the request's: an answer to a request sent twice
+// (again after a cut), or to one before it.
+bool stale(const wire::Body& body, long clock) {
+  if (clock < 0) return false;
+  if (const auto* a = std::get_if<wire::PushAck>(&body)) return a->clock != clock;
+  if (const auto* r = std::get_if<wire::PullReply>(&body)) return r->clock != clock;
+  return false;
+}
+}  // namespace
+
 std::optional<wire::Header> PsClient::reply_from(int k, const Wait& w) {
   const std::size_t i = std::size_t(k);
-  if (!msg_.malformed().empty()) fail(k, "malformed reply to " + w.what + ": " + msg_.malformed());
+  if (!msg_.malformed().empty()) fail(k, "malformed reply to " + w.e.what + ": " + msg_.malformed());
   std::string why;
   std::optional<wire::Header> h = wire::decode(msg_.header(), why);
-  if (!h) fail(k, "malformed reply to " + w.what + ": " + why);
+  if (!h) fail(k, "malformed reply to " + w.e.what + ": " + why);
   if (std::holds_alternative<wire::Beat>(h->body)) return std::nullopt;  // the server is alive and still holds it
-  const auto* welcome = std::get_if<wire::Welcome>(&h->body);
-  if (servers_.state(i) == comm::Liveness::State::rejoining) {
-    if (std::holds_alternative<wire::Error>(h->body)) return std::nullopt;  // a restarted server's answers to what
-                                                                            // reached it before our Hello
-    if (!welcome) {  // the answer itself: the server was slow, not gone; the Welcome that follows is ignored
-      servers_.back(i, clock_.now());
-      return h;
-    }
-    check_welcome(k, *welcome);
-    std::fprintf(stderr, "%s: server %d is back (version %lld) after %.1f s: %s sent again\n", who().c_str(), k,
-                 static_cast<long long>(welcome->version), servers_.rejoining_s(i, clock_.now()), w.what.c_str());
-    servers_.back(i, clock_.now());
-    w.resend(k);
-    return std::nullopt;
-  }
-  if (welcome && w.can_rejoin) return std::nullopt;  // a late Welcome to a Hello of ours to a server that was only slow
+  const bool rejoining = servers_.state(i) == comm::Liveness::State::rejoining;
   if (const auto* e = std::get_if<wire::Error>(&h->body)) {
-    if (w.can_rejoin && w.pending[i] && e->code == wire::ErrorCode::unknown_peer) {
-      say_hello_again(k, w);  // a restarted server got our request before our Hello
+    if (e->code == wire::ErrorCode::unknown_peer) {
+      on_unknown_peer(k, w);
       return std::nullopt;
     }
+    if (rejoining) return std::nullopt;  // a restarted server's answers to what reached it before our Hello
     fail(k, std::string(wire::error_code_name(e->code)) + ": " + e->message);
   }
-  if (!w.pending[i]) fail(k, std::string("unexpected ") + wire::body_name(h->body) + " during " + w.what);
+  if (const auto* welcome = std::get_if<wire::Welcome>(&h->body)) {
+    if (!rejoining) return w.e.hello && w.pending[i] ? h : std::nullopt;  // else: a late Welcome to a Hello again
+    check_welcome(k, *welcome);
+    std::fprintf(stderr, "%s: server %d is back (version %lld) after %.1f s%s\n", who().c_str(), k,
+                 static_cast<long long>(welcome->version), servers_.rejoining_s(i, clock_.now()),
+                 w.pending[i] && !w.e.hello ? (": " + w.e.what + " sent again").c_str() : "");
+    servers_.back(i, clock_.now());
+    if (w.e.hello) return h;
+    if (w.pending[i]) w.e.resend(k);
+    return std::nullopt;
+  }
+  if (!w.pending[i] || stale(h->body, w.e.clock)) {
+    ++stale_replies_;
+    return std::nullopt;
+  }
+  if (rejoining) servers_.back(i, clock_.now());  // the answer itself: the server was slow, not gone
   return h;
 }
 
@@ -231,12 +264,13 @@ void PsClient::connect() {
   for (int k = 0; k < S; ++k) send(k, wire::Hello{opt_.role, opt_.rank, opt_.num_params, opt_.config_hash});
   std::vector<char> pending(std::size_t(S), 1);
   const std::string what = opt_.role == wire::Role::worker ? "Hello (the start barrier: a server answers once every worker said Hello)" : "Hello";
-  collect(what, pending, [&](int k, const wire::Body& body) {
+  // (The start barrier waits for every worker's start, with timeout_s: silence is not watched.)
+  collect(Expect{what, -1, /*watch*/ false, {}, /*hello*/ true}, pending, [&](int k, const wire::Body& body) {
     const auto* w = std::get_if<wire::Welcome>(&body);
     if (!w) fail(k, std::string("answered Hello with ") + wire::body_name(body));
     check_welcome(k, *w);
     shards_[std::size_t(k)].clock = w->worker_clock;
-  }, /*watch_silence=*/false);  // the start barrier waits for every worker's start, with timeout_s
+  });
   if (beat_every_.count() && opt_.role == wire::Role::worker)
     heartbeats_ = clock_.start([this](std::stop_token stop) { heartbeat_loop(stop); });
 }
@@ -317,11 +351,12 @@ PullResult PsClient::pull(long clock, float* theta) {
   for (int k = 0; k < S; ++k) send(k, wire::Pull{clock});
   std::vector<char> pending(std::size_t(S), 1);
   PullResult acc = empty_result();
-  collect("Pull (clock " + std::to_string(clock) + ")", pending, [&](int k, const wire::Body& body) {
+  const Expect e{"Pull (clock " + std::to_string(clock) + ")", clock, true, [&](int k) { send(k, wire::Pull{clock}); }};
+  collect(e, pending, [&](int k, const wire::Body& body) {
     const auto* pr = std::get_if<wire::PullReply>(&body);
     if (!pr) fail(k, std::string("answered Pull with ") + wire::body_name(body));
     return take_params(k, *pr, msg_.payload(), theta, acc);
-  }, true, [&](int k) { send(k, wire::Pull{clock}); });
+  });
   return acc;
 }
 
@@ -332,12 +367,12 @@ PullResult PsClient::progress() {
   for (int k = 0; k < S; ++k) send(k, ask);
   std::vector<char> pending(std::size_t(S), 1);
   PullResult acc = empty_result();
-  collect("progress", pending, [&](int k, const wire::Body& body) {
+  collect(Expect{"progress", -1, true, [&](int k) { send(k, ask); }}, pending, [&](int k, const wire::Body& body) {
     const auto* pr = std::get_if<wire::PullReply>(&body);
     if (!pr) fail(k, std::string("answered a progress-only Pull with ") + wire::body_name(body));
     if (pr->length != 0 || msg_.has_payload()) fail(k, "answered a progress-only Pull with a payload");
     note_progress(*pr, acc);
-  }, true, [&](int k) { send(k, ask); });
+  });
   return acc;
 }
 
@@ -398,7 +433,9 @@ PullResult PsClient::finish_push() {
   float* theta = push_.theta;
   std::vector<char> pending(std::size_t(S), 1);
   PullResult acc = empty_result();
-  collect("Push (clock " + std::to_string(clock) + ")", pending, [&](int k, const wire::Body& body) {
+  // Answered by a PullReply for the next clock (push+pull) or a PushAck for this one.
+  const Expect e{"Push (clock " + std::to_string(clock) + ")", theta ? clock + 1 : clock, true, [&](int k) { send_push(k); }};
+  collect(e, pending, [&](int k, const wire::Body& body) {
     if (theta) {
       const auto* pr = std::get_if<wire::PullReply>(&body);
       if (!pr) fail(k, std::string("answered Push+Pull with ") + wire::body_name(body));
@@ -406,7 +443,7 @@ PullResult PsClient::finish_push() {
     }
     if (!std::holds_alternative<wire::PushAck>(body)) fail(k, std::string("answered Push with ") + wire::body_name(body));
     return true;
-  }, true, [&](int k) { send_push(k); });
+  });
   // Every server has the gradient, so the transport is done with our buffer or about to be.
   in_flight_.wait_idle(timeout_, "the gradient", [&] { conns_->progress(); });
   return acc;
@@ -425,23 +462,26 @@ ResumePoint PsClient::catch_up() {
     ShardInfo& s = shards_[std::size_t(k)];
     if (s.clock < r.clock && zeros.empty()) zeros.assign(longest, 0.0f);
     for (; s.clock < r.clock; ++s.clock, ++r.lost_pushes) {
-      wire::Push h{s.clock, s.version, 0, 0, s.range.offset, s.range.length, false, codec_->wire_id(), 0};
-      const void* bytes = zeros.data();
-      if (codec_->dense_f32()) {
-        h.bytes = s.range.length * sizeof(float);
-      } else {
-        std::vector<std::byte>& buf = encoded_[std::size_t(k)];
-        h.bytes = codec_->encode(zeros.data(), s.range.length, buf.data());
-        bytes = buf.data();
-      }
-      h.checksum = wire::checksum_bytes(bytes, h.bytes);
-      send(k, h, in_flight_.payload(bytes, h.bytes));
+      const auto send_empty = [&](int q) {
+        wire::Push h{s.clock, s.version, 0, 0, s.range.offset, s.range.length, false, codec_->wire_id(), 0};
+        const void* bytes = zeros.data();
+        if (codec_->dense_f32()) {
+          h.bytes = s.range.length * sizeof(float);
+        } else {
+          std::vector<std::byte>& buf = encoded_[std::size_t(q)];
+          h.bytes = codec_->encode(zeros.data(), s.range.length, buf.data());
+          bytes = buf.data();
+        }
+        h.checksum = wire::checksum_bytes(bytes, h.bytes);
+        send(q, h, in_flight_.payload(bytes, h.bytes));
+      };
+      send_empty(k);
       std::vector<char> pending(shards_.size(), 0);
       pending[std::size_t(k)] = 1;
-      collect("empty Push (clock " + std::to_string(s.clock) + ", catching up after a resume)", pending,
-              [&](int q, const wire::Body& body) {
-                if (!std::holds_alternative<wire::PushAck>(body)) fail(q, std::string("answered Push with ") + wire::body_name(body));
-              });
+      const Expect e{"empty Push (clock " + std::to_string(s.clock) + ", catching up after a resume)", s.clock, true, send_empty};
+      collect(e, pending, [&](int q, const wire::Body& body) {
+        if (!std::holds_alternative<wire::PushAck>(body)) fail(q, std::string("answered Push with ") + wire::body_name(body));
+      });
       in_flight_.wait_idle(timeout_, "an empty gradient", [&] { conns_->progress(); });
     }
   }
@@ -450,9 +490,9 @@ ResumePoint PsClient::catch_up() {
 
 void PsClient::expect_ack(const char* what, const wire::Body& request) {
   std::vector<char> pending(shards_.size(), 1);
-  collect(what, pending, [&](int k, const wire::Body& body) {
+  collect(Expect{what, -1, true, [&](int k) { send(k, request); }}, pending, [&](int k, const wire::Body& body) {
     if (!std::holds_alternative<wire::Ack>(body)) fail(k, std::string("answered ") + what + " with " + wire::body_name(body));
-  }, true, [&](int k) { send(k, request); });
+  });
 }
 
 void PsClient::bye(long clock) {
@@ -474,11 +514,11 @@ std::string PsClient::stats(int shard) {
   std::vector<char> pending(shards_.size(), 0);
   pending[std::size_t(shard)] = 1;
   std::string json;
-  collect("Stats", pending, [&](int k, const wire::Body& body) {
+  collect(Expect{"Stats", -1, true, [&](int k) { send(k, wire::Stats{}); }}, pending, [&](int k, const wire::Body& body) {
     const auto* s = std::get_if<wire::StatsReply>(&body);
     if (!s) fail(k, std::string("answered Stats with ") + wire::body_name(body));
     json = s->json;
-  }, true, [&](int k) { send(k, wire::Stats{}); });
+  });
   return json;
 }
 

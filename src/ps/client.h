@@ -15,14 +15,21 @@
 // Every wait has a deadline; a missing reply throws naming the server, its address, and
 // what was waited for. An Error from a server throws with the server's message.
 //
-// Heartbeats (workers, Options::heartbeat_s > 0): a server takes a worker silent for
-// cluster.heartbeat_s as lost, so every server hears from this client at least every quarter of
-// it: a Beat goes to each server that has had no message for that long, sent while a request
-// waits for its replies and, while the caller computes, by a thread of the client's own. The
+// Heartbeats (Options::heartbeat_s > 0): a server takes a worker silent for cluster.heartbeat_s
+// as lost, so every server hears from this client at least every quarter of it: a Beat goes to
+// each server that has had no message for that long, sent while a request waits for its replies
+// and, while a worker computes, by a thread of the client's own (the evaluator: while it waits). The
 // other way round, a server beats to a worker whose request it holds, so a server silent for
 // heartbeat_s while a request waits is named at once (stopped, hung or gone), not at timeout_s.
 // Liveness of the servers (comm/liveness.h): a server is watched while this client waits for its
 // reply, and owed a Beat when nothing was sent to it for a quarter of heartbeat_s.
+// Connections that come back: a TCP connection that is cut is made again by the transport, as a
+// new peer to the server, and whatever was on its way is lost. The first message on it (a Beat
+// at the latest, a quarter of heartbeat_s later) is answered unknown_peer; the client then says
+// Hello again with its clock, the server moves its session to the new connection, and once the
+// Welcome comes the request under way is sent again. The server applies a push once per
+// (worker, clock) and answers one sent again as the first; answers that are not the request's
+// (to a request sent twice) are skipped by their clock.
 // Time: the transport's clock (Transport::clock()), so that the virtual cluster runs this client
 // in simulated time.
 // Threading: one thread calls the client; its heartbeat thread takes the connections only while
@@ -122,36 +129,52 @@ class PsClient {
   void shutdown();
   // One server's counters (JSON text).
   std::string stats(int shard);
+  // Connections that came back (each said Hello again), and replies skipped as stale.
+  long reconnects() const { return reconnects_; }
+  long stale_replies() const { return stale_replies_; }
 
   const std::vector<ShardInfo>& shards() const { return shards_; }
   std::size_t num_params() const { return opt_.num_params; }
 
  private:
-  // One wait for replies (collect()): what for, from whom, until when.
+  // What a request's replies are (collect()).
+  struct Expect {
+    std::string what;   // for messages: "Pull (clock 3)"
+    long clock = -1;    // the clock its PushAck or PullReply answers carry; others are stale (-1: any)
+    bool watch = true;  // a pending server silent for heartbeat_s fails the wait (or is rejoined)
+    std::function<void(int)> resend;  // resend(k): the request to server k again, after a Hello again
+    bool hello = false;  // the request is the Hello: a Welcome is its answer
+  };
+  // One wait for replies: what for, from whom, until when.
   struct Wait {
-    const std::string& what;
+    const Expect& e;
     std::vector<char>& pending;  // per server: 1 until its reply came
-    bool watch;                  // a pending server silent for heartbeat_s fails the wait (or is rejoined)
+    bool watch;                  // e.watch, with heartbeats on
     bool can_rejoin;             // cluster.on_server_loss = "restart": say Hello to a silent server again
-    const std::function<void(int)>& resend;  // resend(k): the request to server k again (it came back)
     RunClock::time_point deadline;
   };
   // Waits for a reply from every server marked in `pending`, handing it to on_reply(k, body)
-  // (the message's payload, msg_.payload(), is valid during the call). With watch_silence (and
-  // heartbeats on), a pending server silent for heartbeat_s fails the wait; with rejoin,
-  // resend(k) sends the request to server k again once it is back from a restart.
+  // (the message's payload, msg_.payload(), is valid during the call). Replies that are not the
+  // request's (stale: to a request sent twice, or before a cut) are skipped. A server that does
+  // not know this connection (it was cut and came back as a new one, or the server restarted)
+  // is said Hello again, with this client's clock, and sent the request anew once it answers.
+  // With heartbeats on, a pending server silent for heartbeat_s fails the wait, or with rejoin
+  // is said Hello again until it is back.
   template <typename F>
-  void collect(const std::string& what, std::vector<char>& pending, F&& on_reply, bool watch_silence = true,
-               const std::function<void(int)>& resend = {});
+  void collect(const Expect& e, std::vector<char>& pending, F&& on_reply);
   // One message from some server into msg_, sending Beats and watching the pending servers'
   // silence while it waits; throws at the deadline naming the servers it still waits for.
   int receive(const Wait& w);
   // The header of server k's message in msg_, when it is an answer for the caller; nullopt
-  // when it was the wait's own business (a Beat, a restarted server's Welcome, ...).
+  // when it was the wait's own business (a Beat, a Welcome to a Hello again, a stale reply, ...).
   std::optional<wire::Header> reply_from(int k, const Wait& w);
   // A pending server fell silent: rejoin it (say Hello again, up to back_within) or fail.
   void on_silent(int k, const Wait& w);
   void say_hello_again(int k, const Wait& w);
+  // Server k answered unknown_peer: this connection is new to it. Says Hello again (once per
+  // beat_every while no Welcome comes: a Hello lost in another cut is sent again).
+  void on_unknown_peer(int k, const Wait& w);
+  void send_hello_again(int k);
   RunClock::duration back_within() const;  // how long a restarted server may take to come back
   void check_welcome(int k, const wire::Welcome& w);  // the server serves the shard we expect; notes its version
   std::string who() const;                            // "worker 3", "evaluator"
@@ -197,6 +220,8 @@ class PsClient {
   std::chrono::milliseconds beat_every_{0};  // 0: no heartbeats
   comm::Liveness servers_;                   // per server
   long beat_step_ = 0;                       // the clock Beats report (and a rejoin)
+  std::vector<RunClock::time_point> hello_sent_;  // per server: when it was last said Hello again
+  long reconnects_ = 0, stale_replies_ = 0;  // Hellos again after a connection came back; replies skipped
   std::unique_ptr<ClockThread> heartbeats_;  // last member: stopped and joined first
 };
 

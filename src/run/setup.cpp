@@ -77,9 +77,10 @@ PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int
   o.error_feedback = uses_error_feedback(c);
   o.pieces = pieces_of(c);
   if (role == wire::Role::worker) o.pull_codec = c.cluster.pull_codec;  // the evaluator tests θ in f32
-  if (role == wire::Role::worker) o.heartbeat_s = c.cluster.heartbeat_s;  // servers drop silent workers
+  // Workers: servers drop silent ones. Both: Beats while waiting, so that a connection that was cut
+  // and came back is noticed (the server does not know it) and the session resumed.
+  o.heartbeat_s = c.cluster.heartbeat_s;
   o.rejoin = restarts_lost_servers(c);  // a server that dies comes back: wait for it and rejoin
-  if (o.rejoin) o.heartbeat_s = c.cluster.heartbeat_s;  // the evaluator too notices a silent server
   return o;
 }
 

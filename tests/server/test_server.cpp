@@ -191,6 +191,33 @@ TEST_P(BadInput, EveryKindIsCountedAnsweredAndLeavesThetaBitwiseUnchanged) {
   for (std::size_t i = 0; i < P; ++i) ASSERT_EQ(after[i], before[i] - 0.5f) << i;
 }
 
+// A push that comes twice (sent again after a cut lost its answer, or duplicated on the way) is
+// answered both times as the first was and applied once; a Hello again (with a clock) from the
+// worker moves its session, and a first Hello for its rank from elsewhere is still refused.
+TEST_P(BadInput, APushThatComesTwiceIsAnsweredTwiceAndAppliedOnce) {
+  const std::vector<float> before = theta();
+  const std::uint64_t hash = config_fingerprint(cfg);
+  std::vector<float> g(P, 0.5f);
+  const std::uint64_t gsum = wire::checksum(g.data(), P);
+  EXPECT_EQ(send_expect_error(msg(header(wire::Hello{wire::Role::worker, 0, P, hash}))), "(Welcome)");
+  EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false, 0, 4 * P}), floats(g))), "(PushAck)");
+  EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false, 0, 4 * P}), floats(g))), "(PushAck)");
+  EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, true, 0, 4 * P}), floats(g))), "(PullReply)");
+  EXPECT_EQ(send_expect_error(msg(header(wire::Hello{wire::Role::worker, 0, P, hash, /*rejoin_clock*/ 0}))), "(Welcome)");
+  const std::vector<float> after = theta();
+  for (std::size_t i = 0; i < P; ++i) ASSERT_EQ(after[i], before[i] - 0.5f) << i;
+  const auto stats = nlohmann::json::parse(evaluator->stats(0));
+  EXPECT_EQ(stats["pushes"], 1) << stats.dump();
+  EXPECT_EQ(stats["pushes_duplicate"], 2) << stats.dump();
+  EXPECT_EQ(stats["reconnects"], 1) << stats.dump();
+  EXPECT_EQ(stats["bad_total"], 0) << stats.dump();
+  // Another connection's first Hello as worker 0 (a second process with its rank) is refused.
+  PsClient::Options again = client_options(cfg, wire::Role::worker, 0);
+  again.timeout_s = 2;
+  PsClient second(*cluster->transport, cluster->endpoints, again);
+  EXPECT_THROW(second.connect(), std::runtime_error);
+}
+
 // A storm: 100,000 messages mutated at random from good ones (bytes flipped, cut,
 // appended, frames added or dropped, senders and shards changed, plain noise, over ZeroMQ some
 // with an 8 MiB frame: more than the shard, less than the 16 MiB a server reads), from a peer that
