@@ -10,6 +10,9 @@ namespace pslab {
 
 void Server::find_lost_workers(time_point now) {
   if (!barrier_open_) return;  // before it, the start barrier's own timeout names who is missing
+  // Nobody heard for heartbeat_s: this server is the one cut off (or every worker stopped at
+  // once); check_waits() names them all after timeout_s.
+  if (seconds_between(last_message_, now) > cfg_.cluster.heartbeat_s) return;
   workers_.check_silence(now, [&](std::size_t w) {
     const int r = int(w);
     lose_worker(r, workers_.silent_s(w, now));  // (throws, naming it, where the run cannot go on without it)
@@ -77,10 +80,39 @@ void Server::resume_session(int rank, const std::string& id, long clock) {
 }
 
 void Server::lose_worker(int rank, double silent_s) {
-  char why[160];
-  std::snprintf(why, sizeof why, "silent for %.1f s at clock %ld (cluster.heartbeat_s = %g)", silent_s, state_->clock_of(rank),
-                cfg_.cluster.heartbeat_s);
-  drop_worker(rank, why, {{"silent_s", silent_s}});
+  char why[200];
+  const double window = std::chrono::duration<double>(reconnect_window_).count();
+  std::snprintf(why, sizeof why, "silent for %.1f s at clock %ld (cluster.heartbeat_s = %g)%s", silent_s, state_->clock_of(rank),
+                cfg_.cluster.heartbeat_s, window > 0 ? "; taken back if it speaks again within cluster.reconnect_s" : "");
+  drop_worker(rank, why, {{"silent_s", silent_s}, {"may_return_s", window}});
+  may_return_until_[std::size_t(rank)] = clock_.now() + reconnect_window_;
+}
+
+bool Server::may_return(int rank) const {
+  return clock_.now() <= may_return_until_[std::size_t(rank)] && finished_ < cfg_.cluster.workers;
+}
+
+void Server::readmit(int rank) {
+  const std::size_t r = std::size_t(rank);
+  const auto now = clock_.now();
+  const double away_s = seconds_between(may_return_until_[r] - reconnect_window_, now);
+  may_return_until_[r] = time_point::min();
+  state_->readmit_worker(rank);
+  --finished_;
+  workers_.revive(r, now);
+  for (std::size_t i = 0; i < losses_.size(); ++i)
+    if (losses_[i]["worker"] == rank) {
+      losses_.erase(i);
+      break;
+    }
+  ++counters_.workers_back;
+  if (trace_) trace_->event("readmit " + std::to_string(rank));
+  std::fprintf(stderr, "server %d: worker %d is back at clock %ld, %.1f s after it was dropped as silent: taken back "
+               "(cluster.reconnect_s)\n", opt_.shard, rank, state_->clock_of(rank), away_s);
+  if (!metrics_) return;
+  metrics_->write({{"kind", "worker_back"}, {"shard", opt_.shard}, {"worker", rank}, {"clock", state_->clock_of(rank)},
+                   {"away_s", away_s}});
+  metrics_->flush();
 }
 
 void Server::drop_worker(int rank, const std::string& why, const nlohmann::ordered_json& record) {

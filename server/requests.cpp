@@ -70,10 +70,13 @@ Server::Peer* Server::sender(const comm::PeerId& id, const wire::Header& h) {
     return nullptr;
   }
   if (peer.role == wire::Role::worker && state_->dropped(peer.rank)) {
-    reply_error(id, wire::ErrorCode::protocol, "worker " + std::to_string(peer.rank) +
-                                                   " was dropped from this run as lost (silent for more than "
-                                                   "cluster.heartbeat_s); it cannot rejoin");
-    return nullptr;
+    if (!may_return(peer.rank)) {
+      reply_error(id, wire::ErrorCode::protocol, "worker " + std::to_string(peer.rank) +
+                                                     " was dropped from this run as lost (silent for more than "
+                                                     "cluster.heartbeat_s); it cannot rejoin");
+      return nullptr;
+    }
+    readmit(peer.rank);  // its link was down, and is back in time
   }
   if (peer.role == wire::Role::worker) {
     last_message_ = clock_.now();
@@ -106,9 +109,12 @@ void Server::on_hello(const std::string& id, const wire::Hello& m) {
       return reply_error(id, wire::ErrorCode::protocol,
                          "worker rank " + std::to_string(m.rank) + " is not in [0, " + std::to_string(W) + ")");
     std::string& slot = worker_ids_[std::size_t(m.rank)];
-    if (state_->dropped(m.rank))
-      return reply_error(id, wire::ErrorCode::protocol,
-                         "worker " + std::to_string(m.rank) + " was dropped from this run as lost; it cannot rejoin");
+    if (state_->dropped(m.rank)) {
+      if (!may_return(m.rank))
+        return reply_error(id, wire::ErrorCode::protocol,
+                           "worker " + std::to_string(m.rank) + " was dropped from this run as lost; it cannot rejoin");
+      readmit(m.rank);  // its link was down, and is back in time
+    }
     if (!slot.empty() && m.rejoin_clock >= 0) {
       resume_session(m.rank, id, m.rejoin_clock);  // its connection came back: the session moves to it
     } else {

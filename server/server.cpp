@@ -58,6 +58,8 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   const int W = cfg.cluster.workers;
   worker_ids_.assign(std::size_t(W), "");
   said_bye_.assign(std::size_t(W), 0);
+  may_return_until_.assign(std::size_t(W), time_point::min());
+  reconnect_window_ = from_s(reconnect_window_s(cfg));
   pushing_.resize(std::size_t(W));
   held_msgs_.resize(std::size_t(W));
   if (!opt.resume_path.empty()) resume_from(opt.resume_path);

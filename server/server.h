@@ -22,10 +22,13 @@
 // worker, ends the server with an error naming the missing workers.
 //
 // Lost workers: a worker sends a message (or a Beat) at least every cluster.heartbeat_s / 4, so
-// one silent for cluster.heartbeat_s has died or hangs. Where the run continues without it
-// (cluster.on_worker_loss, asp and ssp) the server drops it from the clock table, says so once
-// (stderr, a "worker_lost" metrics line, the final stats) and counts it as done; otherwise it
-// ends with an error naming the worker.
+// one silent for cluster.heartbeat_s has died, hangs, or is cut off. Where the run continues
+// without it (cluster.on_worker_loss, asp and ssp) the server drops it from the clock table,
+// says so once (stderr, a "worker_lost" metrics line, the final stats) and counts it as done;
+// otherwise it ends with an error naming the worker. A worker dropped as silent that speaks again
+// within cluster.reconnect_s (its link came back), while others still train, is taken back.
+// When no worker at all has been heard for heartbeat_s, the silence is this server's (its link
+// is down): nobody is dropped, and the server waits (up to timeout_s) for them.
 //
 // Connections that come back: a worker whose connection was cut (its transport reconnects by
 // itself, as a new peer) says Hello again with its clock; the server moves the worker's session
@@ -81,6 +84,7 @@ struct ServerCounters {
   long bytes_bad = 0;                // of the messages counted as bad input
   long dropped_replies = 0;         // replies the transport could not queue (peer gone or not reading)
   long reconnects = 0;              // workers back on a new connection (their session moved to it)
+  long workers_back = 0;            // workers dropped as silent that came back (cluster.reconnect_s)
   long pushes_duplicate = 0;        // pushes for a clock already taken: answered, not applied again
   struct Pushed {
     long pushes = 0, payload_bytes = 0;
@@ -188,6 +192,11 @@ class Server : private ShardState::Listener {
   // way (a push in pieces, a held pull) is dropped, for the worker sends it again.
   void resume_session(int rank, const std::string& id, long clock);
   void lose_worker(int rank, double silent_s);
+  // Whether worker `rank`, dropped as silent, may come back now (its link was down): within
+  // cluster.reconnect_s of the drop, while training is not over. readmit() takes it back: it
+  // trains on from its clock, as if never dropped.
+  bool may_return(int rank) const;
+  void readmit(int rank);
   // Drops a worker (where the run trains on without it; else throws naming it and `why`): its
   // open push abandoned, its held pull answered; `record`'s keys join {worker, clock} in
   // workers_lost and the "worker_lost" metrics line.
@@ -238,6 +247,8 @@ class Server : private ShardState::Listener {
   comm::Liveness workers_;                      // by rank
   std::vector<std::string> welcome_waiting_;    // identities waiting for the start barrier
   std::vector<char> said_bye_;
+  std::vector<time_point> may_return_until_;  // per worker dropped as silent: until when it may come back
+  RunClock::duration reconnect_window_{};     // reconnect_window_s(cfg)
   int finished_ = 0;  // workers that said Bye or were dropped as lost
   bool continue_on_loss_ = false;       // continues_without_lost_workers(cfg)
   nlohmann::ordered_json losses_ = nlohmann::ordered_json::array();  // {worker, clock, silent_s} per lost worker

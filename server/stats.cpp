@@ -42,6 +42,7 @@ nlohmann::ordered_json Server::stats_json() const {
           {"dropped_replies", counters_.dropped_replies},
           {"reconnects", counters_.reconnects},
           {"pushes_duplicate", counters_.pushes_duplicate},
+          {"workers_back", counters_.workers_back},
           {"peers_refused", transport_.peers_refused()},
           {"pushed", pushed_json(counters_)},
           {"workers_lost", losses_},

@@ -57,7 +57,8 @@ class Progress:
         self.latest = {}  # rank -> newest train line
         self.last_eval = None
         self.lost = set()  # ranks of lost workers (the run goes on without them)
-        # The servers' verdict: rank -> the first "worker_lost" line that dropped it (PS modes)
+        # The servers' verdict: rank -> the first "worker_lost" line that dropped it (PS modes; "seen":
+        # when, time.monotonic()), until a "worker_back" line says a server took it back
         self.server_tails = [Tail(run_dir / "metrics" / f"server{k}.jsonl") for k in range(plan.servers)] \
             if plan.uses_servers else []
         self.dropped = {}
@@ -81,7 +82,10 @@ class Progress:
         for tail in self.server_tails:
             for row in tail.read():
                 if row.get("kind") == "worker_lost":
+                    row["seen"] = time.monotonic()
                     self.dropped.setdefault(row["worker"], row)
+                elif row.get("kind") == "worker_back":  # its link came back in time (cluster.reconnect_s)
+                    self.dropped.pop(row["worker"], None)
 
     def line(self, elapsed):
         plan = self.plan

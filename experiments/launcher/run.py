@@ -293,12 +293,17 @@ class Supervisor:
 
     def act_on_verdict(self):
         """A worker the servers dropped (silent for cluster.heartbeat_s: hung, stopped, cut off;
-        or refused by the push guard) whose process still runs: stopped now and recorded as lost,
-        so that the run ends when training does rather than waiting for it."""
-        for rank, row in self.progress.dropped.items():
+        or refused by the push guard) whose process still runs: stopped and recorded as lost, so
+        that the run ends when training does rather than waiting for it. One dropped as silent
+        may come back within cluster.reconnect_s (its link was down): stopped once that has
+        passed, or once no server runs."""
+        servers_run = any(q.role == "server" and q.popen is not None and q.popen.poll() is None for q in self.procs)
+        for rank, row in list(self.progress.dropped.items()):
             p = next((q for q in self.procs if q.role == "worker" and q.rank == rank), None)
             if p is None or p.returncode is not None or p.popen is None or p.popen.poll() is not None:
                 continue  # gone already: its exit is tolerate()'s to judge
+            if servers_run and time.monotonic() - row["seen"] < (row.get("may_return_s") or 0) + 1:
+                continue  # it may come back yet
             reason = (f"silent for {row['silent_s']:.1f} s" if row.get("silent_s") is not None
                       else row.get("reason", "dropped"))
             stop_all([p])

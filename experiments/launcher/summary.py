@@ -36,7 +36,9 @@ pushes_refused      PS modes with cluster.push_guard: {worker: pushes the server
 reconnects          PS modes: sessions the servers moved to a new connection (a connection that was
                     cut and came back; summed over the servers); pushes_duplicate: pushes that came
                     again after such a cut, answered and not applied again (pushed_by_codec counts
-                    each push once)
+                    each push once); workers_back: workers the servers dropped as silent and took
+                    back when they spoke again within cluster.reconnect_s (their link came back;
+                    counted once per server)
 servers_restarted   with cluster.on_server_loss = "restart": [{server, how, log}] per restart of a
                     server that died, from its checkpoint
 updates_lost        the updates those restarts lost (workers' pushes after the checkpoint), over
@@ -174,6 +176,7 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
         "pushes_refused": pushes_refused(finals),
         "reconnects": sum(f.get("reconnects", 0) for f in finals) if plan.uses_servers else None,
         "pushes_duplicate": sum(f.get("pushes_duplicate", 0) for f in finals) if plan.uses_servers else None,
+        "workers_back": sum(f.get("workers_back", 0) for f in finals) if plan.uses_servers else None,
         "servers_restarted": list(restarted or []),
         "updates_lost": sum(f.get("updates_lost", 0) for f in finals) if finals else 0,
         "wall_s": wall_s,

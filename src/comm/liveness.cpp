@@ -51,6 +51,13 @@ void Liveness::back(std::size_t p, time_point now) {
   x.heard = now;
 }
 
+void Liveness::revive(std::size_t p, time_point now) {
+  Peer& x = peers_[p];
+  x.state = State::alive;
+  x.watched = true;
+  x.heard = now;
+}
+
 Liveness::time_point Liveness::next_due(time_point now) const {
   time_point due = time_point::max();
   for (const Peer& x : peers_) {

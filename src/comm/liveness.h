@@ -10,6 +10,7 @@
 //                  release()                    alive  <---------------  rejoining  <------'
 //                                                        back()
 //    any  --finish()-->  gone (said Bye, or dropped): never watched, never beaten again
+//    gone --revive()-->  alive (a dropped worker taken back)
 //
 //   alive      heard from within `silence` (or not watched: nobody expects to hear from it)
 //   held       this side holds a request of the peer's (a pull its rule holds) and owes it a
@@ -66,6 +67,8 @@ class Liveness {
   void rejoin(std::size_t p, time_point now);
   void back(std::size_t p, time_point now);
   void finish(std::size_t p) { peers_[p].state = State::gone; }
+  // A gone peer is back (a worker dropped as silent whose link came back): alive and watched.
+  void revive(std::size_t p, time_point now);
 
   // Every watched peer, alive or held, silent for longer than `silence` at `now` becomes
   // silent, and fn(p) is called for it (once: then it is silent, or whatever fn made it).

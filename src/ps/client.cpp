@@ -98,7 +98,8 @@ void PsClient::collect(const Expect& e, std::vector<char>& pending, F&& on_reply
   // one silent for heartbeat_s is stopped, hung or gone: named now, not at the timeout. With
   // rejoin (cluster.on_server_loss = "restart"), the launcher restarts a server that died: this
   // client says Hello to it again (with its clock) until it answers, then sends the request anew.
-  const Wait w{e, pending, e.watch && beat_every_.count() > 0, opt_.rejoin && bool(e.resend), clock_.now() + timeout_};
+  const Wait w{e, pending, e.watch && beat_every_.count() > 0, (opt_.rejoin || opt_.reconnect_s > 0) && bool(e.resend),
+               clock_.now() + timeout_};
   const auto now = clock_.now();
   for (std::size_t k = 0; k < pending.size(); ++k)
     if (pending[k]) servers_.watch(k, w.watch, now);
@@ -151,9 +152,19 @@ void PsClient::on_silent(int k, const Wait& w) {
 }
 
 RunClock::duration PsClient::back_within() const {
-  // The launcher starts a restarted server within a second of the death: past this, the server
-  // is hung or gone for good, and the wait fails naming it.
-  return std::min<RunClock::duration>(timeout_, std::max<RunClock::duration>(beat_every_ * 16, std::chrono::seconds(10)));
+  // The launcher starts a restarted server within a second of the death; a link that was down
+  // comes back within cluster.reconnect_s. Past this, the server is hung or gone for good, and
+  // the wait fails naming it.
+  RunClock::duration d = std::chrono::duration_cast<RunClock::duration>(std::chrono::duration<double>(opt_.reconnect_s));
+  if (opt_.rejoin) d = std::max<RunClock::duration>({d, beat_every_ * 16, std::chrono::seconds(10)});
+  return std::min<RunClock::duration>(timeout_, d);
+}
+
+std::string PsClient::waiting_for_what() const {
+  char b[160];
+  std::snprintf(b, sizeof b, "%sits link coming back, cluster.reconnect_s = %g",
+                opt_.rejoin ? "a restart, cluster.on_server_loss = \"restart\", or " : "", opt_.reconnect_s);
+  return b;
 }
 
 void PsClient::say_hello_again(int k, const Wait& w) {
@@ -161,15 +172,14 @@ void PsClient::say_hello_again(int k, const Wait& w) {
   const std::size_t i = std::size_t(k);
   if (servers_.state(i) != comm::Liveness::State::rejoining) {
     servers_.rejoin(i, now);
-    std::fprintf(stderr, "%s: server %d at %s went silent during %s: waiting up to %.0f s for it to come back "
-                 "(cluster.on_server_loss = \"restart\")\n", who().c_str(), k, shards_[i].endpoint.c_str(), w.e.what.c_str(),
-                 std::chrono::duration<double>(back_within()).count());
+    std::fprintf(stderr, "%s: server %d at %s went silent during %s: waiting up to %.0f s for it to come back (%s)\n",
+                 who().c_str(), k, shards_[i].endpoint.c_str(), w.e.what.c_str(),
+                 std::chrono::duration<double>(back_within()).count(), waiting_for_what().c_str());
   } else if (servers_.rejoining_s(i, now) > std::chrono::duration<double>(back_within()).count()) {
-    char b[160];
-    std::snprintf(b, sizeof b, "silent for %.1f s and not back after a restart (cluster.on_server_loss = \"restart\"; "
-                  "cluster.heartbeat_s = %g): it is hung or gone for good, during ",
+    char b[120];
+    std::snprintf(b, sizeof b, "silent for %.1f s and not back (cluster.heartbeat_s = %g; ",
                   servers_.rejoining_s(i, now) + std::chrono::duration<double>(beat_every_ * 4).count(), opt_.heartbeat_s);
-    fail(k, b + w.e.what);
+    fail(k, b + waiting_for_what() + "): it is hung or gone for good, during " + w.e.what);
   }
   servers_.heard(i, now);  // the next Hello after another heartbeat_s of silence
   send_hello_again(k);

@@ -90,6 +90,8 @@ class PsClient {
     Pieces pieces;                  // cluster.piece_kib: how dense f32 pushes and pull replies are cut
     bool rejoin = false;            // cluster.on_server_loss = "restart": wait for a silent server
                                     // to come back and rejoin it (needs heartbeat_s > 0)
+    double reconnect_s = 0;         // reconnect_window_s(): wait this long for a silent server's link
+                                    // to come back, saying Hello again (needs heartbeat_s > 0)
   };
   // `endpoints`: the servers' addresses in shard order. `transport` must outlive the client.
   PsClient(comm::Transport& transport, std::vector<std::string> endpoints, const Options& opt);
@@ -175,7 +177,8 @@ class PsClient {
   // beat_every while no Welcome comes: a Hello lost in another cut is sent again).
   void on_unknown_peer(int k, const Wait& w);
   void send_hello_again(int k);
-  RunClock::duration back_within() const;  // how long a restarted server may take to come back
+  RunClock::duration back_within() const;  // how long a silent server may take to come back (restart, link)
+  std::string waiting_for_what() const;    // "its link coming back, cluster.reconnect_s = 30", for messages
   void check_welcome(int k, const wire::Welcome& w);  // the server serves the shard we expect; notes its version
   std::string who() const;                            // "worker 3", "evaluator"
   void send(int k, const wire::Body& body, comm::OutPayload payload = {});

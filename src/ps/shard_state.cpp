@@ -576,4 +576,6 @@ void ShardState::drop_worker(int worker) {
   lost_.at(std::size_t(worker)) = 1;
 }
 
+void ShardState::readmit_worker(int worker) { lost_.at(std::size_t(worker)) = 0; }
+
 }  // namespace pslab

@@ -196,6 +196,8 @@ class ShardState : private ShardOps {
   // open push, if any: abandon_push() first).
   void drop_worker(int worker);
   bool dropped(int worker) const { return lost_[std::size_t(worker)] != 0; }
+  // A dropped worker taken back (its link came back): its clock gates pulls again, from where it was.
+  void readmit_worker(int worker);
   // A worker rejoining a server restarted from a checkpoint that is behind it: its clock moves
   // to `clock` (the mode must train on without the updates in between, as asp and ssp do);
   // returns how many of its updates this shard lost (0 if it was not behind).

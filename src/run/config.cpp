@@ -11,8 +11,8 @@
 #include <fstream>
 #include <limits>
 #include <functional>
-#include <cmath>
 #include <set>
+#include <cmath>
 #include <sstream>
 #include <type_traits>
 
@@ -119,6 +119,9 @@ void visit_fields(Config& c, F&& f) {
   f("cluster.on_worker_loss", c.cluster.on_worker_loss,
     "PS modes: \"continue\" (the servers drop a lost worker and training goes on), \"fail\", or \"auto\": "
     "continue where the mode allows it (asp, ssp, dcasgd, easgd), else fail");
+  f("cluster.reconnect_s", c.cluster.reconnect_s,
+    "how long a link may be down and come back (s): a worker the servers dropped as silent that speaks again within it "
+    "is taken back, and workers wait this long for a silent server; -1: auto, 0 on one host, 30 across hosts; 0: never");
   f("cluster.on_server_loss", c.cluster.on_server_loss,
     "PS modes: \"restart\" (the launcher restarts a server that died from its checkpoint; the workers rejoin it and "
     "the updates since are lost, counted), \"fail\", or \"auto\": restart for asp and ssp over tcp or ipc (not under Slurm), else fail");
@@ -509,6 +512,7 @@ void validate_cluster(const Checker& check) {
         "expected \"auto\", \"curve\" or \"none\", got \"" + c.cluster.auth + "\"");
   check(c.cluster.timeout_s > 0, "cluster.timeout_s", "must be > 0");
   check(c.cluster.heartbeat_s > 0, "cluster.heartbeat_s", "must be > 0");
+  check(c.cluster.reconnect_s >= 0 || c.cluster.reconnect_s == -1, "cluster.reconnect_s", "must be >= 0, or -1 (auto)");
   check(c.cluster.guard_norm_factor == 0 || c.cluster.guard_norm_factor >= 1, "cluster.guard_norm_factor",
         "must be 0 (no norm bound) or >= 1 (a bound below the median would refuse honest pushes)");
   check(c.cluster.guard_drop_after >= 0, "cluster.guard_drop_after", "must be >= 0");
@@ -595,6 +599,13 @@ bool restarts_lost_servers(const ExperimentConfig& c) {
   if (c.cluster.on_server_loss == "fail" || !c.uses_servers() || c.cluster.launcher == "slurm") return false;
   if (c.cluster.transport != "tcp" && c.cluster.transport != "ipc") return false;  // shm, auto (shm on one host)
   return c.mode().trains_without_lost_workers();
+}
+
+double reconnect_window_s(const ExperimentConfig& c) {
+  if (c.cluster.reconnect_s >= 0) return c.cluster.reconnect_s;
+  const std::set<std::string> hosts(c.cluster.hosts.begin(), c.cluster.hosts.end());
+  const bool across_hosts = c.cluster.launcher == "slurm" || (c.cluster.launcher == "ssh" && hosts.size() > 1);
+  return across_hosts ? 30.0 : 0.0;
 }
 
 bool uses_error_feedback(const ExperimentConfig& c) {

@@ -87,6 +87,10 @@ struct ClusterConfig {
   double heartbeat_s = 5.0;  // a worker or all-reduce rank silent this long (no message, no heartbeat) is lost
   std::string on_worker_loss = "auto";  // "continue" (drop it, train on), "fail", or "auto":
                                         // continue where the mode allows it (asp, ssp), else fail
+  // How long a link may be down and come back: a worker the servers dropped as silent that speaks
+  // again within it is taken back, and a worker waits this long for a silent server (-1: auto, 0
+  // on one host, 30 across hosts; 0: never).
+  double reconnect_s = -1.0;
   std::string on_server_loss = "auto";  // "restart" (the launcher restarts a server that died from its
                                         // checkpoint; workers rejoin it), "fail", or "auto": restart
                                         // where the mode trains on when updates are lost (asp, ssp)
@@ -160,6 +164,9 @@ bool continues_without_lost_workers(const ExperimentConfig& c);
 // (cluster.on_server_loss resolved: "auto" is "restart" for asp and ssp over tcp or ipc, not
 // under Slurm).
 bool restarts_lost_servers(const ExperimentConfig& c);
+// cluster.reconnect_s resolved (s): "auto" (-1) is 0 when every process runs on one host (the
+// local launcher, one ssh host) and 30 across hosts (ssh with several, Slurm).
+double reconnect_window_s(const ExperimentConfig& c);
 // Whether the workers' push encoders keep what a lossy codec left out and add it to the next push
 // (cluster.error_feedback resolved: "auto" is on for the codecs that want it, topk and sign).
 bool uses_error_feedback(const ExperimentConfig& c);

@@ -81,6 +81,7 @@ PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int
   // and came back is noticed (the server does not know it) and the session resumed.
   o.heartbeat_s = c.cluster.heartbeat_s;
   o.rejoin = restarts_lost_servers(c);  // a server that dies comes back: wait for it and rejoin
+  o.reconnect_s = reconnect_window_s(c);  // a link that was down comes back: wait for it
   return o;
 }
 

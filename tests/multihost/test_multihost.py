@@ -10,7 +10,8 @@ machine's file system, as cluster nodes share one. The launcher runs in the root
 Checked: bsp, asp and allreduce across the three hosts; cluster.interface = "data0" puts every
 process's traffic on the data network (ZeroMQ and Gloo alike); Ctrl-C of the launcher and a
 `kill -9` of a remote worker leave no process in any namespace (`ip netns pids`), the latter
-reported as a SIGKILL on that host; two concurrent runs on the same hosts do not collide.
+reported as a SIGKILL on that host; two concurrent runs on the same hosts do not collide; a host's
+links down for 10 s in an asp run lose nothing (the servers take back the workers they dropped).
 
 Slurm: slurmctld here, one slurmd per namespace node (nodeA with 3 CPUs, nodeB with 1), munged
 with a key and socket of its own (Debian's slurmctld, slurmd, slurm-client and munge, installed
@@ -179,6 +180,13 @@ class Cluster:
         out = sh("ip", "netns", "pids", self.ns[host], check=False).stdout.split()
         return [int(p) for p in out if sshd or int(p) != self.sshd_pids.get(host)]
 
+    def set_links(self, host, up):
+        """Takes both of `host`'s links (management and data) down or up, at the bridge's end, as a
+        cable pulled out: its connections stay open, their packets go nowhere."""
+        i = HOSTS.index(host)
+        for br in self.bridges:
+            sh("ip", "link", "set", f"{br[:3]}{self.ns[host][-5:]}{i}"[:15], "up" if up else "down")
+
     def data_bytes(self):
         total = 0
         for h in HOSTS:
@@ -338,6 +346,31 @@ class MultiHostTest(Launches, ClusterTestCase):
         self.assertEqual(p.returncode, 1, out + err)
         self.assertIn(f"worker1 (rank 1) on {started[0]['host']} was killed by signal 9 (SIGKILL) on "
                       f"{started[0]['host']} (pid {pid})", err)
+        self.assert_no_process_on_any_host()
+
+    def test_a_link_down_for_ten_seconds_loses_nothing(self):
+        # asp across the three hosts; the links of the host running worker 2 go down for 10 s. The
+        # servers elsewhere drop the workers they no longer hear after heartbeat_s and take them
+        # back when the link returns (cluster.reconnect_s, 30 s across hosts); workers and the
+        # evaluator wait for their silent servers meanwhile. The run ends ok, nobody lost.
+        p = self.launch_bg("run", self.config("link.toml", "asp", steps=4000, extra="heartbeat_s = 2"),
+                           "--runs-dir", self.runs, "--no-plots")
+        self.wait_for_train_lines(self.runs, ["worker0", "worker1", "worker2"])
+        run, = self.runs_of(self.runs)
+        host = next(q["host"] for q in json.loads((run / "manifest.json").read_text())["processes"] if q["name"] == "worker2")
+        self.cluster.set_links(host, False)
+        try:
+            time.sleep(10)
+        finally:
+            self.cluster.set_links(host, True)
+        out, err = p.communicate(timeout=240)
+        self.assertEqual(p.returncode, 0, out + err)
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok", s)
+        self.assertEqual(s["workers_lost"], [])
+        self.assertEqual(s["updates_lost"], 0)
+        self.assertGreaterEqual(s["workers_back"], 1, "the link's loss went unnoticed: no server dropped and took back a worker")
+        self.assertEqual(s["pushed_by_codec"]["f32"]["pushes"], 3 * 2 * 4000)
         self.assert_no_process_on_any_host()
 
     def test_two_concurrent_runs_on_the_same_hosts(self):

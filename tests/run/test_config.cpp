@@ -81,6 +81,19 @@ TEST(Config, PullCodecsRoundEachValueAndNeedServers) {
             std::string::npos);
 }
 
+// cluster.reconnect_s: auto is 0 on one host and 30 s across hosts; a value of one's own stands.
+TEST(Config, ReconnectWindowIsZeroOnOneHostAndThirtySecondsAcross) {
+  const auto window = [](const std::string& cluster) {
+    return reconnect_window_s(parse_config("name = \"x\"\n[cluster]\n" + cluster, "exp.toml"));
+  };
+  EXPECT_EQ(window(""), 0.0);
+  EXPECT_EQ(window("launcher = \"ssh\"\nhosts = [\"a\", \"a\"]\n"), 0.0);
+  EXPECT_EQ(window("launcher = \"ssh\"\nhosts = [\"a\", \"b\"]\n"), 30.0);
+  EXPECT_EQ(window("launcher = \"slurm\"\n"), 30.0);
+  EXPECT_EQ(window("launcher = \"ssh\"\nhosts = [\"a\", \"b\"]\nreconnect_s = 5\n"), 5.0);
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nreconnect_s = -2\n"), "exp.toml: cluster.reconnect_s: must be >= 0, or -1 (auto)");
+}
+
 TEST(Config, UnknownModeIsNamed) {
   const std::string e = error_of("name = \"x\"\n[cluster]\nmode = \"gossip\"\n");
   EXPECT_EQ(e, "exp.toml: cluster.mode: \"gossip\" is not a mode: expected \"allreduce\", \"bsp\", \"ssp:<s>\", \"asp\", "

@@ -458,6 +458,75 @@ TEST(WorkerLoss, AnAspServerKeepsABusyWorkerAndDropsADeadOne) {
 
 // ssp: the pull of a worker waiting for a hung one is served once the hung one is dropped; the
 // hung one, when it wakes, is told it was dropped.
+// A link that is down longer than heartbeat_s and comes back within cluster.reconnect_s: the
+// servers drop the silent worker (the others train on), and take it back when it speaks again,
+// from its clock, its pushes applied; with reconnect_s = 0 it stays dropped and is told so.
+TEST(WorkerLoss, AWorkerBackWithinReconnectIsTakenBackAndLaterIsRefused) {
+  for (const double reconnect_s : {10.0, 0.0}) {
+    SCOPED_TRACE("reconnect_s = " + std::to_string(reconnect_s));
+    ExperimentConfig cfg = test::small_config("asp", 2, 2);
+    cfg.cluster.heartbeat_s = 0.3;
+    cfg.cluster.reconnect_s = reconnect_s;
+    TwoWorkerRun run(cfg, /*hung=*/true);  // worker 1 sends no heartbeats: cut off while it computes
+    auto& [cluster, P, w0, w1] = run;
+    std::vector<float> theta(P), grad(P, 0.5f);
+    w1->pull(0, theta.data());
+    for (long c = 0; c < 8; ++c) {  // worker 0 trains on, 0.8 s
+      w0->push(c, 1, grad.data(), theta.data());
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    for (const auto& s : cluster.servers) {
+      ASSERT_EQ(s->workers_lost().size(), 1u) << "worker 1 was not dropped";
+      EXPECT_EQ(s->workers_lost()[0]["may_return_s"], reconnect_s);
+    }
+    if (reconnect_s == 0) {
+      EXPECT_THROW(w1->push(0, 1, grad.data(), theta.data()), std::runtime_error);
+      w0->bye(8);
+      cluster.join();
+      cluster.rethrow();
+      for (const auto& s : cluster.servers) EXPECT_EQ(s->state().version(), 8);
+      continue;
+    }
+    w1->push(0, 1, grad.data(), theta.data());  // its link is back
+    w1->push(1, 1, grad.data(), theta.data());
+    w0->bye(8);
+    w1->bye(2);
+    cluster.join();
+    cluster.rethrow();
+    for (const auto& s : cluster.servers) {
+      EXPECT_EQ(s->state().version(), 10) << "its pushes were not applied";
+      EXPECT_EQ(s->workers_lost().size(), 0u) << "taken back, it is not lost";
+      EXPECT_EQ(s->counters().workers_back, 1);
+    }
+  }
+}
+
+// When no worker at all is heard for heartbeat_s, the silence is the server's (its link is down):
+// nobody is dropped, and every worker goes on when it is heard again.
+TEST(WorkerLoss, AServerThatHearsNoWorkerDropsNone) {
+  ExperimentConfig cfg = test::small_config("asp", 2, 1);
+  cfg.cluster.heartbeat_s = 0.3;
+  Cluster cluster(cfg);
+  const std::size_t P = count_params(model_spec(cfg));
+  std::vector<std::unique_ptr<PsClient>> w;
+  for (int r = 0; r < 2; ++r) {
+    PsClient::Options o = client_options(cfg, wire::Role::worker, r);
+    o.heartbeat_s = 0;  // silent while they compute, as when this server's link is down
+    w.push_back(std::make_unique<PsClient>(*cluster.transport, cluster.endpoints, o));
+  }
+  std::thread t([&] { w[1]->connect(); });
+  w[0]->connect();
+  t.join();
+  std::vector<float> theta(P), grad(P, 0.5f);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  EXPECT_EQ(cluster.servers[0]->workers_lost().size(), 0u) << "a server cut off from everyone dropped a worker";
+  for (int r = 0; r < 2; ++r) w[std::size_t(r)]->push(0, 1, grad.data(), theta.data());
+  for (int r = 0; r < 2; ++r) w[std::size_t(r)]->bye(1);
+  cluster.join();
+  cluster.rethrow();
+  EXPECT_EQ(cluster.servers[0]->state().version(), 2);
+}
+
 TEST(WorkerLoss, SspServesThePullsAHungWorkerHeldOnceItIsDropped) {
   ExperimentConfig cfg = test::small_config("ssp:0", 2, 1);
   cfg.cluster.heartbeat_s = 0.3;
