@@ -311,6 +311,8 @@ void Server::on_duplicate_push(const std::string& id, const Peer& p, const wire:
                  "answered, not applied again\n", opt_.shard, p.rank, m.clock, state_->clock_of(p.rank));
   if (!m.then_pull || m.clock + 1 != state_->clock_of(p.rank))
     return send(id, header(wire::PushAck{m.clock, state_->version()}));
+  // Its pull is served again, later than the push it came with: a replay cannot re-execute that.
+  if (trace_) trace_->event("again " + std::to_string(p.rank) + " " + std::to_string(m.clock + 1));
   ++counters_.pulls;
   on_pull(id, p, m.clock + 1);
 }

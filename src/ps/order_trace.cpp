@@ -4,6 +4,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <utility>
 #include <sstream>
 #include <stdexcept>
 
@@ -49,9 +51,10 @@ std::vector<TraceOp> read_order_trace(const std::string& path) {
   for (std::string line; std::getline(in, line);) lines.push_back(std::move(line));
   for (std::size_t i = 0; i < lines.size(); ++i) {  // first: events a replay cannot re-execute, wherever they are
     const std::string kind = lines[i].substr(0, lines[i].find(' '));
-    if (kind == "drop" || kind == "rejoin" || kind == "resume")
+    if (kind == "drop" || kind == "rejoin" || kind == "resume" || kind == "readmit" || kind == "again")
       throw std::runtime_error(path + ":" + std::to_string(i + 1) + ": the run had a '" + kind +
-                               "' (a lost worker, a restarted server or a resumed run): its order cannot be replayed");
+                               "' (a lost worker, a restarted server, a resumed run, or a push+pull whose answer a cut "
+                               "connection lost, answered again later): its order cannot be replayed");
   }
   std::vector<TraceOp> ops;
   for (long n = 1; n <= long(lines.size()); ++n) {
@@ -71,6 +74,16 @@ std::vector<TraceOp> read_order_trace(const std::string& path) {
     if (!ok) throw std::runtime_error(path + ":" + std::to_string(n) + ": not an order-trace line: \"" + line + "\"");
     ops.push_back(op);
   }
+  // A pull served twice (the answer to the first was lost with a cut connection, and the worker
+  // asked again) counts where it was served last: that is the θ the worker took.
+  std::set<std::pair<int, long>> later;
+  std::vector<char> keep(ops.size(), 1);
+  for (std::size_t i = ops.size(); i-- > 0;)
+    if (ops[i].kind == TraceOp::pull && !later.insert({ops[i].worker, ops[i].clock}).second) keep[i] = 0;
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i)
+    if (keep[i]) ops[n++] = ops[i];
+  ops.resize(n);
   return ops;
 }
 

@@ -6,7 +6,13 @@
 // File: RUN_DIR/trace/server<k>.txt, one operation per line, in the server's order:
 //   push W CLOCK VERSION_PULLED BATCH     worker W's gradient for its step CLOCK was applied (or accumulated)
 //   pull W CLOCK VERSION                  worker W was served θ of VERSION for its step CLOCK
-//   drop W | rejoin W CLOCK | resume      events a replay cannot re-execute (it refuses the trace)
+//   drop W | rejoin W CLOCK | resume      events a replay cannot re-execute (it refuses the trace):
+//   | readmit W | again W CLOCK           readmit, a dropped worker taken back; again, the pull of a
+//                                         push+pull whose answer a cut connection lost, served again
+//                                         later than its push
+// A pull served twice for the same worker and clock (its first answer lost with a cut
+// connection, and the worker asked again) is read where it was served last: that is the θ the
+// worker took.
 //
 // Threading: the server's event-loop thread.
 #pragma once

@@ -110,9 +110,23 @@ TEST(OrderTraceFile, ATraceTornByAKillIsRefusedForItsRestart) {
     read_order_trace(path);
     ADD_FAILURE() << "a trace with a restart was read";
   } catch (const std::runtime_error& e) {
-    EXPECT_EQ(std::string(e.what()), path + ":4: the run had a 'resume' (a lost worker, a restarted server or a resumed run): "
+    EXPECT_EQ(std::string(e.what()), path + ":4: the run had a 'resume' (a lost worker, a restarted server, a resumed run, "
+                                            "or a push+pull whose answer a cut connection lost, answered again later): "
                                             "its order cannot be replayed");
   }
+  std::filesystem::remove(path);
+}
+
+// A pull served twice for one worker and clock (its first answer lost with a cut connection)
+// is read where it was served last, the θ the worker took.
+TEST(OrderTraceFile, APullServedAgainCountsWhereItWasServedLast) {
+  const std::string path = (std::filesystem::temp_directory_path() / ("pslab-again-" + std::to_string(::getpid()) + ".txt")).string();
+  std::ofstream(path) << "push 0 0 0 1\npull 0 1 1\npush 1 0 0 1\npull 0 1 2\npull 1 1 2\n";
+  const std::vector<TraceOp> ops = read_order_trace(path);
+  ASSERT_EQ(ops.size(), 4u);
+  EXPECT_EQ(ops[1].kind, TraceOp::push);
+  EXPECT_EQ(ops[2].kind, TraceOp::pull);
+  EXPECT_EQ((std::vector<long>{ops[2].worker, ops[2].clock, ops[2].version}), (std::vector<long>{0, 1, 2}));
   std::filesystem::remove(path);
 }
 
