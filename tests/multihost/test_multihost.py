@@ -11,13 +11,17 @@ Checked: bsp, asp and allreduce across the three hosts; cluster.interface = "dat
 process's traffic on the data network (ZeroMQ and Gloo alike); Ctrl-C of the launcher and a
 `kill -9` of a remote worker leave no process in any namespace (`ip netns pids`), the latter
 reported as a SIGKILL on that host; two concurrent runs on the same hosts do not collide; a host's
-links down for 10 s in an asp run lose nothing (the servers take back the workers they dropped).
+links down for 10 s in an asp run lose nothing (the servers take back the workers they dropped);
+a replay of an ssh run is bit for bit; a server killed over ssh, before and after its first
+checkpoint, is restarted there and the run ends ok.
 
 Slurm: slurmctld here, one slurmd per namespace node (nodeA with 3 CPUs, nodeB with 1), munged
 with a key and socket of its own (Debian's slurmctld, slurmd, slurm-client and munge, installed
 when missing). Checked: an uneven allocation (`salloc -N 2 -n 4`: 3 tasks on nodeA, 1 on nodeB)
 runs with each task where Slurm put it, recorded so in the manifest; allreduce (Gloo) across the
-nodes; `scancel` reported as a cancelled job, with no process left on either node.
+nodes; `scancel` reported as a cancelled job (under salloc and under sbatch), a task killed with
+kill -9 reported as that task killed (not as the step's cancellation that follows), with no
+process left on either node.
 
 Needs root, iproute2 and network namespaces, sshd and Slurm (installed with apt-get when
 missing); skips with the reason otherwise. Run from the repository root:
@@ -35,7 +39,7 @@ import tempfile
 import time
 import unittest
 
-from tests.launcher.helpers import BUILD, LAUNCH, PYTHON, REPO, TINY, Launches, wait_for_train_lines_in
+from tests.launcher.helpers import BUILD, LAUNCH, PYTHON, REPO, TINY, Launches, wait_for_train_lines_in, wait_until
 
 SSHD = "/usr/sbin/sshd"
 HOSTS = ("hostA", "hostB", "hostC")
@@ -373,6 +377,45 @@ class MultiHostTest(Launches, ClusterTestCase):
         self.assertEqual(s["pushed_by_codec"]["f32"]["pushes"], 3 * 2 * 4000)
         self.assert_no_process_on_any_host()
 
+    def test_replay_of_an_ssh_run_is_bit_for_bit(self):
+        # the remote processes got the launcher's numerics environment (BLAS core type, thread
+        # counts), recorded in the manifest, so a replay here computes what they computed
+        r = self.launch("run", self.config("replay.toml", "asp"), "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        run, = self.runs_of(self.runs)
+        self.assertIn("numerics_env", json.loads((run / "manifest.json").read_text()))
+        r = self.launch("replay", run, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("bit for bit: 2 shard checksum(s) equal", r.stdout)
+        self.assertNotIn("numerics environment differs", r.stderr)
+
+    def test_a_server_killed_over_ssh_comes_back(self):
+        # asp over tcp across the hosts: kill -9 of the remote server 1, before its first
+        # checkpoint (from the run's initial θ) and after one (from it); the launcher restarts it
+        # on its host over ssh, the workers rejoin it, the run ends ok and counts what was lost
+        for every_s, how in ((1000, "from the run's initial θ"), (0.3, "from its checkpoint")):
+            with self.subTest(checkpoint_every_s=every_s):
+                runs = self.runs / str(every_s)
+                path = self.config(f"kill-server-{every_s}.toml", "asp", steps=3000,
+                                   extra='transport = "tcp"\nheartbeat_s = 1\n')
+                path.write_text(path.read_text() + f"\n[checkpoint]\nevery_s = {every_s}\n")
+                p = self.launch_bg("run", path, "--runs-dir", runs, "--no-plots")
+                self.wait_for_train_lines(runs, ["worker0", "worker1", "worker2"])
+                run, = self.runs_of(runs)
+                if every_s < 1:
+                    wait_until(self, (run / "checkpoints" / "server1.ckpt").exists, 20, "server 1 wrote no checkpoint")
+                started = [json.loads(line.split(" ", 1)[1]) for line in (run / "logs" / "server1.log").read_text().splitlines()
+                           if line.startswith("[pslab-launch] ")]
+                os.kill(started[0]["pid"], signal.SIGKILL)
+                out, err = p.communicate(timeout=120)
+                self.assertEqual(p.returncode, 0, out + err)
+                self.assertIn(f"restarting it {how}", err)
+                s = json.loads((run / "summary.json").read_text())
+                self.assertEqual(s["status"], "ok", s.get("failure"))
+                self.assertEqual([r["server"] for r in s["servers_restarted"]], [1])
+                self.assertGreater(s["final_test_acc"], 0.85)
+                self.assert_no_process_on_any_host()
+
     def test_two_concurrent_runs_on_the_same_hosts(self):
         path = self.config("concurrent.toml", "asp", steps=800)
         a = self.launch_bg("run", path, "--runs-dir", self.runs / "a", "--no-plots")
@@ -641,6 +684,41 @@ class SlurmTest(ClusterTestCase):
         self.assertEqual(s["status"], "cancelled", s.get("failure"))
         self.assertIn("was cancelled", err)
         self.assertNotIn("task 1 = server", err)
+        self.assert_no_process_on_any_node()
+
+    def test_a_killed_task_is_reported_as_killed_not_cancelled(self):
+        # kill -9 of worker 1's task: srun's --kill-on-bad-exit then cancels the step, a consequence;
+        # the run is reported as what happened first, the task killed
+        p = self.start_long_run("killed.toml")
+        worker1 = [pid for n in SLURM_NODES for pid in self.cluster.pids(n)
+                   if "pslab_worker ps" in cmdline(pid) and "--rank 1 " in cmdline(pid) + " "]
+        self.assertEqual(len(worker1), 1, [cmdline(pid) for n in SLURM_NODES for pid in self.cluster.pids(n)])
+        os.kill(worker1[0], signal.SIGKILL)
+        out, err = p.communicate(timeout=90)
+        self.assertNotEqual(p.returncode, 0)
+        s = json.loads((self.run_of() / "summary.json").read_text())
+        self.assertEqual(s["status"], "failed", s.get("failure"))
+        self.assertRegex(s["failure"], r"task \d+ = worker1 \(rank 1\) on node[AB] failed first \(Killed\)")
+        self.assertNotIn("was cancelled", err)
+        self.assert_no_process_on_any_node()
+
+    def test_a_batch_job_cancelled_by_scancel_is_reported_as_cancelled(self):
+        # under sbatch, scancel reaches the launcher as a SIGTERM; it asks Slurm why and says so
+        out = self.tmp / "sbatch.out"
+        cmd = " ".join([PYTHON, str(LAUNCH), "run", str(self.config("batch.toml", steps=100000)), "--runs-dir",
+                        str(self.runs), "--no-plots"])
+        r = sh("sbatch", "-N", "2", "-n", "4", "-o", str(out), "--wrap", cmd, env=self.env, cwd=REPO)
+        job = r.stdout.split()[-1]
+        self.addCleanup(lambda: sh("scancel", job, check=False, env=self.env))
+        wait_for_train_lines_in(self, self.runs, ["worker1"], 60, runs_glob="tiny/*/*")
+        sh("scancel", job, env=self.env)
+        wait_until(self, lambda: job not in sh("squeue", "-h", "-o", "%i", env=self.env).stdout.split(), 90,
+                   f"job {job} did not end after scancel")
+        summary = self.run_of() / "summary.json"  # written as the launcher stops, a moment after the job left squeue
+        wait_until(self, summary.exists, 30, "no summary.json after scancel: " + (out.read_text() if out.exists() else ""))
+        s = json.loads(summary.read_text())
+        self.assertEqual(s["status"], "cancelled", s.get("failure"))
+        self.assertIn(f"the Slurm job {job} was cancelled (by scancel", s["failure"])
         self.assert_no_process_on_any_node()
 
 
