@@ -12,7 +12,8 @@ process's traffic on the data network (ZeroMQ and Gloo alike); Ctrl-C of the lau
 `kill -9` of a remote worker leave no process in any namespace (`ip netns pids`), the latter
 reported as a SIGKILL on that host; two concurrent runs on the same hosts do not collide; a host's
 links down for 10 s in an asp run lose nothing (the servers take back the workers they dropped);
-a replay of an ssh run is bit for bit; a server killed over ssh, before and after its first
+the launcher run from one of the hosts (where its own name is 127.0.1.1) places and reaches
+every process at its host's address; a replay of an ssh run is bit for bit; a server killed over ssh, before and after its first
 checkpoint, is restarted there and the run ends ok.
 
 Slurm: slurmctld here, one slurmd per namespace node (nodeA with 3 CPUs, nodeB with 1), munged
@@ -414,6 +415,23 @@ class MultiHostTest(Launches, ClusterTestCase):
                 self.assertEqual(s["status"], "ok", s.get("failure"))
                 self.assertEqual([r["server"] for r in s["servers_restarted"]], [1])
                 self.assertGreater(s["final_test_acc"], 0.85)
+                self.assert_no_process_on_any_host()
+
+    def test_the_launcher_on_one_of_the_hosts(self):
+        # the launcher run from hostA itself (its name there is 127.0.1.1), placing processes on all
+        # three hosts, hostA included, over ssh: every process is reached at its host's address
+        for mode in ("asp", "allreduce"):
+            with self.subTest(mode=mode):
+                runs = self.runs / mode
+                r = subprocess.run(["ip", "netns", "exec", self.cluster.ns["hostA"], PYTHON, str(LAUNCH), "run",
+                                    str(self.config(f"on-a-{mode}.toml", mode)), "--runs-dir", str(runs), "--no-plots"],
+                                   cwd=REPO, env=self.env, capture_output=True, text=True, timeout=180)
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                run, = self.runs_of(runs)
+                self.assertEqual(json.loads((run / "summary.json").read_text())["status"], "ok")
+                m = json.loads((run / "manifest.json").read_text())
+                self.assertEqual({p["hostname"] for p in m["processes"]}, set(HOSTS))
+                self.assertNotIn("127.0.1.1", " ".join(p["command"] for p in m["processes"]))
                 self.assert_no_process_on_any_host()
 
     def test_two_concurrent_runs_on_the_same_hosts(self):
