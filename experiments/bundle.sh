@@ -12,6 +12,8 @@
 #                              or the CUDA toolkit (ZeroMQ, OpenBLAS, Gloo, toml++, ...); the
 #                              binaries find it by their RPATH $ORIGIN/../lib, wherever unpacked
 #   experiments/ README.md
+#   BUNDLE.json                the git revision it was made from and its libraries' Debian
+#                              packages and versions (a run's manifest.json records them)
 #   tests/gpu.sh tests/bench/torch_train.py   the GPU check (one command) and its PyTorch peer
 #   data/fashion-mnist/        unless --no-data; the bundle's configs point at it (relative to
 #                              the bundle's root, where the launcher runs every process)
@@ -101,6 +103,23 @@ if ((data)); then
     sed -i 's|^kind = "fashion-mnist"\(.*\)$|kind = "fashion-mnist"\1\npath = "data/fashion-mnist"   # the bundle'"'"'s copy|' "$c"
   done
 fi
+# What the bundle is, for the manifests of the runs made from it (no git there; the libraries
+# in build/lib are the bundle's, not the target's): revision, and each library's Debian package.
+{
+  full=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
+  dirty=false; [[ -n $(git -C "$root" status --porcelain 2>/dev/null) ]] && dirty=true
+  printf '{\n  "revision": "%s",\n  "dirty": %s,\n  "made": "%s",\n  "libraries": {' "$full" "$dirty" "$(date -Iseconds)"
+  sep=""
+  for f in "$dst"/build/lib/*; do
+    [[ -e $f ]] || continue
+    lib=$(basename "$f")
+    pkg=$(dpkg -S "*/$lib" 2>/dev/null | head -1 | cut -d: -f1)
+    ver=$([[ -n $pkg ]] && dpkg-query -W -f='${Version}' "$pkg" 2>/dev/null || echo unknown)
+    printf '%s\n    "%s": "%s %s"' "$sep" "$lib" "${pkg:-unpackaged}" "$ver"
+    sep=","
+  done
+  printf '\n  }\n}\n'
+} > "$dst/BUNDLE.json"
 tar czf "$out" -C "$stage" "$name"
 echo "bundle.sh: $out ($(du -h "$out" | cut -f1)): $(ls "$dst/build/lib" | wc -l) libraries in build/lib$( ((data)) && echo ", Fashion-MNIST in data/")"
 echo "bundle.sh: on the target: tar xzf $(basename "$out") && cd $name && /usr/bin/python3 experiments/launch.py run experiments/configs/default.toml"

@@ -19,6 +19,7 @@ if [[ $hidden == --hidden ]]; then
   if ! unshare -m true 2>/dev/null; then echo "SKIPPED: no mount namespace here (unshare -m failed)"; exit 0; fi
 fi
 
+rev=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/pslab-test-bundle-XXXXXX")
 trap 'pkill -KILL -f "$tmp/" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 "$root/experiments/bundle.sh" --build-dir "$build" --out "$tmp/made/pslab.tar.gz"
@@ -55,6 +56,10 @@ run_comparison() {  # the default comparison, 60 steps per worker, from the bund
   for s in "$tmp"/runs/compare/latest/*/summary.json; do
     grep -q '"status": "ok"' "$s" || fail "$s: $(cat "$s")"
     grep -q "$b/build/worker/pslab_worker" "$(dirname "$s")/manifest.json" || fail "$(dirname "$s") did not run the bundle's binaries"
+    # the manifest says which revision the bundle was made from, and the bundle's own libraries
+    grep -q "\"revision\": \"$rev\"" "$(dirname "$s")/manifest.json" || fail "$(dirname "$s")/manifest.json: not revision $rev"
+    grep -q '"bundled": {' "$(dirname "$s")/manifest.json" || fail "$(dirname "$s")/manifest.json: no bundled libraries"
+    grep -q '"libzmq.so.5": "libzmq5' "$(dirname "$s")/manifest.json" || fail "$(dirname "$s")/manifest.json: libzmq's package not named"
     n=$((n + 1))
   done
   ((n == 4)) || fail "expected the 4 runs of the default comparison, found $n"
@@ -69,7 +74,7 @@ fi
 # Hide, in a namespace of our own, every system copy of what the bundle carries (each path
 # the loader could find it at) and the Debian data set, then check and run again. Python's own
 # libraries stay (the target has a Python; the launcher runs on it).
-export b tmp system toolkit
+export b tmp system toolkit rev
 export -f check_resolution run_comparison fail
 unshare -m bash -euo pipefail -c '
   mount --make-rprivate /

@@ -1,6 +1,7 @@
 """What every part of the launcher shares: the checkout's path, output, writing its files, and
 the errors that end an invocation (UsageError: exit 2; CannotWrite: exit 1) or a run (RunFailed:
 exit 1)."""
+import json
 import os
 import pathlib
 import subprocess
@@ -24,8 +25,20 @@ def is_loopback(addr):
 LAUNCHER_PROTOCOL = 2
 
 
+def bundle_facts():
+    """A bundle's BUNDLE.json (experiments/bundle.sh: revision, dirty, made, libraries), or None
+    (a checkout)."""
+    try:
+        return json.loads((REPO / "BUNDLE.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def checkout_revision():
-    """This checkout's git revision (short), or None (a bundle, or no git)."""
+    """This checkout's git revision (short), a bundle's (the one it was made from), or None."""
+    bundle = bundle_facts()
+    if bundle and bundle.get("revision") not in (None, "unknown"):
+        return bundle["revision"][:7]
     return cmd_out(["git", "rev-parse", "--short", "HEAD"], cwd=REPO)
 
 

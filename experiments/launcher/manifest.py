@@ -10,7 +10,7 @@ import shutil
 import socket
 import sys
 
-from .common import REPO, cmd_out, numerics_env, write_file
+from .common import REPO, bundle_facts, cmd_out, numerics_env, write_file
 from .remote import markers
 
 LIBRARY_PACKAGES = ["libzmq5", "libopenblas0", "libopenblas0-pthread", "libgloo0", "libflatbuffers2",
@@ -38,10 +38,17 @@ def host_facts():
         if ver:
             libs[pkg] = ver
     libs["python"] = platform.python_version()
-    rev = cmd_out(["git", "rev-parse", "HEAD"], cwd=REPO)
-    status = cmd_out(["git", "--no-optional-locks", "status", "--porcelain"], cwd=REPO)
+    bundle = bundle_facts()
+    if bundle:  # a bundle: no git, and its binaries load its own libraries (build/lib)
+        git = {"revision": bundle.get("revision"), "dirty": bundle.get("dirty"), "bundle_made": bundle.get("made")}
+        libs = {"bundled": bundle.get("libraries", {}), "python": libs["python"],
+                **{k: v for k, v in libs.items() if k.startswith("python3-")}}
+    else:
+        status = cmd_out(["git", "--no-optional-locks", "status", "--porcelain"], cwd=REPO)
+        git = {"revision": cmd_out(["git", "rev-parse", "HEAD"], cwd=REPO),
+               "dirty": bool(status) if status is not None else None}
     return {
-        "git": {"revision": rev, "dirty": bool(status) if status is not None else None},
+        "git": git,
         "host": socket.gethostname(),
         "cpu": {"model": cpu, "cores": os.cpu_count()},
         "gpu": gpu or None,
