@@ -282,8 +282,8 @@ class Supervisor:
         self.progress.poll()
         if 0 <= p.returncode < 128 and p.rank not in self.progress.dropped:
             return False
-        if p.rank not in self.progress.first:  # it failed before training: a problem with its start, not a loss
-            return False
+        if p.rank not in self.progress.first and p.rank not in self.progress.dropped:
+            return False  # it failed before training: a problem with its start, not a loss (unless the servers dropped it)
         self.lost.append({"worker": p.rank, "how": how_it_ended(p), "log": str(p.log)})
         self.progress.forget(p.rank)
         warn(f"{p.describe()} on {p.host} {how_it_ended(p)}; the run goes on without it "

@@ -145,6 +145,12 @@ void visit_fields(Config& c, F&& f) {
   f("straggler.slowdown", c.straggler.slowdown, "compute of those ranks takes this many times as long");
   f("straggler.delay_ms", c.straggler.delay_ms, "fixed extra sleep per step, every worker (ms)");
   f("straggler.exp_delay_ms", c.straggler.exp_delay_ms, "extra sleep per step ~ Exp(mean), every worker (ms)");
+  f("byzantine.workers", c.byzantine.workers,
+    "PS modes that push gradients: ranks that push garbage on purpose (robustness experiments; cluster.push_guard)");
+  f("byzantine.kind", c.byzantine.kind,
+    "what they push instead of their gradient: \"nan\", \"noise\" (uniform in ±byzantine.scale), or \"batch\" "
+    "(the gradient, claiming a batch of 2^31 - 1)");
+  f("byzantine.scale", c.byzantine.scale, "\"noise\": its amplitude");
   f("virtual.compute_ms", c.virtual_cluster.compute_ms,
     "virtual cluster: a worker's forward + backward at train.batch (ms; 0: measured at start on this machine)");
   f("virtual.latency_us", c.virtual_cluster.latency_us, "virtual cluster: one message's latency, one way (us)");
@@ -578,6 +584,16 @@ void validate_eval_and_straggler(const Checker& check) {
     check(w >= 0 && w < c.cluster.workers, "straggler.workers",
           "rank " + std::to_string(w) + " is not a worker (cluster.workers = " + std::to_string(c.cluster.workers) + ")");
   check(c.straggler.slowdown >= 1, "straggler.slowdown", "must be >= 1");
+  for (int w : c.byzantine.workers)
+    check(w >= 0 && w < c.cluster.workers, "byzantine.workers",
+          "rank " + std::to_string(w) + " is not a worker (cluster.workers = " + std::to_string(c.cluster.workers) + ")");
+  check(c.byzantine.kind == "nan" || c.byzantine.kind == "noise" || c.byzantine.kind == "batch", "byzantine.kind",
+        "expected \"nan\", \"noise\" or \"batch\", got \"" + c.byzantine.kind + "\"");
+  check(c.byzantine.scale > 0, "byzantine.scale", "must be > 0");
+  check(c.byzantine.workers.empty() ||
+            (c.uses_servers() && c.mode().worker_protocol().kind == WorkerProtocol::Kind::gradient),
+        "byzantine.workers", "needs a parameter-server mode whose workers push gradients (bsp, ssp, asp, dcasgd); "
+                             "cluster.mode = \"" + c.cluster.mode + "\"");
   check(c.straggler.delay_ms >= 0, "straggler.delay_ms", "must be >= 0");
   check(c.straggler.exp_delay_ms >= 0, "straggler.exp_delay_ms", "must be >= 0");
 }

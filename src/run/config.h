@@ -100,7 +100,7 @@ struct ClusterConfig {
   // not finite, or a norm over guard_norm_factor x the median of recent ones are refused,
   // counted, and count as empty; guard_drop_after refusals in a row drop the worker.
   bool push_guard = true;
-  double guard_norm_factor = 10.0;  // 0: no norm bound
+  double guard_norm_factor = 4.0;   // 0: no norm bound
   int guard_drop_after = 10;        // 0: never dropped for it
 };
 
@@ -121,6 +121,15 @@ struct StragglerConfig {
   double slowdown = 1.0;     // those ranks' compute takes this many times as long
   double delay_ms = 0.0;     // fixed extra sleep per step, every worker
   double exp_delay_ms = 0.0; // extra sleep per step ~ Exp(mean), every worker, from the seed
+};
+
+// Workers that push garbage on purpose, for experiments on robustness (and on the servers' push
+// guard, cluster.push_guard): instead of its gradient, each of these ranks pushes NaN ("nan"),
+// uniform noise in ±scale ("noise"), or its gradient claiming a batch of 2^31 - 1 ("batch").
+struct ByzantineConfig {
+  std::vector<int> workers;   // the ranks that misbehave
+  std::string kind = "nan";   // "nan", "noise" or "batch"
+  double scale = 0.5;         // "noise": its amplitude
 };
 
 // cluster.launcher = "virtual": the cost model of the simulated cluster (worker/virtual_cluster.h);
@@ -148,6 +157,7 @@ struct ExperimentConfig {
   EvalConfig eval;
   CheckpointConfig checkpoint;
   StragglerConfig straggler;
+  ByzantineConfig byzantine;
   VirtualConfig virtual_cluster;  // [virtual]
 
   // The mode cluster.mode names (made once per process; ps/modes/mode.h). Throws

@@ -239,6 +239,32 @@ class Runs(LauncherTestCase):
         self.assertEqual((self.tmp / "plots" / "seeds.png").read_bytes()[:8], PNG_MAGIC)
 
 
+class BadInsider(LauncherTestCase):
+    """A worker that holds the run's key and pushes NaN, noise of ±0.5 or absurd batches
+    (byzantine.workers = [2] of 3): the servers' push guard refuses and counts its pushes (and
+    drops it after 10 in a row), the run ends ok, and its accuracy is within 0.5 points of the
+    same run without the bad worker (workers 0 and 1 alone)."""
+
+    def test_nan_noise_and_absurd_batches_are_refused_and_change_little(self):
+        path = self.tiny_variant("insider.toml", [('mode = "bsp"', 'mode = "asp"'), ("workers = 2", "workers = 3")])
+        without = self.summary_of(path, "without", "--set", "cluster.workers=2")
+        self.assertEqual(without["pushes_refused"], {})
+        for kind in ("nan", "noise", "batch"):
+            with self.subTest(kind=kind):
+                s = self.summary_of(path, kind, "--set", "byzantine.workers=[2]", "--set", f'byzantine.kind="{kind}"')
+                self.assertEqual(s["status"], "ok", s.get("failure"))
+                self.assertEqual(list(s["pushes_refused"]), ["2"], s["pushes_refused"])
+                self.assertEqual([w["worker"] for w in s["workers_lost"]], [2], "dropped after 10 refusals in a row")
+                self.assertLess(abs(s["final_test_acc"] - without["final_test_acc"]), 0.005,
+                                f"{kind}: {s['final_test_acc']} against {without['final_test_acc']} without the bad worker")
+
+    def summary_of(self, path, name, *sets):
+        runs = self.tmp / f"runs-{name}"
+        r = self.launch("run", path, "--runs-dir", runs, "--no-plots", *sets, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        return json.loads(next(runs.glob("tiny/*/run/summary.json")).read_text())
+
+
 class Outsiders(LauncherTestCase):
     """A config that names no key (tiny.toml: tcp on 127.0.0.1) is closed to another local user:
     the launcher makes the run's key, and a real worker started as `nobody` with the run's config

@@ -94,6 +94,17 @@ TEST(Config, ReconnectWindowIsZeroOnOneHostAndThirtySecondsAcross) {
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nreconnect_s = -2\n"), "exp.toml: cluster.reconnect_s: must be >= 0, or -1 (auto)");
 }
 
+TEST(Config, ByzantineWorkersAreRanksOfAModeThatPushesGradients) {
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nworkers = 2\n[byzantine]\nworkers = [5]\n"),
+            "exp.toml: byzantine.workers: rank 5 is not a worker (cluster.workers = 2)");
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nworkers = 2\n[byzantine]\nworkers = [1]\nkind = \"zeros\"\n"),
+            "exp.toml: byzantine.kind: expected \"nan\", \"noise\" or \"batch\", got \"zeros\"");
+  EXPECT_NE(error_of("name = \"x\"\n[cluster]\nworkers = 2\nmode = \"allreduce\"\n[byzantine]\nworkers = [1]\n")
+                .find("byzantine.workers: needs a parameter-server mode whose workers push gradients"),
+            std::string::npos);
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nworkers = 2\nmode = \"asp\"\n[byzantine]\nworkers = [1]\nkind = \"noise\"\n"), "(no error)");
+}
+
 TEST(Config, UnknownModeIsNamed) {
   const std::string e = error_of("name = \"x\"\n[cluster]\nmode = \"gossip\"\n");
   EXPECT_EQ(e, "exp.toml: cluster.mode: \"gossip\" is not a mode: expected \"allreduce\", \"bsp\", \"ssp:<s>\", \"asp\", "

@@ -5,6 +5,7 @@
 // piece on the copy engine (GradStager), and the reply's pieces of θ go back to the GPU as they
 // arrive, the next forward waiting for them on the device.
 // Rules that average models (local:H, easgd) run worker/roles/local_worker.cpp's loop instead.
+#include "byzantine.h"
 #include "grad_accumulator.h"
 #include "grad_stager.h"
 #include "roles/local_worker.h"
@@ -50,12 +51,13 @@ void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
                                 std::to_string(cfg.cluster.servers));
   Replica& replica = ctx.replica();
   PsClient client(ctx.transport(), opt.servers, client_options(cfg, wire::Role::worker, opt.rank));
-  const bool overlap = overlaps(cfg, opt.procs_on_host);
+  Byzantine byzantine(cfg, opt.rank);  // pushes garbage on purpose (byzantine.workers): whole, after backward
+  const bool overlap = overlaps(cfg, opt.procs_on_host) && !byzantine.on();
   const bool gpu = ctx.backend().device() != Device::cpu;
   ctx.announce(cfg.cluster.mode + " over " + std::to_string(opt.servers.size()) + " server(s), " + ctx.transport().name() +
                ", pushes in " + cfg.cluster.codec +
                (overlap ? gpu ? ", overlapped with backward (gradients leave the GPU on its copy engine)" : ", overlapped with backward"
-                        : ""));
+                        : "") + (byzantine.on() ? "; " + byzantine.describe() : ""));
   OverlapChain chain(ctx, client, overlap);
   GradListener* listener = chain.listener;
 
@@ -112,7 +114,9 @@ void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
 
     if (due) {
       const auto t1 = ctx.clock().now();
-      if (!listener) client.begin_push(clock, int(acc.weight()), grad, last ? nullptr : replica.host_params());
+      int batch = int(acc.weight());
+      if (!listener) grad = byzantine.corrupt(grad, replica.model().num_params(), step, batch);
+      if (!listener) client.begin_push(clock, batch, grad, last ? nullptr : replica.host_params());
       pulled = client.finish_push();
       rec.comm_s = ctx.since(t1);
       rec.wait_s = last ? 0.0 : pulled.held_us * 1e-6;
