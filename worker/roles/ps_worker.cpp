@@ -42,6 +42,14 @@ struct OverlapChain {
     if (on) listener = ctx.straggler().paced(gpu ? static_cast<GradListener*>(&stager) : &push);
   }
 };
+
+// "asp over 2 server(s), tcp, pushes in f32, overlapped with backward": the worker's first line.
+std::string how_it_pushes(const ExperimentConfig& cfg, RoleContext& ctx, std::size_t servers, bool overlap, bool gpu) {
+  return cfg.cluster.mode + " over " + std::to_string(servers) + " server(s), " + ctx.transport().name() + ", pushes in " +
+         cfg.cluster.codec +
+         (overlap ? gpu ? ", overlapped with backward (gradients leave the GPU on its copy engine)" : ", overlapped with backward"
+                  : "");
+}
 }  // namespace
 
 void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
@@ -54,10 +62,7 @@ void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
   Byzantine byzantine(cfg, opt.rank);  // pushes garbage on purpose (byzantine.workers): whole, after backward
   const bool overlap = overlaps(cfg, opt.procs_on_host) && !byzantine.on();
   const bool gpu = ctx.backend().device() != Device::cpu;
-  ctx.announce(cfg.cluster.mode + " over " + std::to_string(opt.servers.size()) + " server(s), " + ctx.transport().name() +
-               ", pushes in " + cfg.cluster.codec +
-               (overlap ? gpu ? ", overlapped with backward (gradients leave the GPU on its copy engine)" : ", overlapped with backward"
-                        : "") + (byzantine.on() ? "; " + byzantine.describe() : ""));
+  ctx.announce(how_it_pushes(cfg, ctx, opt.servers.size(), overlap, gpu) + (byzantine.on() ? "; " + byzantine.describe() : ""));
   OverlapChain chain(ctx, client, overlap);
   GradListener* listener = chain.listener;
 
