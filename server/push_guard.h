@@ -32,7 +32,7 @@ class PushGuard {
  public:
   struct Options {
     long max_batch = 0;          // most samples one push may claim
-    double norm_factor = 4.0;    // 0: no norm bound
+    double norm_factor = 10.0;   // 0: no norm bound
     int drop_after = 10;         // refusals in a row that drop a worker (0: never)
   };
   static Options options_for(const ExperimentConfig& cfg);
