@@ -17,6 +17,25 @@ void Server::find_lost_workers(time_point now) {
     const int r = int(w);
     lose_worker(r, workers_.silent_s(w, now));  // (throws, naming it, where the run cannot go on without it)
   });
+  await_silent_workers(now);
+}
+
+void Server::await_silent_workers(time_point now) {
+  const double window = std::chrono::duration<double>(reconnect_window_).count();
+  for (std::size_t r = 0; r < awaited_.size(); ++r) {
+    if (!awaited_[r]) continue;
+    const double silent_s = workers_.silent_s(r, now);
+    if (workers_.state(r) != comm::Liveness::State::silent) {  // heard again: its link is back
+      awaited_[r] = 0;
+      std::fprintf(stderr, "server %d: worker %zu is back at clock %ld: training goes on\n", opt_.shard, r,
+                   state_->clock_of(int(r)));
+    } else if (silent_s > cfg_.cluster.heartbeat_s + window) {
+      char why[160];
+      std::snprintf(why, sizeof why, "silent for %.1f s at clock %ld (cluster.heartbeat_s = %g, and cluster.reconnect_s = %g "
+                    "more for its link to come back)", silent_s, state_->clock_of(int(r)), cfg_.cluster.heartbeat_s, window);
+      drop_worker(int(r), why, {{"silent_s", silent_s}});  // throws: the run cannot go on without it
+    }
+  }
 }
 
 void Server::beat_held_pulls(time_point now) {
@@ -82,6 +101,13 @@ void Server::resume_session(int rank, const std::string& id, long clock) {
 void Server::lose_worker(int rank, double silent_s) {
   char why[200];
   const double window = std::chrono::duration<double>(reconnect_window_).count();
+  if (!continue_on_loss_ && window > 0) {  // the run cannot go on without it: wait for its link to come back
+    awaited_[std::size_t(rank)] = 1;
+    std::fprintf(stderr, "server %d: worker %d silent for %.1f s at clock %ld: waiting up to %g s more for it to come back "
+                 "(cluster.reconnect_s; %s cannot train on without it)\n", opt_.shard, rank, silent_s,
+                 state_->clock_of(rank), window, cfg_.cluster.mode.c_str());
+    return;
+  }
   std::snprintf(why, sizeof why, "silent for %.1f s at clock %ld (cluster.heartbeat_s = %g)%s", silent_s, state_->clock_of(rank),
                 cfg_.cluster.heartbeat_s, window > 0 ? "; taken back if it speaks again within cluster.reconnect_s" : "");
   drop_worker(rank, why, {{"silent_s", silent_s}, {"may_return_s", window}});

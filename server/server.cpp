@@ -59,6 +59,7 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   worker_ids_.assign(std::size_t(W), "");
   said_bye_.assign(std::size_t(W), 0);
   may_return_until_.assign(std::size_t(W), time_point::min());
+  awaited_.assign(std::size_t(W), 0);
   reconnect_window_ = from_s(reconnect_window_s(cfg));
   pushing_.resize(std::size_t(W));
   held_msgs_.resize(std::size_t(W));

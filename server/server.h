@@ -27,8 +27,10 @@
 // says so once (stderr, a "worker_lost" metrics line, the final stats) and counts it as done;
 // otherwise it ends with an error naming the worker. A worker dropped as silent that speaks again
 // within cluster.reconnect_s (its link came back), while others still train, is taken back.
-// When no worker at all has been heard for heartbeat_s, the silence is this server's (its link
-// is down): nobody is dropped, and the server waits (up to timeout_s) for them.
+// Where the run cannot go on without it (bsp), a silent worker is awaited cluster.reconnect_s
+// more before the server fails naming it. When no worker at all has been heard for
+// heartbeat_s, the silence is this server's (its link is down): nobody is dropped, and the
+// server waits (up to timeout_s) for them.
 //
 // Connections that come back: a worker whose connection was cut (its transport reconnects by
 // itself, as a new peer) says Hello again with its clock; the server moves the worker's session
@@ -197,6 +199,10 @@ class Server : private ShardState::Listener {
   // trains on from its clock, as if never dropped.
   bool may_return(int rank) const;
   void readmit(int rank);
+  // Where the run cannot go on without a worker (bsp) and cluster.reconnect_s > 0: a silent one
+  // is awaited that long more; heard again, training goes on; still silent, the server fails
+  // naming it.
+  void await_silent_workers(time_point now);
   // Drops a worker (where the run trains on without it; else throws naming it and `why`): its
   // open push abandoned, its held pull answered; `record`'s keys join {worker, clock} in
   // workers_lost and the "worker_lost" metrics line.
@@ -248,6 +254,7 @@ class Server : private ShardState::Listener {
   std::vector<std::string> welcome_waiting_;    // identities waiting for the start barrier
   std::vector<char> said_bye_;
   std::vector<time_point> may_return_until_;  // per worker dropped as silent: until when it may come back
+  std::vector<char> awaited_;                 // per worker: silent, and awaited (await_silent_workers)
   RunClock::duration reconnect_window_{};     // reconnect_window_s(cfg)
   int finished_ = 0;  // workers that said Bye or were dropped as lost
   bool continue_on_loss_ = false;       // continues_without_lost_workers(cfg)

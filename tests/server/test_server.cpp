@@ -583,6 +583,42 @@ TEST(WorkerLoss, AServerHoldingAPullForLongIsNotTakenForSilent) {
 
 // bsp cannot train on without a worker: the server fails, naming the silent one (not the one
 // waiting for it), within about heartbeat_s.
+// Across hosts (cluster.reconnect_s > 0), a bsp server awaits a silent worker that long more: one
+// heard again in time trains on; one still silent is named, as on one host, only later.
+TEST(WorkerLoss, ABspServerAwaitsASilentWorkerForReconnect) {
+  for (const bool back : {true, false}) {
+    SCOPED_TRACE(back ? "back in time" : "never back");
+    ExperimentConfig cfg = test::small_config("bsp", 2, 1);
+    cfg.cluster.heartbeat_s = 0.3;
+    cfg.cluster.reconnect_s = 1.0;
+    TwoWorkerRun run(cfg, /*hung=*/true);  // connected, then worker 1 is silent
+    auto& [cluster, P, w0, w1] = run;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!back) {
+      cluster.join();
+      EXPECT_GT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1200)) << "it was not awaited";
+      try {
+        cluster.rethrow();
+        FAIL() << "the server went on without worker 1";
+      } catch (const std::runtime_error& e) {
+        EXPECT_NE(std::string(e.what()).find("and cluster.reconnect_s = 1 more for its link to come back"), std::string::npos)
+            << e.what();
+      }
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));  // past heartbeat_s, within reconnect_s
+    std::vector<float> theta0(P), theta1(P), grad(P, 0.5f);
+    std::thread t([&] { w1->push(0, 1, grad.data(), theta1.data()); });
+    w0->push(0, 1, grad.data(), theta0.data());
+    t.join();
+    w0->bye(1);
+    w1->bye(1);
+    cluster.join();
+    cluster.rethrow();
+    EXPECT_EQ(cluster.servers[0]->state().version(), 1);
+  }
+}
+
 TEST(WorkerLoss, ABspServerFailsNamingTheSilentWorker) {
   ExperimentConfig cfg = test::small_config("bsp", 2, 1);
   cfg.cluster.heartbeat_s = 0.3;
