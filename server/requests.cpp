@@ -79,7 +79,12 @@ Server::Peer* Server::sender(const comm::PeerId& id, const wire::Header& h) {
     readmit(peer.rank);  // its link was down, and is back in time
   }
   if (peer.role == wire::Role::worker) {
-    last_message_ = clock_.now();
+    const auto now = clock_.now();
+    // This server heard no worker for heartbeat_s (its own link was down): the silence was its
+    // own, so every worker gets heartbeat_s from now to be heard again, not just the first.
+    if (barrier_open_ && seconds_between(last_message_, now) > cfg_.cluster.heartbeat_s)
+      for (std::size_t r = 0; r < std::size_t(cfg_.cluster.workers); ++r) workers_.watch(r, true, now);
+    last_message_ = now;
     workers_.heard(std::size_t(peer.rank), last_message_);
   }
   const bool about_shard = std::holds_alternative<wire::Pull>(h.body) || std::holds_alternative<wire::Push>(h.body);
