@@ -38,7 +38,7 @@ void Server::handle_message(const comm::PeerId& id, const comm::Message& m) {
   Peer* peer = sender(id, *h);
   if (!peer) return;
   if (const auto* p = std::get_if<wire::Pull>(&h->body)) {
-    if (p->progress_only) return serve_progress(id, *peer);
+    if (p->progress_only) return serve_progress(id, *peer, p->clock);
     ++counters_.pulls;
     on_pull(id, *peer, p->clock);
   } else if (const auto* push = std::get_if<wire::Push>(&h->body)) {
@@ -208,12 +208,12 @@ void Server::note_served(int rank, long clock, double held_s, const wire::PullRe
                      {"version", r.version}, {"held_ms", held_s * 1e3}});
 }
 
-void Server::serve_progress(const std::string& id, const Peer& p) {
+void Server::serve_progress(const std::string& id, const Peer& p, long asked) {
   if (p.role != wire::Role::evaluator)
     return reply_error(id, wire::ErrorCode::protocol, "a progress-only Pull from worker " + std::to_string(p.rank) +
                                                           ": only the evaluator asks for progress without θ");
   ++counters_.progress_polls;
-  send(id, header(wire::PullReply{state_->min_clock(), state_->version(), state_->min_clock(), state_->samples_applied(),
+  send(id, header(wire::PullReply{asked, state_->version(), state_->min_clock(), state_->samples_applied(),
                                   0, finished() == cfg_.cluster.workers, 0, range_.offset, /*length*/ 0, /*codec*/ 0,
                                   /*bytes*/ 0}));
 }

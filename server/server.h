@@ -170,7 +170,7 @@ class Server : private ShardState::Listener {
   void on_bye(const std::string& id, const Peer& p);
   void on_shutdown(const std::string& id, const Peer& p);
   void serve_pull(const std::string& id, int rank, long clock, time_point since);
-  void serve_progress(const std::string& id, const Peer& p);  // a progress-only Pull: the header, no θ
+  void serve_progress(const std::string& id, const Peer& p, long asked);  // a progress-only Pull: the header, no θ
   void release_ready_pulls();
   void expire_held_pulls(time_point now);
   void send(const std::string& id, const wire::Header& h, comm::OutPayload payload = {});

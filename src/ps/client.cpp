@@ -36,6 +36,7 @@ PsClient::PsClient(comm::Transport& transport, std::vector<std::string> endpoint
   const int S = int(endpoints.size());
   reply_piece_.assign(std::size_t(S), 0);
   hello_sent_.assign(std::size_t(S), RunClock::time_point{});
+  asked_since_hello_.assign(std::size_t(S), 0);
   for (int k = 0; k < S; ++k) {
     shards_.push_back(ShardInfo{endpoints[std::size_t(k)], shard_range(opt.num_params, S, k), 0});
     if (!codec_->dense_f32() && opt.role == wire::Role::worker) {
@@ -70,6 +71,7 @@ void PsClient::fail(int k, const std::string& what) const {
 void PsClient::send(int k, const wire::Body& body, comm::OutPayload payload) {
   const auto* push = std::get_if<wire::Push>(&body);
   if (std::holds_alternative<wire::Pull>(body) || (push && push->piece == 0)) reply_piece_[std::size_t(k)] = 0;  // a new request
+  if (!std::holds_alternative<wire::Hello>(body)) asked_since_hello_[std::size_t(k)] = 1;  // (Beats go by beat_if_due)
   if (!conns_->send(std::size_t(k), enc_.encode(wire::Header{opt_.rank, k, body}), payload, clock_.now() + timeout_))
     fail(k, std::string("could not send ") + wire::body_name(body) + " within " + std::to_string(timeout_.count() / 1000) +
                 " s: its queue stayed full (is it running? its log says why it stopped)");
@@ -101,6 +103,7 @@ void PsClient::collect(const Expect& e, std::vector<char>& pending, F&& on_reply
   const Wait w{e, pending, e.watch && beat_every_.count() > 0, (opt_.rejoin || opt_.reconnect_s > 0) && bool(e.resend),
                clock_.now() + timeout_};
   const auto now = clock_.now();
+  latest_asked_ = std::max(latest_asked_, e.clock);
   for (std::size_t k = 0; k < pending.size(); ++k)
     if (pending[k]) servers_.watch(k, w.watch, now);
   while (std::find(pending.begin(), pending.end(), 1) != pending.end()) {
@@ -187,6 +190,7 @@ void PsClient::say_hello_again(int k, const Wait& w) {
 
 void PsClient::send_hello_again(int k) {
   hello_sent_[std::size_t(k)] = clock_.now();
+  asked_since_hello_[std::size_t(k)] = 0;
   send(k, wire::Hello{opt_.role, opt_.rank, opt_.num_params, opt_.config_hash, opt_.role == wire::Role::worker ? beat_step_ : -1});
 }
 
@@ -209,12 +213,14 @@ void PsClient::on_unknown_peer(int k, const Wait& w) {
 
 namespace {
 // A PushAck or PullReply for another clock than the request's: an answer to a request sent twice
-// (again after a cut), or to one before it.
-bool stale(const wire::Body& body, long clock) {
-  if (clock < 0) return false;
-  if (const auto* a = std::get_if<wire::PushAck>(&body)) return a->clock != clock;
-  if (const auto* r = std::get_if<wire::PullReply>(&body)) return r->clock != clock;
-  return false;
+// (again after a cut), or to one before it. A request answered by neither (clock -1) skips those
+// for a clock asked before (`asked`: the latest); one for a clock never asked is a wrong answer.
+bool stale(const wire::Body& body, long clock, long asked) {
+  long answers = -1;
+  if (const auto* a = std::get_if<wire::PushAck>(&body)) answers = a->clock;
+  else if (const auto* r = std::get_if<wire::PullReply>(&body)) answers = r->clock;
+  else return false;
+  return clock < 0 ? answers <= asked : answers != clock;
 }
 }  // namespace
 
@@ -237,15 +243,18 @@ std::optional<wire::Header> PsClient::reply_from(int k, const Wait& w) {
   if (const auto* welcome = std::get_if<wire::Welcome>(&h->body)) {
     if (!rejoining) return w.e.hello && w.pending[i] ? h : std::nullopt;  // else: a late Welcome to a Hello again
     check_welcome(k, *welcome);
+    // The request goes again if it left before the Hello (then it was lost, or answered
+    // unknown_peer); one sent after the Hello reached the session the Hello moved.
+    const bool resend = w.pending[i] && !w.e.hello && !asked_since_hello_[i];
     std::fprintf(stderr, "%s: server %d is back (version %lld) after %.1f s%s\n", who().c_str(), k,
                  static_cast<long long>(welcome->version), servers_.rejoining_s(i, clock_.now()),
-                 w.pending[i] && !w.e.hello ? (": " + w.e.what + " sent again").c_str() : "");
+                 resend ? (": " + w.e.what + " sent again").c_str() : "");
     servers_.back(i, clock_.now());
     if (w.e.hello) return h;
-    if (w.pending[i]) w.e.resend(k);
+    if (resend) w.e.resend(k);
     return std::nullopt;
   }
-  if (!w.pending[i] || stale(h->body, w.e.clock)) {
+  if (!w.pending[i] || stale(h->body, w.e.clock, latest_asked_)) {
     ++stale_replies_;
     return std::nullopt;
   }
@@ -356,6 +365,7 @@ PullResult empty_result() {
 
 PullResult PsClient::pull(long clock, float* theta) {
   std::lock_guard lock(mu_);
+  if (opt_.role == wire::Role::evaluator) clock = ++evaluator_asks_;  // ungated: the clock numbers its requests
   beat_step_ = clock;
   const int S = int(shards_.size());
   for (int k = 0; k < S; ++k) send(k, wire::Pull{clock});
@@ -373,11 +383,11 @@ PullResult PsClient::pull(long clock, float* theta) {
 PullResult PsClient::progress() {
   std::lock_guard lock(mu_);
   const int S = int(shards_.size());
-  const wire::Pull ask{0, /*progress_only*/ true};
+  const wire::Pull ask{++evaluator_asks_, /*progress_only*/ true};
   for (int k = 0; k < S; ++k) send(k, ask);
   std::vector<char> pending(std::size_t(S), 1);
   PullResult acc = empty_result();
-  collect(Expect{"progress", -1, true, [&](int k) { send(k, ask); }}, pending, [&](int k, const wire::Body& body) {
+  collect(Expect{"progress", ask.clock, true, [&](int k) { send(k, ask); }}, pending, [&](int k, const wire::Body& body) {
     const auto* pr = std::get_if<wire::PullReply>(&body);
     if (!pr) fail(k, std::string("answered a progress-only Pull with ") + wire::body_name(body));
     if (pr->length != 0 || msg_.has_payload()) fail(k, "answered a progress-only Pull with a payload");

@@ -29,7 +29,8 @@
 // Hello again with its clock, the server moves its session to the new connection, and once the
 // Welcome comes the request under way is sent again. The server applies a push once per
 // (worker, clock) and answers one sent again as the first; answers that are not the request's
-// (to a request sent twice) are skipped by their clock.
+// (to a request sent twice) are skipped by their clock. A request goes again only when it left
+// before the Hello again; the evaluator's, ungated, are numbered in their clock.
 // Time: the transport's clock (Transport::clock()), so that the virtual cluster runs this client
 // in simulated time.
 // Threading: one thread calls the client; its heartbeat thread takes the connections only while
@@ -224,6 +225,9 @@ class PsClient {
   comm::Liveness servers_;                   // per server
   long beat_step_ = 0;                       // the clock Beats report (and a rejoin)
   std::vector<RunClock::time_point> hello_sent_;  // per server: when it was last said Hello again
+  std::vector<char> asked_since_hello_;           // per server: a request left after that Hello
+  long evaluator_asks_ = 0;                       // the evaluator's requests so far: their Pull clocks
+  long latest_asked_ = -1;                        // the latest clock a PushAck or PullReply was awaited for
   long reconnects_ = 0, stale_replies_ = 0;  // Hellos again after a connection came back; replies skipped
   std::unique_ptr<ClockThread> heartbeats_;  // last member: stopped and joined first
 };

@@ -1,7 +1,8 @@
-// The parameter-server client (ps/client.h) against a fake server that answers with the wrong
-// message: what it takes for an answer.
+// The parameter-server client (ps/client.h) against fake servers that answer with the wrong
+// message, or answer twice: what it takes for an answer.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
 #include "expect.h"
@@ -42,6 +43,68 @@ TEST(Client, ByeAndShutdownWantAnAckFromEveryServer) {
   expect_refused([&] { c.shutdown(); }, "answered Shutdown with PushAck",
                  "a PushAck was taken for the Ack of Shutdown");
   fake.join();
+}
+
+// Defect (CI, launcher.CutConnections): an evaluator whose connection was cut said Hello again
+// during a progress poll that its answer then ended; its next Pull left after that Hello, yet
+// went again once the Welcome came, and the second answer (to a Pull of the same clock 0) was
+// taken by the next progress poll: "answered a progress-only Pull with a payload". A request
+// that left after the Hello goes once; an answer to an earlier request is skipped.
+TEST(Client, AnEvaluatorSendsNothingTwiceAfterAHelloAgainAndSkipsAnswersToEarlierRequests) {
+  ExperimentConfig cfg = test::small_config("asp", 1, 1);
+  const std::size_t P = count_params(model_spec(cfg));
+  const auto transport = comm::make_transport("tcp");
+  const std::string ep = transport->local_address("fake-server");
+  auto listener = transport->listen(ep);
+  std::vector<float> theta(P);
+  for (std::size_t i = 0; i < P; ++i) theta[i] = float(i) * 0.5f;
+  std::atomic<bool> done{false};
+  int hellos = 0, pulls = 0, polls = 0;
+  std::thread fake([&] {
+    wire::Encoder enc;
+    comm::Message m;
+    comm::PeerId from;
+    const auto reply = [&](const wire::Body& b, comm::OutPayload payload = {}) {
+      listener->send(from, enc.encode(wire::Header{wire::kServer, 0, b}), payload);
+    };
+    const auto theta_reply = [&](long clock) {
+      reply(wire::PullReply{clock, 1, 0, 0, 0, false, wire::checksum(theta.data(), P), 0, P, 0, P * sizeof(float)},
+            comm::OutPayload{theta.data(), P * sizeof(float)});
+    };
+    while (!done) {
+      if (!listener->recv(m, from, comm::after(std::chrono::milliseconds(50)))) continue;
+      std::string why;
+      const auto h = wire::decode(m.header(), why);
+      if (std::holds_alternative<wire::Hello>(h->body)) {
+        if (++hellos == 1) reply(wire::Welcome{0, 1, 0, P, 1, "asp", 0, 0});  // the second: answered with the Pull
+      } else if (const auto* p = std::get_if<wire::Pull>(&h->body); p && p->progress_only) {
+        if (++polls == 1) reply(wire::Error{wire::ErrorCode::unknown_peer, "a Beat on a connection cut and made again"});
+        reply(wire::PullReply{p->clock, 1, 0, 0, 0, false, 0, 0, 0, 0, 0});
+      } else if (p) {
+        if (++pulls == 1) reply(wire::Welcome{0, 1, 0, P, 1, "asp", 1, 0});  // the Hello again, then its Pull
+        theta_reply(p->clock);
+        theta_reply(p->clock);  // answered twice (as a Pull sent again would be)
+      }
+    }
+  });
+  PsClient c(*transport, {ep}, client_options(cfg, wire::Role::evaluator, wire::kEvaluator));
+  c.connect();
+  c.progress();  // answered unknown_peer (a Hello again goes), and answered
+  std::vector<float> got(P);
+  c.pull(0, got.data());  // leaves after the Hello: the Welcome comes, it does not go again
+  EXPECT_EQ(got, theta);
+  try {
+    c.progress();  // the second answer to the Pull comes first: skipped
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "an answer to the Pull was taken for the progress poll's: " << e.what();
+  }
+  done = true;
+  fake.join();
+  EXPECT_EQ(hellos, 2);
+  EXPECT_EQ(pulls, 1) << "the Pull went again though it left after the Hello again";
+  EXPECT_EQ(polls, 2);
+  EXPECT_EQ(c.reconnects(), 1);
+  EXPECT_EQ(c.stale_replies(), 1);
 }
 
 }  // namespace
