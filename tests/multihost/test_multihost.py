@@ -444,6 +444,49 @@ class MultiHostTest(Launches, ClusterTestCase):
                 self.assertNotIn("127.0.1.1", " ".join(p["command"] for p in m["processes"]))
                 self.assert_no_process_on_any_host()
 
+    def test_a_stale_checkout_on_one_host_is_refused_naming_it(self):
+        # hostC as reached through a second sshd there, in a mount namespace whose checkout at
+        # REPO is older (another launcher protocol): the run is refused before anything starts
+        # anywhere, naming the host and what to do
+        stale = self.tmp / "stale-checkout"
+        shutil.copytree(REPO / "experiments", stale / "experiments", ignore=shutil.ignore_patterns("__pycache__"))
+        common = stale / "experiments" / "launcher" / "common.py"
+        text = common.read_text()
+        now = int(text.split("LAUNCHER_PROTOCOL = ")[1].split()[0])
+        common.write_text(text.replace(f"LAUNCHER_PROTOCOL = {now}", f"LAUNCHER_PROTOCOL = {now - 1}"))
+        with socket.socket() as s:
+            s.bind(("0.0.0.0", 0))
+            port = s.getsockname()[1]
+        conf, pidfile = self.tmp / "sshd-stale.conf", self.tmp / "sshd-stale.pid"
+        conf.write_text((self.tmp / "sshd-hostC.conf").read_text()
+                        .replace(f"ListenAddress {self.cluster.mgmt['hostC']}", f"ListenAddress {self.cluster.mgmt['hostC']}:{port}")
+                        .replace(str(self.tmp / "sshd-hostC.pid"), str(pidfile)))
+        sh("ip", "netns", "exec", self.cluster.ns["hostC"], "unshare", "--mount", "--uts", "sh", "-c",
+           f"mount --bind {stale} {REPO} && hostname hostC && exec {SSHD} -f {conf}")
+        wait_until(self, lambda: pidfile.exists() and pidfile.read_text().strip(), 10, "the second sshd wrote no pid file")
+        stale_sshd = int(pidfile.read_text())
+
+        def stop_stale_sshd():
+            try:
+                os.kill(stale_sshd, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        self.addCleanup(stop_stale_sshd)
+        ssh_conf = self.tmp / "ssh_config-stale"
+        ssh_conf.write_text(f"Host staleC\n  HostName {self.cluster.mgmt['hostC']}\n  Port {port}\n" +
+                            (self.tmp / "ssh_config").read_text())
+        path = self.config("stale.toml", "asp").read_text().replace(json.dumps(list(HOSTS)), '["hostA", "staleC"]')
+        (self.tmp / "stale.toml").write_text(path)
+        self.env["PSLAB_SSH"] = f"ssh -F {ssh_conf}"
+        r = self.launch("run", self.tmp / "stale.toml", "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn(f"host staleC runs another version of pslab (launcher protocol {now - 1}", r.stderr)
+        self.assertIn(f"bring {REPO} on staleC to this revision and build it there", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        self.assertFalse(list(self.runs.glob("tiny/*/*/manifest.json")), "a refused run started something")
+        stop_stale_sshd()
+        self.assert_no_process_on_any_host()
+
     def test_two_concurrent_runs_on_the_same_hosts(self):
         path = self.config("concurrent.toml", "asp", steps=800)
         a = self.launch_bg("run", path, "--runs-dir", self.runs / "a", "--no-plots")
@@ -551,6 +594,7 @@ ReturnToService=2
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MpiDefault=none
+KillWait=10
 NodeName=nodeA NodeAddr={self.addr['nodeA']} CPUs=3 State=UNKNOWN
 NodeName=nodeB NodeAddr={self.addr['nodeB']} CPUs=1 State=UNKNOWN
 PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
@@ -730,14 +774,51 @@ class SlurmTest(ClusterTestCase):
         self.assertNotIn("was cancelled", err)
         self.assert_no_process_on_any_node()
 
-    def test_a_batch_job_cancelled_by_scancel_is_reported_as_cancelled(self):
-        # under sbatch, scancel reaches the launcher as a SIGTERM; it asks Slurm why and says so
-        out = self.tmp / "sbatch.out"
-        cmd = " ".join([PYTHON, str(LAUNCH), "run", str(self.config("batch.toml", steps=100000)), "--runs-dir",
-                        str(self.runs), "--no-plots"])
-        r = sh("sbatch", "-N", "2", "-n", "4", "-o", str(out), "--wrap", cmd, env=self.env, cwd=REPO)
+    def sbatch(self, config, runs, *args):
+        """`sbatch -N 2 -n 4` of launch.py run `config` into `runs`: the job's id."""
+        cmd = " ".join([PYTHON, str(LAUNCH), "run", str(config), "--runs-dir", str(runs), "--no-plots"])
+        runs.parent.mkdir(parents=True, exist_ok=True)  # for its output file
+        r = sh("sbatch", "-N", "2", "-n", "4", "-o", str(runs) + ".out", *args, "--wrap", cmd, env=self.env, cwd=REPO)
         job = r.stdout.split()[-1]
         self.addCleanup(lambda: sh("scancel", job, check=False, env=self.env))
+        return job
+
+    def test_two_batch_jobs_at_once_and_one_past_its_time_limit(self):
+        # two jobs on the same two nodes at once (the partition shares CPUs): their ports come
+        # from each job's probe step, so they cannot collide; the long one passes its time limit
+        # (1 minute, Slurm's least) and is reported as cancelled for it, not as interrupted
+        long_runs, short_runs = self.runs / "long", self.runs / "short"
+        long_job = self.sbatch(self.config("limit.toml", steps=100000), long_runs, "--time=1")
+        wait_for_train_lines_in(self, long_runs, ["worker1"], 60, runs_glob="tiny/*/*")
+        short_job = self.sbatch(self.config("short.toml", steps=500), short_runs)
+        queue = lambda: sh("squeue", "-h", "-o", "%i", env=self.env).stdout.split()
+        wait_until(self, lambda: short_job not in queue(), 90, f"job {short_job} did not end")
+        self.assertIn(long_job, queue(), "the long job ended before the short one: they did not run at once")
+        short_run = self.run_in(short_runs)
+        self.assertEqual(json.loads((short_run / "summary.json").read_text())["status"], "ok",
+                         (pathlib.Path(str(short_runs) + ".out")).read_text())
+        wait_until(self, lambda: long_job not in queue(), 150, f"job {long_job} did not end at its time limit")
+        long_run = self.run_in(long_runs)
+        summary = long_run / "summary.json"  # written as the launcher stops, a moment after the job left squeue
+        wait_until(self, summary.exists, 30, "no summary.json after the time limit")
+        s = json.loads(summary.read_text())
+        self.assertEqual(s["status"], "cancelled", s.get("failure"))
+        self.assertIn(f"the Slurm job {long_job} was cancelled (its time limit", s["failure"])
+        ports = [{(n, p) for n, v in json.loads((r / "launch.json").read_text())["ports"].items() for p in v}
+                 for r in (long_run, short_run)]
+        self.assertTrue(ports[0] and ports[1])
+        self.assertFalse(ports[0] & ports[1], "the two jobs shared a port on a node")
+        self.assert_no_process_on_any_node()
+
+    def run_in(self, runs):
+        found = [d for d in runs.glob("tiny/*/*") if not d.parent.is_symlink() and (d / "plan.json").exists()]
+        self.assertEqual(len(found), 1, found)
+        return found[0]
+
+    def test_a_batch_job_cancelled_by_scancel_is_reported_as_cancelled(self):
+        # under sbatch, scancel reaches the launcher as a SIGTERM; it asks Slurm why and says so
+        job = self.sbatch(self.config("batch.toml", steps=100000), self.runs)
+        out = pathlib.Path(str(self.runs) + ".out")
         wait_for_train_lines_in(self, self.runs, ["worker1"], 60, runs_glob="tiny/*/*")
         sh("scancel", job, env=self.env)
         wait_until(self, lambda: job not in sh("squeue", "-h", "-o", "%i", env=self.env).stdout.split(), 90,
