@@ -29,8 +29,9 @@
 // within cluster.reconnect_s (its link came back), while others still train, is taken back.
 // Where the run cannot go on without it (bsp), a silent worker is awaited cluster.reconnect_s
 // more before the server fails naming it. When no worker at all has been heard for
-// heartbeat_s, the silence is this server's (its link is down): nobody is dropped, and the
-// server waits (up to timeout_s) for them.
+// heartbeat_s, the silence is this server's (its link is down): nobody is dropped, the server
+// waits (up to timeout_s) for them, and once it hears one again every worker has heartbeat_s
+// from then (the first one back does not make the others look lost).
 //
 // Connections that come back: a worker whose connection was cut (its transport reconnects by
 // itself, as a new peer) says Hello again with its clock; the server moves the worker's session
