@@ -11,6 +11,7 @@ import socket
 import sys
 
 from .common import REPO, bundle_facts, cmd_out, numerics_env, write_file
+from .processes import check_signal
 from .remote import markers
 
 LIBRARY_PACKAGES = ["libzmq5", "libopenblas0", "libopenblas0-pthread", "libgloo0", "libflatbuffers2",
@@ -72,7 +73,18 @@ def process_record(p, placed):
     return r
 
 
-def write_manifest(run_dir, plan, procs, run_start, bins, extra=None, placed=False):
+def write_manifest(run_dir, plan, procs, run_start, bins, extra=None, placed=False, interruptible=False, previous=None):
+    """manifest.json; returns its process records. interruptible: a SIGINT or SIGTERM stops it
+    within a second however many processes the run has (Interrupted; the file stays as it was).
+    previous: the records last written, kept for the processes never started (a run stopped
+    early: only what started is read again)."""
+    def record(i, p):
+        if interruptible and i % 1024 == 0:
+            check_signal()
+        if previous is not None and p.popen is None and plan.launcher != "slurm":
+            return previous[i]
+        return process_record(p, placed)
+    records = [record(i, p) for i, p in enumerate(procs)]
     m = dict(host_facts())
     m.update({
         "name": plan.name,
@@ -85,8 +97,18 @@ def write_manifest(run_dir, plan, procs, run_start, bins, extra=None, placed=Fal
         "run_start_unix_s": run_start,
         "build_dir": str(bins.build),
         "launcher_command": shlex.join([sys.executable, *sys.argv]),
-        "processes": [process_record(p, placed) for p in procs],
+        "processes": records,
     })
     if extra:
         m.update(extra)
-    write_file(run_dir / "manifest.json", json.dumps(m, indent=2) + "\n")
+    write_file(run_dir / "manifest.json", manifest_text(m))
+    return records
+
+
+def manifest_text(m):
+    """m as JSON, indented, with one process per line: json's indenting encoder is pure Python
+    (seconds for 100000 processes), its compact one is not."""
+    one_per_line = ",\n    ".join(json.dumps(r) for r in m["processes"])
+    text = json.dumps(dict(m, processes="@processes@"), indent=2)
+    return text.replace('"@processes@"', f"[\n    {one_per_line}\n  ]" if m["processes"] else "[]") + "\n"
+

@@ -222,6 +222,7 @@ class Supervisor:
             self.extra["mps_pipe_dir"] = self.env["CUDA_MPS_PIPE_DIRECTORY"]
         self.lost = []       # workers that failed while the run went on: {"worker", "how", "log"}
         self.restarted = []  # servers restarted from their checkpoints: {"server", "how", "log"}
+        self.records = None  # the processes' records in the manifest last written
         self.procs, self.started = self.place()
         if resume_from:  # servers from their checkpoints; workers go on from the clocks those hold
             for p in self.procs:
@@ -265,8 +266,11 @@ class Supervisor:
         self.extra["srun_command"] = shlex.join(srun.argv)
         return procs, [srun]
 
-    def manifest(self, placed=False):
-        write_manifest(self.run_dir, self.plan, self.procs, self.run_start, self.bins, self.extra, placed=placed)
+    def manifest(self, placed=False, interruptible=False, stopping=False):
+        """manifest.json, now; stopping: what never started keeps the records last written."""
+        self.records = write_manifest(self.run_dir, self.plan, self.procs, self.run_start, self.bins, self.extra,
+                                      placed=placed, interruptible=interruptible,
+                                      previous=self.records if stopping else None)
 
     def tolerate(self, p):
         """A worker's failure in a run that goes on without it (cluster.on_worker_loss), or a
@@ -345,7 +349,7 @@ class Supervisor:
 
     def run(self, prefix):
         plan, run_dir = self.plan, self.run_dir
-        self.manifest()
+        self.manifest(interruptible=True)
         self.progress = Progress(plan, run_dir, prefix)
         failure_of = srun_failure(self.procs, self.started[0], run_dir) if plan.launcher == "slurm" else process_failure
         try:
@@ -353,7 +357,7 @@ class Supervisor:
                 check_signal()
                 start(p, REPO, append_log=bool(self.resume_from), env=self.env)
             if plan.launcher != "slurm":
-                self.manifest()  # now with pids
+                self.manifest(interruptible=True)  # now with pids
             monitor(self.started, self.progress, self.run_start, self.opts.max_minutes * 60, failure_of, self.tolerate,
                     self.act_on_verdict if plan.launcher != "slurm" else lambda: None)
         except BaseException as e:
@@ -374,7 +378,8 @@ class Supervisor:
         """The run failed or was interrupted: every process stopped, the summary says why."""
         stopped = stop_all(self.started)
         try:
-            self.manifest(placed=True)
+            if any(p.popen is not None for p in self.procs):  # (else the manifest written before the start stands)
+                self.manifest(placed=True, stopping=True)
         except CannotWrite as w:  # said; the run's own failure is what is raised
             warn(str(w))
         if not isinstance(e, (RunFailed, Interrupted)):

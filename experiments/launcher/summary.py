@@ -51,6 +51,8 @@ final_test_loss, final_is_last_eval (the evaluator's final evaluation after trai
 evaluations, steps_per_worker (the plan's total_steps), step_time_ms (mean ms per step of
 every worker: compute, comm, wait, delay) and step_time_ms_per_worker
 """
+import os
+
 from .metrics import read_jsonl, staleness_stats
 
 
@@ -132,7 +134,9 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
     """summary.json of a run (its keys: the module's docstring)."""
     metrics = run_dir / "metrics"
     batch = plan.batch
-    worker_rows = {r: read_jsonl(metrics / f"worker{r}.jsonl") for r in range(plan.workers)}
+    present = set(os.listdir(metrics)) if metrics.is_dir() else set()  # (a run stopped early: few of many)
+    worker_rows = {r: read_jsonl(metrics / f"worker{r}.jsonl") if f"worker{r}.jsonl" in present else []
+                   for r in range(plan.workers)}
     train = {r: [x for x in rows if x.get("kind") == "train"] for r, rows in worker_rows.items()}
     # A worker whose loss stopped being finite wrote one "diverged" line; the earliest counts.
     diverged = min((x for rows in worker_rows.values() for x in rows if x.get("kind") == "diverged"),
