@@ -783,52 +783,44 @@ class SlurmTest(ClusterTestCase):
         self.addCleanup(lambda: sh("scancel", job, check=False, env=self.env))
         return job
 
-    def test_two_batch_jobs_at_once_and_one_past_its_time_limit(self):
-        # two jobs on the same two nodes at once (the partition shares CPUs): their ports come
-        # from each job's probe step, so they cannot collide; the long one passes its time limit
-        # (1 minute, Slurm's least) and is reported as cancelled for it, not as interrupted
-        long_runs, short_runs = self.runs / "long", self.runs / "short"
+    def test_batch_jobs_at_once_one_cancelled_by_scancel_one_by_its_time_limit(self):
+        # three jobs on the same two nodes at once (the partition shares CPUs): their ports come
+        # from each job's probe step, so they cannot collide. Under sbatch, scancel and the time
+        # limit reach the launcher as its SIGTERM; it asks Slurm why and says so: the long job
+        # passes its time limit (1 minute, Slurm's least), another is cancelled by scancel
+        # meanwhile, a short one ends ok meanwhile
+        queue = lambda: sh("squeue", "-h", "-o", "%i", env=self.env).stdout.split()
+        long_runs, short_runs, cancelled_runs = self.runs / "long", self.runs / "short", self.runs / "cancelled"
         long_job = self.sbatch(self.config("limit.toml", steps=100000), long_runs, "--time=1")
         wait_for_train_lines_in(self, long_runs, ["worker1"], 60, runs_glob="tiny/*/*")
         short_job = self.sbatch(self.config("short.toml", steps=500), short_runs)
-        queue = lambda: sh("squeue", "-h", "-o", "%i", env=self.env).stdout.split()
+        cancelled_job = self.sbatch(self.config("batch.toml", steps=100000), cancelled_runs)
         wait_until(self, lambda: short_job not in queue(), 90, f"job {short_job} did not end")
-        self.assertIn(long_job, queue(), "the long job ended before the short one: they did not run at once")
         short_run = self.run_in(short_runs)
         self.assertEqual(json.loads((short_run / "summary.json").read_text())["status"], "ok",
-                         (pathlib.Path(str(short_runs) + ".out")).read_text())
-        wait_until(self, lambda: long_job not in queue(), 150, f"job {long_job} did not end at its time limit")
-        long_run = self.run_in(long_runs)
-        summary = long_run / "summary.json"  # written as the launcher stops, a moment after the job left squeue
-        wait_until(self, summary.exists, 30, "no summary.json after the time limit")
-        s = json.loads(summary.read_text())
-        self.assertEqual(s["status"], "cancelled", s.get("failure"))
-        self.assertIn(f"the Slurm job {long_job} was cancelled (its time limit", s["failure"])
-        ports = [{(n, p) for n, v in json.loads((r / "launch.json").read_text())["ports"].items() for p in v}
-                 for r in (long_run, short_run)]
-        self.assertTrue(ports[0] and ports[1])
-        self.assertFalse(ports[0] & ports[1], "the two jobs shared a port on a node")
+                         pathlib.Path(str(short_runs) + ".out").read_text())
+        wait_for_train_lines_in(self, cancelled_runs, ["worker1"], 60, runs_glob="tiny/*/*")
+        sh("scancel", cancelled_job, env=self.env)
+        wait_until(self, lambda: cancelled_job not in queue(), 90, f"job {cancelled_job} did not end after scancel")
+        self.assertIn(long_job, queue(), "the long job ended before the others: they did not run at once")
+        for job, runs, why in ((cancelled_job, cancelled_runs, "by scancel"), (long_job, long_runs, "its time limit")):
+            wait_until(self, lambda: job not in queue(), 150, f"job {job} did not end ({why})")
+            summary = self.run_in(runs) / "summary.json"  # written as the launcher stops, after the job left squeue
+            wait_until(self, summary.exists, 30, f"no summary.json after {why}: " +
+                       pathlib.Path(str(runs) + ".out").read_text())
+            s = json.loads(summary.read_text())
+            self.assertEqual(s["status"], "cancelled", s.get("failure"))
+            self.assertIn(f"the Slurm job {job} was cancelled ({why}", s["failure"])
+        ports = [{(n, p) for n, v in json.loads((self.run_in(r) / "launch.json").read_text())["ports"].items() for p in v}
+                 for r in (long_runs, short_runs, cancelled_runs)]
+        self.assertTrue(all(ports))
+        self.assertFalse(ports[0] & ports[1] or ports[0] & ports[2] or ports[1] & ports[2], "two jobs shared a port on a node")
         self.assert_no_process_on_any_node()
 
     def run_in(self, runs):
         found = [d for d in runs.glob("tiny/*/*") if not d.parent.is_symlink() and (d / "plan.json").exists()]
         self.assertEqual(len(found), 1, found)
         return found[0]
-
-    def test_a_batch_job_cancelled_by_scancel_is_reported_as_cancelled(self):
-        # under sbatch, scancel reaches the launcher as a SIGTERM; it asks Slurm why and says so
-        job = self.sbatch(self.config("batch.toml", steps=100000), self.runs)
-        out = pathlib.Path(str(self.runs) + ".out")
-        wait_for_train_lines_in(self, self.runs, ["worker1"], 60, runs_glob="tiny/*/*")
-        sh("scancel", job, env=self.env)
-        wait_until(self, lambda: job not in sh("squeue", "-h", "-o", "%i", env=self.env).stdout.split(), 90,
-                   f"job {job} did not end after scancel")
-        summary = self.run_of() / "summary.json"  # written as the launcher stops, a moment after the job left squeue
-        wait_until(self, summary.exists, 30, "no summary.json after scancel: " + (out.read_text() if out.exists() else ""))
-        s = json.loads(summary.read_text())
-        self.assertEqual(s["status"], "cancelled", s.get("failure"))
-        self.assertIn(f"the Slurm job {job} was cancelled (by scancel", s["failure"])
-        self.assert_no_process_on_any_node()
 
 
 if __name__ == "__main__":
