@@ -152,8 +152,17 @@ def slurm_job_ended():
     """Why this Slurm job ended, when Slurm ended it ("the Slurm job 12 was cancelled (its time
     limit)"), from `scontrol show job`; None otherwise (a user's Ctrl-C or kill)."""
     job = os.environ.get("SLURM_JOB_ID", "")
-    out = cmd_out(["scontrol", "show", "job", "-o", job]) if job.isdigit() else None
-    state = re.search(r"\bJobState=(\S+)", out or "")
+    if not job.isdigit():
+        return None
+    # A job Slurm is ending says COMPLETING until its final state shows (tens of ms; longer on a
+    # loaded controller); a signal from a user leaves it RUNNING.
+    deadline = time.monotonic() + 5.0
+    while True:
+        out = cmd_out(["scontrol", "show", "job", "-o", job])
+        state = re.search(r"\bJobState=(\S+)", out or "")
+        if not state or state.group(1) != "COMPLETING" or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     reason = re.search(r"\bReason=(\S+)", out or "")
     if not state or state.group(1) not in ("CANCELLED", "TIMEOUT", "DEADLINE", "PREEMPTED", "NODE_FAIL"):
         return None

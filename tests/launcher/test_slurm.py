@@ -158,12 +158,18 @@ class Slurm(LauncherTestCase):
 
     def test_a_job_ended_by_its_time_limit_under_sbatch_is_reported_as_cancelled(self):
         # under sbatch, the time limit (or scancel) reaches the launcher as SIGTERM: Slurm's own
-        # record of the job says which, not "interrupted"
+        # record of the job says which, not "interrupted", once it no longer says COMPLETING (as
+        # a real slurmctld does for a moment, longer when loaded)
         self.install_fake_slurm()
-        self.fake_bin("scontrol", """\
+        asked = self.tmp / "scontrol-asked"
+        self.fake_bin("scontrol", f"""\
             #!/bin/bash
-            [[ $1 == show && $2 == hostnames ]] && { echo localhost; exit 0; }
-            [[ $1 == show && $2 == job ]] && { echo "JobId=$4 JobName=x JobState=TIMEOUT Reason=None"; exit 0; }
+            [[ $1 == show && $2 == hostnames ]] && {{ echo localhost; exit 0; }}
+            if [[ $1 == show && $2 == job ]]; then
+              echo x >> {asked}
+              state=TIMEOUT; (( $(wc -l < {asked}) < 3 )) && state=COMPLETING
+              echo "JobId=$4 JobName=x JobState=$state Reason=None"; exit 0
+            fi
             exit 1
             """)
         self.env["SLURM_JOB_ID"] = "77"
@@ -175,6 +181,7 @@ class Slurm(LauncherTestCase):
         out, err = p.communicate(timeout=60)
         self.assertEqual(p.returncode, 143, out + err)
         self.assertIn("the Slurm job 77 was cancelled (its time limit)", err)
+        self.assertEqual(len(asked.read_text().split()), 3, "asked Slurm until the job no longer said COMPLETING")
         s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
         self.assertEqual(s["status"], "cancelled")
         self.assertIn("its time limit", s["failure"])

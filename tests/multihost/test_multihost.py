@@ -809,7 +809,7 @@ class SlurmTest(ClusterTestCase):
             wait_until(self, summary.exists, 30, f"no summary.json after {why}: " +
                        pathlib.Path(str(runs) + ".out").read_text())
             s = json.loads(summary.read_text())
-            self.assertEqual(s["status"], "cancelled", s.get("failure"))
+            self.assertEqual(s["status"], "cancelled", f"job {job}, {why}: {s.get('failure')}")
             self.assertIn(f"the Slurm job {job} was cancelled ({why}", s["failure"])
         ports = [{(n, p) for n, v in json.loads((self.run_in(r) / "launch.json").read_text())["ports"].items() for p in v}
                  for r in (long_runs, short_runs, cancelled_runs)]
