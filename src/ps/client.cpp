@@ -365,8 +365,8 @@ PullResult empty_result() {
 
 PullResult PsClient::pull(long clock, float* theta) {
   std::lock_guard lock(mu_);
-  if (opt_.role == wire::Role::evaluator) clock = ++evaluator_asks_;  // ungated: the clock numbers its requests
   beat_step_ = clock;
+  if (opt_.role == wire::Role::evaluator) clock = ++evaluator_asks_;  // ungated: the clock numbers its requests
   const int S = int(shards_.size());
   for (int k = 0; k < S; ++k) send(k, wire::Pull{clock});
   std::vector<char> pending(std::size_t(S), 1);

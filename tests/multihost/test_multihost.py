@@ -681,8 +681,10 @@ class SlurmTest(ClusterTestCase):
     def salloc(self, tasks, *args):
         return ["salloc", "-N", "2", "-n", str(tasks), "--quiet", PYTHON, str(LAUNCH), *map(str, args)]
 
-    def run_of(self):
-        runs = sorted(d for d in self.runs.glob("tiny/*/*") if not d.parent.is_symlink() and (d / "plan.json").exists())
+    def run_of(self, runs=None):
+        """The one run under `runs` (default: self.runs)."""
+        runs = sorted(d for d in (runs or self.runs).glob("tiny/*/*")
+                      if not d.parent.is_symlink() and (d / "plan.json").exists())
         self.assertEqual(len(runs), 1, runs)
         return runs[0]
 
@@ -796,7 +798,7 @@ class SlurmTest(ClusterTestCase):
         short_job = self.sbatch(self.config("short.toml", steps=500), short_runs)
         cancelled_job = self.sbatch(self.config("batch.toml", steps=100000), cancelled_runs)
         wait_until(self, lambda: short_job not in queue(), 90, f"job {short_job} did not end")
-        short_run = self.run_in(short_runs)
+        short_run = self.run_of(short_runs)
         self.assertEqual(json.loads((short_run / "summary.json").read_text())["status"], "ok",
                          pathlib.Path(str(short_runs) + ".out").read_text())
         wait_for_train_lines_in(self, cancelled_runs, ["worker1"], 60, runs_glob="tiny/*/*")
@@ -805,22 +807,17 @@ class SlurmTest(ClusterTestCase):
         self.assertIn(long_job, queue(), "the long job ended before the others: they did not run at once")
         for job, runs, why in ((cancelled_job, cancelled_runs, "by scancel"), (long_job, long_runs, "its time limit")):
             wait_until(self, lambda: job not in queue(), 150, f"job {job} did not end ({why})")
-            summary = self.run_in(runs) / "summary.json"  # written as the launcher stops, after the job left squeue
+            summary = self.run_of(runs) / "summary.json"  # written as the launcher stops, after the job left squeue
             wait_until(self, summary.exists, 30, f"no summary.json after {why}: " +
                        pathlib.Path(str(runs) + ".out").read_text())
             s = json.loads(summary.read_text())
             self.assertEqual(s["status"], "cancelled", f"job {job}, {why}: {s.get('failure')}")
             self.assertIn(f"the Slurm job {job} was cancelled ({why}", s["failure"])
-        ports = [{(n, p) for n, v in json.loads((self.run_in(r) / "launch.json").read_text())["ports"].items() for p in v}
+        ports = [{(n, p) for n, v in json.loads((self.run_of(r) / "launch.json").read_text())["ports"].items() for p in v}
                  for r in (long_runs, short_runs, cancelled_runs)]
         self.assertTrue(all(ports))
         self.assertFalse(ports[0] & ports[1] or ports[0] & ports[2] or ports[1] & ports[2], "two jobs shared a port on a node")
         self.assert_no_process_on_any_node()
-
-    def run_in(self, runs):
-        found = [d for d in runs.glob("tiny/*/*") if not d.parent.is_symlink() and (d / "plan.json").exists()]
-        self.assertEqual(len(found), 1, found)
-        return found[0]
 
 
 if __name__ == "__main__":
