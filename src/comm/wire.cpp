@@ -31,7 +31,7 @@ const char* error_code_name(ErrorCode c) {
 const char* body_name(const Body& b) {
   static constexpr const char* names[] = {"Hello", "Welcome", "Pull", "PullReply", "Push", "PushAck",
                                           "Bye", "Shutdown", "Ack", "Stats", "StatsReply", "Error",
-                                          "KvSet", "KvGet", "KvValue", "Beat", "GroupStatus"};
+                                          "KvSet", "KvGet", "KvValue", "Beat", "GroupStatus", "Replicate", "Replicated"};
   static_assert(std::size(names) == std::variant_size_v<Body>);
   return names[b.index()];
 }
@@ -61,6 +61,15 @@ struct BodyEncoder {
   std::pair<fb::Body, Off> operator()(const Push& m) const {
     return {fb::Body_Push, fb::CreatePush(f, m.clock, m.version_pulled, m.batch, m.checksum, m.offset,
                                           m.length, m.then_pull, m.codec, m.bytes, m.piece, m.pieces).Union()};
+  }
+  std::pair<fb::Body, Off> operator()(const Replicate& m) const {
+    const wire::Push& p = m.push;
+    const auto push = fb::CreatePush(f, p.clock, p.version_pulled, p.batch, p.checksum, p.offset, p.length, p.then_pull, p.codec,
+                                     p.bytes, p.piece, p.pieces);
+    return {fb::Body_Replicate, fb::CreateReplicate(f, m.seq, std::uint8_t(m.event), m.worker, m.clock, push).Union()};
+  }
+  std::pair<fb::Body, Off> operator()(const Replicated& m) const {
+    return {fb::Body_Replicated, fb::CreateReplicated(f, m.seq, m.version).Union()};
   }
   std::pair<fb::Body, Off> operator()(const PushAck& m) const {
     return {fb::Body_PushAck, fb::CreatePushAck(f, m.clock, m.version).Union()};
@@ -210,6 +219,20 @@ bool decode_body(const fb::Message* m, Body& body, std::string& error) {
     }
     case fb::Body_Beat: body = Beat{m->body_as_Beat()->step()}; break;
     case fb::Body_GroupStatus: body = GroupStatus{}; break;
+    case fb::Body_Replicate: {
+      const auto* b = m->body_as_Replicate();
+      if (b->event() > std::uint8_t(ReplicaEvent::pulled)) {
+        error = "Replicate message with unknown event " + std::to_string(int(b->event()));
+        return false;
+      }
+      Replicate r{b->seq(), ReplicaEvent(b->event()), b->worker(), b->clock(), {}};
+      if (const auto* p = b->push())
+        r.push = Push{p->clock(), p->version_pulled(), p->batch(), p->checksum(), p->offset(),
+                      p->length(), p->then_pull(), p->codec(), p->bytes(), p->piece(), p->pieces()};
+      body = r;
+      break;
+    }
+    case fb::Body_Replicated: body = Replicated{m->body_as_Replicated()->seq(), m->body_as_Replicated()->version()}; break;
     default:
       error = "unknown message type " + std::to_string(int(m->body_type()));
       return false;

@@ -138,6 +138,26 @@ TEST(Wire, EveryMessageTypeRoundTrips) {
     {
       ROUND_TRIP(r14, Header{0, -1, GroupStatus{}});
     }
+    {  // chain replication: a push's piece as the primary forwards it, and the backup's answer
+      ROUND_TRIP(r15, Header{kServer, 1, Replicate{42, ReplicaEvent::piece, 3, 0, Push{7, 6, 32, 0xfeed, 66, 66, true, 0, 264, 2, 3}}});
+      const auto& f = std::get<Replicate>(r15.body);
+      EXPECT_EQ(f.seq, 42);
+      EXPECT_EQ(f.event, ReplicaEvent::piece);
+      EXPECT_EQ(f.worker, 3);
+      EXPECT_EQ(f.push.clock, 7);
+      EXPECT_EQ(f.push.checksum, 0xfeedu);
+      EXPECT_EQ(f.push.piece, 2u);
+      EXPECT_EQ(f.push.pieces, 3u);
+      EXPECT_TRUE(f.push.then_pull);
+      ROUND_TRIP(r16, Header{kServer, 1, Replicate{43, ReplicaEvent::drop, 2, 11, {}}});
+      EXPECT_EQ(std::get<Replicate>(r16.body).event, ReplicaEvent::drop);
+      EXPECT_EQ(std::get<Replicate>(r16.body).clock, 11);
+      ROUND_TRIP(r17, Header{kServer, 1, Replicated{43, 900}});
+      EXPECT_EQ(std::get<Replicated>(r17.body).seq, 43);
+      EXPECT_EQ(std::get<Replicated>(r17.body).version, 900);
+      ROUND_TRIP(r18, Header{kServer, 1, Hello{Role::replica, 1, 132, 0x1234}});
+      EXPECT_EQ(std::get<Hello>(r18.body).role, Role::replica);
+    }
   }
   {
     ROUND_TRIP(r6, Header{kServer, 0, Error{ErrorCode::bad_checksum, "flipped"}});
@@ -334,6 +354,8 @@ TEST(FuzzSeeds, OneDecodingSeedForEveryBodyType) {
       {kServer, -1, KvValue{"gloo/rank1", "x", true}},
       {3, -1, Beat{41}},
       {0, -1, GroupStatus{}},
+      {kServer, 0, Replicate{5, ReplicaEvent::piece, 1, 0, Push{7, 6, 32, 0xfeed, 66, 66, true, 0, 264, 2, 3}}},
+      {kServer, 0, Replicated{5, 9}},
   };
   ASSERT_EQ(seeds.size(), std::variant_size_v<Body>);
   Encoder enc;
