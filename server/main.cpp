@@ -48,6 +48,10 @@ int main(int argc, char** argv) {
                "a server of a run under way, restarted without a checkpoint (it died before its first): no start barrier; "
                "it begins from the run's initial θ, and the updates of its shard so far are lost (counted as workers rejoin)")
       ->excludes("--resume");
+  app.add_option("--backup-of", opt.backup_of,
+                 "cluster.replicas = 2: be the backup of the shard's primary listening at this address (it sends every "
+                 "update here before it answers; this server takes over when a worker or the evaluator comes to it)")
+      ->excludes("--resume")->excludes("--restarted");
   CLI11_PARSE(app, argc, argv);
 
   std::signal(SIGINT, on_signal);
@@ -61,8 +65,8 @@ int main(int argc, char** argv) {
     set_cpu_backend_threads(1);  // a server's updates are memory-bound: one BLAS thread
     const auto transport = run_transport(cfg, auth_key);
     Server server(*transport, cfg, opt);
-    std::fprintf(stderr, "[server %d] %s: shard [%zu, %zu) of θ, %s, %d workers, %d update thread(s), listening on %s\n",
-                 opt.shard, cfg.name.c_str(), server.range().offset, server.range().offset + server.range().length,
+    std::fprintf(stderr, "[server %d%s] %s: shard [%zu, %zu) of θ, %s, %d workers, %d update thread(s), listening on %s\n",
+                 opt.shard, opt.backup_of.empty() ? "" : " backup", cfg.name.c_str(), server.range().offset, server.range().offset + server.range().length,
                  cfg.cluster.mode.c_str(), cfg.cluster.workers, server.state().options().threads, opt.endpoint.c_str());
     server.run();
     const auto& c = server.counters();

@@ -79,7 +79,7 @@ void Server::resume_session(int rank, const std::string& id, long clock) {
   workers_.heard(r, clock_.now());
   // What it had under way is sent again once it has its Welcome: a push half-way in pieces is
   // abandoned (nothing of it applied), a held pull forgotten (its answer would go nowhere).
-  state_->abandon_push(rank, *this);
+  abandon_in_shard(rank);
   pushing_[r].streamed_reply = false;
   for (std::size_t i = 0; i < held_.size();) {
     if (held_[i].rank != rank) {
@@ -123,6 +123,7 @@ void Server::readmit(int rank) {
   const auto now = clock_.now();
   const double away_s = seconds_between(may_return_until_[r] - reconnect_window_, now);
   may_return_until_[r] = time_point::min();
+  replicate(wire::ReplicaEvent::readmit, rank);
   state_->readmit_worker(rank);
   --finished_;
   workers_.revive(r, now);
@@ -146,6 +147,7 @@ void Server::drop_worker(int rank, const std::string& why, const nlohmann::order
     throw std::runtime_error(who() + ": worker " + std::to_string(rank) + " lost: " + why + "; " +
                              (state_->mode().trains_without_lost_workers() ? "cluster.on_worker_loss = \"fail\""
                                                                            : cfg_.cluster.mode + " cannot train on without it"));
+  replicate(wire::ReplicaEvent::drop, rank, state_->clock_of(rank));
   state_->abandon_push(rank, *this);  // its push in pieces, half-way: nothing of it applied
   state_->drop_worker(rank);
   if (guard_) guard_->forget(rank);

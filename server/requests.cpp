@@ -49,6 +49,8 @@ void Server::handle_message(const comm::PeerId& id, const comm::Message& m) {
     on_shutdown(id, *peer);
   } else if (std::holds_alternative<wire::Beat>(h->body)) {
     // A heartbeat: the peer is alive (noted by sender()); no answer.
+  } else if (const auto* r = std::get_if<wire::Replicated>(&h->body)) {
+    on_replicated(id, *r);
   } else if (std::holds_alternative<wire::Stats>(h->body)) {
     send(id, header(wire::StatsReply{stats_json().dump()}));
   } else {
@@ -78,6 +80,7 @@ Server::Peer* Server::sender(const comm::PeerId& id, const wire::Header& h) {
     }
     readmit(peer.rank);  // its link was down, and is back in time
   }
+  if (peer.role == wire::Role::replica) replica_heard_ = clock_.now();
   if (peer.role == wire::Role::worker) {
     const auto now = clock_.now();
     // This server heard no worker for heartbeat_s (its own link was down): the silence was its
@@ -107,6 +110,10 @@ void Server::on_hello(const std::string& id, const wire::Hello& m) {
   if (m.config_hash != config_hash_)
     return reply_error(id, wire::ErrorCode::config, "peer's config differs from this server's (fingerprints differ): "
                                                     "start every process of a run from the same config file");
+  if (m.role == wire::Role::replica) return on_replica_hello(id, m);
+  if (m.role != wire::Role::worker && m.role != wire::Role::evaluator)
+    return reply_error(id, wire::ErrorCode::protocol, "Hello with an unknown role " + std::to_string(int(m.role)));
+  if (is_backup()) take_over(m.role == wire::Role::worker ? "worker " + std::to_string(m.rank) : "the evaluator");
   if (m.role == wire::Role::evaluator) {
     peers_[id] = Peer{m.role, wire::kEvaluator};
   } else {
@@ -129,7 +136,9 @@ void Server::on_hello(const std::string& id, const wire::Hello& m) {
       slot = id;
       peers_[id] = Peer{m.role, m.rank};
       workers_.heard(std::size_t(m.rank), clock_.now());
-      if (m.rejoin_clock >= 0 && barrier_open_) rejoin(m.rank, m.rejoin_clock);  // this server restarted
+      // This server restarted (a backup that took over has every update it answered: the worker
+      // sends again what was not).
+      if (m.rejoin_clock >= 0 && barrier_open_ && opt_.backup_of.empty()) rejoin(m.rank, m.rejoin_clock);
     }
   }
   if (m.role == wire::Role::evaluator || barrier_open_) return send(id, welcome(id));
@@ -139,7 +148,9 @@ void Server::on_hello(const std::string& id, const wire::Hello& m) {
 void Server::open_barrier_when_full(const std::string& id) {
   welcome_waiting_.push_back(id);
   if (!std::all_of(worker_ids_.begin(), worker_ids_.end(), [](const std::string& s) { return !s.empty(); })) return;
+  if (replica_expected_ && !replicating()) return;  // its backup first (cluster.replicas = 2)
   barrier_open_ = true;
+  replicate(wire::ReplicaEvent::barrier, -1);
   last_message_ = clock_.now();
   for (std::size_t r = 0; r < worker_ids_.size(); ++r) workers_.watch(r, true, last_message_);
   for (const auto& w : welcome_waiting_) send(w, welcome(w));
@@ -158,6 +169,7 @@ std::string Server::missing_hellos() const {
   std::string m;
   for (int r = 0; r < cfg_.cluster.workers; ++r)
     if (worker_ids_[std::size_t(r)].empty()) m += (m.empty() ? "workers " : ", ") + std::to_string(r);
+  if (replica_expected_ && !replicating()) m += std::string(m.empty() ? "" : " and ") + "its backup (cluster.replicas = 2)";
   return m.empty() ? "nobody" : m;
 }
 
@@ -201,6 +213,7 @@ void Server::serve_pull(const std::string& id, int rank, long clock, time_point 
 void Server::note_served(int rank, long clock, double held_s, const wire::PullReply& r) {
   counters_.hold_ms_total += held_s * 1e3;
   counters_.hold_ms_max = std::max(counters_.hold_ms_max, held_s * 1e3);
+  if (rank >= 0 && state_->mode().keeps_served_theta()) replicate(wire::ReplicaEvent::pulled, rank, clock);
   if (rank >= 0) state_->record_pull(rank, clock);
   if (trace_ && rank >= 0) trace_->pull(rank, clock, state_->version());
   if (opt_.record_pulls && metrics_ && rank >= 0)
@@ -285,7 +298,7 @@ void Server::on_push(const std::string& id, const Peer& p, const wire::Push& m, 
   wire::ErrorCode code{};
   if (const std::string why = refuse_push(p, m, msg, code); !why.empty()) {
     reply_error(id, code, why);
-    if (p.role == wire::Role::worker) state_->abandon_push(p.rank, *this);  // nothing of its push in pieces applied
+    if (p.role == wire::Role::worker) abandon_in_shard(p.rank);  // nothing of its push in pieces applied
     return;
   }
   if (m.clock < state_->clock_of(p.rank)) return on_duplicate_push(id, p, m);
@@ -303,7 +316,7 @@ void Server::on_push(const std::string& id, const Peer& p, const wire::Push& m, 
   } else {
     msg_ = comm::Message();
   }
-  state_->push_piece({p.rank, m.clock, m.version_pulled, m.batch, m.piece, m.pieces}, payload, m.checksum, *this);
+  push_to_shard(p.rank, m, payload, m.checksum);
 }
 
 // A push for a clock this server has taken from the worker already: sent again after a cut
@@ -329,7 +342,7 @@ bool Server::guard_refuses(int rank, const wire::Push& m, const comm::Message& m
   if (pushing.refused.empty()) {
     pushing.refused = guard_check(rank, m, msg.payload());
     if (pushing.refused.empty()) return false;
-    state_->abandon_push(rank, *this);  // its pieces so far: nothing of them kept
+    abandon_in_shard(rank);  // its pieces so far: nothing of them kept
     pushing.streamed_reply = false;     // (the reply starts again from piece 0: PsClient takes that)
     const long n = guard_->refusals(rank) + 1;
     if (n <= 3 || n % 100 == 0)
@@ -370,11 +383,13 @@ std::string Server::guard_check(int rank, const wire::Push& m, std::span<const s
 void Server::push_empty_instead(int rank) {
   Pushing& pushing = pushing_[std::size_t(rank)];
   pushing.first.batch = 0;  // (what the trace records: replay applies the same empty push)
-  const wire::Push& m = pushing.first;
-  state_->push_piece({rank, m.clock, m.version_pulled, 0, 0, 1}, empty_payload_, empty_checksum_, *this);
+  wire::Push m = pushing.first;
+  m.batch = 0, m.piece = 0, m.pieces = 1, m.checksum = empty_checksum_;
+  push_to_shard(rank, m, empty_payload_, empty_checksum_);
 }
 
 void Server::piece_applied(int worker, std::size_t piece) {
+  if (is_backup()) return;  // nobody to answer: its primary does
   if (pushing_[std::size_t(worker)].first.then_pull) reply_streamed_piece(worker_ids_[std::size_t(worker)], worker, piece);
 }
 
@@ -386,7 +401,15 @@ void Server::push_ended(const ShardState::Done& d) {
     spare_msgs_.push_back(std::move(held));
   }
   held_msgs_[std::size_t(d.worker)].clear();
-  if (!d.abandoned) finish_push(d);
+  if (d.abandoned) return;
+  if (!is_backup()) return finish_push(d);
+  if (d.error) return;  // (its primary refused it too, and said so)
+  const Pushing& pushing = pushing_[std::size_t(d.worker)];  // counted as the primary counts it, which answers it
+  ++counters_.pushes;
+  auto& pushed = counters_.pushed[state_->codec().name()];
+  ++pushed.pushes;
+  pushed.payload_bytes += pushing.bytes;
+  if (trace_) trace_->push(d.worker, pushing.first.clock, pushing.first.version_pulled, pushing.first.batch);
 }
 
 void Server::finish_push(const ShardState::Done& d) {
@@ -448,18 +471,25 @@ void Server::send_piece(const std::string& id, wire::PullReply& r, std::size_t p
 
 void Server::on_bye(const std::string& id, const Peer& p) {
   if (p.role == wire::Role::worker && !said_bye_[std::size_t(p.rank)]) {
-    said_bye_[std::size_t(p.rank)] = 1;
-    ++finished_;
-    workers_.finish(std::size_t(p.rank));
-    last_message_ = clock_.now();
+    replicate(wire::ReplicaEvent::bye, p.rank);
+    note_bye(p.rank);
   }
   send(id, header(wire::Ack{}));
+}
+
+void Server::note_bye(int rank) {
+  if (said_bye_[std::size_t(rank)]) return;
+  said_bye_[std::size_t(rank)] = 1;
+  ++finished_;
+  workers_.finish(std::size_t(rank));
+  last_message_ = clock_.now();
 }
 
 void Server::on_shutdown(const std::string& id, const Peer& p) {
   if (p.role != wire::Role::evaluator)  // the run ends when its evaluator has taken the final θ
     return reply_error(id, wire::ErrorCode::protocol,
                        "Shutdown from worker " + std::to_string(p.rank) + ": only the evaluator ends a run");
+  if (!shutdown_) replicate(wire::ReplicaEvent::shutdown, -1);
   shutdown_ = true;
   send(id, header(wire::Ack{}));
 }
@@ -468,6 +498,21 @@ void Server::on_shutdown(const std::string& id, const Peer& p) {
 
 void Server::send(const std::string& id, const wire::Header& h, comm::OutPayload payload) {
   const std::span<const std::byte> head = enc_.encode(h);
+  if (replicating() && id != replica_id_ && (replica_sent_ > replica_acked_ || waiting_front_ < waiting_.size())) {
+    std::vector<std::byte> copy;  // (vectors reused once warm)
+    if (!spare_heads_.empty()) {
+      copy = std::move(spare_heads_.back());
+      spare_heads_.pop_back();
+    }
+    copy.assign(head.begin(), head.end());
+    waiting_.push_back(Waiting{id, std::move(copy), payload, replica_sent_, wire::body_name(h.body)});
+    ++counters_.replies_waited;
+    return;
+  }
+  transmit(id, head, payload, wire::body_name(h.body));
+}
+
+void Server::transmit(const std::string& id, std::span<const std::byte> head, comm::OutPayload payload, const char* what) {
   const long bytes = long(head.size() + payload.size);
   if (listener_->send(id, head, payload)) {
     counters_.bytes_out += bytes;
@@ -479,9 +524,10 @@ void Server::send(const std::string& id, const wire::Header& h, comm::OutPayload
   const auto it = peers_.find(id);
   const std::string who = it == peers_.end()                      ? "a peer that never said Hello"
                           : it->second.role == wire::Role::worker ? "worker " + std::to_string(it->second.rank)
+                          : it->second.role == wire::Role::replica ? "its backup"
                                                                   : "the evaluator";
   std::fprintf(stderr, "server %d: could not queue the %s reply (%ld bytes) to %s: gone, or not reading%s\n", opt_.shard,
-               wire::body_name(h.body), bytes, who.c_str(), counters_.dropped_replies == 5 ? " (further drops are only counted)" : "");
+               what, bytes, who.c_str(), counters_.dropped_replies == 5 ? " (further drops are only counted)" : "");
 }
 
 void Server::reply_error(const std::string& id, wire::ErrorCode code, const std::string& message) {

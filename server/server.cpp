@@ -86,6 +86,16 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   } catch (const std::exception& e) {
     throw std::runtime_error("server " + std::to_string(opt.shard) + ": " + e.what());
   }
+  if (!opt.backup_of.empty()) {  // a backup: its primary's inputs come on a connection of its own
+    comm::ConnectOptions co;
+    co.linger = std::chrono::milliseconds(1000);
+    upstream_ = transport.connect({opt.backup_of}, co);
+    (void)upstream_->send(0, enc_.encode(wire::Header{wire::kServer, opt.shard,
+                                                      wire::Hello{wire::Role::replica, opt.shard, num_params_, config_hash_}}),
+                          {}, transport.clock().now() + std::chrono::seconds(1));
+  } else {
+    replica_expected_ = cfg.cluster.replicas > 1;
+  }
   if (!opt.metrics_path.empty())
     metrics_ = std::make_unique<MetricsWriter>(opt.metrics_path, opt.run_start, !opt.resume_path.empty() || opt.restarted, clock_);
   if (!opt.trace_path.empty()) {
@@ -103,7 +113,7 @@ bool Server::done() const {
 std::string Server::who() const { return "server " + std::to_string(opt_.shard) + " (" + opt_.endpoint + ")"; }
 
 void Server::run() {
-  started_ = last_message_ = clock_.now();
+  started_ = last_message_ = upstream_heard_ = clock_.now();
   const auto timeout = from_s(cfg_.cluster.timeout_s), stats_every = from_s(opt_.stats_every_s);
   const auto checkpoint_every = from_s(cfg_.checkpoint.every_s);
   auto next_stats = started_ + stats_every, next_checkpoint = started_ + checkpoint_every;
@@ -117,8 +127,11 @@ void Server::run() {
       // (Silence is checked at least every 200 ms: heartbeat_s is seconds.)
       auto wake = std::min(next_stats, now + std::chrono::milliseconds(200));
       for (const auto& h : held_) wake = std::min({wake, h.since + timeout, workers_.next_beat(std::size_t(h.rank))});
-      if (serve_until(wake) && clock_.now() >= next_silence_check) {  // silence now is the peers', not this loop's
+      if (is_backup()) {
+        serve_as_backup(wake);  // until a worker or the evaluator comes over
+      } else if (serve_until(wake) && clock_.now() >= next_silence_check) {  // silence now is the peers', not this loop's
         find_lost_workers(clock_.now());
+        check_replica(clock_.now());
         next_silence_check = clock_.now() + silence_every;
       }
       release_ready_pulls();  // a worker dropped as lost may be what held pulls waited for
@@ -148,6 +161,11 @@ void Server::run() {
     }
     throw;
   }
+  // The last replies (the Shutdown's Ack) wait for the backup: until it has what came before them.
+  for (const auto until = clock_.now() + from_s(cfg_.cluster.heartbeat_s); waiting_front_ < waiting_.size();) {
+    if (clock_.now() >= until) lose_replica("no answer for the last inputs within cluster.heartbeat_s");
+    else serve_until(std::min(until, clock_.now() + std::chrono::milliseconds(50)));
+  }
   write_stats(true);
   if (!opt_.checkpoint_path.empty()) write_checkpoint_now("final");
 }
@@ -167,6 +185,12 @@ void Server::check_waits(time_point t) {
   const auto timeout = from_s(cfg_.cluster.timeout_s);
   char timeout_text[32];
   std::snprintf(timeout_text, sizeof timeout_text, "%g", cfg_.cluster.timeout_s);
+  if (is_backup()) {  // its primary beats while idle: silent this long, it is gone, and nobody came over
+    if (t - upstream_heard_ > timeout)
+      throw std::runtime_error(who() + " (backup): nothing from its primary at " + opt_.backup_of + " for " + timeout_text +
+                               " s, and no worker came over" + (barrier_open_ ? "" : " (the start barrier never opened)"));
+    return;
+  }
   if (!barrier_open_ && t - started_ > timeout)
     throw std::runtime_error(who() + ": start barrier: waited " + timeout_text + " s for Hello from " + missing_hellos());
   // Silence while nobody is held: held pulls expire first, with the more precise message.

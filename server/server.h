@@ -9,6 +9,10 @@
 //                    coming back on a new connection
 //   checkpoints.cpp  the shard's checkpoints: written periodically and at the end; resume
 //   stats.cpp        its counters: the Stats reply and the metrics lines
+//   replication.cpp  chain replication (cluster.replicas = 2): a primary sends its backup every
+//                    input that changes the shard and answers its peers only once the backup has
+//                    what came before; a backup applies them, and takes over when a worker or the
+//                    evaluator comes to it (its primary is gone)
 //   push_guard.h     what it refuses from a worker that holds the run's key (cluster.push_guard);
 //                    requests.cpp applies it to each push as it arrives
 //
@@ -78,6 +82,9 @@ struct ServerOptions {
   // initial θ; what the workers had pushed to it is lost (counted as they rejoin).
   bool restarted = false;
   std::string trace_path;        // the order of applied pushes and served pulls (ps/order_trace.h; "" = none)
+  // cluster.replicas = 2: this server is the backup of the primary listening here ("": a primary;
+  // it then waits for its backup's Hello before the start barrier opens).
+  std::string backup_of;
 };
 
 struct ServerCounters {
@@ -89,6 +96,8 @@ struct ServerCounters {
   long reconnects = 0;              // workers back on a new connection (their session moved to it)
   long workers_back = 0;            // workers dropped as silent that came back (cluster.reconnect_s)
   long pushes_duplicate = 0;        // pushes for a clock already taken: answered, not applied again
+  long replicated = 0;              // inputs sent to the backup (a primary) or applied from the primary (a backup)
+  long replies_waited = 0;          // replies that waited for the backup to have what came before them
   struct Pushed {
     long pushes = 0, payload_bytes = 0;
   };
@@ -117,6 +126,8 @@ class Server : private ShardState::Listener {
   const nlohmann::ordered_json& workers_lost() const { return losses_; }
   // The push guard (null: cluster.push_guard = false).
   const PushGuard* guard() const { return guard_.get(); }
+  // cluster.replicas = 2: whether this server is a backup that has not taken over.
+  bool is_backup() const { return bool(upstream_); }
 
  private:
   using time_point = RunClock::time_point;
@@ -174,7 +185,9 @@ class Server : private ShardState::Listener {
   void serve_progress(const std::string& id, const Peer& p, long asked);  // a progress-only Pull: the header, no θ
   void release_ready_pulls();
   void expire_held_pulls(time_point now);
+  // Sends, or (a primary whose backup lacks inputs sent before it) queues until the backup has them.
   void send(const std::string& id, const wire::Header& h, comm::OutPayload payload = {});
+  void transmit(const std::string& id, std::span<const std::byte> head, comm::OutPayload payload, const char* what);
   // Answers with an Error; counts it as a bad message (by code), except timeouts.
   void reply_error(const std::string& id, wire::ErrorCode code, const std::string& message);
   wire::Header header(wire::Body body) const { return wire::Header{wire::kServer, opt_.shard, std::move(body)}; }
@@ -215,6 +228,29 @@ class Server : private ShardState::Listener {
   bool guard_refuses(int rank, const wire::Push& m, const comm::Message& msg);
   std::string guard_check(int rank, const wire::Push& m, std::span<const std::byte> payload);
   void push_empty_instead(int rank);
+
+  // ---- chain replication (replication.cpp) ----
+  // The primary: its backup's Hello (the start barrier waits for it), its answers, its silence.
+  void on_replica_hello(const std::string& id, const wire::Hello& m);
+  void on_replicated(const std::string& id, const wire::Replicated& r);
+  void check_replica(time_point now);
+  void lose_replica(const std::string& why);
+  bool replicating() const { return !replica_id_.empty(); }
+  // Sends the backup one input (a piece's payload is copied into a buffer of the backup's own;
+  // shm: lent). Every input that changes the shard goes through here before the shard sees it.
+  void replicate(wire::ReplicaEvent event, int worker, long clock = 0, const wire::Push* push = nullptr,
+                 std::span<const std::byte> payload = {});
+  // What the shard is given, replicated first (a primary with a backup).
+  void push_to_shard(int worker, const wire::Push& m, std::span<const std::byte> payload, std::uint64_t checksum);
+  void abandon_in_shard(int worker);
+  // Replies that wait for the backup to have the inputs before them, in order.
+  void release_replies();
+  // A backup: its loop until it takes over (inputs from the primary, a look at its listener for a
+  // worker or evaluator that came over), the inputs, and the takeover.
+  void serve_as_backup(time_point wake);
+  void on_replicate(const wire::Replicate& r);
+  void take_over(const std::string& by);
+  void note_bye(int rank);  // a worker's Bye, counted
 
   // ---- checkpoints (checkpoints.cpp) ----
   // Writes the shard's checkpoint to opt_.checkpoint_path (a metrics line says when, which
@@ -282,6 +318,35 @@ class Server : private ShardState::Listener {
   std::vector<std::vector<comm::Message>> held_msgs_;
   std::vector<comm::Message> spare_msgs_;
   time_point started_, last_message_;
+
+  // ---- chain replication (cluster.replicas = 2) ----
+  // A primary: its backup's peer id ("": none, or lost), the inputs sent and the last it applied,
+  // when it was last heard, and the replies waiting for it (each for the inputs sent before it).
+  std::string replica_id_;
+  bool replica_expected_ = false;  // the start barrier waits for a backup's Hello
+  long replica_sent_ = 0, replica_acked_ = 0;
+  time_point replica_heard_{}, replica_beat_{};
+  struct Waiting {
+    std::string to;
+    std::vector<std::byte> head;
+    comm::OutPayload payload;
+    long after;  // the inputs the backup must have applied first
+    const char* what;
+  };
+  std::vector<Waiting> waiting_;  // in order (the front leaves first); vectors reused
+  std::size_t waiting_front_ = 0;
+  std::vector<std::vector<std::byte>> spare_heads_;
+  struct CopyBuffer {  // a piece's payload on its way to the backup
+    std::unique_ptr<comm::PayloadMemory> memory;
+    std::atomic<bool> busy{false};
+  };
+  std::vector<std::unique_ptr<CopyBuffer>> copies_;
+  // A backup: its connection to the primary (null: a primary, or a backup that took over), the
+  // last input applied, and the message each one arrives in.
+  std::unique_ptr<comm::Connections> upstream_;
+  long applied_ = 0;
+  comm::Message up_msg_;
+  time_point upstream_heard_{}, upstream_beat_{};
 };
 
 }  // namespace pslab

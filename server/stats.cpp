@@ -47,7 +47,15 @@ nlohmann::ordered_json Server::stats_json() const {
           {"pushed", pushed_json(counters_)},
           {"workers_lost", losses_},
           {"updates_lost", updates_lost_},
-          {"push_guard", guard_ ? guard_->stats() : nlohmann::ordered_json(nullptr)}};
+          {"push_guard", guard_ ? guard_->stats() : nlohmann::ordered_json(nullptr)},
+          // cluster.replicas = 2: "primary" (with its backup, or "alone" once it lost it), "backup", or
+          // "took over" (a backup serving the shard); inputs sent or applied, replies that waited
+          {"replica", !opt_.backup_of.empty() ? (is_backup() ? "backup" : "took over")
+                      : replicating()         ? "primary"
+                      : replica_expected_     ? "alone"
+                                              : "none"},
+          {"replicated", counters_.replicated},
+          {"replies_waited", counters_.replies_waited}};
 }
 
 void Server::write_stats(bool final) {

@@ -69,7 +69,7 @@ struct Commands {
   SingleRunOptions single;
   RoleOptions role;
   VirtualOptions vopt;
-  std::string servers, resolved_out, expand_dir, plan_out, key_path;
+  std::string servers, backups, resolved_out, expand_dir, plan_out, key_path;
   bool quiet = false, list_keys = false;
 
  private:
@@ -112,6 +112,8 @@ Commands::Commands(CLI::App& app) {
   add_role(ps);
   ps->add_option("--rank", role.rank, "this worker's rank in [0, cluster.workers)")->required();
   ps->add_option("--servers", servers, servers_help)->required();
+  const char* backups_help = "cluster.replicas = 2: the servers' backups, in shard order, comma-separated (a silent server's shard goes to its backup)";
+  ps->add_option("--backups", backups, backups_help);
 
   allreduce = app.add_subcommand("allreduce", "one rank of the all-reduce mode: compute, all-reduce the gradient, step");
   add_role(allreduce);
@@ -128,6 +130,7 @@ Commands::Commands(CLI::App& app) {
   auto* eval_servers = eval->add_option("--servers", servers, std::string("PS modes: ") + servers_help);
   auto* eval_snaps = eval->add_option("--snapshots", role.snapshots, "all-reduce mode: listen here for rank 0's θ snapshots");
   eval_servers->excludes(eval_snaps);
+  eval->add_option("--backups", backups, backups_help)->needs(eval_servers);
 
   virt = app.add_subcommand("virtual", "every worker and server of the run in this process, in simulated time "
                                        "(cluster.launcher = \"virtual\"; [virtual] is the cost model)");
@@ -176,11 +179,15 @@ int Commands::run_role() {
   const ExperimentConfig cfg = load_config(config_path, overrides);
   role.progress = !quiet;
   say_when_stopped(*eval ? std::string("evaluator") : (*ps ? "worker " : "rank ") + std::to_string(role.rank));
-  for (std::size_t lo = 0; lo <= servers.size();) {
-    const std::size_t hi = std::min(servers.find(',', lo), servers.size());
-    if (hi > lo) role.servers.push_back(servers.substr(lo, hi - lo));
-    lo = hi + 1;
-  }
+  for (auto [list, into] : {std::pair{&servers, &role.servers}, std::pair{&backups, &role.backups}})
+    for (std::size_t lo = 0; lo <= list->size();) {
+      const std::size_t hi = std::min(list->find(',', lo), list->size());
+      if (hi > lo) into->push_back(list->substr(lo, hi - lo));
+      lo = hi + 1;
+    }
+  if (!role.backups.empty() && role.backups.size() != role.servers.size())
+    throw std::invalid_argument("--backups names " + std::to_string(role.backups.size()) + " addresses, --servers " +
+                                std::to_string(role.servers.size()) + ": one backup per server, in shard order");
   if (*ps) return run_ps_worker(cfg, role), 0;
   if (*allreduce) return run_allreduce_worker(cfg, role), 0;
   if (role.servers.empty() && role.snapshots.empty())

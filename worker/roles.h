@@ -30,6 +30,7 @@ double run_single(const ExperimentConfig& cfg, const SingleRunOptions& opt);
 struct RoleOptions {
   int rank = 0;                      // worker rank in [0, cluster.workers)
   std::vector<std::string> servers;  // PS modes: server addresses, in shard order
+  std::vector<std::string> backups;  // cluster.replicas = 2: their backups' addresses, in shard order
   std::string coordinator;           // allreduce: rank 0's rendezvous address
   std::string snapshots;             // allreduce: the evaluator's address for θ snapshots
   std::string host;                  // allreduce: address this rank's Gloo pairs listen on

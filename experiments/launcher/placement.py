@@ -25,7 +25,7 @@ MAX_SOCKET_PATH = 107  # bytes of a Unix socket's path (sun_path, less its termi
 @dataclass
 class Proc:
     name: str           # server0, worker1, evaluator
-    role: str           # server, worker, evaluator
+    role: str           # server, backup (cluster.replicas = 2), worker, evaluator
     rank: int           # shard or worker rank; -1 for the evaluator
     index: int          # position in start order (servers, workers, evaluator)
     host: str           # where it runs ("local" for the local launcher)
@@ -39,7 +39,7 @@ class Proc:
 
     def describe(self):
         return f"{self.name}" + (f" (rank {self.rank})" if self.role == "worker" else
-                                 f" (shard {self.rank})" if self.role == "server" else "")
+                                 f" (shard {self.rank})" if self.role in ("server", "backup") else "")
 
 
 def free_port(addr):
@@ -150,7 +150,7 @@ def gpu_slots(plan, hosts):
     count up per host in start order. A process runs on GPU (slot mod the GPUs it sees)."""
     slots, used = {}, {}
     for i, p in enumerate(plan.processes):
-        if p["role"] != "server":
+        if p["role"] not in ("server", "backup"):
             slots[i] = used.get(hosts[i], 0)
             used[hosts[i]] = slots[i] + 1
     return slots
@@ -169,10 +169,12 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_address=None):
     cfg = str(run_dir / "config.toml")
     common = ["-o", str(run_dir), "--run-start", f"{run_start:.6f}"]
     servers = [(i, p["name"]) for i, p in enumerate(layout) if p["role"] == "server"]
+    backups = [(i, p["name"]) for i, p in enumerate(layout) if p["role"] == "backup"]  # cluster.replicas = 2
 
     @functools.cache  # per host, not per process: placement stays linear in processes
     def server_eps(peer_host):
-        return ",".join(endpoints.connect(i, name, peer_host) for i, name in servers)
+        eps = ["--servers", ",".join(endpoints.connect(i, name, peer_host) for i, name in servers)]
+        return eps + (["--backups", ",".join(endpoints.connect(i, name, peer_host) for i, name in backups)] if backups else [])
 
     if not plan.uses_servers:
         rank0 = next(i for i, p in enumerate(layout) if p["role"] == "worker" and p["rank"] == 0)
@@ -186,18 +188,22 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_address=None):
     for i, p in enumerate(layout):
         name, role, rank, host = p["name"], p["role"], p["rank"], hosts[i]
         poh = ["--procs-on-host", str(per_host[host]), "-q"]
-        if role != "server":
+        if role not in ("server", "backup"):
             poh += ["--gpu-slot", str(slots[i])]
-        if role == "server":
+        if role in ("server", "backup"):
             argv = [str(bins.server), "-c", cfg, "--shard", str(rank), "--bind", endpoints.bind(i, name),
                     "--metrics", str(run_dir / "metrics" / f"{name}.jsonl"), "--run-start", f"{run_start:.6f}",
                     "--wait-for-shutdown", "--procs-on-host", str(per_host[host]),
-                    "--checkpoint", str(checkpoint_path(run_dir, name)),
-                    "--trace", str(run_dir / "trace" / f"{name}.txt")]  # the order it applied and served in
+                    "--checkpoint", str(checkpoint_path(run_dir, name))]
+            if role == "server":
+                argv += ["--trace", str(run_dir / "trace" / f"{name}.txt")]  # the order it applied and served in
+            else:  # its server sends it every update (server/replication.cpp)
+                primary = servers[rank][0]
+                argv += ["--backup-of", endpoints.connect(primary, layout[primary]["name"], host)]
             if plan.authenticates:
                 argv += ["--auth-key", str(run_key_path(run_dir))]
         elif role == "worker" and plan.uses_servers:
-            argv = [str(bins.worker), "ps", "-c", cfg, "--rank", str(rank), "--servers", server_eps(host), *common, *poh]
+            argv = [str(bins.worker), "ps", "-c", cfg, "--rank", str(rank), *server_eps(host), *common, *poh]
         elif role == "worker":
             argv = [str(bins.worker), "allreduce", "-c", cfg, "--rank", str(rank), "--coordinator", coordinator,
                     "--snapshots", snapshots, "--checkpoint", str(checkpoint_path(run_dir, "allreduce")),
@@ -205,7 +211,7 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_address=None):
             if gloo_address:  # multi-host: Gloo listens on this rank's host's address
                 argv += ["--host", str(gloo_address(host))]
         else:
-            where = ["--servers", server_eps(host)] if plan.uses_servers else ["--snapshots", snapshots]
+            where = server_eps(host) if plan.uses_servers else ["--snapshots", snapshots]
             argv = [str(bins.worker), "eval", "-c", cfg, *where, *common, *poh]
         procs.append(Proc(name=name, role=role, rank=rank, index=i, host=host, argv=argv,
                           log=run_dir / "logs" / f"{name}.log"))
@@ -229,6 +235,8 @@ def checkpoint_path(run_dir, name):
 
 def resume_arguments(run_dir, proc):
     """What a process of a resumed run adds to its command line (local, ssh, Slurm's tasks)."""
+    if proc.role == "backup":  # (a backup joins a run at its start only: its server goes on without it, saying so)
+        return []
     return ["--resume", str(checkpoint_path(run_dir, proc.name))] if proc.role == "server" else ["--resume"]
 
 
@@ -257,8 +265,13 @@ def plan_local(plan, run_dir, run_start, bins, sockets=None):
 
 
 def cluster_hosts(plan, hosts):
-    """ssh: process i runs on hosts[i % len(hosts)] (round-robin)."""
-    return [hosts[i % len(hosts)] for i in range(len(plan.processes))]
+    """ssh: process i runs on hosts[i % len(hosts)] (round-robin); the backup of shard k (cluster.replicas
+    = 2) on the host after its server's (server k is process k), another host where there is one."""
+    where = [hosts[i % len(hosts)] for i in range(len(plan.processes))]
+    if plan.replicas > 1:
+        for i in range(plan.servers, 2 * plan.servers):  # the backups follow the servers
+            where[i] = hosts[(plan.processes[i]["rank"] + 1) % len(hosts)]
+    return where
 
 
 def plan_cluster(plan, run_dir, run_start, bins, where, port_of, address_of, sockets=None):

@@ -76,6 +76,7 @@ class RunPlan:
     uses_servers = property(lambda self: self.plan["uses_servers"])   # False: all-reduce
     workers = property(lambda self: self.plan["workers"])
     servers = property(lambda self: self.plan["servers"])             # 0 when uses_servers is false
+    replicas = property(lambda self: self.plan.get("replicas") or 1)  # 2: each server has a backup process
     transport = property(lambda self: self.plan["transport"])         # "tcp", "ipc", "shm", "auto"
     # The form of the transport's addresses: "tcp", "ipc" (Unix sockets: every process on one
     # host) or "auto" (ipc when every process is on one host). Plans from before it was written

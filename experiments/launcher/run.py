@@ -231,6 +231,7 @@ class Supervisor:
             self.extra["mps_pipe_dir"] = self.env["CUDA_MPS_PIPE_DIRECTORY"]
         self.lost = []       # workers that failed while the run went on: {"worker", "how", "log"}
         self.restarted = []  # servers restarted from their checkpoints: {"server", "how", "log"}
+        self.failed_over = []  # cluster.replicas = 2: copies of shards that ended: {"shard", "process", "how", "log"}
         self.records = None  # the processes' records in the manifest last written
         self.procs, self.started = self.place()
         if resume_from:  # servers from their checkpoints; workers go on from the clocks those hold
@@ -285,6 +286,8 @@ class Supervisor:
         """A worker's failure in a run that goes on without it (cluster.on_worker_loss), or a
         server's that is restarted from its checkpoint (cluster.on_server_loss): said once."""
         plan = self.plan
+        if p.role in ("server", "backup") and plan.replicas > 1:
+            return self.fail_over(p)
         if p.role == "server":
             return self.restart_server(p)
         if plan.on_worker_loss != "continue" or p.role != "worker" or len(self.lost) + 1 >= plan.workers:
@@ -310,7 +313,7 @@ class Supervisor:
         that the run ends when training does rather than waiting for it. One dropped as silent
         may come back within cluster.reconnect_s (its link was down): stopped once that has
         passed, or once no server runs."""
-        servers_run = any(q.role == "server" and q.popen is not None and q.popen.poll() is None for q in self.procs)
+        servers_run = any(q.role in ("server", "backup") and q.popen is not None and q.popen.poll() is None for q in self.procs)
         for rank, row in list(self.progress.dropped.items()):
             p = next((q for q in self.procs if q.role == "worker" and q.rank == rank), None)
             if p is None or p.returncode is not None or p.popen is None or p.popen.poll() is not None:
@@ -326,6 +329,20 @@ class Supervisor:
             self.progress.forget(rank)
             warn(f"{p.describe()} on {p.host}: the servers dropped it at clock {row.get('clock')} ({reason}); stopped it, "
                  f"and the run goes on without it (cluster.on_worker_loss = \"continue\")")
+
+    def fail_over(self, p):
+        """cluster.replicas = 2: a server or backup that ended while the other copy of its shard runs
+        (a server that died, or stopped because its backup took over; a backup that died): the run
+        goes on with the other; the workers and the evaluator go to the backup (PsClient)."""
+        partner = next((q for q in self.procs if q.rank == p.rank and q.role == ("backup" if p.role == "server" else "server")), None)
+        if partner is None or partner.popen is None or partner.popen.poll() is not None:
+            return False  # both copies gone: the shard is lost
+        self.failed_over.append({"shard": p.rank, "process": p.name, "how": how_it_ended(p), "log": str(p.log)})
+        warn(f"{p.describe()} on {p.host} {how_it_ended(p)}; " +
+             (f"its backup ({partner.name} on {partner.host}) has every update it answered and takes over its shard "
+              if p.role == "server" else f"{partner.name} goes on without a copy of its shard ")
+             + "(cluster.replicas = 2)")
+        return True
 
     def restart_server(self, p):
         """A server that died (a signal) comes back from its checkpoint on the same address; the
@@ -377,7 +394,8 @@ class Supervisor:
                 if p.popen is not None and p.popen.stdin:
                     p.popen.stdin.close()
         self.manifest(placed=True)
-        s = summarize(plan, run_dir, time.time() - self.run_start, lost=self.lost, restarted=self.restarted)
+        s = summarize(plan, run_dir, time.time() - self.run_start, lost=self.lost, restarted=self.restarted,
+                      failed_over=self.failed_over)
         if getattr(self.opts, "replay_of", None):
             s.update(replay_verdict(self.opts.replay_of, run_dir, plan))
         write_file(run_dir / "summary.json", json.dumps(s, indent=2) + "\n")
@@ -400,7 +418,8 @@ class Supervisor:
             status, failure = "cancelled", f"stopped by {e}: {cancelled}"
             warn(cancelled)
         s = summarize(self.plan, self.run_dir, time.time() - self.run_start, status=status,
-                      failure=failure, lost=self.lost, restarted=self.restarted)
+                      failure=failure, lost=self.lost, restarted=self.restarted,
+                      failed_over=self.failed_over)
         try:
             write_file(self.run_dir / "summary.json", json.dumps(s, indent=2) + "\n")
         except CannotWrite as w:  # said; the run's own failure is what is raised

@@ -41,6 +41,10 @@ reconnects          PS modes: sessions the servers moved to a new connection (a 
                     counted once per server)
 servers_restarted   with cluster.on_server_loss = "restart": [{server, how, log}] per restart of a
                     server that died, from its checkpoint
+replicas, copies_ended   PS modes: cluster.replicas; with 2, [{shard, process, how, log}] per server or
+                    backup that ended while the other copy of its shard went on (a server that died,
+                    or stopped because its backup took over; a backup that died). The counts above
+                    are each shard's serving copy's (a backup that took over counts from its start)
 updates_lost        the updates those restarts lost (workers' pushes after the checkpoint), over
                     the servers; 0 without restarts
 wall_s              the run's wall-clock time, from its start to its last process's exit
@@ -130,7 +134,7 @@ def training_windows(train, batch):
     return total_samples, starts, ends, step_ms, n_steps, per_worker
 
 
-def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, restarted=None):
+def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, restarted=None, failed_over=None):
     """summary.json of a run (its keys: the module's docstring)."""
     metrics = run_dir / "metrics"
     batch = plan.batch
@@ -144,8 +148,11 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
     if diverged and status == "ok":
         status = "diverged"
     evals = [x for x in read_jsonl(metrics / "evaluator.jsonl") if x.get("kind") == "eval"]
-    servers = [p["name"] for p in plan.processes if p["role"] == "server"]
-    finals = [x for name in servers for x in read_jsonl(metrics / f"{name}.jsonl") if x.get("kind") == "server_final"]
+    # Each shard's copy that served it (cluster.replicas = 2: a backup that took over; not one that
+    # only followed its server, whose counts repeat the server's).
+    servers = [p["name"] for p in plan.processes if p["role"] in ("server", "backup")]
+    finals = [x for name in servers for x in read_jsonl(metrics / f"{name}.jsonl")
+              if x.get("kind") == "server_final" and x.get("replica") != "backup"]
 
     total_samples, starts, ends, step_ms, n_steps, per_worker = training_windows(train, batch)
     span = (max(ends) - min(starts)) if starts and ends else 0.0
@@ -182,6 +189,8 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
         "pushes_duplicate": sum(f.get("pushes_duplicate", 0) for f in finals) if plan.uses_servers else None,
         "workers_back": sum(f.get("workers_back", 0) for f in finals) if plan.uses_servers else None,
         "servers_restarted": list(restarted or []),
+        "replicas": plan.replicas if plan.uses_servers else None,
+        "copies_ended": list(failed_over or []),  # cluster.replicas = 2: a server or backup that ended, the other went on
         "updates_lost": sum(f.get("updates_lost", 0) for f in finals) if finals else 0,
         "wall_s": wall_s,
         # extras
@@ -221,6 +230,9 @@ def result_line(label, s):
     if s.get("servers_restarted"):
         parts.append("restarted server " + ", ".join(str(r["server"]) for r in s["servers_restarted"])
                      + f" ({s.get('updates_lost', 0)} updates lost)")
+    if s.get("copies_ended"):
+        parts.append("shard " + ", ".join(f"{c['shard']} went on without {c['process']}" for c in s["copies_ended"])
+                     + f" (cluster.replicas = 2; {s.get('updates_lost', 0)} updates lost)")
     if s.get("pushes_refused"):
         parts.append("refused pushes of worker " + ", ".join(f"{w} ({n})" for w, n in s["pushes_refused"].items())
                      + " (cluster.push_guard)")

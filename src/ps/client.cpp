@@ -37,6 +37,7 @@ PsClient::PsClient(comm::Transport& transport, std::vector<std::string> endpoint
   reply_piece_.assign(std::size_t(S), 0);
   hello_sent_.assign(std::size_t(S), RunClock::time_point{});
   asked_since_hello_.assign(std::size_t(S), 0);
+  to_backup_pending_.assign(std::size_t(S), 0);
   for (int k = 0; k < S; ++k) {
     shards_.push_back(ShardInfo{endpoints[std::size_t(k)], shard_range(opt.num_params, S, k), 0});
     if (!codec_->dense_f32() && opt.role == wire::Role::worker) {
@@ -47,9 +48,16 @@ PsClient::PsClient(comm::Transport& transport, std::vector<std::string> endpoint
       encoded_clock_.push_back(-1);
     }
   }
+  for (int k = 0; k < S; ++k) active_.push_back(std::size_t(k));
+  if (!opt.backups.empty() && opt.backups.size() != endpoints.size())
+    throw std::invalid_argument("PsClient: " + std::to_string(opt.backups.size()) + " backups for " + std::to_string(S) + " servers");
+  if (!opt.backups.empty() && opt.heartbeat_s <= 0)
+    throw std::invalid_argument("PsClient: backups need heartbeats (a silent server is how a dead one is told)");
+  std::vector<std::string> addresses = endpoints;  // servers, then their backups
+  addresses.insert(addresses.end(), opt.backups.begin(), opt.backups.end());
   comm::ConnectOptions co;
   co.linger = std::chrono::milliseconds(1000);
-  conns_ = transport.connect(endpoints, co);
+  conns_ = transport.connect(addresses, co);
 }
 
 PsClient::~PsClient() {
@@ -69,19 +77,28 @@ void PsClient::fail(int k, const std::string& what) const {
 }
 
 void PsClient::send(int k, const wire::Body& body, comm::OutPayload payload) {
+  const std::size_t i = std::size_t(k);
+  const bool hello = std::holds_alternative<wire::Hello>(body);
+  if (to_backup_pending_[i] && !hello) return comm::release(payload);  // after its Welcome, the request goes anew
   const auto* push = std::get_if<wire::Push>(&body);
-  if (std::holds_alternative<wire::Pull>(body) || (push && push->piece == 0)) reply_piece_[std::size_t(k)] = 0;  // a new request
-  if (!std::holds_alternative<wire::Hello>(body)) asked_since_hello_[std::size_t(k)] = 1;  // (Beats go by beat_if_due)
-  if (!conns_->send(std::size_t(k), enc_.encode(wire::Header{opt_.rank, k, body}), payload, clock_.now() + timeout_))
-    fail(k, std::string("could not send ") + wire::body_name(body) + " within " + std::to_string(timeout_.count() / 1000) +
-                " s: its queue stayed full (is it running? its log says why it stopped)");
-  servers_.sent(std::size_t(k), clock_.now());
+  if (std::holds_alternative<wire::Pull>(body) || (push && push->piece == 0)) reply_piece_[i] = 0;  // a new request
+  if (!hello) asked_since_hello_[i] = 1;  // (Beats go by beat_if_due)
+  // A server with a backup to go to gets heartbeat_s: one that takes nothing for that long is gone.
+  const bool can_fail_over = !opt_.backups.empty() && !on_backup(i);
+  const auto wait = can_fail_over ? beat_every_ * 4 : RunClock::duration(timeout_);
+  if (conns_->send(active_[i], enc_.encode(wire::Header{opt_.rank, k, body}), payload, clock_.now() + wait)) {
+    servers_.sent(i, clock_.now());
+    return;
+  }
+  if (can_fail_over) return fail_over(k, std::string("sending ") + wire::body_name(body));
+  fail(k, std::string("could not send ") + wire::body_name(body) + " within " + std::to_string(timeout_.count() / 1000) +
+              " s: its queue stayed full (is it running? its log says why it stopped)");
 }
 
 void PsClient::beat_if_due() {
   const auto now = clock_.now();
   servers_.beats_due(now, [&](std::size_t k) {
-    return conns_->send(k, enc_.encode(wire::Header{opt_.rank, int(k), wire::Beat{beat_step_}}), {}, now);
+    return conns_->send(active_[k], enc_.encode(wire::Header{opt_.rank, int(k), wire::Beat{beat_step_}}), {}, now);
   });
 }
 
@@ -100,7 +117,8 @@ void PsClient::collect(const Expect& e, std::vector<char>& pending, F&& on_reply
   // one silent for heartbeat_s is stopped, hung or gone: named now, not at the timeout. With
   // rejoin (cluster.on_server_loss = "restart"), the launcher restarts a server that died: this
   // client says Hello to it again (with its clock) until it answers, then sends the request anew.
-  const Wait w{e, pending, e.watch && beat_every_.count() > 0, (opt_.rejoin || opt_.reconnect_s > 0) && bool(e.resend),
+  const Wait w{e, pending, e.watch && beat_every_.count() > 0,
+               (opt_.rejoin || opt_.reconnect_s > 0 || !opt_.backups.empty()) && bool(e.resend),
                clock_.now() + timeout_};
   const auto now = clock_.now();
   latest_asked_ = std::max(latest_asked_, e.clock);
@@ -122,7 +140,12 @@ void PsClient::collect(const Expect& e, std::vector<char>& pending, F&& on_reply
 
 int PsClient::receive(const Wait& w) {
   std::size_t from = 0;
-  while (!conns_->recv(msg_, from, beat_every_.count() ? std::min(w.deadline, clock_.now() + beat_every_ / 2) : w.deadline)) {
+  const std::size_t S = shards_.size();
+  for (;;) {
+    if (conns_->recv(msg_, from, beat_every_.count() ? std::min(w.deadline, clock_.now() + beat_every_ / 2) : w.deadline)) {
+      if (active_[from % S] == from) break;
+      continue;  // a server whose shard went to its backup: what it says no longer counts
+    }
     const auto now = clock_.now();
     if (now >= w.deadline) {
       std::string who;
@@ -141,11 +164,13 @@ int PsClient::receive(const Wait& w) {
           servers_.silent_s(k, now) * 1000 > double((beat_every_ * 4).count()))
         say_hello_again(int(k), w);
   }
+  from %= S;
   servers_.heard(from, clock_.now());
   return int(from);
 }
 
 void PsClient::on_silent(int k, const Wait& w) {
+  if (!opt_.backups.empty() && !on_backup(std::size_t(k)) && w.e.resend) return fail_over(k, w.e.what);
   if (w.can_rejoin) return say_hello_again(k, w);
   char b[96];
   std::snprintf(b, sizeof b, "silent for %.1f s while ", servers_.silent_s(std::size_t(k), clock_.now()));
@@ -159,7 +184,8 @@ RunClock::duration PsClient::back_within() const {
   // comes back within cluster.reconnect_s. Past this, the server is hung or gone for good, and
   // the wait fails naming it.
   RunClock::duration d = std::chrono::duration_cast<RunClock::duration>(std::chrono::duration<double>(opt_.reconnect_s));
-  if (opt_.rejoin) d = std::max<RunClock::duration>({d, beat_every_ * 16, std::chrono::seconds(10)});
+  if (opt_.rejoin || !opt_.backups.empty())  // (a backup answers at once, unless it is gone too)
+    d = std::max<RunClock::duration>({d, beat_every_ * 16, std::chrono::seconds(10)});
   return std::min<RunClock::duration>(timeout_, d);
 }
 
@@ -186,6 +212,26 @@ void PsClient::say_hello_again(int k, const Wait& w) {
   }
   servers_.heard(i, now);  // the next Hello after another heartbeat_s of silence
   send_hello_again(k);
+}
+
+comm::OutPayload PsClient::gradient_payload(const void* data, std::size_t bytes) {
+  // With backups, copied as it is sent: a server that dies never lets go of what it was lent,
+  // and its backup takes the push instead.
+  return opt_.backups.empty() ? in_flight_.payload(data, bytes) : comm::OutPayload{data, bytes};
+}
+
+void PsClient::fail_over(int k, const std::string& during) {
+  const std::size_t i = std::size_t(k);
+  std::fprintf(stderr, "%s: server %d at %s went silent during %s (%.1f s, cluster.heartbeat_s = %g): going to its backup at %s\n",
+               who().c_str(), k, shards_[i].endpoint.c_str(), during.c_str(), servers_.silent_s(i, clock_.now()),
+               opt_.heartbeat_s, opt_.backups[i].c_str());
+  active_[i] = shards_.size() + i;
+  shards_[i].endpoint = opt_.backups[i];
+  ++failovers_;
+  servers_.rejoin(i, clock_.now());
+  servers_.heard(i, clock_.now());
+  send_hello_again(k);
+  to_backup_pending_[i] = 1;  // nothing else goes to the backup before its Welcome
 }
 
 void PsClient::send_hello_again(int k) {
@@ -250,6 +296,7 @@ std::optional<wire::Header> PsClient::reply_from(int k, const Wait& w) {
                  static_cast<long long>(welcome->version), servers_.rejoining_s(i, clock_.now()),
                  resend ? (": " + w.e.what + " sent again").c_str() : "");
     servers_.back(i, clock_.now());
+    to_backup_pending_[i] = 0;
     if (w.e.hello) return h;
     if (resend) w.e.resend(k);
     return std::nullopt;
@@ -427,7 +474,7 @@ void PsClient::send_push(int k) {
         const std::size_t lo = opt_.pieces.begin(s.range.length, q), n = opt_.pieces.size(s.range.length, q);
         h.piece = std::uint32_t(q), h.offset = s.range.offset + lo, h.length = n, h.bytes = n * sizeof(float);
         h.checksum = wire::checksum(g + lo, n);
-        send(k, h, in_flight_.payload(g + lo, h.bytes));
+        send(k, h, gradient_payload(g + lo, h.bytes));
       }
       return;
     }
@@ -442,7 +489,7 @@ void PsClient::send_push(int k) {
     bytes = encoded_[i].data();
   }
   h.checksum = wire::checksum_bytes(bytes, h.bytes);
-  send(k, h, in_flight_.payload(bytes, h.bytes));
+  send(k, h, gradient_payload(bytes, h.bytes));
 }
 
 PullResult PsClient::finish_push() {
@@ -493,7 +540,7 @@ ResumePoint PsClient::catch_up() {
           bytes = buf.data();
         }
         h.checksum = wire::checksum_bytes(bytes, h.bytes);
-        send(q, h, in_flight_.payload(bytes, h.bytes));
+        send(q, h, gradient_payload(bytes, h.bytes));
       };
       send_empty(k);
       std::vector<char> pending(shards_.size(), 0);

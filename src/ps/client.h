@@ -4,7 +4,8 @@
 //
 // θ and ∇θ are host buffers of all P floats; shard k is the contiguous range the server
 // announced in its Welcome (checked against the local computation). Gradients leave encoded by
-// the run's push codec (ps/codecs/): dense f32 zero-copy from the caller's buffer, others from
+// the run's push codec (ps/codecs/): dense f32 zero-copy from the caller's buffer (copied as it
+// is sent where the servers have backups), others from
 // a buffer per shard allocated once; either is referenced until the transport is done, and
 // push() waits for that before returning. Parameters arrive in the transport's buffer and are
 // copied into θ in the same pass that verifies their checksum. Dense f32 pushes and replies of
@@ -31,6 +32,10 @@
 // (worker, clock) and answers one sent again as the first; answers that are not the request's
 // (to a request sent twice) are skipped by their clock. A request goes again only when it left
 // before the Hello again; the evaluator's, ungated, are numbered in their clock.
+// Backups (cluster.replicas = 2, Options::backups): a server silent for heartbeat_s while a
+// request waits is taken for dead and its backup (server/replication.cpp) for the shard: this
+// client says Hello again to it, with its clock, and sends the request anew there; anything the
+// old server sends afterwards is ignored.
 // Time: the transport's clock (Transport::clock()), so that the virtual cluster runs this client
 // in simulated time.
 // Threading: one thread calls the client; its heartbeat thread takes the connections only while
@@ -93,6 +98,7 @@ class PsClient {
                                     // to come back and rejoin it (needs heartbeat_s > 0)
     double reconnect_s = 0;         // reconnect_window_s(): wait this long for a silent server's link
                                     // to come back, saying Hello again (needs heartbeat_s > 0)
+    std::vector<std::string> backups;  // cluster.replicas = 2: each shard's backup, in shard order (needs heartbeat_s > 0)
   };
   // `endpoints`: the servers' addresses in shard order. `transport` must outlive the client.
   PsClient(comm::Transport& transport, std::vector<std::string> endpoints, const Options& opt);
@@ -135,6 +141,7 @@ class PsClient {
   // Connections that came back (each said Hello again), and replies skipped as stale.
   long reconnects() const { return reconnects_; }
   long stale_replies() const { return stale_replies_; }
+  long failovers() const { return failovers_; }
 
   const std::vector<ShardInfo>& shards() const { return shards_; }
   std::size_t num_params() const { return opt_.num_params; }
@@ -174,6 +181,10 @@ class PsClient {
   // A pending server fell silent: rejoin it (say Hello again, up to back_within) or fail.
   void on_silent(int k, const Wait& w);
   void say_hello_again(int k, const Wait& w);
+  // Server k fell silent and has a backup: from now on, shard k is the backup's.
+  void fail_over(int k, const std::string& during);
+  // Whether shard k goes to its backup (connection S + k) rather than its server (k).
+  bool on_backup(std::size_t k) const { return active_[k] != k; }
   // Server k answered unknown_peer: this connection is new to it. Says Hello again (once per
   // beat_every while no Welcome comes: a Hello lost in another cut is sent again).
   void on_unknown_peer(int k, const Wait& w);
@@ -192,12 +203,16 @@ class PsClient {
   bool take_params(int k, const wire::PullReply& r, std::span<const std::byte> payload, float* theta, PullResult& acc);
   static void note_progress(const wire::PullReply& r, PullResult& acc);  // versions, clocks, samples, done
   void send_push(int k);
+  // A gradient's bytes to send: referenced until the transport is done (in_flight_), or, with
+  // backups, copied by the transport as it is sent.
+  comm::OutPayload gradient_payload(const void* data, std::size_t bytes);
   void expect_ack(const char* what, const wire::Body& request);
 
   std::mutex mu_;  // the connections and everything below: the calling thread or the heartbeat thread
   RunClock& clock_;   // the transport's
   std::unique_ptr<comm::Connections> conns_;
   std::vector<ShardInfo> shards_;
+  std::vector<std::size_t> active_;  // per shard: its connection (k, or S + k: its backup)
   Options opt_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<PushCodec> codec_;  // the run's codec, stateless (catch-up pushes, its properties)
@@ -226,9 +241,11 @@ class PsClient {
   long beat_step_ = 0;                       // the clock Beats report (and a rejoin)
   std::vector<RunClock::time_point> hello_sent_;  // per server: when it was last said Hello again
   std::vector<char> asked_since_hello_;           // per server: a request left after that Hello
+  std::vector<char> to_backup_pending_;           // per shard: gone to its backup, whose Welcome has not come
   long evaluator_asks_ = 0;                       // the evaluator's requests so far: their Pull clocks
   long latest_asked_ = -1;                        // the latest clock a PushAck or PullReply was awaited for
   long reconnects_ = 0, stale_replies_ = 0;  // Hellos again after a connection came back; replies skipped
+  long failovers_ = 0;                       // shards gone to their backups
   std::unique_ptr<ClockThread> heartbeats_;  // last member: stopped and joined first
 };
 

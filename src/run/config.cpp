@@ -125,6 +125,9 @@ void visit_fields(Config& c, F&& f) {
   f("cluster.on_server_loss", c.cluster.on_server_loss,
     "PS modes: \"restart\" (the launcher restarts a server that died from its checkpoint; the workers rejoin it and "
     "the updates since are lost, counted), \"fail\", or \"auto\": restart for asp and ssp over tcp or ipc (not under Slurm), else fail");
+  f("cluster.replicas", c.cluster.replicas,
+    "PS modes: copies of each shard, 1 or 2; with 2 each server has a backup process (on another host where there is one) "
+    "that has every update before the primary answers, and takes over with nothing lost when the primary dies");
   f("cluster.push_guard", c.cluster.push_guard,
     "PS modes: servers refuse (count, and take as an empty batch) a push with a batch beyond the plan's, a value that is "
     "not finite, or a norm over cluster.guard_norm_factor x the median of recent ones");
@@ -562,6 +565,13 @@ void validate_failures(const Checker& check) {
             "\" needs every worker" + (c.uses_servers() ? " each clock" : " in every all-reduce"));
   check(c.cluster.on_server_loss == "auto" || c.cluster.on_server_loss == "restart" || c.cluster.on_server_loss == "fail",
         "cluster.on_server_loss", "expected \"auto\", \"restart\" or \"fail\", got \"" + c.cluster.on_server_loss + "\"");
+  check(c.cluster.replicas == 1 || c.cluster.replicas == 2, "cluster.replicas", "must be 1 or 2");
+  check(c.cluster.replicas == 1 || c.uses_servers(), "cluster.replicas",
+        "2 needs a parameter-server mode (cluster.mode = \"" + c.cluster.mode + "\" has no servers)");
+  check(c.cluster.replicas == 1 || c.cluster.launcher != "virtual", "cluster.replicas",
+        "2 needs real processes (cluster.launcher = \"local\", \"ssh\" or \"slurm\"; the virtual cluster has one copy)");
+  check(c.cluster.replicas == 1 || c.cluster.on_server_loss != "restart", "cluster.replicas",
+        "2 replaces restarts: a backup takes over from a server that died; set cluster.on_server_loss = \"auto\"");
   if (c.cluster.on_server_loss != "restart") return;
   check(trains_on, "cluster.on_server_loss",
         "\"restart\" needs a mode that trains on when updates are lost (asp, ssp:s, dcasgd, easgd); cluster.mode = \"" + c.cluster.mode +
@@ -612,6 +622,7 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
 }
 
 bool restarts_lost_servers(const ExperimentConfig& c) {
+  if (c.cluster.replicas > 1) return false;  // its backup takes over instead
   if (c.cluster.on_server_loss == "fail" || !c.uses_servers() || c.cluster.launcher == "slurm") return false;
   if (c.cluster.transport != "tcp" && c.cluster.transport != "ipc") return false;  // shm, auto (shm on one host)
   return c.mode().trains_without_lost_workers();

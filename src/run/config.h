@@ -96,6 +96,11 @@ struct ClusterConfig {
                                         // where the mode trains on when updates are lost (asp, ssp)
                                         // over tcp or ipc, and the launcher owns the processes (not
                                         // Slurm), else fail
+  // Copies of each shard (1 or 2): with 2, each server has a backup in another process (on another
+  // host where there is one) that takes every update before the primary answers (chain
+  // replication, server/replication.cpp); when the primary dies the backup takes over, and the
+  // workers fail over to it with nothing lost.
+  int replicas = 1;
   // The push guard (server/push_guard.h): pushes with a batch beyond the plan's, values that are
   // not finite, or a norm over guard_norm_factor x the median of recent ones are refused,
   // counted, and count as empty; guard_drop_after refusals in a row drop the worker.

@@ -11,6 +11,8 @@ nlohmann::ordered_json run_plan(const ExperimentConfig& c) {
   const long steps = total_steps(c, spe);
   nlohmann::ordered_json processes = nlohmann::ordered_json::array();
   for (int k = 0; k < S; ++k) processes.push_back({{"name", "server" + std::to_string(k)}, {"role", "server"}, {"rank", k}});
+  if (c.cluster.replicas > 1)  // cluster.replicas = 2: shard k's backup, fed by server k
+    for (int k = 0; k < S; ++k) processes.push_back({{"name", "backup" + std::to_string(k)}, {"role", "backup"}, {"rank", k}});
   for (int r = 0; r < W; ++r) processes.push_back({{"name", "worker" + std::to_string(r)}, {"role", "worker"}, {"rank", r}});
   processes.push_back({{"name", "evaluator"}, {"role", "evaluator"}, {"rank", -1}});
   return {{"name", c.name},
@@ -18,6 +20,7 @@ nlohmann::ordered_json run_plan(const ExperimentConfig& c) {
           {"uses_servers", c.uses_servers()},
           {"workers", W},
           {"servers", S},
+          {"replicas", c.uses_servers() ? c.cluster.replicas : 0},
           {"transport", c.cluster.transport},
           {"addresses", comm::make_transport(c.cluster.transport)->address_scheme()},
           {"codec", c.cluster.codec},

@@ -66,7 +66,7 @@ Pieces pieces_of(const ExperimentConfig& c) {
   return Pieces::of_kib(c.cluster.piece_kib);
 }
 
-PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int rank) {
+PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int rank, const std::vector<std::string>& backups) {
   PsClient::Options o;
   o.role = role;
   o.rank = rank;
@@ -82,6 +82,7 @@ PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int
   o.heartbeat_s = c.cluster.heartbeat_s;
   o.rejoin = restarts_lost_servers(c);  // a server that dies comes back: wait for it and rejoin
   o.reconnect_s = reconnect_window_s(c);  // a link that was down comes back: wait for it
+  o.backups = backups;                    // cluster.replicas = 2: a dead server's shard goes to its backup
   return o;
 }
 

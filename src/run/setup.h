@@ -34,7 +34,8 @@ long total_steps(const ExperimentConfig& c, long steps_per_epoch);
 Pieces pieces_of(const ExperimentConfig& c);
 // How a worker (role worker, its rank) or the evaluator (role evaluator, wire::kEvaluator)
 // of this run talks to the servers.
-PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int rank);
+PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int rank,
+                                 const std::vector<std::string>& backups = {});
 // The run's transport (cluster.transport); with `auth_key_file` (the run's key, made by the
 // launcher) its peers authenticate. cluster.auth = "curve" without a key file is refused.
 std::unique_ptr<comm::Transport> run_transport(const ExperimentConfig& c, const std::string& auth_key_file);

@@ -140,7 +140,10 @@ TEST(Codecs, BspWithSixteenBitPushesTracksTheF32Run) {
   }
   double scale = 0;
   for (float v : theta["f32"]) scale = std::max(scale, double(std::abs(v)));
-  for (const auto& [codec, tol] : {std::pair{"f16", 1e-3}, std::pair{"bf16", 1e-2}}) {
+  // (How far the runs drift apart depends on the BLAS kernels too: OpenBLAS's Zen kernels left
+  // f16 within 0.1% of f32, its Prescott kernels (an Intel VM whose CPU it does not recognise)
+  // 0.67%; bf16 rounds 8x coarser than f16.)
+  for (const auto& [codec, tol] : {std::pair{"f16", 1e-2}, std::pair{"bf16", 1e-2}}) {
     double worst = 0;
     for (std::size_t i = 0; i < theta["f32"].size(); ++i)
       worst = std::max(worst, std::abs(double(theta[codec][i]) - theta["f32"][i]));

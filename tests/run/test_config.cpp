@@ -391,6 +391,22 @@ TEST(Config, OnServerLossRestartsOnlyAsyncModesTheLauncherOwns) {
   EXPECT_EQ(run_plan(parse_config("name = \"x\"\n", "e"))["on_server_loss"], "fail");  // bsp by default
 }
 
+TEST(Config, ReplicasGiveEachServerABackupProcessInThePlan) {
+  const auto plan = run_plan(parse_config("name = \"x\"\n", "e", {"cluster.mode=\"asp\"", "cluster.servers=2", "cluster.workers=2", "cluster.replicas=2"}));
+  EXPECT_EQ(plan["replicas"], 2);
+  EXPECT_EQ(plan["on_server_loss"], "fail");  // the backup takes over instead of a restart
+  std::vector<std::string> names;
+  for (const auto& p : plan["processes"]) names.push_back(p["name"].get<std::string>() + "/" + p["role"].get<std::string>());
+  EXPECT_EQ(names, (std::vector<std::string>{"server0/server", "server1/server", "backup0/backup", "backup1/backup",
+                                             "worker0/worker", "worker1/worker", "evaluator/evaluator"}));
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nreplicas = 3\n"), "exp.toml: cluster.replicas: must be 1 or 2");
+  EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"allreduce\"\nreplicas = 2\n").find("cluster.replicas: 2 needs a parameter-server mode"),
+            std::string::npos);
+  EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"asp\"\nreplicas = 2\non_server_loss = \"restart\"\n")
+                .find("cluster.replicas: 2 replaces restarts"),
+            std::string::npos);
+}
+
 TEST(Setup, ThePlanSaysWhatTheRunWillDo) {
   const ExperimentConfig c = parse_config(
       "name = \"p\"\n[data]\nkind = \"logistic\"\ntrain_samples = 1000\n[train]\nbatch = 32\nepochs = 2.5\n"

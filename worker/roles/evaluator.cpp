@@ -62,7 +62,7 @@ class ServerSource final : public ParamSource {
  public:
   explicit ServerSource(RoleContext& ctx)
       : clock_(ctx.clock()),
-        client_(ctx.transport(), ctx.opt.servers, client_options(ctx.cfg, wire::Role::evaluator, wire::kEvaluator)),
+        client_(ctx.transport(), ctx.opt.servers, client_options(ctx.cfg, wire::Role::evaluator, wire::kEvaluator, ctx.opt.backups)),
         interval_(std::chrono::duration_cast<RunClock::duration>(std::chrono::duration<double>(ctx.cfg.eval.interval_s))),
         ticks_(ctx.cfg.eval.every_epochs), train_n_(double(ctx.data().train.n)) {
     client_.connect();

@@ -58,7 +58,7 @@ void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
     throw std::invalid_argument(std::to_string(opt.servers.size()) + " server addresses given, cluster.servers = " +
                                 std::to_string(cfg.cluster.servers));
   Replica& replica = ctx.replica();
-  PsClient client(ctx.transport(), opt.servers, client_options(cfg, wire::Role::worker, opt.rank));
+  PsClient client(ctx.transport(), opt.servers, client_options(cfg, wire::Role::worker, opt.rank, opt.backups));
   Byzantine byzantine(cfg, opt.rank);  // pushes garbage on purpose (byzantine.workers): whole, after backward
   const bool overlap = overlaps(cfg, opt.procs_on_host) && !byzantine.on();
   const bool gpu = ctx.backend().device() != Device::cpu;

@@ -1,0 +1,104 @@
+"""Replicated shards (cluster.replicas = 2): kill -9 of a server mid-run, in asp and bsp, over tcp
+and shm: its backup takes over, the workers and the evaluator go to it, and the run ends ok with
+every push applied exactly once (the serving copies' counts), nothing lost, and bsp's final θ bit
+for bit the θ of the same run undisturbed. A backup killed: its server goes on alone.
+"""
+import json
+import os
+import signal
+
+from tests.launcher.helpers import LauncherTestCase, option, wait_for_train_lines_in
+
+
+def final_checksums(run, names):
+    """{name: params_checksum} of the processes' server_final metrics lines."""
+    out = {}
+    for name in names:
+        for row in map(json.loads, (run / "metrics" / f"{name}.jsonl").read_text().splitlines()):
+            if row.get("kind") == "server_final":
+                out[name] = row["params_checksum"]
+    return out
+
+
+class Replicas(LauncherTestCase):
+    """A server or a backup killed: the other copy of its shard goes on, nothing lost."""
+
+    def replicated(self, mode, transport, steps=700):
+        return self.tiny_variant(f"replicas-{mode}-{transport}.toml",
+                                 [("steps = 500", f"steps = {steps}"), ('mode = "bsp"', f'mode = "{mode}"'),
+                                  ("servers = 1", "servers = 2\nreplicas = 2")])
+
+    def start(self, mode, transport, runs):
+        path = self.replicated(mode, transport)
+        return self.launch_bg("run", path, "--runs-dir", runs, "--no-plots", "--set", "cluster.heartbeat_s=1",
+                              "--set", f'cluster.transport="{transport}"')
+
+    def kill_when_training(self, runs, name):
+        """Waits for both workers' first train lines, then kill -9 of process `name` (server1, backup1)."""
+        procs = self.wait_for_processes(7)  # 2 servers, 2 backups, 2 workers, the evaluator
+        backup = name.startswith("backup")
+        pid = [p for p, argv in procs.items() if "--shard" in argv and option(argv, "--shard") == "1"
+               and ("--backup-of" in argv) == backup]
+        self.assertEqual(len(pid), 1, procs)
+        wait_for_train_lines_in(self, runs, ["worker0", "worker1"], 30)
+        os.kill(pid[0], signal.SIGKILL)
+
+    def finish(self, p):
+        out, err = p.communicate(timeout=120)
+        self.assertEqual(p.returncode, 0, out + err)
+        return out, err
+
+    def test_a_killed_server_loses_nothing_and_bsp_ends_bit_for_bit(self):
+        for mode in ("asp", "bsp"):
+            for transport in ("tcp", "shm"):
+                with self.subTest(mode=mode, transport=transport):
+                    self.check_failover(mode, transport)
+
+    def check_failover(self, mode, transport):
+        runs = self.tmp / f"runs-{mode}-{transport}"
+        p = self.start(mode, transport, runs)
+        self.kill_when_training(runs, "server1")
+        out, err = self.finish(p)
+        run = next(runs.glob("tiny/*/run"))
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok", s.get("failure"))
+        self.assertEqual([(c["shard"], c["process"], "SIGKILL" in c["how"]) for c in s["copies_ended"]],
+                         [(1, "server1", True)], s["copies_ended"])
+        self.assertRegex(err, r"server1 \(shard 1\) on local was killed by signal 9 \(SIGKILL\); its backup \(backup1")
+        backup = (run / "logs" / "backup1.log").read_text()
+        self.assertRegex(backup, r"server 1 \(backup\): (worker \d|the evaluator) came over")
+        self.assertEqual(s["updates_lost"], 0)
+        self.assertEqual(s["workers_lost"], [])
+        # Every push applied exactly once on each shard: the serving copies' counts (server0, and
+        # backup1, which applied server1's pushes as they came and the rest itself).
+        self.assertEqual(s["pushed_by_codec"]["f32"]["pushes"], 2 * 2 * s["steps_per_worker"],
+                         f"not every push applied exactly once ({s['pushes_duplicate']} came again)")
+        self.assertGreater(s["final_test_acc"], 0.9)
+        if mode == "bsp":  # the same run undisturbed (over tcp: the transport changes no float) ends on the same θ
+            calm_run = self.calm_bsp_run()
+            self.assertEqual(final_checksums(run, ["server0"])["server0"], final_checksums(calm_run, ["server0"])["server0"])
+            self.assertEqual(final_checksums(run, ["backup1"])["backup1"], final_checksums(calm_run, ["server1"])["server1"])
+            self.assertEqual(final_checksums(calm_run, ["backup1"])["backup1"], final_checksums(calm_run, ["server1"])["server1"],
+                             "a backup that followed its server holds the same θ")
+        self.assert_no_processes_left()
+
+    def calm_bsp_run(self):
+        calm = self.tmp / "runs-bsp-calm"
+        if not calm.exists():
+            self.finish(self.start("bsp", "tcp", calm))
+        return next(calm.glob("tiny/*/run"))
+
+    def test_a_killed_backup_leaves_its_server_alone(self):
+        runs = self.tmp / "runs-backup"
+        p = self.start("asp", "tcp", runs)
+        self.kill_when_training(runs, "backup1")
+        out, err = self.finish(p)
+        run = next(runs.glob("tiny/*/run"))
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok", s.get("failure"))
+        self.assertEqual([(c["shard"], c["process"]) for c in s["copies_ended"]], [(1, "backup1")])
+        self.assertIn("server1 goes on without a copy of its shard", err)
+        self.assertIn("its backup is lost", (run / "logs" / "server1.log").read_text())
+        self.assertEqual(s["updates_lost"], 0)
+        self.assertEqual(s["pushed_by_codec"]["f32"]["pushes"], 2 * 2 * s["steps_per_worker"])
+        self.assert_no_processes_left()
