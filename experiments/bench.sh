@@ -2,7 +2,8 @@
 # Benchmarks (never part of the test suite): training throughput of one replica, parameter
 # server push+pull over loopback, and all-reduce with 2 ranks. Each writes JSON to
 # runs/bench/<name>.json and prints it. Run on an otherwise idle machine.
-#   experiments/bench.sh [train|ps|allreduce ...]   (default: all three)
+#   experiments/bench.sh [train|ps|allreduce|replicas ...]   (default: the first three;
+#   replicas: the default comparison's asp run with and without backups, experiments/bench_replicas.py)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${PSLAB_BUILD:-$root/build}
@@ -16,7 +17,8 @@ for b in "${which[@]}"; do
     train)     "$build/tests/bench_train" --threads 2 --runs 5 --steps 2000 --json "$out/train.json" ;;
     ps)        "$build/tests/bench_ps" --runs 5 --json "$out/ps.json" ;;
     allreduce) "$build/tests/bench_allreduce" --ranks 2 --runs 5 --steps 1000 --json "$out/allreduce.json" ;;
-    *) echo "bench.sh: unknown benchmark '$b' (train, ps, allreduce)" >&2; exit 2 ;;
+    replicas)  PSLAB_BUILD="$build" /usr/bin/python3 "$root/experiments/bench_replicas.py" --rounds 5 --json "$out/replicas.json" ;;
+    *) echo "bench.sh: unknown benchmark '$b' (train, ps, allreduce, replicas)" >&2; exit 2 ;;
   esac >/dev/null
   echo "[bench] $b -> $out/$b.json"
 done

@@ -165,7 +165,9 @@ void Server::serve_as_backup(time_point wake) {
   const auto now = clock_.now();
   const auto beat_every = std::chrono::duration_cast<RunClock::duration>(std::chrono::duration<double>(cfg_.cluster.heartbeat_s / 4));
   // Inputs from the primary: waits for them (at most 20 ms, to look at the listener), then takes
-  // what came meanwhile, and says once how far it got.
+  // what came meanwhile. Each is acknowledged as it arrives, before it is applied: it is here, in
+  // order, and will be applied before anything else happens (a takeover included), so the
+  // primary's answers wait for the transfer, not for this copy's arithmetic.
   std::size_t from = 0;
   const long before = applied_;
   for (auto until = std::min(wake, now + std::chrono::milliseconds(20)); upstream_->recv(up_msg_, from, until); until = clock_.now()) {
@@ -175,6 +177,10 @@ void Server::serve_as_backup(time_point wake) {
     if (!h) throw std::runtime_error(who() + " (backup): a malformed message from its primary at " + opt_.backup_of + ": " +
                                      (up_msg_.malformed().empty() ? why : up_msg_.malformed()));
     if (const auto* r = std::get_if<wire::Replicate>(&h->body)) {
+      if (r->seq == applied_ + 1)  // (one out of order fails on_replicate()); a full queue: said again below
+        ack_owed_ = !upstream_->send(0, enc_.encode(wire::Header{wire::kServer, opt_.shard, wire::Replicated{r->seq, state_->version()}}),
+                                     {}, upstream_heard_);
+      upstream_beat_ = upstream_heard_;
       on_replicate(*r);
     } else if (const auto* e = std::get_if<wire::Error>(&h->body)) {
       throw std::runtime_error(who() + " (backup): its primary at " + opt_.backup_of + " refused it: " + e->message);
@@ -184,10 +190,9 @@ void Server::serve_as_backup(time_point wake) {
     }  // (a Beat: alive)
     if (applied_ - before >= 256) break;
   }
-  const auto t = clock_.now();
-  if (applied_ > before || t - upstream_beat_ > beat_every) {
-    const wire::Body b = applied_ > before ? wire::Body{wire::Replicated{applied_, state_->version()}} : wire::Body{wire::Beat{applied_}};
-    (void)upstream_->send(0, enc_.encode(wire::Header{wire::kServer, opt_.shard, b}), {}, t);  // a full queue: more on the way
+  if (const auto t = clock_.now(); ack_owed_ || t - upstream_beat_ > beat_every) {  // idle: its primary hears it is alive
+    const wire::Body b = ack_owed_ ? wire::Body{wire::Replicated{applied_, state_->version()}} : wire::Body{wire::Beat{applied_}};
+    ack_owed_ = !upstream_->send(0, enc_.encode(wire::Header{wire::kServer, opt_.shard, b}), {}, t) && ack_owed_;
     upstream_beat_ = t;
   }
   // A worker or the evaluator that came over: its primary is gone (for it, at least).
@@ -212,7 +217,12 @@ void Server::on_replicate(const wire::Replicate& r) {
       pushing.bytes += long(up_msg_.payload().size());
       const std::span<const std::byte> payload = up_msg_.payload();
       held_msgs_[std::size_t(w)].push_back(std::move(up_msg_));  // referenced by the shard until the push ends
-      up_msg_ = comm::Message();
+      if (!spare_msgs_.empty()) {  // (no allocation per message once warm)
+        up_msg_ = std::move(spare_msgs_.back());
+        spare_msgs_.pop_back();
+      } else {
+        up_msg_ = comm::Message();
+      }
       state_->push_piece({w, m.clock, m.version_pulled, m.batch, m.piece, m.pieces}, payload, m.checksum, *this);
       break;
     }

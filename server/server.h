@@ -345,6 +345,7 @@ class Server : private ShardState::Listener {
   // last input applied, and the message each one arrives in.
   std::unique_ptr<comm::Connections> upstream_;
   long applied_ = 0;
+  bool ack_owed_ = false;  // the last Replicated could not be queued: said again
   comm::Message up_msg_;
   time_point upstream_heard_{}, upstream_beat_{};
 };
