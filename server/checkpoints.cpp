@@ -7,8 +7,11 @@
 namespace pslab {
 
 void Server::resume_from(const std::string& path) {
-  const std::string who = "server " + std::to_string(opt_.shard) + ": cannot resume from " + path + ": ";
-  ShardCheckpoint c = read_checkpoint(path);
+  restore_state(read_checkpoint(path), "server " + std::to_string(opt_.shard) + ": cannot resume from " + path + ": ");
+  std::fprintf(stderr, "server %d: resumed from %s at version %ld\n", opt_.shard, path.c_str(), state_->version());
+}
+
+void Server::restore_state(ShardCheckpoint c, const std::string& who) {
   if (c.shard != opt_.shard || c.num_shards != cfg_.cluster.servers)
     throw std::runtime_error(who + "it is shard " + std::to_string(c.shard) + " of " + std::to_string(c.num_shards) +
                              ", this server is shard " + std::to_string(opt_.shard) + " of " + std::to_string(cfg_.cluster.servers));
@@ -25,13 +28,22 @@ void Server::resume_from(const std::string& path) {
   }
   barrier_open_ = true;  // the run started long ago: no start barrier
   const auto now = clock_.now();
+  finished_ = 0;
   for (std::size_t r = 0; r < said_bye_.size(); ++r) {
     workers_.watch(r, true, now);
     if (!said_bye_[r] && !state_->dropped(int(r))) continue;
     workers_.finish(r);
     ++finished_;
   }
-  std::fprintf(stderr, "server %d: resumed from %s at version %ld\n", opt_.shard, path.c_str(), c.version);
+}
+
+ShardCheckpoint Server::checkpoint_now() const {
+  ShardCheckpoint c = state_->checkpoint();
+  for (std::size_t r = 0; r < c.lost.size(); ++r) c.lost[r] |= said_bye_[r] ? kSaidBye : 0;
+  c.shard = opt_.shard;
+  c.num_shards = cfg_.cluster.servers;
+  c.config_hash = config_hash_;
+  return c;
 }
 
 void Server::restart_fresh() {
@@ -46,11 +58,7 @@ void Server::write_checkpoint_now(const char* why) {
   const auto t0 = clock_.now();
   long version = 0;
   try {
-    ShardCheckpoint c = state_->checkpoint();
-    for (std::size_t r = 0; r < c.lost.size(); ++r) c.lost[r] |= said_bye_[r] ? kSaidBye : 0;
-    c.shard = opt_.shard;
-    c.num_shards = cfg_.cluster.servers;
-    c.config_hash = config_hash_;
+    const ShardCheckpoint c = checkpoint_now();
     write_checkpoint(opt_.checkpoint_path, c);
     version = c.version;
   } catch (const std::exception& e) {

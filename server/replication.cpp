@@ -46,20 +46,49 @@ void Server::on_replica_hello(const std::string& id, const wire::Hello& m) {
   if (m.rank != opt_.shard)
     return reply_error(id, wire::ErrorCode::wrong_shard, "the backup of shard " + std::to_string(m.rank) + " said Hello to server " +
                                                              std::to_string(opt_.shard));
-  if (!replica_id_.empty() || barrier_open_ || state_->version() > 0)
-    return reply_error(id, wire::ErrorCode::protocol,
-                       "a backup's Hello to server " + std::to_string(opt_.shard) + " whose shard is under way (version " +
-                           std::to_string(state_->version()) + "): a backup joins only at the start of a run");
-  replica_id_ = id;
-  replica_heard_ = clock_.now();
+  // Another backup's Hello: the launcher started it because the one this server has ended.
+  if (!replica_id_.empty() && replica_id_ != id) lose_replica("a new backup said Hello in its place (its process ended)");
+  joining_id_.clear();
   peers_[id] = Peer{wire::Role::replica, wire::kServer};
+  replica_heard_ = clock_.now();
+  if (!barrier_open_) return attach_replica(id);
+  joining_id_ = id;  // a run under way: the whole shard first, once no push is half-way
+  attach_joining_replica();
+}
+
+void Server::attach_replica(const std::string& id) {
+  replica_id_ = id;
+  replica_sent_ = replica_acked_ = 0;
+  replica_heard_ = replica_beat_ = clock_.now();
   send(id, welcome(id));
-  std::fprintf(stderr, "server %d: its backup said Hello: every update is replicated before it is answered\n", opt_.shard);
-  if (!welcome_waiting_.empty()) {  // the workers may all be here already
-    const std::string last = welcome_waiting_.back();
-    welcome_waiting_.pop_back();
-    open_barrier_when_full(last);
+  if (!barrier_open_) {
+    std::fprintf(stderr, "server %d: its backup said Hello: every update is replicated before it is answered\n", opt_.shard);
+    if (!welcome_waiting_.empty()) {  // the workers may all be here already
+      const std::string last = welcome_waiting_.back();
+      welcome_waiting_.pop_back();
+      open_barrier_when_full(last);
+    }
+    return;
   }
+  const std::vector<char> bytes = encode_checkpoint(checkpoint_now());  // (once per backup that joins)
+  wire::Replicate r{++replica_sent_, wire::ReplicaEvent::snapshot, -1, long(bytes.size()), {}};
+  if (!listener_->send(id, enc_.encode(header(r)), comm::OutPayload{bytes.data(), bytes.size()}))  // (copied)
+    return lose_replica("it could not be sent the shard");
+  ++counters_.replicated;
+  ++backups_joined_;
+  std::fprintf(stderr, "server %d: a new backup joined at version %ld: sent it the shard (%zu bytes); every update is "
+               "replicated before it is answered again\n", opt_.shard, state_->version(), bytes.size());
+  if (metrics_) {
+    metrics_->write({{"kind", "backup_joined"}, {"shard", opt_.shard}, {"version", state_->version()}, {"bytes", bytes.size()}});
+    metrics_->flush();
+  }
+}
+
+void Server::attach_joining_replica() {
+  if (joining_id_.empty() || state_->pushes_open()) return;
+  const std::string id = std::move(joining_id_);
+  joining_id_.clear();
+  attach_replica(id);
 }
 
 void Server::on_replicated(const std::string& id, const wire::Replicated& r) {
@@ -97,6 +126,7 @@ void Server::lose_replica(const std::string& why) {
   }
   peers_.erase(replica_id_);
   replica_id_.clear();
+  joining_id_.clear();
   if (took_over) {  // what it holds is no longer the shard: nothing more leaves
     for (std::size_t i = waiting_front_; i < waiting_.size(); ++i) comm::release(waiting_[i].payload);
     waiting_.clear();
@@ -183,20 +213,41 @@ void Server::serve_as_backup(time_point wake) {
       upstream_beat_ = upstream_heard_;
       on_replicate(*r);
     } else if (const auto* e = std::get_if<wire::Error>(&h->body)) {
-      throw std::runtime_error(who() + " (backup): its primary at " + opt_.backup_of + " refused it: " + e->message);
+      // A new backup of a backup whose primary just ended: it takes over once that one is silent to it.
+      if (welcomed_) {  // another process answers at its primary's address: that primary is gone
+        if (!primary_lost_)
+          std::fprintf(stderr, "server %d (backup): its primary at %s is gone (another process there says: %s)\n", opt_.shard,
+                       opt_.backup_of.c_str(), e->message.c_str());
+        primary_lost_ = true;
+      } else if (e->code == wire::ErrorCode::backup || e->code == wire::ErrorCode::unknown_peer) {
+        hello_again_at_ = clock_.now() + beat_every;  // a backup that has not taken over yet: again, later
+      } else {
+        throw std::runtime_error(who() + " (backup): its primary at " + opt_.backup_of + " refused it: " + e->message);
+      }
     } else if (std::holds_alternative<wire::Welcome>(h->body)) {
+      welcomed_ = true;
       std::fprintf(stderr, "server %d (backup): its primary at %s took it: every update comes here before it is answered\n",
                    opt_.shard, opt_.backup_of.c_str());
     }  // (a Beat: alive)
     if (applied_ - before >= 256) break;
   }
-  if (const auto t = clock_.now(); ack_owed_ || t - upstream_beat_ > beat_every) {  // idle: its primary hears it is alive
+  if (hello_again_at_ != time_point{} && clock_.now() >= hello_again_at_) {
+    hello_again_at_ = time_point{};
+    hello_upstream();
+  }
+  if (const auto t = clock_.now(); welcomed_ && !primary_lost_ && (ack_owed_ || t - upstream_beat_ > beat_every)) {  // idle: its primary hears it is alive
     const wire::Body b = ack_owed_ ? wire::Body{wire::Replicated{applied_, state_->version()}} : wire::Body{wire::Beat{applied_}};
     ack_owed_ = !upstream_->send(0, enc_.encode(wire::Header{wire::kServer, opt_.shard, b}), {}, t) && ack_owed_;
     upstream_beat_ = t;
   }
   // A worker or the evaluator that came over: its primary is gone (for it, at least).
   while (upstream_ && listener_->recv(msg_, from_, clock_.now())) handle(from_, msg_);
+}
+
+void Server::hello_upstream() {
+  (void)upstream_->send(0, enc_.encode(wire::Header{wire::kServer, opt_.shard,
+                                                    wire::Hello{wire::Role::replica, opt_.shard, num_params_, config_hash_}}),
+                        {}, clock_.now() + std::chrono::seconds(1));
 }
 
 void Server::on_replicate(const wire::Replicate& r) {
@@ -206,7 +257,8 @@ void Server::on_replicate(const wire::Replicate& r) {
   applied_ = r.seq;
   ++counters_.replicated;
   const int w = r.worker, W = cfg_.cluster.workers;
-  const bool about_worker = r.event != wire::ReplicaEvent::barrier && r.event != wire::ReplicaEvent::shutdown;
+  const bool about_worker = r.event != wire::ReplicaEvent::barrier && r.event != wire::ReplicaEvent::shutdown &&
+                            r.event != wire::ReplicaEvent::snapshot;
   if (about_worker && (w < 0 || w >= W))
     throw std::runtime_error(who() + " (backup): an input from its primary about worker " + std::to_string(w));
   switch (r.event) {
@@ -248,12 +300,21 @@ void Server::on_replicate(const wire::Replicate& r) {
     case wire::ReplicaEvent::pulled:
       state_->record_pull(w, r.clock);
       break;
+    case wire::ReplicaEvent::snapshot:  // a run under way: the shard as its primary has it now
+      if (r.seq != 1) throw std::runtime_error(who() + " (backup): the whole shard as input " + std::to_string(r.seq));
+      restore_state(decode_checkpoint(reinterpret_cast<const char*>(up_msg_.payload().data()), up_msg_.payload().size(),
+                                      "from its primary"),
+                    who() + " (backup): the shard its primary sent: ");
+      std::fprintf(stderr, "server %d (backup): joined a run under way: has the shard at version %ld from its primary\n",
+                   opt_.shard, state_->version());
+      break;
   }
 }
 
 void Server::take_over(const std::string& by) {
-  std::fprintf(stderr, "server %d (backup): %s came over: its primary at %s is gone (for it); serving shard %d from version %ld "
-               "(%ld inputs replicated)\n", opt_.shard, by.c_str(), opt_.backup_of.c_str(), opt_.shard, state_->version(), applied_);
+  std::fprintf(stderr, "server %d (backup): %s came over, and its primary at %s has been silent for %.1f s: it is gone; "
+               "serving shard %d from version %ld (%ld inputs replicated)\n", opt_.shard, by.c_str(), opt_.backup_of.c_str(),
+               seconds_between(upstream_heard_, clock_.now()), opt_.shard, state_->version(), applied_);
   // The old primary may be alive, cut off from one peer: told, it stops, and its peers come here.
   (void)upstream_->send(0, enc_.encode(wire::Header{wire::kServer, opt_.shard, wire::Replicated{-1, state_->version()}}), {}, clock_.now());
   // Pushes its primary had not finished sending are abandoned (their workers send them again),
@@ -262,6 +323,7 @@ void Server::take_over(const std::string& by) {
   spare_msgs_.clear();
   up_msg_ = comm::Message();
   upstream_.reset();
+  replica_expected_ = true;  // a new backup may join it (the launcher starts one where the old primary was)
   const auto now = clock_.now();
   last_message_ = now;
   for (std::size_t r = 0; r < worker_ids_.size(); ++r)  // every worker has heartbeat_s from now to come over

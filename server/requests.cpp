@@ -110,10 +110,21 @@ void Server::on_hello(const std::string& id, const wire::Hello& m) {
   if (m.config_hash != config_hash_)
     return reply_error(id, wire::ErrorCode::config, "peer's config differs from this server's (fingerprints differ): "
                                                     "start every process of a run from the same config file");
+  // A backup serves the shard once its primary is gone: silent to it for half of heartbeat_s when
+  // a worker, the evaluator or a new backup (the launcher saw the primary end) comes to it. While
+  // its primary is heard, they are sent back there (so one peer cut off from the primary does not
+  // make two servers of a shard).
+  if (is_backup()) {
+    if (!barrier_open_ || !primary_gone())
+      return send(id, header(wire::Error{wire::ErrorCode::backup, "server " + std::to_string(opt_.shard) +
+                                                                       " here is a backup: its primary at " + opt_.backup_of +
+                                                                       (barrier_open_ ? " serves the shard" : " has not sent it the shard")}));
+    take_over(m.role == wire::Role::worker ? "worker " + std::to_string(m.rank)
+              : m.role == wire::Role::replica ? std::string("a new backup") : std::string("the evaluator"));
+  }
   if (m.role == wire::Role::replica) return on_replica_hello(id, m);
   if (m.role != wire::Role::worker && m.role != wire::Role::evaluator)
     return reply_error(id, wire::ErrorCode::protocol, "Hello with an unknown role " + std::to_string(int(m.role)));
-  if (is_backup()) take_over(m.role == wire::Role::worker ? "worker " + std::to_string(m.rank) : "the evaluator");
   if (m.role == wire::Role::evaluator) {
     peers_[id] = Peer{m.role, wire::kEvaluator};
   } else {

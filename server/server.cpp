@@ -90,14 +90,13 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
     comm::ConnectOptions co;
     co.linger = std::chrono::milliseconds(1000);
     upstream_ = transport.connect({opt.backup_of}, co);
-    (void)upstream_->send(0, enc_.encode(wire::Header{wire::kServer, opt.shard,
-                                                      wire::Hello{wire::Role::replica, opt.shard, num_params_, config_hash_}}),
-                          {}, transport.clock().now() + std::chrono::seconds(1));
+    hello_upstream();
   } else {
     replica_expected_ = cfg.cluster.replicas > 1;
   }
   if (!opt.metrics_path.empty())
-    metrics_ = std::make_unique<MetricsWriter>(opt.metrics_path, opt.run_start, !opt.resume_path.empty() || opt.restarted, clock_);
+    metrics_ = std::make_unique<MetricsWriter>(opt.metrics_path, opt.run_start,  // (a backup may replace a copy that ended)
+                                               !opt.resume_path.empty() || opt.restarted || !opt.backup_of.empty(), clock_);
   if (!opt.trace_path.empty()) {
     trace_ = std::make_unique<OrderTrace>(opt.trace_path, !opt.resume_path.empty() || opt.restarted);
     if (!opt.resume_path.empty() || opt.restarted) trace_->event("resume");
@@ -134,6 +133,7 @@ void Server::run() {
         check_replica(clock_.now());
         next_silence_check = clock_.now() + silence_every;
       }
+      attach_joining_replica();  // a backup that joins a run under way, once no push is half-way
       release_ready_pulls();  // a worker dropped as lost may be what held pulls waited for
       expire_held_pulls(clock_.now());
       beat_held_pulls(clock_.now());

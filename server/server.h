@@ -232,6 +232,10 @@ class Server : private ShardState::Listener {
   // ---- chain replication (replication.cpp) ----
   // The primary: its backup's Hello (the start barrier waits for it), its answers, its silence.
   void on_replica_hello(const std::string& id, const wire::Hello& m);
+  // A backup starts receiving: at the start, or (a run under way) with the whole shard first,
+  // sent once no push is half-way (attach_joining_replica(), from the event loop).
+  void attach_replica(const std::string& id);
+  void attach_joining_replica();
   void on_replicated(const std::string& id, const wire::Replicated& r);
   void check_replica(time_point now);
   void lose_replica(const std::string& why);
@@ -250,6 +254,11 @@ class Server : private ShardState::Listener {
   void serve_as_backup(time_point wake);
   void on_replicate(const wire::Replicate& r);
   void take_over(const std::string& by);
+  // A backup whose primary has been silent to it for half of heartbeat_s (it beats while idle).
+  bool primary_gone() const {
+    return primary_lost_ || seconds_between(upstream_heard_, clock_.now()) >= cfg_.cluster.heartbeat_s / 2;
+  }
+  void hello_upstream();  // a backup's Hello to its primary (again, while that one is itself a backup)
   void note_bye(int rank);  // a worker's Bye, counted
 
   // ---- checkpoints (checkpoints.cpp) ----
@@ -259,6 +268,10 @@ class Server : private ShardState::Listener {
   // Goes on from a checkpoint of this shard (--resume): the shard's state, and which workers had
   // said Bye (kept in the checkpoint's per-worker `lost` word as kSaidBye).
   void resume_from(const std::string& path);
+  // The shard's state from a checkpoint (`who` begins its errors); the workers that had said Bye
+  // or were dropped count as done. The shard as it is now, with who said Bye: its checkpoint.
+  void restore_state(ShardCheckpoint c, const std::string& who);
+  ShardCheckpoint checkpoint_now() const;
   // A server restarted without a checkpoint: the run is under way (ServerOptions::restarted).
   void restart_fresh();
   static constexpr char kSaidBye = 2;
@@ -323,6 +336,8 @@ class Server : private ShardState::Listener {
   // A primary: its backup's peer id ("": none, or lost), the inputs sent and the last it applied,
   // when it was last heard, and the replies waiting for it (each for the inputs sent before it).
   std::string replica_id_;
+  std::string joining_id_;         // a backup that said Hello to a run under way, until it has the shard
+  long backups_joined_ = 0;        // backups that joined a run under way
   bool replica_expected_ = false;  // the start barrier waits for a backup's Hello
   long replica_sent_ = 0, replica_acked_ = 0;
   time_point replica_heard_{}, replica_beat_{};
@@ -346,6 +361,9 @@ class Server : private ShardState::Listener {
   std::unique_ptr<comm::Connections> upstream_;
   long applied_ = 0;
   bool ack_owed_ = false;  // the last Replicated could not be queued: said again
+  time_point hello_again_at_{};  // its primary is a backup still: say Hello again then
+  bool welcomed_ = false;        // its primary took it (Welcome)
+  bool primary_lost_ = false;    // another process answers at its primary's address
   comm::Message up_msg_;
   time_point upstream_heard_{}, upstream_beat_{};
 };

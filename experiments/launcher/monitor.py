@@ -59,9 +59,15 @@ class Progress:
         self.lost = set()  # ranks of lost workers (the run goes on without them)
         # The servers' verdict: rank -> the first "worker_lost" line that dropped it (PS modes; "seen":
         # when, time.monotonic()), until a "worker_back" line says a server took it back
-        self.server_tails = [Tail(run_dir / "metrics" / f"server{k}.jsonl") for k in range(plan.servers)] \
+        copies = ("server", "backup") if plan.replicas > 1 else ("server",)  # (a backup that took over says it too)
+        self.server_tails = [Tail(run_dir / "metrics" / f"{c}{k}.jsonl") for c in copies for k in range(plan.servers)] \
             if plan.uses_servers else []
         self.dropped = {}
+
+    def training_over(self):
+        """Whether every worker not lost has written its last step's train line."""
+        alive = [r for r in range(self.plan.workers) if r not in self.lost]
+        return all(self.latest.get(r, {}).get("step", 0) >= self.plan.total_steps for r in alive)
 
     def forget(self, rank):
         """A lost worker: no longer in the step range, the rate or the ETA."""

@@ -36,6 +36,7 @@ class Proc:
     popen: object = None
     returncode: int = None
     log: pathlib.Path = None
+    address_from: object = None  # a listener's: peer host -> the address a peer there connects to
 
     def describe(self):
         return f"{self.name}" + (f" (rank {self.rank})" if self.role == "worker" else
@@ -214,7 +215,8 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_address=None):
             where = server_eps(host) if plan.uses_servers else ["--snapshots", snapshots]
             argv = [str(bins.worker), "eval", "-c", cfg, *where, *common, *poh]
         procs.append(Proc(name=name, role=role, rank=rank, index=i, host=host, argv=argv,
-                          log=run_dir / "logs" / f"{name}.log"))
+                          log=run_dir / "logs" / f"{name}.log",
+                          address_from=functools.partial(endpoints.connect, i, name) if role in ("server", "backup") else None))
     return procs
 
 

@@ -333,15 +333,31 @@ class Supervisor:
     def fail_over(self, p):
         """cluster.replicas = 2: a server or backup that ended while the other copy of its shard runs
         (a server that died, or stopped because its backup took over; a backup that died): the run
-        goes on with the other; the workers and the evaluator go to the backup (PsClient)."""
-        partner = next((q for q in self.procs if q.rank == p.rank and q.role == ("backup" if p.role == "server" else "server")), None)
+        goes on with the other, the workers and the evaluator go to it (PsClient), and a new backup
+        starts where the ended copy was (at most 3 per shard), which the other sends the shard."""
+        partner = next((q for q in self.procs if q.rank == p.rank and q is not p and q.role in ("server", "backup")), None)
         if partner is None or partner.popen is None or partner.popen.poll() is not None:
             return False  # both copies gone: the shard is lost
         self.failed_over.append({"shard": p.rank, "process": p.name, "how": how_it_ended(p), "log": str(p.log)})
-        warn(f"{p.describe()} on {p.host} {how_it_ended(p)}; " +
-             (f"its backup ({partner.name} on {partner.host}) has every update it answered and takes over its shard "
-              if p.role == "server" else f"{partner.name} goes on without a copy of its shard ")
-             + "(cluster.replicas = 2)")
+        warn(f"{p.describe()} on {p.host} {how_it_ended(p)}; "
+             + (f"its backup ({partner.name} on {partner.host}) has every update it answered and serves its shard "
+                if p.role == "server" else f"{partner.name} serves its shard ")
+             + "(cluster.replicas = 2)" + (f"; the last lines of {p.log}:\n{log_tail(p.log, 3)}" if 0 < p.returncode < 128 else ""))
+        if sum(c["shard"] == p.rank for c in self.failed_over) > 3 or self.progress.training_over():
+            return True
+        argv = list(p.argv)
+        for flag, n in (("--trace", 2), ("--backup-of", 2), ("--resume", 2), ("--restarted", 1)):
+            if flag in argv:
+                del argv[argv.index(flag):argv.index(flag) + n]
+        q = dataclasses.replace(p, role="backup", argv=argv + ["--backup-of", partner.address_from(p.host)], popen=None,
+                                returncode=None)
+        q.command = ssh_command(q, self.sockets, append=True) if self.plan.launcher == "ssh" else q.argv
+        warn(f"starting a new backup of shard {p.rank} where {p.name} was ({p.host}); {partner.name} sends it the shard")
+        start(q, REPO, append_log=True)
+        self.started.append(q)
+        self.procs[self.procs.index(p)] = q
+        if self.plan.launcher != "slurm":
+            self.manifest()
         return True
 
     def restart_server(self, p):

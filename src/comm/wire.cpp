@@ -24,6 +24,7 @@ const char* error_code_name(ErrorCode c) {
     case ErrorCode::timeout: return "timeout";
     case ErrorCode::config: return "config";
     case ErrorCode::bad_payload: return "bad_payload";
+    case ErrorCode::backup: return "backup";
   }
   return "unknown";
 }
@@ -203,7 +204,7 @@ bool decode_body(const fb::Message* m, Body& body, std::string& error) {
     case fb::Body_Error: {
       const auto* b = m->body_as_Error();
       const int code = b->code();
-      if (code < 0 || code > int(ErrorCode::bad_payload)) {
+      if (code < 0 || code > int(ErrorCode::backup)) {
         error = "Error message with unknown code " + std::to_string(code);
         return false;
       }
@@ -221,7 +222,7 @@ bool decode_body(const fb::Message* m, Body& body, std::string& error) {
     case fb::Body_GroupStatus: body = GroupStatus{}; break;
     case fb::Body_Replicate: {
       const auto* b = m->body_as_Replicate();
-      if (b->event() > std::uint8_t(ReplicaEvent::pulled)) {
+      if (b->event() > std::uint8_t(ReplicaEvent::snapshot)) {
         error = "Replicate message with unknown event " + std::to_string(int(b->event()));
         return false;
       }

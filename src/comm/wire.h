@@ -29,7 +29,7 @@ constexpr int kEvaluator = -1, kServer = -2, kTool = -3;
 enum class Role : std::int8_t { worker = 0, evaluator = 1, replica = 2 };  // replica: a backup server (to its primary)
 enum class ErrorCode : std::int16_t {
   malformed = 0, unknown_type, unknown_peer, wrong_shard, wrong_size, bad_checksum, protocol,
-  timeout, config, bad_payload
+  timeout, config, bad_payload, backup
 };
 const char* error_code_name(ErrorCode c);
 
@@ -60,7 +60,7 @@ struct KvValue { std::string key; std::string value; bool found = false; };
 struct Beat { std::int64_t step = 0; };
 struct GroupStatus {};
 // Chain replication (wire.fbs): the primary's inputs to its backup, and the backup's answer.
-enum class ReplicaEvent : std::uint8_t { piece = 0, abandon, drop, readmit, bye, barrier, shutdown, pulled };
+enum class ReplicaEvent : std::uint8_t { piece = 0, abandon, drop, readmit, bye, barrier, shutdown, pulled, snapshot };
 struct Replicate { std::int64_t seq = 0; ReplicaEvent event = ReplicaEvent::piece; int worker = 0; std::int64_t clock = 0;
                    Push push; };
 struct Replicated { std::int64_t seq = 0, version = 0; };

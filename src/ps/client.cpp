@@ -84,7 +84,7 @@ void PsClient::send(int k, const wire::Body& body, comm::OutPayload payload) {
   if (std::holds_alternative<wire::Pull>(body) || (push && push->piece == 0)) reply_piece_[i] = 0;  // a new request
   if (!hello) asked_since_hello_[i] = 1;  // (Beats go by beat_if_due)
   // A server with a backup to go to gets heartbeat_s: one that takes nothing for that long is gone.
-  const bool can_fail_over = !opt_.backups.empty() && !on_backup(i);
+  const bool can_fail_over = !opt_.backups.empty() && !hello;  // (a Hello to the other copy fails plainly)
   const auto wait = can_fail_over ? beat_every_ * 4 : RunClock::duration(timeout_);
   if (conns_->send(active_[i], enc_.encode(wire::Header{opt_.rank, k, body}), payload, clock_.now() + wait)) {
     servers_.sent(i, clock_.now());
@@ -170,7 +170,7 @@ int PsClient::receive(const Wait& w) {
 }
 
 void PsClient::on_silent(int k, const Wait& w) {
-  if (!opt_.backups.empty() && !on_backup(std::size_t(k)) && w.e.resend) return fail_over(k, w.e.what);
+  if (!opt_.backups.empty() && w.e.resend) return fail_over(k, w.e.what);
   if (w.can_rejoin) return say_hello_again(k, w);
   char b[96];
   std::snprintf(b, sizeof b, "silent for %.1f s while ", servers_.silent_s(std::size_t(k), clock_.now()));
@@ -221,17 +221,20 @@ comm::OutPayload PsClient::gradient_payload(const void* data, std::size_t bytes)
 }
 
 void PsClient::fail_over(int k, const std::string& during) {
-  const std::size_t i = std::size_t(k);
-  std::fprintf(stderr, "%s: server %d at %s went silent during %s (%.1f s, cluster.heartbeat_s = %g): going to its backup at %s\n",
+  const std::size_t i = std::size_t(k), S = shards_.size();
+  // To the other copy of the shard: the backup, or, once that took over and died too, the new
+  // backup the launcher started where the first server was.
+  active_[i] = on_backup(i) ? i : S + i;
+  const std::string& to = conns_->address(active_[i]);
+  std::fprintf(stderr, "%s: server %d at %s went silent during %s (%.1f s, cluster.heartbeat_s = %g): going to %s at %s\n",
                who().c_str(), k, shards_[i].endpoint.c_str(), during.c_str(), servers_.silent_s(i, clock_.now()),
-               opt_.heartbeat_s, opt_.backups[i].c_str());
-  active_[i] = shards_.size() + i;
-  shards_[i].endpoint = opt_.backups[i];
+               opt_.heartbeat_s, on_backup(i) ? "its backup" : "the shard's other copy", to.c_str());
+  shards_[i].endpoint = to;
   ++failovers_;
   servers_.rejoin(i, clock_.now());
   servers_.heard(i, clock_.now());
+  to_backup_pending_[i] = 1;  // nothing but the Hello goes there before its Welcome
   send_hello_again(k);
-  to_backup_pending_[i] = 1;  // nothing else goes to the backup before its Welcome
 }
 
 void PsClient::send_hello_again(int k) {
@@ -281,6 +284,10 @@ std::optional<wire::Header> PsClient::reply_from(int k, const Wait& w) {
   if (const auto* e = std::get_if<wire::Error>(&h->body)) {
     if (e->code == wire::ErrorCode::unknown_peer) {
       on_unknown_peer(k, w);
+      return std::nullopt;
+    }
+    if (e->code == wire::ErrorCode::backup && !opt_.backups.empty()) {  // the shard's other copy serves it
+      fail_over(k, w.e.what);
       return std::nullopt;
     }
     if (rejoining) return std::nullopt;  // a restarted server's answers to what reached it before our Hello

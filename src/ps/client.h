@@ -35,7 +35,8 @@
 // Backups (cluster.replicas = 2, Options::backups): a server silent for heartbeat_s while a
 // request waits is taken for dead and its backup (server/replication.cpp) for the shard: this
 // client says Hello again to it, with its clock, and sends the request anew there; anything the
-// old server sends afterwards is ignored.
+// old server sends afterwards is ignored. Should that one die too, the shard goes back to the
+// first address, where the launcher started a new backup.
 // Time: the transport's clock (Transport::clock()), so that the virtual cluster runs this client
 // in simulated time.
 // Threading: one thread calls the client; its heartbeat thread takes the connections only while
@@ -181,7 +182,8 @@ class PsClient {
   // A pending server fell silent: rejoin it (say Hello again, up to back_within) or fail.
   void on_silent(int k, const Wait& w);
   void say_hello_again(int k, const Wait& w);
-  // Server k fell silent and has a backup: from now on, shard k is the backup's.
+  // Server k fell silent and has a backup: from now on, shard k is the other copy's (its backup;
+  // after that, where its server was, for a new backup the launcher started there).
   void fail_over(int k, const std::string& during);
   // Whether shard k goes to its backup (connection S + k) rather than its server (k).
   bool on_backup(std::size_t k) const { return active_[k] != k; }

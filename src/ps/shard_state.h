@@ -168,6 +168,12 @@ class ShardState : private ShardOps {
   // The worker whose push is being applied (-1: none), and, once its first piece is, what the
   // shard will be when it ends: for a push+pull answered piece by piece.
   int applying() const { return applying_; }
+  // Whether some worker's push has begun and not ended (pieces to come, or waiting its turn).
+  bool pushes_open() const {
+    for (const Incoming& in : incoming_)
+      if (in.open) return true;
+    return false;
+  }
   struct After {
     bool advances = false;  // it makes a new version (not an empty batch)
     long version = 0, min_clock = 0, samples_applied = 0;

@@ -157,6 +157,8 @@ TEST(Wire, EveryMessageTypeRoundTrips) {
       EXPECT_EQ(std::get<Replicated>(r17.body).version, 900);
       ROUND_TRIP(r18, Header{kServer, 1, Hello{Role::replica, 1, 132, 0x1234}});
       EXPECT_EQ(std::get<Hello>(r18.body).role, Role::replica);
+      ROUND_TRIP(r20, Header{kServer, 1, Error{ErrorCode::backup, "a backup"}});
+      EXPECT_EQ(std::get<Error>(r20.body).code, ErrorCode::backup);
     }
   }
   {
