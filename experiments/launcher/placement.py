@@ -237,7 +237,7 @@ def checkpoint_path(run_dir, name):
 
 def resume_arguments(run_dir, proc):
     """What a process of a resumed run adds to its command line (local, ssh, Slurm's tasks)."""
-    if proc.role == "backup":  # (a backup joins a run at its start only: its server goes on without it, saying so)
+    if proc.role == "backup":  # (it joins its resumed server, which sends it the shard)
         return []
     return ["--resume", str(checkpoint_path(run_dir, proc.name))] if proc.role == "server" else ["--resume"]
 
