@@ -103,7 +103,15 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   }
 }
 
-Server::~Server() = default;
+Server::~Server() {
+  // What a backup received from its primary goes before its connection, and the listener (whose
+  // sends reference θ's buffers and the backup's copies) before those.
+  held_msgs_.clear();
+  spare_msgs_.clear();
+  up_msg_ = comm::Message();
+  upstream_.reset();
+  listener_.reset();
+}
 
 bool Server::done() const {
   return finished() == cfg_.cluster.workers && (!opt_.wait_for_shutdown || shutdown_);

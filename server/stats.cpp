@@ -55,6 +55,7 @@ nlohmann::ordered_json Server::stats_json() const {
                       : replica_expected_     ? "alone"
                                               : "none"},
           {"replicated", counters_.replicated},
+          {"backups_joined", backups_joined_},  // backups sent the whole shard (one joined a run under way)
           {"replies_waited", counters_.replies_waited}};
 }
 
