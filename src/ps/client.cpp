@@ -90,7 +90,11 @@ void PsClient::send(int k, const wire::Body& body, comm::OutPayload payload) {
     servers_.sent(i, clock_.now());
     return;
   }
-  if (can_fail_over) return fail_over(k, std::string("sending ") + wire::body_name(body));
+  if (can_fail_over) {
+    char b[64];
+    std::snprintf(b, sizeof b, " for cluster.heartbeat_s = %g s", opt_.heartbeat_s);
+    return fail_over(k, std::string("took no ") + wire::body_name(body) + b);
+  }
   fail(k, std::string("could not send ") + wire::body_name(body) + " within " + std::to_string(timeout_.count() / 1000) +
               " s: its queue stayed full (is it running? its log says why it stopped)");
 }
@@ -161,8 +165,10 @@ int PsClient::receive(const Wait& w) {
     servers_.check_silence(now, [&](std::size_t k) { on_silent(int(k), w); });
     for (std::size_t k = 0; k < w.pending.size(); ++k)  // a rejoining server that has not answered: say Hello again
       if (w.pending[k] && servers_.state(k) == comm::Liveness::State::rejoining &&
-          servers_.silent_s(k, now) * 1000 > double((beat_every_ * 4).count()))
-        say_hello_again(int(k), w);
+          servers_.silent_s(k, now) * 1000 > double((beat_every_ * 4).count())) {
+        if (opt_.backups.empty() || !w.e.resend) say_hello_again(int(k), w);
+        else fail_over(int(k), "no Welcome to a Hello again during " + w.e.what);  // the other copy, then (until timeout_s)
+      }
   }
   from %= S;
   servers_.heard(from, clock_.now());
@@ -170,7 +176,11 @@ int PsClient::receive(const Wait& w) {
 }
 
 void PsClient::on_silent(int k, const Wait& w) {
-  if (!opt_.backups.empty() && w.e.resend) return fail_over(k, w.e.what);
+  if (!opt_.backups.empty() && w.e.resend) {
+    char b[96];
+    std::snprintf(b, sizeof b, " (%.1f s, cluster.heartbeat_s = %g)", servers_.silent_s(std::size_t(k), clock_.now()), opt_.heartbeat_s);
+    return fail_over(k, "went silent during " + w.e.what + b);
+  }
   if (w.can_rejoin) return say_hello_again(k, w);
   char b[96];
   std::snprintf(b, sizeof b, "silent for %.1f s while ", servers_.silent_s(std::size_t(k), clock_.now()));
@@ -220,17 +230,16 @@ comm::OutPayload PsClient::gradient_payload(const void* data, std::size_t bytes)
   return opt_.backups.empty() ? in_flight_.payload(data, bytes) : comm::OutPayload{data, bytes};
 }
 
-void PsClient::fail_over(int k, const std::string& during) {
+void PsClient::fail_over(int k, const std::string& why) {
   const std::size_t i = std::size_t(k), S = shards_.size();
   // To the other copy of the shard: the backup, or, once that took over and died too, the new
   // backup the launcher started where the first server was.
   active_[i] = on_backup(i) ? i : S + i;
   const std::string& to = conns_->address(active_[i]);
-  std::fprintf(stderr, "%s: server %d at %s went silent during %s (%.1f s, cluster.heartbeat_s = %g): going to %s at %s\n",
-               who().c_str(), k, shards_[i].endpoint.c_str(), during.c_str(), servers_.silent_s(i, clock_.now()),
-               opt_.heartbeat_s, on_backup(i) ? "its backup" : "the shard's other copy", to.c_str());
+  if (++failovers_ <= 10 || failovers_ % 100 == 0)
+    std::fprintf(stderr, "%s: server %d at %s %s: going to %s at %s\n", who().c_str(), k, shards_[i].endpoint.c_str(),
+                 why.c_str(), on_backup(i) ? "its backup" : "the shard's other copy", to.c_str());
   shards_[i].endpoint = to;
-  ++failovers_;
   servers_.rejoin(i, clock_.now());
   servers_.heard(i, clock_.now());
   to_backup_pending_[i] = 1;  // nothing but the Hello goes there before its Welcome
@@ -287,7 +296,7 @@ std::optional<wire::Header> PsClient::reply_from(int k, const Wait& w) {
       return std::nullopt;
     }
     if (e->code == wire::ErrorCode::backup && !opt_.backups.empty()) {  // the shard's other copy serves it
-      fail_over(k, w.e.what);
+      fail_over(k, "says it is a backup (" + e->message + ") during " + w.e.what);
       return std::nullopt;
     }
     if (rejoining) return std::nullopt;  // a restarted server's answers to what reached it before our Hello

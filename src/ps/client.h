@@ -184,7 +184,7 @@ class PsClient {
   void say_hello_again(int k, const Wait& w);
   // Server k fell silent and has a backup: from now on, shard k is the other copy's (its backup;
   // after that, where its server was, for a new backup the launcher started there).
-  void fail_over(int k, const std::string& during);
+  void fail_over(int k, const std::string& why);  // why: "went silent during Push (clock 3) (...)"
   // Whether shard k goes to its backup (connection S + k) rather than its server (k).
   bool on_backup(std::size_t k) const { return active_[k] != k; }
   // Server k answered unknown_peer: this connection is new to it. Says Hello again (once per
