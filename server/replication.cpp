@@ -30,9 +30,8 @@ namespace pslab {
 
 namespace {
 
-struct CopyRelease {
-  static void done(void*, void* hint) { static_cast<std::atomic<bool>*>(hint)->store(false, std::memory_order_release); }
-};
+// The transport is done with a copy sent to the backup (any thread): its buffer is free again.
+void copy_sent(void*, void* hint) { static_cast<std::atomic<bool>*>(hint)->store(false, std::memory_order_release); }
 
 }  // namespace
 
@@ -93,7 +92,7 @@ void Server::attach_joining_replica() {
 
 void Server::on_replicated(const std::string& id, const wire::Replicated& r) {
   if (id != replica_id_) return reply_error(id, wire::ErrorCode::protocol, "Replicated from a peer that is not this server's backup");
-  if (r.seq < 0) return lose_replica("it took over: a worker or the evaluator came to it");  // (its last word)
+  if (r.seq < 0) return lose_replica("it took over: a worker or the evaluator came to it", /*took_over*/ true);  // (its last word)
   if (r.seq < replica_acked_ || r.seq > replica_sent_)
     throw std::runtime_error(who() + ": its backup says it applied input " + std::to_string(r.seq) + ", but " +
                              std::to_string(replica_sent_) + " were sent and " + std::to_string(replica_acked_) + " applied before");
@@ -116,8 +115,7 @@ void Server::check_replica(time_point now) {
   }
 }
 
-void Server::lose_replica(const std::string& why) {
-  const bool took_over = why.rfind("it took over", 0) == 0;
+void Server::lose_replica(const std::string& why, bool took_over) {
   std::fprintf(stderr, "server %d: its backup is lost (%s): %s\n", opt_.shard, why.c_str(),
                took_over ? "this server stops; its workers go to the backup" : "going on without a copy of the shard");
   if (metrics_) {
@@ -156,7 +154,7 @@ void Server::replicate(wire::ReplicaEvent event, int worker, long clock, const w
     }
     buf->busy.store(true, std::memory_order_relaxed);
     if (!payload.empty()) std::memcpy(buf->memory->data(), payload.data(), payload.size());
-    out = comm::OutPayload{buf->memory->data(), payload.size(), &CopyRelease::done, &buf->busy};
+    out = comm::OutPayload{buf->memory->data(), payload.size(), &copy_sent, &buf->busy};
     r.push.bytes = payload.size();
   }
   if (!listener_->send(replica_id_, enc_.encode(header(r)), out))

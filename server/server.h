@@ -238,7 +238,8 @@ class Server : private ShardState::Listener {
   void attach_joining_replica();
   void on_replicated(const std::string& id, const wire::Replicated& r);
   void check_replica(time_point now);
-  void lose_replica(const std::string& why);
+  // Goes on without its backup (`took_over`: the backup serves the shard now, so this one stops: throws).
+  void lose_replica(const std::string& why, bool took_over = false);
   bool replicating() const { return !replica_id_.empty(); }
   // Sends the backup one input (a piece's payload is copied into a buffer of the backup's own;
   // shm: lent). Every input that changes the shard goes through here before the shard sees it.

@@ -345,20 +345,26 @@ class Supervisor:
              + "(cluster.replicas = 2)" + (f"; the last lines of {p.log}:\n{log_tail(p.log, 3)}" if 0 < p.returncode < 128 else ""))
         if sum(c["shard"] == p.rank for c in self.failed_over) > 3 or self.progress.training_over():
             return True
-        argv = list(p.argv)
-        for flag, n in (("--trace", 2), ("--backup-of", 2), ("--resume", 2), ("--restarted", 1)):
-            if flag in argv:
-                del argv[argv.index(flag):argv.index(flag) + n]
-        q = dataclasses.replace(p, role="backup", argv=argv + ["--backup-of", partner.address_from(p.host)], popen=None,
-                                returncode=None)
-        q.command = ssh_command(q, self.sockets, append=True) if self.plan.launcher == "ssh" else q.argv
         warn(f"starting a new backup of shard {p.rank} where {p.name} was ({p.host}); {partner.name} sends it the shard")
+        self.start_in_place_of(p, {"--trace": 1, "--backup-of": 1, "--resume": 1, "--restarted": 0},
+                               ["--backup-of", partner.address_from(p.host)], role="backup")
+        return True
+
+    def start_in_place_of(self, p, drop, add, **changes):
+        """A process started where p ended (its host, address and log, appended to): p's command line
+        without the options `drop` ({option: how many values follow it}), with `add`; `changes` to its
+        other fields."""
+        argv = list(p.argv)
+        for flag, values in drop.items():
+            if flag in argv:
+                del argv[argv.index(flag):argv.index(flag) + 1 + values]
+        q = dataclasses.replace(p, argv=argv + add, popen=None, returncode=None, **changes)
+        q.command = ssh_command(q, self.sockets, append=True) if self.plan.launcher == "ssh" else q.argv
         start(q, REPO, append_log=True)
         self.started.append(q)
         self.procs[self.procs.index(p)] = q
         if self.plan.launcher != "slurm":
             self.manifest()
-        return True
 
     def restart_server(self, p):
         """A server that died (a signal) comes back from its checkpoint on the same address; the
@@ -367,26 +373,15 @@ class Supervisor:
         if (self.plan.on_server_loss != "restart" or 0 <= p.returncode < 128
                 or sum(r["server"] == p.rank for r in self.restarted) >= 3):
             return False
-        argv = list(p.argv)
-        for flag, n in (("--resume", 2), ("--restarted", 1)):
-            if flag in argv:
-                del argv[argv.index(flag):argv.index(flag) + n]
         # Without a checkpoint (it died before its first: checkpoint.every_s), from the run's initial θ.
         fresh = not ckpt.is_file()
-        q = dataclasses.replace(p, argv=argv + (["--restarted"] if fresh else ["--resume", str(ckpt)]), popen=None,
-                                returncode=None)
-        q.command = ssh_command(q, self.sockets, append=True) if self.plan.launcher == "ssh" else q.argv
         self.restarted.append({"server": p.rank, "how": how_it_ended(p), "log": str(p.log)})
         warn(f"{p.describe()} on {p.host} {how_it_ended(p)}; restarting it "
              + (f"from the run's initial θ: it had written no checkpoint yet (checkpoint.every_s = {self.plan.checkpoint_every_s:g})"
                 if fresh else f"from its checkpoint {ckpt}")
              + " (cluster.on_server_loss = \"restart\": the workers rejoin it, and the updates since are lost, counted in "
              "summary.json)")
-        start(q, REPO, append_log=True)
-        self.started.append(q)
-        self.procs[self.procs.index(p)] = q
-        if self.plan.launcher != "slurm":
-            self.manifest()
+        self.start_in_place_of(p, {"--resume": 1, "--restarted": 0}, ["--restarted"] if fresh else ["--resume", str(ckpt)])
         return True
 
     def run(self, prefix):
