@@ -102,6 +102,7 @@ past --max-minutes); 2 bad config or usage (nothing was started); 130 / 143 stop
 (Ctrl-C) / SIGTERM. In every case no process of the run is left behind.
 """
 import argparse
+import os
 import pathlib
 import sys
 import tempfile
@@ -287,4 +288,9 @@ def dispatch(a):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code > 128:  # interrupted (every process stopped, the summary written): leave at once, without
+        sys.stdout.flush()  # freeing the objects of a run of 100000 processes one by one
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

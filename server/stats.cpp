@@ -68,8 +68,9 @@ void Server::write_stats(bool final) {
     // The histograms only: the launcher's summary derives the statistics, once, over every shard.
     nlohmann::ordered_json hist = nlohmann::ordered_json::object();
     auto& by_worker = hist.get_ref<nlohmann::ordered_json::object_t&>();  // appended in order: no lookup per key
-    for (std::size_t w = 0; w < state_->staleness_histogram().size(); ++w)
-      by_worker.emplace_back(std::to_string(w), state_->staleness_histogram()[w]);
+    for (std::size_t w = 0; w < state_->staleness_histogram().size(); ++w)  // (workers that pushed: a short line
+      if (!state_->staleness_histogram()[w].empty())                          // for a run of 100000 stopped early)
+        by_worker.emplace_back(std::to_string(w), state_->staleness_histogram()[w]);
     j["staleness_hist"] = std::move(hist);
     j["param_buffers"] = state_->params().buffers();
     char sum[24];  // the shard's θ: a replay of this run's order (launch.py replay) must end on the same

@@ -74,16 +74,16 @@ def process_record(p, placed):
 
 
 def write_manifest(run_dir, plan, procs, run_start, bins, extra=None, placed=False, interruptible=False, previous=None):
-    """manifest.json; returns its process records. interruptible: a SIGINT or SIGTERM stops it
-    within a second however many processes the run has (Interrupted; the file stays as it was).
-    previous: the records last written, kept for the processes never started (a run stopped
-    early: only what started is read again)."""
+    """manifest.json; returns its process records, each as the JSON text written. interruptible:
+    a SIGINT or SIGTERM stops it within a second however many processes the run has (Interrupted;
+    the file stays as it was). previous: the records last written, kept as they were for the
+    processes never started (a run stopped early: only what started is read and encoded again)."""
     def record(i, p):
         if interruptible and i % 1024 == 0:
             check_signal()
         if previous is not None and p.popen is None and plan.launcher != "slurm":
             return previous[i]
-        return process_record(p, placed)
+        return json.dumps(process_record(p, placed))
     records = [record(i, p) for i, p in enumerate(procs)]
     m = dict(host_facts())
     m.update({
@@ -106,9 +106,9 @@ def write_manifest(run_dir, plan, procs, run_start, bins, extra=None, placed=Fal
 
 
 def manifest_text(m):
-    """m as JSON, indented, with one process per line: json's indenting encoder is pure Python
-    (seconds for 100000 processes), its compact one is not."""
-    one_per_line = ",\n    ".join(json.dumps(r) for r in m["processes"])
+    """m as JSON, indented, with one process per line (m["processes"]: each one's JSON text):
+    json's indenting encoder is pure Python (seconds for 100000 processes), its compact one is not."""
+    one_per_line = ",\n    ".join(m["processes"])
     text = json.dumps(dict(m, processes="@processes@"), indent=2)
     return text.replace('"@processes@"', f"[\n    {one_per_line}\n  ]" if m["processes"] else "[]") + "\n"
 

@@ -24,10 +24,13 @@ def read_jsonl(path):
 
 def staleness_by_worker(server_finals):
     """{worker: [count per staleness value]} over the servers' final lines (kind "server_final"):
-    the sum of every server's "staleness_hist" (keys are worker ranks, as strings)."""
+    the sum of every server's "staleness_hist" (keys are the ranks of the workers that pushed, as
+    strings)."""
     hist = {}
     for fin in server_finals:
         for w, counts in (fin.get("staleness_hist") or {}).items():
+            if not counts:
+                continue
             acc = hist.setdefault(int(w), [])
             if len(counts) > len(acc):
                 acc.extend([0] * (len(counts) - len(acc)))

@@ -88,11 +88,12 @@ def ask_to_stop(proc):
         return False
 
 
-def stop_all(procs):
+def stop_all(procs, meanwhile=None):
     """Every live process: SIGTERM (and SIGCONT) to its group, or over ssh the remote end asked to
     stop its process group (remote.py: SIGTERM, SIGKILL after its own grace); SIGKILL after
     KILL_GRACE_S (an ssh client: the connection drops, and the remote end stops its group).
-    Reaps them all. Returns the processes that were still running."""
+    Reaps them all. meanwhile(): called once every process was asked to stop, while they stop.
+    Returns the processes that were still running."""
     live = [p for p in procs if p.popen is not None and p.popen.poll() is None]
     for p in live:
         if p.control and ask_to_stop(p):
@@ -103,6 +104,8 @@ def stop_all(procs):
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + KILL_GRACE_S
+    if meanwhile:
+        meanwhile()
     # The whole group gets the grace, not just its leader: srun's tasks (servers writing their
     # checkpoints as they stop) may outlive the srun that started them.
     while time.monotonic() < deadline and any(p.popen.poll() is None or group_alive(p.popen.pid) for p in live):

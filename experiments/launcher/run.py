@@ -233,7 +233,8 @@ class Supervisor:
         self.restarted = []  # servers restarted from their checkpoints: {"server", "how", "log"}
         self.failed_over = []  # cluster.replicas = 2: copies of shards that ended: {"shard", "process", "how", "log"}
         self.records = None  # the processes' records in the manifest last written
-        self.procs, self.started = self.place()
+        self.procs, self.started = self.place()  # started: what the launcher starts (Slurm: srun)
+        self.launched = []  # of those, the ones started so far (and any started in a dead one's place)
         if resume_from:  # servers from their checkpoints; workers go on from the clocks those hold
             for p in self.procs:
                 p.argv += resume_arguments(run_dir, p)
@@ -362,6 +363,7 @@ class Supervisor:
         q.command = ssh_command(q, self.sockets, append=True) if self.plan.launcher == "ssh" else q.argv
         start(q, REPO, append_log=True)
         self.started.append(q)
+        self.launched.append(q)
         self.procs[self.procs.index(p)] = q
         if self.plan.launcher != "slurm":
             self.manifest()
@@ -393,6 +395,7 @@ class Supervisor:
             for p in self.started:
                 check_signal()
                 start(p, REPO, append_log=bool(self.resume_from), env=self.env)
+                self.launched.append(p)
             if plan.launcher != "slurm":
                 self.manifest(interruptible=True)  # now with pids
             monitor(self.started, self.progress, self.run_start, self.opts.max_minutes * 60, failure_of, self.tolerate,
@@ -401,8 +404,8 @@ class Supervisor:
             self.stopped(e)
             raise
         finally:
-            for p in self.started:
-                if p.popen is not None and p.popen.stdin:
+            for p in self.launched:
+                if p.popen.stdin:
                     p.popen.stdin.close()
         self.manifest(placed=True)
         s = summarize(plan, run_dir, time.time() - self.run_start, lost=self.lost, restarted=self.restarted,
@@ -414,12 +417,13 @@ class Supervisor:
 
     def stopped(self, e):
         """The run failed or was interrupted: every process stopped, the summary says why."""
-        stopped = stop_all(self.started)
-        try:
-            if any(p.popen is not None for p in self.procs):  # (else the manifest written before the start stands)
-                self.manifest(placed=True, stopping=True)
-        except CannotWrite as w:  # said; the run's own failure is what is raised
-            warn(str(w))
+        def rewrite_manifest():  # while they stop (seconds for 100000 processes otherwise)
+            try:
+                if self.launched and self.plan.launcher != "slurm":  # (else the manifest written before the start stands)
+                    self.manifest(placed=True, stopping=True)
+            except CannotWrite as w:  # said; the run's own failure is what is raised
+                warn(str(w))
+        stopped = stop_all(self.launched, meanwhile=rewrite_manifest)
         if not isinstance(e, (RunFailed, Interrupted)):
             return  # a launcher bug: its processes are stopped all the same
         failure = str(e) if isinstance(e, RunFailed) else f"stopped by {e}"

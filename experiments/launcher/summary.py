@@ -138,9 +138,10 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
     """summary.json of a run (its keys: the module's docstring)."""
     metrics = run_dir / "metrics"
     batch = plan.batch
-    present = set(os.listdir(metrics)) if metrics.is_dir() else set()  # (a run stopped early: few of many)
-    worker_rows = {r: read_jsonl(metrics / f"worker{r}.jsonl") if f"worker{r}.jsonl" in present else []
-                   for r in range(plan.workers)}
+    # The workers that wrote metrics (a run stopped early: few of many), in rank order.
+    present = sorted(int(n[6:-6]) for n in (os.listdir(metrics) if metrics.is_dir() else [])
+                     if n.startswith("worker") and n.endswith(".jsonl") and n[6:-6].isdigit())
+    worker_rows = {r: read_jsonl(metrics / f"worker{r}.jsonl") for r in present if r < plan.workers}
     train = {r: [x for x in rows if x.get("kind") == "train"] for r, rows in worker_rows.items()}
     # A worker whose loss stopped being finite wrote one "diverged" line; the earliest counts.
     diverged = min((x for rows in worker_rows.values() for x in rows if x.get("kind") == "diverged"),
