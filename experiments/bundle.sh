@@ -10,7 +10,9 @@
 #   build/tests/               the GPU tests and the benchmarks (tests/gpu.sh runs them)
 #   build/lib/                 every shared library those load that is not the C/C++ runtime
 #                              or the CUDA toolkit (ZeroMQ, OpenBLAS, Gloo, toml++, ...); the
-#                              binaries find it by their RPATH $ORIGIN/../lib, wherever unpacked
+#                              binaries find it by their RPATH $ORIGIN/../lib, wherever unpacked;
+#                              and the CUDA plugins libpslab_cuda.so, libpslab_nccl.so
+#                              (kernels/cuda_plugin.h)
 #   experiments/ README.md
 #   BUNDLE.json                the git revision it was made from and its libraries' Debian
 #                              packages and versions (a run's manifest.json records them)
@@ -73,16 +75,19 @@ cp "$root/tests/bench/torch_train.py" "$dst/tests/bench/"
 system='/(ld-linux[^/]*|linux-vdso[^/]*|lib(c|m|dl|rt|pthread|resolv|util|stdc\+\+|gcc_s)\.so[^/]*|libcuda\.so[^/]*)$'
 toolkit='^(/usr/local/cuda[^/]*|/opt/nvidia|'"${CUDA_HOME:-/nonexistent}"')/'
 elves=("$dst"/build/worker/* "$dst"/build/server/* "$dst"/build/tests/*)
-ldd "${elves[@]}" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | while read -r lib; do
+# The CUDA plugins (where CUDA was built): the binaries load them from ../lib on first use of a GPU.
+plugin=()
+for f in "$build"/kernels/libpslab_cuda.so "$build"/kernels/libpslab_nccl.so; do [[ -f $f ]] && plugin+=("$f"); done
+ldd "${elves[@]}" "${plugin[@]}" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | while read -r lib; do
   [[ $lib =~ $system ]] && continue
   if [[ $lib =~ $toolkit ]]; then
     [[ $nccl == 1 && $(basename "$lib") == libnccl.so* ]] || continue
   fi
   cp -L "$lib" "$dst/build/lib/"
 done
-if ldd "${elves[@]}" 2>/dev/null | grep -q "not found"; then
+if ldd "${elves[@]}" "${plugin[@]}" 2>/dev/null | grep -q "not found"; then
   echo "bundle.sh: some libraries of the build are not found here:" >&2
-  ldd "${elves[@]}" 2>/dev/null | grep "not found" | sort -u >&2
+  ldd "${elves[@]}" "${plugin[@]}" 2>/dev/null | grep "not found" | sort -u >&2
   exit 1
 fi
 # RPATH (not RUNPATH): it also serves the libraries' own dependencies (libzmq -> libsodium);
@@ -92,6 +97,11 @@ for f in "${elves[@]}"; do
 done
 for f in "$dst"/build/lib/*; do
   patchelf --force-rpath --set-rpath '$ORIGIN' "$f"
+done
+for f in "${plugin[@]}"; do  # beside the libraries; they load the toolkit's (cudart, cuBLAS) and NCCL
+  cp "$f" "$dst/build/lib/"
+  patchelf --force-rpath --set-rpath '$ORIGIN:/usr/local/cuda/lib64:/usr/local/cuda/lib' "$dst/build/lib/$(basename "$f")"
+  elves+=("$dst/build/lib/$(basename "$f")")
 done
 strip --strip-unneeded "${elves[@]}" 2>/dev/null || true
 
@@ -113,6 +123,7 @@ fi
   for f in "$dst"/build/lib/*; do
     [[ -e $f ]] || continue
     lib=$(basename "$f")
+    [[ $lib == libpslab_* ]] && continue  # the CUDA plugins: the bundle's revision
     pkg=$(dpkg -S "*/$lib" 2>/dev/null | head -1 | cut -d: -f1)
     ver=$([[ -n $pkg ]] && dpkg-query -W -f='${Version}' "$pkg" 2>/dev/null || echo unknown)
     printf '%s\n    "%s": "%s %s"' "$sep" "$lib" "${pkg:-unpackaged}" "$ver"

@@ -49,9 +49,19 @@ if ! gpus=$(nvidia-smi -L 2>&1) || [[ -z $gpus ]]; then
 fi
 echo "$gpus"
 
-# NCCL is not part of the CUDA toolkit: where the loader does not find it, use the copy that
-# PyTorch's nvidia-nccl package brings, if any.
-if ldd "$build/worker/pslab_worker" | grep -q "libnccl.*not found"; then
+# The CUDA plugins the binaries load for a GPU (kernels/cuda_plugin.h): a build's kernels/, a bundle's lib/.
+plugins=()
+for d in "$build/kernels" "$build/lib"; do
+  [[ -f $d/libpslab_cuda.so ]] || continue
+  plugins=("$d/libpslab_cuda.so")
+  [[ -f $d/libpslab_nccl.so ]] && plugins+=("$d/libpslab_nccl.so")
+  break
+done
+if ((${#plugins[@]} == 0)); then
+  echo "gpu.sh: no CUDA plugin (libpslab_cuda.so) in $build/kernels or $build/lib: a build without CUDA?" >&2
+  exit 1
+fi
+if ldd "${plugins[@]}" | grep -q "libnccl.*not found"; then
   nccl=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
   if [[ -n $nccl && -e $nccl/libnccl.so.2 ]]; then
     echo "gpu.sh: libnccl.so.2 from $nccl (Python's nvidia-nccl)"
@@ -59,10 +69,10 @@ if ldd "$build/worker/pslab_worker" | grep -q "libnccl.*not found"; then
   fi
 fi
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do
-  if ldd "$build/worker/pslab_worker" | grep -q "not found" && [[ -d $d ]]; then export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"; fi
+  if ldd "$build/worker/pslab_worker" "${plugins[@]}" | grep -q "not found" && [[ -d $d ]]; then export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"; fi
 done
-if ldd "$build/worker/pslab_worker" | grep "not found"; then
-  echo "gpu.sh: pslab_worker cannot load the libraries above (LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-})" >&2
+if ldd "$build/worker/pslab_worker" "${plugins[@]}" | grep "not found"; then
+  echo "gpu.sh: pslab_worker or its CUDA plugins cannot load the libraries above (LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-})" >&2
   exit 1
 fi
 

@@ -28,13 +28,17 @@ tar xzf "$tmp/made/pslab.tar.gz" -C "$tmp/elsewhere"
 rm -rf "$tmp/made"
 b=$(echo "$tmp"/elsewhere/pslab-*)
 [[ -d $b/build/lib && -x $b/build/worker/pslab_worker ]] || fail "the bundle has no build/lib or build/worker/pslab_worker"
+for f in "$build"/kernels/libpslab_*.so; do
+  [[ ! -f $f || -f $b/build/lib/$(basename "$f") ]] || fail "the build has the CUDA plugin kernels/$(basename "$f"), the bundle's build/lib does not"
+done
 
 # Which libraries each binary loads, and from where: inside the bundle, or the runtime/toolkit.
 system='/(ld-linux[^/]*|linux-vdso[^/]*|lib(c|m|dl|rt|pthread|resolv|util|stdc\+\+|gcc_s)\.so[^/]*|libcuda\.so[^/]*)$'
 toolkit='^(/usr/local/cuda[^/]*|/opt/nvidia)/'
 check_resolution() {
   local bad=0 f lib path
-  for f in "$b"/build/worker/* "$b"/build/server/* "$b"/build/tests/*; do
+  for f in "$b"/build/worker/* "$b"/build/server/* "$b"/build/tests/* "$b"/build/lib/libpslab_*.so; do
+    [[ -e $f ]] || continue  # (the CUDA plugins: only from a build with CUDA)
     while read -r lib _ path _; do
       [[ $path == "not" ]] && { echo "  $f: $lib not found"; bad=1; continue; }
       [[ $path == /* ]] || continue

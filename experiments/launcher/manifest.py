@@ -62,7 +62,9 @@ def process_record(p, placed):
     the top of its log: ssh's remote end, a Slurm task), its real host, pid and command."""
     r = {"name": p.name, "role": p.role, "rank": p.rank, "host": p.host,
          "pid": p.popen.pid if p.popen else None, "command": shlex.join(p.command or p.argv)}
-    started = [m for m in markers(p.log) if m.get("event") == "started"] if placed else []
+    # (a local process, started by the launcher itself, writes none: its log is not read)
+    told = placed and (p.control or p.popen is None)
+    started = [m for m in markers(p.log) if m.get("event") == "started"] if told else []
     if started:
         m = started[-1]
         if p.control:  # ssh: the launcher's pid is the ssh client's

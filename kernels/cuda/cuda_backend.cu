@@ -580,7 +580,8 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-int cuda_device_count(std::string* why) {
+// The plugin's entry points (kernels/cuda_plugin.h; backend.cpp finds them by name).
+extern "C" int pslab_cuda_device_count(std::string* why) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
@@ -593,13 +594,14 @@ int cuda_device_count(std::string* why) {
   return count;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int gpu_slot) {
+// Owned by the caller (a std::unique_ptr<Backend> there).
+extern "C" Backend* pslab_cuda_backend(int gpu_slot) {
   int count = 0;
   usable_or_throw(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
   if (count == 0)
     throw std::runtime_error("no usable CUDA GPU: cudaGetDeviceCount found no device");
   if (gpu_slot < 0) throw std::invalid_argument("GPU slot " + std::to_string(gpu_slot) + " < 0");
-  return std::make_unique<CudaBackend>(gpu_slot % count);
+  return new CudaBackend(gpu_slot % count);
 }
 
 }  // namespace pslab

@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "comm/memfd.h"
+#include "cuda_plugin.h"
 
 namespace pslab {
 
@@ -173,12 +174,23 @@ std::unique_ptr<Collective> make_gloo_collective(RendezvousClient& rv, const std
   return std::make_unique<GlooCollective>(rv, host);
 }
 
-#ifndef PSLAB_HAVE_NCCL
-bool nccl_built() { return false; }
-std::unique_ptr<Collective> make_nccl_collective(RendezvousClient&, int) {
-  throw std::runtime_error("the NCCL collective is not in this build of pslab (CUDA toolkit or NCCL not found at configure time)");
-}
+bool nccl_built() {
+#ifdef PSLAB_HAVE_NCCL
+  return true;
+#else
+  return false;
 #endif
+}
+
+std::unique_ptr<Collective> make_nccl_collective(RendezvousClient& rv, int device) {
+  if (!nccl_built())
+    throw std::runtime_error("the NCCL collective is not in this build of pslab (CUDA toolkit or NCCL not found at configure time)");
+  std::string why;  // (it is in a CUDA plugin of its own: src/comm/collective_nccl.cpp)
+  using MakeNccl = Collective* (*)(RendezvousClient* rv, int device);
+  const auto make = reinterpret_cast<MakeNccl>(cuda_plugin_symbol("libpslab_nccl.so", "pslab_nccl_collective", &why));
+  if (!make) throw std::runtime_error("the NCCL collective cannot be used: " + why);
+  return std::unique_ptr<Collective>(make(&rv, device));
+}
 
 namespace {
 // The ranks whose shared-memory domain (host) differs from rank 0's, as "rank 2 (on ...)";

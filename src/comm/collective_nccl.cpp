@@ -1,6 +1,6 @@
 // The NCCL collective: GPU buffers, its own CUDA stream, a communicator built from the
-// ncclUniqueId that rank 0 publishes through the rendezvous. Compiled only when CMake found
-// CUDA and NCCL (PSLAB_HAVE_NCCL).
+// ncclUniqueId that rank 0 publishes through the rendezvous. The plugin libpslab_nccl.so, built
+// only when CMake found CUDA and NCCL (PSLAB_HAVE_NCCL).
 //
 // NCCL's blocking calls have no timeout, so the communicator is non-blocking and every wait
 // polls (NCCL's async error, the stream) against the group's deadline; on expiry the
@@ -169,10 +169,10 @@ class NcclCollective final : public Collective {
 
 }  // namespace
 
-bool nccl_built() { return true; }
-
-std::unique_ptr<Collective> make_nccl_collective(RendezvousClient& rv, int device) {
-  return std::make_unique<NcclCollective>(rv, device);
+// The NCCL plugin's entry point (kernels/cuda_plugin.h; collective.cpp finds it by name). Owned
+// by the caller (a std::unique_ptr<Collective> there).
+extern "C" Collective* pslab_nccl_collective(RendezvousClient* rv, int device) {
+  return new NcclCollective(*rv, device);
 }
 
 }  // namespace pslab
