@@ -471,6 +471,14 @@ def replay_run(run_dir, bins, opts):
     if not (run_dir / "trace" / "server0.txt").is_file():
         raise UsageError(f"{run_dir}: no order trace (trace/server0.txt): the run was not recorded "
                          f"(servers record it from this version on)")
+    try:
+        ended = [c for c in json.loads((run_dir / "summary.json").read_text()).get("copies_ended") or []
+                 if c.get("process", "").startswith("server")]
+    except (OSError, ValueError):
+        ended = []
+    if ended:  # cluster.replicas = 2: each copy recorded only its part of the shard's order
+        raise UsageError(f"{run_dir}: {ended[0]['process']} ended and its backup took over (cluster.replicas = 2): the "
+                         "shard's order is split between the two copies and cannot be replayed")
     if not shard_checksums(run_dir, plan):
         raise UsageError(f"{run_dir}: the servers wrote no final checksum: the run did not finish, there is nothing to compare")
     try:
@@ -491,7 +499,8 @@ def replay_run(run_dir, bins, opts):
     if out.exists():
         shutil.rmtree(out)
     with tempfile.TemporaryDirectory(prefix="pslab-replay-") as tmp:
-        rplan = replan(bins, plan, ['cluster.launcher="virtual"', f'virtual.replay="{run_dir}"'], tmp)
+        # (one copy of each shard: a backup that only followed its server changed nothing)
+        rplan = replan(bins, plan, ['cluster.launcher="virtual"', f'virtual.replay="{run_dir}"', "cluster.replicas=1"], tmp)
     opts.replay_of = run_dir
     say(f"launch.py: replaying {run_dir} ({plan.mode}, {plan.workers} workers, {plan.servers} servers) -> {out}")
     try:

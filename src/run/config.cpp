@@ -127,7 +127,8 @@ void visit_fields(Config& c, F&& f) {
     "the updates since are lost, counted), \"fail\", or \"auto\": restart for asp and ssp over tcp or ipc (not under Slurm), else fail");
   f("cluster.replicas", c.cluster.replicas,
     "PS modes: copies of each shard, 1 or 2; with 2 each server has a backup process (on another host where there is one) "
-    "that has every update before the primary answers, and takes over with nothing lost when the primary dies");
+    "that has every update before the primary answers, and takes over with nothing lost when the primary dies "
+    "(local and ssh launchers)");
   f("cluster.push_guard", c.cluster.push_guard,
     "PS modes: servers refuse (count, and take as an empty batch) a push with a batch beyond the plan's, a value that is "
     "not finite, or a norm over cluster.guard_norm_factor x the median of recent ones");
@@ -570,6 +571,9 @@ void validate_failures(const Checker& check) {
         "2 needs a parameter-server mode (cluster.mode = \"" + c.cluster.mode + "\" has no servers)");
   check(c.cluster.replicas == 1 || c.cluster.launcher != "virtual", "cluster.replicas",
         "2 needs real processes (cluster.launcher = \"local\", \"ssh\" or \"slurm\"; the virtual cluster has one copy)");
+  check(c.cluster.replicas == 1 || c.cluster.launcher != "slurm", "cluster.replicas",
+        "2 needs the local or ssh launcher: under Slurm, srun ends the whole step when one task dies, so a backup "
+        "could not take over");
   check(c.cluster.replicas == 1 || c.cluster.on_server_loss != "restart", "cluster.replicas",
         "2 replaces restarts: a backup takes over from a server that died; set cluster.on_server_loss = \"auto\"");
   if (c.cluster.on_server_loss != "restart") return;

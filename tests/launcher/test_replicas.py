@@ -3,6 +3,7 @@ and shm: its backup takes over, the workers and the evaluator go to it, and the 
 every push applied exactly once (the serving copies' counts), nothing lost, and bsp's final θ bit
 for bit the θ of the same run undisturbed. A backup killed: its server goes on, and a new backup
 joins it. The server killed, then its backup once a new backup has joined: the shard survives both.
+Replay: of a run whose servers served throughout, bit for bit; of one whose server died, refused.
 """
 import json
 import os
@@ -81,6 +82,10 @@ class Replicas(LauncherTestCase):
         self.assertEqual(s["pushed_by_codec"]["f32"]["pushes"], 2 * 2 * s["steps_per_worker"],
                          f"not every push applied exactly once ({s['pushes_duplicate']} came again)")
         self.assertGreater(s["final_test_acc"], 0.9)
+        if (mode, transport) == ("asp", "tcp"):  # each copy recorded only its part of shard 1's order
+            r = self.launch("replay", run, "--no-plots")
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertIn("server1 ended and its backup took over (cluster.replicas = 2): the shard's order is split", r.stderr)
         if mode == "bsp":  # the same run undisturbed (over tcp: the transport changes no float) ends on the same θ
             calm_run = self.calm_bsp_run()
             self.assertEqual(final_checksums(run, ["server0"])["server0"], final_checksums(calm_run, ["server0"])["server0"])
@@ -111,6 +116,11 @@ class Replicas(LauncherTestCase):
         self.assertIn("joined a run under way", (run / "logs" / "backup1.log").read_text())
         self.assertEqual(s["updates_lost"], 0)
         self.assertEqual(s["pushed_by_codec"]["f32"]["pushes"], 2 * 2 * s["steps_per_worker"])
+        # the servers served throughout, each recording its shard's whole order: a replay (one copy
+        # of each shard, in the virtual cluster) ends on the run's θ
+        r = self.launch("replay", run, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("bit for bit: 2 shard checksum(s) equal", r.stdout)
         self.assert_no_processes_left()
 
     def test_the_shard_outlives_its_server_and_then_its_backup(self):

@@ -427,6 +427,29 @@ class MultiHostTest(Launches, ClusterTestCase):
                 self.assertGreater(s["final_test_acc"], 0.85)
                 self.assert_no_process_on_any_host()
 
+    def test_a_server_killed_over_ssh_with_its_backup_on_another_host_loses_nothing(self):
+        # cluster.replicas = 2, asp over tcp across the hosts: backup k runs on the host after
+        # server k's; kill -9 of the remote server 1 mid-run: the workers go to its backup, which
+        # takes over with every update; a new backup starts where server 1 was; nothing lost
+        runs = self.runs / "replicas"
+        path = self.config("replicas.toml", "asp", steps=3000, extra='transport = "tcp"\nheartbeat_s = 1\nreplicas = 2\n')
+        p = self.launch_bg("run", path, "--runs-dir", runs, "--no-plots")
+        self.wait_for_train_lines(runs, ["worker0", "worker1", "worker2"])
+        run, = self.runs_of(runs)
+        hosts = {q["name"]: q["host"] for q in json.loads((run / "manifest.json").read_text())["processes"]}
+        self.assertNotEqual(hosts["server1"], hosts["backup1"])
+        started = [json.loads(line.split(" ", 1)[1]) for line in (run / "logs" / "server1.log").read_text().splitlines()
+                   if line.startswith("[pslab-launch] ")]
+        os.kill(started[0]["pid"], signal.SIGKILL)
+        out, err = p.communicate(timeout=120)
+        self.assertEqual(p.returncode, 0, out + err)
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok", s.get("failure"))
+        self.assertEqual(s["updates_lost"], 0)
+        self.assertEqual([c["process"] for c in s["copies_ended"]], ["server1"])
+        self.assertGreater(s["final_test_acc"], 0.85)
+        self.assert_no_process_on_any_host()
+
     def test_the_launcher_on_one_of_the_hosts(self):
         # the launcher run from hostA itself (its name there is 127.0.1.1), placing processes on all
         # three hosts, hostA included, over ssh: every process is reached at its host's address

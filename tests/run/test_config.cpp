@@ -402,6 +402,9 @@ TEST(Config, ReplicasGiveEachServerABackupProcessInThePlan) {
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nreplicas = 3\n"), "exp.toml: cluster.replicas: must be 1 or 2");
   EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"allreduce\"\nreplicas = 2\n").find("cluster.replicas: 2 needs a parameter-server mode"),
             std::string::npos);
+  EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"asp\"\nreplicas = 2\nlauncher = \"slurm\"\n")
+                .find("cluster.replicas: 2 needs the local or ssh launcher: under Slurm, srun ends the whole step"),
+            std::string::npos);
   EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"asp\"\nreplicas = 2\non_server_loss = \"restart\"\n")
                 .find("cluster.replicas: 2 replaces restarts"),
             std::string::npos);
