@@ -11,6 +11,7 @@ namespace pslab {
 namespace {
 constexpr std::size_t kHistory = 64;  // accepted norms the bound's median is over
 constexpr long kWarmup = 16;          // accepted pushes before the norm is bounded
+constexpr double kFullBatch = 32;     // the batch from which cluster.guard_norm_factor applies as it is
 }  // namespace
 
 PushGuard::Options PushGuard::options_for(const ExperimentConfig& cfg) {
@@ -18,8 +19,10 @@ PushGuard::Options PushGuard::options_for(const ExperimentConfig& cfg) {
   const long steps = proto.kind == WorkerProtocol::Kind::delta     ? proto.local_steps
                      : proto.kind == WorkerProtocol::Kind::elastic ? cfg.cluster.sync_every
                                                                    : 1;
-  return Options{long(cfg.train.batch) * cfg.train.accumulate * std::max(1L, steps), cfg.cluster.guard_norm_factor,
-                 cfg.cluster.guard_drop_after};
+  // A small batch's honest norms spike more (one unusual sample weighs more): its bound is wider.
+  const double batch = std::max(1.0, double(cfg.train.batch) * cfg.train.accumulate);
+  const double factor = cfg.cluster.guard_norm_factor * std::max(1.0, std::sqrt(kFullBatch / batch));
+  return Options{long(cfg.train.batch) * cfg.train.accumulate * std::max(1L, steps), factor, cfg.cluster.guard_drop_after};
 }
 
 PushGuard::PushGuard(const Options& opt, int workers)

@@ -4,7 +4,8 @@
 //     the steps one push covers: 1, local:H's H, easgd's cluster.sync_every);
 //   - a value that is not finite (NaN, ±inf), in the decoded push;
 //   - a norm (of the push's slice on this shard) over cluster.guard_norm_factor times the median
-//     of the last 64 accepted pushes' norms (from the 16th accepted push on; 0: no bound).
+//     of the last 64 accepted pushes' norms (from the 16th accepted push on; 0: no bound), times
+//     sqrt(32 / batch) more for a batch (train.batch x train.accumulate) under 32.
 // A refused push changes nothing and counts as an empty batch (the worker's clock moves on, so
 // bsp and ssp are not held by it); refusals are counted per worker, and a worker refused
 // cluster.guard_drop_after times in a row is dropped with that reason.
@@ -32,7 +33,7 @@ class PushGuard {
  public:
   struct Options {
     long max_batch = 0;          // most samples one push may claim
-    double norm_factor = 10.0;   // 0: no norm bound
+    double norm_factor = 4.0;    // (the batch's, options_for) 0: no norm bound
     int drop_after = 10;         // refusals in a row that drop a worker (0: never)
   };
   static Options options_for(const ExperimentConfig& cfg);

@@ -133,7 +133,9 @@ void visit_fields(Config& c, F&& f) {
     "PS modes: servers refuse (count, and take as an empty batch) a push with a batch beyond the plan's, a value that is "
     "not finite, or a norm over cluster.guard_norm_factor x the median of recent ones");
   f("cluster.guard_norm_factor", c.cluster.guard_norm_factor,
-    "push guard: the norm bound, in medians of the last 64 accepted pushes' norms on a shard (from the 16th on; 0: none)");
+    "push guard: the norm bound, in medians of the last 64 accepted pushes' norms on a shard (from the 16th on), at a "
+    "batch (train.batch x train.accumulate) of 32 or more; sqrt(32 / batch) times it for smaller ones, whose honest "
+    "norms spike more (0: no bound)");
   f("cluster.guard_drop_after", c.cluster.guard_drop_after,
     "push guard: a worker refused this many times in a row is dropped, with that reason (0: never)");
   f("eval.interval_s", c.eval.interval_s, "evaluator period (s); one more evaluation at the end");

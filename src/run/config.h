@@ -105,7 +105,7 @@ struct ClusterConfig {
   // not finite, or a norm over guard_norm_factor x the median of recent ones are refused,
   // counted, and count as empty; guard_drop_after refusals in a row drop the worker.
   bool push_guard = true;
-  double guard_norm_factor = 10.0;  // 0: no norm bound
+  double guard_norm_factor = 4.0;  // at a batch of 32 or more; sqrt(32 / batch) x it below. 0: no norm bound
   int guard_drop_after = 10;        // 0: never dropped for it
 };
 

@@ -243,18 +243,17 @@ class BadInsider(LauncherTestCase):
     """A worker that holds the run's key and pushes NaN, noise of ±0.5 or absurd batches
     (byzantine.workers = [2] of 3): the servers' push guard refuses and counts its pushes (and
     drops it after 10 in a row), the run ends ok, and its accuracy is within 0.5 points of the
-    same run without the bad worker (workers 0 and 1 alone). The noise, about 6 times an honest
-    push's norm on this model, needs cluster.guard_norm_factor = 4 (the default, 10, lets it
-    through: docs/usage.md)."""
+    same run without the bad worker (workers 0 and 1 alone). Every setting at its default: the
+    noise is about 6 times an honest push's norm on this model, the bound 4 times the median at
+    this batch (32)."""
 
     def test_nan_noise_and_absurd_batches_are_refused_and_change_little(self):
         path = self.tiny_variant("insider.toml", [('mode = "bsp"', 'mode = "asp"'), ("workers = 2", "workers = 3")])
-        without = self.summary_of(path, "without", "--set", "cluster.workers=2", "--set", "cluster.guard_norm_factor=4")
+        without = self.summary_of(path, "without", "--set", "cluster.workers=2")
         self.assertEqual(without["pushes_refused"], {})
         for kind in ("nan", "noise", "batch"):
             with self.subTest(kind=kind):
-                s = self.summary_of(path, kind, "--set", "byzantine.workers=[2]", "--set", f'byzantine.kind="{kind}"',
-                                    "--set", "cluster.guard_norm_factor=4")
+                s = self.summary_of(path, kind, "--set", "byzantine.workers=[2]", "--set", f'byzantine.kind="{kind}"')
                 self.assertEqual(s["status"], "ok", s.get("failure"))
                 self.assertEqual(list(s["pushes_refused"]), ["2"], s["pushes_refused"])
                 self.assertEqual([w["worker"] for w in s["workers_lost"]], [2], "dropped after 10 refusals in a row")

@@ -7,11 +7,13 @@
 #include <cstring>
 #include <limits>
 #include <thread>
+#include <tuple>
 
 #include "expect.h"
 #include "harness.h"
 #include "ps/client.h"
 #include "push_guard.h"
+#include "run/config.h"
 #include "run/config.h"
 #include "run/setup.h"
 #include "server.h"
@@ -21,6 +23,19 @@ using test::TwoWorkerRun;
 using test::expect_refused;
 
 namespace {
+
+TEST(PushGuard, ASmallBatchGetsAWiderNormBound) {
+  // cluster.guard_norm_factor (4) as it is from a batch of 32; sqrt(32 / batch) times it below:
+  // one unusual sample weighs more in a small batch, and honest norms spike more.
+  ExperimentConfig cfg;
+  for (auto [batch, accumulate, factor] : {std::tuple{64, 1, 4.0}, {32, 1, 4.0}, {8, 1, 8.0}, {8, 4, 4.0}, {2, 1, 16.0}}) {
+    cfg.train.batch = batch;
+    cfg.train.accumulate = accumulate;
+    EXPECT_DOUBLE_EQ(PushGuard::options_for(cfg).norm_factor, factor) << "batch " << batch << " x " << accumulate;
+  }
+  cfg.cluster.guard_norm_factor = 0;
+  EXPECT_EQ(PushGuard::options_for(cfg).norm_factor, 0.0) << "0: no norm bound, at any batch";
+}
 
 TEST(PushGuard, RefusesABatchBeyondThePlanAValueNotFiniteAndAnOutsizedNorm) {
   PushGuard g(PushGuard::Options{64, 10.0, 3}, 2);
