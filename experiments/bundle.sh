@@ -7,6 +7,7 @@
 # The tarball unpacks to pslab-<revision>/, laid out like the repository, so the launcher and
 # every script work there as here:
 #   build/worker/pslab_worker  build/server/pslab_server
+#   build/worker/libpslab_client.so, worker/python/   the worker side for other languages
 #   build/tests/               the GPU tests and the benchmarks (tests/gpu.sh runs them)
 #   build/lib/                 every shared library those load that is not the C/C++ runtime
 #                              or the CUDA toolkit (ZeroMQ, OpenBLAS, Gloo, toml++, ...); the
@@ -61,11 +62,12 @@ trap 'rm -rf "$stage"' EXIT
 dst="$stage/$name"
 mkdir -p "$dst/build/worker" "$dst/build/server" "$dst/build/tests" "$dst/build/lib" "$dst/tests"
 cp "$build/worker/pslab_worker" "$dst/build/worker/"
+[[ -f $build/worker/libpslab_client.so ]] && cp "$build/worker/libpslab_client.so" "$dst/build/worker/"  # (worker/pslab_client.h)
 cp "$build/server/pslab_server" "$dst/build/server/"
 for t in test_gpu bench_train bench_ps bench_allreduce; do
   [[ -x $build/tests/$t ]] && cp "$build/tests/$t" "$dst/build/tests/"
 done
-(cd "$root" && tar cf - --exclude=__pycache__ experiments README.md) | tar xf - -C "$dst"
+(cd "$root" && tar cf - --exclude=__pycache__ experiments worker/python README.md) | tar xf - -C "$dst"
 rm -f "$dst/experiments/bundle.sh" "$dst/experiments/quickstart.sh" "$dst/experiments/setup.sh"  # they build from source
 mkdir -p "$dst/tests/bench"
 cp "$root/tests/gpu.sh" "$dst/tests/"

@@ -1,0 +1,188 @@
+"""The Python client (worker/python/pslab over libpslab_client.so, worker/pslab_client.h) against
+real pslab_server processes on 127.0.0.1: workers in Python push gradients whose effect is known
+(plain SGD, constant values), so θ after each round is checked exactly: bsp applies the
+batch-weighted mean of a clock's pushes, asp every push once; bad calls raise, naming the
+problem. Needs NumPy (python3-numpy, which the plots need too)."""
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+BUILD = pathlib.Path(os.environ.get("PSLAB_BUILD", REPO / "build"))
+os.environ.setdefault("PSLAB_CLIENT_LIB", str(BUILD / "worker" / "libpslab_client.so"))
+sys.path.insert(0, str(REPO / "worker" / "python"))
+sys.path.insert(0, str(REPO / "experiments"))
+
+import pslab  # noqa: E402
+from launcher.hosts import free_ports  # noqa: E402
+
+LR = 0.5
+CONFIG = f"""name = "pyclient"
+seed = 1
+[model]
+kind = "linear"
+[data]
+kind = "logistic"
+train_samples = 256
+test_samples = 64
+dim = 32
+outputs = 4
+[optimizer]
+kind = "sgd"
+lr = {LR}
+momentum = 0.0
+[train]
+batch = 16
+steps = 3
+[cluster]
+mode = "MODE"
+workers = 2
+servers = 2
+transport = "tcp"
+auth = "none"
+heartbeat_s = 1.0
+timeout_s = 20.0
+"""
+P = 32 * 4 + 4  # the linear model's θ: a 32 x 4 weight and 4 biases
+
+
+class PythonClient(unittest.TestCase):
+    def start_servers(self, mode):
+        """Two real servers of a run in `mode`; returns (config path, their addresses)."""
+        self.tmp = pathlib.Path(tempfile.mkdtemp(prefix="pslab-pyclient-"))
+        config = self.tmp / f"{mode}.toml"
+        config.write_text(CONFIG.replace("MODE", mode))
+        addresses = [f"tcp://127.0.0.1:{port}" for port in free_ports("127.0.0.1", 2)]
+        self.servers = [subprocess.Popen([str(BUILD / "server" / "pslab_server"), "-c", str(config), "--shard", str(k),
+                                          "--bind", addresses[k]], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                        for k in range(2)]
+        return config, addresses
+
+    def tearDown(self):
+        for s in getattr(self, "servers", []):
+            if s.poll() is None:
+                s.send_signal(signal.SIGKILL)
+            s.wait()
+
+    def servers_end(self):
+        for k, s in enumerate(self.servers):
+            _, err = s.communicate(timeout=30)
+            self.assertEqual(s.returncode, 0, f"server {k}: {err.decode()[-2000:]}")
+
+    def run_workers(self, config, addresses, body):
+        """body(client, theta) in two threads, one client each; what they raise is raised here."""
+        errors = []
+
+        def worker(rank):
+            try:
+                with pslab.Client(config, rank, addresses) as c:
+                    self.assertEqual(c.num_params, P)
+                    theta = np.zeros(P, np.float32)
+                    c.connect()
+                    c.pull(0, theta)
+                    body(c, theta)
+            except BaseException as e:  # noqa: BLE001 (handed to the test's thread)
+                errors.append(e)
+        threads = [threading.Thread(target=worker, args=(r,)) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        if errors:
+            raise errors[0]
+
+    def test_bsp_applies_the_batch_weighted_mean_of_each_clocks_pushes(self):
+        config, addresses = self.start_servers("bsp")
+        # clock 0: both push over 16 samples, values 1 and 3 -> mean 2; clock 1: 2 over 4 samples
+        # and 5 over 12 -> (8 + 60) / 16 = 4.25; clock 2: one pushes an empty batch -> the other's
+        pushes = {0: [(16, 1.0), (4, 2.0), (16, 7.0)], 1: [(16, 3.0), (12, 5.0), (0, 100.0)]}
+        means = [2.0, 4.25, 7.0]
+        thetas = {}
+
+        def body(c, theta):
+            start = theta.copy()
+            seen = []
+            for clock, (batch, value) in enumerate(pushes[c.rank]):
+                info = c.push(clock, batch, np.full(P, value, np.float32), theta if clock < 2 else None)
+                if clock < 2:
+                    seen.append(theta.copy())
+                    self.assertEqual((info.min_version, info.max_version), (clock + 1, clock + 1))
+            c.pull(3, theta)
+            seen.append(theta.copy())
+            c.bye(3)
+            thetas[c.rank] = (start, seen)
+
+        self.run_workers(config, addresses, body)
+        self.servers_end()
+        start, seen = thetas[0]
+        np.testing.assert_array_equal(start, thetas[1][0], "both workers pulled the same θ0")
+        expect = start.copy()
+        for clock, mean in enumerate(means):
+            expect = (expect - np.float32(LR) * np.float32(mean)).astype(np.float32)
+            np.testing.assert_allclose(seen[clock], expect, rtol=0, atol=1e-6, err_msg=f"θ after clock {clock}")
+            np.testing.assert_array_equal(seen[clock], thetas[1][1][clock], f"both workers see θ after clock {clock}")
+
+    def test_asp_applies_every_push_once(self):
+        config, addresses = self.start_servers("asp")
+        final = {}
+
+        def body(c, theta):
+            start = theta.copy()
+            for clock in range(3):
+                c.push(clock, 16, np.full(P, 1.0 + c.rank, np.float32))  # acknowledged, nothing comes back
+            barrier.wait(30)  # both workers' pushes are in
+            info = c.pull(3, theta)
+            final[c.rank] = (start, theta.copy(), info)
+            c.bye(3)
+
+        barrier = threading.Barrier(2)
+        self.run_workers(config, addresses, body)
+        self.servers_end()
+        start, theta, info = final[0]
+        self.assertEqual(info.min_version, 6, "each of the 6 pushes applied once, on every shard")
+        np.testing.assert_allclose(theta, start - LR * 3 * (1.0 + 2.0), rtol=0, atol=1e-5)
+
+    def test_bad_calls_raise_naming_the_problem(self):
+        config, addresses = self.start_servers("asp")
+        with self.assertRaisesRegex(pslab.PslabError, r"rank 7 is not in \[0, cluster.workers = 2\)"):
+            pslab.Client(config, 7, addresses)
+        with self.assertRaisesRegex(pslab.PslabError, "1 server address"):
+            pslab.Client(config, 0, addresses[:1])
+        with self.assertRaisesRegex(pslab.PslabError, "no-such.toml"):
+            pslab.Client(self.tmp / "no-such.toml", 0, addresses)
+        c = pslab.Client(config, 0, addresses)
+        with self.assertRaisesRegex(ValueError, f"grad holds 5 floats; this run's θ has {P}"):
+            c.push(0, 16, np.zeros(5, np.float32))
+        with self.assertRaisesRegex(TypeError, "float32 values are needed"):
+            c.push(0, 16, np.zeros(P, np.float64))
+        with self.assertRaisesRegex(TypeError, "a buffer of float32 values is needed"):
+            c.pull(0, [0.0] * P)
+        with self.assertRaisesRegex(ValueError, "read-only"):
+            ro = np.zeros(P, np.float32)
+            ro.setflags(write=False)
+            c.pull(0, ro)
+        c.close()
+        with self.assertRaisesRegex(pslab.PslabError, "worker 0: the client is closed"):
+            c.pull(0, np.zeros(P, np.float32))
+        # a worker whose config is not the servers': refused by them, saying so
+        with pslab.Client(config, 0, addresses, overrides=["optimizer.lr=0.25"]) as c:
+            with self.assertRaisesRegex(pslab.PslabError, r"server \d at tcp://127.0.0.1:\d+: config: peer's config differs"):
+                c.connect()
+        # servers that are not there: named, with their addresses, once cluster.timeout_s is over
+        dead = [f"tcp://127.0.0.1:{port}" for port in free_ports("127.0.0.1", 2)]
+        quick = self.tmp / "quick.toml"
+        quick.write_text(config.read_text().replace("timeout_s = 20.0", "timeout_s = 2.0"))
+        with pslab.Client(quick, 0, dead) as c:
+            with self.assertRaisesRegex(pslab.PslabError, dead[0].replace(".", r"\.")):
+                c.connect()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,128 @@
+// libpslab_client.so: the C API of pslab_client.h over PsClient (src/ps/client.h). Every C++
+// exception becomes -1 and its message (pslab_client_error); nothing is thrown across the C
+// boundary.
+#include "pslab_client.h"
+
+#include <exception>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/model.h"
+#include "ps/client.h"
+#include "run/config.h"
+#include "run/setup.h"
+
+struct pslab_client {
+  std::string error;  // of the last call
+  std::unique_ptr<pslab::ExperimentConfig> cfg;
+  std::unique_ptr<pslab::comm::Transport> transport;
+  std::unique_ptr<pslab::PsClient> client;
+};
+
+namespace {
+
+std::vector<std::string> split_commas(const char* s) {
+  std::vector<std::string> out;
+  if (!s) return out;
+  std::stringstream in(s);
+  for (std::string part; std::getline(in, part, ',');)
+    if (!part.empty()) out.push_back(part);
+  return out;
+}
+
+void fill(pslab_pull_info* info, const pslab::PullResult& r) {
+  if (!info) return;
+  *info = pslab_pull_info{r.min_version, r.max_version, r.samples_applied, r.held_us, r.min_clock, r.training_done ? 1 : 0};
+}
+
+// Runs f on c's client, turning what it throws into -1 and c->error.
+template <typename F>
+int call(pslab_client* c, const char* what, F&& f) {
+  if (!c) return -1;
+  if (!c->client) {
+    if (c->error.empty()) c->error = std::string(what) + ": the client is closed";
+    return -1;
+  }
+  c->error.clear();
+  try {
+    f(*c->client);
+    return 0;
+  } catch (const std::exception& e) {
+    c->error = e.what();
+  } catch (...) {
+    c->error = std::string(what) + ": an unknown error";
+  }
+  return -1;
+}
+
+}  // namespace
+
+extern "C" {
+
+pslab_client* pslab_client_open(const char* config_path, const char* const* overrides, int n_overrides, int rank,
+                                const char* servers, const char* backups, const char* auth_key) {
+  auto* c = new pslab_client;
+  try {
+    if (!config_path) throw std::invalid_argument("no config path");
+    std::vector<std::string> sets;
+    for (int i = 0; i < n_overrides; ++i)
+      if (overrides && overrides[i]) sets.emplace_back(overrides[i]);
+    c->cfg = std::make_unique<pslab::ExperimentConfig>(pslab::load_config(config_path, sets));
+    const pslab::ExperimentConfig& cfg = *c->cfg;
+    if (!cfg.uses_servers())
+      throw std::invalid_argument("cluster.mode = \"" + cfg.cluster.mode + "\" has no parameter servers to be a worker of");
+    if (rank < 0 || rank >= cfg.cluster.workers)
+      throw std::invalid_argument("rank " + std::to_string(rank) + " is not in [0, cluster.workers = " +
+                                  std::to_string(cfg.cluster.workers) + ")");
+    const std::vector<std::string> endpoints = split_commas(servers), copies = split_commas(backups);
+    if (int(endpoints.size()) != cfg.cluster.servers)
+      throw std::invalid_argument(std::to_string(endpoints.size()) + " server address(es) given, cluster.servers = " +
+                                  std::to_string(cfg.cluster.servers));
+    c->transport = pslab::run_transport(cfg, auth_key ? auth_key : "");
+    c->client = std::make_unique<pslab::PsClient>(*c->transport, endpoints,
+                                                  pslab::client_options(cfg, pslab::wire::Role::worker, rank, copies));
+  } catch (const std::exception& e) {
+    c->error = std::string(config_path ? config_path : "(no config)") + ": " + e.what();
+    c->client.reset();
+  }
+  return c;
+}
+
+const char* pslab_client_error(const pslab_client* c) { return c ? c->error.c_str() : "no client"; }
+
+long pslab_client_num_params(const pslab_client* c) {
+  return c && c->client ? long(c->client->num_params()) : 0;
+}
+
+int pslab_client_connect(pslab_client* c) {
+  return call(c, "connect", [](pslab::PsClient& client) { client.connect(); });
+}
+
+int pslab_client_pull(pslab_client* c, long clock, float* theta, pslab_pull_info* info) {
+  return call(c, "pull", [&](pslab::PsClient& client) {
+    if (!theta) throw std::invalid_argument("pull: no θ buffer");
+    fill(info, client.pull(clock, theta));
+  });
+}
+
+int pslab_client_push(pslab_client* c, long clock, int batch, const float* grad, float* theta, pslab_pull_info* info) {
+  return call(c, "push", [&](pslab::PsClient& client) {
+    if (!grad) throw std::invalid_argument("push: no gradient buffer");
+    fill(info, client.push(clock, batch, grad, theta));
+  });
+}
+
+int pslab_client_bye(pslab_client* c, long clock) {
+  return call(c, "bye", [&](pslab::PsClient& client) { client.bye(clock); });
+}
+
+void pslab_client_close(pslab_client* c) {
+  if (!c) return;
+  c->client.reset();  // (before the transport it uses)
+  c->transport.reset();
+  delete c;
+}
+
+}  // extern "C"

@@ -1,0 +1,61 @@
+/* pslab's worker side for other languages: a C API over the parameter-server client
+ * (src/ps/client.h), built as libpslab_client.so. A worker written in Python (worker/python/pslab,
+ * ctypes) or anything that calls C speaks to a run's servers exactly as pslab_worker does: the
+ * same wire, codecs, error feedback, heartbeats, reconnects, backups and checks; no protocol of
+ * its own.
+ *
+ * θ and ∇θ are host arrays of all P floats (pslab_client_num_params), shard k the contiguous
+ * range its server announces. A call returns 0, or -1 with pslab_client_error() saying why
+ * (naming the server, its address and what was waited for, as the C++ workers' errors do).
+ *
+ * Threading: one thread calls a client at a time (its heartbeat thread is its own affair).
+ */
+#ifndef PSLAB_CLIENT_H
+#define PSLAB_CLIENT_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PSLAB_CLIENT_API __attribute__((visibility("default"))) /* the library exports these alone */
+
+typedef struct pslab_client pslab_client;
+
+/* What a round of replies said, over all shards (ps/client.h: PullResult). */
+typedef struct {
+  long min_version, max_version; /* of the shards' θ that came back */
+  long samples_applied;          /* min over shards */
+  long held_us;                  /* longest a server held the request (the consistency rule's wait) */
+  long min_clock;                /* the slowest worker's clock */
+  int training_done;             /* every server: every worker said Bye */
+} pslab_pull_info;
+
+/* A worker of the run that `config_path` (the run's config.toml) describes, with `overrides`
+ * ("section.key=value", n_overrides of them, as `--set`), as worker `rank`, to the servers at
+ * `servers` (comma-separated, in shard order), their backups at `backups` (cluster.replicas = 2;
+ * NULL or "" without), authenticating with the run's key file `auth_key` (NULL or "" without).
+ * Never NULL: on failure the client says why (pslab_client_error) and every other call fails. */
+PSLAB_CLIENT_API pslab_client* pslab_client_open(const char* config_path, const char* const* overrides, int n_overrides,
+                                                 int rank, const char* servers, const char* backups, const char* auth_key);
+/* Why the last call failed, or "" after one that succeeded. Valid until the next call. */
+PSLAB_CLIENT_API const char* pslab_client_error(const pslab_client* c);
+/* P, the number of floats of θ and of every gradient (0 for a client that failed to open). */
+PSLAB_CLIENT_API long pslab_client_num_params(const pslab_client* c);
+/* Hello to every server; returns once every worker of the run has said Hello (the start barrier). */
+PSLAB_CLIENT_API int pslab_client_connect(pslab_client* c);
+/* θ for step `clock` into theta (P floats). info may be NULL. */
+PSLAB_CLIENT_API int pslab_client_pull(pslab_client* c, long clock, float* theta, pslab_pull_info* info);
+/* The gradient (P floats) computed at `clock` on the θ last pulled, over `batch` samples. With
+ * theta not NULL the servers answer with θ for clock + 1, written there; else they acknowledge. */
+PSLAB_CLIENT_API int pslab_client_push(pslab_client* c, long clock, int batch, const float* grad, float* theta,
+                                       pslab_pull_info* info);
+/* This worker is done (after its last push, at the clock after it). */
+PSLAB_CLIENT_API int pslab_client_bye(pslab_client* c, long clock);
+/* Ends the client (its connections and heartbeat thread); NULL is allowed. */
+PSLAB_CLIENT_API void pslab_client_close(pslab_client* c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PSLAB_CLIENT_H */
