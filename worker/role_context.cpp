@@ -42,6 +42,9 @@ std::string who(RoleKind kind, int rank) {
 }  // namespace
 
 RoleContext::RoleContext(const ExperimentConfig& c, const RoleOptions& o, RoleKind k) : cfg(c), opt(o), kind(k) {
+  if (cfg.model.kind == "external")
+    throw std::invalid_argument("model.kind = \"external\": its workers are your own (libpslab_client.so, worker/python/pslab); "
+                                "pslab_worker trains and evaluates only the models it has built in");
   const int W = kind == RoleKind::single ? 1 : cfg.cluster.workers;
   const int rank = kind == RoleKind::single ? 0 : opt.rank;
   if (trains(kind) && (rank < 0 || rank >= W))

@@ -1,9 +1,28 @@
 #include "core/model.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <stdexcept>
 
 namespace pslab {
+
+namespace {
+// An external model's θ0: exactly P float32 values in `path`.
+std::vector<float> read_theta_file(const std::string& path, std::size_t P) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw std::invalid_argument("model.theta_file " + path + ": cannot open it (" + std::strerror(errno) + ")");
+  std::vector<float> theta(P);
+  const std::size_t got = std::fread(theta.data(), sizeof(float), P, f);
+  const bool more = std::fgetc(f) != EOF;
+  std::fclose(f);
+  if (got != P || more)
+    throw std::invalid_argument("model.theta_file " + path + ": holds " + (more ? "more than " : "") +
+                                std::to_string(got) + " float32 values; model.sizes add up to " + std::to_string(P));
+  return theta;
+}
+}  // namespace
 
 std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec) {
   return model_registry().make(spec.kind)->layers(spec);
@@ -18,6 +37,7 @@ std::size_t count_params(const ModelSpec& spec) {
 std::vector<float> initial_params(const ModelSpec& spec, std::uint64_t seed) {
   const auto layers = build_layers(spec);
   std::vector<float> theta(count_params(spec), 0.0f);
+  if (spec.kind == "external") return spec.theta_file.empty() ? theta : read_theta_file(spec.theta_file, theta.size());
   if (spec.init == "zeros") return theta;
   if (spec.init != "he") throw std::invalid_argument("unknown model init \"" + spec.init + "\" (expected \"he\" or \"zeros\")");
   std::size_t off = 0;

@@ -29,6 +29,8 @@ struct ModelSpec {
   std::vector<int> conv_channels = {16, 32};  // cnn: 5x5 stride-2 pad-2 convolutions, then a linear head
   Loss loss = Loss::softmax_xent;
   std::string init = "he";  // "he": He/Xavier-uniform weights, zero biases; "zeros": all zero
+  std::vector<int> sizes;   // external: its parameter tensors' sizes, in θ's order
+  std::string theta_file;   // external: θ at initialisation, P float32 values (native byte order); "": zeros
 };
 
 // Told during backward which part of ∇θ is final, so that communication can start on it
@@ -106,7 +108,7 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec);
 std::size_t count_params(const ModelSpec& spec);
 // θ at initialisation, deterministic for a seed: He-uniform for layers followed by ReLU,
 // Xavier-uniform for the output layer, zero biases (init "he"); or all zeros (init "zeros",
-// fine for convex models and for exact tests).
+// fine for convex models and for exact tests). An external model's: its theta_file, or zeros.
 std::vector<float> initial_params(const ModelSpec& spec, std::uint64_t seed);
 
 struct ParamInfo {

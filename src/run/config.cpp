@@ -35,6 +35,8 @@ void visit_fields(Config& c, F&& f) {
   f("model.hidden", c.model.hidden, "mlp: hidden layer widths");
   f("model.conv_channels", c.model.conv_channels, "cnn: channels of the 5x5 stride-2 convolutions");
   f("model.init", c.model.init, "\"he\" (He/Xavier-uniform weights from the seed) or \"zeros\"");
+  f("model.sizes", c.model.sizes, "external: its parameter tensors' sizes (floats), in the order of θ");
+  f("model.theta_file", c.model.theta_file, "external: θ at initialisation, a file of P float32 values (\"\": zeros)");
   f("data.kind", c.data.kind, "\"fashion-mnist\", \"least-squares\" or \"logistic\" (synthetic, known optimum)");
   f("data.path", c.data.path, "fashion-mnist: directory of the *-idx?-ubyte.gz files");
   f("data.normalize", c.data.normalize, "fashion-mnist: standardise pixels with the training set's mean and std");
@@ -415,6 +417,9 @@ void validate_model_and_data(const Checker& check) {
   check(c.model.init == "he" || c.model.init == "zeros", "model.init", "expected \"he\" or \"zeros\", got \"" + c.model.init + "\"");
   for (int h : c.model.hidden) check(h > 0, "model.hidden", "widths must be > 0");
   for (int h : c.model.conv_channels) check(h > 0, "model.conv_channels", "channels must be > 0");
+  check(c.model.kind == "external" || c.model.sizes.empty(), "model.sizes", "only model.kind = \"external\" takes sizes");
+  check(c.model.kind == "external" || c.model.theta_file.empty(), "model.theta_file",
+        "only model.kind = \"external\" reads θ0 from a file");
   check(c.data.kind == "fashion-mnist" || c.data.kind == "least-squares" || c.data.kind == "logistic", "data.kind",
         "expected \"fashion-mnist\", \"least-squares\" or \"logistic\", got \"" + c.data.kind + "\"");
   check(c.data.kind != "least-squares" || c.model.kind == "linear", "model.kind",

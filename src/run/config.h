@@ -36,6 +36,8 @@ struct ModelConfig {
   std::vector<int> hidden = {256, 128};       // mlp hidden widths
   std::vector<int> conv_channels = {16, 32};  // cnn channels (5x5, stride 2)
   std::string init = "he";                    // "he" (He/Xavier-uniform) or "zeros"
+  std::vector<int> sizes;                     // external: its parameter tensors' sizes, in θ's order
+  std::string theta_file;                     // external: θ0, P float32 values ("": zeros)
 };
 
 struct DataConfig {

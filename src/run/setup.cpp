@@ -20,6 +20,8 @@ ModelSpec model_spec(const ExperimentConfig& c) {
   s.hidden = c.model.hidden;
   s.conv_channels = c.model.conv_channels;
   s.init = c.model.init;
+  s.sizes = c.model.sizes;
+  s.theta_file = c.model.theta_file;
   if (c.data.kind == "fashion-mnist") {
     s.channels = 1, s.height = 28, s.width = 28, s.outputs = 10;
     s.loss = Loss::softmax_xent;

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 #include "backend.h"
@@ -207,6 +209,59 @@ TEST(ModelInit, DeterministicForASeedAndScaledByFanIn) {
   EXPECT_LE(maxabs, limit);
   EXPECT_GT(maxabs, 0.9 * limit);
   for (std::size_t i = 784u * 256; i < 784u * 256 + 256; ++i) EXPECT_EQ(a[i], 0.0f);
+}
+
+// What f() throws as an E, or "(nothing thrown)".
+template <typename E, typename F>
+std::string thrown(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "(nothing thrown)";
+}
+
+TEST(ModelExternal, IsItsTensorsSizesAndItsThetaFileAndComputesNothing) {
+  // model.kind = "external": the servers' view of a model whose workers are the user's own
+  ModelSpec spec;
+  spec.kind = "external";
+  spec.sizes = {6, 2, 4};
+  EXPECT_EQ(count_params(spec), 12u);
+  EXPECT_EQ(layer_sizes(spec, 4, 6), (std::vector<std::size_t>{2, 2, 2})) << "tensors cut to a shard's range";
+  EXPECT_EQ(initial_params(spec, 1), std::vector<float>(12, 0.0f)) << "no theta_file: zeros";
+  const std::string path = testing::TempDir() + "pslab-theta0.f32";
+  std::vector<float> theta(12), longer(13, 1.0f);
+  for (std::size_t i = 0; i < theta.size(); ++i) theta[i] = 0.5f * float(i) - 1.0f;
+  auto write = [&](std::size_t n) {  // the first n of θ (13: one more)
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fwrite(n <= 12 ? theta.data() : longer.data(), sizeof(float), n, f), n);
+    std::fclose(f);
+  };
+  write(12);
+  spec.theta_file = path;
+  EXPECT_EQ(initial_params(spec, 1), theta);
+  EXPECT_EQ(initial_params(spec, 99), theta) << "the file's, whatever the seed";
+  write(11);
+  EXPECT_NE(thrown<std::invalid_argument>([&] { initial_params(spec, 1); })
+                .find("model.theta_file " + path + ": holds 11 float32 values; model.sizes add up to 12"),
+            std::string::npos);
+  write(13);
+  EXPECT_NE(thrown<std::invalid_argument>([&] { initial_params(spec, 1); }).find("holds more than 12 float32 values"),
+            std::string::npos);
+  spec.theta_file = path + ".missing";
+  EXPECT_NE(thrown<std::invalid_argument>([&] { initial_params(spec, 1); })
+                .find("model.theta_file " + path + ".missing: cannot open it"),
+            std::string::npos);
+  std::remove(path.c_str());
+  auto be = make_cpu_backend(1);
+  auto layers = build_layers(spec);
+  float x = 0.0f, y = 0.0f;
+  EXPECT_NE(thrown<std::logic_error>([&] { layers[0]->forward(*be, &x, &y, 1, nullptr); }).find("computed by its own workers"),
+            std::string::npos);
+  spec.sizes = {};
+  EXPECT_NE(thrown<std::invalid_argument>([&] { count_params(spec); }).find("needs model.sizes"), std::string::npos);
 }
 
 TEST(ModelBatch, EmptyBatchGivesZeroGradient) {

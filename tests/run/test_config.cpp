@@ -400,6 +400,12 @@ TEST(Config, ReplicasGiveEachServerABackupProcessInThePlan) {
   EXPECT_EQ(names, (std::vector<std::string>{"server0/server", "server1/server", "backup0/backup", "backup1/backup",
                                              "worker0/worker", "worker1/worker", "evaluator/evaluator"}));
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nreplicas = 3\n"), "exp.toml: cluster.replicas: must be 1 or 2");
+  // an external model (its workers are the user's): its tensors' sizes, and only it takes them
+  EXPECT_NE(error_of("name = \"x\"\n[model]\nkind = \"external\"\n").find("needs model.sizes"), std::string::npos);
+  EXPECT_NE(error_of("name = \"x\"\n[model]\nkind = \"mlp\"\nsizes = [3]\n").find("model.sizes: only model.kind = \"external\""),
+            std::string::npos);
+  EXPECT_NE(error_of("name = \"x\"\n[model]\nkind = \"external\"\nsizes = [3, 0]\n").find("every size must be > 0"),
+            std::string::npos);
   EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"allreduce\"\nreplicas = 2\n").find("cluster.replicas: 2 needs a parameter-server mode"),
             std::string::npos);
   EXPECT_NE(error_of("name = \"x\"\n[cluster]\nmode = \"asp\"\nreplicas = 2\nlauncher = \"slurm\"\n")

@@ -54,11 +54,13 @@ P = 32 * 4 + 4  # the linear model's θ: a 32 x 4 weight and 4 biases
 
 
 class PythonClient(unittest.TestCase):
-    def start_servers(self, mode):
-        """Two real servers of a run in `mode`; returns (config path, their addresses)."""
-        self.tmp = pathlib.Path(tempfile.mkdtemp(prefix="pslab-pyclient-"))
+    def start_servers(self, mode, model=None):
+        """Two real servers of a run in `mode` (of `model`: its [model] section's lines, else the
+        linear model's); returns (config path, their addresses)."""
+        self.tmp = getattr(self, "tmp", None) or pathlib.Path(tempfile.mkdtemp(prefix="pslab-pyclient-"))
         config = self.tmp / f"{mode}.toml"
-        config.write_text(CONFIG.replace("MODE", mode))
+        config.write_text(CONFIG.replace("MODE", mode).replace('[model]\nkind = "linear"', f"[model]\n{model}" if model else
+                                                               '[model]\nkind = "linear"'))
         addresses = [f"tcp://127.0.0.1:{port}" for port in free_ports("127.0.0.1", 2)]
         self.servers = [subprocess.Popen([str(BUILD / "server" / "pslab_server"), "-c", str(config), "--shard", str(k),
                                           "--bind", addresses[k]], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -76,15 +78,15 @@ class PythonClient(unittest.TestCase):
             _, err = s.communicate(timeout=30)
             self.assertEqual(s.returncode, 0, f"server {k}: {err.decode()[-2000:]}")
 
-    def run_workers(self, config, addresses, body):
+    def run_workers(self, config, addresses, body, params=P):
         """body(client, theta) in two threads, one client each; what they raise is raised here."""
         errors = []
 
         def worker(rank):
             try:
                 with pslab.Client(config, rank, addresses) as c:
-                    self.assertEqual(c.num_params, P)
-                    theta = np.zeros(P, np.float32)
+                    self.assertEqual(c.num_params, params)
+                    theta = np.zeros(params, np.float32)
                     c.connect()
                     c.pull(0, theta)
                     body(c, theta)
@@ -148,6 +150,33 @@ class PythonClient(unittest.TestCase):
         start, theta, info = final[0]
         self.assertEqual(info.min_version, 6, "each of the 6 pushes applied once, on every shard")
         np.testing.assert_allclose(theta, start - LR * 3 * (1.0 + 2.0), rtol=0, atol=1e-5)
+
+    def test_an_external_model_starts_from_its_theta_file(self):
+        # model.kind = "external": the servers know only its tensors' sizes and θ0 (a file of
+        # float32); the workers are the user's
+        self.tmp = pathlib.Path(tempfile.mkdtemp(prefix="pslab-pyclient-"))
+        theta0 = (np.arange(128, dtype=np.float32) * np.float32(0.01) - np.float32(0.5)).astype(np.float32)
+        theta0.tofile(self.tmp / "theta0.f32")
+        config, addresses = self.start_servers(
+            "bsp", f'kind = "external"\nsizes = [100, 20, 8]\ntheta_file = "{self.tmp / "theta0.f32"}"')
+        pulled = {}
+
+        def body(c, theta):
+            pulled[c.rank] = theta.copy()
+            c.push(0, 16, np.full(128, 2.0 + 2 * c.rank, np.float32), theta)  # the mean: 3
+            pulled[(c.rank, 1)] = theta.copy()
+            c.bye(1)
+
+        self.run_workers(config, addresses, body, params=128)
+        self.servers_end()
+        np.testing.assert_array_equal(pulled[0], theta0)
+        np.testing.assert_array_equal(pulled[1], theta0)
+        np.testing.assert_allclose(pulled[(0, 1)], theta0 - np.float32(LR) * np.float32(3.0), rtol=0, atol=1e-6)
+        # pslab_worker does not train it, and says whose workers it needs
+        r = subprocess.run([str(BUILD / "worker" / "pslab_worker"), "ps", "-c", str(config), "--rank", "0",
+                            "--servers", ",".join(addresses), "-o", str(self.tmp / "out")], capture_output=True, text=True)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn('model.kind = "external": its workers are your own', r.stderr)
 
     def test_bad_calls_raise_naming_the_problem(self):
         config, addresses = self.start_servers("asp")
