@@ -3,6 +3,7 @@
 // boundary.
 #include "pslab_client.h"
 
+#include <algorithm>
 #include <exception>
 #include <memory>
 #include <sstream>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "core/model.h"
+#include "core/sampler.h"
 #include "ps/client.h"
 #include "run/config.h"
 #include "run/setup.h"
@@ -19,6 +21,8 @@ struct pslab_client {
   std::unique_ptr<pslab::ExperimentConfig> cfg;
   std::unique_ptr<pslab::comm::Transport> transport;
   std::unique_ptr<pslab::PsClient> client;
+  std::unique_ptr<pslab::ShardSampler> sampler;  // this worker's batches
+  long steps_per_epoch = 0, total_steps = 0;
 };
 
 namespace {
@@ -80,6 +84,9 @@ pslab_client* pslab_client_open(const char* config_path, const char* const* over
     if (int(endpoints.size()) != cfg.cluster.servers)
       throw std::invalid_argument(std::to_string(endpoints.size()) + " server address(es) given, cluster.servers = " +
                                   std::to_string(cfg.cluster.servers));
+    c->sampler = std::make_unique<pslab::ShardSampler>(pslab::train_set_size(cfg), cfg.cluster.workers, rank, cfg.seed);
+    c->steps_per_epoch = c->sampler->steps_per_epoch(cfg.train.batch);
+    c->total_steps = pslab::total_steps(cfg, c->steps_per_epoch);
     c->transport = pslab::run_transport(cfg, auth_key ? auth_key : "");
     c->client = std::make_unique<pslab::PsClient>(*c->transport, endpoints,
                                                   pslab::client_options(cfg, pslab::wire::Role::worker, rank, copies));
@@ -94,6 +101,25 @@ const char* pslab_client_error(const pslab_client* c) { return c ? c->error.c_st
 
 long pslab_client_num_params(const pslab_client* c) {
   return c && c->client ? long(c->client->num_params()) : 0;
+}
+
+long pslab_client_total_steps(const pslab_client* c) { return c && c->client ? c->total_steps : 0; }
+
+long pslab_client_steps_per_epoch(const pslab_client* c) { return c && c->client ? c->steps_per_epoch : 0; }
+
+int pslab_client_batch(pslab_client* c, long step, unsigned* idx, int room) {
+  int n = -1;
+  const int rc = call(c, "batch", [&](pslab::PsClient&) {
+    if (step < 0) throw std::invalid_argument("batch: step " + std::to_string(step) + " < 0");
+    c->sampler->set_epoch(step / c->steps_per_epoch);  // (the same epoch again costs nothing)
+    const auto b = c->sampler->batch(step % c->steps_per_epoch, c->cfg->train.batch);
+    n = int(b.size());
+    if (!idx) return;  // (the count alone)
+    if (long(b.size()) > room)
+      throw std::invalid_argument("batch: room for " + std::to_string(room) + " indices, the batch has " + std::to_string(b.size()));
+    std::copy(b.begin(), b.end(), idx);
+  });
+  return rc == 0 ? n : -1;
 }
 
 int pslab_client_connect(pslab_client* c) {

@@ -41,6 +41,15 @@ PSLAB_CLIENT_API pslab_client* pslab_client_open(const char* config_path, const 
 PSLAB_CLIENT_API const char* pslab_client_error(const pslab_client* c);
 /* P, the number of floats of θ and of every gradient (0 for a client that failed to open). */
 PSLAB_CLIENT_API long pslab_client_num_params(const pslab_client* c);
+/* This worker's share of the run, as pslab_worker takes it: the steps it trains (train.steps, or
+ * train.epochs x the steps of an epoch), the steps of an epoch, and the sample indices (into the
+ * training set of data.*, 0-based) of its batch at `step` (0-based over the run) written to idx
+ * (room for `room`; idx NULL: the count alone): returns their count (train.batch; fewer, even 0, at
+ * an epoch's end), or -1.
+ * Workers of one run draw disjoint shards of one permutation per epoch, from the run's seed. */
+PSLAB_CLIENT_API long pslab_client_total_steps(const pslab_client* c);
+PSLAB_CLIENT_API long pslab_client_steps_per_epoch(const pslab_client* c);
+PSLAB_CLIENT_API int pslab_client_batch(pslab_client* c, long step, unsigned* idx, int room);
 /* Hello to every server; returns once every worker of the run has said Hello (the start barrier). */
 PSLAB_CLIENT_API int pslab_client_connect(pslab_client* c);
 /* θ for step `clock` into theta (P floats). info may be NULL. */

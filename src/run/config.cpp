@@ -37,7 +37,8 @@ void visit_fields(Config& c, F&& f) {
   f("model.init", c.model.init, "\"he\" (He/Xavier-uniform weights from the seed) or \"zeros\"");
   f("model.sizes", c.model.sizes, "external: its parameter tensors' sizes (floats), in the order of θ");
   f("model.theta_file", c.model.theta_file, "external: θ at initialisation, a file of P float32 values (\"\": zeros)");
-  f("data.kind", c.data.kind, "\"fashion-mnist\", \"least-squares\" or \"logistic\" (synthetic, known optimum)");
+  f("data.kind", c.data.kind, "\"fashion-mnist\", \"least-squares\" or \"logistic\" (synthetic, known optimum), or "
+    "\"external\" (an external model's own data: data.train_samples of them)");
   f("data.path", c.data.path, "fashion-mnist: directory of the *-idx?-ubyte.gz files");
   f("data.normalize", c.data.normalize, "fashion-mnist: standardise pixels with the training set's mean and std");
   f("data.train_samples", c.data.train_samples, "training samples used (0 = all; synthetic: 0 = 8192)");
@@ -420,8 +421,13 @@ void validate_model_and_data(const Checker& check) {
   check(c.model.kind == "external" || c.model.sizes.empty(), "model.sizes", "only model.kind = \"external\" takes sizes");
   check(c.model.kind == "external" || c.model.theta_file.empty(), "model.theta_file",
         "only model.kind = \"external\" reads θ0 from a file");
-  check(c.data.kind == "fashion-mnist" || c.data.kind == "least-squares" || c.data.kind == "logistic", "data.kind",
-        "expected \"fashion-mnist\", \"least-squares\" or \"logistic\", got \"" + c.data.kind + "\"");
+  check(c.data.kind == "fashion-mnist" || c.data.kind == "least-squares" || c.data.kind == "logistic" ||
+            c.data.kind == "external",
+        "data.kind", "expected \"fashion-mnist\", \"least-squares\", \"logistic\" or \"external\", got \"" + c.data.kind + "\"");
+  check(c.data.kind != "external" || c.model.kind == "external", "data.kind",
+        "\"external\" (data pslab does not read) needs model.kind = \"external\" (workers of your own that read it)");
+  check(c.data.kind != "external" || c.data.train_samples > 0, "data.train_samples",
+        "data.kind = \"external\" needs the number of training samples (the servers count epochs, the workers share them out)");
   check(c.data.kind != "least-squares" || c.model.kind == "linear", "model.kind",
         "data.kind = \"least-squares\" needs model.kind = \"linear\" (its known optimum is linear)");
   check(c.data.train_samples >= 0, "data.train_samples", "must be >= 0");

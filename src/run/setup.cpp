@@ -39,6 +39,8 @@ DataSplit load_data(const ExperimentConfig& c) {
     return make_least_squares(ntrain, ntest, c.data.dim, c.data.outputs, c.seed);
   if (c.data.kind == "logistic")
     return make_logistic(ntrain, ntest, c.data.dim, c.data.outputs, c.seed);
+  if (c.data.kind == "external")
+    throw std::invalid_argument("data.kind = \"external\": the data is your own workers' (libpslab_client.so); pslab reads none");
   return load_fashion_mnist(c.data.path, c.data.normalize, c.data.train_samples, c.data.test_samples);
 }
 

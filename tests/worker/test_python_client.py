@@ -178,6 +178,43 @@ class PythonClient(unittest.TestCase):
         self.assertNotEqual(r.returncode, 0)
         self.assertIn('model.kind = "external": its workers are your own', r.stderr)
 
+    def test_workers_share_out_each_epoch_as_pslab_worker_does(self):
+        # 256 samples, 2 workers, batch 16: 8 steps an epoch each; per epoch the two workers'
+        # batches are disjoint and cover every sample; another epoch, another permutation; the
+        # same rank draws the same batches (the run's seed); data.kind = "external" counts samples
+        self.tmp = pathlib.Path(tempfile.mkdtemp(prefix="pslab-pyclient-"))
+        config = self.tmp / "share.toml"
+        config.write_text(CONFIG.replace("MODE", "asp").replace("steps = 3", "epochs = 2.0"))
+        addresses = ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"]  # (nothing is sent)
+        clients = [pslab.Client(config, r, addresses) for r in (0, 1)]
+        self.assertEqual([(c.steps_per_epoch, c.total_steps) for c in clients], [(8, 16)] * 2)
+        epochs = []
+        for epoch in (0, 1):
+            drawn = [list(c.batch(step)) for c in clients for step in range(8 * epoch, 8 * epoch + 8)]
+            self.assertEqual([len(b) for b in drawn], [16] * 16)
+            self.assertEqual(sorted(i for b in drawn for i in b), list(range(256)))
+            epochs.append(drawn)
+        self.assertNotEqual(epochs[0], epochs[1])
+        again = pslab.Client(config, 1, addresses)
+        self.assertEqual(list(again.batch(9)), list(clients[1].batch(9)))
+        with self.assertRaisesRegex(pslab.PslabError, "step -1 < 0"):
+            again.batch(-1)
+        for c in clients + [again]:
+            c.close()
+        external = self.tmp / "external-data.toml"
+        external.write_text(config.read_text().replace('[model]\nkind = "linear"', '[model]\nkind = "external"\nsizes = [10]')
+                            .replace('kind = "logistic"', 'kind = "external"').replace("train_samples = 256", "train_samples = 1000"))
+        with pslab.Client(external, 0, addresses) as c:
+            self.assertEqual((c.num_params, c.steps_per_epoch), (10, 32), "1000 samples over 2 workers, batch 16")
+        with self.assertRaisesRegex(pslab.PslabError, 'data.kind: "external" .* needs model.kind = "external"'):
+            pslab.Client(self.write("mixed.toml", config.read_text().replace('kind = "logistic"', 'kind = "external"')), 0,
+                         addresses)
+
+    def write(self, name, text):
+        path = self.tmp / name
+        path.write_text(text)
+        return path
+
     def test_bad_calls_raise_naming_the_problem(self):
         config, addresses = self.start_servers("asp")
         with self.assertRaisesRegex(pslab.PslabError, r"rank 7 is not in \[0, cluster.workers = 2\)"):

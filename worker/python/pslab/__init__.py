@@ -16,6 +16,7 @@ array.array("f"), ...), read and written in place.
 The library is looked for at $PSLAB_CLIENT_LIB, else beside this package's checkout
 (build/worker/libpslab_client.so; the bundle's has the same layout).
 """
+import array
 import ctypes
 import os
 import pathlib
@@ -62,6 +63,11 @@ def _library():
         lib.pslab_client_error.argtypes = [vp]
         lib.pslab_client_num_params.restype = lp
         lib.pslab_client_num_params.argtypes = [vp]
+        lib.pslab_client_total_steps.restype = lp
+        lib.pslab_client_total_steps.argtypes = [vp]
+        lib.pslab_client_steps_per_epoch.restype = lp
+        lib.pslab_client_steps_per_epoch.argtypes = [vp]
+        lib.pslab_client_batch.argtypes = [vp, lp, ctypes.POINTER(ctypes.c_uint), ctypes.c_int]
         lib.pslab_client_connect.argtypes = [vp]
         lib.pslab_client_pull.argtypes = [vp, lp, fp, info]
         lib.pslab_client_push.argtypes = [vp, lp, ctypes.c_int, fp, fp, info]
@@ -92,7 +98,20 @@ class Client:
             self._c = None
             raise PslabError(why)
         self.rank = int(rank)
-        self.num_params = int(self._lib.pslab_client_num_params(self._c))
+        self.num_params = int(self._lib.pslab_client_num_params(self._c))  # P
+        self.total_steps = int(self._lib.pslab_client_total_steps(self._c))  # this worker trains
+        self.steps_per_epoch = int(self._lib.pslab_client_steps_per_epoch(self._c))
+
+    def batch(self, step):
+        """The sample indices (into the run's training set) of this worker's batch at `step`
+        (0-based over the run), as pslab_worker draws them: an array.array("I")."""
+        n = self._lib.pslab_client_batch(self._live(), int(step), None, 0)
+        self._check(0 if n >= 0 else -1)
+        out = array.array("I", bytes(4 * n))
+        if n:
+            ptr = (ctypes.c_uint * n).from_buffer(out)
+            self._check(0 if self._lib.pslab_client_batch(self._c, int(step), ptr, n) == n else -1)
+        return out
 
     def connect(self):
         """Hello to every server; returns once every worker said Hello (the start barrier)."""
