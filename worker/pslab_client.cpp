@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/data.h"
 #include "core/model.h"
 #include "core/sampler.h"
 #include "ps/client.h"
@@ -23,6 +24,12 @@ struct pslab_client {
   std::unique_ptr<pslab::PsClient> client;
   std::unique_ptr<pslab::ShardSampler> sampler;  // this worker's batches
   long steps_per_epoch = 0, total_steps = 0;
+  std::unique_ptr<pslab::DataSplit> data;  // loaded on first use
+
+  const pslab::Dataset& train() {
+    if (!data) data = std::make_unique<pslab::DataSplit>(pslab::load_data(*cfg));
+    return data->train;
+  }
 };
 
 namespace {
@@ -59,6 +66,14 @@ int call(pslab_client* c, const char* what, F&& f) {
     c->error = std::string(what) + ": an unknown error";
   }
   return -1;
+}
+
+// The training set's size, features or classes (-1 when it cannot be loaded: pslab_client_error).
+template <typename F>
+long of_train_set(pslab_client* c, F&& f) {
+  long v = -1;
+  call(c, "train set", [&](pslab::PsClient&) { v = f(c->train()); });
+  return v;
 }
 
 }  // namespace
@@ -120,6 +135,20 @@ int pslab_client_batch(pslab_client* c, long step, unsigned* idx, int room) {
     std::copy(b.begin(), b.end(), idx);
   });
   return rc == 0 ? n : -1;
+}
+
+long pslab_client_train_samples(pslab_client* c) { return of_train_set(c, [](const pslab::Dataset& d) { return long(d.n); }); }
+
+int pslab_client_features(pslab_client* c) { return int(of_train_set(c, [](const pslab::Dataset& d) { return long(d.features()); })); }
+
+int pslab_client_classes(pslab_client* c) { return int(of_train_set(c, [](const pslab::Dataset& d) { return long(d.classes); })); }
+
+int pslab_client_train_set(pslab_client* c, float* x, int* labels) {
+  return call(c, "train set", [&](pslab::PsClient&) {
+    const pslab::Dataset& d = c->train();
+    if (x) std::copy(d.x.data(), d.x.data() + std::size_t(d.n) * std::size_t(d.features()), x);
+    if (labels && d.classes > 0) std::copy(d.labels.begin(), d.labels.end(), labels);
+  });
 }
 
 int pslab_client_connect(pslab_client* c) {

@@ -50,6 +50,14 @@ PSLAB_CLIENT_API long pslab_client_num_params(const pslab_client* c);
 PSLAB_CLIENT_API long pslab_client_total_steps(const pslab_client* c);
 PSLAB_CLIENT_API long pslab_client_steps_per_epoch(const pslab_client* c);
 PSLAB_CLIENT_API int pslab_client_batch(pslab_client* c, long step, unsigned* idx, int room);
+/* The run's training set as pslab_worker reads it (data.*: Fashion-MNIST, the synthetic sets; not
+ * data.kind = "external"), loaded on first use: its samples, the floats of one sample, the number
+ * of classes (0: regression); pslab_client_train_set copies the samples (n x features, row-major)
+ * into x and their labels (n; classification) into labels. */
+PSLAB_CLIENT_API long pslab_client_train_samples(pslab_client* c);
+PSLAB_CLIENT_API int pslab_client_features(pslab_client* c);
+PSLAB_CLIENT_API int pslab_client_classes(pslab_client* c);
+PSLAB_CLIENT_API int pslab_client_train_set(pslab_client* c, float* x, int* labels);
 /* Hello to every server; returns once every worker of the run has said Hello (the start barrier). */
 PSLAB_CLIENT_API int pslab_client_connect(pslab_client* c);
 /* θ for step `clock` into theta (P floats). info may be NULL. */

@@ -1,8 +1,10 @@
 """The Python client (worker/python/pslab over libpslab_client.so, worker/pslab_client.h) against
 real pslab_server processes on 127.0.0.1: workers in Python push gradients whose effect is known
 (plain SGD, constant values), so θ after each round is checked exactly: bsp applies the
-batch-weighted mean of a clock's pushes, asp every push once; bad calls raise, naming the
-problem. Needs NumPy (python3-numpy, which the plots need too)."""
+batch-weighted mean of a clock's pushes, asp every push once; an external model starts from its
+file; workers share out the samples; softmax regression in NumPy trains as pslab_worker does
+(the same loss at every step, within float32); bad calls raise, naming the problem. Needs NumPy (python3-numpy, which the plots need too)."""
+import json
 import os
 import pathlib
 import signal
@@ -54,21 +56,23 @@ P = 32 * 4 + 4  # the linear model's θ: a 32 x 4 weight and 4 biases
 
 
 class PythonClient(unittest.TestCase):
-    def start_servers(self, mode, model=None):
+    def start_servers(self, mode, model=None, edit=lambda text: text):
         """Two real servers of a run in `mode` (of `model`: its [model] section's lines, else the
-        linear model's); returns (config path, their addresses)."""
+        linear model's; `edit`: what else changes in the config); returns (config path, their
+        addresses)."""
         self.tmp = getattr(self, "tmp", None) or pathlib.Path(tempfile.mkdtemp(prefix="pslab-pyclient-"))
         config = self.tmp / f"{mode}.toml"
-        config.write_text(CONFIG.replace("MODE", mode).replace('[model]\nkind = "linear"', f"[model]\n{model}" if model else
-                                                               '[model]\nkind = "linear"'))
+        config.write_text(edit(CONFIG.replace("MODE", mode).replace('[model]\nkind = "linear"', f"[model]\n{model}" if model else
+                                                                    '[model]\nkind = "linear"')))
         addresses = [f"tcp://127.0.0.1:{port}" for port in free_ports("127.0.0.1", 2)]
         self.servers = [subprocess.Popen([str(BUILD / "server" / "pslab_server"), "-c", str(config), "--shard", str(k),
                                           "--bind", addresses[k]], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                         for k in range(2)]
+        self.started = getattr(self, "started", []) + self.servers
         return config, addresses
 
     def tearDown(self):
-        for s in getattr(self, "servers", []):
+        for s in getattr(self, "started", []):
             if s.poll() is None:
                 s.send_signal(signal.SIGKILL)
             s.wait()
@@ -214,6 +218,49 @@ class PythonClient(unittest.TestCase):
         path = self.tmp / name
         path.write_text(text)
         return path
+
+    def test_softmax_regression_in_numpy_trains_as_pslab_worker_does(self):
+        # bsp, one worker, 100 steps of plain SGD on pslab's logistic data: pslab_worker (C++,
+        # OpenBLAS) and a NumPy worker of the same model (its batches from batch(), its data from
+        # train_set(), θ0 from the servers) give the same loss at every step, within float32
+        def one_worker(text):
+            return text.replace("workers = 2", "workers = 1").replace("steps = 3", "steps = 100\nlog_every = 1")
+        config, addresses = self.start_servers("bsp", edit=one_worker)
+        out = self.tmp / "cpp"
+        r = subprocess.run([str(BUILD / "worker" / "pslab_worker"), "ps", "-c", str(config), "--rank", "0", "--servers",
+                            ",".join(addresses), "-o", str(out), "-q"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.servers_end()
+        rows = [json.loads(line) for line in (out / "metrics" / "worker0.jsonl").read_text().splitlines()]
+        cpp = [row["loss"] for row in rows if row.get("kind") == "train"]
+        self.assertEqual(len(cpp), 100)
+
+        _, addresses = self.start_servers("bsp", edit=one_worker)  # the same config, new servers
+        losses = []
+        with pslab.Client(config, 0, addresses) as c:
+            x, labels, features = c.train_set()
+            x = np.frombuffer(x, np.float32).reshape(-1, features)
+            labels = np.frombuffer(labels, np.int32)
+            theta = np.zeros(c.num_params, np.float32)
+            W, b = theta[:features * 4].reshape(features, 4), theta[features * 4:]  # views: Linear's (in, out), then bias
+            c.connect()
+            c.pull(0, theta)
+            for step in range(c.total_steps):
+                idx = np.frombuffer(c.batch(step), np.uint32)
+                xb, yb = x[idx], labels[idx]
+                z = xb @ W + b
+                z = z - z.max(axis=1, keepdims=True)
+                p = np.exp(z)
+                p /= p.sum(axis=1, keepdims=True)
+                losses.append(float(-np.log(p[np.arange(len(idx)), yb]).mean()))
+                p[np.arange(len(idx)), yb] -= 1
+                p /= np.float32(len(idx))
+                grad = np.concatenate([(xb.T @ p).ravel(), p.sum(axis=0)]).astype(np.float32)
+                c.push(step, len(idx), grad, theta if step + 1 < c.total_steps else None)
+            c.bye(c.total_steps)
+        self.servers_end()
+        self.assertLess(losses[-1], 0.5 * losses[0], "it learned")
+        np.testing.assert_allclose(losses, cpp, rtol=1e-5, atol=0)  # (4e-7 measured)
 
     def test_bad_calls_raise_naming_the_problem(self):
         config, addresses = self.start_servers("asp")

@@ -68,6 +68,10 @@ def _library():
         lib.pslab_client_steps_per_epoch.restype = lp
         lib.pslab_client_steps_per_epoch.argtypes = [vp]
         lib.pslab_client_batch.argtypes = [vp, lp, ctypes.POINTER(ctypes.c_uint), ctypes.c_int]
+        for name in ("train_samples", "features", "classes"):
+            getattr(lib, f"pslab_client_{name}").restype = lp if name == "train_samples" else ctypes.c_int
+            getattr(lib, f"pslab_client_{name}").argtypes = [vp]
+        lib.pslab_client_train_set.argtypes = [vp, fp, ctypes.POINTER(ctypes.c_int)]
         lib.pslab_client_connect.argtypes = [vp]
         lib.pslab_client_pull.argtypes = [vp, lp, fp, info]
         lib.pslab_client_push.argtypes = [vp, lp, ctypes.c_int, fp, fp, info]
@@ -112,6 +116,21 @@ class Client:
             ptr = (ctypes.c_uint * n).from_buffer(out)
             self._check(0 if self._lib.pslab_client_batch(self._c, int(step), ptr, n) == n else -1)
         return out
+
+    def train_set(self):
+        """The run's training set as pslab_worker reads it (data.*): (x, labels, features), x an
+        array.array("f") of n x features floats (row-major), labels an array.array("i") of n
+        (empty for regression). Indices from batch() are into it."""
+        n = self._lib.pslab_client_train_samples(self._live())
+        self._check(0 if n >= 0 else -1)
+        features, classes = self._lib.pslab_client_features(self._c), self._lib.pslab_client_classes(self._c)
+        x = array.array("f", bytes(4 * n * features))
+        labels = array.array("i", bytes(4 * n if classes > 0 else 0))
+        xp = (ctypes.c_float * len(x)).from_buffer(x) if len(x) else None
+        lp = (ctypes.c_int * len(labels)).from_buffer(labels) if len(labels) else None
+        self._check(self._lib.pslab_client_train_set(self._c, ctypes.cast(xp, ctypes.POINTER(ctypes.c_float)),
+                                                     ctypes.cast(lp, ctypes.POINTER(ctypes.c_int))))
+        return x, labels, features
 
     def connect(self):
         """Hello to every server; returns once every worker said Hello (the start barrier)."""
