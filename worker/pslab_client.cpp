@@ -15,7 +15,9 @@
 #include "core/sampler.h"
 #include "ps/client.h"
 #include "run/config.h"
+#include "run/metrics.h"
 #include "run/setup.h"
+#include "train_log.h"
 
 struct pslab_client {
   std::string error;  // of the last call
@@ -25,6 +27,10 @@ struct pslab_client {
   std::unique_ptr<pslab::ShardSampler> sampler;  // this worker's batches
   long steps_per_epoch = 0, total_steps = 0;
   std::unique_ptr<pslab::DataSplit> data;  // loaded on first use
+  int rank = 0;
+  std::unique_ptr<pslab::MetricsWriter> metrics;  // pslab_client_metrics
+  std::unique_ptr<pslab::Progress> progress;
+  std::unique_ptr<pslab::TrainLog> log;
 
   const pslab::Dataset& train() {
     if (!data) data = std::make_unique<pslab::DataSplit>(pslab::load_data(*cfg));
@@ -99,6 +105,7 @@ pslab_client* pslab_client_open(const char* config_path, const char* const* over
     if (int(endpoints.size()) != cfg.cluster.servers)
       throw std::invalid_argument(std::to_string(endpoints.size()) + " server address(es) given, cluster.servers = " +
                                   std::to_string(cfg.cluster.servers));
+    c->rank = rank;
     c->sampler = std::make_unique<pslab::ShardSampler>(pslab::train_set_size(cfg), cfg.cluster.workers, rank, cfg.seed);
     c->steps_per_epoch = c->sampler->steps_per_epoch(cfg.train.batch);
     c->total_steps = pslab::total_steps(cfg, c->steps_per_epoch);
@@ -151,6 +158,29 @@ int pslab_client_train_set(pslab_client* c, float* x, int* labels) {
   });
 }
 
+int pslab_client_metrics(pslab_client* c, const char* run_dir, double run_start) {
+  return call(c, "metrics", [&](pslab::PsClient&) {
+    if (!run_dir || !*run_dir) throw std::invalid_argument("metrics: no run directory");
+    c->log.reset();
+    c->metrics = std::make_unique<pslab::MetricsWriter>(std::string(run_dir) + "/metrics/worker" + std::to_string(c->rank) +
+                                                            ".jsonl", run_start);
+    c->progress = std::make_unique<pslab::Progress>("worker " + std::to_string(c->rank), c->rank == 0);
+    c->log = std::make_unique<pslab::TrainLog>(*c->metrics, *c->progress, c->rank, c->cfg->train.log_every, c->total_steps);
+  });
+}
+
+int pslab_client_step(pslab_client* c, long step, double loss, int samples, double compute_s, double comm_s, double wait_s,
+                      long version) {
+  return call(c, "step", [&](pslab::PsClient&) {
+    if (!c->log) throw std::invalid_argument("step: no metrics (pslab_client_metrics first)");
+    pslab::StepRecord r;
+    r.loss = loss, r.samples = samples, r.compute_s = compute_s, r.comm_s = comm_s, r.wait_s = wait_s, r.version = version;
+    const bool epoch_end = (step + 1) % c->steps_per_epoch == 0, last = step + 1 == c->total_steps;
+    c->log->add(step, double(step + 1) / double(c->steps_per_epoch), r, last || epoch_end);
+    if (last) c->metrics->flush();
+  });
+}
+
 int pslab_client_connect(pslab_client* c) {
   return call(c, "connect", [](pslab::PsClient& client) { client.connect(); });
 }
@@ -170,11 +200,16 @@ int pslab_client_push(pslab_client* c, long clock, int batch, const float* grad,
 }
 
 int pslab_client_bye(pslab_client* c, long clock) {
-  return call(c, "bye", [&](pslab::PsClient& client) { client.bye(clock); });
+  return call(c, "bye", [&](pslab::PsClient& client) {
+    client.bye(clock);
+    if (c->metrics) c->metrics->flush();
+  });
 }
 
 void pslab_client_close(pslab_client* c) {
   if (!c) return;
+  c->log.reset();  // (before what it writes to)
+  c->metrics.reset();
   c->client.reset();  // (before the transport it uses)
   c->transport.reset();
   delete c;

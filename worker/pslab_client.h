@@ -58,6 +58,15 @@ PSLAB_CLIENT_API long pslab_client_train_samples(pslab_client* c);
 PSLAB_CLIENT_API int pslab_client_features(pslab_client* c);
 PSLAB_CLIENT_API int pslab_client_classes(pslab_client* c);
 PSLAB_CLIENT_API int pslab_client_train_set(pslab_client* c, float* x, int* labels);
+/* Metrics as pslab_worker writes them, to run_dir/metrics/worker<rank>.jsonl: a "train" line per
+ * train.log_every steps with the same fields (so that the launcher's summary, comparison and
+ * plots read them), times since run_start (Unix seconds, as the launcher's --run-start; <= 0:
+ * now); rank 0 prints progress lines on stderr. Then pslab_client_step after every step: its loss,
+ * samples, seconds computing, communicating (push and pull), and of those held by the servers
+ * (the rule's wait), and the θ version it computed on (pslab_pull_info's min_version; -1: none). */
+PSLAB_CLIENT_API int pslab_client_metrics(pslab_client* c, const char* run_dir, double run_start);
+PSLAB_CLIENT_API int pslab_client_step(pslab_client* c, long step, double loss, int samples, double compute_s,
+                                       double comm_s, double wait_s, long version);
 /* Hello to every server; returns once every worker of the run has said Hello (the start barrier). */
 PSLAB_CLIENT_API int pslab_client_connect(pslab_client* c);
 /* θ for step `clock` into theta (P floats). info may be NULL. */

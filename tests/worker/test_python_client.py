@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import unittest
 
 import numpy as np
@@ -243,9 +244,11 @@ class PythonClient(unittest.TestCase):
             labels = np.frombuffer(labels, np.int32)
             theta = np.zeros(c.num_params, np.float32)
             W, b = theta[:features * 4].reshape(features, 4), theta[features * 4:]  # views: Linear's (in, out), then bias
+            c.metrics(self.tmp / "py")
             c.connect()
-            c.pull(0, theta)
+            info = c.pull(0, theta)
             for step in range(c.total_steps):
+                t0 = time.perf_counter()
                 idx = np.frombuffer(c.batch(step), np.uint32)
                 xb, yb = x[idx], labels[idx]
                 z = xb @ W + b
@@ -256,11 +259,19 @@ class PythonClient(unittest.TestCase):
                 p[np.arange(len(idx)), yb] -= 1
                 p /= np.float32(len(idx))
                 grad = np.concatenate([(xb.T @ p).ravel(), p.sum(axis=0)]).astype(np.float32)
-                c.push(step, len(idx), grad, theta if step + 1 < c.total_steps else None)
+                t1 = time.perf_counter()
+                version = info.min_version
+                info = c.push(step, len(idx), grad, theta if step + 1 < c.total_steps else None)
+                c.step(step, losses[-1], len(idx), t1 - t0, time.perf_counter() - t1, info.held_us * 1e-6, version)
             c.bye(c.total_steps)
         self.servers_end()
         self.assertLess(losses[-1], 0.5 * losses[0], "it learned")
         np.testing.assert_allclose(losses, cpp, rtol=1e-5, atol=0)  # (4e-7 measured)
+        # and its metrics are pslab_worker's: the same lines, fields and steps
+        py = [json.loads(line) for line in (self.tmp / "py" / "metrics" / "worker0.jsonl").read_text().splitlines()]
+        self.assertEqual([(row["kind"], sorted(row)) for row in py], [(row["kind"], sorted(row)) for row in rows])
+        self.assertEqual([row["step"] for row in py if row["kind"] == "train"], [row["step"] for row in rows if row["kind"] == "train"])
+        np.testing.assert_allclose([row["loss"] for row in py if row["kind"] == "train"], cpp, rtol=1e-5, atol=0)
 
     def test_bad_calls_raise_naming_the_problem(self):
         config, addresses = self.start_servers("asp")

@@ -72,6 +72,9 @@ def _library():
             getattr(lib, f"pslab_client_{name}").restype = lp if name == "train_samples" else ctypes.c_int
             getattr(lib, f"pslab_client_{name}").argtypes = [vp]
         lib.pslab_client_train_set.argtypes = [vp, fp, ctypes.POINTER(ctypes.c_int)]
+        lib.pslab_client_metrics.argtypes = [vp, cp, ctypes.c_double]
+        lib.pslab_client_step.argtypes = [vp, lp, ctypes.c_double, ctypes.c_int, ctypes.c_double, ctypes.c_double,
+                                          ctypes.c_double, lp]
         lib.pslab_client_connect.argtypes = [vp]
         lib.pslab_client_pull.argtypes = [vp, lp, fp, info]
         lib.pslab_client_push.argtypes = [vp, lp, ctypes.c_int, fp, fp, info]
@@ -131,6 +134,17 @@ class Client:
         self._check(self._lib.pslab_client_train_set(self._c, ctypes.cast(xp, ctypes.POINTER(ctypes.c_float)),
                                                      ctypes.cast(lp, ctypes.POINTER(ctypes.c_int))))
         return x, labels, features
+
+    def metrics(self, run_dir, run_start=0.0):
+        """Write metrics as pslab_worker does, to run_dir/metrics/worker<rank>.jsonl (the
+        launcher's summary and plots read them); times since run_start (Unix s; 0: now)."""
+        self._check(self._lib.pslab_client_metrics(self._live(), str(run_dir).encode(), float(run_start)))
+
+    def step(self, step, loss, samples, compute_s=0.0, comm_s=0.0, wait_s=0.0, version=-1):
+        """Step `step` is done (after metrics()): its loss, samples, seconds computing and
+        communicating, of those held by the servers (PullInfo.held_us), the θ version it used."""
+        self._check(self._lib.pslab_client_step(self._live(), int(step), float(loss), int(samples), float(compute_s),
+                                                float(comm_s), float(wait_s), int(version)))
 
     def connect(self):
         """Hello to every server; returns once every worker said Hello (the start barrier)."""
