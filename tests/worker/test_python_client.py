@@ -142,6 +142,7 @@ class PythonClient(unittest.TestCase):
 
         def body(c, theta):
             start = theta.copy()
+            barrier.wait(30)  # both workers pulled θ0 (asp holds no one: the other could have pushed already)
             for clock in range(3):
                 c.push(clock, 16, np.full(P, 1.0 + c.rank, np.float32))  # acknowledged, nothing comes back
             barrier.wait(30)  # both workers' pushes are in
