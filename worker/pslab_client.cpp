@@ -112,6 +112,9 @@ pslab_client* pslab_client_open(const char* config_path, const char* const* over
     c->transport = pslab::run_transport(cfg, auth_key ? auth_key : "");
     c->client = std::make_unique<pslab::PsClient>(*c->transport, endpoints,
                                                   pslab::client_options(cfg, pslab::wire::Role::worker, rank, copies));
+  } catch (const pslab::ConfigError& e) {  // (names the file already)
+    c->error = e.what();
+    c->client.reset();
   } catch (const std::exception& e) {
     c->error = std::string(config_path ? config_path : "(no config)") + ": " + e.what();
     c->client.reset();
