@@ -113,6 +113,7 @@ from launcher.hosts import probe_main
 from launcher.placement import check_placement
 from launcher.plan import expand_sweep, find_binaries, replan
 from launcher.processes import Interrupted, catch_signals
+from launcher.scripts import check_workers
 from launcher.run import dry_run, replay_run, resume_run, run_all
 from launcher.task import run_task
 
@@ -130,6 +131,7 @@ def cmd_run(a):
         plans = expand_sweep(bins, config, a.set or [], pathlib.Path(tmp))
         for i, plan in enumerate(plans):
             check_placement(plan)
+            check_workers(plan, bins)
             collective, why = decide_collective(plan)
             if why:
                 say(why)

@@ -10,6 +10,7 @@ packages=(
   libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler libgloo-dev libopenblas-dev
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libgtest-dev patchelf clang libclang-rt-14-dev
   dataset-fashion-mnist python3 python3-matplotlib python3-numpy
+  python3-torch  # (CPU PyTorch: the PyTorch workers, experiments/torch/, and their tests)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -3,7 +3,12 @@
 // run is), besides once at the start and once at the end. Otherwise every eval.interval_s.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+
+#include "core/clock.h"
+#include "ps/client.h"
 
 namespace pslab {
 
@@ -22,6 +27,46 @@ class EpochTicks {
  private:
   double every_;
   double next_ = 0.0;
+};
+
+// PS modes: θ by an ungated pull of every shard, when it is due: every eval.interval_s, or when
+// the samples applied reach the next eval.every_epochs tick, and when training is done. Between
+// θs the servers are asked only for their progress (headers, no θ) every kPoll, so that the end
+// of training is seen within kPoll however long the interval. (The evaluator's, and that of an
+// evaluator of the user's through libpslab_client.)
+class ServerTicks {
+ public:
+  // `client` connected as the evaluator; `train_n`: the training set's samples.
+  ServerTicks(RunClock& clock, PsClient& client, double interval_s, double every_epochs, double train_n)
+      : clock_(clock), client_(client),
+        interval_(std::chrono::duration_cast<RunClock::duration>(std::chrono::duration<double>(interval_s))),
+        ticks_(every_epochs), train_n_(train_n), next_(clock.now()) {}
+  // Waits until θ is due, then pulls it into theta (P floats); training_done: the last one.
+  PullResult next(float* theta) {
+    const auto poll = std::chrono::duration_cast<RunClock::duration>(std::chrono::duration<double>(kPoll));
+    while (true) {
+      bool due = !ticks_.on() && clock_.now() >= next_;  // eval.interval_s: the tick has come
+      if (!due) {
+        const PullResult p = client_.progress();
+        due = p.training_done || ticks_.due(double(p.samples_applied) / train_n_);
+      }
+      if (due) {
+        // Evaluation may take longer than the interval: never queue up missed ticks.
+        next_ = std::max(next_ + interval_, clock_.now());
+        return client_.pull(0, theta);
+      }
+      clock_.sleep_until(ticks_.on() ? clock_.now() + poll : std::min(next_, clock_.now() + poll));
+    }
+  }
+
+ private:
+  static constexpr double kPoll = 0.02;  // s between progress polls
+  RunClock& clock_;
+  PsClient& client_;
+  RunClock::duration interval_;
+  EpochTicks ticks_;
+  double train_n_;
+  RunClock::time_point next_;
 };
 
 }  // namespace pslab

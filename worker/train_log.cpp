@@ -50,4 +50,21 @@ void TrainLog::add(long step, double epoch, const StepRecord& r, bool force) {
   window_start_ = t;
 }
 
+void write_eval(MetricsWriter& metrics, const EvalLine& e, bool progress) {
+  const bool classification = e.test_acc >= 0;
+  nlohmann::ordered_json j{{"kind", "eval"}, {"step", e.step}, {"epoch", e.epoch}, {"test_loss", e.test_loss}};
+  if (classification) j["test_acc"] = e.test_acc;
+  j["eval_ms"] = (metrics.now() - e.taken_s) * 1e3;
+  if (e.min_version >= 0) j["versions"] = {e.min_version, e.max_version};
+  if (e.dropped) j["dropped_messages"] = e.dropped;
+  if (e.final) j["final"] = true;
+  metrics.write(j, e.taken_s);
+  metrics.flush();
+  if (progress)
+    std::fprintf(stderr, "[evaluator] %.1fs  epoch %.2f  step %ld  test loss %.4f%s%s\n", e.taken_s, e.epoch, e.step,
+                 e.test_loss,
+                 classification ? ("  test accuracy " + std::to_string(100 * e.test_acc).substr(0, 5) + "%").c_str() : "",
+                 e.final ? "  (final)" : "");
+}
+
 }  // namespace pslab

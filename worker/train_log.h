@@ -28,6 +28,20 @@ struct StepRecord {
   long allreduce_bytes = 0;  // bytes this rank all-reduced this step (allreduce mode)
 };
 
+// One evaluation of θ (worker/roles/evaluator.cpp says what its fields mean).
+struct EvalLine {
+  long step = 0;          // steps every worker has completed
+  double epoch = 0.0;     // samples applied to θ / training-set size
+  double test_loss = 0.0;
+  double test_acc = -1.0; // classification; < 0: none (regression)
+  double taken_s = 0.0;   // when θ was taken (s since run start)
+  long min_version = -1, max_version = -1;  // PS modes: the shards' versions evaluated
+  long dropped = 0;       // all-reduce mode: bad snapshot messages dropped so far
+  bool final = false;     // θ after training
+};
+// Writes its metrics line ({"kind": "eval"}, flushed) and, with progress, a line on stderr.
+void write_eval(MetricsWriter& metrics, const EvalLine& e, bool progress);
+
 class TrainLog {
  public:
   TrainLog(MetricsWriter& metrics, Progress& progress, int rank, int log_every, long total_steps);

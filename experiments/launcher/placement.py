@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from .common import REPO, UsageError, is_loopback, numerics_env
 from .hosts import is_address, named_address
+from .scripts import script_argv
 
 DRY_RUN_SOCKET_DIR = pathlib.Path("/tmp/pslab-XXXXXXXX")  # what a dry run shows for ipc
 MAX_SOCKET_PATH = 107  # bytes of a Unix socket's path (sun_path, less its terminating NUL)
@@ -203,6 +204,9 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_address=None):
                 argv += ["--backup-of", endpoints.connect(primary, layout[primary]["name"], host)]
             if plan.authenticates:
                 argv += ["--auth-key", str(run_key_path(run_dir))]
+        elif plan.worker_kind == "python":  # (a worker or the evaluator: the user's script)
+            argv = script_argv(plan, run_dir, run_start, bins, rank, server_eps(host), per_host[host], slots[i],
+                               run_key_path(run_dir) if plan.authenticates else "")
         elif role == "worker" and plan.uses_servers:
             argv = [str(bins.worker), "ps", "-c", cfg, "--rank", str(rank), *server_eps(host), *common, *poh]
         elif role == "worker":

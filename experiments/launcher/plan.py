@@ -126,6 +126,11 @@ class RunPlan:
     interface = property(lambda self: self.plan.get("interface", ""))  # ssh, Slurm: every host's (hosts.py)
     host_addresses = property(lambda self: list(self.plan.get("host_addresses", [])))  # "HOST=ADDRESS|INTERFACE"
     device = property(lambda self: self.plan["device"])
+    # Who computes the gradients: "builtin" (pslab_worker) or "python" (worker.script, by
+    # worker.python, for every worker and the evaluator). Plans from before it was written: builtin.
+    worker_kind = property(lambda self: self.plan.get("worker", {}).get("kind", "builtin"))
+    worker_script = property(lambda self: self.plan["worker"]["script"])
+    worker_python = property(lambda self: self.plan["worker"]["python"])
     collective = property(lambda self: self.plan.get("collective", "auto"))  # allreduce on GPUs
     mps = property(lambda self: self.plan.get("mps", "auto"))                # GPUs shared through MPS (mps.py)
     seed = property(lambda self: self.plan["seed"])
@@ -156,7 +161,7 @@ def expand_sweep(bins, config, sets, tmp):
     The binary applies --set before expanding: a swept key overridden with one value is no
     longer swept."""
     args = ["-c", str(config)]
-    for s in sets:
+    for s in list(sets) + absolute_paths(config, sets):
         args += ["--set", s]
     out = binary_config(bins, args + ["--expand", str(tmp / "points")])
     points = []
@@ -174,6 +179,26 @@ def expand_sweep(bins, config, sets, tmp):
         binary_config(bins, ["-c", str(path), "--write", str(config_out), "--plan", str(plan_out)])
         plans.append(RunPlan.from_texts(plan_out.read_text(), config_out.read_text(), label))
     return plans
+
+
+# Keys naming a file, which every process (on any host, from any directory) must find.
+PATH_KEYS = (("worker", "script"), ("model", "theta_file"))
+
+
+def absolute_paths(config, sets):
+    """--set KEY=PATH for each PATH_KEYS file the config names by a relative path (relative to the
+    config file's directory) or --set names so (relative to this directory), made absolute."""
+    try:
+        text = tomllib.loads(pathlib.Path(config).read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return []  # (the binary names what is wrong with it)
+    out = []
+    for section, key in PATH_KEYS:
+        given = [s.partition("=")[2].strip().strip('"\'') for s in sets if s.partition("=")[0].strip() == f"{section}.{key}"]
+        value, base = (given[-1], pathlib.Path.cwd()) if given else (text.get(section, {}).get(key), pathlib.Path(config).parent)
+        if isinstance(value, str) and value and not os.path.isabs(value):
+            out.append(f"{section}.{key}={json.dumps(str((base / value).resolve()))}")
+    return out
 
 
 def replan(bins, plan, sets, tmp):

@@ -19,6 +19,7 @@ from .manifest import write_manifest
 from .hosts import probe_hosts
 from .mps import decide_mps, mps_daemon
 from .monitor import Progress, how_it_ended, monitor, process_failure, srun_failure
+from .scripts import needs_theta0, theta0_sets
 from .placement import (DRY_RUN_SOCKET_DIR, Proc, checkpoint_path, cluster_hosts, fixed_or_probed_ports, plan_cluster,
                         plan_local, plan_ssh, plan_virtual, ports_wanted, resume_arguments, run_key_path, socket_dir,
                         srun_command, ssh_base, ssh_command)
@@ -98,6 +99,10 @@ def execute_run(plan, run_dir, bins, opts, prefix):
     (run_dir / "logs").mkdir()
     (run_dir / "checkpoints").mkdir(mode=0o700)  # the servers' shards or rank 0's θ (--checkpoint), for resuming
     plan.write(run_dir)  # config.toml, plan.json
+    if needs_theta0(plan):  # the user's script says θ0 and the model's sizes (scripts.py)
+        with tempfile.TemporaryDirectory(prefix="pslab-theta0-") as tmp:
+            plan = replan(bins, plan, theta0_sets(plan, run_dir, bins), tmp)
+        plan.write(run_dir)
     if plan.authenticates:
         make_run_key(bins, run_dir)
     with socket_dir(plan) as sockets, mps_daemon(plan, run_dir) as mps_env:
@@ -119,6 +124,9 @@ def resume_run(run_dir, bins, opts):
         before = {}
     if before.get("status") in COMPLETED:
         raise UsageError(f"{run_dir}: the run finished ({before['status']}); there is nothing to resume")
+    if plan.worker_kind == "python":
+        raise UsageError(f"{run_dir}: its workers are a script of yours (worker.kind = \"python\"), which cannot go on "
+                         f"from the servers' checkpoints; start the run anew")
     needed = ([checkpoint_path(run_dir, p["name"]) for p in plan.processes if p["role"] == "server"] if plan.uses_servers
               else [checkpoint_path(run_dir, "allreduce")])
     missing = [str(c) for c in needed if not c.is_file()]
@@ -468,6 +476,9 @@ def replay_run(run_dir, bins, opts):
     plan = RunPlan.load(run_dir)
     if not plan.uses_servers:
         raise UsageError(f"{run_dir}: an allreduce run has no servers and no order to replay")
+    if plan.worker_kind == "python":
+        raise UsageError(f"{run_dir}: its gradients came from a script of yours (worker.kind = \"python\"); the "
+                         f"virtual cluster replays pslab_worker's models alone")
     if not (run_dir / "trace" / "server0.txt").is_file():
         raise UsageError(f"{run_dir}: no order trace (trace/server0.txt): the run was not recorded "
                          f"(servers record it from this version on)")

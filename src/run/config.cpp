@@ -141,6 +141,11 @@ void visit_fields(Config& c, F&& f) {
     "norms spike more (0: no bound)");
   f("cluster.guard_drop_after", c.cluster.guard_drop_after,
     "push guard: a worker refused this many times in a row is dropped, with that reason (0: never)");
+  f("worker.kind", c.worker.kind,
+    "\"builtin\": pslab_worker trains model.kind; \"python\": worker.script does, for every worker and the "
+    "evaluator (pslab.torch, docs/usage.md)");
+  f("worker.script", c.worker.script, "python: the script the launcher runs (relative: to the config file's directory)");
+  f("worker.python", c.worker.python, "python: the interpreter that runs worker.script (e.g. a virtualenv's python)");
   f("eval.interval_s", c.eval.interval_s, "evaluator period (s); one more evaluation at the end");
   f("eval.every_epochs", c.eval.every_epochs,
     "if > 0: evaluate each time training has applied this many more epochs (instead of every eval.interval_s), "
@@ -421,6 +426,9 @@ void validate_model_and_data(const Checker& check) {
   check(c.model.kind == "external" || c.model.sizes.empty(), "model.sizes", "only model.kind = \"external\" takes sizes");
   check(c.model.kind == "external" || c.model.theta_file.empty(), "model.theta_file",
         "only model.kind = \"external\" reads θ0 from a file");
+  check(c.model.kind != "external" || !c.model.sizes.empty() || (c.worker.kind == "python" && c.model.theta_file.empty()),
+        "model.sizes", "model.kind = \"external\" needs its parameter tensors' sizes, in θ's order (with worker.kind = "
+        "\"python\" and no model.theta_file, the launcher asks worker.script for them and for θ0)");
   check(c.data.kind == "fashion-mnist" || c.data.kind == "least-squares" || c.data.kind == "logistic" ||
             c.data.kind == "external",
         "data.kind", "expected \"fashion-mnist\", \"least-squares\", \"logistic\" or \"external\", got \"" + c.data.kind + "\"");
@@ -441,8 +449,8 @@ void validate_model_and_data(const Checker& check) {
   } catch (const std::invalid_argument& e) {
     throw ConfigError(check.origin + ": " + e.what());
   }
-  try {  // what the model needs of its input (a cnn: images)
-    build_layers(model_spec(c));
+  try {  // what the model needs of its input (a cnn: images); an external one without sizes: the script's, at launch
+    if (c.model.kind != "external" || !c.model.sizes.empty()) build_layers(model_spec(c));
   } catch (const std::invalid_argument& e) {
     fail(check.origin, "model.kind", e.what());
   }
@@ -627,6 +635,23 @@ void validate_eval_and_straggler(const Checker& check) {
 
 }  // namespace
 
+// Workers of the user's own (worker.kind = "python"): a script, servers to push to, real processes.
+void validate_worker(const Checker& check) {
+  const ExperimentConfig& c = check.c;
+  const std::string& kind = c.worker.kind;
+  check(kind == "builtin" || kind == "python", "worker.kind", "expected \"builtin\" or \"python\", got \"" + kind + "\"");
+  if (kind == "builtin") {
+    check(c.worker.script.empty(), "worker.script", "only worker.kind = \"python\" runs a script");
+    return;
+  }
+  check(!c.worker.script.empty(), "worker.script", "worker.kind = \"python\" needs the script its workers run");
+  check(!c.worker.python.empty(), "worker.python", "the interpreter must be named");
+  check(c.uses_servers(), "worker.kind",
+        "\"python\" workers talk to parameter servers (libpslab_client.so); cluster.mode = \"allreduce\" has none");
+  check(c.cluster.launcher != "virtual", "worker.kind",
+        "\"python\" workers are real processes; the virtual cluster simulates pslab_worker's model alone");
+}
+
 void validate(const ExperimentConfig& c, const std::string& origin) {
   const Checker check{c, origin};
   validate_model_and_data(check);
@@ -636,6 +661,7 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
   validate_placement(check);
   validate_failures(check);
   validate_eval_and_straggler(check);
+  validate_worker(check);
 }
 
 bool restarts_lost_servers(const ExperimentConfig& c) {
@@ -705,6 +731,14 @@ std::string to_toml(const ExperimentConfig& c) {
   visit_fields(c, [&](const char* key, const auto& field, const char*) { write_field(root, key, field); });
   std::ostringstream s;
   s << "# pslab experiment config, every key with its value (defaults included)\n" << root << "\n";
+  return s.str();
+}
+
+std::string to_json(const ExperimentConfig& c) {
+  toml::table root;
+  visit_fields(c, [&](const char* key, const auto& field, const char*) { write_field(root, key, field); });
+  std::ostringstream s;
+  s << toml::json_formatter{root};
   return s.str();
 }
 

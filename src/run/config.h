@@ -111,6 +111,14 @@ struct ClusterConfig {
   int guard_drop_after = 10;        // 0: never dropped for it
 };
 
+// Who computes the workers' gradients: pslab_worker (model.kind), or a program of the user's
+// through libpslab_client.so, started by the launcher for every worker and for the evaluator.
+struct WorkerConfig {
+  std::string kind = "builtin";    // "builtin" (pslab_worker) or "python" (worker.script)
+  std::string script;              // python: the script (relative: to the config file's directory)
+  std::string python = "python3";  // python: the interpreter that runs it
+};
+
 struct EvalConfig {
   double interval_s = 2.0;  // evaluator period in seconds (plus one at the end)
   double every_epochs = 0.0;  // > 0: evaluate each time this many more epochs were applied, instead
@@ -161,6 +169,7 @@ struct ExperimentConfig {
   ScheduleConfig schedule;
   TrainConfig train;
   ClusterConfig cluster;
+  WorkerConfig worker;
   EvalConfig eval;
   CheckpointConfig checkpoint;
   StragglerConfig straggler;
@@ -196,6 +205,8 @@ ExperimentConfig parse_config(const std::string& toml_text, const std::string& o
                               const std::vector<std::string>& overrides = {});
 // Every key with its value, defaults included, as TOML that parse_config reads back equal.
 std::string to_toml(const ExperimentConfig& c);
+// The same as JSON ({"model": {"kind": ...}, ...}), for workers in other languages.
+std::string to_json(const ExperimentConfig& c);
 // A 64-bit fingerprint of the config (FNV-1a of to_toml): peers of one run must agree on it.
 std::uint64_t config_fingerprint(const ExperimentConfig& c);
 // Range and cross-field checks; throws ConfigError("<origin>: <key>: ...").

@@ -31,6 +31,8 @@ nlohmann::ordered_json run_plan(const ExperimentConfig& c) {
           {"host_addresses", c.cluster.addresses},
           {"auth", c.cluster.auth},
           {"device", c.train.device},
+          {"model_kind", c.model.kind},
+          {"worker", {{"kind", c.worker.kind}, {"script", c.worker.script}, {"python", c.worker.python}}},
           {"collective", c.cluster.collective},
           {"mps", c.cluster.mps},
           {"seed", c.seed},
@@ -42,7 +44,7 @@ nlohmann::ordered_json run_plan(const ExperimentConfig& c) {
             {"train_samples", train_set_size(c)},
             {"test_samples", test_set_size(c)},
             {"classification", c.data.kind != "least-squares"}}},
-          {"params", count_params(model_spec(c))},
+          {"params", c.model.kind == "external" && c.model.sizes.empty() ? 0 : count_params(model_spec(c))},  // (0: the script's, at launch)
           {"steps_per_epoch", spe},
           {"total_steps", steps},
           {"epochs", double(steps) / double(spe)},

@@ -33,16 +33,18 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def cmdlines_containing(marker):
-    """{pid: argv} of every live process whose command line mentions `marker`."""
+    """{pid: argv} of every live process whose command line, or environment, mentions `marker` (a
+    script of worker.kind = "python" has its run directory in PSLAB_* variables)."""
     found = {}
     for d in pathlib.Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():
             continue
         try:
             raw = (d / "cmdline").read_bytes()
+            environ = (d / "environ").read_bytes() if marker.encode() not in raw else b""
         except OSError:
             continue
-        if marker.encode() in raw:
+        if marker.encode() in raw + environ:
             found[int(d.name)] = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
     return found
 

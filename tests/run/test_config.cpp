@@ -391,6 +391,32 @@ TEST(Config, OnServerLossRestartsOnlyAsyncModesTheLauncherOwns) {
   EXPECT_EQ(run_plan(parse_config("name = \"x\"\n", "e"))["on_server_loss"], "fail");  // bsp by default
 }
 
+TEST(Config, PythonWorkersRunAScriptAgainstServers) {
+  const std::string py = "name = \"x\"\n[worker]\nkind = \"python\"\nscript = \"/t/train.py\"\n";
+  EXPECT_EQ(error_of("name = \"x\"\n[worker]\nkind = \"python\"\n"),
+            "exp.toml: worker.script: worker.kind = \"python\" needs the script its workers run");
+  EXPECT_EQ(error_of("name = \"x\"\n[worker]\nkind = \"java\"\n"), "exp.toml: worker.kind: expected \"builtin\" or \"python\", got \"java\"");
+  EXPECT_EQ(error_of("name = \"x\"\n[worker]\nscript = \"a.py\"\n"),
+            "exp.toml: worker.script: only worker.kind = \"python\" runs a script");
+  EXPECT_NE(error_of(py + "[cluster]\nmode = \"allreduce\"\n").find("worker.kind: \"python\" workers talk to parameter servers"),
+            std::string::npos);
+  EXPECT_NE(error_of(py + "[cluster]\nlauncher = \"virtual\"\n").find("worker.kind: \"python\" workers are real processes"),
+            std::string::npos);
+  // an external model whose sizes and θ0 the script gives at launch: planned with 0 parameters
+  const auto plan = run_plan(parse_config(py + "[model]\nkind = \"external\"\n", "e"));
+  EXPECT_EQ(plan["params"], 0);
+  EXPECT_EQ(plan["model_kind"], "external");
+  EXPECT_EQ(plan["worker"]["kind"], "python");
+  EXPECT_EQ(plan["worker"]["script"], "/t/train.py");
+  EXPECT_NE(error_of(py + "[model]\nkind = \"external\"\ntheta_file = \"t.f32\"\n").find("model.sizes: model.kind = \"external\" needs"),
+            std::string::npos);
+  // and the config as JSON, for workers in other languages
+  const auto j = nlohmann::json::parse(to_json(parse_config(py, "e")));
+  EXPECT_EQ(j["worker"]["script"], "/t/train.py");
+  EXPECT_EQ(j["cluster"]["mode"], "bsp");
+  EXPECT_EQ(j["train"]["batch"], 64);
+}
+
 TEST(Config, ReplicasGiveEachServerABackupProcessInThePlan) {
   const auto plan = run_plan(parse_config("name = \"x\"\n", "e", {"cluster.mode=\"asp\"", "cluster.servers=2", "cluster.workers=2", "cluster.replicas=2"}));
   EXPECT_EQ(plan["replicas"], 2);
@@ -401,7 +427,8 @@ TEST(Config, ReplicasGiveEachServerABackupProcessInThePlan) {
                                              "worker0/worker", "worker1/worker", "evaluator/evaluator"}));
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nreplicas = 3\n"), "exp.toml: cluster.replicas: must be 1 or 2");
   // an external model (its workers are the user's): its tensors' sizes, and only it takes them
-  EXPECT_NE(error_of("name = \"x\"\n[model]\nkind = \"external\"\n").find("needs model.sizes"), std::string::npos);
+  EXPECT_NE(error_of("name = \"x\"\n[model]\nkind = \"external\"\n").find("model.sizes: model.kind = \"external\" needs its"),
+            std::string::npos);
   EXPECT_NE(error_of("name = \"x\"\n[model]\nkind = \"mlp\"\nsizes = [3]\n").find("model.sizes: only model.kind = \"external\""),
             std::string::npos);
   EXPECT_NE(error_of("name = \"x\"\n[model]\nkind = \"external\"\nsizes = [3, 0]\n").find("every size must be > 0"),

@@ -54,47 +54,23 @@ struct ParamSource {
   virtual void finish() {}
 };
 
-// PS modes: θ by an ungated pull of every shard, when it is due: every eval.interval_s, or when
-// the samples applied reach the next eval.every_epochs tick, and when training is done. Between
-// θs the servers are asked only for their progress (headers, no θ) every kPoll, so that the end
-// of training is seen within kPoll however long the interval. After the last θ, Shutdown.
+// PS modes: θ from the servers when it is due (ServerTicks); after the last θ, Shutdown.
 class ServerSource final : public ParamSource {
  public:
   explicit ServerSource(RoleContext& ctx)
-      : clock_(ctx.clock()),
-        client_(ctx.transport(), ctx.opt.servers, client_options(ctx.cfg, wire::Role::evaluator, wire::kEvaluator, ctx.opt.backups)),
-        interval_(std::chrono::duration_cast<RunClock::duration>(std::chrono::duration<double>(ctx.cfg.eval.interval_s))),
-        ticks_(ctx.cfg.eval.every_epochs), train_n_(double(ctx.data().train.n)) {
+      : client_(ctx.transport(), ctx.opt.servers, client_options(ctx.cfg, wire::Role::evaluator, wire::kEvaluator, ctx.opt.backups)),
+        ticks_(ctx.clock(), client_, ctx.cfg.eval.interval_s, ctx.cfg.eval.every_epochs, double(ctx.data().train.n)) {
     client_.connect();
-    next_ = clock_.now();
   }
   Info next(float* theta) override {
-    const auto poll = std::chrono::duration_cast<RunClock::duration>(std::chrono::duration<double>(kPoll));
-    while (true) {
-      bool due = !ticks_.on() && clock_.now() >= next_;  // eval.interval_s: the tick has come
-      if (!due) {
-        const PullResult p = client_.progress();
-        due = p.training_done || ticks_.due(double(p.samples_applied) / train_n_);
-      }
-      if (due) {
-        // Evaluation may take longer than the interval: never queue up missed ticks.
-        next_ = std::max(next_ + interval_, clock_.now());
-        const PullResult r = client_.pull(0, theta);
-        return Info{r.min_clock, r.samples_applied, r.min_version, r.max_version, r.training_done};
-      }
-      clock_.sleep_until(ticks_.on() ? clock_.now() + poll : std::min(next_, clock_.now() + poll));
-    }
+    const PullResult r = ticks_.next(theta);
+    return Info{r.min_clock, r.samples_applied, r.min_version, r.max_version, r.training_done};
   }
   void finish() override { client_.shutdown(); }
 
  private:
-  static constexpr double kPoll = 0.02;  // s between progress polls
-  RunClock& clock_;  // the role's
   PsClient client_;
-  RunClock::duration interval_;
-  EpochTicks ticks_;
-  double train_n_;
-  RunClock::time_point next_;
+  ServerTicks ticks_;
 };
 
 // All-reduce mode: rank 0 sends snapshots every interval.
@@ -199,22 +175,14 @@ double evaluate(RoleContext& ctx, const TakenQueue::Item& item) {
   std::copy(item.theta.begin(), item.theta.end(), replica.host_params());
   replica.upload_params();
   const EvalCounts e = replica.evaluate(data.test);
-  const double loss = e.loss_sum / double(e.samples);
-  const double acc = classification ? double(e.correct) / double(e.samples) : -1.0;
-  const double epoch = double(info.samples) / double(data.train.n);
-  nlohmann::ordered_json j{{"kind", "eval"}, {"step", info.step}, {"epoch", epoch}, {"test_loss", loss}};
-  if (classification) j["test_acc"] = acc;
-  j["eval_ms"] = (ctx.metrics().now() - item.taken_s) * 1e3;
-  if (info.min_version >= 0) j["versions"] = {info.min_version, info.max_version};
-  if (info.dropped) j["dropped_messages"] = info.dropped;
-  if (info.final) j["final"] = true;
-  ctx.metrics().write(j, item.taken_s);
-  ctx.metrics().flush();
-  if (ctx.opt.progress)
-    std::fprintf(stderr, "[evaluator] %.1fs  epoch %.2f  step %ld  test loss %.4f%s%s\n", item.taken_s, epoch, info.step, loss,
-                 classification ? ("  test accuracy " + std::to_string(100 * acc).substr(0, 5) + "%").c_str() : "",
-                 info.final ? "  (final)" : "");
-  return classification ? acc : loss;
+  EvalLine line;
+  line.step = info.step, line.epoch = double(info.samples) / double(data.train.n);
+  line.test_loss = e.loss_sum / double(e.samples);
+  line.test_acc = classification ? double(e.correct) / double(e.samples) : -1.0;
+  line.taken_s = item.taken_s, line.min_version = info.min_version, line.max_version = info.max_version;
+  line.dropped = info.dropped, line.final = info.final;
+  write_eval(ctx.metrics(), line, ctx.opt.progress);
+  return classification ? line.test_acc : line.test_loss;
 }
 
 // A taker thread takes each θ when due into the queue; this thread evaluates them in order, at

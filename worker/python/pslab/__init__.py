@@ -13,15 +13,22 @@ array.array("f"), ...), read and written in place.
             c.push(clock, batch, grad, theta)            # θ for clock + 1 comes back into theta
         c.bye(steps)
 
+Started by the launcher (worker.kind = "python"), a script finds its part of the run with
+pslab.launched(), and Client.from_launcher() opens it; pslab.torch trains a PyTorch module so.
+
 The library is looked for at $PSLAB_CLIENT_LIB, else beside this package's checkout
 (build/worker/libpslab_client.so; the bundle's has the same layout).
 """
 import array
 import ctypes
+import dataclasses
+import json
 import os
 import pathlib
 
-__all__ = ["Client", "PullInfo", "PslabError", "library_path"]
+__all__ = ["Client", "PullInfo", "StepInfo", "PslabError", "Launched", "launched", "library_path", "EVALUATOR"]
+
+EVALUATOR = -1  # the evaluator's rank (pslab_client.h: PSLAB_CLIENT_EVALUATOR)
 
 
 class PslabError(RuntimeError):
@@ -35,6 +42,64 @@ class PullInfo(ctypes.Structure):
 
     def __repr__(self):
         return "PullInfo(" + ", ".join(f"{name}={getattr(self, name)}" for name, _ in self._fields_) + ")"
+
+
+class StepInfo(ctypes.Structure):
+    """What a step by the run's rule did (pslab_client.h: pslab_step_info)."""
+    _fields_ = [("pull", PullInfo), ("exchanged", ctypes.c_int), ("comm_s", ctypes.c_double), ("wait_s", ctypes.c_double),
+                ("delay_s", ctypes.c_double), ("lr", ctypes.c_double)]
+
+    def __repr__(self):
+        return "StepInfo(" + ", ".join(f"{name}={getattr(self, name)}" for name, _ in self._fields_) + ")"
+
+
+@dataclasses.dataclass(frozen=True)
+class Launched:
+    """This process's part of a run, as the launcher hands it over (environment variables
+    PSLAB_*, worker.kind = "python"): the run's config file, rank (EVALUATOR for the evaluator),
+    the servers' and backups' addresses, the key file, the run directory (metrics go there), when
+    the run started (Unix s), the processes on this host, this process's GPU slot, the run's seed;
+    theta0: where to write θ0 instead of training (the launcher's first start of the script, for a
+    model whose sizes and θ0 the config leaves to it)."""
+    config: str
+    rank: int
+    servers: str = ""
+    backups: str = ""
+    auth_key: str = ""
+    run_dir: str = ""
+    run_start: float = 0.0
+    procs_on_host: int = 1
+    gpu_slot: int = 0
+    seed: int = 1
+    theta0: str = ""
+
+    @property
+    def is_evaluator(self):
+        return self.rank == EVALUATOR
+
+    def threads(self, config=None):
+        """Compute threads for this process: train.threads, else this host's cores over its processes."""
+        wanted = int(((config or {}).get("train") or {}).get("threads") or 0)
+        return wanted if wanted > 0 else max(1, (os.cpu_count() or 1) // max(1, self.procs_on_host))
+
+
+def launched(environ=None):
+    """What the launcher handed this process (Launched), or PslabError saying what is missing:
+    a script of worker.kind = "python" is started by experiments/launch.py, which sets PSLAB_*."""
+    env = os.environ if environ is None else environ
+    needed = ("PSLAB_CONFIG", "PSLAB_RANK") + (() if env.get("PSLAB_THETA0") else ("PSLAB_SERVERS",))
+    missing = [k for k in needed if not env.get(k)]
+    if missing:
+        raise PslabError(f"{', '.join(missing)} not set: this script is one of a run's processes, started by "
+                         f"experiments/launch.py (worker.kind = \"python\", worker.script), which sets them")
+    try:
+        return Launched(config=env["PSLAB_CONFIG"], rank=int(env["PSLAB_RANK"]), servers=env.get("PSLAB_SERVERS", ""),
+                        backups=env.get("PSLAB_BACKUPS", ""), auth_key=env.get("PSLAB_AUTH_KEY", ""),
+                        run_dir=env.get("PSLAB_RUN_DIR", ""), run_start=float(env.get("PSLAB_RUN_START") or 0.0),
+                        procs_on_host=int(env.get("PSLAB_PROCS_ON_HOST") or 1), gpu_slot=int(env.get("PSLAB_GPU_SLOT") or 0),
+                        seed=int(env.get("PSLAB_SEED") or 1), theta0=env.get("PSLAB_THETA0", ""))
+    except ValueError as e:
+        raise PslabError(f"a PSLAB_* variable is malformed: {e}") from None
 
 
 def library_path():
@@ -72,6 +137,18 @@ def _library():
             getattr(lib, f"pslab_client_{name}").restype = lp if name == "train_samples" else ctypes.c_int
             getattr(lib, f"pslab_client_{name}").argtypes = [vp]
         lib.pslab_client_train_set.argtypes = [vp, fp, ctypes.POINTER(ctypes.c_int)]
+        lib.pslab_client_test_samples.restype = lp
+        lib.pslab_client_test_samples.argtypes = [vp]
+        lib.pslab_client_test_set.argtypes = [vp, fp, ctypes.POINTER(ctypes.c_int)]
+        lib.pslab_client_config.restype = cp
+        lib.pslab_client_config.argtypes = [vp]
+        step = ctypes.POINTER(StepInfo)
+        lib.pslab_client_begin.argtypes = [vp, fp, step]
+        lib.pslab_client_train_step.argtypes = [vp, lp, ctypes.c_double, ctypes.c_int, ctypes.c_double, fp, fp, step]
+        lib.pslab_client_end.argtypes = [vp]
+        lib.pslab_client_next_theta.argtypes = [vp, fp, info]
+        lib.pslab_client_eval.argtypes = [vp, ctypes.c_double, ctypes.c_double]
+        lib.pslab_client_shutdown.argtypes = [vp]
         lib.pslab_client_metrics.argtypes = [vp, cp, ctypes.c_double]
         lib.pslab_client_step.argtypes = [vp, lp, ctypes.c_double, ctypes.c_int, ctypes.c_double, ctypes.c_double,
                                           ctypes.c_double, lp]
@@ -105,9 +182,24 @@ class Client:
             self._c = None
             raise PslabError(why)
         self.rank = int(rank)
+        self.config = json.loads(self._lib.pslab_client_config(self._c).decode())  # resolved: every key
         self.num_params = int(self._lib.pslab_client_num_params(self._c))  # P
         self.total_steps = int(self._lib.pslab_client_total_steps(self._c))  # this worker trains
         self.steps_per_epoch = int(self._lib.pslab_client_steps_per_epoch(self._c))
+
+    @classmethod
+    def from_launcher(cls, run=None):
+        """This process's client in a run the launcher started (run: launched()), its metrics going to
+        the run directory as pslab_worker's do."""
+        run = run or launched()
+        c = cls(run.config, run.rank, run.servers, run.backups or None, run.auth_key or None)
+        if run.run_dir:
+            c.metrics(run.run_dir, run.run_start)
+        return c
+
+    @property
+    def is_evaluator(self):
+        return self.rank == EVALUATOR
 
     def batch(self, step):
         """The sample indices (into the run's training set) of this worker's batch at `step`
@@ -124,16 +216,60 @@ class Client:
         """The run's training set as pslab_worker reads it (data.*): (x, labels, features), x an
         array.array("f") of n x features floats (row-major), labels an array.array("i") of n
         (empty for regression). Indices from batch() are into it."""
-        n = self._lib.pslab_client_train_samples(self._live())
+        return self._data_set("train")
+
+    def test_set(self):
+        """The run's test set (data.test_samples of it, normalised as the training set), as train_set()."""
+        return self._data_set("test")
+
+    def _data_set(self, which):
+        n = getattr(self._lib, f"pslab_client_{which}_samples")(self._live())
         self._check(0 if n >= 0 else -1)
         features, classes = self._lib.pslab_client_features(self._c), self._lib.pslab_client_classes(self._c)
         x = array.array("f", bytes(4 * n * features))
         labels = array.array("i", bytes(4 * n if classes > 0 else 0))
         xp = (ctypes.c_float * len(x)).from_buffer(x) if len(x) else None
         lp = (ctypes.c_int * len(labels)).from_buffer(labels) if len(labels) else None
-        self._check(self._lib.pslab_client_train_set(self._c, ctypes.cast(xp, ctypes.POINTER(ctypes.c_float)),
-                                                     ctypes.cast(lp, ctypes.POINTER(ctypes.c_int))))
+        self._check(getattr(self._lib, f"pslab_client_{which}_set")(self._c, ctypes.cast(xp, ctypes.POINTER(ctypes.c_float)),
+                                                                    ctypes.cast(lp, ctypes.POINTER(ctypes.c_int))))
         return x, labels, features
+
+    # ---- training by the run's rule (pslab_client.h: begin, train_step, end) ----
+    def begin(self, theta):
+        """The start barrier, then θ for step 0 into theta (P float32, in place). Returns a StepInfo."""
+        info = StepInfo()
+        self._check(self._lib.pslab_client_begin(self._live(), self._floats(theta, "theta", True), ctypes.byref(info)))
+        return info
+
+    def train_step(self, step, loss, samples, compute_s, grad, theta):
+        """Step `step` computed grad (the mean over `samples`) on theta in compute_s seconds; the run's
+        rule moves theta in place to θ for the next step (a push and its answer, or the worker's own
+        optimizer and now and then an exchange). Logged as pslab_worker logs a step. Returns a StepInfo."""
+        info = StepInfo()
+        self._check(self._lib.pslab_client_train_step(self._live(), int(step), float(loss), int(samples), float(compute_s),
+                                                      self._floats(grad, "grad", False), self._floats(theta, "theta", True),
+                                                      ctypes.byref(info)))
+        return info
+
+    def end(self):
+        """After the last step: Bye to every server."""
+        self._check(self._lib.pslab_client_end(self._live()))
+
+    # ---- the evaluator (rank EVALUATOR) ----
+    def next_theta(self, theta):
+        """Waits until θ is due (eval.interval_s or eval.every_epochs, and the end of training) and
+        writes it into theta; returns a PullInfo (training_done: the last one)."""
+        info = PullInfo()
+        self._check(self._lib.pslab_client_next_theta(self._live(), self._floats(theta, "theta", True), ctypes.byref(info)))
+        return info
+
+    def eval(self, test_loss, test_acc=None):
+        """The evaluation of the θ next_theta() took: its metrics line (test_acc None: regression)."""
+        self._check(self._lib.pslab_client_eval(self._live(), float(test_loss), -1.0 if test_acc is None else float(test_acc)))
+
+    def shutdown(self):
+        """Asks every server to exit (the evaluator, after the last evaluation)."""
+        self._check(self._lib.pslab_client_shutdown(self._live()))
 
     def metrics(self, run_dir, run_start=0.0):
         """Write metrics as pslab_worker does, to run_dir/metrics/worker<rank>.jsonl (the
@@ -187,7 +323,8 @@ class Client:
     # ---- helpers ----
     def _live(self):
         if self._c is None:
-            raise PslabError(f"worker {self.rank}: the client is closed")
+            who = "the evaluator" if self.rank == EVALUATOR else f"worker {self.rank}"
+            raise PslabError(f"{who}: the client is closed")
         return self._c
 
     def _check(self, rc):

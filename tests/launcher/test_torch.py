@@ -1,0 +1,265 @@
+"""PyTorch workers (worker.kind = "python", worker/python/pslab/torch.py) on pslab's servers.
+
+Exactness: the PyTorch MLP under bsp with one worker ends on the θ the built-in MLP ends on (the
+same θ0, through the API; the same batches; plain SGD; 100 steps), within float32. The launcher:
+experiments/configs/torch-mlp.toml compared in bsp, ssp:2, asp and local:4 reaches 85% on
+Fashion-MNIST in every mode, asp's servers applying each of the 4 workers' pushes once; a PyTorch
+worker killed in asp is dropped and the run goes on. Bad calls raise, naming the problem.
+Needs Debian's python3-torch (experiments/setup.sh installs it); skips, saying so, without it.
+"""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+from tests.launcher.helpers import BUILD, REPO, LauncherTestCase, cmdlines_containing, wait_for_train_lines_in
+
+os.environ.setdefault("PSLAB_CLIENT_LIB", str(BUILD / "worker" / "libpslab_client.so"))
+sys.path.insert(0, str(REPO / "worker" / "python"))
+sys.path.insert(0, str(REPO / "experiments"))
+try:
+    import torch
+    import pslab
+    import pslab.torch as pt
+    sys.path.insert(0, str(REPO / "experiments" / "torch"))
+    import mlp as torch_mlp
+    NO_TORCH = None
+except ImportError as e:  # (experiments/setup.sh installs python3-torch)
+    NO_TORCH = f"PyTorch is not installed ({e}): apt-get install python3-torch, or experiments/setup.sh"
+
+from launcher.hosts import free_ports  # noqa: E402
+
+TORCH_MLP = REPO / "experiments" / "configs" / "torch-mlp.toml"
+HIDDEN = 32
+EXACT = f"""name = "exact"
+seed = 3
+[model]
+MODEL
+[data]
+kind = "fashion-mnist"
+train_samples = 2048
+test_samples = 256
+[optimizer]
+kind = "sgd"
+lr = 0.05
+[train]
+batch = 32
+steps = 100
+log_every = 10
+[cluster]
+mode = "bsp"
+workers = 1
+servers = 2
+transport = "tcp"
+auth = "none"
+heartbeat_s = 1.0
+timeout_s = 30.0
+"""
+
+
+def builtin_to_torch(theta, features, widths):
+    """θ of the built-in MLP (per Linear: W as (in, out) row-major, then b) in PyTorch's layout
+    (nn.Linear's weight is (out, in)); torch_to_builtin the other way."""
+    out, at = [], 0
+    for a, b in zip([features, *widths], widths):
+        out += [theta[at:at + a * b].reshape(a, b).T.ravel(), theta[at + a * b:at + a * b + b]]
+        at += a * b + b
+    return np.concatenate(out).astype(np.float32)
+
+
+def torch_to_builtin(theta, features, widths):
+    out, at = [], 0
+    for a, b in zip([features, *widths], widths):
+        out += [theta[at:at + a * b].reshape(b, a).T.ravel(), theta[at + a * b:at + a * b + b]]
+        at += a * b + b
+    return np.concatenate(out).astype(np.float32)
+
+
+@unittest.skipIf(NO_TORCH, NO_TORCH)
+class TorchExactness(unittest.TestCase):
+    """Against real servers on 127.0.0.1, started by the test."""
+
+    def setUp(self):
+        self.tmp = pathlib.Path(tempfile.mkdtemp(prefix="pslab-torch-"))
+        self.started = []
+
+    def tearDown(self):
+        for s in self.started:
+            if s.poll() is None:
+                s.kill()
+            s.wait()
+            s.stderr.close()
+        subprocess.run(["rm", "-rf", str(self.tmp)], check=False)
+
+    def servers(self, config):
+        addresses = [f"tcp://127.0.0.1:{port}" for port in free_ports("127.0.0.1", 2)]
+        procs = [subprocess.Popen([str(BUILD / "server" / "pslab_server"), "-c", str(config), "--shard", str(k), "--bind",
+                                   addresses[k], "--wait-for-shutdown"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                 for k in range(2)]
+        self.started += procs
+        return addresses, procs
+
+    def theta_then_shutdown(self, config, addresses, procs, evaluator=None):
+        """θ as the servers hold it, taken by an evaluator (a new one, or `evaluator`), which then
+        shuts them down."""
+        with evaluator or self.evaluator(config, addresses) as c:
+            theta = np.zeros(c.num_params, np.float32)
+            c.pull(0, theta)
+            c.shutdown()
+        for k, s in enumerate(procs):
+            _, err = s.communicate(timeout=30)
+            self.assertEqual(s.returncode, 0, f"server {k}: {err.decode()[-2000:]}")
+        return theta
+
+    @staticmethod
+    def evaluator(config, addresses):
+        c = pslab.Client(config, pslab.EVALUATOR, addresses)
+        c.connect()
+        return c
+
+    def test_the_pytorch_mlp_ends_on_the_builtin_mlps_theta(self):
+        builtin = self.tmp / "builtin.toml"
+        builtin.write_text(EXACT.replace("MODEL", f'kind = "mlp"\nhidden = [{HIDDEN}]'))
+        addresses, procs = self.servers(builtin)
+        spy = self.evaluator(builtin, addresses)  # θ0 before the worker starts (the evaluator's pulls wait for no one)
+        theta0 = np.zeros(spy.num_params, np.float32)
+        spy.pull(0, theta0)
+        r = subprocess.run([str(BUILD / "worker" / "pslab_worker"), "ps", "-c", str(builtin), "--rank", "0", "--servers",
+                            ",".join(addresses), "-o", str(self.tmp / "cpp"), "-q"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        theta_cpp = self.theta_then_shutdown(builtin, addresses, procs, spy)
+
+        # The same network in PyTorch (experiments/torch/mlp.py), from the same θ0
+        features, widths = 784, [HIDDEN, 10]
+        builtin_to_torch(theta0, features, widths).tofile(self.tmp / "theta0.f32")
+        model = torch_mlp.MLP(features, 10, hidden=(HIDDEN,))
+        external = self.tmp / "external.toml"
+        external.write_text(EXACT.replace("MODEL", f'kind = "external"\nsizes = {pt.sizes_of(model)}\n'
+                                                   f'theta_file = "{self.tmp / "theta0.f32"}"'))
+        addresses, procs = self.servers(external)
+        client = pslab.Client(external, 0, addresses)
+        client.metrics(self.tmp / "py")
+        x, y, _, _ = pt.data(client)
+        worker = pt.Worker(model, client)
+        np.testing.assert_array_equal(torch_to_builtin(worker.flat.theta_np, features, widths), theta0, "θ0 came through")
+        losses = []
+        for idx in worker.batches():
+            loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+            losses.append(loss.item())
+            worker.step(loss, len(idx))
+        worker.end()
+        theta_torch = torch_to_builtin(self.theta_then_shutdown(external, addresses, procs), features, widths)
+
+        self.assertEqual(len(losses), 100)
+        self.assertLess(np.mean(losses[-10:]), 0.6 * np.mean(losses[:10]), "it learned")
+        moved = np.abs(theta_cpp - theta0).max()
+        diff = np.abs(theta_torch - theta_cpp).max()
+        print(f"100 steps: θ moved {moved:.3g} at most; PyTorch's and the built-in θ differ by {diff:.3g} at most",
+              file=sys.stderr)
+        self.assertGreater(moved, 0.05)
+        self.assertLess(diff, 1e-5, f"after 100 steps the θs differ by {diff:.3g} (θ moved {moved:.3g})")
+        # the same metrics lines as pslab_worker's, the same losses
+        cpp = [json.loads(line) for line in (self.tmp / "cpp" / "metrics" / "worker0.jsonl").read_text().splitlines()]
+        py = [json.loads(line) for line in (self.tmp / "py" / "metrics" / "worker0.jsonl").read_text().splitlines()]
+        self.assertEqual([(row["kind"], sorted(row)) for row in py], [(row["kind"], sorted(row)) for row in cpp])
+        np.testing.assert_allclose([row["loss"] for row in py if row["kind"] == "train"],
+                                   [row["loss"] for row in cpp if row["kind"] == "train"], rtol=1e-4)
+
+    def test_bad_calls_raise_naming_the_problem(self):
+        config = self.tmp / "bad.toml"
+        model = torch_mlp.MLP(784, 10, hidden=(HIDDEN,))
+        config.write_text(EXACT.replace("MODEL", f'kind = "external"\nsizes = {pt.sizes_of(model)}'))
+        nowhere = ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"]  # (nothing is sent before the start barrier)
+        with pslab.Client(config, 0, nowhere) as c:
+            with self.assertRaisesRegex(pslab.PslabError, r"the module has 7850 parameters \(tensors \[7840, 10\]\), this run's "
+                                                          r"θ has 25450"):
+                pt.Worker(torch.nn.Linear(784, 10), c)
+            with self.assertRaisesRegex(pslab.PslabError, r"θ is float32: these parameters are not \(hidden.0.weight "
+                                                          r"\(torch.float64\)"):
+                pt.Worker(torch_mlp.MLP(784, 10, hidden=(HIDDEN,)).double(), c)
+            with self.assertRaisesRegex(pslab.PslabError, r"worker 0 is not the evaluator \(rank -1\)"):
+                pt.evaluate(model, lambda m: 0.0, c)
+        with pslab.Client(config, pslab.EVALUATOR, nowhere) as c:
+            with self.assertRaisesRegex(pslab.PslabError, "this process is the run's evaluator, which trains nothing"):
+                pt.Worker(model, c)
+            with self.assertRaisesRegex(pslab.PslabError, "next θ: .*|eval: no θ taken"):
+                c.eval(0.5, 0.5)
+        c = pslab.Client(config, 0, nowhere)
+        c.close()
+        with self.assertRaisesRegex(pslab.PslabError, "worker 0: the client is closed"):
+            pt.Worker(model, c)
+        with self.assertRaisesRegex(pslab.PslabError, "PSLAB_CONFIG, PSLAB_RANK, PSLAB_SERVERS not set: .* started by "
+                                                      "experiments/launch.py"):
+            pslab.launched({})
+        # a training step out of turn, on real servers
+        addresses, procs = self.servers(config)
+        with pslab.Client(config, 0, addresses) as c:
+            with self.assertRaisesRegex(pslab.PslabError, "step: pslab_client_begin first"):
+                c.train_step(0, 1.0, 32, 0.0, np.zeros(c.num_params, np.float32), np.zeros(c.num_params, np.float32))
+            worker = pt.Worker(model, c)
+            with self.assertRaisesRegex(pslab.PslabError, r"step 100 is not in \[0, 100\)"):
+                c.train_step(100, 1.0, 32, 0.0, worker.flat.grad_np, worker.flat.theta_np)
+            with self.assertRaisesRegex(ValueError, "grad holds 3 floats; this run's θ has 25450"):
+                c.train_step(0, 1.0, 32, 0.0, np.zeros(3, np.float32), worker.flat.theta_np)
+        for s in procs:
+            s.kill()
+
+
+@unittest.skipIf(NO_TORCH, NO_TORCH)
+class TorchRuns(LauncherTestCase):
+    """experiments/configs/torch-mlp.toml through the launcher."""
+    launch_timeout = 240
+
+    def test_every_mode_reaches_85_percent_and_asp_applies_every_push_once(self):
+        r = self.launch("run", TORCH_MLP, "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        inv = self.only_invocation("torch-mlp")
+        for mode in ("bsp", "ssp_2", "asp", "local_4"):
+            s = json.loads((inv / f"mode={mode}" / "summary.json").read_text())
+            self.assertEqual(s["status"], "ok", mode)
+            self.assertGreaterEqual(s["final_test_acc"], 0.85, f"{mode}: {s['final_test_acc']:.2%}")
+            self.assertGreater(s["evaluations"], 3, mode)
+        # asp: each of the 4 workers' 470 pushes applied once by each server, none twice
+        run = inv / "mode=asp"
+        plan = json.loads((run / "plan.json").read_text())
+        self.assertEqual(plan["worker"]["kind"], "python")
+        self.assertGreater(plan["params"], 200000, "the sizes the script gave at launch")
+        for k in (0, 1):
+            final = [json.loads(line) for line in (run / "metrics" / f"server{k}.jsonl").read_text().splitlines()
+                     if '"server_final"' in line][0]
+            self.assertEqual((final["pushes"], final["version"], final["pushes_duplicate"], final["updates_lost"]),
+                             (4 * 470, 4 * 470, 0, 0), f"server {k}")
+            self.assertEqual(final["samples_applied"], 2 * 60000)
+        # the comparison and the metrics are those of built-in runs
+        self.assertIn("| mode=local_4 | local:4 |", (inv / "comparison.md").read_text())
+        train = [json.loads(line) for line in (run / "metrics" / "worker3.jsonl").read_text().splitlines()]
+        self.assertTrue(any(row["kind"] == "train" and row["comm_ms"] > 0 for row in train))
+        self.assert_no_processes_left()
+
+    def test_a_killed_torch_worker_in_asp_is_dropped_and_the_run_goes_on(self):
+        p = self.launch_bg("run", TORCH_MLP, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.mode=asp",
+                           "--set", "train.steps=1500", "--set", "cluster.heartbeat_s=1")
+        wait_for_train_lines_in(self, self.runs, ["worker0", "worker1"], 60)
+        worker1 = [pid for pid in cmdlines_containing(str(self.runs))
+                   if b"PSLAB_RANK=1\0" in pathlib.Path(f"/proc/{pid}/environ").read_bytes()]
+        self.assertEqual(len(worker1), 1)
+        os.kill(worker1[0], signal.SIGKILL)
+        out, err = p.communicate(timeout=180)
+        self.assertEqual(p.returncode, 0, out + err)
+        self.assertRegex(err, r"worker1 \(rank 1\) on local was killed by signal 9 \(SIGKILL\); the run goes on without it")
+        s = json.loads((self.only_invocation("torch-mlp") / "run" / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok", s.get("failure"))
+        self.assertEqual([w["worker"] for w in s["workers_lost"]], [1])
+        self.assertLess(s["workers_lost"][0]["clock"], 1500)
+        self.assertGreater(s["final_test_acc"], 0.8)  # the other three trained on
+        self.assert_no_processes_left()
+
+
+if __name__ == "__main__":
+    unittest.main()

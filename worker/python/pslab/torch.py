@@ -1,0 +1,231 @@
+"""A PyTorch module trained on pslab's parameter servers, by the run's rule (bsp, ssp:s, asp,
+dcasgd, local:H, easgd), with pslab's metrics, plots and comparisons. No link to libtorch: θ and
+the gradients are one flat float32 buffer each, exchanged through libpslab_client.so.
+
+    import pslab.torch as pt
+    run = pt.launched()                  # this process's part of the run (the launcher's PSLAB_*)
+    model = Net()                        # float32 parameters; their order is θ's
+    if run.is_evaluator:
+        pt.evaluate(model, lambda m: my_test_loss_and_accuracy(m))   # until training ends
+    else:
+        worker = pt.Worker(model)        # the start barrier; θ0 from the servers
+        for idx in worker.batches():     # this worker's share of each epoch (sample indices)
+            worker.step(loss_fn(model(x[idx]), y[idx]), len(idx))   # backward, push, θ for the next step
+        worker.end()
+
+A process the launcher started is seeded when it imports this module (torch.manual_seed: the
+run's seed, plus 1 + rank for a worker), before it builds its module. A config may leave the
+model's sizes and θ0 to the script (model.kind = "external" without model.sizes): the launcher
+first runs it with PSLAB_THETA0, where Worker() and evaluate() write the module's initial
+parameters and sizes and end the process.
+
+Worker flattens the module's parameters once: each parameter becomes a view of one θ buffer and
+its .grad a view of one gradient buffer, so a step moves no parameter tensor (a CUDA module: θ
+and ∇θ cross to and from pinned host buffers, one copy each way). Buffers that are not parameters
+(batch norm's running statistics) stay each process's own.
+"""
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+import pslab
+from pslab import Client, Launched, PslabError, launched  # noqa: F401 (the names a script needs)
+
+__all__ = ["Worker", "evaluate", "launched", "data", "save_theta", "sizes_of", "parameters", "PslabError"]
+
+if os.environ.get("PSLAB_SEED") and os.environ.get("PSLAB_RANK"):  # a process of a run: seeded before it builds its module
+    torch.manual_seed(int(os.environ["PSLAB_SEED"]) + 1 + int(os.environ["PSLAB_RANK"]))
+
+
+def parameters(model):
+    """The module's parameters that θ holds, in θ's order (those that require a gradient)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def save_theta(model, path):
+    """Writes the module's parameters, flat in θ's order, as float32: a model.theta_file for the
+    servers' θ0 (with model.sizes = sizes_of(model))."""
+    with torch.no_grad():
+        flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in parameters(model)])
+    flat.numpy().tofile(str(path))
+
+
+def sizes_of(model):
+    """model.sizes for the config: the floats of each parameter tensor, in θ's order."""
+    return [p.numel() for p in parameters(model)]
+
+
+def _theta0_then_exit(model, run):
+    """The launcher's first start of the script (run.theta0): θ0 and the sizes, then the end."""
+    save_theta(model, run.theta0)
+    with open(f"{run.theta0}.json", "w") as f:
+        json.dump({"sizes": sizes_of(model)}, f)
+    print(f"pslab.torch: θ0 of {sum(sizes_of(model))} parameters in {len(sizes_of(model))} tensors -> {run.theta0}",
+          file=sys.stderr)
+    sys.exit(0)
+
+
+class _Flat:
+    """The module's parameters as views of one θ buffer (and, for training, their .grad as views of
+    one gradient buffer), on the module's device; host buffers of P float32 for the client."""
+
+    def __init__(self, model, client, grads):
+        params = parameters(model)
+        P = client.num_params
+        if not params:
+            raise PslabError("the module has no parameters that require a gradient")
+        bad = [f"{name} ({p.dtype})" for name, p in model.named_parameters() if p.requires_grad and p.dtype != torch.float32]
+        if bad:
+            raise PslabError(f"θ is float32: these parameters are not ({', '.join(bad)}); model.float() first")
+        devices = {p.device for p in params}
+        if len(devices) > 1:
+            raise PslabError(f"the module's parameters are on several devices ({', '.join(map(str, devices))}); pslab.torch "
+                             f"takes a module on one")
+        n = sum(p.numel() for p in params)
+        if n != P:
+            raise PslabError(f"the module has {n} parameters (tensors {[p.numel() for p in params]}), this run's θ has {P}: "
+                             f"model.sizes = {[p.numel() for p in params]} in the config")
+        self.device = params[0].device
+        self.cuda = self.device.type == "cuda"
+        pinned = dict(pin_memory=True) if self.cuda else {}
+        self.host_theta = torch.empty(P, dtype=torch.float32, **pinned)
+        self.theta = torch.empty(P, dtype=torch.float32, device=self.device) if self.cuda else self.host_theta
+        self.host_grad = self.grad = None
+        if grads:
+            self.host_grad = torch.zeros(P, dtype=torch.float32, **pinned)
+            self.grad = torch.zeros(P, dtype=torch.float32, device=self.device) if self.cuda else self.host_grad
+        offset = 0
+        with torch.no_grad():
+            for p in params:
+                k = p.numel()
+                self.theta[offset:offset + k].copy_(p.reshape(-1))
+                p.data = self.theta[offset:offset + k].view_as(p)
+                if grads:
+                    p.grad = self.grad[offset:offset + k].view_as(p)
+                offset += k
+        # The client writes and reads these (NumPy views of the host buffers; nothing is copied).
+        self.theta_np, self.grad_np = self.host_theta.numpy(), (self.host_grad.numpy() if grads else None)
+
+    def theta_arrived(self):
+        """The host θ is new: to the device (a CUDA module)."""
+        if self.cuda:
+            self.theta.copy_(self.host_theta, non_blocking=True)
+
+    def grad_to_host(self):
+        if self.cuda:
+            self.host_grad.copy_(self.grad)  # (waits for backward)
+
+
+def _set_threads(run, client):
+    if run is not None:
+        torch.set_num_threads(run.threads(client.config))
+
+
+class Worker:
+    """One worker of the run, training `model` (a torch.nn.Module on one device): the launcher's
+    (client None: from pslab.launched(), metrics into the run directory), or `client` (a
+    pslab.Client of one's own). Construction is the start barrier: it returns once every worker is
+    there, with θ0 from the servers in the module's parameters."""
+
+    def __init__(self, model, client=None, run=None):
+        if client is None:
+            run = run or launched()
+            if run.theta0:
+                _theta0_then_exit(model, run)
+            client = Client.from_launcher(run)
+        if client.is_evaluator:
+            raise PslabError("this process is the run's evaluator, which trains nothing: pslab.torch.evaluate(model, fn)")
+        self.client, self.model = client, model
+        _set_threads(run, client)
+        self.flat = _Flat(model, client, grads=True)
+        self.step_index = 0   # the next step
+        self.last = client.begin(self.flat.theta_np)  # StepInfo of the last exchange
+        self.flat.theta_arrived()
+        self._mark = time.perf_counter()
+
+    @property
+    def total_steps(self):
+        return self.client.total_steps
+
+    def batches(self):
+        """This worker's batches, one per step to go: sample indices (a torch int64 tensor) into
+        the run's training set (data.*; pslab.torch.data()), drawn as pslab_worker draws them."""
+        while self.step_index < self.client.total_steps:
+            step = self.step_index
+            yield torch.from_numpy(np.frombuffer(self.client.batch(step), np.uint32).astype(np.int64))
+            if self.step_index == step:
+                raise PslabError(f"worker {self.client.rank}: step {step} ended without worker.step(loss, samples)")
+
+    def step(self, loss, samples):
+        """Backward of `loss` (the mean over `samples` samples, computed on the module as it is), then
+        the run's rule: the gradient pushed and θ for the next step loaded into the module (bsp, ssp,
+        asp, dcasgd), or the worker's own optimizer steps it and every H steps the model is
+        exchanged (local:H, easgd). Returns the pslab.StepInfo (comm_s, wait_s, ...)."""
+        if self.step_index >= self.client.total_steps:
+            raise PslabError(f"worker {self.client.rank}: all {self.client.total_steps} steps are done")
+        self.flat.grad.zero_()
+        loss.backward()
+        self.flat.grad_to_host()
+        value = float(loss.detach())
+        compute_s = time.perf_counter() - self._mark  # (since the last step: the batch, forward and backward)
+        self.last = self.client.train_step(self.step_index, value, samples, compute_s, self.flat.grad_np, self.flat.theta_np)
+        self.flat.theta_arrived()
+        self.step_index += 1
+        self._mark = time.perf_counter()
+        return self.last
+
+    def end(self):
+        """After the last step: Bye to the servers (the run ends when every worker said it)."""
+        self.client.end()
+        self.client.close()
+
+
+def evaluate(model, fn, client=None, run=None):
+    """The run's evaluator: each time θ is due (eval.interval_s or eval.every_epochs, and at the
+    end) loads it into `model` and calls fn(model) -> (test_loss, test_accuracy or None), in
+    no-grad eval mode; writes pslab's eval lines (the summary, plots and comparison read them);
+    after the last, shuts the servers down. Returns the last (test_loss, test_accuracy)."""
+    if client is None:
+        run = run or launched()
+        if run.theta0:
+            _theta0_then_exit(model, run)
+        client = Client.from_launcher(run)
+    if not client.is_evaluator:
+        raise PslabError(f"worker {client.rank} is not the evaluator (rank {pslab.EVALUATOR}): pslab.torch.Worker(model)")
+    _set_threads(run, client)
+    flat = _Flat(model, client, grads=False)
+    client.connect()
+    result = None
+    while True:
+        info = client.next_theta(flat.theta_np)
+        flat.theta_arrived()
+        model.eval()
+        with torch.no_grad():
+            result = fn(model)
+        loss, acc = result if isinstance(result, tuple) else (result, None)
+        client.eval(float(loss), None if acc is None else float(acc))
+        if info.training_done:
+            break
+    client.shutdown()
+    client.close()
+    return result
+
+
+def data(client=None, run=None):
+    """The run's data as pslab_worker reads it (data.*: Fashion-MNIST normalised, the synthetic
+    sets): (x_train, y_train, x_test, y_test), torch tensors (float32 n x features, int64 labels)."""
+    close = client is None
+    if client is None:
+        run = run or launched()
+        client = Client(run.config, run.rank, None)  # (no servers: the data alone)
+    out = []
+    for x, labels, features in (client.train_set(), client.test_set()):
+        out.append(torch.from_numpy(np.frombuffer(x, np.float32).reshape(-1, features)))
+        out.append(torch.from_numpy(np.frombuffer(labels, np.int32).astype(np.int64)))
+    if close:
+        client.close()
+    return tuple(out)
