@@ -22,11 +22,15 @@
 #      run's comm / compute / wait ms per step
 #   6. GPUs shared through MPS: the default comparison (no straggler, 1 epoch) on this GPU with
 #      cluster.mps = "auto" (a private MPS daemon: its 4 workers share the GPU) and "off"
+#   7. PyTorch workers on the GPU: experiments/configs/torch-resnet.toml (a ResNet with batch
+#      norm, experiments/torch/resnet.py) on cuda, bsp and asp, 4 workers, 1 epoch: both must
+#      finish at >= 80% test accuracy; needs a python3 whose PyTorch has CUDA ($PSLAB_TORCH_PYTHON,
+#      else python3 on PATH, else /usr/bin/python3), skipped, saying so, without one
 # --quick: fewer steps and runs (a smoke test of the command itself). --only: these steps alone.
 # Exit: 0 every check passed; 1 a check failed (named at the end); 77 no GPU here (nothing checked).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build="$root/build" quick=0 only=1,2,3,4,5,6
+build="$root/build" quick=0 only=1,2,3,4,5,6,7
 while (($#)); do
   case $1 in
     --build-dir) build=$2; shift 2 ;;
@@ -203,6 +207,32 @@ for mps in auto off; do
     failed+=("default comparison on cuda, cluster.mps $mps"); grep -v "^\[" "$log" | tail -25
   fi
 done
+fi
+
+if wanted 7; then  # ---- step 7 ----
+step "7. PyTorch workers on the GPU: torch-resnet.toml on cuda, bsp and asp, 4 workers"
+torch_python=""
+for py in ${PSLAB_TORCH_PYTHON:-} python3 /usr/bin/python3; do
+  if "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then torch_python=$(command -v "$py"); break; fi
+done
+if [[ -z $torch_python ]]; then
+  echo "skipped: no python3 here has a PyTorch with CUDA (set PSLAB_TORCH_PYTHON to one)"
+else
+  quick7=(--set train.epochs=1.0); ((quick)) && quick7=(--set train.steps=40)
+  log="$out/gpu-torch-resnet.log"
+  if /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/torch-resnet.toml" --build-dir "$build" \
+       --set 'train.device="cuda"' --set "worker.python=\"$torch_python\"" "${quick7[@]}" \
+       --runs-dir "$root/runs/gpu-torch" --no-plots --keep-going > "$log" 2>&1; then
+    grep -E "^\| " "$log"
+    if ((!quick)) && ! /usr/bin/python3 -c 'import json, sys
+bad = [p for p in sys.argv[1:] if json.load(open(p))["final_test_acc"] < 0.80]
+print("below 80%:", bad) if bad else None; sys.exit(1 if bad else 0)' "$root"/runs/gpu-torch/torch-resnet/latest/*/summary.json; then
+      failed+=("PyTorch ResNet on cuda below 80%")
+    fi
+  else
+    failed+=("PyTorch ResNet on cuda (torch-resnet.toml)"); grep -v "^\[" "$log" | tail -25
+  fi
+fi
 fi
 
 echo

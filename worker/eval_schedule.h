@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <stdexcept>
+#include <stop_token>
 
 #include "core/clock.h"
 #include "ps/client.h"
@@ -42,7 +44,8 @@ class ServerTicks {
         interval_(std::chrono::duration_cast<RunClock::duration>(std::chrono::duration<double>(interval_s))),
         ticks_(every_epochs), train_n_(train_n), next_(clock.now()) {}
   // Waits until θ is due, then pulls it into theta (P floats); training_done: the last one.
-  PullResult next(float* theta) {
+  // A stop requested meanwhile throws std::runtime_error.
+  PullResult next(float* theta, std::stop_token stop = {}) {
     const auto poll = std::chrono::duration_cast<RunClock::duration>(std::chrono::duration<double>(kPoll));
     while (true) {
       bool due = !ticks_.on() && clock_.now() >= next_;  // eval.interval_s: the tick has come
@@ -55,7 +58,8 @@ class ServerTicks {
         next_ = std::max(next_ + interval_, clock_.now());
         return client_.pull(0, theta);
       }
-      clock_.sleep_until(ticks_.on() ? clock_.now() + poll : std::min(next_, clock_.now() + poll));
+      if (!clock_.sleep_until(ticks_.on() ? clock_.now() + poll : std::min(next_, clock_.now() + poll), stop))
+        throw std::runtime_error("the evaluator stopped while it waited for the next θ");
     }
   }
 

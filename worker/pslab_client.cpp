@@ -9,6 +9,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend.h"
@@ -24,6 +25,7 @@
 #include "run/metrics.h"
 #include "run/setup.h"
 #include "straggler.h"
+#include "taken_queue.h"
 #include "train_log.h"
 
 namespace {
@@ -62,10 +64,23 @@ struct pslab_client {
   std::unique_ptr<pslab::TrainLog> log;
   std::string config_json;
   std::unique_ptr<Rule> rule;  // pslab_client_begin
-  // The evaluator (rank PSLAB_CLIENT_EVALUATOR): when θ is due, and the last θ taken.
+  // The evaluator (rank PSLAB_CLIENT_EVALUATOR): a taker thread takes each θ when due (ticks)
+  // into the queue; next_theta hands them out in order; `current` is the one handed out last.
+  struct Taken {
+    pslab::PullResult r;
+    double taken_s = 0.0;  // (s since the run's start)
+  };
   std::unique_ptr<pslab::ServerTicks> ticks;
-  pslab::EvalLine taken;
-  bool has_taken = false;
+  std::unique_ptr<pslab::TakenQueue<Taken>> queue;
+  std::jthread taker;
+  Taken current;
+  bool has_current = false;
+
+  void stop_taker() {
+    if (!taker.joinable()) return;
+    taker.request_stop();
+    taker.join();
+  }
 
   bool opened = false;  // the config was read: calls may be made (servers or not)
 
@@ -358,37 +373,65 @@ int pslab_client_end(pslab_client* c) {
   });
 }
 
+namespace {
+// The evaluator's taker: each θ when due (ServerTicks) into c's queue, at the priority of the
+// thread that made it (the evaluating thread may lower its own afterwards), until the last.
+void start_taker(pslab_client* c, pslab::PsClient& client) {
+  const pslab::ExperimentConfig& cfg = *c->cfg;
+  c->ticks = std::make_unique<pslab::ServerTicks>(c->transport->clock(), client, cfg.eval.interval_s, cfg.eval.every_epochs,
+                                                  double(pslab::train_set_size(cfg)));
+  c->queue = std::make_unique<pslab::TakenQueue<pslab_client::Taken>>(client.num_params(),
+                                                                      pslab::taken_queue_capacity(client.num_params()));
+  c->taker = std::jthread([c](std::stop_token stop) {
+    try {
+      for (bool final = false; !final;) {
+        auto item = c->queue->take_buffer(stop);
+        if (!item) throw std::runtime_error("the evaluator stopped while its queue was full");
+        item->info.r = c->ticks->next(item->theta.data(), stop);
+        item->info.taken_s = c->metrics ? c->metrics->now() : 0.0;
+        final = item->info.r.training_done;
+        c->queue->put(std::move(item));
+      }
+    } catch (...) {
+      c->queue->fail(std::current_exception());
+    }
+  });
+}
+}  // namespace
+
 int pslab_client_next_theta(pslab_client* c, float* theta, pslab_pull_info* info) {
   return call(c, "next θ", [&](pslab::PsClient& client) {
     if (!c->evaluator()) throw std::invalid_argument("next θ: only the evaluator (rank -1) takes θ when due");
     if (!theta) throw std::invalid_argument("next θ: no θ buffer");
-    const pslab::ExperimentConfig& cfg = *c->cfg;
-    if (!c->ticks)
-      c->ticks = std::make_unique<pslab::ServerTicks>(c->transport->clock(), client, cfg.eval.interval_s,
-                                                      cfg.eval.every_epochs, double(pslab::train_set_size(cfg)));
-    const pslab::PullResult r = c->ticks->next(theta);
-    pslab::EvalLine& t = c->taken;
-    t = pslab::EvalLine{};
-    t.step = r.min_clock, t.epoch = double(r.samples_applied) / double(pslab::train_set_size(cfg));
-    t.taken_s = c->metrics ? c->metrics->now() : 0.0;
-    t.min_version = r.min_version, t.max_version = r.max_version, t.final = r.training_done;
-    c->has_taken = true;
-    fill(info, r);
+    if (!c->queue) start_taker(c, client);
+    auto item = c->queue->next();  // (rethrows what stopped the taker, once the θs before are handed out)
+    std::copy(item->theta.begin(), item->theta.end(), theta);
+    c->current = item->info;
+    c->has_current = true;
+    c->queue->give_back(std::move(item));
+    fill(info, c->current.r);
   });
 }
 
 int pslab_client_eval(pslab_client* c, double test_loss, double test_acc) {
   return call(c, "eval", [&]() {
-    if (!c->has_taken) throw std::invalid_argument("eval: no θ taken (pslab_client_next_theta first)");
+    if (!c->has_current) throw std::invalid_argument("eval: no θ taken (pslab_client_next_theta first)");
     if (!c->metrics) throw std::invalid_argument("eval: no metrics (pslab_client_metrics first)");
-    c->taken.test_loss = test_loss, c->taken.test_acc = test_acc;
-    pslab::write_eval(*c->metrics, c->taken, true);
-    c->has_taken = false;
+    const pslab::PullResult& r = c->current.r;
+    pslab::EvalLine line;
+    line.step = r.min_clock, line.epoch = double(r.samples_applied) / double(pslab::train_set_size(*c->cfg));
+    line.test_loss = test_loss, line.test_acc = test_acc, line.taken_s = c->current.taken_s;
+    line.min_version = r.min_version, line.max_version = r.max_version, line.final = r.training_done;
+    pslab::write_eval(*c->metrics, line, true);
+    c->has_current = false;
   });
 }
 
 int pslab_client_shutdown(pslab_client* c) {
-  return call(c, "shutdown", [](pslab::PsClient& client) { client.shutdown(); });
+  return call(c, "shutdown", [c](pslab::PsClient& client) {
+    c->stop_taker();  // (done after the last θ; else it stops waiting now)
+    client.shutdown();
+  });
 }
 
 int pslab_client_connect(pslab_client* c) {
@@ -418,6 +461,7 @@ int pslab_client_bye(pslab_client* c, long clock) {
 
 void pslab_client_close(pslab_client* c) {
   if (!c) return;
+  c->stop_taker();  // (before the client it uses)
   c->log.reset();  // (before what it writes to)
   c->metrics.reset();
   c->client.reset();  // (before the transport it uses)

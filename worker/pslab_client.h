@@ -106,8 +106,12 @@ PSLAB_CLIENT_API int pslab_client_train_step(pslab_client* c, long step, double 
 PSLAB_CLIENT_API int pslab_client_end(pslab_client* c);
 
 /* ---- The evaluator (rank PSLAB_CLIENT_EVALUATOR), after pslab_client_connect ----
- * next_theta waits until θ is due (every eval.interval_s, or eval.every_epochs of samples
- * applied, and at the end of training) and writes it to theta; info->training_done: the last one.
+ * next_theta writes to theta the next θ taken when it was due (every eval.interval_s, or
+ * eval.every_epochs of samples applied, and at the end of training), waiting for it if need be;
+ * info->training_done: the last one. A thread of the client's takes them, at the priority of the
+ * thread that first calls next_theta, into a queue, while the caller evaluates (its own thread's
+ * priority may then be lowered, as pslab_worker's evaluator does: nice 10), so that a slow
+ * evaluation loses no tick.
  * eval writes the metrics line of that θ's evaluation ({"kind": "eval"}, as pslab_worker's
  * evaluator; test_acc < 0: none, regression) to run_dir/metrics/evaluator.jsonl (after
  * pslab_client_metrics). shutdown asks every server to exit, after the last evaluation. */

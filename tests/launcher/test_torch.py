@@ -36,6 +36,7 @@ except ImportError as e:  # (experiments/setup.sh installs python3-torch)
 from launcher.hosts import free_ports  # noqa: E402
 
 TORCH_MLP = REPO / "experiments" / "configs" / "torch-mlp.toml"
+TORCH_RESNET = REPO / "experiments" / "configs" / "torch-resnet.toml"
 HIDDEN = 32
 EXACT = f"""name = "exact"
 seed = 3
@@ -240,6 +241,21 @@ class TorchRuns(LauncherTestCase):
         self.assertIn("| mode=local_4 | local:4 |", (inv / "comparison.md").read_text())
         train = [json.loads(line) for line in (run / "metrics" / "worker3.jsonl").read_text().splitlines()]
         self.assertTrue(any(row["kind"] == "train" and row["comm_ms"] > 0 for row in train))
+        self.assert_no_processes_left()
+
+    def test_the_resnet_example_trains_with_batch_norm(self):
+        # a few steps of experiments/torch/resnet.py (its θ: convolutions, batch norm's scales and
+        # shifts, the head; the evaluator measures batch norm's statistics afresh)
+        r = self.launch("run", TORCH_RESNET, "--runs-dir", self.runs, "--no-plots", "--set", 'cluster.mode="asp"',
+                        "--set", "cluster.workers=2", "--set", "train.steps=12", "--set", "eval.every_epochs=0")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        run = self.only_invocation("torch-resnet") / "run"
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok")
+        model = __import__("resnet").ResNet(1, 10)
+        plan = json.loads((run / "plan.json").read_text())
+        self.assertEqual(plan["params"], sum(pt.sizes_of(model)))
+        self.assertGreater(s["final_test_acc"], 0.15, "12 steps of 2 workers (in the warm-up) learn something: 10% is chance")
         self.assert_no_processes_left()
 
     def test_a_killed_torch_worker_in_asp_is_dropped_and_the_run_goes_on(self):

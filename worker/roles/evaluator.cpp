@@ -6,7 +6,7 @@
 // snapshot received) into a queue of copies; the main thread evaluates them in order at a
 // lower CPU priority (nice +kEvaluateNice), so that on a host whose cores the workers keep
 // busy evaluation waits for idle moments (and the end of training) instead of taking their
-// CPU, and no tick is lost to a slow evaluation while the queue has room (kQueueBytes).
+// CPU, and no tick is lost to a slow evaluation while the queue has room (taken_queue.h).
 //
 // Its metrics lines ({"kind": "eval"}) name progress the same way in every mode:
 //   t       when the evaluated θ was taken: the pull's answer came (PS modes) or the
@@ -22,12 +22,9 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <stop_token>
 #include <cstdio>
-#include <deque>
 #include <exception>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -35,6 +32,7 @@
 #include "role_context.h"
 #include "run/setup.h"
 #include "eval_schedule.h"
+#include "taken_queue.h"
 #include "comm/snapshots.h"
 
 namespace pslab {
@@ -87,70 +85,8 @@ class SnapshotSource final : public ParamSource {
   std::size_t P_;
 };
 
-// θs taken and not yet evaluated, in order; their buffers are reused once evaluated.
-// Threading: the taker calls take_buffer/put/fail, the evaluator next/give_back.
-class TakenQueue {
- public:
-  struct Item {
-    std::vector<float> theta;
-    ParamSource::Info info;
-    double taken_s = 0.0;
-  };
-  TakenQueue(std::size_t floats, std::size_t capacity) : floats_(floats), capacity_(capacity) {}
-  // A buffer to take θ into: a free one, a new one while fewer than `capacity` exist, or else
-  // the next one evaluated (waiting for it; null if `stop` is requested meanwhile).
-  std::unique_ptr<Item> take_buffer(std::stop_token stop) {
-    std::unique_lock lock(mu_);
-    if (free_.empty() && made_ < capacity_) {
-      ++made_;
-      auto item = std::make_unique<Item>();
-      item->theta.resize(floats_);
-      return item;
-    }
-    if (!cv_.wait(lock, stop, [&] { return !free_.empty(); })) return nullptr;
-    auto item = std::move(free_.back());
-    free_.pop_back();
-    return item;
-  }
-  void put(std::unique_ptr<Item> item) {
-    std::lock_guard lock(mu_);
-    queued_.push_back(std::move(item));
-    cv_.notify_all();
-  }
-  // The taker failed: next() rethrows `e` once every θ taken before was evaluated.
-  void fail(std::exception_ptr e) {
-    std::lock_guard lock(mu_);
-    error_ = e;
-    cv_.notify_all();
-  }
-  std::exception_ptr error() {
-    std::lock_guard lock(mu_);
-    return error_;
-  }
-  std::unique_ptr<Item> next() {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return !queued_.empty() || error_; });
-    if (queued_.empty()) std::rethrow_exception(error_);
-    auto item = std::move(queued_.front());
-    queued_.pop_front();
-    return item;
-  }
-  void give_back(std::unique_ptr<Item> item) {
-    std::lock_guard lock(mu_);
-    free_.push_back(std::move(item));
-    cv_.notify_all();
-  }
+using Taken = TakenQueue<ParamSource::Info>;
 
- private:
-  std::size_t floats_, capacity_, made_ = 0;
-  std::mutex mu_;
-  std::condition_variable_any cv_;
-  std::deque<std::unique_ptr<Item>> queued_;
-  std::vector<std::unique_ptr<Item>> free_;
-  std::exception_ptr error_;
-};
-
-constexpr std::size_t kQueueBytes = std::size_t(256) << 20;  // θ copies waiting for evaluation
 constexpr int kEvaluateNice = 10;  // weight 110 against a worker's 1024
 
 // Lowers the calling thread's CPU priority (Linux: nice is per thread); says so if it cannot.
@@ -167,7 +103,7 @@ namespace {
 
 // Evaluates one θ taken by the source and writes its metrics line; returns the test accuracy
 // (classification) or loss.
-double evaluate(RoleContext& ctx, const TakenQueue::Item& item) {
+double evaluate(RoleContext& ctx, const Taken::Item& item) {
   Replica& replica = ctx.replica();
   const DataSplit& data = ctx.data();
   const ParamSource::Info& info = item.info;
@@ -189,7 +125,7 @@ double evaluate(RoleContext& ctx, const TakenQueue::Item& item) {
 // a lower priority.
 double evaluate_queued(RoleContext& ctx, ParamSource& source) {
   const std::size_t P = ctx.replica().model().num_params();
-  TakenQueue queue(P, std::max<std::size_t>(2, kQueueBytes / (P * sizeof(float))));
+  Taken queue(P, taken_queue_capacity(P));
   // A stop request (the evaluating thread failed) ends it at its next θ.
   std::jthread taker([&](std::stop_token stop) {
     try {
@@ -221,7 +157,7 @@ double evaluate_queued(RoleContext& ctx, ParamSource& source) {
 
 // The virtual cluster: evaluation takes no simulated time, so each θ is evaluated as it is taken.
 double evaluate_inline(RoleContext& ctx, ParamSource& source) {
-  TakenQueue::Item item;
+  Taken::Item item;
   item.theta.resize(ctx.replica().model().num_params());
   double result = 0.0;
   for (bool final = false; !final;) {

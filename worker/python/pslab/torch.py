@@ -27,6 +27,7 @@ and ∇θ cross to and from pinned host buffers, one copy each way). Buffers tha
 import json
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -35,7 +36,7 @@ import torch
 import pslab
 from pslab import Client, Launched, PslabError, launched  # noqa: F401 (the names a script needs)
 
-__all__ = ["Worker", "evaluate", "launched", "data", "save_theta", "sizes_of", "parameters", "PslabError"]
+__all__ = ["Worker", "evaluate", "launched", "data", "device", "save_theta", "sizes_of", "parameters", "PslabError"]
 
 if os.environ.get("PSLAB_SEED") and os.environ.get("PSLAB_RANK"):  # a process of a run: seeded before it builds its module
     torch.manual_seed(int(os.environ["PSLAB_SEED"]) + 1 + int(os.environ["PSLAB_RANK"]))
@@ -184,11 +185,25 @@ class Worker:
         self.client.close()
 
 
+EVALUATE_NICE = 10  # the evaluating thread's, as pslab_worker's evaluator: the workers' cores come first
+
+
+def _lower_this_threads_priority(nice):
+    """Linux: nice is per thread; the client's taker keeps the priority it was made with."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except (OSError, AttributeError) as e:
+        print(f"[evaluator] could not lower the evaluating thread's priority (nice {nice}: {e}); evaluating at the "
+              f"workers' priority", file=sys.stderr)
+
+
 def evaluate(model, fn, client=None, run=None):
-    """The run's evaluator: each time θ is due (eval.interval_s or eval.every_epochs, and at the
-    end) loads it into `model` and calls fn(model) -> (test_loss, test_accuracy or None), in
-    no-grad eval mode; writes pslab's eval lines (the summary, plots and comparison read them);
-    after the last, shuts the servers down. Returns the last (test_loss, test_accuracy)."""
+    """The run's evaluator: each θ taken when due (eval.interval_s or eval.every_epochs, and at the
+    end; the client's thread takes them into a queue meanwhile) is loaded into `model` and
+    fn(model) -> (test_loss, test_accuracy or None) called, in no-grad eval mode, on this thread at
+    a lower priority (nice 10, as pslab_worker's evaluator); writes pslab's eval lines (the
+    summary, plots and comparison read them); after the last, shuts the servers down. Returns
+    the last (test_loss, test_accuracy)."""
     if client is None:
         run = run or launched()
         if run.theta0:
@@ -200,8 +215,12 @@ def evaluate(model, fn, client=None, run=None):
     flat = _Flat(model, client, grads=False)
     client.connect()
     result = None
+    lowered = False
     while True:
-        info = client.next_theta(flat.theta_np)
+        info = client.next_theta(flat.theta_np)  # (the first starts the client's taker, at this thread's priority)
+        if not lowered:
+            _lower_this_threads_priority(EVALUATE_NICE)
+            lowered = True
         flat.theta_arrived()
         model.eval()
         with torch.no_grad():
@@ -213,6 +232,20 @@ def evaluate(model, fn, client=None, run=None):
     client.shutdown()
     client.close()
     return result
+
+
+def device(run=None):
+    """Where this process's module goes: train.device = "cpu", or with "cuda" its GPU (the
+    launcher's GPU slot, mod the GPUs this process sees)."""
+    run = run or launched()
+    with Client(run.config, run.rank, None) as c:  # (the config alone)
+        wanted = c.config["train"]["device"]
+    if wanted != "cuda":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise PslabError(f'train.device = "cuda", but this PyTorch ({torch.__version__}) sees no GPU: worker.python '
+                         f'must be an interpreter whose PyTorch has CUDA')
+    return torch.device("cuda", run.gpu_slot % torch.cuda.device_count())
 
 
 def data(client=None, run=None):
