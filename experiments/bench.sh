@@ -2,8 +2,10 @@
 # Benchmarks (never part of the test suite): training throughput of one replica, parameter
 # server push+pull over loopback, and all-reduce with 2 ranks. Each writes JSON to
 # runs/bench/<name>.json and prints it. Run on an otherwise idle machine.
-#   experiments/bench.sh [train|ps|allreduce|replicas ...]   (default: the first three;
-#   replicas: the default comparison's asp run with and without backups, experiments/bench_replicas.py)
+#   experiments/bench.sh [train|ps|allreduce|replicas|client|torch ...]   (default: the first three;
+#   replicas: the default comparison's asp run with and without backups, experiments/bench_replicas.py;
+#   client: a PyTorch worker's push+pull against the C++ worker's, tests/bench/bench_client.py;
+#   torch: the PyTorch MLP in asp against PyTorch alone, tests/bench/bench_torch_worker.py)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${PSLAB_BUILD:-$root/build}
@@ -18,7 +20,9 @@ for b in "${which[@]}"; do
     ps)        "$build/tests/bench_ps" --runs 5 --json "$out/ps.json" ;;
     allreduce) "$build/tests/bench_allreduce" --ranks 2 --runs 5 --steps 1000 --json "$out/allreduce.json" ;;
     replicas)  PSLAB_BUILD="$build" /usr/bin/python3 "$root/experiments/bench_replicas.py" --rounds 5 --json "$out/replicas.json" ;;
-    *) echo "bench.sh: unknown benchmark '$b' (train, ps, allreduce, replicas)" >&2; exit 2 ;;
+    client)    PSLAB_BUILD="$build" /usr/bin/python3 "$root/tests/bench/bench_client.py" --runs 5 --json "$out/client.json" ;;
+    torch)     PSLAB_BUILD="$build" /usr/bin/python3 "$root/tests/bench/bench_torch_worker.py" --runs 3 --workers 1,2,4 --json "$out/torch.json" ;;
+    *) echo "bench.sh: unknown benchmark '$b' (train, ps, allreduce, replicas, client, torch)" >&2; exit 2 ;;
   esac >/dev/null
   echo "[bench] $b -> $out/$b.json"
 done

@@ -650,6 +650,8 @@ void validate_worker(const Checker& check) {
         "\"python\" workers talk to parameter servers (libpslab_client.so); cluster.mode = \"allreduce\" has none");
   check(c.cluster.launcher != "virtual", "worker.kind",
         "\"python\" workers are real processes; the virtual cluster simulates pslab_worker's model alone");
+  check(c.byzantine.workers.empty(), "byzantine.workers",
+        "pushing garbage on purpose is pslab_worker's; \"python\" workers push what they computed");
 }
 
 void validate(const ExperimentConfig& c, const std::string& origin) {

@@ -8,8 +8,9 @@ cores, at the same batch: samples per second of training.
           all of this machine's threads (torch.set_num_threads), the better one PyTorch's figure
           (its best, as a user who cares about speed runs it); 2000 steps after 200 of warm-up
   pslab   experiments/configs/torch-mlp.toml in asp through the launcher, W workers and 2 servers
-          on the same cores, one epoch, the evaluator only at the start and the end: the run's
-          samples_per_s (summary.json: all workers' samples over the training span)
+          on the same cores, one epoch, the evaluator only at the start and the end: the workers'
+          samples per second from their first metrics line to their last (train.log_every = 20
+          steps: the first 20, the warm-up, left out as PyTorch's are), summed over the workers
 Rounds alternate (alone, then pslab for each W); figures are medians over rounds, and
 asp_over_alone = pslab's / PyTorch's best. Needs PyTorch (python3-torch)."""
 import argparse
@@ -72,10 +73,13 @@ def with_pslab(workers, runs_dir):
                        capture_output=True, text=True, timeout=600, env=dict(os.environ, PSLAB_BUILD=str(BUILD)))
     if r.returncode != 0:
         raise RuntimeError(f"launch.py exited {r.returncode}: {r.stderr[-2000:]}")
-    summary = sorted(runs_dir.glob("torch-mlp/*/run/summary.json"))[-1]
-    s = json.loads(summary.read_text())
+    run = sorted(runs_dir.glob("torch-mlp/*/run"))[-1]
+    rate = 0.0
+    for m in (run / "metrics").glob("worker*.jsonl"):
+        lines = [json.loads(line) for line in m.read_text().splitlines() if '"train"' in line]
+        rate += (lines[-1]["step"] - lines[0]["step"]) * BATCH / (lines[-1]["t"] - lines[0]["t"])
     subprocess.run(["rm", "-rf", str(runs_dir / "torch-mlp")], check=False)
-    return s["samples_per_s"]
+    return rate
 
 
 def main():

@@ -18,7 +18,9 @@ import unittest
 
 import numpy as np
 
-from tests.launcher.helpers import BUILD, REPO, LauncherTestCase, cmdlines_containing, wait_for_train_lines_in
+from tests.launcher.helpers import (BUILD, REPO, LauncherTestCase, cmdlines_containing, free_base_port,
+                                    wait_for_train_lines_in)
+from tests.launcher.test_slurm import Slurm
 
 os.environ.setdefault("PSLAB_CLIENT_LIB", str(BUILD / "worker" / "libpslab_client.so"))
 sys.path.insert(0, str(REPO / "worker" / "python"))
@@ -256,6 +258,36 @@ class TorchRuns(LauncherTestCase):
         plan = json.loads((run / "plan.json").read_text())
         self.assertEqual(plan["params"], sum(pt.sizes_of(model)))
         self.assertGreater(s["final_test_acc"], 0.15, "12 steps of 2 workers (in the warm-up) learn something: 10% is chance")
+        self.assert_no_processes_left()
+
+    def test_over_ssh_and_under_slurm_as_locally(self):
+        # the same script through a local stand-in of ssh (2 hosts, TCP, the run's key: CURVE)
+        # and of Slurm: the workers and the evaluator find their part of the run in PSLAB_*
+        self.fake_bin("ssh", """\
+            #!/bin/bash
+            while [[ $1 == -o ]]; do shift 2; done
+            export SSH_CONNECTION="127.0.0.1 40000 127.0.0.1 22"
+            exec bash -c "$2"
+            """)
+        Slurm.install_fake_slurm(self)
+        short = ["--set", 'cluster.mode="asp"', "--set", "cluster.workers=2", "--set", "train.steps=40",
+                 "--set", "eval.every_epochs=0"]
+        for launcher, more in (("ssh", ['cluster.hosts=["localhost", "127.0.0.1"]', 'cluster.transport="tcp"']),
+                               ("slurm", [])):
+            with self.subTest(launcher=launcher):
+                sets = [x for m in more for x in ("--set", m)]
+                r = self.launch("run", TORCH_MLP, "--runs-dir", self.runs / launcher, "--no-plots", "--base-port",
+                                free_base_port(), "--set", f'cluster.launcher="{launcher}"', *short, *sets)
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                run = next((self.runs / launcher / "torch-mlp").glob("2*/run"))
+                s = json.loads((run / "summary.json").read_text())
+                self.assertEqual(s["status"], "ok", s.get("failure"))
+                self.assertGreater(s["final_test_acc"], 0.6)
+                worker0 = next(q for q in json.loads((run / "manifest.json").read_text())["processes"]
+                               if q["name"] == "worker0")
+                self.assertIn("PSLAB_RANK=0", worker0["command"])
+                if launcher == "ssh":  # (TCP between the hosts: the peers prove the run's key)
+                    self.assertIn(f"PSLAB_AUTH_KEY={run / 'run.key'}", worker0["command"])
         self.assert_no_processes_left()
 
     def test_a_killed_torch_worker_in_asp_is_dropped_and_the_run_goes_on(self):

@@ -402,6 +402,8 @@ TEST(Config, PythonWorkersRunAScriptAgainstServers) {
             std::string::npos);
   EXPECT_NE(error_of(py + "[cluster]\nlauncher = \"virtual\"\n").find("worker.kind: \"python\" workers are real processes"),
             std::string::npos);
+  EXPECT_NE(error_of(py + "[byzantine]\nworkers = [0]\n").find("byzantine.workers: pushing garbage on purpose is pslab_worker's"),
+            std::string::npos);
   // an external model whose sizes and θ0 the script gives at launch: planned with 0 parameters
   const auto plan = run_plan(parse_config(py + "[model]\nkind = \"external\"\n", "e"));
   EXPECT_EQ(plan["params"], 0);
