@@ -37,9 +37,8 @@ void visit_fields(Config& c, F&& f) {
   f("model.init", c.model.init, "\"he\" (He/Xavier-uniform weights from the seed) or \"zeros\"");
   f("model.sizes", c.model.sizes, "external: its parameter tensors' sizes (floats), in the order of θ");
   f("model.theta_file", c.model.theta_file, "external: θ at initialisation, a file of P float32 values (\"\": zeros)");
-  f("data.kind", c.data.kind, "\"fashion-mnist\", \"least-squares\" or \"logistic\" (synthetic, known optimum), or "
-    "\"external\" (an external model's own data: data.train_samples of them)");
-  f("data.path", c.data.path, "fashion-mnist: directory of the *-idx?-ubyte.gz files");
+  f("data.kind", c.data.kind, "the data set (listed below)");
+  f("data.path", c.data.path, "fashion-mnist, cifar10, arrays: the directory of its files");
   f("data.normalize", c.data.normalize, "fashion-mnist: standardise pixels with the training set's mean and std");
   f("data.train_samples", c.data.train_samples, "training samples used (0 = all; synthetic: 0 = 8192)");
   f("data.test_samples", c.data.test_samples, "test samples used (0 = all; synthetic: 0 = 2048)");
@@ -429,9 +428,7 @@ void validate_model_and_data(const Checker& check) {
   check(c.model.kind != "external" || !c.model.sizes.empty() || (c.worker.kind == "python" && c.model.theta_file.empty()),
         "model.sizes", "model.kind = \"external\" needs its parameter tensors' sizes, in θ's order (with worker.kind = "
         "\"python\" and no model.theta_file, the launcher asks worker.script for them and for θ0)");
-  check(c.data.kind == "fashion-mnist" || c.data.kind == "least-squares" || c.data.kind == "logistic" ||
-            c.data.kind == "external",
-        "data.kind", "expected \"fashion-mnist\", \"least-squares\", \"logistic\" or \"external\", got \"" + c.data.kind + "\"");
+  check.name(data_registry(), c.data.kind, "data.kind");
   check(c.data.kind != "external" || c.model.kind == "external", "data.kind",
         "\"external\" (data pslab does not read) needs model.kind = \"external\" (workers of your own that read it)");
   check(c.data.kind != "external" || c.data.train_samples > 0, "data.train_samples",
@@ -451,6 +448,8 @@ void validate_model_and_data(const Checker& check) {
   }
   try {  // what the model needs of its input (a cnn: images); an external one without sizes: the script's, at launch
     if (c.model.kind != "external" || !c.model.sizes.empty()) build_layers(model_spec(c));
+  } catch (const DataError& e) {  // (a data set read from disk: its files' headers)
+    fail(check.origin, "data.path", e.what());
   } catch (const std::invalid_argument& e) {
     fail(check.origin, "model.kind", e.what());
   }
@@ -770,6 +769,7 @@ std::string describe_keys() {
     if (*more) s << "  " << more << "\n";
   };
   list("model.kind", model_registry(), "");
+  list("data.kind", data_registry(), "");
   list("optimizer.kind", optimizer_registry(), "");
   list("cluster.mode", mode_registry(), "");
   list("cluster.codec", codec_registry(), "");

@@ -43,7 +43,7 @@ nlohmann::ordered_json run_plan(const ExperimentConfig& c) {
            {{"kind", c.data.kind},
             {"train_samples", train_set_size(c)},
             {"test_samples", test_set_size(c)},
-            {"classification", c.data.kind != "least-squares"}}},
+            {"classification", data_shape(c).classification}}},
           {"params", c.model.kind == "external" && c.model.sizes.empty() ? 0 : count_params(model_spec(c))},  // (0: the script's, at launch)
           {"steps_per_epoch", spe},
           {"total_steps", steps},

@@ -9,10 +9,16 @@
 #include <thread>
 
 namespace pslab {
-namespace {
-constexpr int kSyntheticTrain = 8192, kSyntheticTest = 2048;
-constexpr int kFashionTrain = 60000, kFashionTest = 10000;
-}  // namespace
+
+DataSpec data_spec(const ExperimentConfig& c) {
+  DataSpec d;
+  d.kind = c.data.kind, d.path = c.data.path, d.normalize = c.data.normalize;
+  d.train_samples = c.data.train_samples, d.test_samples = c.data.test_samples;
+  d.dim = c.data.dim, d.outputs = c.data.outputs, d.seed = c.seed;
+  return d;
+}
+
+DataShape data_shape(const ExperimentConfig& c) { return data_registry().make(c.data.kind)->shape(data_spec(c)); }
 
 ModelSpec model_spec(const ExperimentConfig& c) {
   ModelSpec s;
@@ -22,39 +28,17 @@ ModelSpec model_spec(const ExperimentConfig& c) {
   s.init = c.model.init;
   s.sizes = c.model.sizes;
   s.theta_file = c.model.theta_file;
-  if (c.data.kind == "fashion-mnist") {
-    s.channels = 1, s.height = 28, s.width = 28, s.outputs = 10;
-    s.loss = Loss::softmax_xent;
-  } else {
-    s.channels = 1, s.height = 1, s.width = c.data.dim, s.outputs = c.data.outputs;
-    s.loss = c.data.kind == "least-squares" ? Loss::mse : Loss::softmax_xent;
-  }
+  const DataShape d = data_shape(c);
+  s.channels = d.channels, s.height = d.height, s.width = d.width, s.outputs = d.outputs;
+  s.loss = d.classification ? Loss::softmax_xent : Loss::mse;
   return s;
 }
 
-DataSplit load_data(const ExperimentConfig& c) {
-  const int ntrain = c.data.train_samples > 0 ? c.data.train_samples : kSyntheticTrain;
-  const int ntest = c.data.test_samples > 0 ? c.data.test_samples : kSyntheticTest;
-  if (c.data.kind == "least-squares")
-    return make_least_squares(ntrain, ntest, c.data.dim, c.data.outputs, c.seed);
-  if (c.data.kind == "logistic")
-    return make_logistic(ntrain, ntest, c.data.dim, c.data.outputs, c.seed);
-  if (c.data.kind == "external")
-    throw std::invalid_argument("data.kind = \"external\": the data is your own workers' (libpslab_client.so); pslab reads none");
-  return load_fashion_mnist(c.data.path, c.data.normalize, c.data.train_samples, c.data.test_samples);
-}
+DataSplit load_data(const ExperimentConfig& c) { return data_registry().make(c.data.kind)->load(data_spec(c)); }
 
-std::size_t train_set_size(const ExperimentConfig& c) {
-  if (c.data.kind == "fashion-mnist")
-    return std::size_t(c.data.train_samples > 0 ? std::min(c.data.train_samples, kFashionTrain) : kFashionTrain);
-  return std::size_t(c.data.train_samples > 0 ? c.data.train_samples : kSyntheticTrain);
-}
+std::size_t train_set_size(const ExperimentConfig& c) { return data_shape(c).train_n; }
 
-std::size_t test_set_size(const ExperimentConfig& c) {
-  if (c.data.kind == "fashion-mnist")
-    return std::size_t(c.data.test_samples > 0 ? std::min(c.data.test_samples, kFashionTest) : kFashionTest);
-  return std::size_t(c.data.test_samples > 0 ? c.data.test_samples : kSyntheticTest);
-}
+std::size_t test_set_size(const ExperimentConfig& c) { return data_shape(c).test_n; }
 
 long steps_per_epoch(const ExperimentConfig& c, int workers) {
   return ShardSampler::steps_per_epoch(train_set_size(c), workers, c.train.batch);

@@ -7,6 +7,7 @@
 
 #include "comm/transport/transport.h"
 #include "core/data.h"
+#include "core/datasets.h"
 #include "core/model.h"
 #include "ps/client.h"
 #include "run/config.h"
@@ -16,6 +17,10 @@ namespace pslab {
 // Input shape and outputs follow the data kind (Fashion-MNIST: 1x28x28, 10 classes;
 // synthetic: data.dim features, data.outputs outputs), so the server can size θ without
 // loading any data.
+// The data.* keys as its data kind reads them, and what the data set is before it is read
+// (core/datasets.h: a sample's shape, the task, the samples used; from at most files' headers).
+DataSpec data_spec(const ExperimentConfig& c);
+DataShape data_shape(const ExperimentConfig& c);
 ModelSpec model_spec(const ExperimentConfig& c);
 DataSplit load_data(const ExperimentConfig& c);
 

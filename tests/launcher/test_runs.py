@@ -160,6 +160,52 @@ class Runs(LauncherTestCase):
         self.assertNotIn("plot.py failed", r.stderr)
         self.assertFalse((self.only_invocation("tiny") / "run" / "plots").exists())
 
+    def test_your_own_data_cifar10_files_and_npy_arrays_train_end_to_end(self):
+        # CIFAR-10's binary format (a made-up set whose pixels tell the class) with the cnn, and
+        # NumPy arrays (a linear rule) with softmax regression: planned from the files' headers,
+        # trained by 2 workers in asp, evaluated on their test files
+        import numpy as np
+        rng = np.random.default_rng(1)
+        cifar = self.tmp / "cifar"
+        cifar.mkdir()
+        for name, n in (("data_batch_1.bin", 300), ("data_batch_2.bin", 100), ("test_batch.bin", 100)):
+            labels = rng.integers(0, 10, n, dtype=np.uint8)
+            images = rng.integers(0, 60, (n, 3, 32, 32))
+            for i, y in enumerate(labels):  # class y: a bright band of rows 8 (y // 3) on in channel y % 3
+                images[i, y % 3, 8 * (y // 3):8 * (y // 3) + 8] += 150
+            pixels = images.reshape(n, 3072).astype(np.uint8)
+            (cifar / name).write_bytes(np.concatenate([labels[:, None], pixels], axis=1).tobytes())
+        arrays = self.tmp / "arrays"
+        arrays.mkdir()
+        w = rng.normal(size=(8, 3))
+        for split, n in (("train", 600), ("test", 200)):
+            x = rng.normal(size=(n, 8)).astype(np.float32)
+            np.save(arrays / f"x_{split}.npy", x)
+            np.save(arrays / f"y_{split}.npy", (x @ w).argmax(1).astype(np.int64))
+        for kind, model, path, steps, lr in (("cifar10", 'kind = "cnn"\nconv_channels = [4]', cifar, 100, 0.03),
+                                             ("arrays", 'kind = "linear"', arrays, 150, 0.1)):
+            with self.subTest(kind=kind):
+                config = self.tiny_variant(f"{kind}.toml", [('[model]\nkind = "linear"', f"[model]\n{model}"),
+                                                            ('kind = "logistic"', f'kind = "{kind}"\npath = "{path}"'),
+                                                            ("train_samples = 4096\ntest_samples = 1024\n", ""),
+                                                            ('mode = "bsp"', 'mode = "asp"'), ("steps = 500", f"steps = {steps}"),
+                                                            ("delay_ms = 5.0", "delay_ms = 0.0"), ("lr = 0.1", f"lr = {lr}")])
+                r = self.launch("run", config, "--runs-dir", self.runs / kind, "--no-plots")
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                run = next((self.runs / kind / "tiny").glob("2*/run"))
+                plan = json.loads((run / "plan.json").read_text())
+                self.assertEqual(plan["data"]["train_samples"], 400 if kind == "cifar10" else 600)
+                self.assertEqual(plan["data"]["test_samples"], 100 if kind == "cifar10" else 200)
+                s = json.loads((run / "summary.json").read_text())
+                self.assertEqual(s["status"], "ok")
+                self.assertGreater(s["final_test_acc"], 0.8, kind)
+        # a file that is not there is named before anything starts
+        (arrays / "y_test.npy").unlink()
+        r = self.launch("run", self.tmp / "arrays.toml", "--runs-dir", self.runs / "bad", "--no-plots")
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn(f"data.path: {arrays}/y_test.npy: not found", r.stderr)
+        self.assert_no_processes_left()
+
     def test_diverged_run_is_reported(self):
         r = self.launch("run", TINY, "--set", "optimizer.lr=1e38", "--set", "train.steps=100",
                         "--set", "straggler.delay_ms=0", "--runs-dir", self.runs, "--no-plots")

@@ -8,7 +8,8 @@ namespace {
 struct Cnn final : ModelKind {
   std::vector<std::unique_ptr<Layer>> layers(const ModelSpec& spec) const override {
     if (spec.height < 5 || spec.width < 5)
-      throw std::invalid_argument("\"cnn\" needs image data (data.kind = \"fashion-mnist\"): its input is " +
+      throw std::invalid_argument("\"cnn\" needs image data (data.kind = \"fashion-mnist\", \"cifar10\", or \"arrays\" "
+                                  "of (n, H, W) or (n, C, H, W)): its input is " +
                                   std::to_string(spec.channels) + "x" + std::to_string(spec.height) + "x" +
                                   std::to_string(spec.width));
     std::vector<std::unique_ptr<Layer>> l;
