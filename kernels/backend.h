@@ -93,6 +93,10 @@ class Backend {
   // int32); idx (n) and both buffers on the device. Gathers a batch from a resident data set.
   virtual void gather_rows(const void* src, const std::uint32_t* idx, std::size_t n, std::size_t row_bytes,
                            void* dst) = 0;
+  // dst (n, C, H, W) = src's images augmented (math::augmented_pixel, the draw of each from
+  // (seed, epoch, idx[k]): math::augment_draw); idx (n) on the device; dst does not alias src.
+  virtual void augment_images(const float* src, const std::uint32_t* idx, std::size_t n, int C, int H, int W,
+                              std::uint64_t seed, std::uint64_t epoch, int pad, float* dst) = 0;
 
   // ---- linear algebra ----
   // C (M,N) = alpha * op(A) * op(B) + beta * C; op(A) is (M,K), op(B) is (K,N); row-major,

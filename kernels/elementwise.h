@@ -113,6 +113,33 @@ PSLAB_HD unsigned long gather_source_word(const unsigned int* idx, unsigned long
   return static_cast<unsigned long>(idx[i / words_per_row]) * words_per_row + i % words_per_row;
 }
 
+// ---- data augmentation: random crop with zero padding, horizontal flip ----------------------
+// A training image's draw depends on (seed, epoch, its sample index) alone, so the same sample
+// in the same epoch is augmented alike whichever worker draws it, on either backend.
+struct AugmentDraw {
+  int dx, dy;  // the crop window's offset in the padded image, each in [0, 2 pad]
+  bool flip;
+};
+
+PSLAB_HD std::uint64_t mix64(std::uint64_t z) {  // splitmix64's finaliser
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+PSLAB_HD AugmentDraw augment_draw(std::uint64_t seed, std::uint64_t epoch, std::uint32_t sample, int pad) {
+  const std::uint64_t h = mix64(mix64(seed + 0x9e3779b97f4a7c15ull) ^ mix64(epoch * 0x100000001b3ull + sample + 1));
+  const std::uint64_t span = std::uint64_t(2 * pad + 1);
+  return AugmentDraw{int(h % span), int((h >> 20) % span), ((h >> 40) & 1u) != 0};
+}
+
+// Pixel (c, y, x) of the augmented image of `img` (C, H, W): the image flipped left-right when
+// d.flip, padded by `pad` zeros on every side, and cut at (d.dy, d.dx) back to H x W.
+PSLAB_HD float augmented_pixel(const float* img, int c, int y, int x, int H, int W, AugmentDraw d, int pad) {
+  const int sy = y + d.dy - pad, sx = (d.flip ? W - 1 - x : x) + d.dx - pad;
+  return (sy < 0 || sy >= H || sx < 0 || sx >= W) ? 0.0f : img[(long(c) * H + sy) * W + sx];
+}
+
 // ---- convolution index math (im2col) ------------------------------------------------------
 // Image layout (C, H, W) row-major; a batch (B, C, H, W). Column matrix of a batch: (C*KH*KW,
 // B*OH*OW) row-major, column b*OH*OW + n being output pixel n of image b, so that one GEMM

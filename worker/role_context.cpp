@@ -60,6 +60,7 @@ RoleContext::RoleContext(const ExperimentConfig& c, const RoleOptions& o, RoleKi
   const std::string file = kind == RoleKind::evaluator ? "evaluator" : "worker" + std::to_string(rank);
   metrics_ = std::make_unique<MetricsWriter>(opt.out_dir + "/metrics/" + file + ".jsonl", opt.run_start, opt.resume, *clock_);
   if (!trains(kind)) return;
+  if (cfg.data.augment != "none") replica_->augment(cfg.seed, cfg.data.augment_pad);  // (crop-flip)
   sampler_.emplace(std::size_t(data_->train.n), W, rank, cfg.seed);
   steps_per_epoch_ = sampler_->steps_per_epoch(cfg.train.batch);
   total_steps_ = pslab::total_steps(cfg, steps_per_epoch_);
@@ -78,6 +79,7 @@ comm::Transport& RoleContext::transport() {
 
 std::span<const std::uint32_t> RoleContext::batch(long step) {
   sampler_->set_epoch(step / steps_per_epoch_);
+  replica_->set_epoch(step / steps_per_epoch_);  // (data.augment's draws)
   return sampler_->batch(step % steps_per_epoch_, cfg.train.batch);
 }
 

@@ -188,6 +188,18 @@ class CpuBackend final : public Backend {
     auto* d = static_cast<std::byte*>(dst);
     for (std::size_t k = 0; k < n; ++k) std::memcpy(d + k * row_bytes, s + std::size_t(idx[k]) * row_bytes, row_bytes);
   }
+  void augment_images(const float* src, const std::uint32_t* idx, std::size_t n, int C, int H, int W, std::uint64_t seed,
+                      std::uint64_t epoch, int pad, float* dst) override {
+    const std::size_t image = std::size_t(C) * H * W;
+    for (std::size_t k = 0; k < n; ++k) {
+      const math::AugmentDraw d = math::augment_draw(seed, epoch, idx[k], pad);
+      const float* img = src + k * image;
+      float* out = dst + k * image;
+      for (int c = 0; c < C; ++c)
+        for (int y = 0; y < H; ++y)
+          for (int x = 0; x < W; ++x) *out++ = math::augmented_pixel(img, c, y, x, H, W, d, pad);
+    }
+  }
   void swap_outer(const float* x, int A, int B, int N, float* y) override {
     for (int a = 0; a < A; ++a)
       for (int b = 0; b < B; ++b)

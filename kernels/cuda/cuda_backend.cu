@@ -478,6 +478,11 @@ class CudaBackend final : public Backend {
     activate();
     cuda::launch_gather_rows(src, idx, n, row_bytes, dst, stream_->get());
   }
+  void augment_images(const float* src, const std::uint32_t* idx, std::size_t n, int C, int H, int W, std::uint64_t seed,
+                      std::uint64_t epoch, int pad, float* dst) override {
+    activate();
+    cuda::launch_augment_images(src, idx, n, C, H, W, seed, epoch, pad, dst, stream_->get());
+  }
   void swap_outer(const float* x, int A, int B, int N, float* y) override {
     activate();
     cuda::launch_swap_outer(x, A, B, N, y, stream_->get());

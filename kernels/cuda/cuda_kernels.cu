@@ -199,6 +199,17 @@ __global__ void gather_rows_kernel(const std::uint32_t* src, const std::uint32_t
     dst[i] = src[math::gather_source_word(reinterpret_cast<const unsigned int*>(idx), words_per_row, i)];
 }
 
+// dst (n, C, H, W): src's images augmented; one thread per element of dst.
+__global__ void augment_images_kernel(const float* src, const std::uint32_t* idx, int C, int H, int W, std::uint64_t seed,
+                                      std::uint64_t epoch, int pad, float* dst, std::size_t total) {
+  const std::size_t image = std::size_t(C) * std::size_t(H) * std::size_t(W);
+  for (std::size_t i = global_index(); i < total; i += grid_stride()) {
+    const std::size_t k = i / image, r = i % image;
+    const int c = int(r / (std::size_t(H) * std::size_t(W))), y = int(r / std::size_t(W) % std::size_t(H)), x = int(r % std::size_t(W));
+    dst[i] = math::augmented_pixel(src + k * image, c, y, x, H, W, math::augment_draw(seed, epoch, idx[k], pad), pad);
+  }
+}
+
 // y (B, A, N) = x (A, B, N); one thread per element of y.
 __global__ void swap_outer_kernel(const float* x, int A, int B, int N, float* y, std::size_t n) {
   for (std::size_t i = global_index(); i < n; i += grid_stride()) {
@@ -399,6 +410,17 @@ void launch_gather_rows(const void* src, const std::uint32_t* idx, std::size_t n
   require(src != nullptr && idx != nullptr && dst != nullptr, "launch_gather_rows", "src, idx or dst is null");
   gather_rows_kernel<<<grid_for(words, kThreads), kThreads, 0, stream>>>(
       static_cast<const std::uint32_t*>(src), idx, row_bytes / 4, static_cast<std::uint32_t*>(dst), words);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_augment_images(const float* src, const std::uint32_t* idx, std::size_t n, int C, int H, int W, std::uint64_t seed,
+                           std::uint64_t epoch, int pad, float* dst, cudaStream_t stream) {
+  require(C > 0 && H > 0 && W > 0 && pad >= 0, "launch_augment_images", "C, H, W must be > 0 and pad >= 0");
+  const std::size_t total = n * std::size_t(C) * std::size_t(H) * std::size_t(W);
+  if (total == 0) return;
+  require(src != nullptr && idx != nullptr && dst != nullptr && src != dst, "launch_augment_images",
+          "src, idx or dst is null, or dst is src");
+  augment_images_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(src, idx, C, H, W, seed, epoch, pad, dst, total);
   PSLAB_CUDA_CHECK_LAUNCH();
 }
 

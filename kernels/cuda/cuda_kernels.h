@@ -99,6 +99,8 @@ void launch_col2im(const float* cols, const math::ConvGeometry& g, int B, float*
                    cudaStream_t stream);
 // dst row k = src row idx[k], rows of row_bytes (a multiple of 4), one thread per 32-bit word
 // (math::gather_source_word)
+void launch_augment_images(const float* src, const std::uint32_t* idx, std::size_t n, int C, int H, int W, std::uint64_t seed,
+                           std::uint64_t epoch, int pad, float* dst, cudaStream_t stream);
 void launch_gather_rows(const void* src, const std::uint32_t* idx, std::size_t n, std::size_t row_bytes, void* dst,
                         cudaStream_t stream);
 // y (B, A, N) = x (A, B, N), one thread per element

@@ -63,6 +63,7 @@ Replica::Batch Replica::stage(const Dataset& d, std::span<const std::uint32_t> i
   if (const Resident* r = resident(d)) {
     const std::uint32_t* i = idx.data();
     if (!cpu && n == 0) i = idx_dev_[0].data();
+    staged_idx_ = i;
     if (!cpu && n > 0) {  // only the indices cross to the GPU, queued: the gathers wait on the device
       const int k = idx_slot_;
       idx_slot_ ^= 1;
@@ -71,6 +72,7 @@ Replica::Batch Replica::stage(const Dataset& d, std::span<const std::uint32_t> i
       idx_copied_[k] = be_.upload_async(idx_dev_[k].data(), idx_host_[k].data(), n * sizeof(std::uint32_t));
       be_.upload_fence();
       i = idx_dev_[k].data();
+      staged_idx_ = i;
     }
     be_.gather_rows(r->x, i, n, f * sizeof(float), x);
     if (d.classes > 0) be_.gather_rows(r->labels, i, n, sizeof(std::int32_t), y);
@@ -78,6 +80,7 @@ Replica::Batch Replica::stage(const Dataset& d, std::span<const std::uint32_t> i
     return {x, y, tg};
   }
   gather_batch(d, idx, x_host_.data(), y_host_.data(), t_host_.data());
+  staged_idx_ = cpu ? idx.data() : nullptr;
   be_.copy_from_host(x_dev_.data(), x_host_.data(), n * f * sizeof(float));
   if (d.classes > 0) be_.copy_from_host(y_dev_.data(), y_host_.data(), n * sizeof(std::int32_t));
   else be_.copy_from_host(t_dev_.data(), t_host_.data(), n * t * sizeof(float));
@@ -94,8 +97,28 @@ Replica::Batch Replica::slice(const Dataset& d, int lo, int n) {
 }
 
 double Replica::compute_gradient(std::span<const std::uint32_t> idx, float grad_scale, GradListener* listener) {
-  const Batch b = stage(train_, idx);
+  Batch b = stage(train_, idx);
+  if (augment_ && !idx.empty()) {
+    const std::uint32_t* i = staged_idx_;
+    if (!i) {  // (a GPU whose data set did not fit: the indices were not uploaded)
+      be_.copy_from_host(augment_idx_.data(), idx.data(), idx.size() * sizeof(std::uint32_t));
+      i = augment_idx_.data();
+    }
+    be_.augment_images(b.x, i, idx.size(), train_.channels, train_.height, train_.width, augment_seed_, std::uint64_t(epoch_),
+                       augment_pad_, augmented_.data());
+    b.x = augmented_.data();
+  }
   return model_.forward_backward(b.x, b.labels, b.targets, int(idx.size()), grad_scale, listener);
+}
+
+void Replica::augment(std::uint64_t seed, int pad) {
+  if (train_.height < 2 || train_.width < 2)
+    throw std::invalid_argument("data.augment: crops and flips need images; this data set's samples are " +
+                                std::to_string(train_.channels) + "x" + std::to_string(train_.height) + "x" +
+                                std::to_string(train_.width));
+  augment_ = true, augment_seed_ = seed, augment_pad_ = pad;
+  augmented_ = DeviceBuffer<float>(be_, std::size_t(max_batch_) * std::size_t(train_.features()));
+  if (be_.device() != Device::cpu) augment_idx_ = DeviceBuffer<std::uint32_t>(be_, std::size_t(max_batch_));
 }
 
 Replica::~Replica() {

@@ -43,6 +43,11 @@ class Replica {
   // backward goes (Model::forward_backward).
   double compute_gradient(std::span<const std::uint32_t> idx, float grad_scale = -1.0f,
                           GradListener* listener = nullptr);
+  // From now on the training batches are augmented (data.augment: crop with `pad` zeros and
+  // flip; math::augment_draw), each sample's draw from (seed, the epoch set_epoch() last said,
+  // the sample), on either backend alike. Needs image data (height and width > 1).
+  void augment(std::uint64_t seed, int pad);
+  void set_epoch(long epoch) { epoch_ = epoch; }
   // Loss and accuracy of the current θ on a whole data set, in batches of max_batch.
   EvalCounts evaluate(const Dataset& d);
 
@@ -104,6 +109,14 @@ class Replica {
   Backend::Ticket idx_copied_[2] = {0, 0};
   int idx_slot_ = 0;
   std::vector<std::uint32_t> eval_idx_;
+  const std::uint32_t* staged_idx_ = nullptr;  // the last stage()'s indices on the device (CPU: the caller's)
+  // data.augment: the augmented batch; the batch's indices where stage() left none on the device
+  bool augment_ = false;
+  std::uint64_t augment_seed_ = 0;
+  int augment_pad_ = 0;
+  long epoch_ = 0;
+  DeviceBuffer<float> augmented_;
+  DeviceBuffer<std::uint32_t> augment_idx_;
   HostBuffer<float> theta_host_, grad_host_;  // GPU only: θ and ∇θ staging, allocated on first use
   float* grad_host_given_;                     // the caller's grad_host, or nullptr
   bool grad_host_registered_ = false;          // GPU: grad_host_given_ registered with the backend

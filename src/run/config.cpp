@@ -44,6 +44,10 @@ void visit_fields(Config& c, F&& f) {
   f("data.test_samples", c.data.test_samples, "test samples used (0 = all; synthetic: 0 = 2048)");
   f("data.dim", c.data.dim, "synthetic: input features");
   f("data.outputs", c.data.outputs, "synthetic: regression outputs or classes");
+  f("data.augment", c.data.augment,
+    "training images: \"none\", or \"crop-flip\" (a random crop of the image padded by data.augment_pad zeros, and a "
+    "horizontal flip, half the time; each sample's draw from the seed, the epoch and the sample, on CPU and GPU alike)");
+  f("data.augment_pad", c.data.augment_pad, "crop-flip: pixels of zeros padded on each side before the crop");
   f("optimizer.kind", c.optimizer.kind, "the optimizer (listed below)");
   f("optimizer.lr", c.optimizer.lr, "base learning rate");
   f("optimizer.momentum", c.optimizer.momentum, "momentum coefficient (momentum, nesterov, lars)");
@@ -446,7 +450,16 @@ void validate_model_and_data(const Checker& check) {
   } catch (const std::invalid_argument& e) {
     throw ConfigError(check.origin + ": " + e.what());
   }
+  check(c.data.augment == "none" || c.data.augment == "crop-flip", "data.augment",
+        "expected \"none\" or \"crop-flip\", got \"" + c.data.augment + "\"");
+  check(c.data.augment_pad >= 0 && c.data.augment_pad <= 64, "data.augment_pad", "must be in [0, 64]");
   try {  // what the model needs of its input (a cnn: images); an external one without sizes: the script's, at launch
+    if (c.data.augment != "none" && c.data.kind != "external") {
+      const DataShape d = data_shape(c);
+      check(d.height > 1 && d.width > 1, "data.augment",
+            "crops and flips need images; this data set's samples are " + std::to_string(d.channels) + "x" +
+                std::to_string(d.height) + "x" + std::to_string(d.width));
+    }
     if (c.model.kind != "external" || !c.model.sizes.empty()) build_layers(model_spec(c));
   } catch (const DataError& e) {  // (a data set read from disk: its files' headers)
     fail(check.origin, "data.path", e.what());

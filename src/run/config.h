@@ -48,6 +48,8 @@ struct DataConfig {
   int test_samples = 0;   // 0 = all (fashion-mnist) ; synthetic: 0 = 2048
   int dim = 32;           // synthetic: input features
   int outputs = 4;        // synthetic: regression outputs / classes
+  std::string augment = "none";  // "none" or "crop-flip" (training images: random crop with padding, horizontal flip)
+  int augment_pad = 4;           // crop-flip: zeros padded on each side before the crop (pixels)
 };
 
 struct TrainConfig {

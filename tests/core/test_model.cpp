@@ -342,6 +342,10 @@ class CountingBackend final : public Backend {
   void gather_rows(const void* s, const std::uint32_t* i, std::size_t n, std::size_t b, void* d) override {
     ++calls, in_.gather_rows(s, i, n, b, d);
   }
+  void augment_images(const float* s, const std::uint32_t* i, std::size_t n, int C, int H, int W, std::uint64_t seed,
+                      std::uint64_t epoch, int pad, float* d) override {
+    ++calls, in_.augment_images(s, i, n, C, H, W, seed, epoch, pad, d);
+  }
   void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
             float beta, float* C, int ldc) override {
     ++calls, in_.gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

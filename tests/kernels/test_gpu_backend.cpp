@@ -193,6 +193,19 @@ TEST_F(GpuBackend, GatherRowsIsBitwiseTheCpus) {
   EXPECT_EQ(download(cpu(), cy), download(gpu(), gy));
 }
 
+TEST_F(GpuBackend, AugmentedImagesAreBitwiseTheCpus) {
+  const std::size_t n = 64;
+  const int C = 3, H = 32, W = 32;
+  const auto x = random_floats(n * C * H * W, 44);
+  std::vector<std::uint32_t> idx(n);
+  for (std::size_t k = 0; k < n; ++k) idx[k] = std::uint32_t(7 * k + 3);
+  DeviceBuffer<float> cx = upload(cpu(), x), gx = upload(gpu(), x), cy(cpu(), x.size()), gy(gpu(), x.size());
+  DeviceBuffer<std::uint32_t> ci = upload(cpu(), idx), gi = upload(gpu(), idx);
+  cpu().augment_images(cx.data(), ci.data(), n, C, H, W, 5, 2, 4, cy.data());
+  gpu().augment_images(gx.data(), gi.data(), n, C, H, W, 5, 2, 4, gy.data());
+  EXPECT_TRUE(agree("augment_images", download(cpu(), cy), download(gpu(), gy), 0.0));
+}
+
 // ---- linear algebra ------------------------------------------------------------------------
 
 struct GemmShape {

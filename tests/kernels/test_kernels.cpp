@@ -168,6 +168,47 @@ TEST_F(CpuKernels, Im2colCol2imAreAdjointAndMatchDirectIndexing) {
   }
 }
 
+TEST(Augment, CropsWithZeroPaddingAndFlipsAsDrawnPerSampleAndEpoch) {
+  // draws: in range, the same for the same (seed, epoch, sample), different across them
+  int flips = 0;
+  for (std::uint32_t s = 0; s < 1000; ++s) {
+    const math::AugmentDraw d = math::augment_draw(9, 3, s, 4);
+    ASSERT_TRUE(d.dx >= 0 && d.dx <= 8 && d.dy >= 0 && d.dy <= 8);
+    const math::AugmentDraw again = math::augment_draw(9, 3, s, 4);
+    ASSERT_TRUE(d.dx == again.dx && d.dy == again.dy && d.flip == again.flip);
+    flips += d.flip;
+  }
+  EXPECT_NEAR(flips, 500, 60);
+  int same = 0;
+  for (std::uint32_t s = 0; s < 100; ++s) {
+    const auto a = math::augment_draw(9, 3, s, 4), b = math::augment_draw(9, 4, s, 4);
+    same += a.dx == b.dx && a.dy == b.dy && a.flip == b.flip;
+  }
+  EXPECT_LT(same, 10) << "another epoch, other draws";
+  // a 1 x 3 x 4 image: pixel (y, x) = 10 y + x
+  float img[12];
+  for (int y = 0; y < 3; ++y)
+    for (int x = 0; x < 4; ++x) img[y * 4 + x] = float(10 * y + x);
+  auto at = [&](math::AugmentDraw d, int y, int x) { return math::augmented_pixel(img, 0, y, x, 3, 4, d, 1); };
+  EXPECT_EQ(at({1, 1, false}, 2, 3), 23.0f);  // the centre window: the image itself
+  EXPECT_EQ(at({2, 1, false}, 1, 1), 12.0f);  // shifted one right: x + 1
+  EXPECT_EQ(at({2, 1, false}, 1, 3), 0.0f);   // past the edge: a padded zero
+  EXPECT_EQ(at({1, 0, false}, 0, 2), 0.0f);   // shifted one up: row -1 is padding
+  EXPECT_EQ(at({1, 1, true}, 0, 0), 3.0f);    // flipped
+  EXPECT_EQ(at({1, 1, true}, 2, 3), 20.0f);
+  // the CPU backend applies each sample's own draw, whatever its place in the batch
+  auto be = make_cpu_backend(1);
+  const std::uint32_t idx[2] = {17, 4};
+  float two[24], out[24], one[12];
+  std::copy(img, img + 12, two), std::copy(img, img + 12, two + 12);
+  be->augment_images(two, idx, 2, 1, 3, 4, 9, 3, 1, out);
+  be->augment_images(img, idx + 1, 1, 1, 3, 4, 9, 3, 1, one);
+  EXPECT_TRUE(std::equal(one, one + 12, out + 12));
+  const math::AugmentDraw d17 = math::augment_draw(9, 3, 17, 1);
+  for (int y = 0; y < 3; ++y)
+    for (int x = 0; x < 4; ++x) EXPECT_EQ(out[y * 4 + x], at(d17, y, x));
+}
+
 TEST(ConvGeometry, OutputSizeIsZeroWhenTheKernelDoesNotFit) {
   EXPECT_EQ((math::ConvGeometry{1, 3, 3, 4, 4, 2, 0}.OH()), 0);  // 3 - 4 = -1: not 1 (-1 / 2 + 1)
   EXPECT_EQ((math::ConvGeometry{1, 3, 3, 4, 4, 2, 0}.OW()), 0);

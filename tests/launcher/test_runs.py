@@ -161,7 +161,8 @@ class Runs(LauncherTestCase):
         self.assertFalse((self.only_invocation("tiny") / "run" / "plots").exists())
 
     def test_your_own_data_cifar10_files_and_npy_arrays_train_end_to_end(self):
-        # CIFAR-10's binary format (a made-up set whose pixels tell the class) with the cnn, and
+        # CIFAR-10's binary format (a made-up set whose pixels tell the class) with the cnn and
+        # data.augment (crops and flips keep a band of rows in its channel), and
         # NumPy arrays (a linear rule) with softmax regression: planned from the files' headers,
         # trained by 2 workers in asp, evaluated on their test files
         import numpy as np
@@ -184,9 +185,10 @@ class Runs(LauncherTestCase):
             np.save(arrays / f"y_{split}.npy", (x @ w).argmax(1).astype(np.int64))
         for kind, model, path, steps, lr in (("cifar10", 'kind = "cnn"\nconv_channels = [4]', cifar, 100, 0.03),
                                              ("arrays", 'kind = "linear"', arrays, 150, 0.1)):
+            augment = 'augment = "crop-flip"\naugment_pad = 2\n' if kind == "cifar10" else ""
             with self.subTest(kind=kind):
                 config = self.tiny_variant(f"{kind}.toml", [('[model]\nkind = "linear"', f"[model]\n{model}"),
-                                                            ('kind = "logistic"', f'kind = "{kind}"\npath = "{path}"'),
+                                                            ('kind = "logistic"', f'kind = "{kind}"\npath = "{path}"\n{augment}'),
                                                             ("train_samples = 4096\ntest_samples = 1024\n", ""),
                                                             ('mode = "bsp"', 'mode = "asp"'), ("steps = 500", f"steps = {steps}"),
                                                             ("delay_ms = 5.0", "delay_ms = 0.0"), ("lr = 0.1", f"lr = {lr}")])

@@ -391,6 +391,15 @@ TEST(Config, OnServerLossRestartsOnlyAsyncModesTheLauncherOwns) {
   EXPECT_EQ(run_plan(parse_config("name = \"x\"\n", "e"))["on_server_loss"], "fail");  // bsp by default
 }
 
+TEST(Config, AugmentationNeedsImages) {
+  EXPECT_EQ(error_of("name = \"x\"\n[data]\naugment = \"mixup\"\n"),
+            "exp.toml: data.augment: expected \"none\" or \"crop-flip\", got \"mixup\"");
+  EXPECT_EQ(error_of("name = \"x\"\n[data]\naugment_pad = -1\n"), "exp.toml: data.augment_pad: must be in [0, 64]");
+  EXPECT_EQ(error_of("name = \"x\"\n[model]\nkind = \"linear\"\n[data]\nkind = \"logistic\"\naugment = \"crop-flip\"\n"),
+            "exp.toml: data.augment: crops and flips need images; this data set's samples are 1x1x32");
+  EXPECT_EQ(error_of("name = \"x\"\n[data]\naugment = \"crop-flip\"\n"), "(no error)");  // Fashion-MNIST: 1x28x28
+}
+
 TEST(Config, PythonWorkersRunAScriptAgainstServers) {
   const std::string py = "name = \"x\"\n[worker]\nkind = \"python\"\nscript = \"/t/train.py\"\n";
   EXPECT_EQ(error_of("name = \"x\"\n[worker]\nkind = \"python\"\n"),

@@ -51,6 +51,10 @@ class LaggingBackend final : public Backend {
   void gather_rows(const void* s, const std::uint32_t* i, std::size_t n, std::size_t rb, void* d) override {
     cpu_->gather_rows(s, i, n, rb, d);
   }
+  void augment_images(const float* s, const std::uint32_t* i, std::size_t n, int C, int H, int W, std::uint64_t seed,
+                      std::uint64_t epoch, int pad, float* d) override {
+    cpu_->augment_images(s, i, n, C, H, W, seed, epoch, pad, d);
+  }
   void gemm(Trans ta, Trans tb, int M, int N, int K, float al, const float* A, int lda, const float* B, int ldb, float be,
             float* C, int ldc) override {
     cpu_->gemm(ta, tb, M, N, K, al, A, lda, B, ldb, be, C, ldc);
