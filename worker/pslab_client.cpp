@@ -247,6 +247,15 @@ long pslab_client_test_samples(pslab_client* c) {
 
 int pslab_client_test_set(pslab_client* c, float* x, int* labels) { return copy_set(c, true, x, labels); }
 
+int pslab_client_target_dim(pslab_client* c) { return int(of_train_set(c, [](const pslab::Dataset& d) { return long(d.target_dim); })); }
+
+int pslab_client_targets(pslab_client* c, int test, float* targets) {
+  return call(c, "targets", [&]() {
+    const pslab::Dataset& d = test ? c->test() : c->train();
+    if (targets) std::copy(d.targets.begin(), d.targets.end(), targets);
+  });
+}
+
 int pslab_client_metrics(pslab_client* c, const char* run_dir, double run_start) {
   return call(c, "metrics", [&]() {
     if (!run_dir || !*run_dir) throw std::invalid_argument("metrics: no run directory");

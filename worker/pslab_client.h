@@ -66,6 +66,10 @@ PSLAB_CLIENT_API int pslab_client_train_set(pslab_client* c, float* x, int* labe
 /* The same of the test set (data.test_samples of it, normalised as the training set). */
 PSLAB_CLIENT_API long pslab_client_test_samples(pslab_client* c);
 PSLAB_CLIENT_API int pslab_client_test_set(pslab_client* c, float* x, int* labels);
+/* Regression (classes 0): the floats of one sample's targets, and the targets of the training
+ * (test = 0) or test set (test = 1), n x that many, into targets. */
+PSLAB_CLIENT_API int pslab_client_target_dim(pslab_client* c);
+PSLAB_CLIENT_API int pslab_client_targets(pslab_client* c, int test, float* targets);
 /* Metrics as pslab_worker writes them, to run_dir/metrics/worker<rank>.jsonl (the evaluator's:
  * evaluator.jsonl): a "train" line per
  * train.log_every steps with the same fields (so that the launcher's summary, comparison and

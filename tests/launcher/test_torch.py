@@ -174,6 +174,21 @@ class TorchExactness(unittest.TestCase):
         np.testing.assert_allclose([row["loss"] for row in py if row["kind"] == "train"],
                                    [row["loss"] for row in cpp if row["kind"] == "train"], rtol=1e-4)
 
+    def test_data_comes_as_tensors_of_classes_or_targets(self):
+        # pt.data(): pslab's data sets as tensors, labels for classes, float targets for regression
+        for kind, y_shape, dtype in (("logistic", (300,), torch.int64), ("least-squares", (300, 3), torch.float32)):
+            config = self.tmp / f"{kind}.toml"
+            config.write_text(f'name = "d"\n[model]\nkind = "linear"\n[data]\nkind = "{kind}"\ntrain_samples = 300\n'
+                              f'test_samples = 40\ndim = 6\noutputs = 3\n')
+            with pslab.Client(config, 0, None) as c:  # (no servers: the data alone)
+                x, y, x_test, y_test = pt.data(c)
+                self.assertEqual((tuple(x.shape), tuple(y.shape), y.dtype), ((300, 6), y_shape, dtype), kind)
+                self.assertEqual((tuple(x_test.shape), y_test.shape[0]), ((40, 6), 40), kind)
+                raw, _, _ = c.train_set()
+                self.assertEqual(x[17, 2].item(), raw[17 * 6 + 2], "the loader's own values")
+                with self.assertRaisesRegex(pslab.PslabError, "connect: this client was opened without servers"):
+                    c.connect()
+
     def test_bad_calls_raise_naming_the_problem(self):
         config = self.tmp / "bad.toml"
         model = torch_mlp.MLP(784, 10, hidden=(HIDDEN,))

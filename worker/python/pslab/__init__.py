@@ -140,6 +140,8 @@ def _library():
         lib.pslab_client_test_samples.restype = lp
         lib.pslab_client_test_samples.argtypes = [vp]
         lib.pslab_client_test_set.argtypes = [vp, fp, ctypes.POINTER(ctypes.c_int)]
+        lib.pslab_client_target_dim.argtypes = [vp]
+        lib.pslab_client_targets.argtypes = [vp, ctypes.c_int, fp]
         lib.pslab_client_config.restype = cp
         lib.pslab_client_config.argtypes = [vp]
         step = ctypes.POINTER(StepInfo)
@@ -216,8 +218,18 @@ class Client:
     def train_set(self):
         """The run's training set as pslab_worker reads it (data.*): (x, labels, features), x an
         array.array("f") of n x features floats (row-major), labels an array.array("i") of n
-        (empty for regression). Indices from batch() are into it."""
+        (empty for regression: targets()). Indices from batch() are into it."""
         return self._data_set("train")
+
+    def targets(self, test=False):
+        """Regression data: (targets, k), an array.array("f") of n x k floats (row-major)."""
+        k = self._lib.pslab_client_target_dim(self._live())
+        self._check(0 if k >= 0 else -1)
+        n = (self._lib.pslab_client_test_samples if test else self._lib.pslab_client_train_samples)(self._c)
+        out = array.array("f", bytes(4 * n * k))
+        ptr = (ctypes.c_float * len(out)).from_buffer(out) if len(out) else None
+        self._check(self._lib.pslab_client_targets(self._c, int(bool(test)), ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float))))
+        return out, k
 
     def test_set(self):
         """The run's test set (data.test_samples of it, normalised as the training set), as train_set()."""

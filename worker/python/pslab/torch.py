@@ -249,16 +249,21 @@ def device(run=None):
 
 
 def data(client=None, run=None):
-    """The run's data as pslab_worker reads it (data.*: Fashion-MNIST normalised, the synthetic
-    sets): (x_train, y_train, x_test, y_test), torch tensors (float32 n x features, int64 labels)."""
+    """The run's data as pslab_worker reads it (data.*: Fashion-MNIST, CIFAR-10, your arrays,
+    the synthetic sets; normalised as configured): (x_train, y_train, x_test, y_test), torch
+    tensors: inputs float32 (n, features); labels int64 (n), or for regression float32 targets (n, k)."""
     close = client is None
     if client is None:
         run = run or launched()
         client = Client(run.config, run.rank, None)  # (no servers: the data alone)
     out = []
-    for x, labels, features in (client.train_set(), client.test_set()):
+    for test, (x, labels, features) in enumerate((client.train_set(), client.test_set())):
         out.append(torch.from_numpy(np.frombuffer(x, np.float32).reshape(-1, features)))
-        out.append(torch.from_numpy(np.frombuffer(labels, np.int32).astype(np.int64)))
+        if len(labels) or not len(x):
+            out.append(torch.from_numpy(np.frombuffer(labels, np.int32).astype(np.int64)))
+        else:
+            targets, k = client.targets(test=bool(test))
+            out.append(torch.from_numpy(np.frombuffer(targets, np.float32).reshape(-1, k).copy()))
     if close:
         client.close()
     return tuple(out)
