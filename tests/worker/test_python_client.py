@@ -274,6 +274,13 @@ class PythonClient(unittest.TestCase):
         self.assertEqual([row["step"] for row in py if row["kind"] == "train"], [row["step"] for row in rows if row["kind"] == "train"])
         np.testing.assert_allclose([row["loss"] for row in py if row["kind"] == "train"], cpp, rtol=1e-5, atol=0)
 
+    def test_the_package_is_python_3_9(self):
+        # pslab's Python side promises CPython >= 3.9: its grammar (this machine runs 3.11)
+        import ast
+        for path in [*(REPO / "worker" / "python").rglob("*.py"), *(REPO / "experiments" / "torch").glob("*.py")]:
+            with self.subTest(path=path.name):
+                ast.parse(path.read_text(), filename=str(path), feature_version=(3, 9))
+
     def test_bad_calls_raise_naming_the_problem(self):
         config, addresses = self.start_servers("asp")
         with self.assertRaisesRegex(pslab.PslabError, r"rank 7 is not in \[0, cluster.workers = 2\)"):
