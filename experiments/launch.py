@@ -85,9 +85,15 @@ the run's config.toml; an explicit "nccl" that would put two ranks on one GPU is
 2) naming the host, its ranks and its GPUs. Where it cannot know (Slurm, nvidia-smi failing),
 "auto" is left to the ranks, which compare their GPUs' PCI bus ids at start.
 
+Workers of your own (worker.kind = "python"): every worker and the evaluator run worker.script
+(by worker.python) through worker/python/run_script.py, told their part of the run in PSLAB_*
+variables (pslab.launched(); pslab.torch trains a PyTorch module with it); with model.kind =
+"external" and no model.sizes, the script is first run once with PSLAB_THETA0 for θ0 and the
+sizes (logs/theta0.log). Local, ssh and Slurm alike; resume and replay refuse such runs.
+
 Binaries: <repo>/build/{worker/pslab_worker,server/pslab_server} (experiments/setup.sh builds
 them there); --build-dir or the environment variable PSLAB_BUILD point elsewhere. The launcher's
-code: experiments/launcher/, one module per concern (plan, placement, processes, monitor,
+code: experiments/launcher/, one module per concern (plan, placement, scripts, processes, monitor,
 metrics, summary, manifest, comparison, run, task, gpus).
 
 Plots: plot.py runs under the first Python that imports matplotlib, of this launcher's, Debian's
