@@ -7,6 +7,7 @@ file; workers share out the samples; softmax regression in NumPy trains as pslab
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -77,6 +78,10 @@ class PythonClient(unittest.TestCase):
             if s.poll() is None:
                 s.send_signal(signal.SIGKILL)
             s.wait()
+            if s.stderr:
+                s.stderr.close()
+        if getattr(self, "tmp", None):
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def servers_end(self):
         for k, s in enumerate(self.servers):
