@@ -101,15 +101,18 @@ struct Arrays {
 Arrays headers(const std::string& dir) {
   Arrays a{read_npy_header(dir + "/x_train.npy"), read_npy_header(dir + "/y_train.npy"),
            read_npy_header(dir + "/x_test.npy"), read_npy_header(dir + "/y_test.npy"), dir};
-  for (const char* split : {"train", "test"}) {
-    const NpyHeader& x = std::string(split) == "train" ? a.x_train : a.x_test;
-    const NpyHeader& y = std::string(split) == "train" ? a.y_train : a.y_test;
-    const std::string xp = a.path(std::string("x_").append(split).c_str()), yp = a.path(std::string("y_").append(split).c_str());
-    if (x.shape.empty() || y.shape.empty() || x.shape[0] != y.shape[0])
-      throw DataError(xp + " has " + (x.shape.empty() ? "no samples" : std::to_string(x.shape[0]) + " samples") + " but " + yp +
-                      " has " + (y.shape.empty() ? "no labels" : std::to_string(y.shape[0]) + " labels"));
-    if (x.shape.size() > 4) throw DataError(xp + ": " + std::to_string(x.shape.size()) + " dimensions; inputs are (n, F), (n, H, W) or (n, C, H, W)");
-    if (y.shape.size() > 2) throw DataError(yp + ": labels are (n) (classes or one target) or (n, k) (k targets)");
+  struct Split {
+    const NpyHeader &x, &y;
+    std::string xp, yp;
+  };
+  for (const Split& s : {Split{a.x_train, a.y_train, a.path("x_train"), a.path("y_train")},
+                         Split{a.x_test, a.y_test, a.path("x_test"), a.path("y_test")}}) {
+    if (s.x.shape.empty() || s.y.shape.empty() || s.x.shape[0] != s.y.shape[0])
+      throw DataError(s.xp + " has " + (s.x.shape.empty() ? "no samples" : std::to_string(s.x.shape[0]) + " samples") +
+                      " but " + s.yp + " has " + (s.y.shape.empty() ? "no labels" : std::to_string(s.y.shape[0]) + " labels"));
+    if (s.x.shape.size() > 4)
+      throw DataError(s.xp + ": " + std::to_string(s.x.shape.size()) + " dimensions; inputs are (n, F), (n, H, W) or (n, C, H, W)");
+    if (s.y.shape.size() > 2) throw DataError(s.yp + ": labels are (n) (classes or one target) or (n, k) (k targets)");
   }
   if (!std::equal(a.x_train.shape.begin() + 1, a.x_train.shape.end(), a.x_test.shape.begin() + 1, a.x_test.shape.end()))
     throw DataError(a.path("x_test") + ": a sample's shape differs from x_train.npy's");
@@ -229,7 +232,8 @@ NpyHeader read_npy_header(const std::string& path) {
   if (h.item_bytes == 0)
     throw DataError(path + ": dtype " + h.descr + " is not read (little-endian integers, floats and bools: " +
                     "x.astype(numpy.float32) first)");
-  if (value_of(header, "fortran_order", path).find("True") < value_of(header, "fortran_order", path).find(','))
+  const std::string fortran = value_of(header, "fortran_order", path);
+  if (fortran.find("True") < fortran.find(','))
     throw DataError(path + ": Fortran order; save it C-ordered (numpy.ascontiguousarray(x))");
   h.shape = parse_shape(value_of(header, "shape", path), path);
   struct stat st{};

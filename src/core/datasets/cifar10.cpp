@@ -71,7 +71,7 @@ void read_records(const std::vector<std::string>& files, int limit, Dataset& d) 
   }
 }
 
-// Per-channel mean and std of `d`'s pixels (float sums in double).
+// d's pixels standardised per channel: (x - mean[c]) / stdev[c].
 void standardise(Dataset& d, const double* mean, const double* stdev) {
   const std::size_t plane = std::size_t(kSide) * kSide;
   for (int s = 0; s < d.n; ++s)
@@ -81,6 +81,7 @@ void standardise(Dataset& d, const double* mean, const double* stdev) {
     }
 }
 
+// Per-channel mean and std of `d`'s pixels (float sums in double).
 void channel_statistics(const Dataset& d, double* mean, double* stdev) {
   const std::size_t plane = std::size_t(kSide) * kSide;
   for (int c = 0; c < kChannels; ++c) {
