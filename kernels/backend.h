@@ -119,6 +119,17 @@ class Backend {
   virtual void relu_forward(const float* x, float* y, std::size_t n) = 0;
   // dx = dy where y > 0 else 0 (y is the forward output); dx may alias dy.
   virtual void relu_backward(const float* dy, const float* y, float* dx, std::size_t n) = 0;
+  // Batch normalisation of x (B, C, HW), each channel over its B*HW values (math::bn_*):
+  // y = gamma (x - mean) invstd + beta. training: the batch's mean and invstd into saved_mean
+  // and saved_invstd (C), and the running statistics (C) moved by `momentum` toward the batch's;
+  // otherwise (inference) the running statistics normalise, and saved_* are not written.
+  virtual void batch_norm_forward(const float* x, int B, int C, int HW, const float* gamma, const float* beta,
+                                  bool training, float momentum, float eps, float* running_mean, float* running_var,
+                                  float* saved_mean, float* saved_invstd, float* y) = 0;
+  // The gradients of a training forward: dgamma, dbeta (C) overwritten; dx (B, C, HW) unless null.
+  virtual void batch_norm_backward(const float* x, const float* dy, int B, int C, int HW, const float* gamma,
+                                   const float* saved_mean, const float* saved_invstd, float* dgamma, float* dbeta,
+                                   float* dx) = 0;
 
   // ---- losses: return the loss summed over rows (host value, double) ----
   // logits (rows, C), labels (rows) in [0, C); dlogits (rows, C) = grad_scale * (p - onehot).

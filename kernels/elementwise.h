@@ -140,6 +140,55 @@ PSLAB_HD float augmented_pixel(const float* img, int c, int y, int x, int H, int
   return (sy < 0 || sy >= H || sx < 0 || sx >= W) ? 0.0f : img[(long(c) * H + sy) * W + sx];
 }
 
+// ---- batch normalisation ----------------------------------------------------------------
+// Per channel c of x (B, C, HW), over its N = B*HW values. Both backends sum a channel in
+// double (the CPU in order, the GPU in a tree), then call these per channel and per element.
+
+// The normalisation of one channel: xhat = (x - mean) * invstd; y = gamma * xhat + beta.
+struct BnChannel {
+  float mean, invstd;
+};
+
+// Training: the batch's statistics from a channel's sum and sum of squares over n values
+// (biased variance, as normalisation uses); the running statistics move by `momentum` toward
+// the batch's mean and unbiased variance (n / (n - 1), as PyTorch and cuDNN keep them).
+PSLAB_HD BnChannel bn_batch_channel(double sum, double sumsq, double n, float eps, float momentum, float* running_mean,
+                                    float* running_var) {
+  const double mean = sum / n;
+  double var = sumsq / n - mean * mean;
+  var = var > 0.0 ? var : 0.0;
+  const double unbiased = n > 1.0 ? var * n / (n - 1.0) : var;
+  *running_mean = float((1.0 - momentum) * *running_mean + momentum * mean);
+  *running_var = float((1.0 - momentum) * *running_var + momentum * unbiased);
+  return BnChannel{float(mean), float(1.0 / sqrt(var + eps))};
+}
+
+// Inference: the running statistics.
+PSLAB_HD BnChannel bn_running_channel(float running_mean, float running_var, float eps) {
+  return BnChannel{running_mean, float(1.0 / sqrt(double(running_var) + eps))};
+}
+
+PSLAB_HD float bn_forward_value(float x, BnChannel s, float gamma, float beta) {
+  return gamma * ((x - s.mean) * s.invstd) + beta;
+}
+
+// Backward of one channel from its sums over n values: sum_dy = Σ dy (= dbeta) and sum_dy_x =
+// Σ dy x; dgamma = Σ dy xhat. dx = gamma invstd (dy - dbeta / n - xhat dgamma / n), written as
+// dx = a dy + b x + c with the three coefficients of BnBackward.
+struct BnBackward {
+  float dgamma, dbeta;
+  float a, b, c;
+};
+PSLAB_HD BnBackward bn_backward_channel(double sum_dy, double sum_dy_x, double n, BnChannel s, float gamma) {
+  const double dgamma = s.invstd * (sum_dy_x - double(s.mean) * sum_dy);
+  const double k = double(gamma) * s.invstd;
+  const double b = -k * s.invstd * dgamma / n;  // on x: xhat dgamma / n = (x - mean) invstd dgamma / n
+  const double c = -k * sum_dy / n - b * s.mean;
+  return BnBackward{float(dgamma), float(sum_dy), float(k), float(b), float(c)};
+}
+
+PSLAB_HD float bn_backward_value(float dy, float x, const BnBackward& k) { return k.a * dy + k.b * x + k.c; }
+
 // ---- convolution index math (im2col) ------------------------------------------------------
 // Image layout (C, H, W) row-major; a batch (B, C, H, W). Column matrix of a batch: (C*KH*KW,
 // B*OH*OW) row-major, column b*OH*OW + n being output pixel n of image b, so that one GEMM

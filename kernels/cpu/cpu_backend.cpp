@@ -136,6 +136,48 @@ class CpuBackend final : public Backend {
     for (std::size_t i = 0; i < n; ++i) dx[i] = math::relu_grad(dy[i], y[i]);
   }
 
+  void batch_norm_forward(const float* x, int B, int C, int HW, const float* gamma, const float* beta, bool training,
+                          float momentum, float eps, float* running_mean, float* running_var, float* saved_mean,
+                          float* saved_invstd, float* y) override {
+    for (int c = 0; c < C; ++c) {
+      math::BnChannel s;
+      if (training) {
+        double sum = 0.0, sumsq = 0.0;
+        for (int b = 0; b < B; ++b) {
+          const float* p = x + (std::size_t(b) * C + c) * HW;
+          for (int i = 0; i < HW; ++i) sum += p[i], sumsq += double(p[i]) * p[i];
+        }
+        s = math::bn_batch_channel(sum, sumsq, double(B) * HW, eps, momentum, running_mean + c, running_var + c);
+        saved_mean[c] = s.mean, saved_invstd[c] = s.invstd;
+      } else {
+        s = math::bn_running_channel(running_mean[c], running_var[c], eps);
+      }
+      for (int b = 0; b < B; ++b) {
+        const std::size_t at = (std::size_t(b) * C + c) * HW;
+        for (int i = 0; i < HW; ++i) y[at + i] = math::bn_forward_value(x[at + i], s, gamma[c], beta[c]);
+      }
+    }
+  }
+  void batch_norm_backward(const float* x, const float* dy, int B, int C, int HW, const float* gamma,
+                           const float* saved_mean, const float* saved_invstd, float* dgamma, float* dbeta,
+                           float* dx) override {
+    for (int c = 0; c < C; ++c) {
+      double sum_dy = 0.0, sum_dy_x = 0.0;
+      for (int b = 0; b < B; ++b) {
+        const std::size_t at = (std::size_t(b) * C + c) * HW;
+        for (int i = 0; i < HW; ++i) sum_dy += dy[at + i], sum_dy_x += double(dy[at + i]) * x[at + i];
+      }
+      const math::BnBackward k =
+          math::bn_backward_channel(sum_dy, sum_dy_x, double(B) * HW, {saved_mean[c], saved_invstd[c]}, gamma[c]);
+      dgamma[c] = k.dgamma, dbeta[c] = k.dbeta;
+      if (!dx) continue;
+      for (int b = 0; b < B; ++b) {
+        const std::size_t at = (std::size_t(b) * C + c) * HW;
+        for (int i = 0; i < HW; ++i) dx[at + i] = math::bn_backward_value(dy[at + i], x[at + i], k);
+      }
+    }
+  }
+
   double softmax_xent(const float* logits, const std::int32_t* labels, int rows, int C,
                       float grad_scale, float* dlogits) override {
     double loss = 0.0;

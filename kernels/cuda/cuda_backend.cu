@@ -375,6 +375,20 @@ class CudaBackend final : public Backend {
     activate();
     cuda::launch_relu_backward(dy, y, dx, n, stream_->get());
   }
+  void batch_norm_forward(const float* x, int B, int C, int HW, const float* gamma, const float* beta, bool training,
+                          float momentum, float eps, float* running_mean, float* running_var, float* saved_mean,
+                          float* saved_invstd, float* y) override {
+    activate();
+    cuda::launch_batch_norm_forward(x, B, C, HW, gamma, beta, training, momentum, eps, running_mean, running_var,
+                                    saved_mean, saved_invstd, y, stream_->get());
+  }
+  void batch_norm_backward(const float* x, const float* dy, int B, int C, int HW, const float* gamma,
+                           const float* saved_mean, const float* saved_invstd, float* dgamma, float* dbeta,
+                           float* dx) override {
+    activate();
+    cuda::launch_batch_norm_backward(x, dy, B, C, HW, gamma, saved_mean, saved_invstd, dgamma, dbeta, dx,
+                                     stream_->get());
+  }
 
   // ---- losses ----
   // Per-row losses (float, from math::*_row) are copied to the host and added in row order

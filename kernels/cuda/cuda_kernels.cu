@@ -58,6 +58,82 @@ __global__ void relu_backward_kernel(const float* dy, const float* y, float* dx,
     dx[i] = math::relu_grad(dy[i], y[i]);
 }
 
+// ---- batch normalisation: one block per channel ---------------------------------------------
+
+// Sums a block's per-thread doubles in a fixed shared-memory tree; every thread gets the total.
+// blockDim.x == kThreads.
+__device__ double block_sum(double v, double* s) {
+  s[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) s[threadIdx.x] += s[threadIdx.x + half];
+    __syncthreads();
+  }
+  const double total = s[0];
+  __syncthreads();  // (s is reused by the next call)
+  return total;
+}
+
+// Channel blockIdx.x of x (B, C, HW): statistics (training: the batch's; else the running
+// ones), then y. Thread t visits elements t, t + kThreads, ... of the channel's B*HW.
+__global__ void batch_norm_forward_kernel(const float* x, int B, int C, int HW, const float* gamma, const float* beta,
+                                          bool training, float momentum, float eps, float* running_mean,
+                                          float* running_var, float* saved_mean, float* saved_invstd, float* y) {
+  __shared__ double s[kThreads];
+  __shared__ math::BnChannel stats;
+  const int c = blockIdx.x;
+  const long n = long(B) * HW;
+  if (training) {
+    double sum = 0.0, sumsq = 0.0;
+    for (long k = threadIdx.x; k < n; k += kThreads) {
+      const double v = x[((k / HW) * C + c) * HW + k % HW];
+      sum += v, sumsq += v * v;
+    }
+    sum = block_sum(sum, s);
+    sumsq = block_sum(sumsq, s);
+    if (threadIdx.x == 0) {
+      stats = math::bn_batch_channel(sum, sumsq, double(n), eps, momentum, running_mean + c, running_var + c);
+      saved_mean[c] = stats.mean, saved_invstd[c] = stats.invstd;
+    }
+  } else if (threadIdx.x == 0) {
+    stats = math::bn_running_channel(running_mean[c], running_var[c], eps);
+  }
+  __syncthreads();
+  const math::BnChannel st = stats;
+  const float g = gamma[c], b = beta[c];
+  for (long k = threadIdx.x; k < n; k += kThreads) {
+    const long at = ((k / HW) * C + c) * HW + k % HW;
+    y[at] = math::bn_forward_value(x[at], st, g, b);
+  }
+}
+
+__global__ void batch_norm_backward_kernel(const float* x, const float* dy, int B, int C, int HW, const float* gamma,
+                                           const float* saved_mean, const float* saved_invstd, float* dgamma,
+                                           float* dbeta, float* dx) {
+  __shared__ double s[kThreads];
+  __shared__ math::BnBackward coef;
+  const int c = blockIdx.x;
+  const long n = long(B) * HW;
+  double sum_dy = 0.0, sum_dy_x = 0.0;
+  for (long k = threadIdx.x; k < n; k += kThreads) {
+    const long at = ((k / HW) * C + c) * HW + k % HW;
+    sum_dy += dy[at], sum_dy_x += double(dy[at]) * x[at];
+  }
+  sum_dy = block_sum(sum_dy, s);
+  sum_dy_x = block_sum(sum_dy_x, s);
+  if (threadIdx.x == 0) {
+    coef = math::bn_backward_channel(sum_dy, sum_dy_x, double(n), {saved_mean[c], saved_invstd[c]}, gamma[c]);
+    dgamma[c] = coef.dgamma, dbeta[c] = coef.dbeta;
+  }
+  __syncthreads();
+  if (!dx) return;
+  const math::BnBackward ck = coef;
+  for (long k = threadIdx.x; k < n; k += kThreads) {
+    const long at = ((k / HW) * C + c) * HW + k % HW;
+    dx[at] = math::bn_backward_value(dy[at], x[at], ck);
+  }
+}
+
 // ---- reductions ----------------------------------------------------------------------------
 
 // One partial per block: each thread sums its grid-stride elements in double, then a fixed
@@ -284,6 +360,28 @@ void launch_relu_backward(const float* dy, const float* y, float* dx, std::size_
   require(dy != nullptr && y != nullptr && dx != nullptr, "launch_relu_backward",
           "dy, y or dx is null");
   relu_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(dy, y, dx, n);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_batch_norm_forward(const float* x, int B, int C, int HW, const float* gamma, const float* beta,
+                               bool training, float momentum, float eps, float* running_mean, float* running_var,
+                               float* saved_mean, float* saved_invstd, float* y, cudaStream_t stream) {
+  if (C == 0 || B == 0) return;
+  require(x && gamma && beta && running_mean && running_var && y && (!training || (saved_mean && saved_invstd)),
+          "launch_batch_norm_forward", "a buffer is null");
+  batch_norm_forward_kernel<<<C, kThreads, 0, stream>>>(x, B, C, HW, gamma, beta, training, momentum, eps, running_mean,
+                                                        running_var, saved_mean, saved_invstd, y);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+void launch_batch_norm_backward(const float* x, const float* dy, int B, int C, int HW, const float* gamma,
+                                const float* saved_mean, const float* saved_invstd, float* dgamma, float* dbeta,
+                                float* dx, cudaStream_t stream) {
+  if (C == 0) return;
+  require(x && dy && gamma && saved_mean && saved_invstd && dgamma && dbeta, "launch_batch_norm_backward",
+          "a buffer is null");
+  batch_norm_backward_kernel<<<C, kThreads, 0, stream>>>(x, dy, B, C, HW, gamma, saved_mean, saved_invstd, dgamma,
+                                                         dbeta, dx);
   PSLAB_CUDA_CHECK_LAUNCH();
 }
 

@@ -37,6 +37,14 @@ void launch_relu_forward(const float* x, float* y, std::size_t n, cudaStream_t s
 void launch_relu_backward(const float* dy, const float* y, float* dx, std::size_t n,
                           cudaStream_t stream);
 
+// Backend::batch_norm_forward / batch_norm_backward: one block per channel, sums in double.
+void launch_batch_norm_forward(const float* x, int B, int C, int HW, const float* gamma, const float* beta,
+                               bool training, float momentum, float eps, float* running_mean, float* running_var,
+                               float* saved_mean, float* saved_invstd, float* y, cudaStream_t stream);
+void launch_batch_norm_backward(const float* x, const float* dy, int B, int C, int HW, const float* gamma,
+                                const float* saved_mean, const float* saved_invstd, float* dgamma, float* dbeta,
+                                float* dx, cudaStream_t stream);
+
 // ---- reductions ----------------------------------------------------------------------------
 
 // Number of doubles launch_sum_squares_partials writes for n elements: one per block, in

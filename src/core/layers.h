@@ -1,11 +1,13 @@
 // The layers models are built from (core/models/), each over its slices of θ and ∇θ
-// (Layer, core/model.h): Linear, Relu and Conv2d.
+// (Layer, core/model.h): Linear, Relu, Conv2d, BatchNorm2d, GlobalAvgPool and Residual.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "core/model.h"
 
@@ -87,27 +89,28 @@ class Relu final : public Layer {
 };
 
 // 2-D convolution: Backend::conv_forward / conv_backward over the whole batch (a constant
-// number of backend calls per pass, whatever the batch size), then the bias.
+// number of backend calls per pass, whatever the batch size), then the bias (if it has one:
+// none before a batch norm, which would cancel it).
 //   x (B, C, H, W) -> y (B, OC, OH, OW); W (OC, C*K*K) row-major, b (OC).
 // Scratch: what the backend's convolution needs (Backend::conv_scratch_floats), kept from
 // forward to backward.
 class Conv2d final : public Layer {
  public:
-  Conv2d(Shape in, int out_channels, int k, int stride, int pad, Init init)
+  Conv2d(Shape in, int out_channels, int k, int stride, int pad, Init init, bool bias = true)
       : Layer(in, out_shape(in, out_channels, k, stride, pad)),
-        g_{in.c, in.h, in.w, k, k, stride, pad}, init_(init) {}
+        g_{in.c, in.h, in.w, k, k, stride, pad}, init_(init), bias_(bias) {}
   std::string describe() const override {
     return "conv" + std::to_string(g_.KH) + "x" + std::to_string(g_.KW) + "/s" +
            std::to_string(g_.stride) + "(" + std::to_string(in().c) + "->" +
            std::to_string(out().c) + ", " + std::to_string(out().h) + "x" +
-           std::to_string(out().w) + ")";
+           std::to_string(out().w) + (bias_ ? "" : ", no bias") + ")";
   }
-  std::size_t num_params() const override { return std::size_t(out().c) * (ckk() + 1); }
+  std::size_t num_params() const override { return std::size_t(out().c) * (ckk() + bias_); }
   void init_params(float* w, Rng& rng) const override {
     const double fan_in = ckk(), fan_out = double(out().c) * g_.KH * g_.KW;
     const double limit = init_ == Init::he ? std::sqrt(6.0 / fan_in) : std::sqrt(6.0 / (fan_in + fan_out));
     init_uniform(w, std::size_t(out().c) * ckk(), limit, rng);
-    std::fill_n(w + std::size_t(out().c) * ckk(), out().c, 0.0f);
+    if (bias_) std::fill_n(w + std::size_t(out().c) * ckk(), out().c, 0.0f);
   }
   void bind(float* w, float* g) override {
     W_ = w;
@@ -120,11 +123,12 @@ class Conv2d final : public Layer {
   }
   void forward(Backend& be, const float* x, float* y, int B, float* scratch) override {
     be.conv_forward(x, W_, g_, out().c, B, y, scratch);
-    be.add_bias(y, b_, B, out().c, ohw());
+    if (bias_) be.add_bias(y, b_, B, out().c, ohw());
   }
   void backward(Backend& be, const float*, const float*, const float* dy, float* dx, int B,
                 float* scratch, const GradProgress&) override {
     be.conv_backward(W_, dy, g_, out().c, B, dW_, dx, scratch);
+    if (!bias_) return;
     if (B == 0) return be.fill(db_, std::size_t(out().c), 0.0f);
     be.bias_grad(dy, B, out().c, ohw(), db_);
   }
@@ -139,7 +143,97 @@ class Conv2d final : public Layer {
   int ohw() const { return out().h * out().w; }
   math::ConvGeometry g_;
   Init init_;
+  bool bias_;
   float *W_ = nullptr, *b_ = nullptr, *dW_ = nullptr, *db_ = nullptr;
+};
+
+// Batch normalisation over each channel of x (B, C, H, W) (Backend::batch_norm_forward):
+// y = gamma (x - mean) invstd + beta. θ: gamma (C), starting at 1, then beta (C), at 0.
+// State: the running mean (C), from 0, then the running variance (C), from 1. Scratch: the
+// batch's mean and invstd (C each), kept from forward to backward. Training mode normalises
+// with the batch's statistics, inference mode with the running ones (ForwardMode).
+class BatchNorm2d final : public Layer {
+ public:
+  static constexpr float kEps = 1e-5f;  // PyTorch's and cuDNN's default
+  explicit BatchNorm2d(Shape s) : Layer(s, s) {}
+  std::string describe() const override { return "batchnorm(" + std::to_string(in().c) + ")"; }
+  std::size_t num_params() const override { return 2 * std::size_t(in().c); }
+  void init_params(float* w, Rng&) const override {
+    std::fill_n(w, in().c, 1.0f);
+    std::fill_n(w + in().c, in().c, 0.0f);
+  }
+  void bind(float* w, float* g) override { gamma_ = w, dgamma_ = g; }
+  std::size_t state_floats() const override { return 2 * std::size_t(in().c); }
+  void init_state(float* s) const override {
+    std::fill_n(s, in().c, 0.0f);
+    std::fill_n(s + in().c, in().c, 1.0f);
+  }
+  void bind_state(float* s) override { running_ = s; }
+  void set_mode(const ForwardMode& m) override { mode_ = m; }
+  std::size_t scratch_floats(int) const override { return 2 * std::size_t(in().c); }
+  void forward(Backend& be, const float* x, float* y, int B, float* scratch) override {
+    const int C = in().c;
+    be.batch_norm_forward(x, B, C, hw(), gamma_, gamma_ + C, mode_.training, mode_.momentum, kEps, running_,
+                          running_ + C, scratch, scratch + C, y);
+  }
+  void backward(Backend& be, const float* x, const float*, const float* dy, float* dx, int B, float* scratch,
+                const GradProgress&) override {
+    const int C = in().c;
+    be.batch_norm_backward(x, dy, B, C, hw(), gamma_, scratch, scratch + C, dgamma_, dgamma_ + C, dx);
+  }
+
+ private:
+  int hw() const { return in().h * in().w; }
+  float *gamma_ = nullptr, *dgamma_ = nullptr, *running_ = nullptr;
+  ForwardMode mode_;
+};
+
+// The mean of each channel: x (B, C, H, W) -> y (B, C). One GEMM each way against a vector of
+// ones (scratch: H*W floats, written by forward).
+class GlobalAvgPool final : public Layer {
+ public:
+  explicit GlobalAvgPool(Shape in) : Layer(in, Shape{in.c, 1, 1}) {}
+  std::string describe() const override { return "avgpool(" + std::to_string(in().h) + "x" + std::to_string(in().w) + ")"; }
+  std::size_t scratch_floats(int) const override { return std::size_t(hw()); }
+  void forward(Backend& be, const float* x, float* y, int B, float* ones) override {
+    be.fill(ones, std::size_t(hw()), 1.0f);
+    be.gemm(Trans::no, Trans::no, B * in().c, 1, hw(), 1.0f / float(hw()), x, hw(), ones, 1, 0.0f, y, 1);  // (BC,HW)(HW,1)
+  }
+  void backward(Backend& be, const float*, const float*, const float* dy, float* dx, int B, float* ones,
+                const GradProgress&) override {
+    if (dx) be.gemm(Trans::no, Trans::no, B * in().c, hw(), 1, 1.0f / float(hw()), dy, 1, ones, hw(), 0.0f, dx, hw());
+  }
+
+ private:
+  int hw() const { return in().h * in().w; }
+};
+
+// A residual block: y = relu(main(x) + shortcut(x)), each path a chain of layers (an empty
+// shortcut: the identity, which needs main's output shape to be the input's). θ, the state and
+// the scratch hold the main path's layers' then the shortcut's, in order; the scratch also
+// every sub-layer's output and three gradient buffers (Residual::Layout).
+class Residual final : public Layer {
+ public:
+  Residual(std::vector<std::unique_ptr<Layer>> main, std::vector<std::unique_ptr<Layer>> shortcut);
+  std::string describe() const override;
+  std::size_t num_params() const override;
+  void init_params(float* w, Rng& rng) const override;
+  void bind(float* w, float* g) override;
+  std::size_t state_floats() const override;
+  void init_state(float* s) const override;
+  void bind_state(float* s) override;
+  void set_mode(const ForwardMode& m) override;
+  std::vector<std::size_t> param_groups() const override;
+  std::size_t scratch_floats(int batch) const override;
+  void forward(Backend& be, const float* x, float* y, int B, float* scratch) override;
+  void backward(Backend& be, const float* x, const float* y, const float* dy, float* dx, int B, float* scratch,
+                const GradProgress& progress) override;
+
+ private:
+  struct Layout;  // where each part of the scratch is for a batch of B
+  Layout layout(float* scratch, int B) const;
+  std::vector<Layer*> all() const;  // main's layers, then the shortcut's
+  std::vector<std::unique_ptr<Layer>> main_, shortcut_;
 };
 
 }  // namespace pslab

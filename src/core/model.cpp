@@ -57,13 +57,18 @@ Model::Model(Backend& be, const ModelSpec& spec, int max_batch, float* grad_stor
   params_ = DeviceBuffer<float>(be, P);
   if (!grad_storage) grads_ = DeviceBuffer<float>(be, P);
   grads_ptr_ = grad_storage ? grad_storage : grads_.data();
-  std::size_t off = 0;
+  std::size_t state = 0;
+  for (const auto& l : layers_) state += l->state_floats();
+  state_ = DeviceBuffer<float>(be, state);
+  std::size_t off = 0, state_off = 0;
   std::size_t widest = std::size_t(spec.channels) * spec.height * spec.width;
   acts_.emplace_back();  // the input is the caller's buffer
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     Layer& l = *layers_[i];
     l.bind(params_.data() + off, grads_ptr_ + off);
     off += l.num_params();
+    l.bind_state(state_.data() + state_off);
+    state_off += l.state_floats();
     acts_.emplace_back(be, std::size_t(max_batch) * l.out().size());
     scratch_.emplace_back(be, l.scratch_floats(max_batch));
     widest = std::max(widest, std::size_t(l.out().size()));
@@ -76,9 +81,28 @@ Model::Model(Backend& be, const ModelSpec& spec, int max_batch, float* grad_stor
   inputs_.resize(layers_.size());
   be.fill(params_.data(), params_.size(), 0.0f);
   be.fill(grads_ptr_, P, 0.0f);
+  reset_state();
 }
 
-void Model::init(std::uint64_t seed) { load_params(initial_params(spec_, seed).data()); }
+void Model::init(std::uint64_t seed) {
+  load_params(initial_params(spec_, seed).data());
+  reset_state();
+}
+
+void Model::reset_state() {
+  std::vector<float> s(state_.size());
+  std::size_t off = 0;
+  for (const auto& l : layers_) l->init_state(s.data() + off), off += l->state_floats();
+  load_state(s.data());
+}
+
+void Model::load_state(const float* host) { be_.copy_from_host(state_.data(), host, state_.bytes()); }
+
+void Model::store_state(float* host) const { be_.copy_to_host(host, state_.data(), state_.bytes()); }
+
+void Model::measure_statistics(const float* x, int B, int k) {
+  if (B > 0) forward(x, B, ForwardMode{true, 1.0f / float(k + 1)});
+}
 
 void Model::load_params(const float* host) {
   be_.copy_from_host(params_.data(), host, params_.bytes());
@@ -91,12 +115,13 @@ void Model::store_params(float* host) const {
 std::vector<std::size_t> layer_sizes(const ModelSpec& spec, std::size_t offset, std::size_t length) {
   std::vector<std::size_t> out;
   std::size_t lo = 0;
-  for (const auto& l : build_layers(spec)) {
-    const std::size_t hi = lo + l->num_params();
-    const std::size_t a = std::max(lo, offset), b = std::min(hi, offset + length);
-    if (a < b) out.push_back(b - a);
-    lo = hi;
-  }
+  for (const auto& l : build_layers(spec))
+    for (std::size_t n : l->param_groups()) {
+      const std::size_t hi = lo + n;
+      const std::size_t a = std::max(lo, offset), b = std::min(hi, offset + length);
+      if (a < b) out.push_back(b - a);
+      lo = hi;
+    }
   return out;
 }
 
@@ -117,12 +142,13 @@ std::string Model::describe() const {
   return s + " (" + std::to_string(num_params()) + " parameters)";
 }
 
-const float* Model::forward(const float* x, int B) {
+const float* Model::forward(const float* x, int B, const ForwardMode& mode) {
   if (B > max_batch_)
     throw std::invalid_argument("Model: batch of " + std::to_string(B) +
                                 " exceeds the max_batch " + std::to_string(max_batch_));
   const float* in = x;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
+    layers_[i]->set_mode(mode);
     inputs_[i] = in;
     layers_[i]->forward(be_, in, acts_[i + 1].data(), B, scratch_[i].data());
     in = acts_[i + 1].data();
@@ -144,7 +170,7 @@ double Model::forward_backward(const float* x, const std::int32_t* labels, const
     if (listener) listener->ready(0);
     return 0.0;
   }
-  const float* out = forward(x, B);
+  const float* out = forward(x, B, ForwardMode{});
   // The loss is read after backward is queued: on a GPU it does not stall the step between
   // the two (Backend::take_loss waits for the loss alone).
   const float scale = grad_scale < 0 ? 1.0f / float(B) : grad_scale;
@@ -168,7 +194,7 @@ EvalCounts Model::evaluate(const float* x, const std::int32_t* labels, const flo
                            int B) {
   EvalCounts c;
   if (B == 0) return c;
-  const float* out = forward(x, B);
+  const float* out = forward(x, B, ForwardMode{false, 0.0f});
   c.loss_sum = loss(out, labels, targets, B, 0.0f);
   if (spec_.loss == Loss::softmax_xent) c.correct = be_.count_correct(out, labels, B, spec_.outputs);
   c.samples = B;

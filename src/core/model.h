@@ -22,11 +22,13 @@ enum class Loss { softmax_xent, mse };
 // What to build. Input shape (channels, height, width); `outputs` = classes (softmax_xent)
 // or regression outputs (mse).
 struct ModelSpec {
-  std::string kind = "mlp";           // a model of core/models/: "linear", "mlp", "cnn"
+  std::string kind = "mlp";           // a model of core/models/: "linear", "mlp", "cnn", "resnet"
   int channels = 1, height = 28, width = 28;
   int outputs = 10;
   std::vector<int> hidden = {256, 128};     // mlp: widths of the hidden layers
   std::vector<int> conv_channels = {16, 32};  // cnn: 5x5 stride-2 pad-2 convolutions, then a linear head
+  int depth = 20;        // resnet: layers, 6n + 2 (n blocks per stage)
+  int stage_width = 16;  // resnet: channels of the first stage (model.width); then twice, four times
   Loss loss = Loss::softmax_xent;
   std::string init = "he";  // "he": He/Xavier-uniform weights, zero biases; "zeros": all zero
   std::vector<int> sizes;   // external: its parameter tensors' sizes, in θ's order
@@ -62,6 +64,14 @@ struct Shape {
   int size() const { return c * h * w; }
 };
 
+// How a forward pass runs. Training: batch norm normalises with the batch's statistics and
+// moves its running statistics by `momentum` toward them (1: replaces them). Inference: the
+// running statistics normalise, and nothing changes.
+struct ForwardMode {
+  bool training = true;
+  float momentum = 0.1f;
+};
+
 // One layer. Threading: used by the thread that owns the model.
 class Layer {
  public:
@@ -78,6 +88,18 @@ class Layer {
   virtual void bind(float* /*w*/, float* /*g*/) {}
   // Device scratch floats needed for a batch of `batch` rows, kept from forward to backward.
   virtual std::size_t scratch_floats(int /*batch*/) const { return 0; }
+  // State forward keeps beside θ (batch norm's running statistics): not trained, not pushed.
+  // state_floats() floats of device memory; init_state writes their initial values (host).
+  virtual std::size_t state_floats() const { return 0; }
+  virtual void init_state(float* /*s*/) const {}
+  virtual void bind_state(float* /*s*/) {}
+  // Set by the model before each forward pass.
+  virtual void set_mode(const ForwardMode& /*m*/) {}
+  // The sizes of the layers this one is made of that hold parameters (a composite's parts), in
+  // θ's order: what a layer-wise optimizer treats as layers.
+  virtual std::vector<std::size_t> param_groups() const {
+    return num_params() ? std::vector<std::size_t>{num_params()} : std::vector<std::size_t>{};
+  }
 
   // x (B, in) -> y (B, out).
   virtual void forward(Backend& be, const float* x, float* y, int B, float* scratch) = 0;
@@ -147,7 +169,7 @@ class Model {
   void load_params(const float* host);
   void store_params(float* host) const;
 
-  // Forward and backward on a batch already on the device: x (B, features); labels (B) for
+  // Forward (training mode) and backward on a batch already on the device: x (B, features); labels (B) for
   // softmax_xent or targets (B, outputs) for mse. Overwrites ∇θ with the gradient of
   // grad_scale x the summed loss (grad_scale < 0: 1/B, the batch mean) and returns the mean
   // loss of the batch. B == 0 gives a zero gradient and loss 0. (All-reduce passes
@@ -156,11 +178,23 @@ class Model {
   // bitwise the same with or without one.
   double forward_backward(const float* x, const std::int32_t* labels, const float* targets, int B,
                           float grad_scale = -1.0f, GradListener* listener = nullptr);
-  // Forward only: summed loss and number of correct argmax predictions.
+  // Forward only, in inference mode (batch norm: the running statistics): summed loss and
+  // number of correct argmax predictions.
   EvalCounts evaluate(const float* x, const std::int32_t* labels, const float* targets, int B);
 
+  // Floats of state beside θ (batch norm's running statistics; 0: the model keeps none).
+  std::size_t state_floats() const { return state_.size(); }
+  // Sets the state to its initial values (running mean 0, variance 1).
+  void reset_state();
+  void load_state(const float* host);
+  void store_state(float* host) const;
+  // Measures the running statistics afresh for the current θ: call with batches k = 0, 1, ...
+  // of training samples; afterwards they are the plain average of those batches' statistics
+  // (a training-mode forward whose momentum is 1 / (k + 1)). ∇θ is not touched.
+  void measure_statistics(const float* x, int B, int k);
+
  private:
-  const float* forward(const float* x, int B);
+  const float* forward(const float* x, int B, const ForwardMode& mode);
   double loss(const float* out, const std::int32_t* labels, const float* targets, int B,
               float grad_scale);
 
@@ -168,7 +202,7 @@ class Model {
   ModelSpec spec_;
   int max_batch_;
   std::vector<std::unique_ptr<Layer>> layers_;
-  DeviceBuffer<float> params_, grads_;
+  DeviceBuffer<float> params_, grads_, state_;
   float* grads_ptr_ = nullptr;  // grads_, or the caller's grad_storage
   std::vector<DeviceBuffer<float>> acts_;     // acts_[i]: input of layer i (acts_[0] unused: x)
   std::vector<DeviceBuffer<float>> scratch_;  // per layer

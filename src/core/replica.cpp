@@ -172,7 +172,19 @@ void Replica::upload_params_async(std::size_t lo, std::size_t n) {
 
 void Replica::params_fence() { be_.upload_fence(); }
 
+void Replica::measure_statistics() {
+  if (model_.state_floats() == 0 || train_.n == 0) return;
+  const int batch = std::min({max_batch_, 256, train_.n});
+  Rng rng(0x57A75u);  // fixed: the same samples whatever the run
+  for (int k = 0; k * batch < kStatisticsSamples; ++k) {
+    for (int i = 0; i < batch; ++i) eval_idx_[std::size_t(i)] = std::uint32_t(rng.below(std::uint64_t(train_.n)));
+    const Batch b = stage(train_, {eval_idx_.data(), std::size_t(batch)});
+    model_.measure_statistics(b.x, batch, k);
+  }
+}
+
 EvalCounts Replica::evaluate(const Dataset& d) {
+  measure_statistics();
   EvalCounts total;
   for (int lo = 0; lo < d.n; lo += max_batch_) {
     const int n = std::min(max_batch_, d.n - lo);

@@ -48,8 +48,17 @@ class Replica {
   // the sample), on either backend alike. Needs image data (height and width > 1).
   void augment(std::uint64_t seed, int pad);
   void set_epoch(long epoch) { epoch_ = epoch; }
-  // Loss and accuracy of the current θ on a whole data set, in batches of max_batch.
+  // Loss and accuracy of the current θ on a whole data set, in batches of max_batch, in
+  // inference mode; a model with batch norm first measures its statistics for this θ
+  // (measure_statistics()).
   EvalCounts evaluate(const Dataset& d);
+  // Batch norm's running statistics measured afresh for the current θ: the plain average over
+  // kStatisticsSamples training samples (un-augmented) in batches of up to 256, the same samples
+  // for every θ, worker and mode. (Training keeps each replica's own running statistics, which
+  // never leave it; an evaluated θ comes from the servers or a collective, so its statistics are
+  // measured where it is evaluated.) No-op for models without batch norm.
+  void measure_statistics();
+  static constexpr int kStatisticsSamples = 5120;
 
   // θ as a host buffer of P floats (write it, then upload_params()).
   float* host_params();

@@ -34,6 +34,8 @@ void visit_fields(Config& c, F&& f) {
   f("model.kind", c.model.kind, "the model (listed below)");
   f("model.hidden", c.model.hidden, "mlp: hidden layer widths");
   f("model.conv_channels", c.model.conv_channels, "cnn: channels of the 5x5 stride-2 convolutions");
+  f("model.depth", c.model.depth, "resnet: layers, 6n + 2 for n basic blocks per stage (8, 20, 56, ...)");
+  f("model.width", c.model.width, "resnet: channels of the first stage (the second has twice, the third four times)");
   f("model.init", c.model.init, "\"he\" (He/Xavier-uniform weights from the seed) or \"zeros\"");
   f("model.sizes", c.model.sizes, "external: its parameter tensors' sizes (floats), in the order of θ");
   f("model.theta_file", c.model.theta_file, "external: θ at initialisation, a file of P float32 values (\"\": zeros)");
@@ -426,6 +428,9 @@ void validate_model_and_data(const Checker& check) {
   check(c.model.init == "he" || c.model.init == "zeros", "model.init", "expected \"he\" or \"zeros\", got \"" + c.model.init + "\"");
   for (int h : c.model.hidden) check(h > 0, "model.hidden", "widths must be > 0");
   for (int h : c.model.conv_channels) check(h > 0, "model.conv_channels", "channels must be > 0");
+  check(c.model.depth >= 8 && (c.model.depth - 2) % 6 == 0, "model.depth",
+        "must be 6n + 2 for n >= 1 blocks per stage (8, 14, 20, 32, 44, 56, 110)");
+  check(c.model.width > 0, "model.width", "channels must be > 0");
   check(c.model.kind == "external" || c.model.sizes.empty(), "model.sizes", "only model.kind = \"external\" takes sizes");
   check(c.model.kind == "external" || c.model.theta_file.empty(), "model.theta_file",
         "only model.kind = \"external\" reads θ0 from a file");

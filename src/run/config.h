@@ -32,9 +32,11 @@ struct AutoBool {
 };
 
 struct ModelConfig {
-  std::string kind = "mlp";                   // "linear", "mlp", "cnn"
+  std::string kind = "mlp";                   // "linear", "mlp", "cnn", "resnet"
   std::vector<int> hidden = {256, 128};       // mlp hidden widths
   std::vector<int> conv_channels = {16, 32};  // cnn channels (5x5, stride 2)
+  int depth = 20;                             // resnet layers (6n + 2)
+  int width = 16;                             // resnet channels of the first stage
   std::string init = "he";                    // "he" (He/Xavier-uniform) or "zeros"
   std::vector<int> sizes;                     // external: its parameter tensors' sizes, in θ's order
   std::string theta_file;                     // external: θ0, P float32 values ("": zeros)

@@ -25,6 +25,7 @@ ModelSpec model_spec(const ExperimentConfig& c) {
   s.kind = c.model.kind;
   s.hidden = c.model.hidden;
   s.conv_channels = c.model.conv_channels;
+  s.depth = c.model.depth, s.stage_width = c.model.width;
   s.init = c.model.init;
   s.sizes = c.model.sizes;
   s.theta_file = c.model.theta_file;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "core/layers.h"
 #include "core/model.h"
 #include "core/rng.h"
 
@@ -40,8 +41,10 @@ struct Ref {
     for (auto& v : x) v = v > 0 ? v : 0;
     return x;
   }
-  std::vector<double> conv(const std::vector<double>& x, int B, int C, int H, int W_, int OC, int& OH, int& OW) {
-    const int K = 5, S = 2, P = 2;
+  // x (B, C, H, W) -> (B, OC, OH, OW), a K x K kernel with stride S and padding P; W (OC, C*K*K)
+  // then, if `bias`, b (OC).
+  std::vector<double> conv(const std::vector<double>& x, int B, int C, int H, int W_, int OC, int& OH, int& OW,
+                           int K = 5, int S = 2, int P = 2, bool bias = true) {
     OH = (H + 2 * P - K) / S + 1, OW = (W_ + 2 * P - K) / S + 1;
     const double* W = &theta[off];
     const double* b = W + std::size_t(OC) * C * K * K;
@@ -50,7 +53,7 @@ struct Ref {
       for (int oc = 0; oc < OC; ++oc)
         for (int oh = 0; oh < OH; ++oh)
           for (int ow = 0; ow < OW; ++ow) {
-            double s = b[oc];
+            double s = bias ? b[oc] : 0.0;
             for (int c = 0; c < C; ++c)
               for (int kh = 0; kh < K; ++kh)
                 for (int kw = 0; kw < K; ++kw) {
@@ -60,8 +63,53 @@ struct Ref {
                 }
             y[((std::size_t(n) * OC + oc) * OH + oh) * OW + ow] = s;
           }
-    off += std::size_t(OC) * (C * K * K + 1);
+    off += std::size_t(OC) * (C * K * K + bias);
     return y;
+  }
+  // Batch norm in training mode: each channel of x (B, C, HW) by its batch mean and biased
+  // variance; gamma (C) then beta (C).
+  std::vector<double> batch_norm(std::vector<double> x, int B, int C, int HW) {
+    const double* gamma = &theta[off];
+    const double* beta = gamma + C;
+    for (int c = 0; c < C; ++c) {
+      double mean = 0, var = 0;
+      for (int n = 0; n < B; ++n)
+        for (int i = 0; i < HW; ++i) mean += x[(std::size_t(n) * C + c) * HW + i] / (B * HW);
+      for (int n = 0; n < B; ++n)
+        for (int i = 0; i < HW; ++i) var += std::pow(x[(std::size_t(n) * C + c) * HW + i] - mean, 2) / (B * HW);
+      for (int n = 0; n < B; ++n)
+        for (int i = 0; i < HW; ++i) {
+          double& v = x[(std::size_t(n) * C + c) * HW + i];
+          v = gamma[c] * (v - mean) / std::sqrt(var + 1e-5) + beta[c];
+        }
+    }
+    off += 2 * std::size_t(C);
+    return x;
+  }
+  // The resnet of core/models/resnet.cpp: conv-bn-relu, 3 stages of basic blocks, mean pool.
+  std::vector<double> resnet(std::vector<double> h, int B, int& width) {
+    int C = spec.channels, H = spec.height, W = spec.width, OH, OW;
+    auto conv_bn = [&](const std::vector<double>& in, int c, int hh, int ww, int oc, int k, int stride) {
+      std::vector<double> y = conv(in, B, c, hh, ww, oc, OH, OW, k, stride, k / 2, false);
+      return batch_norm(y, B, oc, OH * OW);
+    };
+    h = relu(conv_bn(h, C, H, W, spec.stage_width, 3, 1));
+    C = spec.stage_width;
+    for (int stage = 0; stage < 3; ++stage)
+      for (int b = 0; b < (spec.depth - 2) / 6; ++b) {
+        const int oc = spec.stage_width << stage, stride = stage > 0 && b == 0 ? 2 : 1;
+        std::vector<double> m = relu(conv_bn(h, C, H, W, oc, 3, stride));
+        const int MH = OH, MW = OW;
+        m = conv_bn(m, oc, MH, MW, oc, 3, 1);
+        const std::vector<double> shortcut = stride != 1 || C != oc ? conv_bn(h, C, H, W, oc, 1, stride) : h;
+        for (std::size_t i = 0; i < m.size(); ++i) m[i] = std::max(0.0, m[i] + shortcut[i]);
+        h = m, C = oc, H = MH, W = MW;
+      }
+    std::vector<double> pooled(std::size_t(B) * C, 0.0);
+    for (std::size_t i = 0; i < pooled.size(); ++i)
+      for (int k = 0; k < H * W; ++k) pooled[i] += h[i * H * W + k] / (H * W);
+    width = C;
+    return pooled;
   }
 
   // Mean loss over the batch.
@@ -80,6 +128,8 @@ struct Ref {
         C = oc, H = OH, W = OW;
       }
       width = C * H * W;
+    } else if (spec.kind == "resnet") {
+      h = resnet(h, B, width);
     }
     h = linear(h, B, width, spec.outputs);
     double total = 0;
@@ -175,6 +225,13 @@ ModelSpec make(std::string kind, int c, int h, int w, int out, std::vector<int> 
   return s;
 }
 
+// A resnet of `depth` layers, stages of `width`, 2 width and 4 width channels, on c x h x w images.
+ModelSpec make_resnet(int depth, int width, int c, int h, int w, int classes) {
+  ModelSpec s = make("resnet", c, h, w, classes, {}, {}, Loss::softmax_xent);
+  s.depth = depth, s.stage_width = width;
+  return s;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Layers, GradCheck,
     ::testing::Values(
@@ -182,8 +239,93 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"LeastSquares", make("linear", 1, 1, 9, 3, {}, {}, Loss::mse)},
         Case{"MlpTwoHidden", make("mlp", 1, 1, 10, 5, {8, 6}, {}, Loss::softmax_xent)},
         Case{"MlpDefaultShape", make("mlp", 1, 28, 28, 10, {256, 128}, {}, Loss::softmax_xent)},
-        Case{"CnnTwoConv", make("cnn", 2, 9, 8, 3, {}, {3, 4}, Loss::softmax_xent)}),
+        Case{"CnnTwoConv", make("cnn", 2, 9, 8, 3, {}, {3, 4}, Loss::softmax_xent)},
+        Case{"ResNet8", make_resnet(8, 2, 2, 7, 6, 3)},
+        Case{"ResNet14", make_resnet(14, 2, 1, 6, 6, 4)}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// Batch norm by hand: one channel, two images of two pixels, x = 1, 2 | 3, 4; gamma 2, beta 0.5.
+// Batch mean 2.5, biased variance 1.25, unbiased 5/3.
+TEST(BatchNorm, TrainingForwardAndBackwardMatchAHandComputedExample) {
+  auto be = make_cpu_backend(1);
+  BatchNorm2d bn(Shape{1, 1, 2});
+  float theta[2] = {2.0f, 0.5f}, grad[2] = {}, state[2], scratch[2];
+  bn.init_state(state);
+  EXPECT_EQ(state[0], 0.0f) << "running mean starts at 0";
+  EXPECT_EQ(state[1], 1.0f) << "running variance starts at 1";
+  bn.bind(theta, grad);
+  bn.bind_state(state);
+  bn.set_mode(ForwardMode{true, 0.1f});
+  const float x[4] = {1, 2, 3, 4};
+  float y[4];
+  bn.forward(*be, x, y, 2, scratch);
+  const double invstd = 1.0 / std::sqrt(1.25 + 1e-5);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(y[i], 2.0 * (x[i] - 2.5) * invstd + 0.5, 1e-6) << i;
+  EXPECT_NEAR(state[0], 0.9 * 0.0 + 0.1 * 2.5, 1e-7) << "running mean";
+  EXPECT_NEAR(state[1], 0.9 * 1.0 + 0.1 * (5.0 / 3.0), 1e-7) << "running variance (unbiased)";
+  // dy = 1, 0, 0, 0: dbeta = 1; dgamma = xhat[0] = -1.5 invstd;
+  // dx = gamma invstd (dy - dbeta / 4 - xhat dgamma / 4).
+  const float dy[4] = {1, 0, 0, 0};
+  float dx[4];
+  bn.backward(*be, x, y, dy, dx, 2, scratch, GradProgress{});
+  EXPECT_NEAR(grad[0], -1.5 * invstd, 1e-6) << "dgamma";
+  EXPECT_NEAR(grad[1], 1.0, 1e-6) << "dbeta";
+  const double expected[4] = {0.5366606077860684, -0.7155367440505952, -0.17888686926202277, 0.3577630055265496};
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(dx[i], expected[i], 1e-6) << "dx[" << i << "]";
+}
+
+TEST(BatchNorm, InferenceUsesTheRunningStatisticsAndChangesNothing) {
+  auto be = make_cpu_backend(1);
+  BatchNorm2d bn(Shape{1, 1, 2});
+  float theta[2] = {2.0f, 0.5f}, grad[2] = {}, state[2] = {0.25f, 4.0f}, scratch[2] = {-7.0f, -7.0f};
+  bn.bind(theta, grad);
+  bn.bind_state(state);
+  bn.set_mode(ForwardMode{false, 0.1f});
+  const float x[4] = {1, 2, 3, 4};
+  float y[4];
+  bn.forward(*be, x, y, 2, scratch);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(y[i], 2.0 * (x[i] - 0.25) / std::sqrt(4.0 + 1e-5) + 0.5, 1e-6) << i;
+  EXPECT_EQ(state[0], 0.25f);
+  EXPECT_EQ(state[1], 4.0f);
+  EXPECT_EQ(scratch[0], -7.0f) << "inference writes no batch statistics";
+}
+
+// Model::measure_statistics: after batches k = 0, 1, 2 the running statistics are the plain
+// average of the three batches' (whatever they were before), and evaluate() uses them.
+TEST(BatchNorm, MeasuredStatisticsAreThePlainAverageOfTheBatches) {
+  auto be = make_cpu_backend(1);
+  ModelSpec spec = make_resnet(8, 2, 1, 6, 6, 3);
+  Model m(*be, spec, 4);
+  m.init(3);
+  ASSERT_EQ(m.state_floats(), 2u * (2 + 2 * 2 + 4 * 3 + 8 * 3)) << "mean and variance of every batch norm";
+  std::vector<float> x(3 * 4 * 36);
+  Rng rng(5);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(rng.normal() + double(i / 144));  // batch k: mean k
+  std::vector<std::int32_t> y(4, 1);
+  // The stem's batch norm sees conv(x); with the input's mean shifted by k per batch, its
+  // channels' means move too: check the average of the stem's running mean against the
+  // batches' own statistics, measured one batch at a time with momentum 1.
+  std::vector<float> alone(3 * m.state_floats()), averaged(m.state_floats()), again(m.state_floats());
+  for (int k = 0; k < 3; ++k) {
+    m.measure_statistics(x.data() + k * 144, 4, 0);
+    m.store_state(alone.data() + k * m.state_floats());
+  }
+  for (int k = 0; k < 3; ++k) m.measure_statistics(x.data() + k * 144, 4, k);
+  m.store_state(averaged.data());
+  for (std::size_t i = 0; i < 2; ++i) {  // the stem's running mean and variance: the first entries
+    const double mean = (alone[i] + alone[m.state_floats() + i] + alone[2 * m.state_floats() + i]) / 3;
+    EXPECT_NEAR(averaged[i], mean, 1e-5) << "stem running mean " << i;
+    EXPECT_NE(alone[i], alone[m.state_floats() + i]) << "the batches differ";
+  }
+  const EvalCounts e1 = m.evaluate(x.data(), y.data(), nullptr, 4);
+  m.store_state(again.data());
+  EXPECT_EQ(again, averaged) << "evaluate() changed the running statistics";
+  m.reset_state();
+  const EvalCounts e2 = m.evaluate(x.data(), y.data(), nullptr, 4);
+  EXPECT_NE(e1.loss_sum, e2.loss_sum) << "inference ignored the running statistics";
+  m.load_state(averaged.data());
+  EXPECT_EQ(m.evaluate(x.data(), y.data(), nullptr, 4).loss_sum, e1.loss_sum);
+}
 
 TEST(ModelLayout, ParametersAreOneContiguousVectorOfViews) {
   auto be = make_cpu_backend(1);
@@ -220,6 +362,23 @@ std::string thrown(F&& f) {
     return e.what();
   }
   return "(nothing thrown)";
+}
+
+TEST(ModelResNet, HasTheParametersOfHeEtAlAndRefusesBadDepths) {
+  ModelSpec s = make_resnet(20, 16, 3, 32, 32, 10);
+  // ResNet-20 for CIFAR-10: 0.27M parameters (He et al. 2016, table 6).
+  EXPECT_NEAR(double(count_params(s)), 0.27e6, 0.005e6);
+  EXPECT_EQ(count_params(s), 272474u) << "PyTorch's count for the same network (experiments/torch/resnet.py)";
+  s.depth = 56;
+  EXPECT_NEAR(double(count_params(s)), 0.85e6, 0.01e6);
+  s.depth = 9;
+  EXPECT_NE(thrown<std::invalid_argument>([&] { count_params(s); }).find("model.depth must be 6n + 2"), std::string::npos);
+  s = make_resnet(8, 16, 1, 1, 1, 10);
+  EXPECT_NE(thrown<std::invalid_argument>([&] { count_params(s); }).find("needs image data"), std::string::npos);
+  // A layer-wise optimizer sees the blocks' convolutions and batch norms, not whole blocks.
+  s = make_resnet(8, 2, 1, 6, 6, 3);
+  const auto groups = layer_sizes(s, 0, count_params(s));
+  EXPECT_EQ(groups.size(), 2u + 3 * 4 + 2 * 2 + 1);
 }
 
 TEST(ModelExternal, IsItsTensorsSizesAndItsThetaFileAndComputesNothing) {
@@ -359,6 +518,14 @@ class CountingBackend final : public Backend {
   void relu_backward(const float* dy, const float* y, float* dx, std::size_t n) override {
     ++calls, in_.relu_backward(dy, y, dx, n);
   }
+  void batch_norm_forward(const float* x, int B, int C, int HW, const float* g, const float* b, bool training, float m,
+                          float eps, float* rm, float* rv, float* sm, float* si, float* y) override {
+    ++calls, in_.batch_norm_forward(x, B, C, HW, g, b, training, m, eps, rm, rv, sm, si, y);
+  }
+  void batch_norm_backward(const float* x, const float* dy, int B, int C, int HW, const float* g, const float* sm,
+                           const float* si, float* dg, float* db, float* dx) override {
+    ++calls, in_.batch_norm_backward(x, dy, B, C, HW, g, sm, si, dg, db, dx);
+  }
   double softmax_xent(const float* l, const std::int32_t* y, int r, int C, float s, float* d) override {
     return ++calls, in_.softmax_xent(l, y, r, C, s, d);
   }
@@ -385,7 +552,8 @@ class CountingBackend final : public Backend {
 // batch 8: a GPU pays per launch, so no call may be per sample (the CNN's convolutions were).
 TEST(ModelBatch, BackendCallsPerStepDoNotGrowWithTheBatch) {
   for (const ModelSpec& spec : {make("mlp", 1, 28, 28, 10, {256, 128}, {}, Loss::softmax_xent),
-                                make("cnn", 1, 28, 28, 10, {}, {16, 32}, Loss::softmax_xent)}) {
+                                make("cnn", 1, 28, 28, 10, {}, {16, 32}, Loss::softmax_xent),
+                                make_resnet(8, 4, 1, 28, 28, 10)}) {
     auto cpu = make_cpu_backend(1);
     CountingBackend be(*cpu);
     Model m(be, spec, 512);

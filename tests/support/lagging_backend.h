@@ -66,6 +66,14 @@ class LaggingBackend final : public Backend {
   void bias_grad(const float* dy, int o, int c, int i, float* db) override { cpu_->bias_grad(dy, o, c, i, db); }
   void relu_forward(const float* x, float* y, std::size_t n) override { cpu_->relu_forward(x, y, n); }
   void relu_backward(const float* dy, const float* y, float* dx, std::size_t n) override { cpu_->relu_backward(dy, y, dx, n); }
+  void batch_norm_forward(const float* x, int B, int C, int HW, const float* g, const float* b, bool training, float m,
+                          float eps, float* rm, float* rv, float* sm, float* si, float* y) override {
+    cpu_->batch_norm_forward(x, B, C, HW, g, b, training, m, eps, rm, rv, sm, si, y);
+  }
+  void batch_norm_backward(const float* x, const float* dy, int B, int C, int HW, const float* g, const float* sm,
+                           const float* si, float* dg, float* db, float* dx) override {
+    cpu_->batch_norm_backward(x, dy, B, C, HW, g, sm, si, dg, db, dx);
+  }
   double softmax_xent(const float* l, const std::int32_t* y, int r, int C, float s, float* d) override {
     return cpu_->softmax_xent(l, y, r, C, s, d);
   }

@@ -85,6 +85,44 @@ TEST(Training, TheReplicaGathersBatchesFromTheDataSetItself) {
   }
 }
 
+// Batch norm at evaluation: the replica measures the running statistics for the θ it evaluates
+// (Replica::measure_statistics), so the evaluator's accuracy depends on θ alone, not on the
+// replica's history, and equals a recomputation from the saved θ and statistics.
+TEST(Training, AResNetsEvaluationIsARecomputationFromItsThetaAndStatistics) {
+  const ExperimentConfig cfg = parse_config(
+      "name = \"t\"\n[data]\ntrain_samples = 2048\ntest_samples = 1000\n[model]\nkind = \"resnet\"\ndepth = 8\n"
+      "width = 4\n[train]\nbatch = 64\n[optimizer]\nlr = 0.1\n", "resnet");
+  const std::vector<float> theta = train_params(cfg, 60);
+  auto be = make_cpu_backend(1);
+  const DataSplit data = load_data(cfg);
+  Replica evaluator(*be, model_spec(cfg), data.train, 256);
+  evaluator.model().load_params(theta.data());
+  const EvalCounts e = evaluator.evaluate(data.test);
+  EXPECT_GT(double(e.correct) / e.samples, 0.25) << "60 steps of a ResNet-8 on Fashion-MNIST (chance: 10%)";
+  std::vector<float> stats(evaluator.model().state_floats());
+  evaluator.model().store_state(stats.data());
+
+  // Another replica that trained first (its running statistics its own) evaluates the same θ alike.
+  Replica other(*be, model_spec(cfg), data.train, 256);
+  other.model().init(99);
+  for (int k = 0; k < 5; ++k) other.compute_gradient(std::vector<std::uint32_t>{1, 2, 3, 5, 8, 13, 21, 34});
+  other.model().load_params(theta.data());
+  const EvalCounts o = other.evaluate(data.test);
+  EXPECT_EQ(o.loss_sum, e.loss_sum);
+  EXPECT_EQ(o.correct, e.correct);
+
+  // The saved θ and statistics in a bare model, evaluated without measuring anything.
+  Model saved(*be, model_spec(cfg), 1000);
+  saved.load_params(theta.data());
+  saved.load_state(stats.data());
+  const EvalCounts r = saved.evaluate(data.test.x.data(), data.test.labels.data(), nullptr, data.test.n);
+  EXPECT_EQ(r.correct, e.correct);
+  EXPECT_NEAR(r.loss_sum, e.loss_sum, 1e-6 * e.loss_sum) << "(batches of 1000 here, 256 in the replica)";
+  saved.reset_state();
+  EXPECT_NE(saved.evaluate(data.test.x.data(), data.test.labels.data(), nullptr, data.test.n).loss_sum, r.loss_sum)
+      << "the statistics made no difference";
+}
+
 TEST(Training, SameSeedGivesBitwiseIdenticalParameters) {
   ExperimentConfig cfg = synthetic("logistic", "mlp");
   cfg.optimizer.kind = "adam";

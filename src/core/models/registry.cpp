@@ -8,6 +8,7 @@ namespace models {
 std::unique_ptr<ModelKind> make_linear(const std::string&);
 std::unique_ptr<ModelKind> make_mlp(const std::string&);
 std::unique_ptr<ModelKind> make_cnn(const std::string&);
+std::unique_ptr<ModelKind> make_resnet(const std::string&);
 std::unique_ptr<ModelKind> make_external(const std::string&);
 }  // namespace models
 
@@ -17,6 +18,8 @@ Registry<ModelKind>& model_registry() {
       {"linear", "linear", "softmax regression (classes) or least squares (regression outputs)", false, make_linear},
       {"mlp", "mlp", "ReLU layers of model.hidden widths, then a linear head", false, make_mlp},
       {"cnn", "cnn", "5x5 stride-2 convolutions of model.conv_channels, then a linear head (image data)", false, make_cnn},
+      {"resnet", "resnet", "the CIFAR ResNet of model.depth layers (6n + 2), stages of model.width, 2x and 4x channels, "
+       "batch norm (image data)", false, make_resnet},
       {"external", "external", "your own model, trained by your own workers (libpslab_client.so): tensors of model.sizes, "
        "θ0 from model.theta_file", false, make_external},
   });
