@@ -199,6 +199,15 @@ class Backend {
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
 // Sets OpenBLAS's thread count for this process.
 void set_cpu_backend_threads(int threads);
+// OpenBLAS picks its kernels when it loads, from the CPU's model: one it does not know (a VM's
+// "Intel Xeon Processor") gets its SSE3 "Prescott" kernels, 2.5x slower than the AVX2 or AVX-512
+// kernels such a CPU runs. Called first thing in main(): where OpenBLAS chose Prescott on a CPU
+// with AVX-512 (AVX2) and OPENBLAS_CORETYPE is not set, re-executes this program with
+// OPENBLAS_CORETYPE=SkylakeX (Haswell) and the same arguments (the process keeps its pid);
+// otherwise returns. A user's OPENBLAS_CORETYPE is always kept.
+void use_best_blas_kernels(char** argv);
+// The kernels OpenBLAS uses in this process ("SkylakeX", "Haswell", "Prescott", ...).
+std::string blas_kernels();
 // The CUDA backend on GPU `gpu_slot` mod the number of visible GPUs, so that processes that
 // count their slots 0, 1, 2, ... on one host spread over its GPUs; throws if pslab was built
 // without CUDA or no GPU is usable (the message says which).

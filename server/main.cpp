@@ -11,6 +11,7 @@
 #include "run/metrics.h"
 #include "run/setup.h"
 #include "server.h"
+#include "backend.h"
 
 using namespace pslab;
 
@@ -20,6 +21,7 @@ extern "C" void on_signal(int) { g_stop.store(true); }
 }  // namespace
 
 int main(int argc, char** argv) {
+  pslab::use_best_blas_kernels(argv);  // (may re-execute this program: first)
   CLI::App app{"pslab parameter server: serves one shard of the parameters to the workers of a run"};
   std::string config_path;
   std::vector<std::string> overrides;

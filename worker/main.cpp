@@ -22,6 +22,7 @@
 #include "roles.h"
 #include "run/plan.h"
 #include "sim/virtual_cluster.h"
+#include "backend.h"
 
 using namespace pslab;
 
@@ -238,6 +239,7 @@ int Commands::run_config() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  pslab::use_best_blas_kernels(argv);  // (may re-execute this program: first)
   CLI::App app{"pslab worker: trains a model alone or as one rank of a distributed run"};
   app.require_subcommand(1);
   Commands commands(app);

@@ -1,7 +1,11 @@
 // CPU backend: OpenBLAS for matrix products, plain loops over kernels/elementwise.h for the rest.
 #include <cblas.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -10,6 +14,7 @@
 #include <string>
 
 #include "backend.h"
+#include "thread_team.h"
 
 namespace pslab {
 namespace {
@@ -136,46 +141,38 @@ class CpuBackend final : public Backend {
     for (std::size_t i = 0; i < n; ++i) dx[i] = math::relu_grad(dy[i], y[i]);
   }
 
+  // Channels split over the BLAS threads' team (each channel's sums in order: bitwise the same).
   void batch_norm_forward(const float* x, int B, int C, int HW, const float* gamma, const float* beta, bool training,
                           float momentum, float eps, float* running_mean, float* running_var, float* saved_mean,
                           float* saved_invstd, float* y) override {
-    for (int c = 0; c < C; ++c) {
-      math::BnChannel s;
-      if (training) {
-        double sum = 0.0, sumsq = 0.0;
-        for (int b = 0; b < B; ++b) {
-          const float* p = x + (std::size_t(b) * C + c) * HW;
-          for (int i = 0; i < HW; ++i) sum += p[i], sumsq += double(p[i]) * p[i];
+    in_parallel(channel_members(C), C, [&](int, int lo, int hi) {
+      for (int c = lo; c < hi; ++c) {
+        math::BnChannel s;
+        if (training) {
+          double sum = 0.0, sumsq = 0.0;
+          for_channel(B, C, HW, c, [&](std::size_t i) { sum += x[i], sumsq += double(x[i]) * x[i]; });
+          s = math::bn_batch_channel(sum, sumsq, double(B) * HW, eps, momentum, running_mean + c, running_var + c);
+          saved_mean[c] = s.mean, saved_invstd[c] = s.invstd;
+        } else {
+          s = math::bn_running_channel(running_mean[c], running_var[c], eps);
         }
-        s = math::bn_batch_channel(sum, sumsq, double(B) * HW, eps, momentum, running_mean + c, running_var + c);
-        saved_mean[c] = s.mean, saved_invstd[c] = s.invstd;
-      } else {
-        s = math::bn_running_channel(running_mean[c], running_var[c], eps);
+        for_channel(B, C, HW, c, [&](std::size_t i) { y[i] = math::bn_forward_value(x[i], s, gamma[c], beta[c]); });
       }
-      for (int b = 0; b < B; ++b) {
-        const std::size_t at = (std::size_t(b) * C + c) * HW;
-        for (int i = 0; i < HW; ++i) y[at + i] = math::bn_forward_value(x[at + i], s, gamma[c], beta[c]);
-      }
-    }
+    });
   }
   void batch_norm_backward(const float* x, const float* dy, int B, int C, int HW, const float* gamma,
                            const float* saved_mean, const float* saved_invstd, float* dgamma, float* dbeta,
                            float* dx) override {
-    for (int c = 0; c < C; ++c) {
-      double sum_dy = 0.0, sum_dy_x = 0.0;
-      for (int b = 0; b < B; ++b) {
-        const std::size_t at = (std::size_t(b) * C + c) * HW;
-        for (int i = 0; i < HW; ++i) sum_dy += dy[at + i], sum_dy_x += double(dy[at + i]) * x[at + i];
+    in_parallel(channel_members(C), C, [&](int, int lo, int hi) {
+      for (int c = lo; c < hi; ++c) {
+        double sum_dy = 0.0, sum_dy_x = 0.0;
+        for_channel(B, C, HW, c, [&](std::size_t i) { sum_dy += dy[i], sum_dy_x += double(dy[i]) * x[i]; });
+        const math::BnBackward k =
+            math::bn_backward_channel(sum_dy, sum_dy_x, double(B) * HW, {saved_mean[c], saved_invstd[c]}, gamma[c]);
+        dgamma[c] = k.dgamma, dbeta[c] = k.dbeta;
+        if (dx) for_channel(B, C, HW, c, [&](std::size_t i) { dx[i] = math::bn_backward_value(dy[i], x[i], k); });
       }
-      const math::BnBackward k =
-          math::bn_backward_channel(sum_dy, sum_dy_x, double(B) * HW, {saved_mean[c], saved_invstd[c]}, gamma[c]);
-      dgamma[c] = k.dgamma, dbeta[c] = k.dbeta;
-      if (!dx) continue;
-      for (int b = 0; b < B; ++b) {
-        const std::size_t at = (std::size_t(b) * C + c) * HW;
-        for (int i = 0; i < HW; ++i) dx[at + i] = math::bn_backward_value(dy[at + i], x[at + i], k);
-      }
-    }
+    });
   }
 
   double softmax_xent(const float* logits, const std::int32_t* labels, int rows, int C,
@@ -248,41 +245,87 @@ class CpuBackend final : public Backend {
         std::memcpy(y + (std::size_t(b) * A + a) * N, x + (std::size_t(a) * B + b) * N, std::size_t(N) * sizeof(float));
   }
 
-  // With one BLAS thread, image by image: one image's columns (C*KH*KW, OH*OW) stay in the
-  // cache between im2col and its GEMMs, where the whole batch's (5 MB for the small CNN's second
-  // layer at batch 64) goes through memory five times: 1.08x the whole-batch step on 1 core.
-  // With more threads the whole batch (Backend's default), whose large GEMMs OpenBLAS splits
-  // over them. Processes set their thread count once, at start, so forward and backward agree.
-  // scratch: the images' columns one after another (B blocks of (K, N)) | one image's more.
+  // Image by image: one image's columns (C*KH*KW, OH*OW) stay in the cache between im2col and
+  // its GEMMs, where the whole batch's (5 MB for the small CNN's second layer at batch 64) would
+  // go through memory five times (1.08x the whole-batch step on 1 core; 2.4x for ResNet-8's
+  // 16-channel 3x3 convolutions on 2 cores). With more BLAS threads the images are split over a
+  // team of that many threads, each running its images' GEMMs on one BLAS thread: a forward and
+  // an input gradient are bitwise those of one thread; dW adds the members' sums in member order.
+  // scratch (conv_scratch_floats): the images' columns one after another (B blocks of (K, N)),
+  // one block more, then (OC, B*N), of which the members beyond the first keep their dW sums.
   void conv_forward(const float* x, const float* W, const math::ConvGeometry& g, int OC, int B, float* y,
                     float* scratch) override {
-    if (!image_by_image()) return Backend::conv_forward(x, W, g, OC, B, y, scratch);
     const int K = g.C * g.KH * g.KW, N = g.OH() * g.OW();
-    for (int b = 0; b < B; ++b) {
-      float* cols = scratch + std::size_t(b) * K * N;
-      im2col(x + std::size_t(b) * g.C * g.H * g.W, g, 1, cols);
-      gemm(Trans::no, Trans::no, OC, N, K, 1.0f, W, K, cols, N, 0.0f, y + std::size_t(b) * OC * N, N);
-    }
+    in_parallel(team_size(K, B, N), B, [&](int, int lo, int hi) {
+      for (int b = lo; b < hi; ++b) {
+        float* cols = scratch + std::size_t(b) * K * N;
+        im2col(x + std::size_t(b) * g.C * g.H * g.W, g, 1, cols);
+        gemm(Trans::no, Trans::no, OC, N, K, 1.0f, W, K, cols, N, 0.0f, y + std::size_t(b) * OC * N, N);
+      }
+    });
   }
   void conv_backward(const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B, float* dW,
                      float* dx, float* scratch) override {
-    if (!image_by_image()) return Backend::conv_backward(W, dy, g, OC, B, dW, dx, scratch);
     const int K = g.C * g.KH * g.KW, N = g.OH() * g.OW();
-    if (B == 0) return fill(dW, std::size_t(OC) * K, 0.0f);
-    float* dcols = scratch + std::size_t(B) * K * N;
-    for (int b = 0; b < B; ++b) {
-      const float* cols = scratch + std::size_t(b) * K * N;
-      const float* dyb = dy + std::size_t(b) * OC * N;
-      gemm(Trans::no, Trans::yes, OC, K, N, 1.0f, dyb, N, cols, N, b == 0 ? 0.0f : 1.0f, dW, K);  // dW += dy_b cols_b^T
-      if (dx) {
-        gemm(Trans::yes, Trans::no, K, N, OC, 1.0f, W, K, dyb, N, 0.0f, dcols, N);  // W^T dy_b
-        col2im(dcols, g, 1, dx + std::size_t(b) * g.C * g.H * g.W);
+    const std::size_t dW_floats = std::size_t(OC) * K;
+    float* sums = scratch + std::size_t(B + 1) * K * N;  // members 1, 2, ...: their dW
+    const int members = team_size(K, B, N);
+    in_parallel(members, B, [&](int m, int lo, int hi) {
+      float* dWm = m == 0 ? dW : sums + std::size_t(m - 1) * dW_floats;
+      if (lo == hi) std::fill_n(dWm, dW_floats, 0.0f);
+      for (int b = lo; b < hi; ++b) {
+        float* cols = scratch + std::size_t(b) * K * N;
+        const float* dyb = dy + std::size_t(b) * OC * N;
+        gemm(Trans::no, Trans::yes, OC, K, N, 1.0f, dyb, N, cols, N, b == lo ? 0.0f : 1.0f, dWm, K);  // dW += dy_b cols_b^T
+        if (dx) {  // W^T dy_b, into the image's columns (read for the last time above)
+          gemm(Trans::yes, Trans::no, K, N, OC, 1.0f, W, K, dyb, N, 0.0f, cols, N);
+          col2im(cols, g, 1, dx + std::size_t(b) * g.C * g.H * g.W);
+        }
       }
-    }
+    });
+    for (int m = 1; m < members; ++m) axpy(dW_floats, 1.0f, sums + std::size_t(m - 1) * dW_floats, dW);
   }
 
  private:
-  static bool image_by_image() { return openblas_get_num_threads() == 1; }
+  // Members to split a convolution's B images over: the BLAS threads, as many as the scratch
+  // holds the dW sums of (K*B*N floats beyond the columns: (members - 1) * K <= B*N).
+  static int team_size(int K, int B, int N) {
+    const int threads = std::max(1, openblas_get_num_threads());
+    return std::clamp(std::min(threads, 1 + int(std::size_t(B) * N / std::size_t(std::max(K, 1)))), 1, threads);
+  }
+  // f(i) for the indices i of channel c's B*HW values in (B, C, HW), in order.
+  template <typename F>
+  static void for_channel(int B, int C, int HW, int c, F f) {
+    for (int b = 0; b < B; ++b) {
+      const std::size_t at = (std::size_t(b) * C + c) * HW;
+      for (std::size_t i = at; i < at + std::size_t(HW); ++i) f(i);
+    }
+  }
+  static int channel_members(int C) { return std::clamp(openblas_get_num_threads(), 1, std::max(C, 1)); }
+  // f(member, lo, hi) for member m of `members` and its items [lo, hi) of B (images, channels);
+  // with more than one member on a team of that size, each on one BLAS thread.
+  template <typename F>
+  void in_parallel(int members, int B, F f) {
+    if (members == 1) return f(0, 0, B);
+    if (!team_ || team_->size() != members) team_ = std::make_unique<ThreadTeam>(members);
+    const int threads = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    try {
+      struct Job {
+        F& f;
+        int members, B;
+      } job{f, members, B};  // (one pointer captured: std::function stores it without allocating)
+      team_->run([&job](int m) {
+        job.f(m, int(std::int64_t(job.B) * m / job.members), int(std::int64_t(job.B) * (m + 1) / job.members));
+      });
+    } catch (...) {
+      openblas_set_num_threads(threads);
+      throw;
+    }
+    openblas_set_num_threads(threads);
+  }
+
+  std::unique_ptr<ThreadTeam> team_;  // the convolutions' (made on first use)
 
   // Visits every entry of a batch's column matrix in memory order: inside(entry, the image
   // pixel it reads) or, in the zero padding, padding(entry). Out of line: inlined into
@@ -307,7 +350,11 @@ class CpuBackend final : public Backend {
               }
               Image* px = img + (std::size_t(c) * g.H + ih) * g.W + (lo * s - g.pad + kw);
               for (int ow = 0; ow < lo; ++ow) padding(*cols++);
-              for (int ow = lo; ow < hi; ++ow, px += s) inside(*cols++, px);
+              if (s == 1) {  // (a unit stride of its own: this loop vectorises)
+                for (int ow = lo; ow < hi; ++ow, ++px) inside(*cols++, px);
+              } else {
+                for (int ow = lo; ow < hi; ++ow, px += s) inside(*cols++, px);
+              }
               for (int ow = hi; ow < OW; ++ow) padding(*cols++);
             }
           }
@@ -318,6 +365,23 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 void set_cpu_backend_threads(int threads) { openblas_set_num_threads(threads); }
+
+std::string blas_kernels() { return openblas_get_corename(); }
+
+void use_best_blas_kernels(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") || blas_kernels() != "Prescott") return;
+  __builtin_cpu_init();  // (both tests ask the OS too: AVX state enabled)
+  const char* best = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")
+                         ? "SkylakeX"
+                     : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell"
+                                                                                       : nullptr;
+  if (!best) return;
+  setenv("OPENBLAS_CORETYPE", best, 1);
+  execv("/proc/self/exe", argv);
+  std::fprintf(stderr, "pslab: could not re-execute with OPENBLAS_CORETYPE=%s (%s); going on with OpenBLAS's %s kernels\n",
+               best, std::strerror(errno), blas_kernels().c_str());
+}
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) {
   return std::make_unique<CpuBackend>(threads);

@@ -39,7 +39,7 @@
 #include "backend.h"
 #include "comm/transport/transport.h"
 #include "comm/wire.h"
-#include "core/thread_team.h"
+#include "thread_team.h"
 #include "core/optimizer.h"
 #include "ps/checkpoint.h"
 #include "ps/codecs/codec.h"

@@ -24,6 +24,7 @@
 #include "comm/collective.h"
 #include "roles.h"
 #include "run/setup.h"
+#include "backend.h"
 
 using namespace pslab;
 using Clock = std::chrono::steady_clock;
@@ -105,6 +106,7 @@ nlohmann::ordered_json run_rank(int rank, int W, const std::string& ep, const st
 }  // namespace
 
 int main(int argc, char** argv) {
+  pslab::use_best_blas_kernels(argv);  // (may re-execute this program: first)
   CLI::App app{"pslab all-reduce benchmark (one process per rank on this machine)"};
   int ranks = 2, runs = 5, rank = -1, bucket_kb = 256;
   long steps = 500;

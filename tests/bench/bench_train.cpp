@@ -19,10 +19,12 @@
 #include "core/replica.h"
 #include "core/sampler.h"
 #include "run/setup.h"
+#include "backend.h"
 
 using namespace pslab;
 
 int main(int argc, char** argv) {
+  pslab::use_best_blas_kernels(argv);  // (may re-execute this program: first)
   CLI::App app{"pslab training-throughput benchmark"};
   std::string model = "mlp", json_path, device = "cpu";
   int batch = 64, threads = 2, runs = 5;

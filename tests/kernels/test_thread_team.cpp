@@ -1,10 +1,10 @@
-// The thread team (core/thread_team.h) that splits one pass over memory (a shard's update) across cores.
+// The thread team (kernels/thread_team.h) that splits one pass over memory (a shard's update) across cores.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
 #include <vector>
 
-#include "core/thread_team.h"
+#include "thread_team.h"
 
 using namespace pslab;
 

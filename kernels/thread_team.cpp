@@ -1,4 +1,4 @@
-#include "core/thread_team.h"
+#include "thread_team.h"
 
 #include <stdexcept>
 #include <string>
