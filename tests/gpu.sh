@@ -26,11 +26,16 @@
 #      norm, experiments/torch/resnet.py) on cuda, bsp and asp, 4 workers, 1 epoch: both must
 #      finish at >= 80% test accuracy; needs a python3 whose PyTorch has CUDA ($PSLAB_TORCH_PYTHON,
 #      else python3 on PATH, else /usr/bin/python3), skipped, saying so, without one
+#   8. ResNet-20 with batch norm (model.kind = "resnet") on CIFAR-10 on the GPU:
+#      experiments/configs/resnet-cifar10.toml, its five modes, 4 workers, 2 epochs: every run must
+#      finish; on the real data set ($PSLAB_CIFAR10, else /usr/share/datasets/cifar-10-batches-bin)
+#      where present, else on a generated file in its format whose classes differ in colour (then
+#      every mode must reach 50%)
 # --quick: fewer steps and runs (a smoke test of the command itself). --only: these steps alone.
 # Exit: 0 every check passed; 1 a check failed (named at the end); 77 no GPU here (nothing checked).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build="$root/build" quick=0 only=1,2,3,4,5,6,7
+build="$root/build" quick=0 only=1,2,3,4,5,6,7,8
 while (($#)); do
   case $1 in
     --build-dir) build=$2; shift 2 ;;
@@ -232,6 +237,42 @@ print("below 80%:", bad) if bad else None; sys.exit(1 if bad else 0)' "$root"/ru
   else
     failed+=("PyTorch ResNet on cuda (torch-resnet.toml)"); grep -v "^\[" "$log" | tail -25
   fi
+fi
+fi
+
+if wanted 8; then  # ---- step 8 ----
+step "8. ResNet-20 on CIFAR-10 on the GPU: resnet-cifar10.toml, five modes, 4 workers"
+cifar=${PSLAB_CIFAR10:-/usr/share/datasets/cifar-10-batches-bin} generated=0
+if [[ ! -f $cifar/data_batch_1.bin ]]; then
+  cifar="$out/cifar10-generated" generated=1
+  echo "no CIFAR-10 at ${PSLAB_CIFAR10:-/usr/share/datasets/cifar-10-batches-bin}: a generated file in its format ($cifar)"
+  /usr/bin/python3 - "$cifar" <<'PY'
+import os, random, sys
+os.makedirs(sys.argv[1], exist_ok=True)
+rng = random.Random(1)
+def write(name, n):  # records: label byte, then 3 x 32 x 32 bytes; class c: channel means from c
+    with open(os.path.join(sys.argv[1], name), "wb") as f:
+        for _ in range(n):
+            c = rng.randrange(10)
+            means = (25 * c, 250 - 25 * c, 120 + (c % 3) * 40)
+            f.write(bytes([c]) + b"".join(bytes(min(255, max(0, m + rng.randrange(-60, 61))) for _ in range(1024)) for m in means))
+write("data_batch_1.bin", 10000)
+write("test_batch.bin", 2000)
+PY
+fi
+quick8=(--set train.epochs=2.0); ((quick)) && quick8=(--set train.steps=30)
+log="$out/gpu-resnet-cifar10.log"
+if /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/resnet-cifar10.toml" --build-dir "$build" \
+     --set "data.path=\"$cifar\"" --set cluster.workers=4 "${quick8[@]}" \
+     --runs-dir "$root/runs/gpu-resnet" --no-plots --keep-going > "$log" 2>&1; then
+  grep -E "^\| " "$log"
+  if ((generated && !quick)) && ! /usr/bin/python3 -c 'import json, sys
+bad = [p for p in sys.argv[1:] if json.load(open(p))["final_test_acc"] < 0.50]
+print("below 50%:", bad) if bad else None; sys.exit(1 if bad else 0)' "$root"/runs/gpu-resnet/resnet-cifar10/latest/*/summary.json; then
+    failed+=("ResNet-20 on the generated CIFAR-10 below 50%")
+  fi
+else
+  failed+=("ResNet-20 on CIFAR-10 on cuda (resnet-cifar10.toml)"); grep -v "^\[" "$log" | tail -25
 fi
 fi
 

@@ -21,12 +21,6 @@ namespace {
 
 CBLAS_TRANSPOSE cblas_trans(Trans t) { return t == Trans::yes ? CblasTrans : CblasNoTrans; }
 
-blasint blas_int(std::size_t n) {
-  if (n > std::size_t(std::numeric_limits<blasint>::max()))
-    throw std::length_error("vector of " + std::to_string(n) + " floats is too long for BLAS");
-  return blasint(n);
-}
-
 // One op of an element-wise program over m elements of its registers: math::apply_op with the
 // op's code fixed, so that the switch is out of the loop and the loop vectorizes.
 template <math::OpCode C>
@@ -90,8 +84,12 @@ class CpuBackend final : public Backend {
     cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), M, N, K, alpha, A, lda, B,
                 ldb, beta, C, ldc);
   }
+  // Long vectors split over the team of the BLAS threads (an OpenBLAS saxpy would wake its own
+  // threads, which then spin beside the team's).
   void axpy(std::size_t n, float a, const float* x, float* y) override {
-    cblas_saxpy(blas_int(n), a, x, 1, y, 1);  // OpenBLAS spreads long vectors over its threads
+    split_floats(n, [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t i = lo; i < hi; ++i) y[i] += a * x[i];
+    });
   }
   void scale(std::size_t n, float a, float* x) override {
     for (std::size_t i = 0; i < n; ++i) x[i] *= a;
@@ -135,10 +133,14 @@ class CpuBackend final : public Backend {
       }
   }
   void relu_forward(const float* x, float* y, std::size_t n) override {
-    for (std::size_t i = 0; i < n; ++i) y[i] = math::relu(x[i]);
+    split_floats(n, [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t i = lo; i < hi; ++i) y[i] = math::relu(x[i]);
+    });
   }
   void relu_backward(const float* dy, const float* y, float* dx, std::size_t n) override {
-    for (std::size_t i = 0; i < n; ++i) dx[i] = math::relu_grad(dy[i], y[i]);
+    split_floats(n, [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t i = lo; i < hi; ++i) dx[i] = math::relu_grad(dy[i], y[i]);
+    });
   }
 
   // Channels split over the BLAS threads' team (each channel's sums in order: bitwise the same).
@@ -300,6 +302,15 @@ class CpuBackend final : public Backend {
       const std::size_t at = (std::size_t(b) * C + c) * HW;
       for (std::size_t i = at; i < at + std::size_t(HW); ++i) f(i);
     }
+  }
+  // f(lo, hi) over pieces of [0, n), split over the team when n is long (each element's
+  // arithmetic the same however it is split).
+  template <typename F>
+  void split_floats(std::size_t n, F f) {
+    constexpr std::size_t kPiece = std::size_t(1) << 14;  // floats
+    const int pieces = int((n + kPiece - 1) / kPiece);
+    const int members = n < 4 * kPiece ? 1 : std::clamp(openblas_get_num_threads(), 1, pieces);
+    in_parallel(members, pieces, [&](int, int lo, int hi) { f(std::size_t(lo) * kPiece, std::min(n, std::size_t(hi) * kPiece)); });
   }
   static int channel_members(int C) { return std::clamp(openblas_get_num_threads(), 1, std::max(C, 1)); }
   // f(member, lo, hi) for member m of `members` and its items [lo, hi) of B (images, channels);

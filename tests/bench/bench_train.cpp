@@ -31,6 +31,8 @@ int main(int argc, char** argv) {
   long steps = 2000, warmup = 200; int max_batch = 0;
   app.add_option("--model", model)->capture_default_str();
   app.add_option("--device", device)->capture_default_str();
+  int depth = 20;
+  app.add_option("--depth", depth, "resnet: its depth (6n + 2)")->capture_default_str();
   app.add_option("--batch", batch)->capture_default_str();
   app.add_option("--threads", threads, "OpenBLAS threads")->capture_default_str();
   app.add_option("--steps", steps)->capture_default_str();
@@ -44,6 +46,7 @@ int main(int argc, char** argv) {
 
   ExperimentConfig cfg;
   cfg.model.kind = model;
+  cfg.model.depth = depth;
   cfg.train.batch = batch;
   DataSplit data;
   try {

@@ -601,5 +601,41 @@ TEST_F(GpuBackend, ConvolutionForwardAndBackward) {
   }
 }
 
+// Batch norm in both modes, over channels of a few values and of more than a block's threads.
+TEST_F(GpuBackend, BatchNormForwardAndBackward) {
+  std::uint32_t seed = 800;
+  for (auto [B, C, HW] : {std::tuple{3, 2, 4}, {16, 5, 49}, {64, 3, 1}}) {
+    SCOPED_TRACE("B=" + std::to_string(B) + " C=" + std::to_string(C) + " HW=" + std::to_string(HW));
+    const std::size_t n = std::size_t(B) * C * HW;
+    const auto x = random_floats(n, ++seed, -2.0f, 3.0f), dy = random_floats(n, ++seed);
+    const auto gamma = random_floats(std::size_t(C), ++seed, 0.5f, 1.5f), beta = random_floats(std::size_t(C), ++seed);
+    std::vector<float> running(2 * std::size_t(C), 1.0f);
+    for (int c = 0; c < C; ++c) running[std::size_t(c)] = 0.1f * float(c);
+    const std::vector<float> nan_n(n, std::nanf("")), nan_c(2 * std::size_t(C), std::nanf(""));
+    std::vector<float> out[2][6];
+    for (Backend* be : {&cpu(), &gpu()}) {
+      DeviceBuffer<float> bx = upload(*be, x), bdy = upload(*be, dy), bg = upload(*be, gamma), bb = upload(*be, beta),
+                          br = upload(*be, running), bs = upload(*be, nan_c), by = upload(*be, nan_n),
+                          bi = upload(*be, nan_n), bdx = upload(*be, nan_n), bd = upload(*be, nan_c);
+      const int C2 = C;
+      be->batch_norm_forward(bx.data(), B, C, HW, bg.data(), bb.data(), true, 0.1f, 1e-5f, br.data(), br.data() + C2,
+                             bs.data(), bs.data() + C2, by.data());
+      be->batch_norm_backward(bx.data(), bdy.data(), B, C, HW, bg.data(), bs.data(), bs.data() + C2, bd.data(),
+                              bd.data() + C2, bdx.data());
+      be->batch_norm_forward(bx.data(), B, C, HW, bg.data(), bb.data(), false, 0.1f, 1e-5f, br.data(), br.data() + C2,
+                             nullptr, nullptr, bi.data());
+      const int k = be == &gpu();
+      out[k][0] = download(*be, by), out[k][1] = download(*be, bs), out[k][2] = download(*be, br);
+      out[k][3] = download(*be, bd), out[k][4] = download(*be, bdx), out[k][5] = download(*be, bi);
+    }
+    EXPECT_TRUE(agree("training y", out[0][0], out[1][0]));
+    EXPECT_TRUE(agree("saved mean, invstd", out[0][1], out[1][1]));
+    EXPECT_TRUE(agree("running mean, variance", out[0][2], out[1][2]));
+    EXPECT_TRUE(agree("dgamma, dbeta", out[0][3], out[1][3]));
+    EXPECT_TRUE(agree("dx", out[0][4], out[1][4]));
+    EXPECT_TRUE(agree("inference y", out[0][5], out[1][5]));
+  }
+}
+
 }  // namespace
 }  // namespace pslab

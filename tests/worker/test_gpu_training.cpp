@@ -41,6 +41,43 @@ std::vector<float> train_ps(ExperimentConfig cfg, const std::string& device) {
   return cluster.params();
 }
 
+// Every layer of a ResNet (convolutions without bias, batch norm, residual blocks with identity
+// and projection shortcuts, average pooling, the head) on the GPU against the CPU: one step's
+// loss and ∇θ, the running statistics it leaves, and an evaluation in inference mode.
+TEST(GpuResNet, AStepAndAnEvaluationAgreeWithTheCpu) {
+  PSLAB_SKIP_WITHOUT_GPU();
+  ModelSpec spec;
+  spec.kind = "resnet", spec.depth = 14, spec.stage_width = 4;
+  spec.channels = 3, spec.height = 12, spec.width = 12, spec.outputs = 5;
+  const int B = 16;
+  std::vector<float> x(std::size_t(B) * 3 * 12 * 12);
+  std::vector<std::int32_t> y(B);
+  Rng rng(3);
+  for (auto& v : x) v = float(rng.normal());
+  for (auto& l : y) l = std::int32_t(rng.below(5));
+  std::vector<float> grads[2], state[2];
+  double loss[2], eval_loss[2];
+  for (int k = 0; k < 2; ++k) {
+    const std::unique_ptr<Backend> be = k == 0 ? make_cpu_backend(1) : make_cuda_backend(0);
+    Model m(*be, spec, B);
+    m.init(7);
+    DeviceBuffer<float> bx(*be, x.size());
+    DeviceBuffer<std::int32_t> by(*be, y.size());
+    be->copy_from_host(bx.data(), x.data(), bx.bytes());
+    be->copy_from_host(by.data(), y.data(), by.bytes());
+    loss[k] = m.forward_backward(bx.data(), by.data(), nullptr, B);
+    grads[k].resize(m.num_params());
+    be->copy_to_host(grads[k].data(), m.grads(), grads[k].size() * sizeof(float));
+    state[k].resize(m.state_floats());
+    m.store_state(state[k].data());
+    eval_loss[k] = m.evaluate(bx.data(), by.data(), nullptr, B).loss_sum;
+  }
+  EXPECT_NEAR(loss[1], loss[0], 1e-4 * std::max(1.0, std::abs(loss[0])));
+  EXPECT_TRUE(close(grads[0], grads[1])) << "∇θ";
+  EXPECT_TRUE(close(state[0], state[1])) << "running statistics";
+  EXPECT_NEAR(eval_loss[1], eval_loss[0], 1e-4 * std::max(1.0, std::abs(eval_loss[0])));
+}
+
 class GpuPsTraining : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuPsTraining, BspOnCudaMatchesCpu) {
