@@ -2,10 +2,11 @@
 # Benchmarks (never part of the test suite): training throughput of one replica, parameter
 # server push+pull over loopback, and all-reduce with 2 ranks. Each writes JSON to
 # runs/bench/<name>.json and prints it. Run on an otherwise idle machine.
-#   experiments/bench.sh [train|ps|allreduce|replicas|client|torch ...]   (default: the first three;
+#   experiments/bench.sh [train|ps|allreduce|replicas|client|torch|resnet ...]   (default: the first three;
 #   replicas: the default comparison's asp run with and without backups, experiments/bench_replicas.py;
 #   client: a PyTorch worker's push+pull against the C++ worker's, tests/bench/bench_client.py;
-#   torch: the PyTorch MLP in asp against PyTorch alone, tests/bench/bench_torch_worker.py)
+#   torch: the PyTorch MLP in asp against PyTorch alone, tests/bench/bench_torch_worker.py;
+#   resnet: ResNet-8 and -20 training on the CPU against PyTorch's, tests/bench/bench_resnet.py)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${PSLAB_BUILD:-$root/build}
@@ -22,7 +23,8 @@ for b in "${which[@]}"; do
     replicas)  PSLAB_BUILD="$build" /usr/bin/python3 "$root/experiments/bench_replicas.py" --rounds 5 --json "$out/replicas.json" ;;
     client)    PSLAB_BUILD="$build" /usr/bin/python3 "$root/tests/bench/bench_client.py" --runs 5 --json "$out/client.json" ;;
     torch)     PSLAB_BUILD="$build" /usr/bin/python3 "$root/tests/bench/bench_torch_worker.py" --runs 3 --workers 1,2,4 --json "$out/torch.json" ;;
-    *) echo "bench.sh: unknown benchmark '$b' (train, ps, allreduce, replicas, client, torch)" >&2; exit 2 ;;
+    resnet)    PSLAB_BUILD="$build" /usr/bin/python3 "$root/tests/bench/bench_resnet.py" speed --rounds 3 --json "$out/resnet.json" ;;
+    *) echo "bench.sh: unknown benchmark '$b' (train, ps, allreduce, replicas, client, torch, resnet)" >&2; exit 2 ;;
   esac >/dev/null
   echo "[bench] $b -> $out/$b.json"
 done

@@ -2,6 +2,7 @@
 is the network model.kind = "resnet" builds), side by side.
 
     /usr/bin/python3 tests/bench/bench_resnet.py speed [--depths 8,20] [--rounds 3] [--json FILE]
+                                                       (experiments/bench.sh resnet; $PSLAB_BUILD: the build)
     /usr/bin/python3 tests/bench/bench_resnet.py train [--epochs 8] [--json FILE]
 
 speed   training samples/s at batch 128 on Fashion-MNIST's 28 x 28 images, both with this
@@ -11,7 +12,7 @@ speed   training samples/s at batch 128 on Fashion-MNIST's 28 x 28 images, both 
         best); rounds alternate pslab and PyTorch; medians over rounds; ratio = pslab / PyTorch.
 train   PyTorch alone with the recipe of experiments/configs/resnet-single.toml (ResNet-8, batch
         128, momentum 0.9, lr 0.05 with a 0.5-epoch linear warmup and a cosine decay, weight decay
-        5e-4, crops of 2-pixel padding and flips, standardised pixels): test accuracy after each
+        5e-4, standardised pixels; --augment: crops of 2-pixel padding and flips): test accuracy after each
         epoch in eval mode (running statistics), wall time. pslab's side: launch.py run
         experiments/configs/resnet-single.toml.
 Needs PyTorch (python3-torch) and Fashion-MNIST (dataset-fashion-mnist)."""
@@ -78,9 +79,11 @@ def torch_speed(depth, batch, steps, channels_last):
 
 
 def pslab_speed(depth, batch, steps, threads):
-    out = subprocess.run([str(REPO / "build" / "tests" / "bench_train"), "--model", "resnet", "--depth", str(depth),
+    build = pathlib.Path(os.environ.get("PSLAB_BUILD", REPO / "build"))
+    out = subprocess.run([str(build / "tests" / "bench_train"), "--model", "resnet", "--depth", str(depth),
                           "--batch", str(batch), "--steps", str(steps), "--runs", "1", "--warmup", "3",
-                          "--threads", str(threads)], capture_output=True, text=True, check=True).stdout
+                          "--threads", str(threads)], capture_output=True, text=True, check=True)
+    out = out.stdout + out.stderr
     return float(re.search(r"run 0: ([0-9.]+) samples/s", out).group(1)), re.search(r'"backend": "([^"]*)"', out).group(1)
 
 
@@ -135,7 +138,7 @@ def train(a):
                 g["lr"] = lr_at(k)
             sel = order[s * 128:(s + 1) * 128]
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(augment(x[sel])), y[sel]).backward()
+            F.cross_entropy(model(augment(x[sel]) if a.augment else x[sel]), y[sel]).backward()
             opt.step()
             k += 1
         trained += time.perf_counter() - t
@@ -157,6 +160,7 @@ def main():
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--augment", action="store_true", help="train: crops and flips")
     ap.add_argument("--json")
     a = ap.parse_args()
     result = speed(a) if a.what == "speed" else train(a)
