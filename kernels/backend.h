@@ -181,11 +181,11 @@ class Backend {
   // dx (B, C, H, W) = the input gradient, unless dx is null. dy (B, OC, OH*OW).
   virtual void conv_backward(const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B, float* dW,
                              float* dx, float* scratch);
-  // The scratch both need: the batch's columns (C*KH*KW, B*OH*OW), one image's more, and the
-  // GEMM's output (OC, B*OH*OW).
+  // The scratch both need: the batch's columns (C*KH*KW, B*OH*OW) and the GEMM's output
+  // (OC, B*OH*OW).
   static std::size_t conv_scratch_floats(const math::ConvGeometry& g, int OC, int B) {
     const std::size_t K = std::size_t(g.C) * g.KH * g.KW, N = std::size_t(g.OH()) * g.OW();
-    return N * (K * (std::size_t(B) + 1) + std::size_t(OC) * B);
+    return N * (K + std::size_t(OC)) * std::size_t(B);
   }
 
  protected:

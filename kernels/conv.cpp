@@ -9,7 +9,7 @@ void Backend::conv_forward(const float* x, const float* W, const math::ConvGeome
                            float* scratch) {
   const int K = g.C * g.KH * g.KW, N = g.OH() * g.OW(), BN = B * N;
   float* cols = scratch;
-  float* t = scratch + std::size_t(K) * (BN + N);
+  float* t = scratch + std::size_t(K) * BN;
   im2col(x, g, B, cols);
   gemm(Trans::no, Trans::no, OC, BN, K, 1.0f, W, K, cols, BN, 0.0f, t, BN);  // (OC,K)(K,B*N)
   swap_outer(t, OC, B, N, y);                                                 // (OC,B,N) -> (B,OC,N)
@@ -20,7 +20,7 @@ void Backend::conv_backward(const float* W, const float* dy, const math::ConvGeo
   const int K = g.C * g.KH * g.KW, N = g.OH() * g.OW(), BN = B * N;
   if (B == 0) return fill(dW, std::size_t(OC) * K, 0.0f);
   float* cols = scratch;
-  float* t = scratch + std::size_t(K) * (BN + N);
+  float* t = scratch + std::size_t(K) * BN;
   swap_outer(dy, B, OC, N, t);                                                // (B,OC,N) -> (OC,B,N)
   gemm(Trans::no, Trans::yes, OC, K, BN, 1.0f, t, BN, cols, BN, 0.0f, dW, K);  // dW = dy cols^T
   if (dx) {

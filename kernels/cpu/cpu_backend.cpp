@@ -254,7 +254,7 @@ class CpuBackend final : public Backend {
   // team of that many threads, each running its images' GEMMs on one BLAS thread: a forward and
   // an input gradient are bitwise those of one thread; dW adds the members' sums in member order.
   // scratch (conv_scratch_floats): the images' columns one after another (B blocks of (K, N)),
-  // one block more, then (OC, B*N), of which the members beyond the first keep their dW sums.
+  // then (OC, B*N), of which the members beyond the first keep their dW sums.
   void conv_forward(const float* x, const float* W, const math::ConvGeometry& g, int OC, int B, float* y,
                     float* scratch) override {
     const int K = g.C * g.KH * g.KW, N = g.OH() * g.OW();
@@ -270,7 +270,7 @@ class CpuBackend final : public Backend {
                      float* dx, float* scratch) override {
     const int K = g.C * g.KH * g.KW, N = g.OH() * g.OW();
     const std::size_t dW_floats = std::size_t(OC) * K;
-    float* sums = scratch + std::size_t(B + 1) * K * N;  // members 1, 2, ...: their dW
+    float* sums = scratch + std::size_t(B) * K * N;  // members 1, 2, ...: their dW
     const int members = team_size(K, B, N);
     in_parallel(members, B, [&](int m, int lo, int hi) {
       float* dWm = m == 0 ? dW : sums + std::size_t(m - 1) * dW_floats;
@@ -290,7 +290,7 @@ class CpuBackend final : public Backend {
 
  private:
   // Members to split a convolution's B images over: the BLAS threads, as many as the scratch
-  // holds the dW sums of (K*B*N floats beyond the columns: (members - 1) * K <= B*N).
+  // holds the dW sums of (OC*B*N floats beyond the columns: (members - 1) * K <= B*N).
   static int team_size(int K, int B, int N) {
     const int threads = std::max(1, openblas_get_num_threads());
     return std::clamp(std::min(threads, 1 + int(std::size_t(B) * N / std::size_t(std::max(K, 1)))), 1, threads);
@@ -313,21 +313,21 @@ class CpuBackend final : public Backend {
     in_parallel(members, pieces, [&](int, int lo, int hi) { f(std::size_t(lo) * kPiece, std::min(n, std::size_t(hi) * kPiece)); });
   }
   static int channel_members(int C) { return std::clamp(openblas_get_num_threads(), 1, std::max(C, 1)); }
-  // f(member, lo, hi) for member m of `members` and its items [lo, hi) of B (images, channels);
-  // with more than one member on a team of that size, each on one BLAS thread.
+  // f(member, lo, hi) for member m of `members` and its items [lo, hi) of n (images, channels,
+  // pieces); with more than one member on a team of that size, each on one BLAS thread.
   template <typename F>
-  void in_parallel(int members, int B, F f) {
-    if (members == 1) return f(0, 0, B);
+  void in_parallel(int members, int n, F f) {
+    if (members == 1) return f(0, 0, n);
     if (!team_ || team_->size() != members) team_ = std::make_unique<ThreadTeam>(members);
     const int threads = openblas_get_num_threads();
     openblas_set_num_threads(1);
     try {
       struct Job {
         F& f;
-        int members, B;
-      } job{f, members, B};  // (one pointer captured: std::function stores it without allocating)
+        int members, n;
+      } job{f, members, n};  // (one pointer captured: std::function stores it without allocating)
       team_->run([&job](int m) {
-        job.f(m, int(std::int64_t(job.B) * m / job.members), int(std::int64_t(job.B) * (m + 1) / job.members));
+        job.f(m, int(std::int64_t(job.n) * m / job.members), int(std::int64_t(job.n) * (m + 1) / job.members));
       });
     } catch (...) {
       openblas_set_num_threads(threads);
@@ -336,7 +336,7 @@ class CpuBackend final : public Backend {
     openblas_set_num_threads(threads);
   }
 
-  std::unique_ptr<ThreadTeam> team_;  // the convolutions' (made on first use)
+  std::unique_ptr<ThreadTeam> team_;  // in_parallel's (made on first use)
 
   // Visits every entry of a batch's column matrix in memory order: inside(entry, the image
   // pixel it reads) or, in the zero padding, padding(entry). Out of line: inlined into
