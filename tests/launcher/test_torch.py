@@ -243,7 +243,9 @@ class TorchRuns(LauncherTestCase):
             self.assertEqual(s["status"], "ok", mode)
             self.assertGreaterEqual(s["final_test_acc"], 0.85, f"{mode}: {s['final_test_acc']:.2%}")
             self.assertGreater(s["evaluations"], 3, mode)
-        # asp: each of the 4 workers' 470 pushes applied once by each server, none twice
+        # asp: each of the 4 workers' 470 pushes applied once by each server, none twice; a push the
+        # guard refuses (a rare early spike of an honest gradient: cluster.push_guard) is applied as
+        # an empty one, which moves neither θ nor the version
         run = inv / "mode=asp"
         plan = json.loads((run / "plan.json").read_text())
         self.assertEqual(plan["worker"]["kind"], "python")
@@ -251,9 +253,12 @@ class TorchRuns(LauncherTestCase):
         for k in (0, 1):
             final = [json.loads(line) for line in (run / "metrics" / f"server{k}.jsonl").read_text().splitlines()
                      if '"server_final"' in line][0]
+            refused = sum(final["push_guard"]["refused"].values())
+            self.assertLessEqual(refused, 3, f"server {k}: the guard refused honest pushes: {final['push_guard']}")
             self.assertEqual((final["pushes"], final["version"], final["pushes_duplicate"], final["updates_lost"]),
-                             (4 * 470, 4 * 470, 0, 0), f"server {k}")
-            self.assertEqual(final["samples_applied"], 2 * 60000)
+                             (4 * 470, 4 * 470 - refused, 0, 0), f"server {k}, {refused} refused")
+            self.assertLessEqual(final["samples_applied"], 2 * 60000)
+            self.assertGreaterEqual(final["samples_applied"], 2 * 60000 - 64 * refused, f"server {k}")
         # the comparison and the metrics are those of built-in runs
         self.assertIn("| mode=local_4 | local:4 |", (inv / "comparison.md").read_text())
         train = [json.loads(line) for line in (run / "metrics" / "worker3.jsonl").read_text().splitlines()]
