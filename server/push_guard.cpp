@@ -78,9 +78,9 @@ std::string PushGuard::values_problem(int worker, const float* v, std::size_t n,
   sumsq += s;
   const double bound = norm_bound();
   if (bound > 0 && std::sqrt(sumsq) > bound) {
-    char b[160];
-    std::snprintf(b, sizeof b, "a norm over %.4g (%.4g x the median of the last accepted pushes; cluster.guard_norm_factor)",
-                  bound, opt_.norm_factor);
+    char b[192];
+    std::snprintf(b, sizeof b, "a norm of %.4g, over %.4g (%.4g x the median of the last accepted pushes; "
+                  "cluster.guard_norm_factor)", std::sqrt(sumsq), bound, opt_.norm_factor);
     return b;
   }
   return "";

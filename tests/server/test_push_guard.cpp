@@ -61,8 +61,8 @@ TEST(PushGuard, RefusesABatchBeyondThePlanAValueNotFiniteAndAnOutsizedNorm) {
   }
   const float six[] = {6.0f}, nine[] = {9.0f};
   EXPECT_EQ(g.check_values(1, six, 1, 0, true), "") << "6 is within 10 x the median norm (1)";
-  EXPECT_EQ(g.check_values(1, nine, 1, 1, false), "a norm over 10 (10 x the median of the last accepted pushes; "
-                                                  "cluster.guard_norm_factor)")
+  EXPECT_EQ(g.check_values(1, nine, 1, 1, false), "a norm of 10.82, over 10 (10 x the median of the last accepted "
+                                                  "pushes; cluster.guard_norm_factor)")
       << "the norm accumulates over the push's pieces: |(6, 9)| = 10.8";
   EXPECT_NE(g.check_values(1, big, 2, 0, true), "");
   EXPECT_TRUE(!g.refused(1) && !g.refused(1) && g.refused(1)) << "the third refusal in a row drops";
