@@ -10,6 +10,7 @@
 // naming file:line, the expression and the library's error string.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -181,11 +182,12 @@ class Backend {
   // dx (B, C, H, W) = the input gradient, unless dx is null. dy (B, OC, OH*OW).
   virtual void conv_backward(const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B, float* dW,
                              float* dx, float* scratch);
-  // The scratch both need: the batch's columns (C*KH*KW, B*OH*OW) and the GEMM's output
-  // (OC, B*OH*OW).
+  // The scratch both need, on any backend: the batch's columns (C*KH*KW, B*OH*OW) and the
+  // GEMM's output (OC, B*OH*OW); or, if more, what the CPU backend's oneDNN path keeps: the
+  // input and the output in NHWC (C*H*W + OC*OH*OW floats an image).
   static std::size_t conv_scratch_floats(const math::ConvGeometry& g, int OC, int B) {
     const std::size_t K = std::size_t(g.C) * g.KH * g.KW, N = std::size_t(g.OH()) * g.OW();
-    return N * (K + std::size_t(OC)) * std::size_t(B);
+    return std::max(N * (K + std::size_t(OC)), std::size_t(g.C) * g.H * g.W + N * std::size_t(OC)) * std::size_t(B);
   }
 
  protected:
@@ -193,19 +195,27 @@ class Backend {
   Ticket tickets_ = 0;         // the default *_async: the last ticket given
 };
 
+// How the CPU backend convolves: on oneDNN (kernels/cpu/onednn_conv.h) where pslab was built
+// with it and oneDNN runs the shape, else (or asked for: tests, benchmarks) by im2col and
+// OpenBLAS's GEMMs.
+enum class CpuConvolutions { onednn, im2col };
 // The CPU backend. OpenBLAS has one thread count per process: threads > 0 sets it (the
 // process's training role decides, at its start); 0 leaves it as it is (a parameter server
-// created in a worker's process must not change the worker's setting).
-std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+// created in a worker's process must not change the worker's setting). oneDNN's convolutions
+// run on as many threads as OpenBLAS has at the call.
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0, CpuConvolutions conv = CpuConvolutions::onednn);
 // Sets OpenBLAS's thread count for this process.
 void set_cpu_backend_threads(int threads);
-// OpenBLAS picks its kernels when it loads, from the CPU's model: one it does not know (a VM's
-// "Intel Xeon Processor") gets its SSE3 "Prescott" kernels, 2.5x slower than the AVX2 or AVX-512
-// kernels such a CPU runs. Called first thing in main(): where OpenBLAS chose Prescott on a CPU
-// with AVX-512 (AVX2) and OPENBLAS_CORETYPE is not set, re-executes this program with
-// OPENBLAS_CORETYPE=SkylakeX (Haswell) and the same arguments (the process keeps its pid);
-// otherwise returns. A user's OPENBLAS_CORETYPE is always kept.
-void use_best_blas_kernels(char** argv);
+// Settings the CPU libraries read only when they load, so called first thing in main(): where
+// one is missing, re-executes this program with it and the same arguments (the process keeps
+// its pid); otherwise returns. A user's own setting is always kept.
+//   OPENBLAS_CORETYPE=SkylakeX (Haswell) where OpenBLAS chose its SSE3 "Prescott" kernels on a
+//     CPU with AVX-512 (AVX2) it does not know by model (a VM's "Intel Xeon Processor"): 2.5x
+//     slower than the kernels such a CPU runs.
+//   OMP_WAIT_POLICY=passive (built with oneDNN): oneDNN's OpenMP threads sleep between
+//     convolutions instead of spinning on the cores that OpenBLAS's and the backend's own
+//     threads run the other ops on (ResNet-20 on 2 cores: 1.17x the step's speed).
+void use_best_cpu_runtime(char** argv);
 // The kernels OpenBLAS uses in this process ("SkylakeX", "Haswell", "Prescott", ...).
 std::string blas_kernels();
 // The CUDA backend on GPU `gpu_slot` mod the number of visible GPUs, so that processes that

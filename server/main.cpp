@@ -21,7 +21,7 @@ extern "C" void on_signal(int) { g_stop.store(true); }
 }  // namespace
 
 int main(int argc, char** argv) {
-  pslab::use_best_blas_kernels(argv);  // (may re-execute this program: first)
+  pslab::use_best_cpu_runtime(argv);  // (may re-execute this program: first)
   CLI::App app{"pslab parameter server: serves one shard of the parameters to the workers of a run"};
   std::string config_path;
   std::vector<std::string> overrides;

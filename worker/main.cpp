@@ -239,7 +239,7 @@ int Commands::run_config() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  pslab::use_best_blas_kernels(argv);  // (may re-execute this program: first)
+  pslab::use_best_cpu_runtime(argv);  // (may re-execute this program: first)
   CLI::App app{"pslab worker: trains a model alone or as one rank of a distributed run"};
   app.require_subcommand(1);
   Commands commands(app);

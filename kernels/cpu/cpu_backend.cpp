@@ -15,6 +15,9 @@
 
 #include "backend.h"
 #include "thread_team.h"
+#ifdef PSLAB_HAVE_ONEDNN
+#include "onednn_conv.h"
+#endif
 
 namespace pslab {
 namespace {
@@ -47,14 +50,19 @@ void run_op(const math::Op& op, float* const* reg, std::size_t m) {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) {
+  CpuBackend(int threads, CpuConvolutions conv) {
     if (threads > 0) set_cpu_backend_threads(threads);
+#ifdef PSLAB_HAVE_ONEDNN
+    if (conv == CpuConvolutions::onednn) onednn_ = std::make_unique<OnednnConvolutions>();
+#else
+    (void)conv;
+#endif
   }
 
   Device device() const override { return Device::cpu; }
   std::string describe() const override {
-    return "cpu (" + std::string(openblas_get_config()) + ", " +
-           std::to_string(openblas_get_num_threads()) + " BLAS threads)";
+    return "cpu (" + std::string(openblas_get_config()) + ", " + std::to_string(openblas_get_num_threads()) +
+           " BLAS threads, convolutions " + (onednn_ ? "on oneDNN" : "by im2col") + ")";
   }
 
   void* allocate(std::size_t bytes) override {
@@ -152,7 +160,7 @@ class CpuBackend final : public Backend {
         math::BnChannel s;
         if (training) {
           double sum = 0.0, sumsq = 0.0;
-          for_channel(B, C, HW, c, [&](std::size_t i) { sum += x[i], sumsq += double(x[i]) * x[i]; });
+          for (int b = 0; b < B; ++b) plane_sums(x + (std::size_t(b) * C + c) * HW, x + (std::size_t(b) * C + c) * HW, HW, sum, sumsq);
           s = math::bn_batch_channel(sum, sumsq, double(B) * HW, eps, momentum, running_mean + c, running_var + c);
           saved_mean[c] = s.mean, saved_invstd[c] = s.invstd;
         } else {
@@ -168,7 +176,7 @@ class CpuBackend final : public Backend {
     in_parallel(channel_members(C), C, [&](int, int lo, int hi) {
       for (int c = lo; c < hi; ++c) {
         double sum_dy = 0.0, sum_dy_x = 0.0;
-        for_channel(B, C, HW, c, [&](std::size_t i) { sum_dy += dy[i], sum_dy_x += double(dy[i]) * x[i]; });
+        for (int b = 0; b < B; ++b) plane_sums(dy + (std::size_t(b) * C + c) * HW, x + (std::size_t(b) * C + c) * HW, HW, sum_dy, sum_dy_x);
         const math::BnBackward k =
             math::bn_backward_channel(sum_dy, sum_dy_x, double(B) * HW, {saved_mean[c], saved_invstd[c]}, gamma[c]);
         dgamma[c] = k.dgamma, dbeta[c] = k.dbeta;
@@ -255,8 +263,11 @@ class CpuBackend final : public Backend {
   // an input gradient are bitwise those of one thread; dW adds the members' sums in member order.
   // scratch (conv_scratch_floats): the images' columns one after another (B blocks of (K, N)),
   // then (OC, B*N), of which the members beyond the first keep their dW sums.
+  // With oneDNN, its kernels take every shape they run (onednn_conv.h), on as many threads.
   void conv_forward(const float* x, const float* W, const math::ConvGeometry& g, int OC, int B, float* y,
                     float* scratch) override {
+    if (const int threads = openblas_get_num_threads(); onednn_ && onednn_->ready(g, OC, B, threads))
+      return onednn_->forward(x, W, g, OC, B, threads, y, scratch);
     const int K = g.C * g.KH * g.KW, N = g.OH() * g.OW();
     in_parallel(team_size(K, B, N), B, [&](int, int lo, int hi) {
       for (int b = lo; b < hi; ++b) {
@@ -268,6 +279,8 @@ class CpuBackend final : public Backend {
   }
   void conv_backward(const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B, float* dW,
                      float* dx, float* scratch) override {
+    if (const int threads = openblas_get_num_threads(); onednn_ && onednn_->ready(g, OC, B, threads))
+      return onednn_->backward(W, dy, g, OC, B, threads, dW, dx, scratch);
     const int K = g.C * g.KH * g.KW, N = g.OH() * g.OW();
     const std::size_t dW_floats = std::size_t(OC) * K;
     float* sums = scratch + std::size_t(B) * K * N;  // members 1, 2, ...: their dW
@@ -289,11 +302,28 @@ class CpuBackend final : public Backend {
   }
 
  private:
+#ifdef PSLAB_HAVE_ONEDNN
+  std::unique_ptr<OnednnConvolutions> onednn_;
+#else
+  std::unique_ptr<int> onednn_;  // (never set: built without oneDNN)
+#endif
   // Members to split a convolution's B images over: the BLAS threads, as many as the scratch
   // holds the dW sums of (OC*B*N floats beyond the columns: (members - 1) * K <= B*N).
   static int team_size(int K, int B, int N) {
     const int threads = std::max(1, openblas_get_num_threads());
     return std::clamp(std::min(threads, 1 + int(std::size_t(B) * N / std::size_t(std::max(K, 1)))), 1, threads);
+  }
+  // s1 += Σ a[i], s2 += Σ a[i] b[i] over one channel's plane [0, n): in 16 float lanes (the
+  // loop vectorises; a double chain would run one value per add's latency), each lane's sum
+  // over at most n / 16 values, then added in double.
+  static void plane_sums(const float* a, const float* b, int n, double& s1, double& s2) {
+    constexpr int kLanes = 16;
+    float l1[kLanes] = {}, l2[kLanes] = {};
+    int i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+      for (int l = 0; l < kLanes; ++l) l1[l] += a[i + l], l2[l] += a[i + l] * b[i + l];
+    for (; i < n; ++i) s1 += a[i], s2 += double(a[i]) * b[i];
+    for (int l = 0; l < kLanes; ++l) s1 += l1[l], s2 += l2[l];
   }
   // f(i) for the indices i of channel c's B*HW values in (B, C, HW), in order.
   template <typename F>
@@ -379,23 +409,35 @@ void set_cpu_backend_threads(int threads) { openblas_set_num_threads(threads); }
 
 std::string blas_kernels() { return openblas_get_corename(); }
 
-void use_best_blas_kernels(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") || blas_kernels() != "Prescott") return;
+namespace {
+// OPENBLAS_CORETYPE for this CPU where OpenBLAS chose Prescott on one with AVX-512 or AVX2
+// (null: OpenBLAS's choice stands).
+const char* better_blas_kernels() {
+  if (blas_kernels() != "Prescott") return nullptr;
   __builtin_cpu_init();  // (both tests ask the OS too: AVX state enabled)
-  const char* best = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")
-                         ? "SkylakeX"
-                     : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell"
-                                                                                       : nullptr;
-  if (!best) return;
-  setenv("OPENBLAS_CORETYPE", best, 1);
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
+    return "SkylakeX";
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell" : nullptr;
+}
+}  // namespace
+
+void use_best_cpu_runtime(char** argv) {
+  bool changed = false;
+  if (!std::getenv("OPENBLAS_CORETYPE"))
+    if (const char* best = better_blas_kernels()) setenv("OPENBLAS_CORETYPE", best, 1), changed = true;
+#ifdef PSLAB_HAVE_ONEDNN
+  if (!std::getenv("OMP_WAIT_POLICY")) setenv("OMP_WAIT_POLICY", "passive", 1), changed = true;
+#endif
+  if (!changed) return;
   execv("/proc/self/exe", argv);
-  std::fprintf(stderr, "pslab: could not re-execute with OPENBLAS_CORETYPE=%s (%s); going on with OpenBLAS's %s kernels\n",
-               best, std::strerror(errno), blas_kernels().c_str());
+  std::fprintf(stderr, "pslab: could not re-execute with OPENBLAS_CORETYPE=%s OMP_WAIT_POLICY=%s (%s); going on with "
+               "OpenBLAS's %s kernels\n", std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "",
+               std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "", std::strerror(errno), blas_kernels().c_str());
 }
 
-std::unique_ptr<Backend> make_cpu_backend(int threads) {
-  return std::make_unique<CpuBackend>(threads);
+std::unique_ptr<Backend> make_cpu_backend(int threads, CpuConvolutions conv) {
+  return std::make_unique<CpuBackend>(threads, conv);
 }
 
 }  // namespace pslab

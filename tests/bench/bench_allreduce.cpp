@@ -106,7 +106,7 @@ nlohmann::ordered_json run_rank(int rank, int W, const std::string& ep, const st
 }  // namespace
 
 int main(int argc, char** argv) {
-  pslab::use_best_blas_kernels(argv);  // (may re-execute this program: first)
+  pslab::use_best_cpu_runtime(argv);  // (may re-execute this program: first)
   CLI::App app{"pslab all-reduce benchmark (one process per rank on this machine)"};
   int ranks = 2, runs = 5, rank = -1, bucket_kb = 256;
   long steps = 500;

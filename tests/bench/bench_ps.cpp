@@ -495,7 +495,7 @@ nlohmann::ordered_json measure(int kib, const Options& o, const comm::RunKey& ke
 }  // namespace
 
 int main(int argc, char** argv) {
-  pslab::use_best_blas_kernels(argv);  // (may re-execute this program: first)
+  pslab::use_best_cpu_runtime(argv);  // (may re-execute this program: first)
   CLI::App app{"pslab parameter-server transfer benchmark (1 server x 1 worker on this host)"};
   Options o;
   add_options(app, o);

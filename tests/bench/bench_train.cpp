@@ -2,7 +2,7 @@
 // batch gathering included, evaluation excluded. Writes JSON.
 //
 //   bench_train [--model mlp] [--device cpu|cuda] [--batch 64] [--threads N] [--steps 2000]
-//               [--runs 5] [--warmup 200] [--json FILE]
+//               [--runs 5] [--warmup 200] [--conv onednn|im2col] [--json FILE]
 //
 // Metric: samples processed / wall time of `steps` consecutive steps, after `warmup` warm-up
 // steps; median over `runs` repetitions. Data: Fashion-MNIST when installed, else random
@@ -24,7 +24,7 @@
 using namespace pslab;
 
 int main(int argc, char** argv) {
-  pslab::use_best_blas_kernels(argv);  // (may re-execute this program: first)
+  pslab::use_best_cpu_runtime(argv);  // (may re-execute this program: first)
   CLI::App app{"pslab training-throughput benchmark"};
   std::string model = "mlp", json_path, device = "cpu";
   int batch = 64, threads = 2, runs = 5;
@@ -40,6 +40,10 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "steps before the timed runs")->capture_default_str();
   app.add_option("--max-batch", max_batch);
   app.add_option("--json", json_path, "write results here");
+  std::string conv = "onednn";
+  app.add_option("--conv", conv, "cpu: convolutions on oneDNN (where built with it) or by im2col and OpenBLAS")
+      ->check(CLI::IsMember({"onednn", "im2col"}))
+      ->capture_default_str();
   bool tf32 = false;
   app.add_flag("--tf32", tf32, "cuda: GEMMs may use TF32 tensor cores (train.tf32)");
   CLI11_PARSE(app, argc, argv);
@@ -59,7 +63,8 @@ int main(int argc, char** argv) {
     for (auto& v : data.train.x) v = float(rng.normal());
     for (auto& l : data.train.labels) l = std::int32_t(rng.below(10));
   }
-  auto be = make_backend(device == "cuda" ? Device::cuda : Device::cpu, threads);
+  auto be = device == "cuda" ? make_backend(Device::cuda, threads)
+                             : make_cpu_backend(threads, conv == "im2col" ? CpuConvolutions::im2col : CpuConvolutions::onednn);
   be->allow_tf32(tf32);
   Replica replica(*be, model_spec(cfg), data.train, std::max(batch, max_batch));
   replica.model().init(1);

@@ -283,14 +283,18 @@ TEST_F(CpuKernels, SwapOuterSwapsTheTwoOuterDimensions) {
 }
 
 // A convolution layer's forward and backward (Backend::conv_forward / conv_backward) against a
-// direct convolution in double, on both of the CPU backend's paths: image by image (1 BLAS
-// thread) and the whole batch in one GEMM (Backend's default, 2 threads). Scratch is filled
-// with garbage first: neither may read what it did not write.
-TEST(CpuConvolution, ForwardAndBackwardEqualADirectConvolutionOnBothPaths) {
-  for (const int threads : {1, 2}) {
-    auto be = make_cpu_backend(threads);
+// direct convolution in double, on the CPU backend's paths: oneDNN (where built with it) and
+// im2col (image by image on 1 BLAS thread, split over a team on 2), on 1 and 2 threads; shapes
+// of ResNet's and odd ones. Scratch is filled with garbage first: no path may read what it did
+// not write.
+TEST(CpuConvolution, ForwardAndBackwardEqualADirectConvolutionOnEveryPath) {
+  for (const auto& [threads, conv] : {std::pair{1, CpuConvolutions::onednn}, {2, CpuConvolutions::onednn},
+                                     {1, CpuConvolutions::im2col}, {2, CpuConvolutions::im2col}}) {
+    auto be = make_cpu_backend(threads, conv);
     for (auto [g, OC] : {std::pair{math::ConvGeometry{2, 5, 6, 3, 3, 1, 1}, 3}, {math::ConvGeometry{3, 7, 7, 5, 5, 2, 2}, 4},
-                         {math::ConvGeometry{1, 4, 4, 2, 2, 2, 0}, 2}, {math::ConvGeometry{4, 9, 8, 3, 4, 3, 1}, 5}}) {
+                         {math::ConvGeometry{1, 4, 4, 2, 2, 2, 0}, 2}, {math::ConvGeometry{4, 9, 8, 3, 4, 3, 1}, 5},
+                         {math::ConvGeometry{16, 8, 8, 3, 3, 1, 1}, 16}, {math::ConvGeometry{16, 8, 8, 3, 3, 2, 1}, 32},
+                         {math::ConvGeometry{16, 8, 8, 1, 1, 2, 0}, 32}, {math::ConvGeometry{1, 7, 7, 3, 3, 1, 1}, 16}}) {
       for (const int B : {0, 1, 3}) {
         const int K = g.C * g.KH * g.KW, OH = g.OH(), OW = g.OW(), N = OH * OW, n = g.C * g.H * g.W;
         const auto x = random_vec(std::size_t(B) * n, 41), W = random_vec(std::size_t(OC) * K, 42);
@@ -314,7 +318,7 @@ TEST(CpuConvolution, ForwardAndBackwardEqualADirectConvolutionOnBothPaths) {
                 dW_want[wi] += double(dy[yi]) * x[xi];
                 dx_want[xi] += double(dy[yi]) * W[wi];
               }
-        const std::string what = std::to_string(threads) + " thread(s), B " + std::to_string(B) + ", C " +
+        const std::string what = be->describe() + ", B " + std::to_string(B) + ", C " +
                                  std::to_string(g.C) + ", K " + std::to_string(g.KH) + "x" + std::to_string(g.KW) +
                                  ", stride " + std::to_string(g.stride);
         EXPECT_EQ(count_wrong(y, y_want, 1e-4), 0) << "forward, " << what;

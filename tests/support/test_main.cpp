@@ -5,7 +5,7 @@
 #include "backend.h"
 
 int main(int argc, char** argv) {
-  pslab::use_best_blas_kernels(argv);  // (may re-execute this program: first)
+  pslab::use_best_cpu_runtime(argv);  // (may re-execute this program: first)
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
