@@ -48,6 +48,30 @@ void run_op(const math::Op& op, float* const* reg, std::size_t m) {
   }
 }
 
+// Batch norm's loops over one channel's plane of one image (n values), cloned for AVX-512 and
+// AVX2 (picked at load by the CPU's features, not its model name, which a VM hides; the build
+// itself is for any x86-64, where SSE's 4 floats a step bind these loops). Each clone gives
+// bitwise the others' values (no contraction into FMAs).
+#define PSLAB_CLONED [[gnu::target_clones("avx512f", "avx2", "default")]]
+// s1 += Σ a[i], s2 += Σ a[i] b[i]: in 16 float lanes (a double chain would run one value per
+// add's latency), each lane over at most n / 16 values, then added in double.
+PSLAB_CLONED void bn_plane_sums(const float* a, const float* b, int n, double& s1, double& s2) {
+  constexpr int kLanes = 16;
+  float l1[kLanes] = {}, l2[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) l1[l] += a[i + l], l2[l] += a[i + l] * b[i + l];
+  for (; i < n; ++i) s1 += a[i], s2 += double(a[i]) * b[i];
+  for (int l = 0; l < kLanes; ++l) s1 += l1[l], s2 += l2[l];
+}
+PSLAB_CLONED void bn_plane_forward(const float* x, int n, math::BnChannel s, float gamma, float beta, float* y) {
+  for (int i = 0; i < n; ++i) y[i] = math::bn_forward_value(x[i], s, gamma, beta);
+}
+PSLAB_CLONED void bn_plane_backward(const float* dy, const float* x, int n, math::BnBackward k, float* dx) {
+  for (int i = 0; i < n; ++i) dx[i] = math::bn_backward_value(dy[i], x[i], k);
+}
+#undef PSLAB_CLONED
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend(int threads, CpuConvolutions conv) {
@@ -160,13 +184,14 @@ class CpuBackend final : public Backend {
         math::BnChannel s;
         if (training) {
           double sum = 0.0, sumsq = 0.0;
-          for (int b = 0; b < B; ++b) plane_sums(x + (std::size_t(b) * C + c) * HW, x + (std::size_t(b) * C + c) * HW, HW, sum, sumsq);
+          for (int b = 0; b < B; ++b) bn_plane_sums(x + (std::size_t(b) * C + c) * HW, x + (std::size_t(b) * C + c) * HW, HW, sum, sumsq);
           s = math::bn_batch_channel(sum, sumsq, double(B) * HW, eps, momentum, running_mean + c, running_var + c);
           saved_mean[c] = s.mean, saved_invstd[c] = s.invstd;
         } else {
           s = math::bn_running_channel(running_mean[c], running_var[c], eps);
         }
-        for_channel(B, C, HW, c, [&](std::size_t i) { y[i] = math::bn_forward_value(x[i], s, gamma[c], beta[c]); });
+        for (int b = 0; b < B; ++b)
+          bn_plane_forward(x + (std::size_t(b) * C + c) * HW, HW, s, gamma[c], beta[c], y + (std::size_t(b) * C + c) * HW);
       }
     });
   }
@@ -176,11 +201,15 @@ class CpuBackend final : public Backend {
     in_parallel(channel_members(C), C, [&](int, int lo, int hi) {
       for (int c = lo; c < hi; ++c) {
         double sum_dy = 0.0, sum_dy_x = 0.0;
-        for (int b = 0; b < B; ++b) plane_sums(dy + (std::size_t(b) * C + c) * HW, x + (std::size_t(b) * C + c) * HW, HW, sum_dy, sum_dy_x);
+        for (int b = 0; b < B; ++b) bn_plane_sums(dy + (std::size_t(b) * C + c) * HW, x + (std::size_t(b) * C + c) * HW, HW, sum_dy, sum_dy_x);
         const math::BnBackward k =
             math::bn_backward_channel(sum_dy, sum_dy_x, double(B) * HW, {saved_mean[c], saved_invstd[c]}, gamma[c]);
         dgamma[c] = k.dgamma, dbeta[c] = k.dbeta;
-        if (dx) for_channel(B, C, HW, c, [&](std::size_t i) { dx[i] = math::bn_backward_value(dy[i], x[i], k); });
+        if (dx)
+          for (int b = 0; b < B; ++b) {
+            const std::size_t at = (std::size_t(b) * C + c) * HW;
+            bn_plane_backward(dy + at, x + at, HW, k, dx + at);
+          }
       }
     });
   }
@@ -312,26 +341,6 @@ class CpuBackend final : public Backend {
   static int team_size(int K, int B, int N) {
     const int threads = std::max(1, openblas_get_num_threads());
     return std::clamp(std::min(threads, 1 + int(std::size_t(B) * N / std::size_t(std::max(K, 1)))), 1, threads);
-  }
-  // s1 += Σ a[i], s2 += Σ a[i] b[i] over one channel's plane [0, n): in 16 float lanes (the
-  // loop vectorises; a double chain would run one value per add's latency), each lane's sum
-  // over at most n / 16 values, then added in double.
-  static void plane_sums(const float* a, const float* b, int n, double& s1, double& s2) {
-    constexpr int kLanes = 16;
-    float l1[kLanes] = {}, l2[kLanes] = {};
-    int i = 0;
-    for (; i + kLanes <= n; i += kLanes)
-      for (int l = 0; l < kLanes; ++l) l1[l] += a[i + l], l2[l] += a[i + l] * b[i + l];
-    for (; i < n; ++i) s1 += a[i], s2 += double(a[i]) * b[i];
-    for (int l = 0; l < kLanes; ++l) s1 += l1[l], s2 += l2[l];
-  }
-  // f(i) for the indices i of channel c's B*HW values in (B, C, HW), in order.
-  template <typename F>
-  static void for_channel(int B, int C, int HW, int c, F f) {
-    for (int b = 0; b < B; ++b) {
-      const std::size_t at = (std::size_t(b) * C + c) * HW;
-      for (std::size_t i = at; i < at + std::size_t(HW); ++i) f(i);
-    }
   }
   // f(lo, hi) over pieces of [0, n), split over the team when n is long (each element's
   // arithmetic the same however it is split).
