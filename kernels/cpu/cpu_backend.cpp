@@ -12,6 +12,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "backend.h"
 #include "thread_team.h"
@@ -175,42 +176,43 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // Channels split over the BLAS threads' team (each channel's sums in order: bitwise the same).
+  // Image by image in memory order, every pass (channel by channel, each plane is a jump of an
+  // image: the prefetcher starts over at every one), images split over the BLAS threads' team;
+  // a channel's sums add the images' partial sums in image order (channel_sums): bitwise the
+  // same on any number of threads.
   void batch_norm_forward(const float* x, int B, int C, int HW, const float* gamma, const float* beta, bool training,
                           float momentum, float eps, float* running_mean, float* running_var, float* saved_mean,
                           float* saved_invstd, float* y) override {
-    in_parallel(channel_members(C), C, [&](int, int lo, int hi) {
-      for (int c = lo; c < hi; ++c) {
-        math::BnChannel s;
-        if (training) {
-          double sum = 0.0, sumsq = 0.0;
-          for (int b = 0; b < B; ++b) bn_plane_sums(x + (std::size_t(b) * C + c) * HW, x + (std::size_t(b) * C + c) * HW, HW, sum, sumsq);
-          s = math::bn_batch_channel(sum, sumsq, double(B) * HW, eps, momentum, running_mean + c, running_var + c);
-          saved_mean[c] = s.mean, saved_invstd[c] = s.invstd;
-        } else {
-          s = math::bn_running_channel(running_mean[c], running_var[c], eps);
-        }
-        for (int b = 0; b < B; ++b)
-          bn_plane_forward(x + (std::size_t(b) * C + c) * HW, HW, s, gamma[c], beta[c], y + (std::size_t(b) * C + c) * HW);
+    bn_channels_.resize(std::size_t(C));
+    if (training) channel_sums(x, x, B, C, HW);
+    for (int c = 0; c < C; ++c) {
+      if (!training) {
+        bn_channels_[std::size_t(c)] = math::bn_running_channel(running_mean[c], running_var[c], eps);
+        continue;
       }
+      const math::BnChannel s = math::bn_batch_channel(sums_[2 * std::size_t(c)], sums_[2 * std::size_t(c) + 1], double(B) * HW,
+                                                       eps, momentum, running_mean + c, running_var + c);
+      saved_mean[c] = s.mean, saved_invstd[c] = s.invstd, bn_channels_[std::size_t(c)] = s;
+    }
+    in_parallel(image_members(B), B, [&](int, int lo, int hi) {
+      for (std::size_t at = std::size_t(lo) * C * HW, b = std::size_t(lo); b < std::size_t(hi); ++b)
+        for (int c = 0; c < C; ++c, at += std::size_t(HW)) bn_plane_forward(x + at, HW, bn_channels_[std::size_t(c)], gamma[c], beta[c], y + at);
     });
   }
   void batch_norm_backward(const float* x, const float* dy, int B, int C, int HW, const float* gamma,
                            const float* saved_mean, const float* saved_invstd, float* dgamma, float* dbeta,
                            float* dx) override {
-    in_parallel(channel_members(C), C, [&](int, int lo, int hi) {
-      for (int c = lo; c < hi; ++c) {
-        double sum_dy = 0.0, sum_dy_x = 0.0;
-        for (int b = 0; b < B; ++b) bn_plane_sums(dy + (std::size_t(b) * C + c) * HW, x + (std::size_t(b) * C + c) * HW, HW, sum_dy, sum_dy_x);
-        const math::BnBackward k =
-            math::bn_backward_channel(sum_dy, sum_dy_x, double(B) * HW, {saved_mean[c], saved_invstd[c]}, gamma[c]);
-        dgamma[c] = k.dgamma, dbeta[c] = k.dbeta;
-        if (dx)
-          for (int b = 0; b < B; ++b) {
-            const std::size_t at = (std::size_t(b) * C + c) * HW;
-            bn_plane_backward(dy + at, x + at, HW, k, dx + at);
-          }
-      }
+    bn_backward_.resize(std::size_t(C));
+    channel_sums(dy, x, B, C, HW);
+    for (int c = 0; c < C; ++c) {
+      const math::BnBackward k = math::bn_backward_channel(sums_[2 * std::size_t(c)], sums_[2 * std::size_t(c) + 1], double(B) * HW,
+                                                           {saved_mean[c], saved_invstd[c]}, gamma[c]);
+      dgamma[c] = k.dgamma, dbeta[c] = k.dbeta, bn_backward_[std::size_t(c)] = k;
+    }
+    if (!dx) return;
+    in_parallel(image_members(B), B, [&](int, int lo, int hi) {
+      for (std::size_t at = std::size_t(lo) * C * HW, b = std::size_t(lo); b < std::size_t(hi); ++b)
+        for (int c = 0; c < C; ++c, at += std::size_t(HW)) bn_plane_backward(dy + at, x + at, HW, bn_backward_[std::size_t(c)], dx + at);
     });
   }
 
@@ -331,6 +333,10 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // Batch norm's per-call buffers (sized by the widest layer once: no allocation per step).
+  std::vector<double> partials_, sums_;
+  std::vector<math::BnChannel> bn_channels_;
+  std::vector<math::BnBackward> bn_backward_;
 #ifdef PSLAB_HAVE_ONEDNN
   std::unique_ptr<OnednnConvolutions> onednn_;
 #else
@@ -351,7 +357,20 @@ class CpuBackend final : public Backend {
     const int members = n < 4 * kPiece ? 1 : std::clamp(openblas_get_num_threads(), 1, pieces);
     in_parallel(members, pieces, [&](int, int lo, int hi) { f(std::size_t(lo) * kPiece, std::min(n, std::size_t(hi) * kPiece)); });
   }
-  static int channel_members(int C) { return std::clamp(openblas_get_num_threads(), 1, std::max(C, 1)); }
+  static int image_members(int B) { return std::clamp(openblas_get_num_threads(), 1, std::max(B, 1)); }
+  // sums_ (C, 2): Σ a and Σ a b over each channel of a batch (B, C, HW), each the sum in image
+  // order of the images' own (partials_ (B, C, 2)).
+  void channel_sums(const float* a, const float* b, int B, int C, int HW) {
+    partials_.resize(2 * std::size_t(B) * C);
+    sums_.assign(2 * std::size_t(C), 0.0);
+    in_parallel(image_members(B), B, [&](int, int lo, int hi) {
+      for (std::size_t i = std::size_t(lo) * C; i < std::size_t(hi) * C; ++i) {
+        partials_[2 * i] = partials_[2 * i + 1] = 0.0;
+        bn_plane_sums(a + i * HW, b + i * HW, HW, partials_[2 * i], partials_[2 * i + 1]);
+      }
+    });
+    for (std::size_t i = 0; i < std::size_t(B) * C; ++i) sums_[2 * (i % C)] += partials_[2 * i], sums_[2 * (i % C) + 1] += partials_[2 * i + 1];
+  }
   // f(member, lo, hi) for member m of `members` and its items [lo, hi) of n (images, channels,
   // pieces); with more than one member on a team of that size, each on one BLAS thread.
   template <typename F>
