@@ -10,7 +10,6 @@
 // naming file:line, the expression and the library's error string.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -182,12 +181,14 @@ class Backend {
   // dx (B, C, H, W) = the input gradient, unless dx is null. dy (B, OC, OH*OW).
   virtual void conv_backward(const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B, float* dW,
                              float* dx, float* scratch);
-  // The scratch both need, on any backend: the batch's columns (C*KH*KW, B*OH*OW) and the
-  // GEMM's output (OC, B*OH*OW); or, if more, what the CPU backend's oneDNN path keeps: the
-  // input and the output in NHWC (C*H*W + OC*OH*OW floats an image).
-  static std::size_t conv_scratch_floats(const math::ConvGeometry& g, int OC, int B) {
+  // The scratch both need on this backend for a batch of B (or fewer). By default, im2col's: the
+  // batch's columns (C*KH*KW, B*OH*OW) and the GEMM's output (OC, B*OH*OW).
+  virtual std::size_t conv_scratch_floats(const math::ConvGeometry& g, int OC, int B) {
+    return im2col_scratch_floats(g, OC, B);
+  }
+  static std::size_t im2col_scratch_floats(const math::ConvGeometry& g, int OC, int B) {
     const std::size_t K = std::size_t(g.C) * g.KH * g.KW, N = std::size_t(g.OH()) * g.OW();
-    return std::max(N * (K + std::size_t(OC)), std::size_t(g.C) * g.H * g.W + N * std::size_t(OC)) * std::size_t(B);
+    return N * (K + std::size_t(OC)) * std::size_t(B);
   }
 
  protected:

@@ -294,11 +294,16 @@ class CpuBackend final : public Backend {
   // an input gradient are bitwise those of one thread; dW adds the members' sums in member order.
   // scratch (conv_scratch_floats): the images' columns one after another (B blocks of (K, N)),
   // then (OC, B*N), of which the members beyond the first keep their dW sums.
-  // With oneDNN, its kernels take every shape they run (onednn_conv.h), on as many threads.
+  // With oneDNN, its kernels take every shape they run (onednn_conv.h), on as many threads; its
+  // scratch: the input and the output in NHWC (C*H*W + OC*OH*OW floats an image, a tenth of
+  // im2col's columns for a 3x3 convolution).
+  std::size_t conv_scratch_floats(const math::ConvGeometry& g, int OC, int B) override {
+    if (!on_onednn(g, OC)) return im2col_scratch_floats(g, OC, B);
+    return std::size_t(B) * (std::size_t(g.C) * g.H * g.W + std::size_t(OC) * g.OH() * g.OW());
+  }
   void conv_forward(const float* x, const float* W, const math::ConvGeometry& g, int OC, int B, float* y,
                     float* scratch) override {
-    if (const int threads = openblas_get_num_threads(); onednn_ && onednn_->ready(g, OC, B, threads))
-      return onednn_->forward(x, W, g, OC, B, threads, y, scratch);
+    if (on_onednn(g, OC) && B > 0) return onednn_->forward(x, W, g, OC, B, onednn_threads(g, OC, B), y, scratch);
     const int K = g.C * g.KH * g.KW, N = g.OH() * g.OW();
     in_parallel(team_size(K, B, N), B, [&](int, int lo, int hi) {
       for (int b = lo; b < hi; ++b) {
@@ -310,8 +315,7 @@ class CpuBackend final : public Backend {
   }
   void conv_backward(const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B, float* dW,
                      float* dx, float* scratch) override {
-    if (const int threads = openblas_get_num_threads(); onednn_ && onednn_->ready(g, OC, B, threads))
-      return onednn_->backward(W, dy, g, OC, B, threads, dW, dx, scratch);
+    if (on_onednn(g, OC) && B > 0) return onednn_->backward(W, dy, g, OC, B, onednn_threads(g, OC, B), dW, dx, scratch);
     const int K = g.C * g.KH * g.KW, N = g.OH() * g.OW();
     const std::size_t dW_floats = std::size_t(OC) * K;
     float* sums = scratch + std::size_t(B) * K * N;  // members 1, 2, ...: their dW
@@ -340,7 +344,14 @@ class CpuBackend final : public Backend {
 #ifdef PSLAB_HAVE_ONEDNN
   std::unique_ptr<OnednnConvolutions> onednn_;
 #else
-  std::unique_ptr<int> onednn_;  // (never set: built without oneDNN)
+  struct NoOnednn {  // (never made: built without oneDNN)
+    bool ready(const math::ConvGeometry&, int, int, int) { return false; }
+    template <typename... A>
+    void forward(A...) {}
+    template <typename... A>
+    void backward(A...) {}
+  };
+  std::unique_ptr<NoOnednn> onednn_;
 #endif
   // Members to split a convolution's B images over: the BLAS threads, as many as the scratch
   // holds the dW sums of (OC*B*N floats beyond the columns: (members - 1) * K <= B*N).
@@ -356,6 +367,19 @@ class CpuBackend final : public Backend {
     const int pieces = int((n + kPiece - 1) / kPiece);
     const int members = n < 4 * kPiece ? 1 : std::clamp(openblas_get_num_threads(), 1, pieces);
     in_parallel(members, pieces, [&](int, int lo, int hi) { f(std::size_t(lo) * kPiece, std::min(n, std::size_t(hi) * kPiece)); });
+  }
+  // Whether this convolution runs on oneDNN: the shape's (its scratch was sized by it), decided
+  // at a batch of 1 on 1 thread.
+  bool on_onednn(const math::ConvGeometry& g, int OC) { return onednn_ && onednn_->ready(g, OC, 1, 1); }
+  // OpenBLAS's thread count, which oneDNN runs on; throws if oneDNN took the shape at a batch of
+  // 1 but not at B (never seen: the scratch would not hold im2col's columns).
+  int onednn_threads(const math::ConvGeometry& g, int OC, int B) {
+    const int threads = openblas_get_num_threads();
+    if (!onednn_->ready(g, OC, B, threads))
+      throw std::runtime_error("oneDNN has a primitive for convolution " + std::to_string(g.C) + "x" + std::to_string(g.H) + "x" +
+                               std::to_string(g.W) + " -> " + std::to_string(OC) + " at a batch of 1 but not of " +
+                               std::to_string(B) + " on " + std::to_string(threads) + " threads");
+    return threads;
   }
   static int image_members(int B) { return std::clamp(openblas_get_num_threads(), 1, std::max(B, 1)); }
   // sums_ (C, 2): Σ a and Σ a b over each channel of a batch (B, C, HW), each the sum in image

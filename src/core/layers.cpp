@@ -30,13 +30,16 @@ Residual::Residual(std::vector<std::unique_ptr<Layer>> main, std::vector<std::un
   if (end.size() != out().size())
     throw std::invalid_argument("residual: the shortcut gives " + std::to_string(end.size()) + " values per sample, the main path " +
                                 std::to_string(out().size()));
+  for (const auto& l : main_) all_.push_back(l.get());
+  for (const auto& l : shortcut_) all_.push_back(l.get());
+  layout_ = std::make_unique<Layout>();
+  layout_->out.resize(all_.size()), layout_->scratch.resize(all_.size());
 }
 
-std::vector<Layer*> Residual::all() const {
-  std::vector<Layer*> v;
-  for (const auto& l : main_) v.push_back(l.get());
-  for (const auto& l : shortcut_) v.push_back(l.get());
-  return v;
+Residual::~Residual() = default;
+
+const std::vector<Layer*>& Residual::all() const {
+  return all_;
 }
 
 std::string Residual::describe() const {
@@ -95,17 +98,17 @@ std::size_t widest(const std::vector<Layer*>& layers) {
 }
 }  // namespace
 
-std::size_t Residual::scratch_floats(int batch) const {
+std::size_t Residual::scratch_floats(Backend& be, int batch) const {
   std::size_t n = 0;
-  for (Layer* l : all()) n += std::size_t(batch) * l->out().size() + l->scratch_floats(batch);
+  for (Layer* l : all()) n += std::size_t(batch) * l->out().size() + l->scratch_floats(be, batch);
   return n + std::size_t(batch) * (out().size() + 2 * widest(all()));
 }
 
-Residual::Layout Residual::layout(float* p, int B) const {
-  Layout L;
-  for (Layer* l : all()) {
-    L.out.push_back(p), p += std::size_t(B) * l->out().size();
-    L.scratch.push_back(p), p += l->scratch_floats(B);
+const Residual::Layout& Residual::layout(Backend& be, float* p, int B) {
+  Layout& L = *layout_;
+  for (std::size_t k = 0; k < all_.size(); ++k) {
+    L.out[k] = p, p += std::size_t(B) * all_[k]->out().size();
+    L.scratch[k] = p, p += all_[k]->scratch_floats(be, B);
   }
   L.dsum = p, p += std::size_t(B) * out().size();
   const std::size_t w = std::size_t(B) * widest(all());
@@ -114,8 +117,8 @@ Residual::Layout Residual::layout(float* p, int B) const {
 }
 
 void Residual::forward(Backend& be, const float* x, float* y, int B, float* scratch) {
-  const Layout L = layout(scratch, B);
-  const std::vector<Layer*> layers = all();
+  const Layout& L = layout(be, scratch, B);
+  const std::vector<Layer*>& layers = all();
   const float* path_out[2] = {x, x};  // main's output, the shortcut's
   for (std::size_t k = 0; k < layers.size(); ++k) {
     const bool first_of_path = k == 0 || k == main_.size();
@@ -131,8 +134,8 @@ void Residual::forward(Backend& be, const float* x, float* y, int B, float* scra
 
 void Residual::backward(Backend& be, const float* x, const float* y, const float* dy, float* dx, int B,
                         float* scratch, const GradProgress&) {
-  const Layout L = layout(scratch, B);
-  const std::vector<Layer*> layers = all();
+  const Layout& L = layout(be, scratch, B);
+  const std::vector<Layer*>& layers = all();
   const std::size_t n = std::size_t(B) * out().size();
   be.relu_backward(dy, y, L.dsum, n);
   // Layers [lo, hi) of all(), back from the sum's gradient; the path's input gradient into `last`.

@@ -118,8 +118,8 @@ class Conv2d final : public Layer {
     dW_ = g;
     db_ = g + std::size_t(out().c) * ckk();
   }
-  std::size_t scratch_floats(int batch) const override {
-    return Backend::conv_scratch_floats(g_, out().c, batch);
+  std::size_t scratch_floats(Backend& be, int batch) const override {
+    return be.conv_scratch_floats(g_, out().c, batch);
   }
   void forward(Backend& be, const float* x, float* y, int B, float* scratch) override {
     be.conv_forward(x, W_, g_, out().c, B, y, scratch);
@@ -170,7 +170,7 @@ class BatchNorm2d final : public Layer {
   }
   void bind_state(float* s) override { running_ = s; }
   void set_mode(const ForwardMode& m) override { mode_ = m; }
-  std::size_t scratch_floats(int) const override { return 2 * std::size_t(in().c); }
+  std::size_t scratch_floats(Backend&, int) const override { return 2 * std::size_t(in().c); }
   void forward(Backend& be, const float* x, float* y, int B, float* scratch) override {
     const int C = in().c;
     be.batch_norm_forward(x, B, C, hw(), gamma_, gamma_ + C, mode_.training, mode_.momentum, kEps, running_,
@@ -194,7 +194,7 @@ class GlobalAvgPool final : public Layer {
  public:
   explicit GlobalAvgPool(Shape in) : Layer(in, Shape{in.c, 1, 1}) {}
   std::string describe() const override { return "avgpool(" + std::to_string(in().h) + "x" + std::to_string(in().w) + ")"; }
-  std::size_t scratch_floats(int) const override { return std::size_t(hw()); }
+  std::size_t scratch_floats(Backend&, int) const override { return std::size_t(hw()); }
   void forward(Backend& be, const float* x, float* y, int B, float* ones) override {
     be.fill(ones, std::size_t(hw()), 1.0f);
     be.gemm(Trans::no, Trans::no, B * in().c, 1, hw(), 1.0f / float(hw()), x, hw(), ones, 1, 0.0f, y, 1);  // (BC,HW)(HW,1)
@@ -215,6 +215,7 @@ class GlobalAvgPool final : public Layer {
 class Residual final : public Layer {
  public:
   Residual(std::vector<std::unique_ptr<Layer>> main, std::vector<std::unique_ptr<Layer>> shortcut);
+  ~Residual() override;
   std::string describe() const override;
   std::size_t num_params() const override;
   void init_params(float* w, Rng& rng) const override;
@@ -224,16 +225,18 @@ class Residual final : public Layer {
   void bind_state(float* s) override;
   void set_mode(const ForwardMode& m) override;
   std::vector<std::size_t> param_groups() const override;
-  std::size_t scratch_floats(int batch) const override;
+  std::size_t scratch_floats(Backend& be, int batch) const override;
   void forward(Backend& be, const float* x, float* y, int B, float* scratch) override;
   void backward(Backend& be, const float* x, const float* y, const float* dy, float* dx, int B, float* scratch,
                 const GradProgress& progress) override;
 
  private:
   struct Layout;  // where each part of the scratch is for a batch of B
-  Layout layout(float* scratch, int B) const;
-  std::vector<Layer*> all() const;  // main's layers, then the shortcut's
+  const Layout& layout(Backend& be, float* scratch, int B);  // (layout_, filled in: no allocation per pass)
+  const std::vector<Layer*>& all() const;  // main's layers, then the shortcut's
   std::vector<std::unique_ptr<Layer>> main_, shortcut_;
+  std::vector<Layer*> all_;
+  std::unique_ptr<Layout> layout_;
 };
 
 }  // namespace pslab

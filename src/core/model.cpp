@@ -70,7 +70,7 @@ Model::Model(Backend& be, const ModelSpec& spec, int max_batch, float* grad_stor
     l.bind_state(state_.data() + state_off);
     state_off += l.state_floats();
     acts_.emplace_back(be, std::size_t(max_batch) * l.out().size());
-    scratch_.emplace_back(be, l.scratch_floats(max_batch));
+    scratch_.emplace_back(be, l.scratch_floats(be, max_batch));
     widest = std::max(widest, std::size_t(l.out().size()));
   }
   if (layers_.back()->out().size() != spec.outputs)

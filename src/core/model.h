@@ -86,8 +86,9 @@ class Layer {
   virtual void init_params(float* /*w*/, Rng& /*rng*/) const {}
   // Points the layer at its slices of θ and ∇θ (device memory).
   virtual void bind(float* /*w*/, float* /*g*/) {}
-  // Device scratch floats needed for a batch of `batch` rows, kept from forward to backward.
-  virtual std::size_t scratch_floats(int /*batch*/) const { return 0; }
+  // Device scratch floats needed on `be` for a batch of `batch` rows, kept from forward to
+  // backward (a batch smaller than the one it was sized for needs no more).
+  virtual std::size_t scratch_floats(Backend& /*be*/, int /*batch*/) const { return 0; }
   // State forward keeps beside θ (batch norm's running statistics): not trained, not pushed.
   // state_floats() floats of device memory; init_state writes their initial values (host).
   virtual std::size_t state_floats() const { return 0; }

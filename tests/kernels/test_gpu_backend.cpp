@@ -585,7 +585,7 @@ TEST_F(GpuBackend, ConvolutionForwardAndBackward) {
     const auto x = random_floats(std::size_t(B) * g.C * g.H * g.W, ++seed);
     const auto W = random_floats(std::size_t(OC) * K, ++seed), dy = random_floats(std::size_t(B) * OC * N, ++seed);
     const std::vector<float> nan_y(dy.size(), std::numeric_limits<float>::quiet_NaN()), nan_dW(W.size(), std::nanf("")),
-        nan_dx(x.size(), std::nanf("")), nan_s(Backend::conv_scratch_floats(g, OC, B), std::nanf(""));
+        nan_dx(x.size(), std::nanf("")), nan_s(std::max(cpu().conv_scratch_floats(g, OC, B), gpu().conv_scratch_floats(g, OC, B)), std::nanf(""));
     std::vector<float> out[2][3];
     for (Backend* be : {&cpu(), &gpu()}) {
       DeviceBuffer<float> bx = upload(*be, x), bW = upload(*be, W), bdy = upload(*be, dy), by = upload(*be, nan_y),

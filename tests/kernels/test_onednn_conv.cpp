@@ -1,6 +1,7 @@
 // The CPU backend's oneDNN convolutions (kernels/cpu/onednn_conv.h), where pslab is built with
 // oneDNN: every convolution shape of the built-in models runs on it (none falls back to im2col
-// unseen), a second pass gives bitwise the first, and the backend says which path it takes.
+// unseen), its scratch holds images, not columns, a second pass gives bitwise the first, and the
+// backend says which path it takes.
 // Their values against a direct convolution: CpuConvolution.* in test_kernels.cpp.
 #include <gtest/gtest.h>
 
@@ -27,6 +28,16 @@ TEST(OnednnConvolutions, RunsEveryShapeOfTheBuiltInModels) {
   EXPECT_FALSE(conv.ready(math::ConvGeometry{16, 28, 28, 3, 3, 1, 1}, 16, 0, 1)) << "an empty batch is not oneDNN's";
 }
 
+TEST(OnednnConvolutions, ALayerKeepsTheImagesInNhwcNotTheirColumns) {
+  // A ResNet evaluator's batch of 256 at 28 x 28: 25.7 MB of scratch for a 16-channel 3x3
+  // convolution where im2col's columns take 128 MB.
+  auto be = make_cpu_backend(1);
+  const math::ConvGeometry g{16, 28, 28, 3, 3, 1, 1};
+  EXPECT_EQ(be->conv_scratch_floats(g, 16, 256), std::size_t(256) * (16 * 784 + 16 * 784));
+  EXPECT_EQ(Backend::im2col_scratch_floats(g, 16, 256), std::size_t(256) * 784 * (144 + 16));
+  EXPECT_EQ(make_cpu_backend(1, CpuConvolutions::im2col)->conv_scratch_floats(g, 16, 256), Backend::im2col_scratch_floats(g, 16, 256));
+}
+
 TEST(OnednnConvolutions, APassIsDeterministicAndTheBackendSaysItRunsOnOnednn) {
   // (use_best_cpu_runtime, first in this test binary's main, re-executed it with the policy set)
   ASSERT_NE(std::getenv("OMP_WAIT_POLICY"), nullptr) << "oneDNN's threads would spin between convolutions";
@@ -41,7 +52,7 @@ TEST(OnednnConvolutions, APassIsDeterministicAndTheBackendSaysItRunsOnOnednn) {
   for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = std::sin(0.05f * float(i) + 1.0f);
   std::vector<float> y[2], dW[2], dx[2];
   for (int pass = 0; pass < 2; ++pass) {
-    std::vector<float> scratch(Backend::conv_scratch_floats(g, OC, B), std::nanf(""));
+    std::vector<float> scratch(be->conv_scratch_floats(g, OC, B), std::nanf(""));
     y[pass].assign(dy.size(), 0.0f), dW[pass].assign(W.size(), 0.0f), dx[pass].assign(x.size(), 0.0f);
     be->conv_forward(x.data(), W.data(), g, OC, B, y[pass].data(), scratch.data());
     be->conv_backward(W.data(), dy.data(), g, OC, B, dW[pass].data(), dx[pass].data(), scratch.data());
