@@ -575,7 +575,8 @@ TEST_F(GpuBackend, Im2colCol2im) {
 }
 
 // A convolution layer's passes (Backend::conv_forward / conv_backward): the GPU's whole-batch
-// GEMMs against the CPU's (image by image with the CPU backend's 1 BLAS thread), batch of 5.
+// GEMMs against the CPU backend's (oneDNN where built with it, else im2col), batch of 5; the scratch
+// is the larger of the two backends' needs.
 TEST_F(GpuBackend, ConvolutionForwardAndBackward) {
   std::uint32_t seed = 700;
   for (auto [g, OC] : {std::pair{math::ConvGeometry{1, 28, 28, 5, 5, 2, 2}, 16}, {math::ConvGeometry{16, 14, 14, 5, 5, 2, 2}, 32},
