@@ -395,8 +395,8 @@ class CpuBackend final : public Backend {
     });
     for (std::size_t i = 0; i < std::size_t(B) * C; ++i) sums_[2 * (i % C)] += partials_[2 * i], sums_[2 * (i % C) + 1] += partials_[2 * i + 1];
   }
-  // f(member, lo, hi) for member m of `members` and its items [lo, hi) of n (images, channels,
-  // pieces); with more than one member on a team of that size, each on one BLAS thread.
+  // f(member, lo, hi) for member m of `members` and its items [lo, hi) of n (images or pieces);
+  // with more than one member on a team of that size, each on one BLAS thread.
   template <typename F>
   void in_parallel(int members, int n, F f) {
     if (members == 1) return f(0, 0, n);

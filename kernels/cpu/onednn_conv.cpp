@@ -22,7 +22,7 @@ void execute(const dnnl::primitive& p, const dnnl::stream& s, std::initializer_l
   if (st != dnnl_success) throw std::runtime_error("oneDNN: a convolution's primitive failed (status " + std::to_string(int(st)) + ")");
 }
 
-// (0 when the thread count is already n: omp_set_num_threads is per calling thread.)
+// Sets OpenMP's thread count for the calling thread (the setting is per thread), where it differs.
 void use_threads(int n) {
   if (omp_get_max_threads() != n) omp_set_num_threads(n);
 }
