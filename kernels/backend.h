@@ -171,16 +171,18 @@ class Backend {
 
   // ---- convolution layers, a whole batch per call (kernels/conv.cpp) ----
   // y (B, OC, OH*OW) = W (OC, C*KH*KW) applied to every image of x (B, C, H, W); no bias.
-  // scratch: conv_scratch_floats(g, OC, B) floats; forward leaves the batch's columns in it,
-  // which conv_backward reads (and then overwrites).
-  // By default im2col of the whole batch, one GEMM and a swap of the outer dimensions (what a
-  // GPU wants: a constant number of launches); the CPU backend overrides it when that is slower.
+  // scratch: conv_scratch_floats(g, OC, B) floats; forward may leave in it what conv_backward
+  // reads (im2col: the batch's columns), which then overwrites it.
+  // By default im2col of the whole batch, one GEMM and a swap of the outer dimensions (a
+  // constant number of launches); the CPU backend overrides it (oneDNN, or im2col image by
+  // image), the CUDA backend with cuDNN where it can load it (kernels/cuda/cudnn.h).
   virtual void conv_forward(const float* x, const float* W, const math::ConvGeometry& g, int OC, int B, float* y,
                             float* scratch);
   // dW (OC, C*KH*KW) = the weight gradient summed over the batch (overwritten; zero when B = 0);
-  // dx (B, C, H, W) = the input gradient, unless dx is null. dy (B, OC, OH*OW).
-  virtual void conv_backward(const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B, float* dW,
-                             float* dx, float* scratch);
+  // dx (B, C, H, W) = the input gradient, unless dx is null. x: forward's input, unchanged since;
+  // dy (B, OC, OH*OW).
+  virtual void conv_backward(const float* x, const float* W, const float* dy, const math::ConvGeometry& g, int OC,
+                             int B, float* dW, float* dx, float* scratch);
   // The scratch both need on this backend for a batch of B (or fewer). By default, im2col's: the
   // batch's columns (C*KH*KW, B*OH*OW) and the GEMM's output (OC, B*OH*OW).
   virtual std::size_t conv_scratch_floats(const math::ConvGeometry& g, int OC, int B) {

@@ -15,8 +15,8 @@ void Backend::conv_forward(const float* x, const float* W, const math::ConvGeome
   swap_outer(t, OC, B, N, y);                                                 // (OC,B,N) -> (B,OC,N)
 }
 
-void Backend::conv_backward(const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B, float* dW,
-                            float* dx, float* scratch) {
+void Backend::conv_backward(const float*, const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B,
+                            float* dW, float* dx, float* scratch) {
   const int K = g.C * g.KH * g.KW, N = g.OH() * g.OW(), BN = B * N;
   if (B == 0) return fill(dW, std::size_t(OC) * K, 0.0f);
   float* cols = scratch;

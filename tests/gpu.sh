@@ -4,12 +4,14 @@
 #
 #   tests/gpu.sh [--build-dir DIR] [--quick] [--only 1,4,5]
 #
-#   1. the GPU tests (GPU backend against the CPU one, GPU training, NCCL, ranks sharing a GPU)
-#      with PSLAB_REQUIRE_GPU=1: a GPU test that cannot run fails instead of skipping
-#   2. bench_train --device cuda, MLP and CNN at batch 64, 256, 1024 and 4096, and, where
-#      `python3 -c "import torch"` works, the same models in PyTorch on the same GPU at its best
-#      (tests/bench/torch_train.py: eager, staged and the step in a CUDA graph, float32 both
-#      sides); one table with the ratios; runs/bench/gpu.json
+#   1. the GPU tests (GPU backend against the CPU one, with and without cuDNN, GPU training, NCCL,
+#      ranks sharing a GPU) with PSLAB_REQUIRE_GPU=1: a GPU test that cannot run fails instead of
+#      skipping (cuDNN from Python's nvidia-cudnn where libcudnn.so.9 is not found otherwise)
+#   2. bench_train --device cuda, MLP and CNN at batch 64, 256, 1024 and 4096 and ResNet-20 (batch
+#      norm; cuDNN) at 128 and 512, and, where `python3 -c "import torch"` works, the same models in
+#      PyTorch on the same GPU at its best (tests/bench/torch_train.py: eager, staged and the step
+#      in a CUDA graph, ResNet also in channels_last; float32 both sides); one table with the
+#      ratios; runs/bench/gpu.json
 #   3. the default comparison with train.device = "cuda" and its 4 workers on this machine's
 #      GPUs: all four modes must finish; then again with train.tf32 = true, for the
 #      line in results/ on what TF32 changes in accuracy
@@ -77,6 +79,16 @@ if ldd "${plugins[@]}" | grep -q "libnccl.*not found"; then
     export LD_LIBRARY_PATH="$nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   fi
 fi
+# cuDNN (kernels/cuda/cudnn.h), loaded by name at run time: Python's nvidia-cudnn where the loader finds none.
+if ! python3 -c "import ctypes; ctypes.CDLL('libcudnn.so.9')" 2>/dev/null; then
+  cudnn=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], 'lib'))" 2>/dev/null)
+  if [[ -n $cudnn && -e $cudnn/libcudnn.so.9 ]]; then
+    echo "gpu.sh: libcudnn.so.9 from $cudnn (Python's nvidia-cudnn)"
+    export LD_LIBRARY_PATH="$cudnn${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  else
+    echo "gpu.sh: no libcudnn.so.9 here: GPU convolutions by im2col, and step 1's cuDNN tests fail"
+  fi
+fi
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do
   if ldd "$build/worker/pslab_worker" "${plugins[@]}" | grep -q "not found" && [[ -d $d ]]; then export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"; fi
 done
@@ -101,19 +113,22 @@ fi
 
 if wanted 2; then  # ---- step 2 ----
 step "2. training throughput, pslab (bench_train --device cuda) and PyTorch on the same GPU"
-# samples per timed run: about 1M (MLP) / 200K (CNN), at least 50 steps; 20 warm-up steps
-budget_mlp=1000000 budget_cnn=200000 runs=3
-((quick)) && budget_mlp=50000 budget_cnn=10000 runs=1
+# samples per timed run: about 1M (MLP) / 200K (CNN) / 40K (ResNet-20), at least 50 steps (ResNet: 20); 20 warm-up steps
+budget_mlp=1000000 budget_cnn=200000 budget_resnet20=40000 runs=3
+((quick)) && budget_mlp=50000 budget_cnn=10000 budget_resnet20=2000 runs=1
 torch=0
 python3 -c "import torch, numpy; assert torch.cuda.is_available()" 2>/dev/null && torch=1
 ((torch)) || echo "gpu.sh: no PyTorch with CUDA here (python3 -c 'import torch'): pslab alone"
 data="$root/data/fashion-mnist"; [[ -d $data ]] || data=/usr/share/datasets/fashion-mnist
 rows=()
-for model in mlp cnn; do
-  for batch in 64 256 1024 4096; do
-    budget=$budget_mlp; [[ $model == cnn ]] && budget=$budget_cnn
-    s=$((budget / batch)); ((s < 50)) && s=50
-    if ! "$build/tests/bench_train" --device cuda --model "$model" --batch "$batch" --steps "$s" --runs "$runs" --warmup 20 \
+for model in mlp cnn resnet20; do
+  batches="64 256 1024 4096"; [[ $model == resnet20 ]] && batches="128 512"
+  for batch in $batches; do
+    budget=$budget_mlp; [[ $model == cnn ]] && budget=$budget_cnn; [[ $model == resnet20 ]] && budget=$budget_resnet20
+    least=50; [[ $model == resnet20 ]] && least=20
+    s=$((budget / batch)); ((s < least)) && s=$least
+    kind=(--model "$model"); [[ $model == resnet20 ]] && kind=(--model resnet --depth 20)
+    if ! "$build/tests/bench_train" --device cuda "${kind[@]}" --batch "$batch" --steps "$s" --runs "$runs" --warmup 20 \
          --max-batch "$batch" --json "$out/gpu-pslab-$model-$batch.json" > "$out/gpu-pslab-$model-$batch.log" 2>&1; then
       failed+=("bench_train $model $batch"); echo "FAIL bench_train $model batch $batch:"; tail -5 "$out/gpu-pslab-$model-$batch.log"; continue
     fi

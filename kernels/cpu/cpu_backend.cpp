@@ -313,8 +313,8 @@ class CpuBackend final : public Backend {
       }
     });
   }
-  void conv_backward(const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B, float* dW,
-                     float* dx, float* scratch) override {
+  void conv_backward(const float*, const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B,
+                     float* dW, float* dx, float* scratch) override {
     if (on_onednn(g, OC) && B > 0) return onednn_->backward(W, dy, g, OC, B, onednn_threads(g, OC, B), dW, dx, scratch);
     const int K = g.C * g.KH * g.KW, N = g.OH() * g.OW();
     const std::size_t dW_floats = std::size_t(OC) * K;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -19,6 +20,7 @@
 #include "backend.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_kernels.h"
+#include "cuda/cudnn.h"
 
 namespace pslab {
 namespace {
@@ -160,6 +162,10 @@ class CudaBackend final : public Backend {
           "; check CMAKE_CUDA_ARCHITECTURES of this build)");
     stream_ = std::make_unique<Stream>();
     cublas_ = std::make_unique<CublasHandle>(stream_->get());
+    if (const char* v = std::getenv("PSLAB_CUDNN"); v && std::string(v) == "off")
+      no_cudnn_ = "PSLAB_CUDNN=off";
+    else
+      cudnn_ = cuda::Cudnn::open(stream_->get(), &no_cudnn_);
     char mem[32];
     std::snprintf(mem, sizeof mem, "%.1f GiB",
                   double(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
@@ -181,10 +187,14 @@ class CudaBackend final : public Backend {
     PSLAB_CUDA_CHECK(cudaDeviceGetPCIBusId(id, int(sizeof id), device_));
     return id;
   }
-  std::string describe() const override { return describe_ + (tf32_ ? ", TF32 GEMMs" : ""); }
+  std::string describe() const override {
+    return describe_ + (tf32_ ? ", TF32 GEMMs" : "") +
+           (cudnn_ ? ", " + cudnn_->describe() : ", convolutions by im2col (no cuDNN: " + no_cudnn_ + ")");
+  }
   void allow_tf32(bool on) override {
     activate();
     PSLAB_CUBLAS_CHECK(cublasSetMathMode(cublas_->get(), on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    if (cudnn_) cudnn_->allow_tf32(on);
     tf32_ = on;
   }
 
@@ -379,6 +389,9 @@ class CudaBackend final : public Backend {
                           float momentum, float eps, float* running_mean, float* running_var, float* saved_mean,
                           float* saved_invstd, float* y) override {
     activate();
+    if (cudnn_ && cuda::Cudnn::runs_batch_norm(eps, B, HW))
+      return cudnn_->batch_norm_forward(x, B, C, HW, gamma, beta, training, momentum, eps, running_mean, running_var,
+                                        saved_mean, saved_invstd, y);
     cuda::launch_batch_norm_forward(x, B, C, HW, gamma, beta, training, momentum, eps, running_mean, running_var,
                                     saved_mean, saved_invstd, y, stream_->get());
   }
@@ -386,6 +399,8 @@ class CudaBackend final : public Backend {
                            const float* saved_mean, const float* saved_invstd, float* dgamma, float* dbeta,
                            float* dx) override {
     activate();
+    if (cudnn_ && cuda::Cudnn::runs_batch_norm_backward(B, HW, dy, dx))
+      return cudnn_->batch_norm_backward(x, dy, B, C, HW, gamma, saved_mean, saved_invstd, dgamma, dbeta, dx);
     cuda::launch_batch_norm_backward(x, dy, B, C, HW, gamma, saved_mean, saved_invstd, dgamma, dbeta, dx,
                                      stream_->get());
   }
@@ -502,6 +517,24 @@ class CudaBackend final : public Backend {
     cuda::launch_swap_outer(x, A, B, N, y, stream_->get());
   }
 
+  // Convolutions on cuDNN where it loaded (cudnn.h: its workspace is its own, so no scratch),
+  // else Backend's im2col and cuBLAS.
+  std::size_t conv_scratch_floats(const math::ConvGeometry& g, int OC, int B) override {
+    return cudnn_ ? 0 : im2col_scratch_floats(g, OC, B);
+  }
+  void conv_forward(const float* x, const float* W, const math::ConvGeometry& g, int OC, int B, float* y,
+                    float* scratch) override {
+    activate();
+    if (cudnn_ && B > 0) return cudnn_->conv_forward(x, W, g, OC, B, y);
+    Backend::conv_forward(x, W, g, OC, B, y, scratch);
+  }
+  void conv_backward(const float* x, const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B,
+                     float* dW, float* dx, float* scratch) override {
+    activate();
+    if (cudnn_ && B > 0) return cudnn_->conv_backward(x, W, dy, g, OC, B, dW, dx);
+    Backend::conv_backward(x, W, dy, g, OC, B, dW, dx, scratch);
+  }
+
  private:
   // The CUDA device is per host thread: make this backend's device current when the calling
   // thread has another one (cheap when it already is).
@@ -589,6 +622,8 @@ class CudaBackend final : public Backend {
   Ticket last_upload_ = 0;  // the last upload queued, and the last that upload_fence() covered
   Ticket fenced_ = 0;
   std::unique_ptr<CublasHandle> cublas_;
+  std::unique_ptr<cuda::Cudnn> cudnn_;  // null: no cuDNN, for the reason in no_cudnn_
+  std::string no_cudnn_;
   Scratch scratch_;
   Scratch loss_dev_;  // the deferred loss's, apart from scratch_ (which backward reuses)
   std::unique_ptr<Event> loss_ready_;

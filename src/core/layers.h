@@ -125,9 +125,9 @@ class Conv2d final : public Layer {
     be.conv_forward(x, W_, g_, out().c, B, y, scratch);
     if (bias_) be.add_bias(y, b_, B, out().c, ohw());
   }
-  void backward(Backend& be, const float*, const float*, const float* dy, float* dx, int B,
+  void backward(Backend& be, const float* x, const float*, const float* dy, float* dx, int B,
                 float* scratch, const GradProgress&) override {
-    be.conv_backward(W_, dy, g_, out().c, B, dW_, dx, scratch);
+    be.conv_backward(x, W_, dy, g_, out().c, B, dW_, dx, scratch);
     if (!bias_) return;
     if (B == 0) return be.fill(db_, std::size_t(out().c), 0.0f);
     be.bias_grad(dy, B, out().c, ohw(), db_);

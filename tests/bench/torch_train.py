@@ -1,11 +1,12 @@
 """The peer of bench_train in PyTorch: the same models, data, batch and plain SGD, on a GPU.
 
-    python3 tests/bench/torch_train.py --model mlp|cnn --batch 64 [--steps 2000] [--runs 3]
+    python3 tests/bench/torch_train.py --model mlp|cnn|resnet20 --batch 64 [--steps 2000] [--runs 3]
                                        [--warmup 200] [--device cuda] [--data DIR] [--tf32] [--json FILE]
 
 Models (as pslab builds them, src/core/model.cpp): mlp = 784-256-128-10 with ReLU; cnn = conv
-5x5/s2/p2 1->16, ReLU, conv 5x5/s2/p2 16->32, ReLU, linear 1568->10. Softmax cross-entropy
-(mean over the batch), SGD lr 0.01, no momentum. Each step: a batch of sample indices from a
+5x5/s2/p2 1->16, ReLU, conv 5x5/s2/p2 16->32, ReLU, linear 1568->10; resnetD (D = 6n + 2: 8,
+20, 56) = experiments/torch/resnet.py, the network model.kind = "resnet" builds, with batch norm
+in training mode. Softmax cross-entropy (mean over the batch), SGD lr 0.01, no momentum. Each step: a batch of sample indices from a
 shuffled epoch, gather, forward, backward, step; nothing is read back to the host.
 
 Three ways to run it, all measured, the best reported as PyTorch's figure (its best, as a user
@@ -16,7 +17,9 @@ who cares about speed runs it):
   graph     the whole step captured once in a CUDA graph (torch.cuda.graph: gather by index,
             forward, backward, SGD) and replayed, the batch's indices copied into its static
             input; a feed that fails (e.g. a capture error) is reported with its error
-Float32 by default: TF32 off for matmuls and cuDNN convolutions (PyTorch allows TF32 in cuDNN
+  graph_channels_last   (resnet) the same with the network in channels_last (NHWC)
+cuDNN picks convolution algorithms by timing them (cudnn.benchmark; pslab takes cuDNN's heuristic
+choice, the same in every run). Float32 by default: TF32 off for matmuls and cuDNN convolutions (PyTorch allows TF32 in cuDNN
 by default); --tf32 allows it in both, to compare with bench_train --tf32.
 Metric: samples / wall time of `steps` steps after `warmup` steps (torch.cuda.synchronize
 around each run), median over `runs`. Data: Fashion-MNIST from --data when there, else random
@@ -53,7 +56,12 @@ def model_of(kind):
     if kind == "cnn":
         return nn.Sequential(nn.Unflatten(1, (1, 28, 28)), nn.Conv2d(1, 16, 5, 2, 2), nn.ReLU(),
                              nn.Conv2d(16, 32, 5, 2, 2), nn.ReLU(), nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
-    raise SystemExit(f"torch_train.py: unknown --model {kind!r} (mlp or cnn)")
+    if kind.startswith("resnet") and kind[6:].isdigit() and (int(kind[6:]) - 2) % 6 == 0:
+        repo = pathlib.Path(__file__).resolve().parents[2]
+        sys.path[:0] = [str(repo / "experiments" / "torch"), str(repo / "worker" / "python")]
+        import resnet  # experiments/torch/resnet.py
+        return nn.Sequential(nn.Unflatten(1, (1, 28, 28)), resnet.ResNet(1, 10, blocks=(int(kind[6:]) - 2) // 6))
+    raise SystemExit(f"torch_train.py: unknown --model {kind!r} (mlp, cnn or resnetD, D = 6n + 2)")
 
 
 def timed(a, run):
@@ -71,9 +79,11 @@ def measure(a, x, y, feed):
     dev = torch.device(a.device)
     torch.manual_seed(1)
     model = model_of(a.model).to(dev)
+    if feed.endswith("_channels_last"):
+        model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     n = x.shape[0]
-    if feed in ("resident", "graph"):
+    if feed != "staged":
         xs, ys = x.to(dev), y.to(dev)
     else:
         xs, ys = x.pin_memory(), y.pin_memory()
@@ -90,7 +100,7 @@ def measure(a, x, y, feed):
             return xs[idx], ys[idx]
         return (xs[idx].pin_memory().to(dev, non_blocking=True), ys[idx].pin_memory().to(dev, non_blocking=True))
 
-    if feed == "graph":
+    if feed.startswith("graph"):
         return graphed(a, model, opt, xs, ys, n, per_epoch, dev)
 
     def run(steps):
@@ -156,6 +166,7 @@ def main():
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = a.tf32
     torch.backends.cudnn.allow_tf32 = a.tf32
+    torch.backends.cudnn.benchmark = True  # convolutions: cuDNN's measured fastest algorithm (its best)
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("torch_train.py: PyTorch sees no CUDA GPU")
     x, y, data = load(a.data)
@@ -163,6 +174,8 @@ def main():
            "torch": torch.__version__, "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
            "steps_per_run": a.steps, "warmup_steps": a.warmup, "runs": a.runs, "tf32": a.tf32}
     feeds = ("resident", "staged", "graph") if a.device == "cuda" else ("resident",)  # staged, graph: GPU only
+    if a.device == "cuda" and a.model.startswith("resnet"):
+        feeds += ("graph_channels_last",)
     for feed in feeds:
         try:
             rates = measure(a, x, y, feed)

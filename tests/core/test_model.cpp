@@ -539,9 +539,9 @@ class CountingBackend final : public Backend {
                     float* s) override {
     ++calls, in_.conv_forward(x, W, g, OC, B, y, s);
   }
-  void conv_backward(const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B, float* dW, float* dx,
-                     float* s) override {
-    ++calls, in_.conv_backward(W, dy, g, OC, B, dW, dx, s);
+  void conv_backward(const float* x, const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B,
+                     float* dW, float* dx, float* s) override {
+    ++calls, in_.conv_backward(x, W, dy, g, OC, B, dW, dx, s);
   }
 
  private:

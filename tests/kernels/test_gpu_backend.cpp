@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <limits>
 #include <random>
@@ -22,6 +23,7 @@
 
 #include "backend.h"
 #include "core/optimizer.h"
+#include "cuda_plugin.h"
 #include "gpu.h"
 
 namespace pslab {
@@ -123,8 +125,20 @@ class GpuBackend : public ::testing::Test {
 
   Backend& cpu() { return *cpu_; }
   Backend& gpu() { return *gpu_; }
+  // The GPU without cuDNN (PSLAB_CUDNN=off): convolutions by im2col and cuBLAS, batch norm on
+  // the backend's kernels. Made on first use.
+  Backend& gpu_without_cudnn() {
+    if (!plain_) {
+      const char* was = std::getenv("PSLAB_CUDNN");
+      const std::string saved = was ? was : "";
+      setenv("PSLAB_CUDNN", "off", 1);
+      plain_ = make_cuda_backend(0);
+      was ? setenv("PSLAB_CUDNN", saved.c_str(), 1) : unsetenv("PSLAB_CUDNN");
+    }
+    return *plain_;
+  }
 
-  std::unique_ptr<Backend> cpu_, gpu_;
+  std::unique_ptr<Backend> cpu_, gpu_, plain_;
 };
 
 // ---- memory --------------------------------------------------------------------------------
@@ -574,31 +588,38 @@ TEST_F(GpuBackend, Im2colCol2im) {
   }
 }
 
-// A convolution layer's passes (Backend::conv_forward / conv_backward): the GPU's whole-batch
-// GEMMs against the CPU backend's (oneDNN where built with it, else im2col), batch of 5; the scratch
-// is the larger of the two backends' needs.
+// A convolution layer's passes (Backend::conv_forward / conv_backward): the GPU's, on cuDNN and
+// by im2col and cuBLAS (PSLAB_CUDNN=off), against the CPU backend's (oneDNN where built with it,
+// else im2col), batch of 5: the small CNN's shapes, an odd one, and ResNet's (3x3 at stride 1
+// and 2, the 1x1 projection); the scratch is the largest of the backends' needs.
 TEST_F(GpuBackend, ConvolutionForwardAndBackward) {
   std::uint32_t seed = 700;
   for (auto [g, OC] : {std::pair{math::ConvGeometry{1, 28, 28, 5, 5, 2, 2}, 16}, {math::ConvGeometry{16, 14, 14, 5, 5, 2, 2}, 32},
-                       {math::ConvGeometry{3, 9, 11, 3, 3, 3, 2}, 4}}) {
+                       {math::ConvGeometry{3, 9, 11, 3, 3, 3, 2}, 4}, {math::ConvGeometry{16, 32, 32, 3, 3, 1, 1}, 16},
+                       {math::ConvGeometry{16, 32, 32, 3, 3, 2, 1}, 32}, {math::ConvGeometry{16, 32, 32, 1, 1, 2, 0}, 32}}) {
     SCOPED_TRACE("C=" + std::to_string(g.C) + " H=" + std::to_string(g.H) + " OC=" + std::to_string(OC));
     const int B = 5, K = g.C * g.KH * g.KW, N = g.OH() * g.OW();
     const auto x = random_floats(std::size_t(B) * g.C * g.H * g.W, ++seed);
     const auto W = random_floats(std::size_t(OC) * K, ++seed), dy = random_floats(std::size_t(B) * OC * N, ++seed);
     const std::vector<float> nan_y(dy.size(), std::numeric_limits<float>::quiet_NaN()), nan_dW(W.size(), std::nanf("")),
-        nan_dx(x.size(), std::nanf("")), nan_s(std::max(cpu().conv_scratch_floats(g, OC, B), gpu().conv_scratch_floats(g, OC, B)), std::nanf(""));
-    std::vector<float> out[2][3];
-    for (Backend* be : {&cpu(), &gpu()}) {
+        nan_dx(x.size(), std::nanf("")),
+        nan_s(std::max({cpu().conv_scratch_floats(g, OC, B), gpu().conv_scratch_floats(g, OC, B),
+                        gpu_without_cudnn().conv_scratch_floats(g, OC, B)}), std::nanf(""));
+    std::vector<float> out[3][3];
+    for (Backend* be : {&cpu(), &gpu(), &gpu_without_cudnn()}) {
       DeviceBuffer<float> bx = upload(*be, x), bW = upload(*be, W), bdy = upload(*be, dy), by = upload(*be, nan_y),
                           bdW = upload(*be, nan_dW), bdx = upload(*be, nan_dx), bs = upload(*be, nan_s);
       be->conv_forward(bx.data(), bW.data(), g, OC, B, by.data(), bs.data());
-      be->conv_backward(bW.data(), bdy.data(), g, OC, B, bdW.data(), bdx.data(), bs.data());
-      const int k = be == &gpu();
+      be->conv_backward(bx.data(), bW.data(), bdy.data(), g, OC, B, bdW.data(), bdx.data(), bs.data());
+      const int k = be == &cpu() ? 0 : be == &gpu() ? 1 : 2;
       out[k][0] = download(*be, by), out[k][1] = download(*be, bdW), out[k][2] = download(*be, bdx);
     }
-    EXPECT_TRUE(agree("conv_forward y", out[0][0], out[1][0]));
-    EXPECT_TRUE(agree("conv_backward dW", out[0][1], out[1][1]));
-    EXPECT_TRUE(agree("conv_backward dx", out[0][2], out[1][2]));
+    for (int k : {1, 2}) {
+      SCOPED_TRACE(k == 1 ? gpu().describe() : gpu_without_cudnn().describe());
+      EXPECT_TRUE(agree("conv_forward y", out[0][0], out[k][0]));
+      EXPECT_TRUE(agree("conv_backward dW", out[0][1], out[k][1]));
+      EXPECT_TRUE(agree("conv_backward dx", out[0][2], out[k][2]));
+    }
   }
 }
 
@@ -613,8 +634,8 @@ TEST_F(GpuBackend, BatchNormForwardAndBackward) {
     std::vector<float> running(2 * std::size_t(C), 1.0f);
     for (int c = 0; c < C; ++c) running[std::size_t(c)] = 0.1f * float(c);
     const std::vector<float> nan_n(n, std::nanf("")), nan_c(2 * std::size_t(C), std::nanf(""));
-    std::vector<float> out[2][6];
-    for (Backend* be : {&cpu(), &gpu()}) {
+    std::vector<float> out[3][6];
+    for (Backend* be : {&cpu(), &gpu(), &gpu_without_cudnn()}) {
       DeviceBuffer<float> bx = upload(*be, x), bdy = upload(*be, dy), bg = upload(*be, gamma), bb = upload(*be, beta),
                           br = upload(*be, running), bs = upload(*be, nan_c), by = upload(*be, nan_n),
                           bi = upload(*be, nan_n), bdx = upload(*be, nan_n), bd = upload(*be, nan_c);
@@ -625,17 +646,58 @@ TEST_F(GpuBackend, BatchNormForwardAndBackward) {
                               bd.data() + C2, bdx.data());
       be->batch_norm_forward(bx.data(), B, C, HW, bg.data(), bb.data(), false, 0.1f, 1e-5f, br.data(), br.data() + C2,
                              nullptr, nullptr, bi.data());
-      const int k = be == &gpu();
+      const int k = be == &cpu() ? 0 : be == &gpu() ? 1 : 2;
       out[k][0] = download(*be, by), out[k][1] = download(*be, bs), out[k][2] = download(*be, br);
       out[k][3] = download(*be, bd), out[k][4] = download(*be, bdx), out[k][5] = download(*be, bi);
     }
-    EXPECT_TRUE(agree("training y", out[0][0], out[1][0]));
-    EXPECT_TRUE(agree("saved mean, invstd", out[0][1], out[1][1]));
-    EXPECT_TRUE(agree("running mean, variance", out[0][2], out[1][2]));
-    EXPECT_TRUE(agree("dgamma, dbeta", out[0][3], out[1][3]));
-    EXPECT_TRUE(agree("dx", out[0][4], out[1][4]));
-    EXPECT_TRUE(agree("inference y", out[0][5], out[1][5]));
+    for (int k : {1, 2}) {
+      SCOPED_TRACE(k == 1 ? gpu().describe() : gpu_without_cudnn().describe());
+      EXPECT_TRUE(agree("training y", out[0][0], out[k][0]));
+      EXPECT_TRUE(agree("saved mean, invstd", out[0][1], out[k][1]));
+      EXPECT_TRUE(agree("running mean, variance", out[0][2], out[k][2]));
+      EXPECT_TRUE(agree("dgamma, dbeta", out[0][3], out[k][3]));
+      EXPECT_TRUE(agree("dx", out[0][4], out[k][4]));
+      EXPECT_TRUE(agree("inference y", out[0][5], out[k][5]));
+    }
   }
+}
+
+// The GPU backend runs convolutions and batch norm on cuDNN where it can load libcudnn.so.9
+// (tests/gpu.sh puts Python's nvidia-cudnn on LD_LIBRARY_PATH); TF32 for convolutions is opt-in
+// and re-plans them: a ResNet convolution in TF32 is close to FP32's (a 10-bit mantissa), and
+// back in FP32 agrees with the CPU again.
+TEST_F(GpuBackend, ConvolutionsAndBatchNormRunOnCudnnWithTf32OptIn) {
+  if (gpu().describe().find("cuDNN 9") == std::string::npos) PSLAB_GPU_UNAVAILABLE("no cuDNN: " + gpu().describe());
+  const math::ConvGeometry g{16, 32, 32, 3, 3, 1, 1};
+  const int OC = 16, B = 8;
+  const auto x = random_floats(std::size_t(B) * g.C * g.H * g.W, 901), W = random_floats(std::size_t(OC) * 16 * 9, 902);
+  const std::vector<float> nan_y(std::size_t(B) * OC * g.OH() * g.OW(), std::nanf(""));
+  auto forward = [&](Backend& be) {
+    DeviceBuffer<float> bx = upload(be, x), bW = upload(be, W), by = upload(be, nan_y),
+                        bs = upload(be, std::vector<float>(be.conv_scratch_floats(g, OC, B)));
+    be.conv_forward(bx.data(), bW.data(), g, OC, B, by.data(), bs.data());
+    return download(be, by);
+  };
+  const std::vector<float> want = forward(cpu());
+  gpu().allow_tf32(true);
+  const std::vector<float> tf32 = forward(gpu());
+  gpu().allow_tf32(false);
+  EXPECT_TRUE(agree("TF32 conv_forward y", want, tf32, 2e-2));
+  EXPECT_TRUE(agree("FP32 again: conv_forward y", want, forward(gpu())));
+}
+
+// The CUDA plugin finds libcudnn.so.9 with every entry point pslab calls, version 9 (no GPU
+// needed: the toolkit of a build machine has it). Skipped where it cannot be loaded (a build
+// without CUDA, a host without cuDNN), failed so under PSLAB_REQUIRE_GPU.
+TEST(CudnnLibrary, LoadsWithEveryEntryPointPslabCalls) {
+  std::string why;
+  using Version = std::size_t (*)(std::string*);
+  const auto version = reinterpret_cast<Version>(cuda_plugin_symbol("libpslab_cuda.so", "pslab_cudnn_version", &why));
+  if (!version) PSLAB_GPU_UNAVAILABLE(why);
+  const std::size_t v = version(&why);
+  if (v == 0) PSLAB_GPU_UNAVAILABLE(why);
+  EXPECT_EQ(v / 10000, 9u) << v;
+  std::printf("[ cudnn    ] version %zu\n", v);
 }
 
 }  // namespace

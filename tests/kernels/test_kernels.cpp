@@ -302,7 +302,7 @@ TEST(CpuConvolution, ForwardAndBackwardEqualADirectConvolutionOnEveryPath) {
         std::vector<float> y(std::size_t(B) * OC * N, -7.0f), dW(std::size_t(OC) * K, -7.0f), dx(x.size(), -7.0f);
         std::vector<float> scratch(be->conv_scratch_floats(g, OC, B), std::nanf(""));
         be->conv_forward(x.data(), W.data(), g, OC, B, y.data(), scratch.data());
-        be->conv_backward(W.data(), dy.data(), g, OC, B, dW.data(), dx.data(), scratch.data());
+        be->conv_backward(x.data(), W.data(), dy.data(), g, OC, B, dW.data(), dx.data(), scratch.data());
         // Direct: y[b,o,oh,ow] = sum over (c,kh,kw) inside the image of W[o,c,kh,kw] x[b,c,ih,iw].
         std::vector<double> y_want(y.size(), 0.0), dW_want(dW.size(), 0.0), dx_want(dx.size(), 0.0);
         for (int b = 0; b < B; ++b)

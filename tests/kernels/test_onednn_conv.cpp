@@ -55,7 +55,7 @@ TEST(OnednnConvolutions, APassIsDeterministicAndTheBackendSaysItRunsOnOnednn) {
     std::vector<float> scratch(be->conv_scratch_floats(g, OC, B), std::nanf(""));
     y[pass].assign(dy.size(), 0.0f), dW[pass].assign(W.size(), 0.0f), dx[pass].assign(x.size(), 0.0f);
     be->conv_forward(x.data(), W.data(), g, OC, B, y[pass].data(), scratch.data());
-    be->conv_backward(W.data(), dy.data(), g, OC, B, dW[pass].data(), dx[pass].data(), scratch.data());
+    be->conv_backward(x.data(), W.data(), dy.data(), g, OC, B, dW[pass].data(), dx[pass].data(), scratch.data());
   }
   EXPECT_EQ(y[0], y[1]);
   EXPECT_EQ(dW[0], dW[1]);
