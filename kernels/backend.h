@@ -27,6 +27,10 @@ enum class Device { cpu, cuda };
 
 enum class Trans { no, yes };
 
+// How a backend holds a batch of images (B images of C channels of H x W pixels) between
+// layers: (B, C, H, W) or (B, H, W, C) (Backend::image_layout).
+enum class ImageLayout { nchw, nhwc };
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -119,14 +123,15 @@ class Backend {
   virtual void relu_forward(const float* x, float* y, std::size_t n) = 0;
   // dx = dy where y > 0 else 0 (y is the forward output); dx may alias dy.
   virtual void relu_backward(const float* dy, const float* y, float* dx, std::size_t n) = 0;
-  // Batch normalisation of x (B, C, HW), each channel over its B*HW values (math::bn_*):
+  // Batch normalisation of x (B, C, HW) (in image_layout()), each channel over its B*HW values (math::bn_*):
   // y = gamma (x - mean) invstd + beta. training: the batch's mean and invstd into saved_mean
   // and saved_invstd (C), and the running statistics (C) moved by `momentum` toward the batch's;
   // otherwise (inference) the running statistics normalise, and saved_* are not written.
   virtual void batch_norm_forward(const float* x, int B, int C, int HW, const float* gamma, const float* beta,
                                   bool training, float momentum, float eps, float* running_mean, float* running_var,
                                   float* saved_mean, float* saved_invstd, float* y) = 0;
-  // The gradients of a training forward: dgamma, dbeta (C) overwritten; dx (B, C, HW) unless null.
+  // The gradients of a training forward: dgamma, dbeta (C) overwritten; dx (B, C, HW) unless null
+  // (image_layout(), as x and dy).
   virtual void batch_norm_backward(const float* x, const float* dy, int B, int C, int HW, const float* gamma,
                                    const float* saved_mean, const float* saved_invstd, float* dgamma, float* dbeta,
                                    float* dx) = 0;
@@ -169,8 +174,26 @@ class Backend {
   // convolution's GEMM gives (OC, B, N); its layers pass (B, OC, N).
   virtual void swap_outer(const float* x, int A, int B, int N, float* y) = 0;
 
+  // ---- image layout ----
+  // How this backend holds images between layers: (B, C, H, W) (nchw: the CUDA backend, and the
+  // CPU one on im2col) or (B, H, W, C) (nhwc: the CPU backend on oneDNN, whose kernels run on it,
+  // so that no convolution reorders its activations). The convolution, batch-norm and mean-pool
+  // ops take and give images in this layout. A model's input arrives in NCHW and is relaid once
+  // (core/model.cpp), and a Linear layer reads an image in NCHW order, relaying it first, so θ
+  // means the same on every backend (core/layers.h).
+  virtual ImageLayout image_layout() const = 0;
+  // y = the B images of x (C channels of HW pixels) in layout `to`, x being in the other one; y
+  // must not overlap x. By default one swap_outer per image (kernels/conv.cpp).
+  virtual void relayout_images(const float* x, int B, int C, int HW, ImageLayout to, float* y);
+  // An NHWC backend's mean pool: y (B, C) = each image's mean over its HW pixels, channel by
+  // channel; its gradient dx (B, HW, C) = dy (B, C) / HW at every pixel. By default refused (an
+  // NCHW backend's is a GEMM against ones: core/layers.h, GlobalAvgPool).
+  virtual void mean_pool_nhwc(const float* x, int B, int C, int HW, float* y);
+  virtual void mean_pool_nhwc_backward(const float* dy, int B, int C, int HW, float* dx);
+
   // ---- convolution layers, a whole batch per call (kernels/conv.cpp) ----
-  // y (B, OC, OH*OW) = W (OC, C*KH*KW) applied to every image of x (B, C, H, W); no bias.
+  // y (B, OC, OH*OW) = W (OC, C*KH*KW) applied to every image of x (B, C, H, W); no bias. x, y
+  // (and below dy, dx) in image_layout(); W (OIHW) always as written.
   // scratch: conv_scratch_floats(g, OC, B) floats; forward may leave in it what conv_backward
   // reads (im2col: the batch's columns), which then overwrites it.
   // By default im2col of the whole batch, one GEMM and a swap of the outer dimensions (a
@@ -180,7 +203,7 @@ class Backend {
                             float* scratch);
   // dW (OC, C*KH*KW) = the weight gradient summed over the batch (overwritten; zero when B = 0);
   // dx (B, C, H, W) = the input gradient, unless dx is null. x: forward's input, unchanged since;
-  // dy (B, OC, OH*OW).
+  // dy (B, OC, OH*OW). The default is NCHW's.
   virtual void conv_backward(const float* x, const float* W, const float* dy, const math::ConvGeometry& g, int OC,
                              int B, float* dW, float* dx, float* scratch);
   // The scratch both need on this backend for a batch of B (or fewer). By default, im2col's: the
@@ -198,9 +221,9 @@ class Backend {
   Ticket tickets_ = 0;         // the default *_async: the last ticket given
 };
 
-// How the CPU backend convolves: on oneDNN (kernels/cpu/onednn_conv.h) where pslab was built
-// with it and oneDNN runs the shape, else (or asked for: tests, benchmarks) by im2col and
-// OpenBLAS's GEMMs.
+// How the CPU backend convolves: on oneDNN (kernels/cpu/onednn_conv.h), its images in NHWC,
+// where pslab was built with it; else (or asked for: tests, benchmarks) by im2col and
+// OpenBLAS's GEMMs, its images in NCHW.
 enum class CpuConvolutions { onednn, im2col };
 // The CPU backend. OpenBLAS has one thread count per process: threads > 0 sets it (the
 // process's training role decides, at its start); 0 leaves it as it is (a parameter server

@@ -1,5 +1,8 @@
 // Backend's default convolution: the whole batch in one im2col, one GEMM per pass and a swap
-// of the outer dimensions, so the number of backend calls does not grow with the batch.
+// of the outer dimensions, so the number of backend calls does not grow with the batch; and its
+// default image relayout and NHWC mean pool.
+#include <string>
+
 #include "backend.h"
 
 namespace pslab {
@@ -27,6 +30,20 @@ void Backend::conv_backward(const float*, const float* W, const float* dy, const
     gemm(Trans::yes, Trans::no, K, BN, OC, 1.0f, W, K, t, BN, 0.0f, cols, BN);  // W^T dy, over cols
     col2im(cols, g, B, dx);
   }
+}
+
+void Backend::relayout_images(const float* x, int B, int C, int HW, ImageLayout to, float* y) {
+  const std::size_t image = std::size_t(C) * HW;
+  for (int b = 0; b < B; ++b)  // (C, HW) <-> (HW, C): the two outer dimensions of (., ., 1)
+    swap_outer(x + b * image, to == ImageLayout::nhwc ? C : HW, to == ImageLayout::nhwc ? HW : C, 1, y + b * image);
+}
+
+void Backend::mean_pool_nhwc(const float*, int, int, int, float*) {
+  throw std::logic_error("mean_pool_nhwc on " + describe() + ", whose images are not NHWC");
+}
+
+void Backend::mean_pool_nhwc_backward(const float*, int, int, int, float*) {
+  throw std::logic_error("mean_pool_nhwc_backward on " + describe() + ", whose images are not NHWC");
 }
 
 }  // namespace pslab

@@ -71,6 +71,35 @@ PSLAB_CLONED void bn_plane_forward(const float* x, int n, math::BnChannel s, flo
 PSLAB_CLONED void bn_plane_backward(const float* dy, const float* x, int n, math::BnBackward k, float* dx) {
   for (int i = 0; i < n; ++i) dx[i] = math::bn_backward_value(dy[i], x[i], k);
 }
+// The same in NHWC: `rows` pixels of C channels each, a channel's coefficients in arrays (C).
+// s1[c] += Σ a[r, c], s2[c] += Σ a[r, c] b[r, c]: float sums over blocks of 16 rows (vectors
+// along the channels), each block's added in double.
+PSLAB_CLONED void bn_rows_sums(const float* a, const float* b, int rows, int C, double* s1, double* s2) {
+  constexpr int kChannels = 64, kRows = 16;
+  for (int c0 = 0; c0 < C; c0 += kChannels) {
+    const int n = std::min(kChannels, C - c0);
+    for (int r0 = 0; r0 < rows; r0 += kRows) {
+      float l1[kChannels] = {}, l2[kChannels] = {};
+      for (int r = r0; r < std::min(rows, r0 + kRows); ++r) {
+        const float *ar = a + std::size_t(r) * C + c0, *br = b + std::size_t(r) * C + c0;
+        for (int c = 0; c < n; ++c) l1[c] += ar[c], l2[c] += ar[c] * br[c];
+      }
+      for (int c = 0; c < n; ++c) s1[c0 + c] += l1[c], s2[c0 + c] += l2[c];
+    }
+  }
+}
+// y = gamma ((x - mean) invstd) + beta (math::bn_forward_value, channel by channel).
+PSLAB_CLONED void bn_rows_forward(const float* x, int rows, int C, const float* mean, const float* invstd,
+                                  const float* gamma, const float* beta, float* y) {
+  for (int r = 0; r < rows; ++r, x += C, y += C)
+    for (int c = 0; c < C; ++c) y[c] = gamma[c] * ((x[c] - mean[c]) * invstd[c]) + beta[c];
+}
+// dx = a dy + b x + c (math::bn_backward_value, channel by channel).
+PSLAB_CLONED void bn_rows_backward(const float* dy, const float* x, int rows, int C, const float* ka, const float* kb,
+                                   const float* kc, float* dx) {
+  for (int r = 0; r < rows; ++r, dy += C, x += C, dx += C)
+    for (int c = 0; c < C; ++c) dx[c] = ka[c] * dy[c] + kb[c] * x[c] + kc[c];
+}
 #undef PSLAB_CLONED
 
 class CpuBackend final : public Backend {
@@ -87,8 +116,9 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::cpu; }
   std::string describe() const override {
     return "cpu (" + std::string(openblas_get_config()) + ", " + std::to_string(openblas_get_num_threads()) +
-           " BLAS threads, convolutions " + (onednn_ ? "on oneDNN" : "by im2col") + ")";
+           " BLAS threads, convolutions " + (onednn_ ? "on oneDNN, images in NHWC" : "by im2col") + ")";
   }
+  ImageLayout image_layout() const override { return onednn_ ? ImageLayout::nhwc : ImageLayout::nchw; }
 
   void* allocate(std::size_t bytes) override {
     // 64-byte alignment: whole cache lines, and what AVX-512 loads like.
@@ -177,9 +207,9 @@ class CpuBackend final : public Backend {
   }
 
   // Image by image in memory order, every pass (channel by channel, each plane is a jump of an
-  // image: the prefetcher starts over at every one), images split over the BLAS threads' team;
-  // a channel's sums add the images' partial sums in image order (channel_sums): bitwise the
-  // same on any number of threads.
+  // image: the prefetcher starts over at every one; in NHWC pixel by pixel, vectors along the
+  // channels), images split over the BLAS threads' team; a channel's sums add the images'
+  // partial sums in image order (channel_sums): bitwise the same on any number of threads.
   void batch_norm_forward(const float* x, int B, int C, int HW, const float* gamma, const float* beta, bool training,
                           float momentum, float eps, float* running_mean, float* running_var, float* saved_mean,
                           float* saved_invstd, float* y) override {
@@ -193,6 +223,14 @@ class CpuBackend final : public Backend {
       const math::BnChannel s = math::bn_batch_channel(sums_[2 * std::size_t(c)], sums_[2 * std::size_t(c) + 1], double(B) * HW,
                                                        eps, momentum, running_mean + c, running_var + c);
       saved_mean[c] = s.mean, saved_invstd[c] = s.invstd, bn_channels_[std::size_t(c)] = s;
+    }
+    if (image_layout() == ImageLayout::nhwc) {
+      float *mean = rows_coefficients(C, 2), *invstd = mean + C;
+      for (int c = 0; c < C; ++c) mean[c] = bn_channels_[std::size_t(c)].mean, invstd[c] = bn_channels_[std::size_t(c)].invstd;
+      return in_parallel(image_members(B), B, [&](int, int lo, int hi) {
+        const std::size_t at = std::size_t(lo) * C * HW;
+        bn_rows_forward(x + at, (hi - lo) * HW, C, mean, invstd, gamma, beta, y + at);
+      });
     }
     in_parallel(image_members(B), B, [&](int, int lo, int hi) {
       for (std::size_t at = std::size_t(lo) * C * HW, b = std::size_t(lo); b < std::size_t(hi); ++b)
@@ -210,6 +248,17 @@ class CpuBackend final : public Backend {
       dgamma[c] = k.dgamma, dbeta[c] = k.dbeta, bn_backward_[std::size_t(c)] = k;
     }
     if (!dx) return;
+    if (image_layout() == ImageLayout::nhwc) {
+      float *ka = rows_coefficients(C, 3), *kb = ka + C, *kc = kb + C;
+      for (int c = 0; c < C; ++c) {
+        const math::BnBackward& k = bn_backward_[std::size_t(c)];
+        ka[c] = k.a, kb[c] = k.b, kc[c] = k.c;
+      }
+      return in_parallel(image_members(B), B, [&](int, int lo, int hi) {
+        const std::size_t at = std::size_t(lo) * C * HW;
+        bn_rows_backward(dy + at, x + at, (hi - lo) * HW, C, ka, kb, kc, dx + at);
+      });
+    }
     in_parallel(image_members(B), B, [&](int, int lo, int hi) {
       for (std::size_t at = std::size_t(lo) * C * HW, b = std::size_t(lo); b < std::size_t(hi); ++b)
         for (int c = 0; c < C; ++c, at += std::size_t(HW)) bn_plane_backward(dy + at, x + at, HW, bn_backward_[std::size_t(c)], dx + at);
@@ -285,25 +334,49 @@ class CpuBackend final : public Backend {
       for (int b = 0; b < B; ++b)
         std::memcpy(y + (std::size_t(b) * A + a) * N, x + (std::size_t(a) * B + b) * N, std::size_t(N) * sizeof(float));
   }
+  // Each image's (rows, cols) transposed, images split over the team.
+  void relayout_images(const float* x, int B, int C, int HW, ImageLayout to, float* y) override {
+    const int rows = to == ImageLayout::nhwc ? C : HW, cols = to == ImageLayout::nhwc ? HW : C;
+    const std::size_t image = std::size_t(C) * HW;
+    in_parallel(image_members(B), B, [&](int, int lo, int hi) {
+      for (std::size_t b = std::size_t(lo); b < std::size_t(hi); ++b)
+        for (int r = 0; r < rows; ++r)
+          for (int c = 0; c < cols; ++c) y[b * image + std::size_t(c) * rows + r] = x[b * image + std::size_t(r) * cols + c];
+    });
+  }
+  // (The sum over the pixels in float, then scaled: as the NCHW GEMM against ones.)
+  void mean_pool_nhwc(const float* x, int B, int C, int HW, float* y) override {
+    const float scale = 1.0f / float(HW);
+    for (std::size_t b = 0; b < std::size_t(B); ++b) {
+      float* yb = y + b * C;
+      std::fill_n(yb, C, 0.0f);
+      for (const float *px = x + b * C * HW, *end = px + std::size_t(C) * HW; px != end; px += C)
+        for (int c = 0; c < C; ++c) yb[c] += px[c];
+      for (int c = 0; c < C; ++c) yb[c] *= scale;
+    }
+  }
+  void mean_pool_nhwc_backward(const float* dy, int B, int C, int HW, float* dx) override {
+    const float scale = 1.0f / float(HW);
+    for (std::size_t b = 0; b < std::size_t(B); ++b)
+      for (std::size_t r = 0; r < std::size_t(HW); ++r)
+        for (int c = 0; c < C; ++c) dx[(b * HW + r) * C + c] = dy[b * C + c] * scale;
+  }
 
-  // Image by image: one image's columns (C*KH*KW, OH*OW) stay in the cache between im2col and
-  // its GEMMs, where the whole batch's (5 MB for the small CNN's second layer at batch 64) would
-  // go through memory five times (1.08x the whole-batch step on 1 core; 2.4x for ResNet-8's
-  // 16-channel 3x3 convolutions on 2 cores). With more BLAS threads the images are split over a
-  // team of that many threads, each running its images' GEMMs on one BLAS thread: a forward and
-  // an input gradient are bitwise those of one thread; dW adds the members' sums in member order.
-  // scratch (conv_scratch_floats): the images' columns one after another (B blocks of (K, N)),
-  // then (OC, B*N), of which the members beyond the first keep their dW sums.
-  // With oneDNN, its kernels take every shape they run (onednn_conv.h), on as many threads; its
-  // scratch: the input and the output in NHWC (C*H*W + OC*OH*OW floats an image, a tenth of
-  // im2col's columns for a 3x3 convolution).
+  // With oneDNN, its kernels on NHWC images (onednn_conv.h), on as many threads; no scratch.
+  // Otherwise image by image: one image's columns (C*KH*KW, OH*OW) stay in the cache between
+  // im2col and its GEMMs, where the whole batch's (5 MB for the small CNN's second layer at batch
+  // 64) would go through memory five times (1.08x the whole-batch step on 1 core; 2.4x for
+  // ResNet-8's 16-channel 3x3 convolutions on 2 cores). With more BLAS threads the images are
+  // split over a team of that many threads, each running its images' GEMMs on one BLAS thread: a
+  // forward and an input gradient are bitwise those of one thread; dW adds the members' sums in
+  // member order. scratch (conv_scratch_floats): the images' columns one after another (B blocks
+  // of (K, N)), then (OC, B*N), of which the members beyond the first keep their dW sums.
   std::size_t conv_scratch_floats(const math::ConvGeometry& g, int OC, int B) override {
-    if (!on_onednn(g, OC)) return im2col_scratch_floats(g, OC, B);
-    return std::size_t(B) * (std::size_t(g.C) * g.H * g.W + std::size_t(OC) * g.OH() * g.OW());
+    return onednn_ ? 0 : im2col_scratch_floats(g, OC, B);
   }
   void conv_forward(const float* x, const float* W, const math::ConvGeometry& g, int OC, int B, float* y,
                     float* scratch) override {
-    if (on_onednn(g, OC) && B > 0) return onednn_->forward(x, W, g, OC, B, onednn_threads(g, OC, B), y, scratch);
+    if (onednn_) return B > 0 ? onednn_->forward(x, W, g, OC, B, onednn_threads(g, OC, B), y) : void();
     const int K = g.C * g.KH * g.KW, N = g.OH() * g.OW();
     in_parallel(team_size(K, B, N), B, [&](int, int lo, int hi) {
       for (int b = lo; b < hi; ++b) {
@@ -313,9 +386,9 @@ class CpuBackend final : public Backend {
       }
     });
   }
-  void conv_backward(const float*, const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B,
+  void conv_backward(const float* x, const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B,
                      float* dW, float* dx, float* scratch) override {
-    if (on_onednn(g, OC) && B > 0) return onednn_->backward(W, dy, g, OC, B, onednn_threads(g, OC, B), dW, dx, scratch);
+    if (onednn_ && B > 0) return onednn_->backward(x, W, dy, g, OC, B, onednn_threads(g, OC, B), dW, dx);
     const int K = g.C * g.KH * g.KW, N = g.OH() * g.OW();
     const std::size_t dW_floats = std::size_t(OC) * K;
     float* sums = scratch + std::size_t(B) * K * N;  // members 1, 2, ...: their dW
@@ -341,6 +414,7 @@ class CpuBackend final : public Backend {
   std::vector<double> partials_, sums_;
   std::vector<math::BnChannel> bn_channels_;
   std::vector<math::BnBackward> bn_backward_;
+  std::vector<float> bn_rows_;  // rows_coefficients
 #ifdef PSLAB_HAVE_ONEDNN
   std::unique_ptr<OnednnConvolutions> onednn_;
 #else
@@ -368,25 +442,44 @@ class CpuBackend final : public Backend {
     const int members = n < 4 * kPiece ? 1 : std::clamp(openblas_get_num_threads(), 1, pieces);
     in_parallel(members, pieces, [&](int, int lo, int hi) { f(std::size_t(lo) * kPiece, std::min(n, std::size_t(hi) * kPiece)); });
   }
-  // Whether this convolution runs on oneDNN: the shape's (its scratch was sized by it), decided
-  // at a batch of 1 on 1 thread.
-  bool on_onednn(const math::ConvGeometry& g, int OC) { return onednn_ && onednn_->ready(g, OC, 1, 1); }
-  // OpenBLAS's thread count, which oneDNN runs on; throws if oneDNN took the shape at a batch of
-  // 1 but not at B (never seen: the scratch would not hold im2col's columns).
+  // OpenBLAS's thread count, which oneDNN runs on; throws, naming the shape, where oneDNN has no
+  // kernel for it (never seen, odd strides and paddings included: make_cpu_backend(threads,
+  // CpuConvolutions::im2col) would take it).
   int onednn_threads(const math::ConvGeometry& g, int OC, int B) {
     const int threads = openblas_get_num_threads();
     if (!onednn_->ready(g, OC, B, threads))
-      throw std::runtime_error("oneDNN has a primitive for convolution " + std::to_string(g.C) + "x" + std::to_string(g.H) + "x" +
-                               std::to_string(g.W) + " -> " + std::to_string(OC) + " at a batch of 1 but not of " +
-                               std::to_string(B) + " on " + std::to_string(threads) + " threads");
+      throw std::runtime_error("oneDNN has no kernel but its reference one for the convolution " + std::to_string(g.C) + "x" +
+                               std::to_string(g.H) + "x" + std::to_string(g.W) + " -> " + std::to_string(OC) + ", kernel " +
+                               std::to_string(g.KH) + "x" + std::to_string(g.KW) + ", stride " + std::to_string(g.stride) +
+                               ", pad " + std::to_string(g.pad) + ", at a batch of " + std::to_string(B) + " on " +
+                               std::to_string(threads) + " threads (the CPU backend on im2col takes any shape)");
     return threads;
+  }
+  // The per-channel coefficients of NHWC batch norm: `arrays` arrays of C floats, one buffer.
+  float* rows_coefficients(int C, int arrays) {
+    bn_rows_.resize(std::size_t(C) * arrays);
+    return bn_rows_.data();
   }
   static int image_members(int B) { return std::clamp(openblas_get_num_threads(), 1, std::max(B, 1)); }
   // sums_ (C, 2): Σ a and Σ a b over each channel of a batch (B, C, HW), each the sum in image
   // order of the images' own (partials_ (B, C, 2)).
+  // In NHWC the partials are (B, 2, C).
   void channel_sums(const float* a, const float* b, int B, int C, int HW) {
     partials_.resize(2 * std::size_t(B) * C);
     sums_.assign(2 * std::size_t(C), 0.0);
+    if (image_layout() == ImageLayout::nhwc) {
+      in_parallel(image_members(B), B, [&](int, int lo, int hi) {
+        for (std::size_t i = std::size_t(lo); i < std::size_t(hi); ++i) {
+          double* p = &partials_[2 * i * C];
+          std::fill_n(p, 2 * std::size_t(C), 0.0);
+          bn_rows_sums(a + i * C * HW, b + i * C * HW, HW, C, p, p + C);
+        }
+      });
+      for (std::size_t i = 0; i < std::size_t(B); ++i)
+        for (std::size_t c = 0; c < std::size_t(C); ++c)
+          sums_[2 * c] += partials_[2 * i * C + c], sums_[2 * c + 1] += partials_[(2 * i + 1) * C + c];
+      return;
+    }
     in_parallel(image_members(B), B, [&](int, int lo, int hi) {
       for (std::size_t i = std::size_t(lo) * C; i < std::size_t(hi) * C; ++i) {
         partials_[2 * i] = partials_[2 * i + 1] = 0.0;

@@ -33,15 +33,15 @@ struct OnednnConvolutions::Engine {
   dnnl::stream stream{engine};
 };
 
-// One shape's primitives. Memories named *_user hold pslab's pointers (set at each call);
-// w_fwd, w_bwd and dw_blk are oneDNN's blocked weights, owned here (null where oneDNN takes
-// the plain layout as it is).
+// One shape's primitives. x, y and w_user take pslab's pointers at each call (x and y the
+// NHWC images or their gradients, w_user the OIHW weights, dw_user their gradient); w_fwd,
+// w_bwd and dw_blk are oneDNN's blocked weights, owned here (null where oneDNN takes the plain
+// layout as it is).
 struct OnednnConvolutions::Plan {
-  memory x_user, y_user, w_user, dw_user;  // NCHW input (or its gradient), NCHW output (or its gradient), OIHW
-  memory x_nhwc, y_nhwc;                   // in the scratch
+  memory x, y, w_user, dw_user;
   memory w_fwd, w_bwd, dw_blk;
   dnnl::primitive fwd, bwd_data, bwd_weights;
-  dnnl::primitive x_to_nhwc, y_to_nchw, dy_to_nhwc, dx_to_nchw, w_to_fwd, w_to_bwd, dw_to_oihw;
+  dnnl::primitive w_to_fwd, w_to_bwd, dw_to_oihw;
 
   Plan(const dnnl::engine& e, const math::ConvGeometry& g, int OC, int B) {
     const memory::dim OH = g.OH(), OW = g.OW();
@@ -60,14 +60,10 @@ struct OnednnConvolutions::Plan {
         convolution_backward_weights::desc(algorithm::convolution_direct, x_md, w_any, y_md, strides, pad_l, pad_r), e, fpd);
     for (const char* impl : {fpd.impl_info_str(), dpd.impl_info_str(), wpd.impl_info_str()})
       if (std::strncmp(impl, "ref", 3) == 0) throw std::runtime_error(std::string("only oneDNN's reference kernel: ") + impl);
-    x_user = memory(f32(xd, tag::nchw), e, DNNL_MEMORY_NONE);
-    y_user = memory(f32(yd, tag::nchw), e, DNNL_MEMORY_NONE);
+    x = memory(x_md, e, DNNL_MEMORY_NONE);
+    y = memory(y_md, e, DNNL_MEMORY_NONE);
     w_user = memory(f32(wd, tag::oihw), e, DNNL_MEMORY_NONE);
     dw_user = memory(f32(wd, tag::oihw), e, DNNL_MEMORY_NONE);
-    x_nhwc = memory(x_md, e, DNNL_MEMORY_NONE);
-    y_nhwc = memory(y_md, e, DNNL_MEMORY_NONE);
-    x_to_nhwc = reorder(x_user, x_nhwc), dx_to_nchw = reorder(x_nhwc, x_user);
-    dy_to_nhwc = reorder(y_user, y_nhwc), y_to_nchw = reorder(y_nhwc, y_user);
     if (fpd.weights_desc() != w_user.get_desc()) w_fwd = memory(fpd.weights_desc(), e), w_to_fwd = reorder(w_user, w_fwd);
     if (dpd.weights_desc() != w_user.get_desc()) w_bwd = memory(dpd.weights_desc(), e), w_to_bwd = reorder(w_user, w_bwd);
     if (wpd.diff_weights_desc() != dw_user.get_desc())
@@ -98,44 +94,36 @@ bool OnednnConvolutions::ready(const math::ConvGeometry& g, int OC, int B, int t
 }
 
 void OnednnConvolutions::forward(const float* x, const float* W, const math::ConvGeometry& g, int OC, int B, int threads,
-                                 float* y, float* scratch) {
+                                 float* y) {
   Plan& p = *plan(g, OC, B, threads);
   const dnnl::stream& s = engine_->stream;
   use_threads(threads);
-  p.x_user.set_data_handle(const_cast<float*>(x));
+  p.x.set_data_handle(const_cast<float*>(x));
   p.w_user.set_data_handle(const_cast<float*>(W));
-  p.y_user.set_data_handle(y);
-  p.x_nhwc.set_data_handle(scratch);
-  p.y_nhwc.set_data_handle(scratch + std::size_t(B) * g.C * g.H * g.W);
-  execute(p.x_to_nhwc, s, {{DNNL_ARG_FROM, p.x_user.get()}, {DNNL_ARG_TO, p.x_nhwc.get()}});
+  p.y.set_data_handle(y);
   if (p.w_fwd) execute(p.w_to_fwd, s, {{DNNL_ARG_FROM, p.w_user.get()}, {DNNL_ARG_TO, p.w_fwd.get()}});
   const memory& w = p.w_fwd ? p.w_fwd : p.w_user;
-  execute(p.fwd, s, {{DNNL_ARG_SRC, p.x_nhwc.get()}, {DNNL_ARG_WEIGHTS, w.get()}, {DNNL_ARG_DST, p.y_nhwc.get()}});
-  execute(p.y_to_nchw, s, {{DNNL_ARG_FROM, p.y_nhwc.get()}, {DNNL_ARG_TO, p.y_user.get()}});
+  execute(p.fwd, s, {{DNNL_ARG_SRC, p.x.get()}, {DNNL_ARG_WEIGHTS, w.get()}, {DNNL_ARG_DST, p.y.get()}});
 }
 
-// The weight gradient first, from forward's NHWC input; then the input gradient over it.
-void OnednnConvolutions::backward(const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B,
-                                  int threads, float* dW, float* dx, float* scratch) {
+// The weight gradient first (from forward's input), then the input gradient.
+void OnednnConvolutions::backward(const float* x, const float* W, const float* dy, const math::ConvGeometry& g, int OC,
+                                  int B, int threads, float* dW, float* dx) {
   Plan& p = *plan(g, OC, B, threads);
   const dnnl::stream& s = engine_->stream;
   use_threads(threads);
-  p.y_user.set_data_handle(const_cast<float*>(dy));
-  p.x_nhwc.set_data_handle(scratch);
-  p.y_nhwc.set_data_handle(scratch + std::size_t(B) * g.C * g.H * g.W);
+  p.x.set_data_handle(const_cast<float*>(x));
+  p.y.set_data_handle(const_cast<float*>(dy));
   p.dw_user.set_data_handle(dW);
-  execute(p.dy_to_nhwc, s, {{DNNL_ARG_FROM, p.y_user.get()}, {DNNL_ARG_TO, p.y_nhwc.get()}});
   const memory& dw = p.dw_blk ? p.dw_blk : p.dw_user;
-  execute(p.bwd_weights, s,
-          {{DNNL_ARG_SRC, p.x_nhwc.get()}, {DNNL_ARG_DIFF_DST, p.y_nhwc.get()}, {DNNL_ARG_DIFF_WEIGHTS, dw.get()}});
+  execute(p.bwd_weights, s, {{DNNL_ARG_SRC, p.x.get()}, {DNNL_ARG_DIFF_DST, p.y.get()}, {DNNL_ARG_DIFF_WEIGHTS, dw.get()}});
   if (p.dw_blk) execute(p.dw_to_oihw, s, {{DNNL_ARG_FROM, p.dw_blk.get()}, {DNNL_ARG_TO, p.dw_user.get()}});
   if (!dx) return;
   p.w_user.set_data_handle(const_cast<float*>(W));
-  p.x_user.set_data_handle(dx);
+  p.x.set_data_handle(dx);
   if (p.w_bwd) execute(p.w_to_bwd, s, {{DNNL_ARG_FROM, p.w_user.get()}, {DNNL_ARG_TO, p.w_bwd.get()}});
   const memory& w = p.w_bwd ? p.w_bwd : p.w_user;
-  execute(p.bwd_data, s, {{DNNL_ARG_DIFF_DST, p.y_nhwc.get()}, {DNNL_ARG_WEIGHTS, w.get()}, {DNNL_ARG_DIFF_SRC, p.x_nhwc.get()}});
-  execute(p.dx_to_nchw, s, {{DNNL_ARG_FROM, p.x_nhwc.get()}, {DNNL_ARG_TO, p.x_user.get()}});
+  execute(p.bwd_data, s, {{DNNL_ARG_DIFF_DST, p.y.get()}, {DNNL_ARG_WEIGHTS, w.get()}, {DNNL_ARG_DIFF_SRC, p.x.get()}});
 }
 
 }  // namespace pslab

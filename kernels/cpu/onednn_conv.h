@@ -1,9 +1,9 @@
 // The CPU backend's convolutions on oneDNN, the library PyTorch's CPU convolutions run on: its
 // JIT kernels in NHWC run ResNet's 3x3 convolutions 3-8x faster than im2col + OpenBLAS on one
-// core. pslab's tensors are NCHW, so each pass reorders its activations into NHWC and back (a
-// pass over memory each) and the weights into oneDNN's blocked layout (buffers kept per shape).
-// A shape oneDNN takes no primitive for (an odd stride and padding) reports so (ready() false),
-// and the backend uses its own im2col path for it.
+// core. The backend holds its images in NHWC (Backend::image_layout), so the activations go in
+// and out as they are; only the weights are reordered, into oneDNN's blocked layout (buffers
+// kept per shape). A shape oneDNN takes no primitive for, or only its reference one, reports so
+// (ready() false; none of the shapes tried, odd strides and paddings included).
 // Threading: oneDNN's OpenMP threads, `threads` of them (OpenBLAS's count at the call). One
 // caller at a time.
 #pragma once
@@ -26,14 +26,10 @@ class OnednnConvolutions {
 
   // Whether oneDNN runs this shape (the first call per shape builds its primitives).
   bool ready(const math::ConvGeometry& g, int OC, int B, int threads);
-  // As Backend::conv_forward / conv_backward, for a shape that is ready(). scratch
-  // (Backend::conv_scratch_floats): the input in NHWC (B, H, W, C), kept from forward for the
-  // weight gradient and then overwritten by the input gradient; then the output, or its
-  // gradient, in NHWC (B, OH, OW, OC).
-  void forward(const float* x, const float* W, const math::ConvGeometry& g, int OC, int B, int threads, float* y,
-               float* scratch);
-  void backward(const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B, int threads, float* dW,
-                float* dx, float* scratch);
+  // As Backend::conv_forward / conv_backward in NHWC, for a shape that is ready(); no scratch.
+  void forward(const float* x, const float* W, const math::ConvGeometry& g, int OC, int B, int threads, float* y);
+  void backward(const float* x, const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B,
+                int threads, float* dW, float* dx);
 
  private:
   struct Plan;  // one shape's primitives and weight buffers (onednn_conv.cpp)

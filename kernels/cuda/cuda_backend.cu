@@ -181,6 +181,7 @@ class CudaBackend final : public Backend {
   }
 
   Device device() const override { return Device::cuda; }
+  ImageLayout image_layout() const override { return ImageLayout::nchw; }  // cuDNN's and im2col's
   int gpu() const override { return device_; }
   std::string gpu_bus_id() const override {
     char id[32] = {};

@@ -20,7 +20,9 @@ enum class Init { he, xavier };
 // n values uniform in [-limit, limit] from rng.
 void init_uniform(float* w, std::size_t n, double limit, Rng& rng);
 
-// y = x W + b.  W (in, out) row-major, b (out).
+// y = x W + b.  W (in, out) row-major, b (out). An image input (channels and pixels) is read in
+// NCHW order on every backend: on an NHWC one (Backend::image_layout) it is relaid into the
+// scratch first, and its gradient relaid back, so that W means the same everywhere.
 class Linear final : public Layer {
  public:
   Linear(Shape in, int out, Init init) : Layer(in, Shape{out, 1, 1}), init_(init) {}
@@ -40,14 +42,19 @@ class Linear final : public Layer {
     dW_ = g;
     db_ = g + std::size_t(fan_in()) * fan_out();
   }
-  void forward(Backend& be, const float* x, float* y, int B, float*) override {
+  std::size_t scratch_floats(Backend& be, int batch) const override {
+    return relaid(be) ? std::size_t(batch) * fan_in() : 0;  // the input in NCHW, then its gradient
+  }
+  void forward(Backend& be, const float* x, float* y, int B, float* scratch) override {
     const int I = fan_in(), O = fan_out();
+    if (relaid(be)) be.relayout_images(x, B, in().c, in().h * in().w, ImageLayout::nchw, scratch), x = scratch;
     be.gemm(Trans::no, Trans::no, B, O, I, 1.0f, x, I, W_, O, 0.0f, y, O);  // (B,I)(I,O)
     be.add_bias(y, b_, B, O, 1);
   }
   void backward(Backend& be, const float* x, const float*, const float* dy, float* dx, int B,
-                float*, const GradProgress& progress) override {
+                float* scratch, const GradProgress& progress) override {
     const int I = fan_in(), O = fan_out();
+    if (relaid(be)) x = scratch;  // (forward's NCHW input)
     be.bias_grad(dy, B, O, 1, db_);  // the tail of the slice: b follows W
     progress.ready_from(std::size_t(I) * O);
     // dW = x^T dy, (I, O). On the CPU in blocks of rows from the last, so that a listener
@@ -59,10 +66,17 @@ class Linear final : public Layer {
       be.gemm(Trans::yes, Trans::no, hi - lo, O, B, 1.0f, x + lo, I, dy, O, 0.0f, dW_ + std::size_t(lo) * O, O);
       progress.ready_from(std::size_t(lo) * O);
     }
-    if (dx) be.gemm(Trans::no, Trans::yes, B, I, O, 1.0f, dy, O, W_, O, 0.0f, dx, I);  // dy W^T
+    if (!dx) return;
+    float* dx_nchw = relaid(be) ? scratch : dx;
+    be.gemm(Trans::no, Trans::yes, B, I, O, 1.0f, dy, O, W_, O, 0.0f, dx_nchw, I);  // dy W^T
+    if (relaid(be)) be.relayout_images(dx_nchw, B, in().c, in().h * in().w, ImageLayout::nhwc, dx);
   }
 
  private:
+  // An image input (more than one channel and pixel) on an NHWC backend.
+  bool relaid(const Backend& be) const {
+    return be.image_layout() == ImageLayout::nhwc && in().c > 1 && in().h * in().w > 1;
+  }
   int fan_in() const { return in().size(); }
   int fan_out() const { return out().size(); }
   // Rows of dW per block: I rows in blocks of about kGradPieceFloats floats, as even as a
@@ -91,7 +105,8 @@ class Relu final : public Layer {
 // 2-D convolution: Backend::conv_forward / conv_backward over the whole batch (a constant
 // number of backend calls per pass, whatever the batch size), then the bias (if it has one:
 // none before a batch norm, which would cancel it).
-//   x (B, C, H, W) -> y (B, OC, OH, OW); W (OC, C*K*K) row-major, b (OC).
+//   x (B, C, H, W) -> y (B, OC, OH, OW) in the backend's image layout; W (OC, C*K*K) row-major
+//   (OIHW on every backend), b (OC).
 // Scratch: what the backend's convolution needs (Backend::conv_scratch_floats), kept from
 // forward to backward.
 class Conv2d final : public Layer {
@@ -123,13 +138,16 @@ class Conv2d final : public Layer {
   }
   void forward(Backend& be, const float* x, float* y, int B, float* scratch) override {
     be.conv_forward(x, W_, g_, out().c, B, y, scratch);
-    if (bias_) be.add_bias(y, b_, B, out().c, ohw());
+    if (!bias_) return;
+    if (be.image_layout() == ImageLayout::nhwc) return be.add_bias(y, b_, B * ohw(), out().c, 1);
+    be.add_bias(y, b_, B, out().c, ohw());
   }
   void backward(Backend& be, const float* x, const float*, const float* dy, float* dx, int B,
                 float* scratch, const GradProgress&) override {
     be.conv_backward(x, W_, dy, g_, out().c, B, dW_, dx, scratch);
     if (!bias_) return;
     if (B == 0) return be.fill(db_, std::size_t(out().c), 0.0f);
+    if (be.image_layout() == ImageLayout::nhwc) return be.bias_grad(dy, B * ohw(), out().c, 1, db_);
     be.bias_grad(dy, B, out().c, ohw(), db_);
   }
 
@@ -189,18 +207,20 @@ class BatchNorm2d final : public Layer {
 };
 
 // The mean of each channel: x (B, C, H, W) -> y (B, C). One GEMM each way against a vector of
-// ones (scratch: H*W floats, written by forward).
+// ones (scratch: H*W floats, written by forward); on an NHWC backend its mean pool.
 class GlobalAvgPool final : public Layer {
  public:
   explicit GlobalAvgPool(Shape in) : Layer(in, Shape{in.c, 1, 1}) {}
   std::string describe() const override { return "avgpool(" + std::to_string(in().h) + "x" + std::to_string(in().w) + ")"; }
   std::size_t scratch_floats(Backend&, int) const override { return std::size_t(hw()); }
   void forward(Backend& be, const float* x, float* y, int B, float* ones) override {
+    if (be.image_layout() == ImageLayout::nhwc) return be.mean_pool_nhwc(x, B, in().c, hw(), y);
     be.fill(ones, std::size_t(hw()), 1.0f);
     be.gemm(Trans::no, Trans::no, B * in().c, 1, hw(), 1.0f / float(hw()), x, hw(), ones, 1, 0.0f, y, 1);  // (BC,HW)(HW,1)
   }
   void backward(Backend& be, const float*, const float*, const float* dy, float* dx, int B, float* ones,
                 const GradProgress&) override {
+    if (dx && be.image_layout() == ImageLayout::nhwc) return be.mean_pool_nhwc_backward(dy, B, in().c, hw(), dx);
     if (dx) be.gemm(Trans::no, Trans::no, B * in().c, hw(), 1, 1.0f / float(hw()), dy, 1, ones, hw(), 0.0f, dx, hw());
   }
 

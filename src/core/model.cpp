@@ -79,6 +79,8 @@ Model::Model(Backend& be, const ModelSpec& spec, int max_batch, float* grad_stor
   dping_ = DeviceBuffer<float>(be, std::size_t(max_batch) * widest);
   dpong_ = DeviceBuffer<float>(be, std::size_t(max_batch) * widest);
   inputs_.resize(layers_.size());
+  if (be.image_layout() != ImageLayout::nchw && spec.channels > 1 && spec.height * spec.width > 1)
+    relaid_input_ = DeviceBuffer<float>(be, std::size_t(max_batch) * spec.channels * spec.height * spec.width);
   be.fill(params_.data(), params_.size(), 0.0f);
   be.fill(grads_ptr_, P, 0.0f);
   reset_state();
@@ -147,6 +149,10 @@ const float* Model::forward(const float* x, int B, const ForwardMode& mode) {
     throw std::invalid_argument("Model: batch of " + std::to_string(B) +
                                 " exceeds the max_batch " + std::to_string(max_batch_));
   const float* in = x;
+  if (relaid_input_.size() > 0) {
+    be_.relayout_images(x, B, spec_.channels, spec_.height * spec_.width, be_.image_layout(), relaid_input_.data());
+    in = relaid_input_.data();
+  }
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     layers_[i]->set_mode(mode);
     inputs_[i] = in;

@@ -170,7 +170,8 @@ class Model {
   void load_params(const float* host);
   void store_params(float* host) const;
 
-  // Forward (training mode) and backward on a batch already on the device: x (B, features); labels (B) for
+  // Forward (training mode) and backward on a batch already on the device: x (B, features; images
+  // in NCHW, which the model relays once where the backend holds them otherwise); labels (B) for
   // softmax_xent or targets (B, outputs) for mse. Overwrites ∇θ with the gradient of
   // grad_scale x the summed loss (grad_scale < 0: 1/B, the batch mean) and returns the mean
   // loss of the batch. B == 0 gives a zero gradient and loss 0. (All-reduce passes
@@ -209,6 +210,7 @@ class Model {
   std::vector<DeviceBuffer<float>> scratch_;  // per layer
   DeviceBuffer<float> dout_, dping_, dpong_;  // loss gradient and ping-pong input gradients
   std::vector<const float*> inputs_;          // inputs_[i] = pointer used as input of layer i
+  DeviceBuffer<float> relaid_input_;  // x in the backend's image layout, where that is not NCHW (Backend::image_layout)
 };
 
 }  // namespace pslab

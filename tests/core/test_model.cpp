@@ -156,11 +156,20 @@ struct Case {
 };
 
 class GradCheck : public ::testing::TestWithParam<Case> {};
+void check_gradients(const ModelSpec& spec, CpuConvolutions conv);
 
+// On both CPU paths: oneDNN (images in NHWC between layers, relaid at the input and before a
+// Linear layer) and im2col (NCHW); the reference is NCHW.
 TEST_P(GradCheck, MatchesCentralDifferencesOfFloat64Reference) {
-  const ModelSpec& spec = GetParam().spec;
+  for (const CpuConvolutions conv : {CpuConvolutions::onednn, CpuConvolutions::im2col}) {
+    SCOPED_TRACE(conv == CpuConvolutions::onednn ? "oneDNN" : "im2col");
+    check_gradients(GetParam().spec, conv);
+  }
+}
+
+void check_gradients(const ModelSpec& spec, CpuConvolutions conv) {
   const int B = 3;
-  auto be = make_cpu_backend(1);
+  auto be = make_cpu_backend(1, conv);
   Model model(*be, spec, B);
   model.init(42);
   // Non-zero biases, so that their gradients are exercised away from the initial point.
@@ -239,6 +248,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"LeastSquares", make("linear", 1, 1, 9, 3, {}, {}, Loss::mse)},
         Case{"MlpTwoHidden", make("mlp", 1, 1, 10, 5, {8, 6}, {}, Loss::softmax_xent)},
         Case{"MlpDefaultShape", make("mlp", 1, 28, 28, 10, {256, 128}, {}, Loss::softmax_xent)},
+        Case{"MlpOnColourImages", make("mlp", 3, 4, 5, 4, {6}, {}, Loss::softmax_xent)},
         Case{"CnnTwoConv", make("cnn", 2, 9, 8, 3, {}, {3, 4}, Loss::softmax_xent)},
         Case{"ResNet8", make_resnet(8, 2, 2, 7, 6, 3)},
         Case{"ResNet14", make_resnet(14, 2, 1, 6, 6, 4)}),
@@ -535,6 +545,17 @@ class CountingBackend final : public Backend {
   void im2col(const float* x, const math::ConvGeometry& g, int B, float* c) override { ++calls, in_.im2col(x, g, B, c); }
   void col2im(const float* c, const math::ConvGeometry& g, int B, float* dx) override { ++calls, in_.col2im(c, g, B, dx); }
   void swap_outer(const float* x, int A, int B, int N, float* y) override { ++calls, in_.swap_outer(x, A, B, N, y); }
+  ImageLayout image_layout() const override { return in_.image_layout(); }
+  void relayout_images(const float* x, int B, int C, int HW, ImageLayout to, float* y) override {
+    ++calls, in_.relayout_images(x, B, C, HW, to, y);
+  }
+  void mean_pool_nhwc(const float* x, int B, int C, int HW, float* y) override { ++calls, in_.mean_pool_nhwc(x, B, C, HW, y); }
+  void mean_pool_nhwc_backward(const float* dy, int B, int C, int HW, float* dx) override {
+    ++calls, in_.mean_pool_nhwc_backward(dy, B, C, HW, dx);
+  }
+  std::size_t conv_scratch_floats(const math::ConvGeometry& g, int OC, int B) override {
+    return in_.conv_scratch_floats(g, OC, B);
+  }
   void conv_forward(const float* x, const float* W, const math::ConvGeometry& g, int OC, int B, float* y,
                     float* s) override {
     ++calls, in_.conv_forward(x, W, g, OC, B, y, s);

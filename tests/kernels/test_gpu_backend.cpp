@@ -113,7 +113,7 @@ class GpuBackend : public ::testing::Test {
  protected:
   void SetUp() override {
     PSLAB_SKIP_WITHOUT_GPU();
-    cpu_ = make_cpu_backend(1);
+    cpu_ = make_cpu_backend(1, CpuConvolutions::im2col);  // images in NCHW, as the GPU's (oneDNN's NHWC: test_kernels.cpp)
     gpu_ = make_cuda_backend(0);
     static bool printed = false;
     if (!printed) {
@@ -589,8 +589,7 @@ TEST_F(GpuBackend, Im2colCol2im) {
 }
 
 // A convolution layer's passes (Backend::conv_forward / conv_backward): the GPU's, on cuDNN and
-// by im2col and cuBLAS (PSLAB_CUDNN=off), against the CPU backend's (oneDNN where built with it,
-// else im2col), batch of 5: the small CNN's shapes, an odd one, and ResNet's (3x3 at stride 1
+// by im2col and cuBLAS (PSLAB_CUDNN=off), against the CPU backend's (im2col, NCHW), batch of 5: the small CNN's shapes, an odd one, and ResNet's (3x3 at stride 1
 // and 2, the 1x1 projection); the scratch is the largest of the backends' needs.
 TEST_F(GpuBackend, ConvolutionForwardAndBackward) {
   std::uint32_t seed = 700;

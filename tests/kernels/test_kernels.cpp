@@ -282,11 +282,22 @@ TEST_F(CpuKernels, SwapOuterSwapsTheTwoOuterDimensions) {
         ASSERT_EQ(y[(std::size_t(b) * A + a) * N + k], x[(std::size_t(a) * B + b) * N + k]) << a << " " << b << " " << k;
 }
 
+// v (B, C, HW) relaid into `to` (from the other layout): each image's two dimensions swapped.
+std::vector<float> relaid(const std::vector<float>& v, int B, int C, int HW, ImageLayout to) {
+  std::vector<float> out(v.size());
+  const int rows = to == ImageLayout::nhwc ? C : HW, cols = to == ImageLayout::nhwc ? HW : C;
+  for (int b = 0; b < B; ++b)
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < cols; ++c)
+        out[(std::size_t(b) * cols + c) * rows + r] = v[(std::size_t(b) * rows + r) * cols + c];
+  return out;
+}
+
 // A convolution layer's forward and backward (Backend::conv_forward / conv_backward) against a
-// direct convolution in double, on the CPU backend's paths: oneDNN (where built with it) and
-// im2col (image by image on 1 BLAS thread, split over a team on 2), on 1 and 2 threads; shapes
-// of ResNet's and odd ones. Scratch is filled with garbage first: no path may read what it did
-// not write.
+// direct convolution in double, on the CPU backend's paths: oneDNN (where built with it: its
+// images in NHWC) and im2col (NCHW; image by image on 1 BLAS thread, split over a team on 2),
+// on 1 and 2 threads; shapes of ResNet's and odd ones. Scratch is filled with garbage first: no
+// path may read what it did not write.
 TEST(CpuConvolution, ForwardAndBackwardEqualADirectConvolutionOnEveryPath) {
   for (const auto& [threads, conv] : {std::pair{1, CpuConvolutions::onednn}, {2, CpuConvolutions::onednn},
                                      {1, CpuConvolutions::im2col}, {2, CpuConvolutions::im2col}}) {
@@ -301,9 +312,13 @@ TEST(CpuConvolution, ForwardAndBackwardEqualADirectConvolutionOnEveryPath) {
         const auto dy = random_vec(std::size_t(B) * OC * N, 43);
         std::vector<float> y(std::size_t(B) * OC * N, -7.0f), dW(std::size_t(OC) * K, -7.0f), dx(x.size(), -7.0f);
         std::vector<float> scratch(be->conv_scratch_floats(g, OC, B), std::nanf(""));
-        be->conv_forward(x.data(), W.data(), g, OC, B, y.data(), scratch.data());
-        be->conv_backward(x.data(), W.data(), dy.data(), g, OC, B, dW.data(), dx.data(), scratch.data());
-        // Direct: y[b,o,oh,ow] = sum over (c,kh,kw) inside the image of W[o,c,kh,kw] x[b,c,ih,iw].
+        const ImageLayout layout = be->image_layout();
+        const bool nhwc = layout == ImageLayout::nhwc;
+        const auto x_in = nhwc ? relaid(x, B, g.C, g.H * g.W, layout) : x, dy_in = nhwc ? relaid(dy, B, OC, N, layout) : dy;
+        be->conv_forward(x_in.data(), W.data(), g, OC, B, y.data(), scratch.data());
+        be->conv_backward(x_in.data(), W.data(), dy_in.data(), g, OC, B, dW.data(), dx.data(), scratch.data());
+        if (nhwc) y = relaid(y, B, OC, N, ImageLayout::nchw), dx = relaid(dx, B, g.C, g.H * g.W, ImageLayout::nchw);
+        // Direct (NCHW): y[b,o,oh,ow] = sum over (c,kh,kw) inside the image of W[o,c,kh,kw] x[b,c,ih,iw].
         std::vector<double> y_want(y.size(), 0.0), dW_want(dW.size(), 0.0), dx_want(dx.size(), 0.0);
         for (int b = 0; b < B; ++b)
           for (int o = 0; o < OC; ++o)
@@ -325,6 +340,62 @@ TEST(CpuConvolution, ForwardAndBackwardEqualADirectConvolutionOnEveryPath) {
         EXPECT_EQ(count_wrong(dW, dW_want, 1e-4), 0) << "weight gradient, " << what;
         EXPECT_EQ(count_wrong(dx, dx_want, 1e-4), 0) << "input gradient, " << what;
       }
+    }
+  }
+  set_cpu_backend_threads(1);
+}
+
+// The CPU backend on oneDNN holds images in NHWC: its batch norm (training and inference
+// forward, backward) and mean pool equal the NCHW backend's on the same images relaid, on 1 and
+// 2 threads (bitwise the same on both: the sums in image order); relayout_images is the
+// transposition of each image, and its inverse.
+TEST(CpuImages, NhwcBatchNormMeanPoolAndRelayoutEqualNchws) {
+  for (const int threads : {1, 2}) {
+    auto nhwc = make_cpu_backend(threads), nchw = make_cpu_backend(threads, CpuConvolutions::im2col);
+    if (nhwc->image_layout() != ImageLayout::nhwc) GTEST_SKIP() << "built without oneDNN: " << nhwc->describe();
+    for (auto [B, C, HW] : {std::tuple{3, 5, 7}, {4, 16, 49}, {2, 70, 9}, {5, 1, 4}}) {
+      const std::string what = std::to_string(threads) + " thread(s), B " + std::to_string(B) + ", C " + std::to_string(C) +
+                               ", HW " + std::to_string(HW);
+      const std::size_t n = std::size_t(B) * C * HW;
+      const auto x = random_vec(n, 51, 2.0), dy = random_vec(n, 52);
+      std::vector<float> gamma(C), beta(C);
+      for (int c = 0; c < C; ++c) gamma[c] = 0.5f + 0.1f * float(c % 7), beta[c] = 0.05f * float(c % 5) - 0.1f;
+      std::vector<float> out[2][6];  // y, saved (mean, invstd), running (mean, var), inference y, dgamma|dbeta, dx
+      for (int k = 0; k < 2; ++k) {
+        Backend& be = k == 0 ? *nchw : *nhwc;
+        const auto bx = k ? relaid(x, B, C, HW, ImageLayout::nhwc) : x, bdy = k ? relaid(dy, B, C, HW, ImageLayout::nhwc) : dy;
+        std::vector<float> y(n), saved(2 * C), running(2 * C, 1.0f), yi(n), dgb(2 * C), dx(n);
+        std::fill_n(running.begin(), C, 0.25f);
+        be.batch_norm_forward(bx.data(), B, C, HW, gamma.data(), beta.data(), true, 0.1f, 1e-5f, running.data(),
+                              running.data() + C, saved.data(), saved.data() + C, y.data());
+        be.batch_norm_backward(bx.data(), bdy.data(), B, C, HW, gamma.data(), saved.data(), saved.data() + C, dgb.data(),
+                               dgb.data() + C, dx.data());
+        be.batch_norm_forward(bx.data(), B, C, HW, gamma.data(), beta.data(), false, 0.1f, 1e-5f, running.data(),
+                              running.data() + C, nullptr, nullptr, yi.data());
+        if (k) y = relaid(y, B, C, HW, ImageLayout::nchw), yi = relaid(yi, B, C, HW, ImageLayout::nchw), dx = relaid(dx, B, C, HW, ImageLayout::nchw);
+        out[k][0] = y, out[k][1] = saved, out[k][2] = running, out[k][3] = yi, out[k][4] = dgb, out[k][5] = dx;
+      }
+      const char* names[] = {"training y", "saved mean, invstd", "running mean, variance", "inference y", "dgamma, dbeta", "dx"};
+      for (int i = 0; i < 6; ++i) {
+        const std::vector<double> want(out[0][i].begin(), out[0][i].end());
+        EXPECT_EQ(count_wrong(out[1][i], want, 1e-5), 0) << names[i] << ", " << what;
+      }
+      // Mean pool: y (B, C) and its gradient, against the per-channel means of the NCHW images.
+      std::vector<float> pooled(std::size_t(B) * C), dpool(n);
+      const auto x_nhwc = relaid(x, B, C, HW, ImageLayout::nhwc);
+      nhwc->mean_pool_nhwc(x_nhwc.data(), B, C, HW, pooled.data());
+      std::vector<double> pooled_want(pooled.size()), dpool_want(n);
+      for (std::size_t i = 0; i < pooled.size(); ++i)
+        for (int k = 0; k < HW; ++k) pooled_want[i] += double(x[i * HW + k]) / HW, dpool_want[i * HW + k] = double(dy[i]) / HW;
+      nhwc->mean_pool_nhwc_backward(dy.data(), B, C, HW, dpool.data());
+      EXPECT_EQ(count_wrong(pooled, pooled_want, 1e-5), 0) << "mean pool, " << what;
+      EXPECT_EQ(count_wrong(relaid(dpool, B, C, HW, ImageLayout::nchw), dpool_want, 1e-6), 0) << "mean pool gradient, " << what;
+      // relayout_images: the transposition, both ways.
+      std::vector<float> there(n), back(n);
+      nhwc->relayout_images(x.data(), B, C, HW, ImageLayout::nhwc, there.data());
+      nhwc->relayout_images(there.data(), B, C, HW, ImageLayout::nchw, back.data());
+      EXPECT_EQ(there, x_nhwc) << what;
+      EXPECT_EQ(back, x) << what;
     }
   }
   set_cpu_backend_threads(1);

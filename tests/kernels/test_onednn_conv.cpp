@@ -1,7 +1,6 @@
 // The CPU backend's oneDNN convolutions (kernels/cpu/onednn_conv.h), where pslab is built with
-// oneDNN: every convolution shape of the built-in models runs on it (none falls back to im2col
-// unseen), its scratch holds images, not columns, a second pass gives bitwise the first, and the
-// backend says which path it takes.
+// oneDNN: every convolution shape of the built-in models runs on it, on NHWC images with no
+// scratch, a second pass gives bitwise the first, and the backend says which path it takes.
 // Their values against a direct convolution: CpuConvolution.* in test_kernels.cpp.
 #include <gtest/gtest.h>
 
@@ -28,14 +27,18 @@ TEST(OnednnConvolutions, RunsEveryShapeOfTheBuiltInModels) {
   EXPECT_FALSE(conv.ready(math::ConvGeometry{16, 28, 28, 3, 3, 1, 1}, 16, 0, 1)) << "an empty batch is not oneDNN's";
 }
 
-TEST(OnednnConvolutions, ALayerKeepsTheImagesInNhwcNotTheirColumns) {
-  // A ResNet evaluator's batch of 256 at 28 x 28: 25.7 MB of scratch for a 16-channel 3x3
-  // convolution where im2col's columns take 128 MB.
+TEST(OnednnConvolutions, ALayerNeedsNoScratchItsImagesAreNhwc) {
+  // The backend on oneDNN holds images in NHWC, what oneDNN's kernels run on: a convolution
+  // needs neither columns (im2col's: 128 MB for a ResNet evaluator's batch of 256 at 28 x 28)
+  // nor reordered copies.
   auto be = make_cpu_backend(1);
   const math::ConvGeometry g{16, 28, 28, 3, 3, 1, 1};
-  EXPECT_EQ(be->conv_scratch_floats(g, 16, 256), std::size_t(256) * (16 * 784 + 16 * 784));
+  EXPECT_EQ(be->image_layout(), ImageLayout::nhwc);
+  EXPECT_EQ(be->conv_scratch_floats(g, 16, 256), 0u);
   EXPECT_EQ(Backend::im2col_scratch_floats(g, 16, 256), std::size_t(256) * 784 * (144 + 16));
-  EXPECT_EQ(make_cpu_backend(1, CpuConvolutions::im2col)->conv_scratch_floats(g, 16, 256), Backend::im2col_scratch_floats(g, 16, 256));
+  auto im2col = make_cpu_backend(1, CpuConvolutions::im2col);
+  EXPECT_EQ(im2col->image_layout(), ImageLayout::nchw);
+  EXPECT_EQ(im2col->conv_scratch_floats(g, 16, 256), Backend::im2col_scratch_floats(g, 16, 256));
 }
 
 TEST(OnednnConvolutions, APassIsDeterministicAndTheBackendSaysItRunsOnOnednn) {

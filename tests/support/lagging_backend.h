@@ -15,7 +15,8 @@ namespace pslab::test {
 
 class LaggingBackend final : public Backend {
  public:
-  explicit LaggingBackend(int lag) : cpu_(make_cpu_backend()), lag_(lag) {}
+  // (Its convolutions: Backend's default, NCHW, over the im2col backend's im2col and GEMMs.)
+  explicit LaggingBackend(int lag) : cpu_(make_cpu_backend(0, CpuConvolutions::im2col)), lag_(lag) {}
 
   Ticket download_async(void* host_dst, const void* src, std::size_t bytes) override { return queue(host_dst, src, bytes); }
   Ticket upload_async(void* dst, const void* host_src, std::size_t bytes) override {
@@ -83,6 +84,7 @@ class LaggingBackend final : public Backend {
   void im2col(const float* x, const math::ConvGeometry& g, int B, float* c) override { cpu_->im2col(x, g, B, c); }
   void col2im(const float* c, const math::ConvGeometry& g, int B, float* dx) override { cpu_->col2im(c, g, B, dx); }
   void swap_outer(const float* x, int A, int B, int N, float* y) override { cpu_->swap_outer(x, A, B, N, y); }
+  ImageLayout image_layout() const override { return cpu_->image_layout(); }
 
  private:
   struct Copy {
