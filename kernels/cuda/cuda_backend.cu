@@ -526,7 +526,7 @@ class CudaBackend final : public Backend {
   void conv_forward(const float* x, const float* W, const math::ConvGeometry& g, int OC, int B, float* y,
                     float* scratch) override {
     activate();
-    if (cudnn_ && B > 0) return cudnn_->conv_forward(x, W, g, OC, B, y);
+    if (cudnn_) return B > 0 ? cudnn_->conv_forward(x, W, g, OC, B, y) : void();  // (an empty batch: nothing to write)
     Backend::conv_forward(x, W, g, OC, B, y, scratch);
   }
   void conv_backward(const float* x, const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B,
