@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/model.h"
@@ -139,16 +140,16 @@ class Conv2d final : public Layer {
   void forward(Backend& be, const float* x, float* y, int B, float* scratch) override {
     be.conv_forward(x, W_, g_, out().c, B, y, scratch);
     if (!bias_) return;
-    if (be.image_layout() == ImageLayout::nhwc) return be.add_bias(y, b_, B * ohw(), out().c, 1);
-    be.add_bias(y, b_, B, out().c, ohw());
+    const auto [outer, inner] = around_channels(be, B);
+    be.add_bias(y, b_, outer, out().c, inner);
   }
   void backward(Backend& be, const float* x, const float*, const float* dy, float* dx, int B,
                 float* scratch, const GradProgress&) override {
     be.conv_backward(x, W_, dy, g_, out().c, B, dW_, dx, scratch);
     if (!bias_) return;
     if (B == 0) return be.fill(db_, std::size_t(out().c), 0.0f);
-    if (be.image_layout() == ImageLayout::nhwc) return be.bias_grad(dy, B * ohw(), out().c, 1, db_);
-    be.bias_grad(dy, B, out().c, ohw(), db_);
+    const auto [outer, inner] = around_channels(be, B);
+    be.bias_grad(dy, outer, out().c, inner, db_);
   }
 
  private:
@@ -159,6 +160,11 @@ class Conv2d final : public Layer {
   }
   int ckk() const { return g_.C * g_.KH * g_.KW; }
   int ohw() const { return out().h * out().w; }
+  // The output's dimensions outside and inside its channels (Backend::add_bias's outer and
+  // inner): (B, OH*OW) in NCHW, (B*OH*OW, 1) in NHWC.
+  std::pair<int, int> around_channels(const Backend& be, int B) const {
+    return be.image_layout() == ImageLayout::nhwc ? std::pair{B * ohw(), 1} : std::pair{B, ohw()};
+  }
   math::ConvGeometry g_;
   Init init_;
   bool bias_;
