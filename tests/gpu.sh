@@ -2,7 +2,16 @@
 # One command to check every GPU claim of pslab on a machine with a GPU, from a build or from
 # an unpacked bundle (experiments/bundle.sh; same layout):
 #
-#   tests/gpu.sh [--build-dir DIR] [--quick] [--only 1,4,5]
+#   tests/gpu.sh [--build-dir DIR] [--out DIR] [--quick] [--only 1,2,8,...] [--budget SECONDS]
+#
+# Each step runs on its own (this script again, under `timeout`), in the order --only gives, and
+# its wall time is printed and kept in OUT/gpu-steps.json. With --budget a step whose estimate
+# (below, from the last lent GPU or a guess) no longer fits in what is left is skipped, saying so,
+# and a running step is stopped when the budget ends: on a machine lent for minutes, put the
+# steps that matter most first. Estimates on one H100/H200, seconds (a guess where no GPU has
+# measured it yet): 1: 90, 2: 150, 3: 300, 4: 90, 5: 150, 6: 240, 7: 150, 8: 200; --estimate
+# N=SECONDS (repeatable) replaces one. (Tests: PSLAB_GPU_SH_STEP, a command run with the step's
+# number in place of each step.)
 #
 #   1. the GPU tests (GPU backend against the CPU one, with and without cuDNN, GPU training, NCCL,
 #      ranks sharing a GPU) with PSLAB_REQUIRE_GPU=1: a GPU test that cannot run fails instead of
@@ -33,32 +42,83 @@
 #      finish; on the real data set ($PSLAB_CIFAR10, else /usr/share/datasets/cifar-10-batches-bin)
 #      where present, else on a generated file in its format whose classes differ in colour (then
 #      every mode must reach 50%)
-# --quick: fewer steps and runs (a smoke test of the command itself). --only: these steps alone.
-# Exit: 0 every check passed; 1 a check failed (named at the end); 77 no GPU here (nothing checked).
+# --quick: fewer steps and runs (a smoke test of the command itself). --only: these steps alone,
+# in this order. --out: logs and JSON (default runs/bench).
+# Exit: 0 every check that ran passed (the steps the budget left out are named); 1 a check
+# failed or a step ran past the budget (named at the end); 77 no GPU here (nothing checked).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build="$root/build" quick=0 only=1,2,3,4,5,6,7,8
+build="$root/build" quick=0 only=1,2,3,4,5,6,7,8 budget=0 out="$root/runs/bench" child=0 estimates=()
+estimate=(0 90 150 300 90 150 240 150 200)  # seconds per step (the header says whence)
 while (($#)); do
   case $1 in
     --build-dir) build=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     --only) only=$2; shift 2 ;;
+    --budget) budget=$2; shift 2 ;;
+    --estimate) estimates+=("$2"); shift 2 ;;
+    --one-step) child=1 only=$2; shift 2 ;;  # (internal: what the steps below run as)
     -h|--help) sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+[[ $only =~ ^[1-8](,[1-8])*$ ]] || { echo "gpu.sh: --only $only: step numbers 1-8, comma-separated" >&2; exit 2; }
+[[ $budget =~ ^[0-9]+$ ]] || { echo "gpu.sh: --budget $budget: whole seconds" >&2; exit 2; }
+for e in "${estimates[@]}"; do
+  [[ $e =~ ^([1-8])=([0-9]+)$ ]] || { echo "gpu.sh: --estimate $e: STEP=SECONDS, e.g. 2=150" >&2; exit 2; }
+  estimate[BASH_REMATCH[1]]=${BASH_REMATCH[2]}
+done
 build=$(cd "$build" 2>/dev/null && pwd) || { echo "gpu.sh: no build directory at $build" >&2; exit 2; }
-out="$root/runs/bench"
-mkdir -p "$out"
+mkdir -p "$out" && out=$(cd "$out" && pwd)
 failed=()
 step() { echo; echo "=== $*"; }
 wanted() { [[ ",$only," == *",$1,"* ]]; }  # step $1 was asked for (--only)
 
-if ! gpus=$(nvidia-smi -L 2>&1) || [[ -z $gpus ]]; then
-  echo "gpu.sh: no GPU here (nvidia-smi -L: ${gpus:-no output}); nothing checked"
-  exit 77
+if ((!child)); then
+  if ! gpus=$(nvidia-smi -L 2>&1) || [[ -z $gpus ]]; then
+    echo "gpu.sh: no GPU here (nvidia-smi -L: ${gpus:-no output}); nothing checked"
+    exit 77
+  fi
+  echo "$gpus"
+  # Each step on its own, timed, under the budget; its output also in OUT/gpu-stepN.log.
+  start=$SECONDS rows=() bad=() left_out=()
+  for n in ${only//,/ }; do
+    used=$((SECONDS - start)) limit=()
+    if ((budget)); then
+      if ((used + estimate[n] > budget)); then
+        echo; echo "=== step $n skipped: about ${estimate[n]} s, $((budget - used)) s of --budget $budget left"
+        rows+=("$n skipped 0") left_out+=("$n"); continue
+      fi
+      limit=(timeout -k 20 $((budget - used)))
+    fi
+    run_step=("${BASH_SOURCE[0]}" --one-step "$n" --build-dir "$build" --out "$out")
+    ((quick)) && run_step+=(--quick)
+    [[ -n ${PSLAB_GPU_SH_STEP:-} ]] && run_step=($PSLAB_GPU_SH_STEP "$n")
+    t0=$SECONDS
+    "${limit[@]}" "${run_step[@]}" 2>&1 | tee "$out/gpu-step$n.log"
+    rc=${PIPESTATUS[0]} took=$((SECONDS - t0))
+    case $rc in
+      0) rows+=("$n ok $took") ;;
+      124|137) rows+=("$n stopped $took") bad+=("step $n (stopped at the budget's end after $took s)") ;;
+      *) rows+=("$n failed $took") bad+=("step $n") ;;
+    esac
+  done
+  echo; echo "=== steps: wall seconds ($( ((budget)) && echo "--budget $budget s" || echo "no --budget"); estimates: tests/gpu.sh's header)"
+  printf '%s\n' "${rows[@]}" | awk '{printf "  step %s  %-8s %5d s\n", $1, $2, $3}'
+  printf '%s\n' "${rows[@]}" | /usr/bin/python3 -c 'import json, sys
+rows = [dict(zip(("step", "status", "seconds"), l.split())) for l in sys.stdin if l.strip()]
+for r in rows: r["step"], r["seconds"] = int(r["step"]), int(r["seconds"])
+json.dump({"benchmark": "gpu_check_steps", "budget_s": int(sys.argv[2]), "steps": rows}, open(sys.argv[1], "w"), indent=2)' \
+    "$out/gpu-steps.json" "$budget"
+  if ((${#bad[@]})); then
+    echo "gpu.sh: FAILED: ${bad[*]} (logs in $out)"
+    exit 1
+  fi
+  ((${#left_out[@]})) && echo "gpu.sh: not run (the budget): step ${left_out[*]}"
+  echo "gpu.sh: every GPU check that ran passed (logs and JSON in $out)"
+  exit 0
 fi
-echo "$gpus"
 
 # The CUDA plugins the binaries load for a GPU (kernels/cuda_plugin.h): a build's kernels/, a bundle's lib/.
 plugins=()
@@ -113,9 +173,11 @@ fi
 
 if wanted 2; then  # ---- step 2 ----
 step "2. training throughput, pslab (bench_train --device cuda) and PyTorch on the same GPU"
-# samples per timed run: about 1M (MLP) / 200K (CNN) / 40K (ResNet-20), at least 50 steps (ResNet: 20); 20 warm-up steps
-budget_mlp=1000000 budget_cnn=200000 budget_resnet20=40000 runs=3
-((quick)) && budget_mlp=50000 budget_cnn=10000 budget_resnet20=2000 runs=1
+# pslab: samples per timed run about 500K (MLP) / 200K (CNN) / 40K (ResNet-20), at least 50 steps
+# (ResNet: 20); PyTorch: each run about 0.5 s (its feeds differ 10x in speed), every batch of a
+# model in one start of Python; 20 warm-up steps both
+budget_mlp=500000 budget_cnn=200000 budget_resnet20=40000 runs=3 torch_seconds=0.5
+((quick)) && budget_mlp=50000 budget_cnn=10000 budget_resnet20=2000 runs=1 torch_seconds=0.1
 torch=0
 python3 -c "import torch, numpy; assert torch.cuda.is_available()" 2>/dev/null && torch=1
 ((torch)) || echo "gpu.sh: no PyTorch with CUDA here (python3 -c 'import torch'): pslab alone"
@@ -132,12 +194,12 @@ for model in mlp cnn resnet20; do
          --max-batch "$batch" --json "$out/gpu-pslab-$model-$batch.json" > "$out/gpu-pslab-$model-$batch.log" 2>&1; then
       failed+=("bench_train $model $batch"); echo "FAIL bench_train $model batch $batch:"; tail -5 "$out/gpu-pslab-$model-$batch.log"; continue
     fi
-    if ((torch)) && ! python3 "$root/tests/bench/torch_train.py" --model "$model" --batch "$batch" --steps "$s" --runs "$runs" \
-         --warmup 20 --data "$data" --json "$out/gpu-torch-$model-$batch.json" > "$out/gpu-torch-$model-$batch.log" 2>&1; then
-      failed+=("torch_train $model $batch"); echo "FAIL torch_train.py $model batch $batch:"; tail -5 "$out/gpu-torch-$model-$batch.log"
-    fi
     rows+=("$model $batch")
   done
+  if ((torch)) && ! python3 "$root/tests/bench/torch_train.py" --model "$model" --batch "${batches// /,}" --seconds "$torch_seconds" \
+       --runs "$runs" --warmup 20 --data "$data" --json "$out/gpu-torch-$model-{batch}.json" > "$out/gpu-torch-$model.log" 2>&1; then
+    failed+=("torch_train $model"); echo "FAIL torch_train.py $model:"; tail -5 "$out/gpu-torch-$model.log"
+  fi
 done
 python3 - "$out" "${rows[@]}" <<'EOF'
 import json, pathlib, sys

@@ -1,7 +1,8 @@
 """The peer of bench_train in PyTorch: the same models, data, batch and plain SGD, on a GPU.
 
-    python3 tests/bench/torch_train.py --model mlp|cnn|resnet20 --batch 64 [--steps 2000] [--runs 3]
-                                       [--warmup 200] [--device cuda] [--data DIR] [--tf32] [--json FILE]
+    python3 tests/bench/torch_train.py --model mlp|cnn|resnet20 --batch 64[,256,...] [--steps 2000 | --seconds S]
+                                       [--runs 3] [--warmup 200] [--feeds resident,staged,graph]
+                                       [--device cuda] [--data DIR] [--tf32] [--json FILE]
 
 Models (as pslab builds them, src/core/model.cpp): mlp = 784-256-128-10 with ReLU; cnn = conv
 5x5/s2/p2 1->16, ReLU, conv 5x5/s2/p2 16->32, ReLU, linear 1568->10; resnetD (D = 6n + 2: 8,
@@ -22,8 +23,11 @@ cuDNN picks convolution algorithms by timing them (cudnn.benchmark; pslab takes 
 choice, the same in every run). Float32 by default: TF32 off for matmuls and cuDNN convolutions (PyTorch allows TF32 in cuDNN
 by default); --tf32 allows it in both, to compare with bench_train --tf32.
 Metric: samples / wall time of `steps` steps after `warmup` steps (torch.cuda.synchronize
-around each run), median over `runs`. Data: Fashion-MNIST from --data when there, else random
-inputs of the same shape."""
+around each run), median over `runs`; with --seconds S each run is as many steps as take about S
+seconds (counted from a timed probe after the warm-up), so that a GPU check's time is known in
+advance. Several batches (--batch 64,256) share one start of Python and CUDA; --json FILE then
+needs "{batch}" in its name (one file per batch). Data: Fashion-MNIST from --data when there,
+else random inputs of the same shape."""
 import argparse
 import gzip
 import json
@@ -64,15 +68,31 @@ def model_of(kind):
     raise SystemExit(f"torch_train.py: unknown --model {kind!r} (mlp, cnn or resnetD, D = 6n + 2)")
 
 
+def steps_for(a, run):
+    """Steps per timed run: a.steps, or with a.seconds as many as take about that long (probed
+    with 5, 10, 20, ... steps until a probe lasts 0.05 s)."""
+    if not a.seconds:
+        return a.steps
+    n = 5
+    while True:
+        t0 = time.perf_counter()
+        run(n)
+        took = time.perf_counter() - t0
+        if took >= 0.05 or n >= 100000:
+            return max(5, round(a.seconds * n / took))
+        n *= 2
+
+
 def timed(a, run):
-    """Samples/s of run(a.steps) in each of a.runs runs, after run(a.warmup)."""
+    """Samples/s of run(steps) in each of a.runs runs, after run(a.warmup); and the steps."""
     run(a.warmup)
+    steps = steps_for(a, run)
     rates = []
     for _ in range(a.runs):
         t0 = time.perf_counter()
-        run(a.steps)
-        rates.append(a.steps * a.batch / (time.perf_counter() - t0))
-    return rates
+        run(steps)
+        rates.append(steps * a.batch / (time.perf_counter() - t0))
+    return rates, steps
 
 
 def measure(a, x, y, feed):
@@ -155,8 +175,10 @@ def graphed(a, model, opt, xs, ys, n, per_epoch, dev):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="mlp")
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--batch", default="64", help="a batch size, or several: 64,256,1024")
     ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--seconds", type=float, default=0.0, help="each timed run about this long instead of --steps")
+    ap.add_argument("--feeds", help="these feeds alone (comma-separated; default: every one this device has)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--device", default="cuda")
@@ -169,30 +191,47 @@ def main():
     torch.backends.cudnn.benchmark = True  # convolutions: cuDNN's measured fastest algorithm (its best)
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("torch_train.py: PyTorch sees no CUDA GPU")
-    x, y, data = load(a.data)
-    out = {"benchmark": "torch_train_throughput", "model": a.model, "batch": a.batch, "data": data,
-           "torch": torch.__version__, "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
-           "steps_per_run": a.steps, "warmup_steps": a.warmup, "runs": a.runs, "tf32": a.tf32}
+    try:
+        batches = [int(b) for b in a.batch.split(",")]
+    except ValueError:
+        sys.exit(f"torch_train.py: --batch {a.batch!r}: batch sizes, comma-separated")
+    if a.json and len(batches) > 1 and "{batch}" not in a.json:
+        sys.exit("torch_train.py: several batches write one file each: --json needs {batch} in its name")
     feeds = ("resident", "staged", "graph") if a.device == "cuda" else ("resident",)  # staged, graph: GPU only
     if a.device == "cuda" and a.model.startswith("resnet"):
         feeds += ("graph_channels_last",)
+    if a.feeds:
+        unknown = set(a.feeds.split(",")) - set(feeds)
+        if unknown:
+            sys.exit(f"torch_train.py: --feeds {a.feeds}: {', '.join(sorted(unknown))} not among {', '.join(feeds)} here")
+        feeds = tuple(f for f in feeds if f in a.feeds.split(","))
+    x, y, data = load(a.data)
+    for batch in batches:
+        a.batch = batch
+        text = json.dumps(measure_batch(a, x, y, data, feeds), indent=2)
+        print(text)
+        if a.json:
+            pathlib.Path(a.json.replace("{batch}", str(batch))).write_text(text + "\n")
+
+
+def measure_batch(a, x, y, data, feeds):
+    out = {"benchmark": "torch_train_throughput", "model": a.model, "batch": a.batch, "data": data,
+           "torch": torch.__version__, "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
+           "steps_per_run": None if a.seconds else a.steps, "seconds_per_run": a.seconds or None, "warmup_steps": a.warmup, "runs": a.runs, "tf32": a.tf32}
     for feed in feeds:
         try:
-            rates = measure(a, x, y, feed)
+            rates, steps = measure(a, x, y, feed)
         except Exception as e:  # a feed that cannot run here is reported, the others still measured
             print(f"torch_train.py: feed {feed} failed: {type(e).__name__}: {e}", file=sys.stderr)
             out[feed] = {"error": f"{type(e).__name__}: {e}"}
             continue
-        out[feed] = {"samples_per_s": rates, "median_samples_per_s": statistics.median(rates)}
+        out[feed] = {"samples_per_s": rates, "median_samples_per_s": statistics.median(rates), "steps_per_run": steps}
     ran = [f for f in feeds if "median_samples_per_s" in out[f]]
     if not ran:
         sys.exit("torch_train.py: no feed ran: " + "; ".join(out[f]["error"] for f in feeds))
     out["best_feed"] = max(ran, key=lambda f: out[f]["median_samples_per_s"])
     out["median_samples_per_s"] = out[out["best_feed"]]["median_samples_per_s"]
-    text = json.dumps(out, indent=2)
-    print(text)
-    if a.json:
-        pathlib.Path(a.json).write_text(text + "\n")
+    return out
 
 
 if __name__ == "__main__":
