@@ -23,7 +23,10 @@
 //   floor       with --floor: raw_zmq plus the memory passes pslab cannot skip (the worker's
 //               checksum and copy into θ, the server's checked SGD and version checksum), and
 //               floor_pipelined the same in --floor-pieces messages each way, the server applying
-//               each as it arrives (bench_raw says more); floor_over_pslab = floor's time / pslab's
+//               each as it arrives (RawEcho says more); floor_over_pslab = floor's time / pslab's;
+//               beside_floor: pslab and floor_pipelined again, connected at once and timed run by
+//               run in turn, floor_over_pslab per run and its median (what a drifting machine
+//               cannot bias: the figure the TCP target is read from)
 //   apply       the server's update alone (SGD on the shard, in process, checksums of the
 //               gradient and the new version included): GB/s of gradient applied, against
 //               memcpy of the same bytes
@@ -117,8 +120,8 @@ double median(std::vector<double> v) {
 }
 
 template <typename F>
-std::vector<double> time_runs(int runs, long iters, F fn) {
-  for (long i = 0; i < std::max(10L, iters / 10); ++i) fn();  // warm-up
+std::vector<double> time_runs(int runs, long iters, F fn, bool warm_up = true) {
+  for (long i = 0; warm_up && i < std::max(10L, iters / 10); ++i) fn();
   std::vector<double> per_iter;
   for (int r = 0; r < runs; ++r) {
     const auto t0 = Clock::now();
@@ -194,20 +197,69 @@ nlohmann::ordered_json bench_gpu_side(PsClient& client, std::size_t P, float* gr
           {"push_pull_us_runs", fused}};
 }
 
-nlohmann::ordered_json bench_pslab(const Place& place, std::size_t floats, int runs, const std::string& transport_name,
-                                   int server_threads, int piece_kib, const comm::RunKey* key = nullptr,
-                                   bool heartbeats = true, const std::string& codec = "f32", bool cuda = false,
-                                   bool guard = true) {
-  ExperimentConfig cfg = config_for(floats);
-  cfg.cluster.push_guard = guard;
-  if (piece_kib >= 0) cfg.cluster.piece_kib = piece_kib;
-  cfg.cluster.transport = transport_name;
-  cfg.cluster.codec = codec;  // pushes encoded (the bytes below still count f32's, for the ratio)
-  cfg.cluster.server_threads = server_threads;
-  const auto transport = comm::make_transport(transport_name);  // its ZeroMQ context starts after the fork
-  const std::string ep = server_endpoint(*transport, "bench-server", place);
-  const pid_t child = ::fork();
-  if (child == 0) {
+// What a pslab measurement runs with (bench_pslab's variants).
+struct PslabSetup {
+  int server_threads = 1, piece_kib = -1;
+  const comm::RunKey* key = nullptr;  // peers authenticated with it
+  bool heartbeats = true, guard = true;
+  std::string codec = "f32";
+};
+
+// pslab's two ends: a server process (forked) and this process's worker, connected; once() is
+// one push+pull as a worker makes it every step. Ends with a Bye and the server reaped (killed
+// if it does not end).
+class PslabPair {
+ public:
+  PslabPair(const Place& place, std::size_t floats, const std::string& transport_name, const PslabSetup& s)
+      : cfg_(config_for(floats)), transport_(comm::make_transport(transport_name)) {  // its context starts after the fork
+    cfg_.cluster.push_guard = s.guard;
+    if (s.piece_kib >= 0) cfg_.cluster.piece_kib = s.piece_kib;
+    cfg_.cluster.transport = transport_name;
+    cfg_.cluster.codec = s.codec;  // pushes encoded (the bytes below still count f32's, for the ratio)
+    cfg_.cluster.server_threads = s.server_threads;
+    const std::string ep = server_endpoint(*transport_, "bench-server", place);
+    server_ = ::fork();
+    if (server_ == 0) serve(place, ep, transport_name, s.key);
+    P_ = count_params(model_spec(cfg_));
+    if (s.key) transport_->authenticate(*s.key);
+    PsClient::Options co = client_options(cfg_, wire::Role::worker, 0);
+    if (!s.heartbeats) co.heartbeat_s = 0;
+    client_ = std::make_unique<PsClient>(*transport_, std::vector<std::string>{ep}, co);
+    client_->connect();
+    // The gradient where a PS worker keeps it: in the transport's payload memory (shm: pushed
+    // by reference, no copy).
+    grad_memory_ = transport_->payload_memory(P_ * sizeof(float));
+    grad_ = static_cast<float*>(grad_memory_->data());
+    std::fill(grad_, grad_ + P_, 1e-3f);
+    theta_.resize(P_);
+    client_->pull(0, theta_.data());
+  }
+  ~PslabPair() {
+    try {
+      if (client_) client_->bye(clock_);
+    } catch (const std::exception&) {
+    }
+    client_.reset();
+    if (::waitpid(server_, nullptr, WNOHANG) == 0) {  // given a moment to end after the Bye
+      for (int i = 0; i < 200 && ::waitpid(server_, nullptr, WNOHANG) == 0; ++i) ::usleep(10000);
+      if (::waitpid(server_, nullptr, WNOHANG) == 0) {
+        ::kill(server_, SIGKILL);
+        ::waitpid(server_, nullptr, 0);
+      }
+    }
+  }
+  void once() { client_->push(clock_++, 1, grad_, theta_.data()); }
+  void push_then_pull() {
+    client_->push(clock_++, 1, grad_, nullptr);
+    client_->pull(clock_, theta_.data());
+  }
+  PsClient& client() { return *client_; }
+  long& clock() { return clock_; }
+  float* grad() { return grad_; }
+  std::size_t params() const { return P_; }
+
+ private:
+  [[noreturn]] void serve(const Place& place, const std::string& ep, const std::string& transport_name, const comm::RunKey* key) {
     try {
       {  // destructors close the socket, letting the last Ack leave before _exit
         enter_netns(place.server_ns);
@@ -216,7 +268,7 @@ nlohmann::ordered_json bench_pslab(const Place& place, std::size_t floats, int r
         if (key) server_transport->authenticate(*key);
         ServerOptions o;
         o.endpoint = ep;
-        Server server(*server_transport, cfg, o);
+        Server server(*server_transport, cfg_, o);
         server.run();
       }
       _exit(0);
@@ -225,46 +277,26 @@ nlohmann::ordered_json bench_pslab(const Place& place, std::size_t floats, int r
       _exit(1);
     }
   }
-  // The server process ends with the benchmark, also when the benchmark fails half-way.
-  struct Reaper {
-    pid_t pid;
-    ~Reaper() {
-      if (::waitpid(pid, nullptr, WNOHANG) == 0) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, nullptr, 0);
-      }
-    }
-  } reaper{child};
-  const std::size_t P = count_params(model_spec(cfg));
-  if (key) transport->authenticate(*key);
-  PsClient::Options co = client_options(cfg, wire::Role::worker, 0);
-  if (!heartbeats) co.heartbeat_s = 0;
-  PsClient client(*transport, {ep}, co);
-  client.connect();
-  // The gradient where a PS worker keeps it: in the transport's payload memory (shm: pushed
-  // by reference, no copy).
-  const auto grad_memory = transport->payload_memory(P * sizeof(float));
-  float* grad = static_cast<float*>(grad_memory->data());
-  std::fill(grad, grad + P, 1e-3f);
-  std::vector<float> theta(P);
-  client.pull(0, theta.data());
-  long clock = 0;
+
+  ExperimentConfig cfg_;
+  std::unique_ptr<comm::Transport> transport_;
+  pid_t server_ = -1;
+  std::size_t P_ = 0;
+  std::unique_ptr<PsClient> client_;
+  std::unique_ptr<comm::PayloadMemory> grad_memory_;
+  float* grad_ = nullptr;
+  std::vector<float> theta_;
+  long clock_ = 0;
+};
+
+nlohmann::ordered_json bench_pslab(const Place& place, std::size_t floats, int runs, const std::string& transport_name,
+                                   const PslabSetup& setup, bool cuda = false) {
+  PslabPair pair(place, floats, transport_name, setup);
+  const std::size_t P = pair.params();
   const long iters = iterations_for(P * 4);
-  if (cuda) {
-    const nlohmann::ordered_json r = bench_gpu_side(client, P, grad, runs, iters, clock);
-    client.bye(clock);
-    int st = 0;
-    ::waitpid(child, &st, 0);
-    return r;
-  }
-  const auto fused = time_runs(runs, iters, [&] { client.push(clock++, 1, grad, theta.data()); });
-  const auto split = time_runs(runs, std::max(10L, iters / 2), [&] {
-    client.push(clock++, 1, grad, nullptr);
-    client.pull(clock, theta.data());
-  });
-  client.bye(clock);
-  int st = 0;
-  ::waitpid(child, &st, 0);
+  if (cuda) return bench_gpu_side(pair.client(), P, pair.grad(), runs, iters, pair.clock());
+  const auto fused = time_runs(runs, iters, [&] { pair.once(); });
+  const auto split = time_runs(runs, std::max(10L, iters / 2), [&] { pair.push_then_pull(); });
   const double bytes = 2.0 * double(P) * 4;  // pushed + pulled
   return {{"push_pull_us", median(fused) * 1e6},
           {"push_pull_GBps", bytes / median(fused) / 1e9},
@@ -283,76 +315,119 @@ nlohmann::ordered_json bench_pslab(const Place& place, std::size_t floats, int r
 // version zero-copy. It is the floor a push+pull can reach on this machine. With `pieces` > 1
 // the tensor travels as that many messages each way, the server applying each piece as it
 // arrives and replying with it at once: the pipeline a chunked protocol could build, to see
-// whether its work would hide behind the transfer here.
-nlohmann::ordered_json bench_raw(const Place& place, std::size_t bytes, int runs, const std::string& transport_name,
-                                 bool passes = false, int pieces = 1) {
-  const auto transport = comm::make_transport(transport_name);  // for an address only
-  const std::string ep = server_endpoint(*transport, "bench-raw", place);
-  const std::size_t floats = bytes / sizeof(float), per = floats / std::size_t(pieces);
-  const pid_t child = ::fork();
-  const long iters = iterations_for(bytes / 2);
-  const long total = std::max(10L, iters / 10) + long(runs) * iters;
-  if (child == 0) {
+// whether its work would hide behind the transfer here. The server answers `total` requests,
+// then ends; once() is one request.
+class RawEcho {
+ public:
+  RawEcho(const Place& place, std::size_t bytes, const std::string& transport_name, bool passes, int pieces, long total)
+      : passes_(passes), pieces_(pieces), floats_(bytes / sizeof(float)), per_(floats_ / std::size_t(pieces)) {
+    const auto transport = comm::make_transport(transport_name);  // for an address only
+    const std::string ep = server_endpoint(*transport, "bench-raw", place);
+    server_ = ::fork();
+    if (server_ == 0) serve(place, ep, total);
+    socket_.connect(ep);
+    grad_.assign(floats_, 1e-3f);
+    theta_.resize(floats_);
+  }
+  ~RawEcho() {
+    socket_.close();
+    ::waitpid(server_, nullptr, 0);
+  }
+  void once() {
+    for (int p = 0; p < pieces_; ++p) {
+      const float* g = grad_.data() + std::size_t(p) * per_;
+      if (passes_) sink_ = sink_ + wire::checksum(g, per_);
+      socket_.send(zmq::message_t(const_cast<float*>(g), per_ * 4, nullptr, nullptr), zmq::send_flags::none);
+    }
+    for (int p = 0; p < pieces_; ++p) {
+      zmq::message_t in;
+      (void)socket_.recv(in);
+      if (passes_)
+        sink_ = sink_ + wire::copy_with_checksum(theta_.data() + std::size_t(p) * per_, static_cast<const float*>(in.data()), per_);
+    }
+  }
+
+ private:
+  [[noreturn]] void serve(const Place& place, const std::string& ep, long total) {
     enter_netns(place.server_ns);  // before its ZeroMQ context: the I/O thread starts there
     {
       // The replies' memory first: it outlives the socket, which closes once every reply left.
-      std::vector<char> reply(bytes, 1);
+      std::vector<char> reply(floats_ * sizeof(float), 1);
       auto cpu = make_cpu_backend(1);
       std::vector<std::unique_ptr<ShardState>> states;  // one per piece
-      if (passes) {
-        for (int p = 0; p < pieces; ++p) {
+      if (passes_) {
+        for (int p = 0; p < pieces_; ++p) {
           ShardState::Options o;
-          o.range = {std::size_t(p) * per, per};
+          o.range = {std::size_t(p) * per_, per_};
           o.optimizer.lr = 1e-9;
-          states.push_back(std::make_unique<ShardState>(*cpu, o, std::vector<float>(per, 0.0f)));
+          states.push_back(std::make_unique<ShardState>(*cpu, o, std::vector<float>(per_, 0.0f)));
         }
       }
       zmq::context_t ctx(1);
       zmq::socket_t s(ctx, zmq::socket_type::router);
       s.bind(ep);
       for (long i = 0; i < total; ++i) {
-        for (int p = 0; p < pieces; ++p) {
+        for (int p = 0; p < pieces_; ++p) {
           zmq::message_t id, body;
           (void)s.recv(id);
           (void)s.recv(body);
           s.send(id, zmq::send_flags::sndmore);
-          if (passes) {
+          if (passes_) {
             ShardState& st = *states[std::size_t(p)];
             const std::span<const std::byte> g(static_cast<const std::byte*>(body.data()), body.size());
             st.push(0, i, st.version(), 1, g, wire::checksum_bytes(g.data(), g.size()));  // verified again inside
             ParamVersions::Buffer* b = st.params().acquire_current();
-            s.send(zmq::message_t(b->data, per * sizeof(float),
+            s.send(zmq::message_t(b->data, per_ * sizeof(float),
                                   [](void*, void* hint) { ParamVersions::release(static_cast<ParamVersions::Buffer*>(hint)); }, b),
                    zmq::send_flags::none);
           } else {
-            s.send(zmq::message_t(reply.data() + std::size_t(p) * per * 4, per * 4, nullptr, nullptr), zmq::send_flags::none);
+            s.send(zmq::message_t(reply.data() + std::size_t(p) * per_ * 4, per_ * 4, nullptr, nullptr), zmq::send_flags::none);
           }
         }
       }
     }  // the socket closes with every reply sent
     _exit(0);
   }
-  zmq::context_t ctx(1);
-  zmq::socket_t s(ctx, zmq::socket_type::dealer);
-  s.connect(ep);
-  std::vector<float> grad(floats, 1e-3f), theta(floats);
-  volatile std::uint64_t sink = 0;
-  auto rt = time_runs(runs, iters, [&] {
-    for (int p = 0; p < pieces; ++p) {
-      const float* g = grad.data() + std::size_t(p) * per;
-      if (passes) sink = sink + wire::checksum(g, per);
-      s.send(zmq::message_t(const_cast<float*>(g), per * 4, nullptr, nullptr), zmq::send_flags::none);
-    }
-    for (int p = 0; p < pieces; ++p) {
-      zmq::message_t in;
-      (void)s.recv(in);
-      if (passes)
-        sink = sink + wire::copy_with_checksum(theta.data() + std::size_t(p) * per, static_cast<const float*>(in.data()), per);
-    }
-  });
-  int st = 0;
-  ::waitpid(child, &st, 0);
+
+  bool passes_;
+  int pieces_;
+  std::size_t floats_, per_;
+  pid_t server_ = -1;
+  zmq::context_t ctx_{1};
+  zmq::socket_t socket_{ctx_, zmq::socket_type::dealer};
+  std::vector<float> grad_, theta_;
+  volatile std::uint64_t sink_ = 0;
+};
+
+// Requests a timed measurement of `runs` runs of `iters` makes, its warm-up included.
+long requests_for(int runs, long iters) { return std::max(10L, iters / 10) + long(runs) * iters; }
+
+nlohmann::ordered_json bench_raw(const Place& place, std::size_t bytes, int runs, const std::string& transport_name,
+                                 bool passes = false, int pieces = 1) {
+  const long iters = iterations_for(bytes / 2);
+  RawEcho echo(place, bytes, transport_name, passes, pieces, requests_for(runs, iters));
+  const auto rt = time_runs(runs, iters, [&] { echo.once(); });
   return {{"round_trip_us", median(rt) * 1e6}, {"GBps", 2.0 * double(bytes) / median(rt) / 1e9}};
+}
+
+// pslab's push+pull and the pipelined floor run by run in turn (pslab, floor, pslab, ...), both
+// connected throughout, each run `iters` requests after a warm-up of both: a drift of the
+// machine's speed moves both figures of a round alike, so the ratio per round is what it says.
+nlohmann::ordered_json bench_beside_floor(const Place& place, std::size_t floats, int runs, const std::string& transport_name,
+                                          const PslabSetup& setup, int pieces) {
+  const long iters = iterations_for(floats * 4);
+  RawEcho floor(place, floats * 4, transport_name, true, pieces, requests_for(runs, iters));
+  PslabPair pair(place, floats, transport_name, setup);  // (forked after the floor's context: its child never uses it)
+  for (long i = 0; i < std::max(10L, iters / 10); ++i) pair.once(), floor.once();
+  std::vector<double> pslab_us, floor_us, ratio;
+  for (int r = 0; r < runs; ++r) {
+    pslab_us.push_back(time_runs(1, iters, [&] { pair.once(); }, false)[0] * 1e6);
+    floor_us.push_back(time_runs(1, iters, [&] { floor.once(); }, false)[0] * 1e6);
+    ratio.push_back(floor_us.back() / pslab_us.back());
+  }
+  return {{"pslab_us", median(pslab_us)}, {"floor_pipelined_us", median(floor_us)}, {"pieces", pieces},
+          {"floor_over_pslab", median(ratio)}, {"floor_over_pslab_runs", ratio},
+          {"pslab_us_runs", pslab_us}, {"floor_pipelined_us_runs", floor_us}};
 }
 
 nlohmann::ordered_json bench_apply(std::size_t floats, int runs) {
@@ -414,6 +489,13 @@ void add_options(CLI::App& app, Options& o) {
       ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
 }
 
+PslabSetup setup_of(const Options& o) {
+  PslabSetup s;
+  s.server_threads = o.server_threads;
+  s.piece_kib = o.piece_kib;
+  return s;
+}
+
 // The floor beside pslab's push+pull (--floor).
 void add_floor(nlohmann::ordered_json& r, int kib, std::size_t floats, const Options& o) {
   const double us = r["pslab"]["push_pull_us"].get<double>();
@@ -426,32 +508,46 @@ void add_floor(nlohmann::ordered_json& r, int kib, std::size_t floats, const Opt
                "%8.1f us = %.2fx raw's; pslab at %.2fx the floor's speed\n", kib, f1,
                r["raw_zmq"]["round_trip_us"].get<double>() / f1, o.floor_pieces, fp,
                r["raw_zmq"]["round_trip_us"].get<double>() / fp, f1 / us);
+  if (o.device == "cuda") return;
+  const auto& b = r["beside_floor"] = bench_beside_floor(o.place, floats, o.runs, o.transport, setup_of(o), o.floor_pieces);
+  const auto per = b["floor_over_pslab_runs"].get<std::vector<double>>();
+  std::fprintf(stderr, "%6d KiB: run by run beside the pipelined floor: pslab %8.1f us, floor %8.1f us (medians of %d); "
+               "pslab at %.2fx the floor's speed (per run %.2f-%.2f)\n", kib, b["pslab_us"].get<double>(),
+               b["floor_pipelined_us"].get<double>(), o.runs, b["floor_over_pslab"].get<double>(),
+               *std::min_element(per.begin(), per.end()), *std::max_element(per.begin(), per.end()));
 }
 
 // pslab's push+pull beside the variants asked for (authenticated, without heartbeats, codecs).
 void add_variants(nlohmann::ordered_json& r, int kib, std::size_t floats, const Options& o, const comm::RunKey& key) {
   const double us = r["pslab"]["push_pull_us"].get<double>();
   if (o.auth) {
-    r["pslab_auth"] = bench_pslab(o.place, floats, o.runs, o.transport, o.server_threads, o.piece_kib, &key);
+    PslabSetup s = setup_of(o);
+    s.key = &key;
+    r["pslab_auth"] = bench_pslab(o.place, floats, o.runs, o.transport, s);
     r["auth_cost"] = r["pslab_auth"]["push_pull_us"].get<double>() / us;
     std::fprintf(stderr, "%6d KiB: authenticated push+pull %8.1f us: %.2fx the time without\n", kib,
                  r["pslab_auth"]["push_pull_us"].get<double>(), r["auth_cost"].get<double>());
   }
   if (o.heartbeat_cost) {
-    r["pslab_no_heartbeat"] = bench_pslab(o.place, floats, o.runs, o.transport, o.server_threads, o.piece_kib, nullptr, false);
+    PslabSetup s = setup_of(o);
+    s.heartbeats = false;
+    r["pslab_no_heartbeat"] = bench_pslab(o.place, floats, o.runs, o.transport, s);
     r["heartbeat_cost"] = us / r["pslab_no_heartbeat"]["push_pull_us"].get<double>();
     std::fprintf(stderr, "%6d KiB: push+pull without heartbeats %8.1f us: heartbeats cost %.3fx\n", kib,
                  r["pslab_no_heartbeat"]["push_pull_us"].get<double>(), r["heartbeat_cost"].get<double>());
   }
   if (o.guard_cost) {
-    r["pslab_no_guard"] =
-        bench_pslab(o.place, floats, o.runs, o.transport, o.server_threads, o.piece_kib, nullptr, true, "f32", false, false);
+    PslabSetup s = setup_of(o);
+    s.guard = false;
+    r["pslab_no_guard"] = bench_pslab(o.place, floats, o.runs, o.transport, s);
     r["guard_cost"] = us / r["pslab_no_guard"]["push_pull_us"].get<double>();
     std::fprintf(stderr, "%6d KiB: push+pull without the push guard %8.1f us: the guard costs %.3fx\n", kib,
                  r["pslab_no_guard"]["push_pull_us"].get<double>(), r["guard_cost"].get<double>());
   }
   for (const std::string& codec : o.codecs) {
-    auto c = bench_pslab(o.place, floats, o.runs, o.transport, o.server_threads, o.piece_kib, nullptr, true, codec);
+    PslabSetup s = setup_of(o);
+    s.codec = codec;
+    auto c = bench_pslab(o.place, floats, o.runs, o.transport, s);
     c["gain_over_f32"] = us / c["push_pull_us"].get<double>();
     std::fprintf(stderr, "%6d KiB: push+pull with %s pushes %8.1f us: %.2fx f32's speed\n", kib, codec.c_str(),
                  c["push_pull_us"].get<double>(), c["gain_over_f32"].get<double>());
@@ -462,16 +558,18 @@ void add_variants(nlohmann::ordered_json& r, int kib, std::size_t floats, const 
 nlohmann::ordered_json measure(int kib, const Options& o, const comm::RunKey& key) {
   const std::size_t floats = std::size_t(kib) * 1024 / 4;
   nlohmann::ordered_json r{{"size_kib", kib}, {"floats", floats}};
-  r["pslab"] = bench_pslab(o.place, floats, o.runs, o.transport, o.server_threads, o.piece_kib);
+  r["pslab"] = bench_pslab(o.place, floats, o.runs, o.transport, setup_of(o));
   r["piece_kib"] = o.piece_kib >= 0 ? o.piece_kib : config_for(floats).cluster.piece_kib;
   if (o.pieces) {
-    r["pslab_whole"] = bench_pslab(o.place, floats, o.runs, o.transport, o.server_threads, 0);
+    PslabSetup whole = setup_of(o);
+    whole.piece_kib = 0;
+    r["pslab_whole"] = bench_pslab(o.place, floats, o.runs, o.transport, whole);
     r["pieces_gain"] = r["pslab_whole"]["push_pull_us"].get<double>() / r["pslab"]["push_pull_us"].get<double>();
     std::fprintf(stderr, "%6d KiB: push+pull with whole shards %8.1f us: pieces of %d KiB are %.2fx faster\n", kib,
                  r["pslab_whole"]["push_pull_us"].get<double>(), r["piece_kib"].get<int>(), r["pieces_gain"].get<double>());
   }
   if (o.device == "cuda") {
-    r["pslab_cuda"] = bench_pslab(o.place, floats, o.runs, o.transport, o.server_threads, o.piece_kib, nullptr, true, "f32", true);
+    r["pslab_cuda"] = bench_pslab(o.place, floats, o.runs, o.transport, setup_of(o), true);
     const auto& g = r["pslab_cuda"];
     std::fprintf(stderr, "%6d KiB: push+pull from and to GPU memory %8.1f us = %.2fx one D2H + one H2D copy (%8.1f us; "
                  "%s memory%s)\n", kib, g["push_pull_us"].get<double>(), g["over_copies"].get<double>(),
