@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <zmq.hpp>
@@ -516,6 +517,35 @@ TEST(ZmqTransport, TooManyFramesArriveMarkedMalformed) {
   ASSERT_TRUE(l->recv(m, from, after(5s)));
   EXPECT_EQ(m.malformed(), "message of 3 frames (expected a header and at most one payload)");
   EXPECT_FALSE(from.empty()) << "a malformed message still says whom to answer";
+}
+
+// ZeroMQ receives each large message into a buffer of its own: freed, those are kept for the
+// next messages (keep_freed_message_memory), not given back to the kernel and faulted in again
+// page by page (which glibc's default does to the pieces of a push freed together).
+TEST(ZmqTransport, LargeMessagesReuseTheMemoryOfThoseBefore) {
+  if (std::getenv("MALLOC_TRIM_THRESHOLD_") || std::getenv("MALLOC_MMAP_THRESHOLD_"))
+    GTEST_SKIP() << "MALLOC_TRIM_THRESHOLD_ / MALLOC_MMAP_THRESHOLD_ set: the user's malloc policy stands";
+  auto t = make_transport("tcp");
+  const std::string a = t->local_address("srv");
+  auto l = t->listen(a);
+  auto c = t->connect({a});
+  constexpr std::size_t kPiece = 512 << 10, kPieces = 8;
+  const std::string piece(kPiece, 'x');
+  auto push_in_pieces = [&] {  // received and held, then freed together, as a server does a push's pieces
+    for (std::size_t p = 0; p < kPieces; ++p) ASSERT_TRUE(c->send(0, bytes("piece"), OutPayload{piece.data(), kPiece}, after(5s)));
+    std::vector<Message> held(kPieces);
+    PeerId from;
+    for (Message& m : held) ASSERT_TRUE(l->recv(m, from, after(5s)));
+  };
+  for (int i = 0; i < 3; ++i) push_in_pieces();
+  rusage before{}, after_rounds{};
+  ::getrusage(RUSAGE_SELF, &before);
+  constexpr int kRounds = 16;
+  for (int i = 0; i < kRounds; ++i) push_in_pieces();
+  ::getrusage(RUSAGE_SELF, &after_rounds);
+  const long faults = after_rounds.ru_minflt - before.ru_minflt;
+  const long pages = long(kRounds * kPieces * kPiece / 4096);  // each received byte's page, once per round
+  EXPECT_LT(faults, pages / 8) << faults << " page faults while " << pages << " pages of messages arrived";
 }
 
 TEST(ZmqTransport, APortInUseAndAnOverlongSocketPathAreNamed) {

@@ -1,6 +1,7 @@
 #include "comm/transport/zmq/zmq_transport.h"
 
 #include <arpa/inet.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -288,9 +289,25 @@ int free_tcp_port() {
   return ntohs(a.sin_port);
 }
 
+// ZeroMQ receives a large message into a buffer it allocates for that message (malloc, on its
+// I/O thread). glibc by default gives freed memory back to the kernel once the free top of a
+// heap passes twice its adaptive mmap threshold, which the pieces of one push+pull, freed
+// together, do: every next message then faults its pages in again and the kernel zeroes them
+// (bench_ps 4 MiB over TCP: 168K page faults per invocation against 21K). This process keeps up
+// to 128 MiB free per heap instead, and takes blocks below 32 MiB from its heaps, not from
+// mmap. Once per process; a user's MALLOC_TRIM_THRESHOLD_ or MALLOC_MMAP_THRESHOLD_ wins.
+void keep_freed_message_memory() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (std::getenv("MALLOC_TRIM_THRESHOLD_") || std::getenv("MALLOC_MMAP_THRESHOLD_")) return;
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 128 << 20);
+  });
+}
+
 class ZmqTransport final : public Transport {
  public:
-  explicit ZmqTransport(std::string scheme) : scheme_(std::move(scheme)) {}
+  explicit ZmqTransport(std::string scheme) : scheme_(std::move(scheme)) { keep_freed_message_memory(); }
   ~ZmqTransport() override {
     if (!private_dir_.empty()) {
       std::error_code ec;
