@@ -24,9 +24,9 @@
 //               checksum and copy into θ, the server's checked SGD and version checksum), and
 //               floor_pipelined the same in --floor-pieces messages each way, the server applying
 //               each as it arrives (RawEcho says more); floor_over_pslab = floor's time / pslab's;
-//               beside_floor: pslab and floor_pipelined again, connected at once and timed run by
-//               run in turn, floor_over_pslab per run and its median (what a drifting machine
-//               cannot bias: the figure the TCP target is read from)
+//               beside: pslab, floor_pipelined and raw_zmq again, connected at once and timed run
+//               by run in turn, floor_over_pslab and raw_over_pslab per run and their medians
+//               (what a drifting machine cannot bias: the figures the TCP targets are read from)
 //   apply       the server's update alone (SGD on the shard, in process, checksums of the
 //               gradient and the new version included): GB/s of gradient applied, against
 //               memcpy of the same bytes
@@ -197,6 +197,16 @@ nlohmann::ordered_json bench_gpu_side(PsClient& client, std::size_t P, float* gr
           {"push_pull_us_runs", fused}};
 }
 
+// Waits up to `seconds` for a benchmark's server process to end, then kills it: none outlives
+// the benchmark, also when it fails half-way.
+void reap(pid_t pid, double seconds) {
+  for (int i = 0; i < int(seconds * 100) && ::waitpid(pid, nullptr, WNOHANG) == 0; ++i) ::usleep(10000);
+  if (::waitpid(pid, nullptr, WNOHANG) == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+}
+
 // What a pslab measurement runs with (bench_pslab's variants).
 struct PslabSetup {
   int server_threads = 1, piece_kib = -1;
@@ -240,13 +250,7 @@ class PslabPair {
     } catch (const std::exception&) {
     }
     client_.reset();
-    if (::waitpid(server_, nullptr, WNOHANG) == 0) {  // given a moment to end after the Bye
-      for (int i = 0; i < 200 && ::waitpid(server_, nullptr, WNOHANG) == 0; ++i) ::usleep(10000);
-      if (::waitpid(server_, nullptr, WNOHANG) == 0) {
-        ::kill(server_, SIGKILL);
-        ::waitpid(server_, nullptr, 0);
-      }
-    }
+    reap(server_, 2.0);  // (it ends at the Bye)
   }
   void once() { client_->push(clock_++, 1, grad_, theta_.data()); }
   void push_then_pull() {
@@ -320,18 +324,19 @@ nlohmann::ordered_json bench_pslab(const Place& place, std::size_t floats, int r
 class RawEcho {
  public:
   RawEcho(const Place& place, std::size_t bytes, const std::string& transport_name, bool passes, int pieces, long total)
-      : passes_(passes), pieces_(pieces), floats_(bytes / sizeof(float)), per_(floats_ / std::size_t(pieces)) {
-    const auto transport = comm::make_transport(transport_name);  // for an address only
-    const std::string ep = server_endpoint(*transport, "bench-raw", place);
+      : passes_(passes), pieces_(pieces), floats_(bytes / sizeof(float)), per_(floats_ / std::size_t(pieces)),
+        address_of_(comm::make_transport(transport_name)) {
+    const std::string ep = server_endpoint(*address_of_, "bench-raw", place);
     server_ = ::fork();
     if (server_ == 0) serve(place, ep, total);
+    socket_.set(zmq::sockopt::rcvtimeo, 30000);
     socket_.connect(ep);
     grad_.assign(floats_, 1e-3f);
     theta_.resize(floats_);
   }
   ~RawEcho() {
     socket_.close();
-    ::waitpid(server_, nullptr, 0);
+    reap(server_, 5.0);  // (it ends after its last reply)
   }
   void once() {
     for (int p = 0; p < pieces_; ++p) {
@@ -341,7 +346,8 @@ class RawEcho {
     }
     for (int p = 0; p < pieces_; ++p) {
       zmq::message_t in;
-      (void)socket_.recv(in);
+      if (!socket_.recv(in))
+        throw std::runtime_error("raw echo: no reply in 30 s from its server process (pid " + std::to_string(server_) + ")");
       if (passes_)
         sink_ = sink_ + wire::copy_with_checksum(theta_.data() + std::size_t(p) * per_, static_cast<const float*>(in.data()), per_);
     }
@@ -392,6 +398,7 @@ class RawEcho {
   bool passes_;
   int pieces_;
   std::size_t floats_, per_;
+  std::unique_ptr<comm::Transport> address_of_;  // (an ipc address's private directory lives as long as it)
   pid_t server_ = -1;
   zmq::context_t ctx_{1};
   zmq::socket_t socket_{ctx_, zmq::socket_type::dealer};
@@ -410,24 +417,29 @@ nlohmann::ordered_json bench_raw(const Place& place, std::size_t bytes, int runs
   return {{"round_trip_us", median(rt) * 1e6}, {"GBps", 2.0 * double(bytes) / median(rt) / 1e9}};
 }
 
-// pslab's push+pull and the pipelined floor run by run in turn (pslab, floor, pslab, ...), both
-// connected throughout, each run `iters` requests after a warm-up of both: a drift of the
-// machine's speed moves both figures of a round alike, so the ratio per round is what it says.
-nlohmann::ordered_json bench_beside_floor(const Place& place, std::size_t floats, int runs, const std::string& transport_name,
-                                          const PslabSetup& setup, int pieces) {
+// pslab's push+pull, the pipelined floor and the raw echo run by run in turn (pslab, floor,
+// raw, pslab, ...), all three connected throughout, each run `iters` requests after a warm-up
+// of each: a drift of the machine's speed moves the figures of a round alike, so the ratios
+// per round are what they say.
+nlohmann::ordered_json bench_beside(const Place& place, std::size_t floats, int runs, const std::string& transport_name,
+                                    const PslabSetup& setup, int pieces) {
   const long iters = iterations_for(floats * 4);
   RawEcho floor(place, floats * 4, transport_name, true, pieces, requests_for(runs, iters));
-  PslabPair pair(place, floats, transport_name, setup);  // (forked after the floor's context: its child never uses it)
-  for (long i = 0; i < std::max(10L, iters / 10); ++i) pair.once(), floor.once();
-  std::vector<double> pslab_us, floor_us, ratio;
+  RawEcho raw(place, floats * 4, transport_name, false, 1, requests_for(runs, iters));
+  PslabPair pair(place, floats, transport_name, setup);  // (forked after the echoes' contexts: its child never uses them)
+  for (long i = 0; i < std::max(10L, iters / 10); ++i) pair.once(), floor.once(), raw.once();
+  std::vector<double> pslab_us, floor_us, raw_us, floor_ratio, raw_ratio;
   for (int r = 0; r < runs; ++r) {
     pslab_us.push_back(time_runs(1, iters, [&] { pair.once(); }, false)[0] * 1e6);
     floor_us.push_back(time_runs(1, iters, [&] { floor.once(); }, false)[0] * 1e6);
-    ratio.push_back(floor_us.back() / pslab_us.back());
+    raw_us.push_back(time_runs(1, iters, [&] { raw.once(); }, false)[0] * 1e6);
+    floor_ratio.push_back(floor_us.back() / pslab_us.back());
+    raw_ratio.push_back(raw_us.back() / pslab_us.back());
   }
-  return {{"pslab_us", median(pslab_us)}, {"floor_pipelined_us", median(floor_us)}, {"pieces", pieces},
-          {"floor_over_pslab", median(ratio)}, {"floor_over_pslab_runs", ratio},
-          {"pslab_us_runs", pslab_us}, {"floor_pipelined_us_runs", floor_us}};
+  return {{"pslab_us", median(pslab_us)}, {"floor_pipelined_us", median(floor_us)}, {"raw_us", median(raw_us)},
+          {"pieces", pieces}, {"floor_over_pslab", median(floor_ratio)}, {"raw_over_pslab", median(raw_ratio)},
+          {"floor_over_pslab_runs", floor_ratio}, {"raw_over_pslab_runs", raw_ratio},
+          {"pslab_us_runs", pslab_us}, {"floor_pipelined_us_runs", floor_us}, {"raw_us_runs", raw_us}};
 }
 
 nlohmann::ordered_json bench_apply(std::size_t floats, int runs) {
@@ -509,12 +521,13 @@ void add_floor(nlohmann::ordered_json& r, int kib, std::size_t floats, const Opt
                r["raw_zmq"]["round_trip_us"].get<double>() / f1, o.floor_pieces, fp,
                r["raw_zmq"]["round_trip_us"].get<double>() / fp, f1 / us);
   if (o.device == "cuda") return;
-  const auto& b = r["beside_floor"] = bench_beside_floor(o.place, floats, o.runs, o.transport, setup_of(o), o.floor_pieces);
-  const auto per = b["floor_over_pslab_runs"].get<std::vector<double>>();
-  std::fprintf(stderr, "%6d KiB: run by run beside the pipelined floor: pslab %8.1f us, floor %8.1f us (medians of %d); "
-               "pslab at %.2fx the floor's speed (per run %.2f-%.2f)\n", kib, b["pslab_us"].get<double>(),
-               b["floor_pipelined_us"].get<double>(), o.runs, b["floor_over_pslab"].get<double>(),
-               *std::min_element(per.begin(), per.end()), *std::max_element(per.begin(), per.end()));
+  const auto& b = r["beside"] = bench_beside(o.place, floats, o.runs, o.transport, setup_of(o), o.floor_pieces);
+  const auto per = b["floor_over_pslab_runs"].get<std::vector<double>>(), raw = b["raw_over_pslab_runs"].get<std::vector<double>>();
+  std::fprintf(stderr, "%6d KiB: run by run, in turn: pslab %8.1f us, pipelined floor %8.1f us, raw echo %8.1f us (medians of %d); "
+               "pslab at %.2fx the floor's speed (per run %.2f-%.2f), %.2fx raw's (%.2f-%.2f)\n", kib, b["pslab_us"].get<double>(),
+               b["floor_pipelined_us"].get<double>(), b["raw_us"].get<double>(), o.runs, b["floor_over_pslab"].get<double>(),
+               *std::min_element(per.begin(), per.end()), *std::max_element(per.begin(), per.end()), b["raw_over_pslab"].get<double>(),
+               *std::min_element(raw.begin(), raw.end()), *std::max_element(raw.begin(), raw.end()));
 }
 
 // pslab's push+pull beside the variants asked for (authenticated, without heartbeats, codecs).
@@ -621,7 +634,12 @@ int main(int argc, char** argv) {
   }
   const comm::RunKey key = comm::make_run_key();
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
-  for (int kib : o.sizes_kib) results.push_back(measure(kib, o, key));
+  try {
+    for (int kib : o.sizes_kib) results.push_back(measure(kib, o, key));
+  } catch (const std::exception& e) {  // (its server processes reaped on the way out)
+    std::fprintf(stderr, "bench_ps: %s\n", e.what());
+    return 1;
+  }
   nlohmann::ordered_json out{{"benchmark", "ps_push_pull"}, {"transport", o.transport}, {"server_threads", o.server_threads},
                              {"piece_kib", o.piece_kib >= 0 ? o.piece_kib : config_for(1024).cluster.piece_kib},
                              {"client_netns", o.place.client_ns}, {"server_netns", o.place.server_ns},
