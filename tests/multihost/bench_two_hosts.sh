@@ -7,7 +7,8 @@
 #
 #   tests/multihost/bench_two_hosts.sh [--build-dir DIR] [bench_ps arguments...]
 #
-# Default arguments: --sizes-kib 4,4096 --runs 5 --pieces --json runs/bench/ps-two-hosts.json.
+# Default arguments: --sizes-kib 4,4096 --runs 5 --pieces --floor --json runs/bench/ps-two-hosts.json
+# (--floor: pslab, the pipelined floor and the raw echo also timed run by run in turn).
 # Needs root and iproute2 (ip netns); exits 77 without them.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -17,7 +18,7 @@ if [[ ${1:-} == -h || ${1:-} == --help ]]; then sed -n '2,/^set -uo/p' "${BASH_S
 args=("$@")
 if ((${#args[@]} == 0)); then
   mkdir -p "$root/runs/bench"
-  args=(--sizes-kib 4,4096 --runs 5 --pieces --json "$root/runs/bench/ps-two-hosts.json")
+  args=(--sizes-kib 4,4096 --runs 5 --pieces --floor --json "$root/runs/bench/ps-two-hosts.json")
 fi
 if [[ $(id -u) != 0 ]] || ! command -v ip > /dev/null; then
   echo "bench_two_hosts.sh: skipped: needs root and iproute2 (ip netns)" >&2
