@@ -33,10 +33,11 @@
 //   pslab_auth  with --auth: push_pull again with the peers authenticated (the run's key:
 //               CURVE over tcp, every message encrypted), and auth_cost = its time / push_pull's
 //   pslab_no_heartbeat  with --heartbeat-cost: push_pull with the worker's heartbeats off
-//               (cluster.heartbeat_s's thread and sliced waits; pslab above has them on, as runs
-//               do), and heartbeat_cost = push_pull's time / this one's
-//   pslab_no_guard  with --guard-cost: push_pull with the servers' push guard off
-//               (cluster.push_guard; on above, as in runs), and guard_cost = push_pull's time / this one's
+//               (cluster.heartbeat_s's thread and sliced waits; on in pslab, as runs do), timed
+//               run by run in turn with a second pslab that has them on, both connected at once;
+//               heartbeat_cost = that one's time / this one's, the median of the runs' ratios
+//   pslab_no_guard  with --guard-cost: the same with the servers' push guard off
+//               (cluster.push_guard; on in runs), and guard_cost
 //   pslab_cuda  with --device cuda: push+pull as a GPU worker makes it, ∇θ starting and θ ending
 //               in GPU memory (GpuSide), and over_copies = its time / one device-to-host plus one
 //               host-to-device copy of the tensor (d2h_h2d_us)
@@ -406,6 +407,23 @@ class RawEcho {
   volatile std::uint64_t sink_ = 0;
 };
 
+// What a setting costs: pslab with it (`with`) and without (`without`), both connected at once,
+// timed run by run in turn; cost = with's time / without's, per run and its median.
+nlohmann::ordered_json bench_cost(const Place& place, std::size_t floats, int runs, const std::string& transport_name,
+                                  const PslabSetup& with, const PslabSetup& without) {
+  PslabPair a(place, floats, transport_name, with), b(place, floats, transport_name, without);
+  const long iters = iterations_for(floats * 4);
+  for (long i = 0; i < std::max(10L, iters / 10); ++i) a.once(), b.once();
+  std::vector<double> with_us, without_us, cost;
+  for (int r = 0; r < runs; ++r) {
+    with_us.push_back(time_runs(1, iters, [&] { a.once(); }, false)[0] * 1e6);
+    without_us.push_back(time_runs(1, iters, [&] { b.once(); }, false)[0] * 1e6);
+    cost.push_back(with_us.back() / without_us.back());
+  }
+  return {{"with_us", median(with_us)}, {"without_us", median(without_us)}, {"cost", median(cost)}, {"cost_runs", cost},
+          {"with_us_runs", with_us}, {"without_us_runs", without_us}};
+}
+
 // Requests a timed measurement of `runs` runs of `iters` makes, its warm-up included.
 long requests_for(int runs, long iters) { return std::max(10L, iters / 10) + long(runs) * iters; }
 
@@ -541,22 +559,20 @@ void add_variants(nlohmann::ordered_json& r, int kib, std::size_t floats, const 
     std::fprintf(stderr, "%6d KiB: authenticated push+pull %8.1f us: %.2fx the time without\n", kib,
                  r["pslab_auth"]["push_pull_us"].get<double>(), r["auth_cost"].get<double>());
   }
-  if (o.heartbeat_cost) {
-    PslabSetup s = setup_of(o);
-    s.heartbeats = false;
-    r["pslab_no_heartbeat"] = bench_pslab(o.place, floats, o.runs, o.transport, s);
-    r["heartbeat_cost"] = us / r["pslab_no_heartbeat"]["push_pull_us"].get<double>();
-    std::fprintf(stderr, "%6d KiB: push+pull without heartbeats %8.1f us: heartbeats cost %.3fx\n", kib,
-                 r["pslab_no_heartbeat"]["push_pull_us"].get<double>(), r["heartbeat_cost"].get<double>());
-  }
-  if (o.guard_cost) {
-    PslabSetup s = setup_of(o);
-    s.guard = false;
-    r["pslab_no_guard"] = bench_pslab(o.place, floats, o.runs, o.transport, s);
-    r["guard_cost"] = us / r["pslab_no_guard"]["push_pull_us"].get<double>();
-    std::fprintf(stderr, "%6d KiB: push+pull without the push guard %8.1f us: the guard costs %.3fx\n", kib,
-                 r["pslab_no_guard"]["push_pull_us"].get<double>(), r["guard_cost"].get<double>());
-  }
+  auto cost_of = [&](const char* name, const char* what, auto turn_off) {
+    PslabSetup without = setup_of(o);
+    turn_off(without);
+    const auto c = bench_cost(o.place, floats, o.runs, o.transport, setup_of(o), without);
+    r[std::string("pslab_no_") + name] = {{"push_pull_us", c["without_us"]}, {"push_pull_us_runs", c["without_us_runs"]}};
+    r[std::string(name) + "_cost"] = c["cost"];
+    r[std::string(name) + "_cost_runs"] = c["cost_runs"];
+    const auto per = c["cost_runs"].get<std::vector<double>>();
+    std::fprintf(stderr, "%6d KiB: push+pull with and without %s, run by run in turn: %8.1f / %8.1f us (medians of %d): "
+                 "it costs %.3fx (per run %.3f-%.3f)\n", kib, what, c["with_us"].get<double>(), c["without_us"].get<double>(),
+                 o.runs, c["cost"].get<double>(), *std::min_element(per.begin(), per.end()), *std::max_element(per.begin(), per.end()));
+  };
+  if (o.heartbeat_cost) cost_of("heartbeat", "the worker's heartbeats", [](PslabSetup& s) { s.heartbeats = false; });
+  if (o.guard_cost) cost_of("guard", "the push guard", [](PslabSetup& s) { s.guard = false; });
   for (const std::string& codec : o.codecs) {
     PslabSetup s = setup_of(o);
     s.codec = codec;
