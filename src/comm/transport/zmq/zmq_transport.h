@@ -1,7 +1,9 @@
 // ZeroMQ transports: "tcp" (tcp://HOST:PORT) and "ipc" (ipc:///PATH, Unix sockets). A
 // Listener is a ROUTER socket, Connections are one DEALER socket per listener; a message is
 // [header frame][payload frame]? (a ROUTER prepends the peer's identity). Payloads with a
-// release function are sent zero-copy (ZeroMQ's free callback, on its I/O thread).
+// release function are sent zero-copy (ZeroMQ's free callback, on its I/O thread). The first
+// ZeroMQ transport of a process sets its malloc policy so that freed message buffers are kept
+// for the next messages (keep_freed_message_memory in the .cpp; a user's MALLOC_* wins).
 #pragma once
 
 #include <memory>
