@@ -58,6 +58,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include <zmq.hpp>
@@ -120,9 +121,11 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+long warmup_for(long iters) { return std::max(10L, iters / 10); }
+
 template <typename F>
 std::vector<double> time_runs(int runs, long iters, F fn, bool warm_up = true) {
-  for (long i = 0; warm_up && i < std::max(10L, iters / 10); ++i) fn();
+  for (long i = 0; warm_up && i < warmup_for(iters); ++i) fn();
   std::vector<double> per_iter;
   for (int r = 0; r < runs; ++r) {
     const auto t0 = Clock::now();
@@ -133,6 +136,25 @@ std::vector<double> time_runs(int runs, long iters, F fn, bool warm_up = true) {
 }
 
 long iterations_for(std::size_t bytes) { return std::clamp<long>(long((256u << 20) / bytes), 20, 3000); }
+
+// Each side timed run by run in turn (a, b, ..., a, b, ...), `iters` requests a run after a
+// warm-up of each: a drift of the machine's speed moves the figures of a round alike. Returns
+// µs per request, [side][run].
+std::vector<std::vector<double>> in_turn(int runs, long iters, const std::vector<std::function<void()>>& sides) {
+  for (long i = 0; i < warmup_for(iters); ++i)
+    for (const auto& once : sides) once();
+  std::vector<std::vector<double>> us(sides.size());
+  for (int r = 0; r < runs; ++r)
+    for (std::size_t k = 0; k < sides.size(); ++k) us[k].push_back(time_runs(1, iters, sides[k], false)[0] * 1e6);
+  return us;
+}
+
+// a[r] / b[r] for every run r.
+std::vector<double> ratios(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> q;
+  for (std::size_t r = 0; r < a.size(); ++r) q.push_back(a[r] / b[r]);
+  return q;
+}
 
 // A GPU worker's side of push+pull (--device cuda): ∇θ starts in GPU memory and θ must end
 // there. Each request goes as a GPU worker's step does with overlap: ∇θ reported final tail by
@@ -412,20 +434,14 @@ class RawEcho {
 nlohmann::ordered_json bench_cost(const Place& place, std::size_t floats, int runs, const std::string& transport_name,
                                   const PslabSetup& with, const PslabSetup& without) {
   PslabPair a(place, floats, transport_name, with), b(place, floats, transport_name, without);
-  const long iters = iterations_for(floats * 4);
-  for (long i = 0; i < std::max(10L, iters / 10); ++i) a.once(), b.once();
-  std::vector<double> with_us, without_us, cost;
-  for (int r = 0; r < runs; ++r) {
-    with_us.push_back(time_runs(1, iters, [&] { a.once(); }, false)[0] * 1e6);
-    without_us.push_back(time_runs(1, iters, [&] { b.once(); }, false)[0] * 1e6);
-    cost.push_back(with_us.back() / without_us.back());
-  }
-  return {{"with_us", median(with_us)}, {"without_us", median(without_us)}, {"cost", median(cost)}, {"cost_runs", cost},
-          {"with_us_runs", with_us}, {"without_us_runs", without_us}};
+  const auto us = in_turn(runs, iterations_for(floats * 4), {[&] { a.once(); }, [&] { b.once(); }});
+  const auto cost = ratios(us[0], us[1]);
+  return {{"with_us", median(us[0])}, {"without_us", median(us[1])}, {"cost", median(cost)}, {"cost_runs", cost},
+          {"with_us_runs", us[0]}, {"without_us_runs", us[1]}};
 }
 
 // Requests a timed measurement of `runs` runs of `iters` makes, its warm-up included.
-long requests_for(int runs, long iters) { return std::max(10L, iters / 10) + long(runs) * iters; }
+long requests_for(int runs, long iters) { return warmup_for(iters) + long(runs) * iters; }
 
 nlohmann::ordered_json bench_raw(const Place& place, std::size_t bytes, int runs, const std::string& transport_name,
                                  bool passes = false, int pieces = 1) {
@@ -435,29 +451,20 @@ nlohmann::ordered_json bench_raw(const Place& place, std::size_t bytes, int runs
   return {{"round_trip_us", median(rt) * 1e6}, {"GBps", 2.0 * double(bytes) / median(rt) / 1e9}};
 }
 
-// pslab's push+pull, the pipelined floor and the raw echo run by run in turn (pslab, floor,
-// raw, pslab, ...), all three connected throughout, each run `iters` requests after a warm-up
-// of each: a drift of the machine's speed moves the figures of a round alike, so the ratios
-// per round are what they say.
+// pslab's push+pull, the pipelined floor and the raw echo run by run in turn (in_turn), all
+// three connected throughout.
 nlohmann::ordered_json bench_beside(const Place& place, std::size_t floats, int runs, const std::string& transport_name,
                                     const PslabSetup& setup, int pieces) {
   const long iters = iterations_for(floats * 4);
   RawEcho floor(place, floats * 4, transport_name, true, pieces, requests_for(runs, iters));
   RawEcho raw(place, floats * 4, transport_name, false, 1, requests_for(runs, iters));
   PslabPair pair(place, floats, transport_name, setup);  // (forked after the echoes' contexts: its child never uses them)
-  for (long i = 0; i < std::max(10L, iters / 10); ++i) pair.once(), floor.once(), raw.once();
-  std::vector<double> pslab_us, floor_us, raw_us, floor_ratio, raw_ratio;
-  for (int r = 0; r < runs; ++r) {
-    pslab_us.push_back(time_runs(1, iters, [&] { pair.once(); }, false)[0] * 1e6);
-    floor_us.push_back(time_runs(1, iters, [&] { floor.once(); }, false)[0] * 1e6);
-    raw_us.push_back(time_runs(1, iters, [&] { raw.once(); }, false)[0] * 1e6);
-    floor_ratio.push_back(floor_us.back() / pslab_us.back());
-    raw_ratio.push_back(raw_us.back() / pslab_us.back());
-  }
-  return {{"pslab_us", median(pslab_us)}, {"floor_pipelined_us", median(floor_us)}, {"raw_us", median(raw_us)},
+  const auto us = in_turn(runs, iters, {[&] { pair.once(); }, [&] { floor.once(); }, [&] { raw.once(); }});
+  const auto floor_ratio = ratios(us[1], us[0]), raw_ratio = ratios(us[2], us[0]);
+  return {{"pslab_us", median(us[0])}, {"floor_pipelined_us", median(us[1])}, {"raw_us", median(us[2])},
           {"pieces", pieces}, {"floor_over_pslab", median(floor_ratio)}, {"raw_over_pslab", median(raw_ratio)},
           {"floor_over_pslab_runs", floor_ratio}, {"raw_over_pslab_runs", raw_ratio},
-          {"pslab_us_runs", pslab_us}, {"floor_pipelined_us_runs", floor_us}, {"raw_us_runs", raw_us}};
+          {"pslab_us_runs", us[0]}, {"floor_pipelined_us_runs", us[1]}, {"raw_us_runs", us[2]}};
 }
 
 nlohmann::ordered_json bench_apply(std::size_t floats, int runs) {
