@@ -123,6 +123,11 @@ double median(std::vector<double> v) {
 
 long warmup_for(long iters) { return std::max(10L, iters / 10); }
 
+std::vector<double> in_us(std::vector<double> seconds) {
+  for (double& s : seconds) s *= 1e6;
+  return seconds;
+}
+
 template <typename F>
 std::vector<double> time_runs(int runs, long iters, F fn, bool warm_up = true) {
   for (long i = 0; warm_up && i < warmup_for(iters); ++i) fn();
@@ -217,7 +222,7 @@ nlohmann::ordered_json bench_gpu_side(PsClient& client, std::size_t P, float* gr
           {"registered", gpu.registered},
           {"copies_per_push", gpu.stager.copies()},
           {"device", gpu.be->describe()},
-          {"push_pull_us_runs", fused}};
+          {"push_pull_us_runs", in_us(fused)}};
 }
 
 // Waits up to `seconds` for a benchmark's server process to end, then kills it: none outlives
@@ -329,7 +334,7 @@ nlohmann::ordered_json bench_pslab(const Place& place, std::size_t floats, int r
           {"push_pull_GBps", bytes / median(fused) / 1e9},
           {"push_then_pull_us", median(split) * 1e6},
           {"push_then_pull_GBps", bytes / median(split) / 1e9},
-          {"push_pull_us_runs", fused}};
+          {"push_pull_us_runs", in_us(fused)}};
 }
 
 // A bare ZeroMQ echo over the same kind of socket: DEALER sends n bytes zero-copy, ROUTER
