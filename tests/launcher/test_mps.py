@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import sys
+import time
 import types
 import unittest
 
@@ -160,6 +161,11 @@ class Mps(LauncherTestCase):
             with self.assertRaises(KeyboardInterrupt):
                 with mps.mps_daemon(plan_of(mps_key="on"), self.tmp, gpus(1)) as env:
                     pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
+                    # (The stand-in's daemon is a background sleep, which may still be between
+                    # exec()s when its starter returns: under load, give it a moment.)
+                    deadline = time.time() + 10
+                    while not mps._pids_with_pipe(pipe) and time.time() < deadline:
+                        time.sleep(0.05)
                     self.assertEqual(len(mps._pids_with_pipe(pipe)), 1, "the daemon did not start")
                     self.assertEqual(os.stat(pipe).st_mode & 0o777, 0o700)
                     raise KeyboardInterrupt
