@@ -159,6 +159,30 @@ class Backend {
   virtual long count_correct(const float* logits, const std::int32_t* labels, int rows,
                              int C) = 0;
 
+  // ---- step graphs (CUDA graphs; train.cuda_graphs) ----
+  // Work recorded once and replayed with one launch: a GPU step's many small kernels cost one
+  // launch instead of one each. Between begin_recording() and end_recording() the queued work is
+  // recorded, not run; only work that stays on the device may be queued then (no op that returns
+  // a host value or waits, no copy to or from the host but the deferred loss's, no allocation):
+  // such an op throws std::logic_error naming itself. A replay reads and writes the same device
+  // memory as the recorded work did, with the values it holds at the time.
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+  };
+  // Whether this backend records graphs (the CPU does not: it runs work as it is queued).
+  virtual bool records_graphs() const { return false; }
+  virtual void begin_recording() { throw std::logic_error(describe() + " records no graphs"); }
+  // The work queued since begin_recording(), ready to replay; null, with why, where the device
+  // could not record it (the backend is then as before begin_recording(), nothing having run).
+  virtual std::unique_ptr<Graph> end_recording(std::string* /*why*/) {
+    throw std::logic_error(describe() + " records no graphs");
+  }
+  // Queues the recorded work (a deferred loss it computed is then pending: take_loss()). False,
+  // with nothing queued, where memory it uses was reallocated since (a buffer that grew): record
+  // it again.
+  virtual bool replay(Graph& /*g*/) { throw std::logic_error(describe() + " records no graphs"); }
+
   // ---- element-wise programs (kernels/elementwise.h: math::Program) ----
   // Runs `p` for every index in [0, n) over `arrays` (p.arrays pointers to n floats each, on this
   // device), writing the arrays it marks as outputs: an optimizer's step, composed of the

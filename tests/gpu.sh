@@ -17,7 +17,7 @@
 #      ranks sharing a GPU) with PSLAB_REQUIRE_GPU=1: a GPU test that cannot run fails instead of
 #      skipping (cuDNN from Python's nvidia-cudnn where libcudnn.so.9 is not found otherwise)
 #   2. bench_train --device cuda, MLP and CNN at batch 64, 256, 1024 and 4096 and ResNet-20 (batch
-#      norm; cuDNN) at 128 and 512, and, where `python3 -c "import torch"` works, the same models in
+#      norm; cuDNN) at 128 and 512 (at each model's smallest batch also without step graphs), and, where `python3 -c "import torch"` works, the same models in
 #      PyTorch on the same GPU at its best (tests/bench/torch_train.py: eager, staged and the step
 #      in a CUDA graph, ResNet also in channels_last; float32 both sides); one table with the
 #      ratios; runs/bench/gpu.json
@@ -32,7 +32,8 @@
 #      machine's GPU, 2 servers, a 23.3 MB model, asp and bsp, overlap on and off): each
 #      run's comm / compute / wait ms per step
 #   6. GPUs shared through MPS: the default comparison (no straggler, 1 epoch) on this GPU with
-#      cluster.mps = "auto" (a private MPS daemon: its 4 workers share the GPU) and "off"
+#      the defaults (cluster.mps = "auto": a private MPS daemon, its 4 workers share the GPU; step
+#      graphs) and with cluster.mps = "off" and train.cuda_graphs = "off"
 #   7. PyTorch workers on the GPU: experiments/configs/torch-resnet.toml (a ResNet with batch
 #      norm, experiments/torch/resnet.py) on cuda, bsp and asp, 4 workers, 1 epoch: both must
 #      finish at >= 80% test accuracy; needs a python3 whose PyTorch has CUDA ($PSLAB_TORCH_PYTHON,
@@ -195,6 +196,11 @@ for model in mlp cnn resnet20; do
       failed+=("bench_train $model $batch"); echo "FAIL bench_train $model batch $batch:"; tail -5 "$out/gpu-pslab-$model-$batch.log"; continue
     fi
     rows+=("$model $batch")
+    # The same without step graphs (train.cuda_graphs = "off"), at each model's smallest batch,
+    # where launches weigh most: what the graphs gain.
+    [[ $batch == "${batches%% *}" ]] && "$build/tests/bench_train" --device cuda "${kind[@]}" --batch "$batch" --steps "$s" \
+      --runs "$runs" --warmup 20 --max-batch "$batch" --cuda-graphs off --json "$out/gpu-pslab-$model-$batch-nographs.json" \
+      > "$out/gpu-pslab-$model-$batch-nographs.log" 2>&1
   done
   if ((torch)) && ! python3 "$root/tests/bench/torch_train.py" --model "$model" --batch "${batches// /,}" --seconds "$torch_seconds" \
        --runs "$runs" --warmup 20 --data "$data" --json "$out/gpu-torch-$model-{batch}.json" > "$out/gpu-torch-$model.log" 2>&1; then
@@ -210,11 +216,15 @@ for row in sys.argv[2:]:
     p = json.loads((out / f"gpu-pslab-{model}-{batch}.json").read_text())
     t_path = out / f"gpu-torch-{model}-{batch}.json"
     t = json.loads(t_path.read_text()) if t_path.exists() else None
+    n_path = out / f"gpu-pslab-{model}-{batch}-nographs.json"
+    n = json.loads(n_path.read_text()) if n_path.exists() else None
     r = {"model": model, "batch": int(batch), "pslab_samples_per_s": p["median_samples_per_s"], "pslab_backend": p["backend"],
+         "pslab_graphed_steps": p.get("graphed_steps"), "pslab_no_graphs_samples_per_s": n and n["median_samples_per_s"],
          "torch_samples_per_s": t and t["median_samples_per_s"], "torch_feed": t and t["best_feed"],
          "torch_version": t and t["torch"], "ratio": t and p["median_samples_per_s"] / t["median_samples_per_s"]}
     table.append(r)
-    lines.append(f"| {model} | {batch} | {r['pslab_samples_per_s']:,.0f} | "
+    graphs = f" ({r['pslab_samples_per_s'] / n['median_samples_per_s']:.2f}x without graphs)" if n else ""
+    lines.append(f"| {model} | {batch} | {r['pslab_samples_per_s']:,.0f}{graphs} | "
                  + (f"{r['torch_samples_per_s']:,.0f} ({r['torch_feed']}) | {r['ratio']:.2f} |" if t else "- | - |"))
 (out / "gpu.json").write_text(json.dumps({"benchmark": "gpu_check", "rows": table}, indent=2) + "\n")
 print("\n".join(lines))
@@ -279,12 +289,14 @@ fi
 if wanted 6; then  # ---- step 6 ----
 step "6. GPUs shared through MPS: the default comparison's 4 workers on this GPU, cluster.mps auto against off"
 quick6=(--set train.epochs=1.0); ((quick)) && quick6=(--set train.steps=60)
-for mps in auto off; do
+for mps in auto off; do  # off: without MPS and without step graphs (train.cuda_graphs), as f829795 ran
   log="$out/gpu-mps-$mps.log"
+  graphs=auto; [[ $mps == off ]] && graphs=off
   if /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/default.toml" --build-dir "$build" \
-       --set 'train.device="cuda"' --set seed=1 --set 'straggler.workers=[]' --set "cluster.mps=\"$mps\"" "${quick6[@]}" \
+       --set 'train.device="cuda"' --set seed=1 --set 'straggler.workers=[]' --set "cluster.mps=\"$mps\"" \
+       --set "train.cuda_graphs=\"$graphs\"" "${quick6[@]}" \
        --runs-dir "$root/runs/gpu-mps-$mps" --no-plots --keep-going > "$log" 2>&1; then
-    echo "cluster.mps = $mps:"; grep -E "MPS|^\| " "$log"
+    echo "cluster.mps = $mps, train.cuda_graphs = $graphs:"; grep -E "MPS|CUDA graphs|^\| " "$log"
   else
     failed+=("default comparison on cuda, cluster.mps $mps"); grep -v "^\[" "$log" | tail -25
   fi

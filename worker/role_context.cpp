@@ -61,6 +61,7 @@ RoleContext::RoleContext(const ExperimentConfig& c, const RoleOptions& o, RoleKi
   metrics_ = std::make_unique<MetricsWriter>(opt.out_dir + "/metrics/" + file + ".jsonl", opt.run_start, opt.resume, *clock_);
   if (!trains(kind)) return;
   if (cfg.data.augment != "none") replica_->augment(cfg.seed, cfg.data.augment_pad);  // (crop-flip)
+  replica_->use_step_graphs(step_graphs_from(cfg.train.cuda_graphs));
   sampler_.emplace(std::size_t(data_->train.n), W, rank, cfg.seed);
   steps_per_epoch_ = sampler_->steps_per_epoch(cfg.train.batch);
   total_steps_ = pslab::total_steps(cfg, steps_per_epoch_);
@@ -86,9 +87,10 @@ std::span<const std::uint32_t> RoleContext::batch(long step) {
 void RoleContext::announce(const std::string& what) {
   const int rank = kind == RoleKind::single ? 0 : opt.rank;
   if (rank != 0 && !(straggler_ && straggler_->active())) return;
-  std::fprintf(stderr, "[%s] %s on %s; %s; %ld steps of batch %d (%ld per epoch)%s\n", who(kind, rank).c_str(),
+  std::fprintf(stderr, "[%s] %s on %s; %s; %ld steps of batch %d (%ld per epoch)%s%s\n", who(kind, rank).c_str(),
                model().describe().c_str(), backend_->describe().c_str(), what.c_str(), total_steps_, cfg.train.batch,
-               steps_per_epoch_, straggler_ && straggler_->active() ? "; straggler" : "");
+               steps_per_epoch_, replica_->step_graphs() != StepGraphs::off ? "; steps as CUDA graphs" : "",
+               straggler_ && straggler_->active() ? "; straggler" : "");
 }
 
 }  // namespace pslab

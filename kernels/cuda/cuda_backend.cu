@@ -4,6 +4,10 @@
 // All work is queued on one stream owned by the backend (the cuBLAS handle is bound to it).
 // Ops that return a host value (losses, count_correct, sum_squares) and copy_to_host /
 // copy_from_host wait for that stream; the others return as soon as the work is queued.
+// Step graphs (Backend::begin_recording): CUDA stream capture of that stream, in thread-local
+// mode; while it records, the ops that would wait, copy to or from the host, or allocate throw
+// (not_while_recording), and a graph remembers the buffers it was recorded on, so that a replay
+// after one of them moved is refused rather than run on freed memory.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -109,6 +113,8 @@ class Scratch {
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
 
+  std::size_t capacity() const { return cap_; }
+  const void* data() const { return p_; }
   void* get(std::size_t bytes) {
     if (bytes > cap_) {
       const std::size_t want = std::max(bytes, 2 * cap_);
@@ -146,6 +152,48 @@ cublasOperation_t cublas_op(Trans t) { return t == Trans::yes ? CUBLAS_OP_T : CU
 // Bytes of scratch before the per-row losses: a counter, padded to keep the floats aligned.
 constexpr std::size_t kCounterBytes = 16;
 
+// cuBLAS's workspace, the backend's own: what a recorded GEMM uses at every replay (cuBLAS
+// recommends 32 MiB on Hopper; less limits the algorithms it may choose).
+constexpr std::size_t kCublasWorkspaceBytes = std::size_t(32) << 20;
+
+// The device memory a recording used besides the caller's buffers: a replay needs it where it was.
+struct Buffers {
+  const void* scratch = nullptr;
+  const void* loss_dev = nullptr;
+  const void* loss_host = nullptr;
+  const void* cudnn_workspace = nullptr;
+  bool tf32 = false;
+  bool operator==(const Buffers& o) const {
+    return scratch == o.scratch && loss_dev == o.loss_dev && loss_host == o.loss_host &&
+           cudnn_workspace == o.cudnn_workspace && tf32 == o.tf32;
+  }
+};
+
+// An instantiated CUDA graph, and the deferred loss its replay leaves pending (the graph
+// records the backend's loss_ready_ event once that loss landed).
+class CudaGraph final : public Backend::Graph {
+ public:
+  CudaGraph(cudaGraphExec_t exec, Buffers used, int loss_rows, int loss_C)
+      : exec_(exec), used_(used), loss_rows_(loss_rows), loss_C_(loss_C) {}
+  ~CudaGraph() override {
+    if (const cudaError_t e = cudaGraphExecDestroy(exec_); e != cudaSuccess) {
+      (void)cudaGetLastError();
+      report_cleanup_error("cudaGraphExecDestroy", cudaGetErrorString(e));
+    }
+  }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  cudaGraphExec_t exec() const { return exec_; }
+  const Buffers& used() const { return used_; }
+  int loss_rows() const { return loss_rows_; }
+  int loss_C() const { return loss_C_; }
+
+ private:
+  cudaGraphExec_t exec_;
+  Buffers used_;
+  int loss_rows_, loss_C_;  // the deferred loss it computes (rows 0: none)
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device_index) : device_(device_index) {
@@ -162,6 +210,8 @@ class CudaBackend final : public Backend {
           "; check CMAKE_CUDA_ARCHITECTURES of this build)");
     stream_ = std::make_unique<Stream>();
     cublas_ = std::make_unique<CublasHandle>(stream_->get());
+    PSLAB_CUDA_CHECK(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
+    PSLAB_CUBLAS_CHECK(cublasSetWorkspace(cublas_->get(), cublas_workspace_, kCublasWorkspaceBytes));
     if (const char* v = std::getenv("PSLAB_CUDNN"); v && std::string(v) == "off")
       no_cudnn_ = "PSLAB_CUDNN=off";
     else
@@ -178,6 +228,7 @@ class CudaBackend final : public Backend {
     if (const cudaError_t e = cudaStreamSynchronize(stream_->get()); e != cudaSuccess)
       report_cleanup_error("cudaStreamSynchronize", cudaGetErrorString(e));
     deallocate_host(loss_host_);
+    deallocate(cublas_workspace_);  // (the handle makes no more calls that use it)
   }
 
   Device device() const override { return Device::cuda; }
@@ -202,6 +253,7 @@ class CudaBackend final : public Backend {
   // ---- memory ----
   void* allocate(std::size_t bytes) override {
     if (bytes == 0) return nullptr;
+    not_while_recording("allocate");
     activate();
     void* p = nullptr;
     try {
@@ -223,6 +275,7 @@ class CudaBackend final : public Backend {
   }
   void* allocate_host(std::size_t bytes) override {
     if (bytes == 0) return nullptr;
+    not_while_recording("allocate_host");
     activate();
     void* p = nullptr;
     PSLAB_CUDA_CHECK(cudaMallocHost(&p, bytes));
@@ -239,6 +292,7 @@ class CudaBackend final : public Backend {
   // pinned, where an unsynchronized async copy would still be reading it).
   void copy_from_host(void* dst, const void* host_src, std::size_t bytes) override {
     if (bytes == 0) return;
+    not_while_recording("copy_from_host");
     activate();
     PSLAB_CUDA_CHECK(
         cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_->get()));
@@ -246,6 +300,7 @@ class CudaBackend final : public Backend {
   }
   void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override {
     if (bytes == 0) return;
+    not_while_recording("copy_to_host");
     activate();
     PSLAB_CUDA_CHECK(
         cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_->get()));
@@ -260,7 +315,7 @@ class CudaBackend final : public Backend {
     const auto d = reinterpret_cast<std::uintptr_t>(dst);
     const auto s = reinterpret_cast<std::uintptr_t>(src);
     if (d < s + bytes && s < d + bytes) {
-      void* tmp = scratch_.get(bytes);
+      void* tmp = scratch(bytes);
       PSLAB_CUDA_CHECK(
           cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, stream_->get()));
       src = tmp;
@@ -272,6 +327,7 @@ class CudaBackend final : public Backend {
     cuda::launch_fill(x, n, value, stream_->get());
   }
   void synchronize() override {
+    not_while_recording("synchronize");
     activate();
     PSLAB_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
     if (lane_) PSLAB_CUDA_CHECK(cudaStreamSynchronize(lane_->stream.get()));
@@ -289,6 +345,7 @@ class CudaBackend final : public Backend {
   }
   bool register_host(void* p, std::size_t bytes) override {
     if (!p || bytes == 0) return true;
+    not_while_recording("register_host");
     activate();
     const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
     if (e == cudaSuccess) return true;
@@ -306,6 +363,7 @@ class CudaBackend final : public Backend {
   }
   bool landed(Ticket t, bool wait) override {
     if (t <= landed_) return true;
+    not_while_recording("landed");
     if (t > tickets_) throw std::logic_error("CudaBackend::landed: ticket " + std::to_string(t) + " was never given (last " +
                                              std::to_string(tickets_) + ")");
     activate();
@@ -322,6 +380,7 @@ class CudaBackend final : public Backend {
   }
   void upload_fence() override {
     if (last_upload_ <= fenced_) return;
+    not_while_recording("upload_fence");
     fenced_ = last_upload_;
     if (last_upload_ <= landed_) return;
     activate();
@@ -360,7 +419,8 @@ class CudaBackend final : public Backend {
     if (n == 0) return 0.0;
     activate();
     const int parts = cuda::sum_squares_partial_count(n);
-    auto* partials = static_cast<double*>(scratch_.get(std::size_t(parts) * sizeof(double)));
+    not_while_recording("sum_squares");
+    auto* partials = static_cast<double*>(scratch(std::size_t(parts) * sizeof(double)));
     cuda::launch_sum_squares_partials(x, n, partials, stream_->get());
     host_doubles_.resize(std::size_t(parts));
     copy_to_host(host_doubles_.data(), partials, std::size_t(parts) * sizeof(double));
@@ -414,9 +474,10 @@ class CudaBackend final : public Backend {
     if (rows < 0 || C < 0)
       throw std::invalid_argument("softmax_xent: rows and C must be >= 0");
     if (rows == 0) return 0.0;
+    not_while_recording("softmax_xent");
     activate();
     const std::size_t bytes = kCounterBytes + std::size_t(rows) * sizeof(float);
-    auto* base = static_cast<unsigned char*>(scratch_.get(bytes));
+    auto* base = static_cast<unsigned char*>(scratch(bytes));
     auto* bad = reinterpret_cast<int*>(base);
     auto* row_loss = reinterpret_cast<float*>(base + kCounterBytes);
     PSLAB_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(int), stream_->get()));
@@ -436,9 +497,10 @@ class CudaBackend final : public Backend {
              float* dy) override {
     if (rows < 0 || C < 0) throw std::invalid_argument("mse: rows and C must be >= 0");
     if (rows == 0) return 0.0;
+    not_while_recording("mse");
     activate();
     const std::size_t bytes = std::size_t(rows) * sizeof(float);
-    auto* row_loss = static_cast<float*>(scratch_.get(bytes));
+    auto* row_loss = static_cast<float*>(scratch(bytes));
     cuda::launch_mse(y, t, rows, C, grad_scale, dy, row_loss, stream_->get());
     host_bytes_.resize(bytes);
     copy_to_host(host_bytes_.data(), row_loss, bytes);
@@ -463,6 +525,7 @@ class CudaBackend final : public Backend {
   }
   double take_loss() override {
     if (pending_.rows == 0) return 0.0;
+    not_while_recording("take_loss");
     PSLAB_CUDA_CHECK(cudaEventSynchronize(loss_ready_->get()));
     int bad_rows = 0;
     std::memcpy(&bad_rows, loss_host_, sizeof bad_rows);
@@ -477,13 +540,56 @@ class CudaBackend final : public Backend {
                      int C) override {
     if (rows < 0 || C < 0) throw std::invalid_argument("count_correct: rows and C must be >= 0");
     if (rows == 0) return 0;
+    not_while_recording("count_correct");
     activate();
-    auto* counter = static_cast<unsigned long long*>(scratch_.get(sizeof(unsigned long long)));
+    auto* counter = static_cast<unsigned long long*>(scratch(sizeof(unsigned long long)));
     PSLAB_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof *counter, stream_->get()));
     cuda::launch_count_correct(logits, labels, rows, C, counter, stream_->get());
     unsigned long long n = 0;
     copy_to_host(&n, counter, sizeof n);
     return static_cast<long>(n);
+  }
+
+  // ---- step graphs ----
+  bool records_graphs() const override { return true; }
+  void begin_recording() override {
+    not_while_recording("begin_recording");
+    activate();
+    if (pending_.rows) throw std::logic_error("CudaBackend::begin_recording with a deferred loss not taken");
+    PSLAB_CUDA_CHECK(cudaStreamBeginCapture(stream_->get(), cudaStreamCaptureModeThreadLocal));
+    recording_ = true;
+  }
+  std::unique_ptr<Graph> end_recording(std::string* why) override {
+    if (!recording_) throw std::logic_error("CudaBackend::end_recording without begin_recording");
+    recording_ = false;
+    const Pending loss = pending_;
+    pending_ = {};  // (recorded, not computed: a replay leaves it pending)
+    cudaGraph_t graph = nullptr;
+    cudaError_t e = cudaStreamEndCapture(stream_->get(), &graph);
+    cudaGraphExec_t exec = nullptr;
+    if (e == cudaSuccess) {
+      e = cudaGraphInstantiate(&exec, graph, 0);
+      if (const cudaError_t d = cudaGraphDestroy(graph); d != cudaSuccess && e == cudaSuccess) e = d;
+    } else if (graph) {
+      (void)cudaGraphDestroy(graph);
+    }
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (exec) (void)cudaGraphExecDestroy(exec);
+      if (why) *why = std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+      return nullptr;
+    }
+    return std::make_unique<CudaGraph>(exec, buffers_now(), loss.rows, loss.C);
+  }
+  bool replay(Graph& g) override {
+    not_while_recording("replay");
+    auto& graph = dynamic_cast<CudaGraph&>(g);
+    if (!(graph.used() == buffers_now())) return false;
+    if (pending_.rows) throw std::logic_error("CudaBackend::replay with a deferred loss not taken");
+    activate();
+    PSLAB_CUDA_CHECK(cudaGraphLaunch(graph.exec(), stream_->get()));
+    pending_ = {graph.loss_rows(), graph.loss_C()};  // (its loss_ready_ is an event node of the graph)
+    return true;
   }
 
   // ---- element-wise programs ----
@@ -547,6 +653,7 @@ class CudaBackend final : public Backend {
 
   // A copy on the lane after the compute queued so far; its ticket.
   Ticket queue_copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+    not_while_recording(kind == cudaMemcpyDeviceToHost ? "download_async" : "upload_async");
     activate();
     if (!lane_) lane_ = std::make_unique<CopyLane>();
     const Ticket t = tickets_ + 1;
@@ -577,12 +684,15 @@ class CudaBackend final : public Backend {
     pending_ = {rows, C};
     if (rows == 0) return nullptr;
     activate();
-    auto* base = static_cast<unsigned char*>(loss_dev_.get(kCounterBytes + std::size_t(rows) * sizeof(float)));
+    const std::size_t bytes = kCounterBytes + std::size_t(rows) * sizeof(float);
+    if (recording_ && bytes > loss_dev_.capacity()) not_while_recording("a deferred loss larger than any before it");
+    auto* base = static_cast<unsigned char*>(loss_dev_.get(bytes));
     PSLAB_CUDA_CHECK(cudaMemsetAsync(base, 0, sizeof(int), stream_->get()));
     return base;
   }
   void copy_loss_back(const void* dev, std::size_t bytes) {
     if (bytes > loss_host_bytes_) {
+      if (recording_) not_while_recording("a deferred loss larger than any before it");
       deallocate_host(loss_host_);
       loss_host_ = nullptr;
       loss_host_bytes_ = 0;
@@ -591,12 +701,31 @@ class CudaBackend final : public Backend {
     }
     if (!loss_ready_) loss_ready_ = std::make_unique<Event>();
     PSLAB_CUDA_CHECK(cudaMemcpyAsync(loss_host_, dev, bytes, cudaMemcpyDeviceToHost, stream_->get()));
-    PSLAB_CUDA_CHECK(cudaEventRecord(loss_ready_->get(), stream_->get()));
+    // Recording: an event node, recorded by each replay once the loss landed (so take_loss()
+    // waits for forward and the loss alone, not for the graph's backward).
+    PSLAB_CUDA_CHECK(cudaEventRecordWithFlags(loss_ready_->get(), stream_->get(),
+                                              recording_ ? cudaEventRecordExternal : cudaEventRecordDefault));
+  }
+
+  // Device scratch of at least `bytes`, which a recording may use but not grow.
+  void* scratch(std::size_t bytes) {
+    if (recording_ && bytes > scratch_.capacity()) not_while_recording("growing the backend's scratch");
+    return scratch_.get(bytes);
+  }
+  void not_while_recording(const char* what) const {
+    if (recording_)
+      throw std::logic_error(std::string("CudaBackend: ") + what +
+                             " cannot be recorded in a step graph (it waits, copies to or from the host, or allocates)");
+  }
+  Buffers buffers_now() const {
+    return Buffers{scratch_.data(), loss_dev_.data(), loss_host_, cudnn_ ? cudnn_->workspace() : nullptr, tf32_};
   }
 
   int device_;
   std::string describe_;
   bool tf32_ = false;
+  bool recording_ = false;  // between begin_recording() and end_recording()
+  void* cublas_workspace_ = nullptr;  // kCublasWorkspaceBytes, cuBLAS's (cublasSetWorkspace)
   struct Pending {
     int rows = 0, C = 0;
   } pending_;                  // the deferred loss not yet taken

@@ -280,6 +280,7 @@ Cudnn::Cudnn(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Cudnn::~Cudnn() = default;
 
 std::string Cudnn::describe() const { return "cuDNN " + version_string(impl_->api.version); }
+const void* Cudnn::workspace() const { return impl_->workspace; }
 
 void Cudnn::allow_tf32(bool on) {
   if (on == impl_->tf32) return;

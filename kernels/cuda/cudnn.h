@@ -33,6 +33,9 @@ class Cudnn {
   Cudnn& operator=(const Cudnn&) = delete;
 
   std::string describe() const;  // "cuDNN 9.10.2"
+  // Its workspace (device memory every convolution uses; null before the first): a step graph
+  // that recorded convolutions is stale once it moved (grew for a new plan).
+  const void* workspace() const;
   // TF32 tensor cores for convolutions (and re-planning: plans keep their algorithms).
   void allow_tf32(bool on);
 

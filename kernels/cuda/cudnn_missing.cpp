@@ -16,6 +16,7 @@ std::unique_ptr<Cudnn> Cudnn::open(cudaStream_t, std::string* why) {
 Cudnn::Cudnn(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Cudnn::~Cudnn() = default;
 std::string Cudnn::describe() const { return "no cuDNN"; }
+const void* Cudnn::workspace() const { return nullptr; }
 void Cudnn::allow_tf32(bool) {}
 
 [[noreturn]] static void never_opened() { throw std::logic_error("cuDNN called in a build without it"); }

@@ -176,9 +176,16 @@ double Model::forward_backward(const float* x, const std::int32_t* labels, const
     if (listener) listener->ready(0);
     return 0.0;
   }
-  const float* out = forward(x, B, ForwardMode{});
+  queue_forward_backward(x, labels, targets, B, grad_scale, listener);
   // The loss is read after backward is queued: on a GPU it does not stall the step between
   // the two (Backend::take_loss waits for the loss alone).
+  return be_.take_loss() / B;
+}
+
+void Model::queue_forward_backward(const float* x, const std::int32_t* labels, const float* targets, int B,
+                                   float grad_scale, GradListener* listener) {
+  if (B < 1) throw std::invalid_argument("Model::queue_forward_backward: a batch of " + std::to_string(B));
+  const float* out = forward(x, B, ForwardMode{});
   const float scale = grad_scale < 0 ? 1.0f / float(B) : grad_scale;
   if (spec_.loss == Loss::softmax_xent) be_.softmax_xent_deferred(out, labels, B, spec_.outputs, scale, dout_.data());
   else be_.mse_deferred(out, targets, B, spec_.outputs, scale, dout_.data());
@@ -193,7 +200,6 @@ double Model::forward_backward(const float* x, const std::int32_t* labels, const
     progress.ready_from(0);
     dy = dx;
   }
-  return be_.take_loss() / B;
 }
 
 EvalCounts Model::evaluate(const float* x, const std::int32_t* labels, const float* targets,

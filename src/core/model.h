@@ -180,6 +180,11 @@ class Model {
   // bitwise the same with or without one.
   double forward_backward(const float* x, const std::int32_t* labels, const float* targets, int B,
                           float grad_scale = -1.0f, GradListener* listener = nullptr);
+  // forward_backward's work for B >= 1, queued: the loss is then the backend's pending deferred
+  // loss (Backend::take_loss() is its sum over the batch). Nothing here waits or reads back: a
+  // backend may record it as a step graph (Backend::begin_recording).
+  void queue_forward_backward(const float* x, const std::int32_t* labels, const float* targets, int B,
+                              float grad_scale = -1.0f, GradListener* listener = nullptr);
   // Forward only, in inference mode (batch norm: the running statistics): summed loss and
   // number of correct argmax predictions.
   EvalCounts evaluate(const float* x, const std::int32_t* labels, const float* targets, int B);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 
 namespace pslab {
@@ -108,7 +109,78 @@ double Replica::compute_gradient(std::span<const std::uint32_t> idx, float grad_
                        augment_pad_, augmented_.data());
     b.x = augmented_.data();
   }
-  return model_.forward_backward(b.x, b.labels, b.targets, int(idx.size()), grad_scale, listener);
+  const int B = int(idx.size());
+  if (B > 0 && graphs_ != StepGraphs::off)
+    if (const std::optional<double> loss = graphed_step(b, B, grad_scale, listener != nullptr)) {
+      if (listener) listener->ready(0);
+      return *loss;
+    }
+  return model_.forward_backward(b.x, b.labels, b.targets, B, grad_scale, listener);
+}
+
+StepGraphs step_graphs_from(const std::string& value) {
+  if (value == "off") return StepGraphs::off;
+  if (value == "auto") return StepGraphs::automatic;
+  if (value == "on") return StepGraphs::on;
+  throw std::invalid_argument("train.cuda_graphs = \"" + value + "\": expected \"auto\", \"on\" or \"off\"");
+}
+
+void Replica::use_step_graphs(StepGraphs s) {
+  if (s == StepGraphs::on && !be_.records_graphs())
+    throw std::invalid_argument("train.cuda_graphs = \"on\": " + be_.describe() +
+                                " records no graphs (it runs each op as it is queued); use \"auto\" or \"off\"");
+  graphs_ = be_.records_graphs() ? s : StepGraphs::off;
+  graph_.reset();
+  warm_shape_ = graph_shape_ = StepShape{};
+}
+
+std::optional<double> Replica::graphed_step(const Batch& b, int B, float grad_scale, bool listened) {
+  if (graphs_ == StepGraphs::automatic && listened && model_.num_params() * sizeof(float) > kGraphsBeforeOverlapBytes)
+    return std::nullopt;
+  const StepShape shape{b.x, b.labels, b.targets, B, grad_scale};
+  if (graph_) {  // one shape has a graph (the run's full batch): another runs as usual
+    if (!(shape == graph_shape_)) return std::nullopt;
+    if (be_.replay(*graph_)) {
+      ++graphed_steps_;
+      return be_.take_loss() / B;
+    }
+    graph_.reset();  // a buffer it used moved (one grew since): recorded again below
+  } else if (!(shape == warm_shape_)) {
+    warm_shape_ = shape;  // the first step of this shape runs as usual (cuDNN's plans, scratch sizes)
+    return std::nullopt;
+  }
+  if (!record_step(b, B, grad_scale)) return std::nullopt;
+  graph_shape_ = shape;
+  if (!be_.replay(*graph_)) throw std::logic_error("Replica: a step graph refused to replay right after its recording");
+  ++graphed_steps_;
+  return be_.take_loss() / B;
+}
+
+bool Replica::record_step(const Batch& b, int B, float grad_scale) {
+  std::string why;
+  bool began = false;
+  try {
+    be_.begin_recording();
+    began = true;
+    model_.queue_forward_backward(b.x, b.labels, b.targets, B, grad_scale, nullptr);
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  std::string ended_why;
+  if (began) graph_ = be_.end_recording(&ended_why);  // (ends a recording cut short, too)
+  if (graph_ && why.empty()) {
+    ++recordings_;
+    return true;
+  }
+  graph_.reset();
+  if (why.empty()) why = ended_why;
+  if (graphs_ == StepGraphs::on)
+    throw std::runtime_error("train.cuda_graphs = \"on\": a step of batch " + std::to_string(B) + " cannot be recorded on " +
+                             be_.describe() + ": " + why);
+  std::fprintf(stderr, "pslab: steps run without CUDA graphs: a step of batch %d cannot be recorded on %s: %s "
+               "(train.cuda_graphs = \"auto\")\n", B, be_.describe().c_str(), why.c_str());
+  graphs_ = StepGraphs::off;
+  return false;
 }
 
 void Replica::augment(std::uint64_t seed, int pad) {

@@ -12,7 +12,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "backend.h"
@@ -20,6 +22,11 @@
 #include "core/model.h"
 
 namespace pslab {
+
+// train.cuda_graphs: whether a step's forward and backward run as one recorded graph.
+enum class StepGraphs { off, automatic, on };
+// "off", "auto" or "on"; throws std::invalid_argument naming the key otherwise.
+StepGraphs step_graphs_from(const std::string& value);
 
 class Replica {
  public:
@@ -47,6 +54,25 @@ class Replica {
   // flip; math::augment_draw), each sample's draw from (seed, the epoch set_epoch() last said,
   // the sample), on either backend alike. Needs image data (height and width > 1).
   void augment(std::uint64_t seed, int pad);
+  // Steps as graphs (Backend::begin_recording; train.cuda_graphs). The first step of a shape (its
+  // batch size, scale and buffers) runs as usual and sizes what a recording needs; the second of
+  // it in a row is recorded (forward, backward and the deferred loss) and replayed, and so is every
+  // later one of that shape; once a shape has its graph, a step of another shape (an epoch's last,
+  // smaller batch) runs as usual. A
+  // listener hears ready(0) after the replay: the gradient's download does not overlap backward.
+  // automatic: graphs where the backend records them, except for a listened step whose ∇θ is
+  // over kGraphsBeforeOverlapBytes (there overlapping the download with backward weighs more
+  // than the launches a graph saves); a step that cannot be recorded says why once and runs
+  // without graphs from then on. on: graphs for every step of a recorded shape, listened or not;
+  // a backend without graphs (the CPU) is refused here, a step that cannot be recorded throws.
+  void use_step_graphs(StepGraphs s);
+  static constexpr std::size_t kGraphsBeforeOverlapBytes = std::size_t(4) << 20;
+  // What use_step_graphs() left in force (off on a backend without graphs, or after a step that
+  // could not be recorded under automatic).
+  StepGraphs step_graphs() const { return graphs_; }
+  // Steps replayed from a graph so far, and recordings made.
+  long graphed_steps() const { return graphed_steps_; }
+  long recordings() const { return recordings_; }
   void set_epoch(long epoch) { epoch_ = epoch; }
   // Loss and accuracy of the current θ on a whole data set, in batches of max_batch, in
   // inference mode; a model with batch norm first measures its statistics for this θ
@@ -93,6 +119,20 @@ class Replica {
   Batch stage(const Dataset& d, std::span<const std::uint32_t> idx);
   // Samples [lo, lo + n) of `d`: pointers into the resident copy, or staged.
   Batch slice(const Dataset& d, int lo, int n);
+  // What a step graph was recorded for: a replay reads the same buffers, for the same batch.
+  struct StepShape {
+    const float* x = nullptr;
+    const std::int32_t* labels = nullptr;
+    const float* targets = nullptr;
+    int batch = 0;
+    float grad_scale = 0.0f;
+    bool operator==(const StepShape&) const = default;
+  };
+  // The step's forward and backward from a graph (recorded now if this shape was seen before):
+  // the mean loss, or nothing where it runs the ordinary way.
+  std::optional<double> graphed_step(const Batch& b, int B, float grad_scale, bool listened);
+  // Records the step's work as graph_; false (graphs off from now on, said once) where it cannot be.
+  bool record_step(const Batch& b, int B, float grad_scale);
 
   Backend& be_;
   const Dataset& train_;
@@ -129,6 +169,10 @@ class Replica {
   HostBuffer<float> theta_host_, grad_host_;  // GPU only: θ and ∇θ staging, allocated on first use
   float* grad_host_given_;                     // the caller's grad_host, or nullptr
   bool grad_host_registered_ = false;          // GPU: grad_host_given_ registered with the backend
+  StepGraphs graphs_ = StepGraphs::off;
+  StepShape warm_shape_, graph_shape_;     // the last step run as usual; what graph_ was recorded for
+  std::unique_ptr<Backend::Graph> graph_;  // the step graph, once recorded
+  long graphed_steps_ = 0, recordings_ = 0;
 };
 
 }  // namespace pslab

@@ -76,6 +76,10 @@ void visit_fields(Config& c, F&& f) {
   f("train.steps", c.train.steps, "if > 0: steps per worker, overriding epochs");
   f("train.device", c.train.device, "\"cpu\" or \"cuda\"");
   f("train.tf32", c.train.tf32, "cuda: let cuBLAS GEMMs use TF32 tensor cores (faster; 10-bit mantissa products)");
+  f("train.cuda_graphs", c.train.cuda_graphs,
+    "cuda: a step's forward and backward as one CUDA graph, replayed: \"auto\" (where it can be recorded; not where "
+    "overlap downloads a gradient over 4 MiB during backward), \"on\" (every step of the run's batch size; a step "
+    "that cannot be recorded is an error), \"off\"");
   f("train.threads", c.train.threads, "BLAS threads per process (0 = host cores / processes on it)");
   f("train.log_every", c.train.log_every, "steps between metric lines");
   f("cluster.mode", c.cluster.mode, "the consistency model (listed below)");
@@ -486,6 +490,10 @@ void validate_train(const Checker& check) {
   check(c.train.threads >= 0, "train.threads", "must be >= 0");
   check(c.train.log_every >= 1, "train.log_every", "must be >= 1");
   check(!c.train.tf32 || c.train.device == "cuda", "train.tf32", "TF32 is a GPU option: it needs train.device = \"cuda\"");
+  check(c.train.cuda_graphs == "auto" || c.train.cuda_graphs == "on" || c.train.cuda_graphs == "off", "train.cuda_graphs",
+        "expected \"auto\", \"on\" or \"off\", got \"" + c.train.cuda_graphs + "\"");
+  check(c.train.cuda_graphs != "on" || c.train.device == "cuda", "train.cuda_graphs",
+        "\"on\" records steps as CUDA graphs: it needs train.device = \"cuda\" (\"auto\" is off on the CPU)");
 }
 
 // The rendered value of `key` in `c` (for comparing a key with its default).

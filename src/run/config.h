@@ -61,6 +61,7 @@ struct TrainConfig {
   long steps = 0;        // > 0: steps per worker, overrides epochs
   std::string device = "cpu";  // "cpu" or "cuda"
   bool tf32 = false;            // cuda: GEMMs may use TF32 tensor cores
+  std::string cuda_graphs = "auto";  // cuda: a step's forward + backward as one CUDA graph: "auto", "on", "off"
   int threads = 0;       // BLAS threads per process; 0 = cores on the host / processes on it
   int log_every = 20;    // steps between metric lines
 };

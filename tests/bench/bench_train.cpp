@@ -2,7 +2,7 @@
 // batch gathering included, evaluation excluded. Writes JSON.
 //
 //   bench_train [--model mlp] [--device cpu|cuda] [--batch 64] [--threads N] [--steps 2000]
-//               [--runs 5] [--warmup 200] [--conv onednn|im2col] [--json FILE]
+//               [--runs 5] [--warmup 200] [--conv onednn|im2col] [--cuda-graphs auto|on|off] [--json FILE]
 //
 // Metric: samples processed / wall time of `steps` consecutive steps, after `warmup` warm-up
 // steps; median over `runs` repetitions. Data: Fashion-MNIST when installed, else random
@@ -22,6 +22,22 @@
 #include "backend.h"
 
 using namespace pslab;
+
+// Fashion-MNIST where installed, else random inputs of its shape.
+DataSplit bench_data(const ExperimentConfig& cfg) {
+  DataSplit data;
+  try {
+    data = load_data(cfg);
+  } catch (const DataError&) {
+    data.train.n = 60000, data.train.height = 28, data.train.width = 28, data.train.classes = 10;
+    data.train.x.resize(std::size_t(60000) * 784);
+    data.train.labels.resize(60000);
+    Rng rng(1);
+    for (auto& v : data.train.x) v = float(rng.normal());
+    for (auto& l : data.train.labels) l = std::int32_t(rng.below(10));
+  }
+  return data;
+}
 
 int main(int argc, char** argv) {
   pslab::use_best_cpu_runtime(argv);  // (may re-execute this program: first)
@@ -46,28 +62,23 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bool tf32 = false;
   app.add_flag("--tf32", tf32, "cuda: GEMMs may use TF32 tensor cores (train.tf32)");
+  std::string graphs = "auto";
+  app.add_option("--cuda-graphs", graphs, "cuda: each step's forward and backward as one CUDA graph (train.cuda_graphs)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   ExperimentConfig cfg;
   cfg.model.kind = model;
   cfg.model.depth = depth;
   cfg.train.batch = batch;
-  DataSplit data;
-  try {
-    data = load_data(cfg);
-  } catch (const DataError&) {
-    data.train.n = 60000, data.train.height = 28, data.train.width = 28, data.train.classes = 10;
-    data.train.x.resize(std::size_t(60000) * 784);
-    data.train.labels.resize(60000);
-    Rng rng(1);
-    for (auto& v : data.train.x) v = float(rng.normal());
-    for (auto& l : data.train.labels) l = std::int32_t(rng.below(10));
-  }
+  const DataSplit data = bench_data(cfg);
   auto be = device == "cuda" ? make_backend(Device::cuda, threads)
                              : make_cpu_backend(threads, conv == "im2col" ? CpuConvolutions::im2col : CpuConvolutions::onednn);
   be->allow_tf32(tf32);
   Replica replica(*be, model_spec(cfg), data.train, std::max(batch, max_batch));
   replica.model().init(1);
+  replica.use_step_graphs(step_graphs_from(graphs));
   Optimizer opt(*be, cfg.optimizer, replica.model().num_params());
   ShardSampler sampler(std::size_t(data.train.n), 1, 0, 1);
   const long spe = sampler.steps_per_epoch(batch);
@@ -96,7 +107,8 @@ int main(int argc, char** argv) {
   std::sort(sorted.begin(), sorted.end());
   nlohmann::ordered_json j{{"benchmark", "train_throughput"}, {"model", replica.model().describe()},
                            {"backend", be->describe()}, {"batch", batch}, {"threads", threads},
-                           {"steps_per_run", steps}, {"warmup_steps", warmup}, {"runs", runs}, {"samples_per_s", rates},
+                           {"steps_per_run", steps}, {"warmup_steps", warmup}, {"runs", runs}, {"cuda_graphs", graphs},
+                           {"graphed_steps", replica.graphed_steps()}, {"samples_per_s", rates},
                            {"median_samples_per_s", sorted[sorted.size() / 2]}};
   std::printf("%s\n", j.dump(2).c_str());
   if (!json_path.empty()) std::ofstream(json_path) << j.dump(2) << "\n";

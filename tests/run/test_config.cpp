@@ -141,6 +141,12 @@ TEST(Config, RangeAndCrossFieldChecks) {
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\noverlap = true\nbucket_kb = 0\n"), "exp.toml: cluster.bucket_kb: must be >= 1");
   EXPECT_EQ(error_of("name = \"x\"\n[train]\ntf32 = true\n"),
             "exp.toml: train.tf32: TF32 is a GPU option: it needs train.device = \"cuda\"");
+  EXPECT_EQ(error_of("name = \"x\"\n[train]\ncuda_graphs = \"on\"\n"),
+            "exp.toml: train.cuda_graphs: \"on\" records steps as CUDA graphs: it needs train.device = \"cuda\" "
+            "(\"auto\" is off on the CPU)");
+  EXPECT_EQ(error_of("name = \"x\"\n[train]\ncuda_graphs = \"yes\"\n"),
+            "exp.toml: train.cuda_graphs: expected \"auto\", \"on\" or \"off\", got \"yes\"");
+  EXPECT_EQ(error_of("name = \"x\"\n[train]\ndevice = \"cuda\"\ncuda_graphs = \"on\"\n"), "(no error)");
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\ncollective = \"mpi\"\n"),
             "exp.toml: cluster.collective: expected \"auto\", \"nccl\" or \"gloo\", got \"mpi\"");
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nmode = \"allreduce\"\ncollective = \"nccl\"\n"),

@@ -9,6 +9,7 @@
 
 #include "gpu.h"
 #include "harness.h"
+#include "core/replica.h"
 #include "run/setup.h"
 
 using namespace pslab;
@@ -126,6 +127,95 @@ TEST(GpuOverlap, AWorkerGivesBitwiseTheParametersOfARunWithout) {
     EXPECT_TRUE(theta[0] == theta[1]) << transport << ": overlap changed θ";
     EXPECT_TRUE(close(theta[0], theta[1])) << transport;
   }
+}
+
+// train.cuda_graphs (core/replica.h): steps whose forward and backward are one recorded CUDA
+// graph give bitwise the θ and losses of the same steps run op by op, for an MLP, a CNN on
+// augmented images and a ResNet with batch norm (cuDNN where it loads), with an epoch's smaller
+// last batch in between (run op by op) and SGD between the steps; the counts say that the second
+// step of the full batch was recorded and every later one of its size replayed.
+TEST(GpuStepGraphs, GraphedStepsGiveBitwiseTheOrdinaryOnes) {
+  PSLAB_SKIP_WITHOUT_GPU();
+  Dataset d;
+  d.n = 300, d.channels = 3, d.height = 12, d.width = 12, d.classes = 5;
+  d.x.resize(std::size_t(d.n) * d.features());
+  d.labels.resize(std::size_t(d.n));
+  Rng rng(11);
+  for (auto& v : d.x) v = float(rng.normal());
+  for (auto& l : d.labels) l = std::int32_t(rng.below(5));
+  std::vector<int> sizes = {64, 64, 64, 40, 64, 64, 64, 64};
+  for (const std::string kind : {"mlp", "cnn", "resnet"}) {
+    ModelSpec spec;
+    spec.kind = kind, spec.channels = 3, spec.height = 12, spec.width = 12, spec.outputs = 5;
+    spec.hidden = {64, 32}, spec.conv_channels = {4, 8}, spec.depth = 8, spec.stage_width = 4;
+    std::vector<float> theta[2];
+    std::vector<double> losses[2];
+    for (const StepGraphs graphs : {StepGraphs::off, StepGraphs::on}) {
+      SCOPED_TRACE(kind + (graphs == StepGraphs::on ? ", graphs on" : ", graphs off"));
+      const std::unique_ptr<Backend> be = make_cuda_backend(0);
+      Replica replica(*be, spec, d, 64);
+      replica.model().init(3);
+      if (kind == "cnn") replica.augment(5, 2);
+      replica.use_step_graphs(graphs);
+      std::vector<std::uint32_t> idx(64);
+      int at = 0;
+      for (std::size_t s = 0; s < sizes.size(); ++s) {
+        replica.set_epoch(long(s / 4));
+        for (int k = 0; k < sizes[s]; ++k) idx[std::size_t(k)] = std::uint32_t((at + 37 * k) % d.n);
+        at += sizes[s];
+        losses[graphs == StepGraphs::on].push_back(replica.compute_gradient({idx.data(), std::size_t(sizes[s])}));
+        be->axpy(replica.model().num_params(), -0.05f, replica.model().grads(), replica.model().params());
+      }
+      theta[graphs == StepGraphs::on].resize(replica.model().num_params());
+      replica.model().store_params(theta[graphs == StepGraphs::on].data());
+      EXPECT_EQ(replica.recordings(), graphs == StepGraphs::on ? 1 : 0);
+      EXPECT_EQ(replica.graphed_steps(), graphs == StepGraphs::on ? 6 : 0) << "steps 2-3 and 5-8 replayed";
+    }
+    EXPECT_TRUE(losses[0] == losses[1]) << kind << ": the graphs changed a loss";
+    EXPECT_TRUE(theta[0] == theta[1]) << kind << ": the graphs changed θ";
+    EXPECT_TRUE(close(theta[0], theta[1])) << kind;
+  }
+}
+
+// A PS worker whose steps are graphs (train.cuda_graphs = "on", a listener hearing ready(0) after
+// each replay where overlap is on) gives bitwise the θ of the same run without them.
+TEST(GpuStepGraphs, APsWorkerGivesBitwiseTheParametersOfARunWithout) {
+  PSLAB_SKIP_WITHOUT_GPU();
+  for (const bool overlap : {false, true}) {
+    std::vector<float> theta[2];
+    for (const bool graphs : {false, true}) {
+      ExperimentConfig cfg = test::small_config("bsp", 1, 2, overlap ? "shm_overlap_pieces" : "shm_pieces");
+      cfg.data.dim = 784;
+      cfg.model.hidden = {512, 512};
+      cfg.train.steps = 20;
+      cfg.train.cuda_graphs = graphs ? "on" : "off";
+      theta[graphs] = train_ps(cfg, "cuda");
+    }
+    EXPECT_TRUE(theta[0] == theta[1]) << (overlap ? "overlap: " : "") << "the graphs changed θ";
+    EXPECT_TRUE(close(theta[0], theta[1]));
+  }
+}
+
+// A backend that records no graphs: "on" is refused naming the key, "auto" runs op by op.
+TEST(StepGraphs, TheCpuRefusesOnAndRunsAutoWithout) {
+  const std::unique_ptr<Backend> be = make_cpu_backend(1);
+  Dataset d;
+  d.n = 8, d.width = 4, d.classes = 2;
+  d.x.assign(32, 0.5f);
+  d.labels.assign(8, 1);
+  ModelSpec spec;
+  spec.kind = "linear", spec.height = 1, spec.width = 4, spec.outputs = 2;
+  Replica replica(*be, spec, d, 4);
+  try {
+    replica.use_step_graphs(StepGraphs::on);
+    FAIL() << "on was taken on the CPU";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("train.cuda_graphs"), std::string::npos) << e.what();
+  }
+  replica.use_step_graphs(StepGraphs::automatic);
+  const std::uint32_t idx[4] = {0, 1, 2, 3};
+  for (int s = 0; s < 3; ++s) replica.compute_gradient({idx, 4});
+  EXPECT_EQ(replica.graphed_steps(), 0);
 }
 
 // Two ranks sharing the GPU, all-reducing through host memory: with overlap (∇θ downloaded as
