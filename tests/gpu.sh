@@ -9,7 +9,7 @@
 # (below, from the last lent GPU or a guess) no longer fits in what is left is skipped, saying so,
 # and a running step is stopped when the budget ends: on a machine lent for minutes, put the
 # steps that matter most first. Estimates on one H100/H200, seconds (a guess where no GPU has
-# measured it yet): 1: 90, 2: 150, 3: 300, 4: 90, 5: 150, 6: 240, 7: 150, 8: 200; --estimate
+# measured it yet): 1: 90, 2: 200, 3: 300, 4: 90, 5: 150, 6: 240, 7: 150, 8: 200; --estimate
 # N=SECONDS (repeatable) replaces one. (Tests: PSLAB_GPU_SH_STEP, a command run with the step's
 # number in place of each step.)
 #
@@ -17,10 +17,11 @@
 #      ranks sharing a GPU) with PSLAB_REQUIRE_GPU=1: a GPU test that cannot run fails instead of
 #      skipping (cuDNN from Python's nvidia-cudnn where libcudnn.so.9 is not found otherwise)
 #   2. bench_train --device cuda, MLP and CNN at batch 64, 256, 1024 and 4096 and ResNet-20 (batch
-#      norm; cuDNN) at 128 and 512 (at each model's smallest batch also without step graphs), and, where `python3 -c "import torch"` works, the same models in
-#      PyTorch on the same GPU at its best (tests/bench/torch_train.py: eager, staged and the step
-#      in a CUDA graph, ResNet also in channels_last; float32 both sides); one table with the
-#      ratios; runs/bench/gpu.json
+#      norm; cuDNN) at 128 and 512, float32 (at each model's smallest batch also without step
+#      graphs), and with TF32 at each model's largest batch; and, where `python3 -c "import torch"`
+#      works, the same models in PyTorch on the same GPU at its best (tests/bench/torch_train.py: eager, staged and the step
+#      in a CUDA graph, ResNet also in channels_last; float32 against float32, TF32 against TF32);
+#      one table with the ratios; runs/bench/gpu.json
 #   3. the default comparison with train.device = "cuda" and its 4 workers on this machine's
 #      GPUs: all four modes must finish; then again with train.tf32 = true, for the
 #      line in results/ on what TF32 changes in accuracy
@@ -50,7 +51,7 @@
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="$root/build" quick=0 only=1,2,3,4,5,6,7,8 budget=0 out="$root/runs/bench" child=0 estimates=()
-estimate=(0 90 150 300 90 150 240 150 200)  # seconds per step (the header says whence)
+estimate=(0 90 200 300 90 150 240 150 200)  # seconds per step (the header says whence)
 while (($#)); do
   case $1 in
     --build-dir) build=$2; shift 2 ;;
@@ -184,47 +185,56 @@ python3 -c "import torch, numpy; assert torch.cuda.is_available()" 2>/dev/null &
 ((torch)) || echo "gpu.sh: no PyTorch with CUDA here (python3 -c 'import torch'): pslab alone"
 data="$root/data/fashion-mnist"; [[ -d $data ]] || data=/usr/share/datasets/fashion-mnist
 rows=()
+# float32 at every batch; TF32 (both sides) at each model's largest, where tensor cores weigh most
+for prec in fp32 tf32; do
+sfx=""; tf=(); [[ $prec == tf32 ]] && sfx=-tf32 tf=(--tf32)
 for model in mlp cnn resnet20; do
   batches="64 256 1024 4096"; [[ $model == resnet20 ]] && batches="128 512"
+  [[ $prec == tf32 ]] && batches=${batches##* }
   for batch in $batches; do
     budget=$budget_mlp; [[ $model == cnn ]] && budget=$budget_cnn; [[ $model == resnet20 ]] && budget=$budget_resnet20
     least=50; [[ $model == resnet20 ]] && least=20
     s=$((budget / batch)); ((s < least)) && s=$least
     kind=(--model "$model"); [[ $model == resnet20 ]] && kind=(--model resnet --depth 20)
-    if ! "$build/tests/bench_train" --device cuda "${kind[@]}" --batch "$batch" --steps "$s" --runs "$runs" --warmup 20 \
-         --max-batch "$batch" --json "$out/gpu-pslab-$model-$batch.json" > "$out/gpu-pslab-$model-$batch.log" 2>&1; then
-      failed+=("bench_train $model $batch"); echo "FAIL bench_train $model batch $batch:"; tail -5 "$out/gpu-pslab-$model-$batch.log"; continue
+    if ! "$build/tests/bench_train" --device cuda "${kind[@]}" "${tf[@]}" --batch "$batch" --steps "$s" --runs "$runs" --warmup 20 \
+         --max-batch "$batch" --json "$out/gpu-pslab-$model-$batch$sfx.json" > "$out/gpu-pslab-$model-$batch$sfx.log" 2>&1; then
+      failed+=("bench_train $model $batch $prec"); echo "FAIL bench_train $model batch $batch $prec:"; tail -5 "$out/gpu-pslab-$model-$batch$sfx.log"; continue
     fi
-    rows+=("$model $batch")
+    rows+=("$model $batch $prec")
     # The same without step graphs (train.cuda_graphs = "off"), at each model's smallest batch,
     # where launches weigh most: what the graphs gain.
-    [[ $batch == "${batches%% *}" ]] && "$build/tests/bench_train" --device cuda "${kind[@]}" --batch "$batch" --steps "$s" \
-      --runs "$runs" --warmup 20 --max-batch "$batch" --cuda-graphs off --json "$out/gpu-pslab-$model-$batch-nographs.json" \
-      > "$out/gpu-pslab-$model-$batch-nographs.log" 2>&1
+    [[ $prec == fp32 && $batch == "${batches%% *}" ]] && "$build/tests/bench_train" --device cuda "${kind[@]}" --batch "$batch" \
+      --steps "$s" --runs "$runs" --warmup 20 --max-batch "$batch" --cuda-graphs off \
+      --json "$out/gpu-pslab-$model-$batch-nographs.json" > "$out/gpu-pslab-$model-$batch-nographs.log" 2>&1
   done
   if ((torch)) && ! python3 "$root/tests/bench/torch_train.py" --model "$model" --batch "${batches// /,}" --seconds "$torch_seconds" \
-       --runs "$runs" --warmup 20 --data "$data" --json "$out/gpu-torch-$model-{batch}.json" > "$out/gpu-torch-$model.log" 2>&1; then
-    failed+=("torch_train $model"); echo "FAIL torch_train.py $model:"; tail -5 "$out/gpu-torch-$model.log"
+       --runs "$runs" --warmup 20 --data "$data" "${tf[@]}" --json "$out/gpu-torch-$model-{batch}$sfx.json" \
+       > "$out/gpu-torch-$model$sfx.log" 2>&1; then
+    failed+=("torch_train $model $prec"); echo "FAIL torch_train.py $model $prec:"; tail -5 "$out/gpu-torch-$model$sfx.log"
   fi
+done
 done
 python3 - "$out" "${rows[@]}" <<'EOF'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
-table, lines = [], ["| model | batch | pslab cuda (samples/s) | PyTorch (samples/s, feed) | pslab / PyTorch |", "|---|---|---|---|---|"]
+table, lines = [], ["| model | batch | precision | pslab cuda (samples/s) | PyTorch (samples/s, feed) | pslab / PyTorch |",
+                    "|---|---|---|---|---|---|"]
 for row in sys.argv[2:]:
-    model, batch = row.split()
-    p = json.loads((out / f"gpu-pslab-{model}-{batch}.json").read_text())
-    t_path = out / f"gpu-torch-{model}-{batch}.json"
+    model, batch, prec = row.split()
+    sfx = "-tf32" if prec == "tf32" else ""
+    p = json.loads((out / f"gpu-pslab-{model}-{batch}{sfx}.json").read_text())
+    t_path = out / f"gpu-torch-{model}-{batch}{sfx}.json"
     t = json.loads(t_path.read_text()) if t_path.exists() else None
     n_path = out / f"gpu-pslab-{model}-{batch}-nographs.json"
-    n = json.loads(n_path.read_text()) if n_path.exists() else None
-    r = {"model": model, "batch": int(batch), "pslab_samples_per_s": p["median_samples_per_s"], "pslab_backend": p["backend"],
-         "pslab_graphed_steps": p.get("graphed_steps"), "pslab_no_graphs_samples_per_s": n and n["median_samples_per_s"],
+    n = json.loads(n_path.read_text()) if n_path.exists() and not sfx else None
+    r = {"model": model, "batch": int(batch), "precision": prec, "pslab_samples_per_s": p["median_samples_per_s"],
+         "pslab_backend": p["backend"], "pslab_graphed_steps": p.get("graphed_steps"),
+         "pslab_no_graphs_samples_per_s": n and n["median_samples_per_s"],
          "torch_samples_per_s": t and t["median_samples_per_s"], "torch_feed": t and t["best_feed"],
          "torch_version": t and t["torch"], "ratio": t and p["median_samples_per_s"] / t["median_samples_per_s"]}
     table.append(r)
-    graphs = f" ({r['pslab_samples_per_s'] / n['median_samples_per_s']:.2f}x without graphs)" if n else ""
-    lines.append(f"| {model} | {batch} | {r['pslab_samples_per_s']:,.0f}{graphs} | "
+    graphs = f" (step graphs: {r['pslab_samples_per_s'] / n['median_samples_per_s']:.2f}x)" if n else ""
+    lines.append(f"| {model} | {batch} | {prec} | {r['pslab_samples_per_s']:,.0f}{graphs} | "
                  + (f"{r['torch_samples_per_s']:,.0f} ({r['torch_feed']}) | {r['ratio']:.2f} |" if t else "- | - |"))
 (out / "gpu.json").write_text(json.dumps({"benchmark": "gpu_check", "rows": table}, indent=2) + "\n")
 print("\n".join(lines))

@@ -3,6 +3,8 @@
 // without one, saying why (tests/support/gpu.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "backend.h"
 #include "collectives.h"
 #include "comm/collective.h"
@@ -76,35 +78,78 @@ TEST(HostStagedCollective, NcclIsRefusedForCpuWorkers) {
 }
 
 // The defect this guards (seen on an H100): two ranks on one GPU made NCCL fail at init
-// ("Duplicate GPU detected"). With "auto" they all-reduce through host memory instead.
-TEST(HostStagedCollective, TwoRanksOnOneGpuAllReduceThroughHostMemoryOrSkip) {
+// ("Duplicate GPU detected"). With "auto" they all-reduce through host memory instead: 2 and 4
+// ranks on GPU 0, every sum exact (small integers), and a broadcast from the last rank.
+TEST(HostStagedCollective, RanksSharingOneGpuAllReduceThroughHostMemoryOrSkip) {
   PSLAB_SKIP_WITHOUT_GPU();
-  const int W = 2;
+  for (const int W : {2, 4}) {
+    const auto tr = test::coordinator_transport();
+    const std::string ep = tr->local_address("coordinator");
+    Coordinator coord(*tr, ep, W);
+    std::vector<std::string> said(W);
+    std::vector<long> wrong(W, -1), wrong_broadcast(W, -1);
+    run_threads(W, [&](int r) {
+      RendezvousClient rv(*tr, ep, r, W, std::chrono::seconds(20));
+      auto be = make_cuda_backend(0);
+      const auto coll = make_collective(*be, rv, "127.0.0.1", "auto", "auto");
+      said[std::size_t(r)] = coll->describe();
+      DeviceBuffer<float> x(*be, 100003);
+      std::vector<float> host = rank_data(x.size(), r);
+      be->copy_from_host(x.data(), host.data(), x.bytes());
+      coll->allreduce_sum(x.data(), x.size(), 0);
+      be->copy_to_host(host.data(), x.data(), x.bytes());
+      wrong[std::size_t(r)] = wrong_sums(host, W);
+      std::vector<float> mine(x.size(), float(r));
+      be->copy_from_host(x.data(), mine.data(), x.bytes());
+      coll->broadcast(x.data(), x.size(), W - 1);
+      be->copy_to_host(mine.data(), x.data(), x.bytes());
+      wrong_broadcast[std::size_t(r)] = long(std::count_if(mine.begin(), mine.end(), [&](float v) { return v != float(W - 1); }));
+      coll->barrier();
+      rv.bye();
+    });
+    for (int r = 0; r < W; ++r) {
+      SCOPED_TRACE(std::to_string(W) + " ranks, rank " + std::to_string(r));
+      EXPECT_NE(said[std::size_t(r)].find("through host memory (ranks 0, 1"), std::string::npos) << said[std::size_t(r)];
+      EXPECT_EQ(wrong[std::size_t(r)], 0) << "wrong sums";
+      EXPECT_EQ(wrong_broadcast[std::size_t(r)], 0) << "wrong broadcast values";
+    }
+  }
+}
+
+// NCCL with one rank per GPU, as many ranks as this machine has GPUs (NCCL takes no two ranks on
+// one GPU): exact sums and a broadcast from the last rank. One GPU: one rank, whose all-reduce is
+// its input (what the test below checks); this one needs two and says so.
+TEST(Nccl, AllReduceOverEveryGpuOrSkip) {
+  if (!nccl_built()) PSLAB_GPU_UNAVAILABLE("this build has no NCCL collective (no CUDA toolkit / NCCL at configure time)");
+  PSLAB_SKIP_WITHOUT_GPU();
+  const int W = cuda_device_count();
+  if (W < 2) GTEST_SKIP() << "one GPU here: NCCL's all-reduce over 2 or more ranks needs a GPU for each";
   const auto tr = test::coordinator_transport();
   const std::string ep = tr->local_address("coordinator");
   Coordinator coord(*tr, ep, W);
-  std::vector<std::string> said(W);
-  std::vector<std::vector<float>> got(W);
+  std::vector<long> wrong(W, -1), wrong_broadcast(W, -1);
   run_threads(W, [&](int r) {
-    RendezvousClient rv(*tr, ep, r, W, std::chrono::seconds(20));
-    auto be = make_cuda_backend(0);
-    const auto coll = make_collective(*be, rv, "127.0.0.1", "auto", "auto");
-    said[std::size_t(r)] = coll->describe();
+    RendezvousClient rv(*tr, ep, r, W, std::chrono::seconds(30));
+    auto be = make_cuda_backend(r);
+    const auto coll = make_nccl_collective(rv, be->gpu());
     DeviceBuffer<float> x(*be, 100003);
-    std::vector<float> host(x.size());
-    for (std::size_t i = 0; i < host.size(); ++i) host[i] = float(int(i % 7) + r);
+    std::vector<float> host = rank_data(x.size(), r);
     be->copy_from_host(x.data(), host.data(), x.bytes());
     coll->allreduce_sum(x.data(), x.size(), 0);
-    got[std::size_t(r)].resize(x.size());
-    be->copy_to_host(got[std::size_t(r)].data(), x.data(), x.bytes());
     coll->barrier();
+    be->copy_to_host(host.data(), x.data(), x.bytes());
+    wrong[std::size_t(r)] = wrong_sums(host, W);
+    std::vector<float> mine(x.size(), float(r));
+    be->copy_from_host(x.data(), mine.data(), x.bytes());
+    coll->broadcast(x.data(), x.size(), W - 1);
+    coll->barrier();
+    be->copy_to_host(mine.data(), x.data(), x.bytes());
+    wrong_broadcast[std::size_t(r)] = long(std::count_if(mine.begin(), mine.end(), [&](float v) { return v != float(W - 1); }));
     rv.bye();
   });
   for (int r = 0; r < W; ++r) {
-    EXPECT_NE(said[std::size_t(r)].find("through host memory (ranks 0, 1 on GPU "), std::string::npos) << said[std::size_t(r)];
-    long wrong = 0;
-    for (std::size_t i = 0; i < got[std::size_t(r)].size(); ++i) wrong += got[std::size_t(r)][i] != float(2 * int(i % 7) + 1);
-    EXPECT_EQ(wrong, 0) << "rank " << r;
+    EXPECT_EQ(wrong[std::size_t(r)], 0) << "rank " << r << " of " << W << ": wrong sums";
+    EXPECT_EQ(wrong_broadcast[std::size_t(r)], 0) << "rank " << r << " of " << W << ": wrong broadcast values";
   }
 }
 
