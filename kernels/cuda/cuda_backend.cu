@@ -39,9 +39,10 @@ void report_cleanup_error(const char* what, const char* detail) noexcept {
 class Stream {
  public:
   Stream() {
-    // Default flags: the stream also orders against the legacy default stream, so a plain
-    // cudaMemcpy elsewhere in the process cannot overtake this backend's queued work.
-    PSLAB_CUDA_CHECK(cudaStreamCreate(&s_));
+    // Non-blocking: no implicit order with the legacy default stream (nothing here uses it; every
+    // copy goes through a backend stream), which a stream being captured as a step graph must not
+    // have: a legacy-stream call anywhere in the process would break the capture.
+    PSLAB_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
   }
   ~Stream() {
     if (const cudaError_t e = cudaStreamDestroy(s_); e != cudaSuccess)
@@ -156,16 +157,19 @@ constexpr std::size_t kCounterBytes = 16;
 // recommends 32 MiB on Hopper; less limits the algorithms it may choose).
 constexpr std::size_t kCublasWorkspaceBytes = std::size_t(32) << 20;
 
-// The device memory a recording used besides the caller's buffers: a replay needs it where it was.
+// The device memory a recording used besides the caller's buffers: a replay needs it where it was
+// (null: the recording did not use it, and it may move).
 struct Buffers {
   const void* scratch = nullptr;
   const void* loss_dev = nullptr;
   const void* loss_host = nullptr;
   const void* cudnn_workspace = nullptr;
   bool tf32 = false;
-  bool operator==(const Buffers& o) const {
-    return scratch == o.scratch && loss_dev == o.loss_dev && loss_host == o.loss_host &&
-           cudnn_workspace == o.cudnn_workspace && tf32 == o.tf32;
+  // Whether a graph recorded on `this` may replay on `now`.
+  bool still(const Buffers& now) const {
+    auto same = [](const void* used, const void* at) { return !used || used == at; };
+    return same(scratch, now.scratch) && same(loss_dev, now.loss_dev) && same(loss_host, now.loss_host) &&
+           same(cudnn_workspace, now.cudnn_workspace) && tf32 == now.tf32;
   }
 };
 
@@ -557,7 +561,7 @@ class CudaBackend final : public Backend {
     activate();
     if (pending_.rows) throw std::logic_error("CudaBackend::begin_recording with a deferred loss not taken");
     PSLAB_CUDA_CHECK(cudaStreamBeginCapture(stream_->get(), cudaStreamCaptureModeThreadLocal));
-    recording_ = true;
+    recording_ = true, recorded_scratch_ = recorded_cudnn_ = false;
   }
   std::unique_ptr<Graph> end_recording(std::string* why) override {
     if (!recording_) throw std::logic_error("CudaBackend::end_recording without begin_recording");
@@ -579,12 +583,15 @@ class CudaBackend final : public Backend {
       if (why) *why = std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
       return nullptr;
     }
-    return std::make_unique<CudaGraph>(exec, buffers_now(), loss.rows, loss.C);
+    Buffers used = buffers_now();
+    if (!recorded_scratch_) used.scratch = nullptr;
+    if (!recorded_cudnn_) used.cudnn_workspace = nullptr;
+    return std::make_unique<CudaGraph>(exec, used, loss.rows, loss.C);
   }
   bool replay(Graph& g) override {
     not_while_recording("replay");
     auto& graph = dynamic_cast<CudaGraph&>(g);
-    if (!(graph.used() == buffers_now())) return false;
+    if (!graph.used().still(buffers_now())) return false;
     if (pending_.rows) throw std::logic_error("CudaBackend::replay with a deferred loss not taken");
     activate();
     PSLAB_CUDA_CHECK(cudaGraphLaunch(graph.exec(), stream_->get()));
@@ -632,13 +639,13 @@ class CudaBackend final : public Backend {
   void conv_forward(const float* x, const float* W, const math::ConvGeometry& g, int OC, int B, float* y,
                     float* scratch) override {
     activate();
-    if (cudnn_) return B > 0 ? cudnn_->conv_forward(x, W, g, OC, B, y) : void();  // (an empty batch: nothing to write)
+    if (cudnn_) return B > 0 ? cudnn_for(g, OC, B).conv_forward(x, W, g, OC, B, y) : void();  // (an empty batch: nothing to write)
     Backend::conv_forward(x, W, g, OC, B, y, scratch);
   }
   void conv_backward(const float* x, const float* W, const float* dy, const math::ConvGeometry& g, int OC, int B,
                      float* dW, float* dx, float* scratch) override {
     activate();
-    if (cudnn_ && B > 0) return cudnn_->conv_backward(x, W, dy, g, OC, B, dW, dx);
+    if (cudnn_ && B > 0) return cudnn_for(g, OC, B).conv_backward(x, W, dy, g, OC, B, dW, dx);
     Backend::conv_backward(x, W, dy, g, OC, B, dW, dx, scratch);
   }
 
@@ -710,7 +717,14 @@ class CudaBackend final : public Backend {
   // Device scratch of at least `bytes`, which a recording may use but not grow.
   void* scratch(std::size_t bytes) {
     if (recording_ && bytes > scratch_.capacity()) not_while_recording("growing the backend's scratch");
+    recorded_scratch_ |= recording_;
     return scratch_.get(bytes);
+  }
+  // cuDNN for a convolution of this shape: while recording only with its plan made (making one allocates).
+  cuda::Cudnn& cudnn_for(const math::ConvGeometry& g, int OC, int B) {
+    if (recording_ && !cudnn_->planned(g, OC, B)) not_while_recording("a convolution of a shape not run before");
+    recorded_cudnn_ |= recording_;
+    return *cudnn_;
   }
   void not_while_recording(const char* what) const {
     if (recording_)
@@ -725,6 +739,7 @@ class CudaBackend final : public Backend {
   std::string describe_;
   bool tf32_ = false;
   bool recording_ = false;  // between begin_recording() and end_recording()
+  bool recorded_scratch_ = false, recorded_cudnn_ = false;  // what the recording used (Buffers)
   void* cublas_workspace_ = nullptr;  // kCublasWorkspaceBytes, cuBLAS's (cublasSetWorkspace)
   struct Pending {
     int rows = 0, C = 0;

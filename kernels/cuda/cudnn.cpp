@@ -12,6 +12,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace pslab::cuda {
 namespace {
@@ -97,7 +98,10 @@ const Perf* choose(const Perf* perf, int n, bool tf32) {
   for (int i = 0; i < n; ++i) {
     const Perf& p = perf[i];
     if (p.status != CUDNN_STATUS_SUCCESS || p.memory > kMaxWorkspace) continue;
-    if (!tf32 && p.mathType != CUDNN_FMA_MATH) continue;
+    // FP32 in FMAs, or with TF32 also on tensor cores; never a conversion to half precision
+    // (CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION).
+    if (p.mathType != CUDNN_FMA_MATH && (!tf32 || (p.mathType != CUDNN_DEFAULT_MATH && p.mathType != CUDNN_TENSOR_OP_MATH)))
+      continue;
     if (p.determinism == CUDNN_DETERMINISTIC) return &p;
     if (!fallback) fallback = &p;
   }
@@ -156,6 +160,7 @@ struct Cudnn::Impl {
   std::unique_ptr<ConvPlan> make_plan(const math::ConvGeometry& g, int OC, int B);
   BnShape& bn_shape(int B, int C, int HW);
   void grow_workspace(std::size_t bytes);
+  std::string first_convolution();
 
   const Api& api;
   cudaStream_t stream;
@@ -167,8 +172,12 @@ struct Cudnn::Impl {
   std::size_t workspace_bytes = 0;
 };
 
+static std::array<int, 9> plan_key(const math::ConvGeometry& g, int OC, int B) {
+  return {g.C, g.H, g.W, g.KH, g.KW, g.stride, g.pad, OC, B};
+}
+
 ConvPlan& Cudnn::Impl::plan(const math::ConvGeometry& g, int OC, int B) {
-  const std::array<int, 9> key{g.C, g.H, g.W, g.KH, g.KW, g.stride, g.pad, OC, B};
+  const std::array<int, 9> key = plan_key(g, OC, B);
   auto it = plans.find(key);
   if (it == plans.end()) it = plans.emplace(key, make_plan(g, OC, B)).first;
   return *it->second;
@@ -273,7 +282,49 @@ std::unique_ptr<Cudnn> Cudnn::open(cudaStream_t stream, std::string* why) {
     if (why) *why = std::string("cudnnSetStream failed: ") + api->cudnnGetErrorString(st);
     return nullptr;
   }
+  if (const std::string failed = impl->first_convolution(); !failed.empty()) {
+    if (why) *why = "cuDNN " + version_string(api->version) + " loaded, but a first test convolution failed: " + failed;
+    return nullptr;
+  }
   return std::unique_ptr<Cudnn>(new Cudnn(std::move(impl)));
+}
+
+// A 3x3 convolution, padding 1, of a 4x4 image of ones with a filter of ones: each output pixel
+// counts the image's pixels around it (4 at a corner, 6 on an edge, 9 inside). It runs cuDNN's
+// kernels once, so that a library built for another CUDA than this process's fails here (and the
+// backend convolves by im2col, saying why) rather than at a run's first convolution. "": it worked.
+std::string Cudnn::Impl::first_convolution() {
+  const math::ConvGeometry g{1, 4, 4, 3, 3, 1, 1};
+  float* dev = nullptr;  // x (16), W (9), y (16)
+  if (const cudaError_t e = cudaMalloc(&dev, 41 * sizeof(float)); e != cudaSuccess)
+    return (void)cudaGetLastError(), std::string("cudaMalloc: ") + cudaGetErrorString(e);
+  std::string failed;
+  try {
+    std::vector<float> host(41, 1.0f);
+    auto cuda = [](cudaError_t e, const char* what) {
+      if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+    };
+    cuda(cudaMemcpyAsync(dev, host.data(), 25 * sizeof(float), cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+    const ConvPlan& p = plan(g, 1, 1);
+    const float one = 1.0f, zero = 0.0f;
+    PSLAB_CUDNN_CHECK(api.cudnnConvolutionForward(handle, &one, p.x, dev, p.w, dev + 16, p.conv[ConvPlan::forward], p.fwd,
+                                                  workspace, p.workspace, &zero, p.y, dev + 25));
+    cuda(cudaMemcpyAsync(host.data() + 25, dev + 25, 16 * sizeof(float), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    for (int i = 0; i < 16 && failed.empty(); ++i) {
+      const int r = i / 4, c = i % 4;
+      const float want = float(((r == 0 || r == 3) ? 2 : 3) * ((c == 0 || c == 3) ? 2 : 3));
+      if (host[std::size_t(25 + i)] != want)
+        failed = "pixel " + std::to_string(i) + " is " + std::to_string(host[std::size_t(25 + i)]) + ", not " +
+                 std::to_string(want);
+    }
+  } catch (const std::exception& e) {
+    (void)cudaGetLastError();
+    failed = e.what();
+  }
+  plans.clear();
+  if (const cudaError_t e = cudaFree(dev); e != cudaSuccess && failed.empty()) failed = std::string("cudaFree: ") + cudaGetErrorString(e);
+  return failed;
 }
 
 Cudnn::Cudnn(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -281,6 +332,7 @@ Cudnn::~Cudnn() = default;
 
 std::string Cudnn::describe() const { return "cuDNN " + version_string(impl_->api.version); }
 const void* Cudnn::workspace() const { return impl_->workspace; }
+bool Cudnn::planned(const math::ConvGeometry& g, int OC, int B) const { return impl_->plans.count(plan_key(g, OC, B)) > 0; }
 
 void Cudnn::allow_tf32(bool on) {
   if (on == impl_->tf32) return;

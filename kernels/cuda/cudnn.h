@@ -36,6 +36,9 @@ class Cudnn {
   // Its workspace (device memory every convolution uses; null before the first): a step graph
   // that recorded convolutions is stale once it moved (grew for a new plan).
   const void* workspace() const;
+  // Whether this convolution shape has its plan (made by its first conv_forward or
+  // conv_backward; making one allocates, which a step graph's recording may not).
+  bool planned(const math::ConvGeometry& g, int OC, int B) const;
   // TF32 tensor cores for convolutions (and re-planning: plans keep their algorithms).
   void allow_tf32(bool on);
 

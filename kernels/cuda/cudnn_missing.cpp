@@ -17,6 +17,7 @@ Cudnn::Cudnn(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Cudnn::~Cudnn() = default;
 std::string Cudnn::describe() const { return "no cuDNN"; }
 const void* Cudnn::workspace() const { return nullptr; }
+bool Cudnn::planned(const math::ConvGeometry&, int, int) const { return false; }
 void Cudnn::allow_tf32(bool) {}
 
 [[noreturn]] static void never_opened() { throw std::logic_error("cuDNN called in a build without it"); }

@@ -144,8 +144,11 @@ std::optional<double> Replica::graphed_step(const Batch& b, int B, float grad_sc
       ++graphed_steps_;
       return be_.take_loss() / B;
     }
-    graph_.reset();  // a buffer it used moved (one grew since): recorded again below
-  } else if (!(shape == warm_shape_)) {
+    graph_.reset();  // a buffer it used moved (one grew since): this step runs as usual, the next is recorded
+    warm_shape_ = shape;
+    return std::nullopt;
+  }
+  if (!(shape == warm_shape_)) {
     warm_shape_ = shape;  // the first step of this shape runs as usual (cuDNN's plans, scratch sizes)
     return std::nullopt;
   }

@@ -58,7 +58,8 @@ class Replica {
   // batch size, scale and buffers) runs as usual and sizes what a recording needs; the second of
   // it in a row is recorded (forward, backward and the deferred loss) and replayed, and so is every
   // later one of that shape; once a shape has its graph, a step of another shape (an epoch's last,
-  // smaller batch) runs as usual. A
+  // smaller batch) runs as usual. A graph that a backend refuses to replay (a buffer it used moved)
+  // is dropped: that step runs as usual and the next one of its shape is recorded again. A
   // listener hears ready(0) after the replay: the gradient's download does not overlap backward.
   // automatic: graphs where the backend records them, except for a listened step whose ∇θ is
   // over kGraphsBeforeOverlapBytes (there overlapping the download with backward weighs more

@@ -133,7 +133,7 @@ TEST(GpuOverlap, AWorkerGivesBitwiseTheParametersOfARunWithout) {
 // graph give bitwise the θ and losses of the same steps run op by op, for an MLP, a CNN on
 // augmented images and a ResNet with batch norm (cuDNN where it loads), with an epoch's smaller
 // last batch in between (run op by op) and SGD between the steps; the counts say that the second
-// step of the full batch was recorded and every later one of its size replayed.
+// step of the full batch was recorded and the later ones of its size replayed.
 TEST(GpuStepGraphs, GraphedStepsGiveBitwiseTheOrdinaryOnes) {
   PSLAB_SKIP_WITHOUT_GPU();
   Dataset d;
@@ -168,8 +168,14 @@ TEST(GpuStepGraphs, GraphedStepsGiveBitwiseTheOrdinaryOnes) {
       }
       theta[graphs == StepGraphs::on].resize(replica.model().num_params());
       replica.model().store_params(theta[graphs == StepGraphs::on].data());
-      EXPECT_EQ(replica.recordings(), graphs == StepGraphs::on ? 1 : 0);
-      EXPECT_EQ(replica.graphed_steps(), graphs == StepGraphs::on ? 6 : 0) << "steps 2-3 and 5-8 replayed";
+      if (graphs == StepGraphs::on) {
+        // Steps 2-3 and 5-8 replayed; or, where the smaller batch's cuDNN plan grew the workspace
+        // the graph used, step 5 run as usual and recorded again at step 6.
+        EXPECT_GE(replica.graphed_steps(), 5);
+        EXPECT_EQ(replica.graphed_steps() + replica.recordings(), 7);
+      } else {
+        EXPECT_EQ(replica.graphed_steps() + replica.recordings(), 0);
+      }
     }
     EXPECT_TRUE(losses[0] == losses[1]) << kind << ": the graphs changed a loss";
     EXPECT_TRUE(theta[0] == theta[1]) << kind << ": the graphs changed θ";
