@@ -213,11 +213,14 @@ float* Replica::host_params() {
 }
 
 void Replica::upload_params() {
-  if (be_.device() != Device::cpu) be_.copy_from_host(model_.params(), host_params(), model_.num_params() * sizeof(float));
+  if (be_.device() == Device::cpu) return;
+  params_landed();  // (an earlier piece's copy must not land after this one)
+  be_.copy_from_host(model_.params(), host_params(), model_.num_params() * sizeof(float));
 }
 
 const float* Replica::download_params() {
   if (be_.device() == Device::cpu) return model_.params();
+  params_landed();  // (its host buffer is what they still read)
   float* host = host_params();
   be_.copy_to_host(host, model_.params(), model_.num_params() * sizeof(float));
   return host;
@@ -242,7 +245,12 @@ void Replica::upload_params_async(std::size_t lo, std::size_t n) {
   if (lo > model_.num_params() || n > model_.num_params() - lo)
     throw std::out_of_range("Replica::upload_params_async: floats [" + std::to_string(lo) + ", " + std::to_string(lo + n) +
                             ") of a θ of " + std::to_string(model_.num_params()));
-  be_.upload_async(model_.params() + lo, host_params() + lo, n * sizeof(float));
+  params_uploaded_ = be_.upload_async(model_.params() + lo, host_params() + lo, n * sizeof(float));
+}
+
+void Replica::params_landed() {
+  if (params_uploaded_) be_.landed(params_uploaded_, /*wait*/ true);
+  params_uploaded_ = 0;
 }
 
 void Replica::params_fence() { be_.upload_fence(); }

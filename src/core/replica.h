@@ -103,6 +103,9 @@ class Replica {
   // params_fence(): the next forward waits for every such copy (on the device).
   void upload_params_async(std::size_t lo, std::size_t n);
   void params_fence();
+  // Waits until every upload_params_async() copy has landed (upload_params() and
+  // download_params() do first: they copy all of θ through the same host buffer).
+  void params_landed();
 
  private:
   struct Batch { const float* x; const std::int32_t* labels; const float* targets; };
@@ -168,6 +171,7 @@ class Replica {
   DeviceBuffer<float> augmented_;
   DeviceBuffer<std::uint32_t> augment_idx_;
   HostBuffer<float> theta_host_, grad_host_;  // GPU only: θ and ∇θ staging, allocated on first use
+  Backend::Ticket params_uploaded_ = 0;        // GPU: the last upload_params_async() copy (0: all landed)
   float* grad_host_given_;                     // the caller's grad_host, or nullptr
   bool grad_host_registered_ = false;          // GPU: grad_host_given_ registered with the backend
   StepGraphs graphs_ = StepGraphs::off;

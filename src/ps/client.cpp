@@ -380,7 +380,9 @@ bool PsClient::take_params(int k, const wire::PullReply& r, std::span<const std:
   }
   // Dense f32, whole or piece `piece` of the shard's pieces, in order, all of one version. A
   // reply that starts again from piece 0 replaces the pieces before it (the push guard refused
-  // the push whose version they were streamed from).
+  // the push whose version they were streamed from). (A GPU worker's earlier upload of such a
+  // piece may still be reading the bytes rewritten here: the piece's new upload, queued after
+  // it on the same copy lane, lands after it, and the next forward waits for the last one.)
   std::size_t& next = reply_piece_[std::size_t(k)];
   if (r.piece == 0) next = 0;
   const std::size_t pieces = opt_.pieces.count(s.range.length);

@@ -141,6 +141,24 @@ TEST(GradStager, ThetaPiecesReachTheModelByTheFence) {
   EXPECT_THROW(r.upload_params_async(P - 1, 2), std::out_of_range);
 }
 
+// θ copied whole through the same host buffer (download_params, upload_params) waits for the
+// pieces still on their way: a download does not overwrite them with the device's older θ.
+TEST(GradStager, WholeThetaCopiesWaitForThePiecesOnTheirWay) {
+  const ExperimentConfig cfg = mlp_config();
+  const DataSplit data = load_data(cfg);
+  test::LaggingBackend be(1000);
+  Replica r(be, model_spec(cfg), data.train, cfg.train.batch);
+  r.model().init(cfg.seed);
+  const std::size_t P = r.model().num_params();
+  std::vector<float> want(P);
+  std::iota(want.begin(), want.end(), 1.0f);
+  std::copy(want.begin(), want.end(), r.host_params());
+  r.upload_params_async(0, P);
+  const float* back = r.download_params();
+  EXPECT_EQ(0, std::memcmp(back, want.data(), P * sizeof(float))) << "the download ran before the upload landed";
+  EXPECT_EQ(0, std::memcmp(r.model().params(), want.data(), P * sizeof(float)));
+}
+
 // A GPU rank's all-reduce through host memory, overlapped: each rank's ∇θ comes down in copies
 // that land late, the host buckets are reduced as they land, and every sum is exact (a bucket
 // reduced before its bytes landed would sum stale zeros).
