@@ -39,8 +39,7 @@ DataSplit bench_data(const ExperimentConfig& cfg) {
   return data;
 }
 
-int main(int argc, char** argv) {
-  pslab::use_best_cpu_runtime(argv);  // (may re-execute this program: first)
+int bench(int argc, char** argv) {
   CLI::App app{"pslab training-throughput benchmark"};
   std::string model = "mlp", json_path, device = "cpu";
   int batch = 64, threads = 2, runs = 5;
@@ -112,4 +111,15 @@ int main(int argc, char** argv) {
                            {"median_samples_per_s", sorted[sorted.size() / 2]}};
   std::printf("%s\n", j.dump(2).c_str());
   if (!json_path.empty()) std::ofstream(json_path) << j.dump(2) << "\n";
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  pslab::use_best_cpu_runtime(argv);  // (may re-execute this program: first)
+  try {
+    return bench(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_train: error: %s\n", e.what());
+    return 1;
+  }
 }
