@@ -30,6 +30,15 @@ ExperimentConfig mlp_config() {
                       "stager");
 }
 
+// The MLP's replica on a backend whose copies land late (after 1000 questions, or a wait).
+struct LaggingReplica {
+  ExperimentConfig cfg = mlp_config();
+  DataSplit data = load_data(cfg);
+  test::LaggingBackend be{1000};
+  Replica replica{be, model_spec(cfg), data.train, cfg.train.batch};
+  LaggingReplica() { replica.model().init(cfg.seed); }
+};
+
 // What the client would hear: each lo, checked against the device's ∇θ when it is told.
 struct CheckedTails final : GradListener {
   const float* dev;
@@ -125,11 +134,8 @@ TEST(GradStager, ATailThatGrowsWithoutStartIsRefused) {
 // θ back to the device piece by piece: nothing reaches the model's θ before the fence (the copies
 // land late), everything after it, bit for bit.
 TEST(GradStager, ThetaPiecesReachTheModelByTheFence) {
-  const ExperimentConfig cfg = mlp_config();
-  const DataSplit data = load_data(cfg);
-  test::LaggingBackend be(1000);
-  Replica r(be, model_spec(cfg), data.train, cfg.train.batch);
-  r.model().init(cfg.seed);
+  LaggingReplica lagging;
+  Replica& r = lagging.replica;
   const std::size_t P = r.model().num_params();
   float* host = r.host_params();
   ASSERT_NE(host, r.model().params());
@@ -144,11 +150,8 @@ TEST(GradStager, ThetaPiecesReachTheModelByTheFence) {
 // θ copied whole through the same host buffer (download_params, upload_params) waits for the
 // pieces still on their way: a download does not overwrite them with the device's older θ.
 TEST(GradStager, WholeThetaCopiesWaitForThePiecesOnTheirWay) {
-  const ExperimentConfig cfg = mlp_config();
-  const DataSplit data = load_data(cfg);
-  test::LaggingBackend be(1000);
-  Replica r(be, model_spec(cfg), data.train, cfg.train.batch);
-  r.model().init(cfg.seed);
+  LaggingReplica lagging;
+  Replica& r = lagging.replica;
   const std::size_t P = r.model().num_params();
   std::vector<float> want(P);
   std::iota(want.begin(), want.end(), 1.0f);
