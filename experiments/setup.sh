@@ -8,7 +8,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 packages=(
   cmake ninja-build pkg-config g++ zlib1g-dev
   libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler libgloo-dev libopenblas-dev
-  libdnnl-dev  # (oneDNN: the CPU backend's convolutions; without it, im2col and OpenBLAS)
+  libdnnl-dev ocl-icd-opencl-dev  # (oneDNN: the CPU backend's convolutions; its CMake config needs OpenCL's)
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libgtest-dev patchelf clang libclang-rt-14-dev
   dataset-fashion-mnist python3 python3-matplotlib python3-numpy
   python3-torch  # (CPU PyTorch: the PyTorch workers, experiments/torch/, and their tests)
