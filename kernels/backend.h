@@ -91,6 +91,15 @@ class Backend {
 
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
   virtual void fill(float* x, std::size_t n, float value) = 0;
+  // dst[0, n) = values[0, n) (n <= kMaxScalarWrite; dst on the device), in order with the work
+  // queued: work queued later reads them, work queued before does not; `values` is free at once
+  // (CUDA: they travel in a kernel's arguments). A step graph's live scalars (math::Program::live)
+  // are written so, outside the recording (which would keep the values it was recorded with).
+  static constexpr int kMaxScalarWrite = 8;
+  virtual void write_scalars(float* dst, const float* values, int n) {
+    if (n < 0 || n > kMaxScalarWrite) throw std::logic_error("Backend::write_scalars: more than 8 scalars");
+    copy_from_host(dst, values, std::size_t(n) * sizeof(float));
+  }
   // Waits until all queued work is done (no-op on the CPU).
   virtual void synchronize() = 0;
   // dst row k = src row idx[k] for k < n; rows of `row_bytes` bytes (a multiple of 4: floats or

@@ -74,24 +74,54 @@ PSLAB_HD float mse_row(const float* y, const float* t, int C, float* dy, float g
 // Arrays marked as outputs are written back (the CPU writes them in place as it goes, the GPU at
 // the end of an element: so an output that aliases an input must not be read after it is
 // written, e.g. w_out == w written by the last op).
+// An op's scalars a and b are fixed when the program is written, or *live*: read from memory
+// (Program::live, on the device that runs it) each time the program runs, so that a program
+// recorded once in a step graph (Backend::begin_recording) runs with each step's learning rate.
 
 enum class OpCode : std::uint8_t { axpby, mul, div, sqrt, add_scalar, scale, div_scalar };
+
+// A scalar as written into a program: a value, or a live one (slot `slot` of Program::live).
+struct Scalar {
+  float value = 0.0f;
+  int slot = -1;
+  Scalar(float v) : value(v) {}  // NOLINT: a float is a fixed scalar
+  static Scalar live(int slot) {
+    Scalar s(0.0f);
+    s.slot = slot;
+    return s;
+  }
+};
 
 struct Op {
   OpCode code;
   std::uint8_t dst, x, y;
   float a, b;
+  std::int8_t live_a, live_b;  // -1: a (b) as written; else read from Program::live[live_a]
 };
 
 struct Program {
-  static constexpr int kMaxOps = 16, kMaxRegisters = 12;
+  static constexpr int kMaxOps = 16, kMaxRegisters = 12, kMaxLive = 4;
   Op ops[kMaxOps] = {};
   int n_ops = 0;
   int arrays = 0;        // registers [0, arrays) are the arrays
   unsigned outputs = 0;  // bit k: array k is written back (set by op() when it writes array k)
-  // Adds an op (on the host); throws std::logic_error past kMaxOps or kMaxRegisters.
-  Program& op(OpCode code, int dst, int x, int y = 0, float a = 0.0f, float b = 0.0f);
+  // kMaxLive floats on the device that runs the program, read when it runs, where an op's
+  // scalar is live (null: none is).
+  const float* live = nullptr;
+  // Adds an op (on the host); throws std::logic_error past kMaxOps or kMaxRegisters, or for a
+  // live slot outside [0, kMaxLive).
+  Program& op(OpCode code, int dst, int x, int y = 0, Scalar a = 0.0f, Scalar b = 0.0f);
+  // Throws std::logic_error where an op reads a live scalar and `live` is null (the backends
+  // check before they run it).
+  void check_live() const;
 };
+
+// The op with its live scalars read from `live` (Program::live, or a copy of it).
+PSLAB_HD Op resolved(Op o, const float* live) {
+  if (o.live_a >= 0) o.a = live[o.live_a];
+  if (o.live_b >= 0) o.b = live[o.live_b];
+  return o;
+}
 
 PSLAB_HD float apply_op(const Op& o, float x, float y) {
   switch (o.code) {

@@ -29,7 +29,7 @@ CBLAS_TRANSPOSE cblas_trans(Trans t) { return t == Trans::yes ? CblasTrans : Cbl
 // op's code fixed, so that the switch is out of the loop and the loop vectorizes.
 template <math::OpCode C>
 void op_loop(const math::Op& op, float* d, const float* x, const float* y, std::size_t m) {
-  const math::Op fixed{C, 0, 0, 0, op.a, op.b};
+  const math::Op fixed{C, 0, 0, 0, op.a, op.b, -1, -1};  // (op resolved: its live scalars read)
   for (std::size_t i = 0; i < m; ++i) d[i] = math::apply_op(fixed, x[i], y[i]);
 }
 
@@ -290,14 +290,18 @@ class CpuBackend final : public Backend {
 
   // In blocks of kBlock elements, each op over the block in turn (the block's registers stay in
   // L1, and each op's loop vectorizes); the arithmetic is math::apply_op, as on the GPU.
+  // Live scalars are read once, as the call begins.
   void run(const math::Program& p, float* const* arrays, std::size_t n) override {
+    p.check_live();
+    math::Op ops[math::Program::kMaxOps];
+    for (int o = 0; o < p.n_ops; ++o) ops[o] = math::resolved(p.ops[o], p.live);
     constexpr std::size_t kBlock = 256;
     alignas(64) float temps[math::Program::kMaxRegisters][kBlock];
     float* reg[math::Program::kMaxRegisters];
     for (std::size_t lo = 0; lo < n; lo += kBlock) {
       const std::size_t m = std::min(kBlock, n - lo);
       for (int k = 0; k < math::Program::kMaxRegisters; ++k) reg[k] = k < p.arrays ? arrays[k] + lo : temps[k];
-      for (int o = 0; o < p.n_ops; ++o) run_op(p.ops[o], reg, m);
+      for (int o = 0; o < p.n_ops; ++o) run_op(ops[o], reg, m);
     }
   }
 

@@ -313,6 +313,15 @@ class CudaBackend final : public Backend {
   // Device to device, queued on the stream. Overlapping ranges are allowed, as with the CPU
   // backend's memmove: cudaMemcpy's result is undefined for them, so they go through the
   // scratch buffer.
+  void write_scalars(float* dst, const float* values, int n) override {
+    not_while_recording("write_scalars");
+    static_assert(cuda::ScalarValues::kMax == kMaxScalarWrite);
+    if (n < 0 || n > kMaxScalarWrite) throw std::logic_error("CudaBackend::write_scalars: more than 8 scalars");
+    activate();
+    cuda::ScalarValues v{};
+    std::copy(values, values + n, v.v);
+    cuda::launch_write_scalars(dst, v, n, stream_->get());
+  }
   void copy(void* dst, const void* src, std::size_t bytes) override {
     if (bytes == 0 || dst == src) return;
     activate();

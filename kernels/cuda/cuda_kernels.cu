@@ -230,12 +230,16 @@ __global__ void count_correct_kernel(const float* logits, const std::int32_t* la
 
 // ---- element-wise programs ------------------------------------------------------------------
 
+// Live scalars are read once per block, into shared memory, as the kernel begins.
 __global__ void program_kernel(const math::Program p, const ProgramArrays a, std::size_t n) {
+  __shared__ float live[math::Program::kMaxLive];
+  if (p.live && threadIdx.x < math::Program::kMaxLive) live[threadIdx.x] = p.live[threadIdx.x];
+  __syncthreads();
   for (std::size_t i = global_index(); i < n; i += grid_stride()) {
     float r[math::Program::kMaxRegisters];
     for (int k = 0; k < p.arrays; ++k) r[k] = a.p[k][i];
     for (int o = 0; o < p.n_ops; ++o) {
-      const math::Op& op = p.ops[o];
+      const math::Op op = math::resolved(p.ops[o], live);
       r[op.dst] = math::apply_op(op, r[op.x], r[op.y]);
     }
     for (int k = 0; k < p.arrays; ++k)
@@ -469,8 +473,26 @@ void launch_program(const math::Program& p, const ProgramArrays& arrays, std::si
     const math::Op& op = p.ops[o];
     require(op.dst < math::Program::kMaxRegisters && op.x < math::Program::kMaxRegisters &&
                 op.y < math::Program::kMaxRegisters, "launch_program", "an op names a register out of bounds");
+    require(op.live_a < math::Program::kMaxLive && op.live_b < math::Program::kMaxLive, "launch_program",
+            "an op names a live scalar out of bounds");
+    require(p.live || (op.live_a < 0 && op.live_b < 0), "launch_program", "an op reads a live scalar, but live is null");
   }
+  static_assert(kThreads >= math::Program::kMaxLive, "a block reads the live scalars with one thread each");
   program_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(p, arrays, n);
+  PSLAB_CUDA_CHECK_LAUNCH();
+}
+
+// ---- scalars written in order with the work ----------------------------------------------
+
+__global__ void write_scalars_kernel(float* dst, const ScalarValues v, int n) {
+  if (int(threadIdx.x) < n) dst[threadIdx.x] = v.v[threadIdx.x];
+}
+
+void launch_write_scalars(float* dst, const ScalarValues& values, int n, cudaStream_t stream) {
+  require(n >= 0 && n <= ScalarValues::kMax, "launch_write_scalars", "more scalars than ScalarValues holds");
+  if (n == 0) return;
+  require(dst != nullptr, "launch_write_scalars", "dst is null");
+  write_scalars_kernel<<<1, ScalarValues::kMax, 0, stream>>>(dst, values, n);
   PSLAB_CUDA_CHECK_LAUNCH();
 }
 

@@ -92,7 +92,18 @@ struct ProgramArrays {
 };
 // For i in [0, n): the program's ops on element i of `arrays` (math::apply_op), the arrays it
 // marks as outputs written at the end.
+// Live scalars (Program::live) are read as the kernel begins.
 void launch_program(const math::Program& p, const ProgramArrays& arrays, std::size_t n, cudaStream_t stream);
+
+// ---- scalars written in order with the work (Backend::write_scalars) -----------------------
+
+// The values, by value into the kernel: the host's copy is free once the launch returns.
+struct ScalarValues {
+  static constexpr int kMax = 8;
+  float v[kMax];
+};
+// dst[0, n) = values.v[0, n), n <= ScalarValues::kMax.
+void launch_write_scalars(float* dst, const ScalarValues& values, int n, cudaStream_t stream);
 
 // ---- convolution helpers, a whole batch per launch -----------------------------------------
 // Geometry preconditions: C, H, W, pad >= 0; KH, KW, stride >= 1; OH, OW >= 0.

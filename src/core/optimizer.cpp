@@ -1,6 +1,7 @@
 #include "core/optimizer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <numbers>
 #include <stdexcept>
@@ -54,8 +55,12 @@ void validate(const ScheduleConfig& s) {
   if (s.base_batch < 1) throw std::invalid_argument("schedule.base_batch: must be >= 1");
 }
 
+namespace {
+std::atomic<std::uint64_t> optimizers_made{0};
+}  // namespace
+
 Optimizer::Optimizer(Backend& be, const OptimizerConfig& cfg, std::size_t n, std::vector<std::size_t> layers)
-    : be_(be), cfg_(cfg), n_(n) {
+    : be_(be), cfg_(cfg), n_(n), identity_(++optimizers_made) {
   validate(cfg);
   rule_ = optimizer_registry().make(cfg.kind);
   if (layers.empty()) layers.push_back(n);
@@ -75,10 +80,42 @@ Optimizer::Optimizer(Backend& be, const OptimizerConfig& cfg, std::size_t n, std
 void Optimizer::prepare(const float* w, const float* g) { rule_->prepare(context(0.0), w, g, layer_begin_); }
 
 void Optimizer::step_range(const float* w, const float* g, float* w_out, std::size_t offset, std::size_t n, double lr) {
+  if (live_scalars())
+    throw std::logic_error("Optimizer::step_range: an optimizer with live scalars steps by begin_live_step() and update()");
+  apply_range(w, g, w_out, offset, n, lr);
+}
+
+void Optimizer::apply_range(const float* w, const float* g, float* w_out, std::size_t offset, std::size_t n, double lr) {
   if (offset + n > n_)
     throw std::logic_error("Optimizer::step_range: [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
                            ") exceeds the optimizer's " + std::to_string(n_) + " parameters");
   if (n > 0) rule_->update(context(lr), w, g, w_out, offset, n, layer_begin_);
+}
+
+void Optimizer::use_live_scalars() {
+  if (!rule_->records())
+    throw std::logic_error("Optimizer::use_live_scalars: optimizer.kind = \"" + cfg_.kind +
+                           "\" cannot be recorded in a step graph (its layer-wise norms come back to the host)");
+  if (live_scalars()) return;
+  live_ = DeviceBuffer<float>(be_, math::Program::kMaxLive);
+  be_.fill(live_.data(), live_.size(), 0.0f);
+}
+
+void Optimizer::begin_live_step(double lr) {
+  if (!live_scalars()) throw std::logic_error("Optimizer::begin_live_step: use_live_scalars() first");
+  begin_step();
+  live_lr_ = lr;
+  float values[math::Program::kMaxLive] = {};
+  const int n = rule_->live_values(context(lr), values);
+  if (live_written_once_ && std::equal(values, values + n, live_written_)) return;  // (a constant rate: nothing to write)
+  be_.write_scalars(live_.data(), values, n);
+  std::copy(values, values + n, live_written_);
+  live_written_once_ = true;
+}
+
+void Optimizer::update(const float* w, const float* g, float* w_out) {
+  if (!live_scalars()) throw std::logic_error("Optimizer::update: use_live_scalars() and begin_live_step() first");
+  apply_range(w, g, w_out, 0, n_, live_lr_);  // (the programs read it from the live scalars)
 }
 
 std::vector<std::vector<float>> Optimizer::state() const {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +56,13 @@ struct OptimizerStep {
   float* const* state;  // state_buffers() buffers, each the whole range (index them with `offset`)
   long step;            // 1-based, this update's
   double lr;            // this update's, scheduled
+  // Live scalars (Optimizer::use_live_scalars; null: none): math::Program::kMaxLive floats on the
+  // device holding this step's live_values(), which the update's programs read as they run
+  // (math::Program::live) rather than lr and step as written.
+  const float* live = nullptr;
+  // −lr and lr as a program's scalar: slots 1 and 0 of `live`, or the values.
+  math::Scalar neg_lr() const { return live ? math::Scalar::live(1) : math::Scalar(-float(lr)); }
+  math::Scalar lr_scalar() const { return live ? math::Scalar::live(0) : math::Scalar(float(lr)); }
 };
 class OptimizerRule {
  public:
@@ -77,6 +85,17 @@ class OptimizerRule {
   virtual const std::vector<double>& trust_ratios() const {
     static const std::vector<double> none;
     return none;
+  }
+  // Whether its update can be recorded in a step graph: with OptimizerStep::live set, every
+  // scalar that changes from step to step is read from there, and prepare() does nothing (the
+  // layer-wise kinds' norms come back to the host: they cannot).
+  virtual bool records() const { return false; }
+  // A step's live scalars into out (math::Program::kMaxLive floats at most); returns how many:
+  // by default lr and −lr.
+  virtual int live_values(const OptimizerStep& s, float* out) const {
+    out[0] = float(s.lr);
+    out[1] = -float(s.lr);
+    return 2;
   }
 };
 // optimizer.kind -> rule. Built-ins: sgd, momentum, nesterov, adam, lars, lamb
@@ -103,6 +122,7 @@ class Optimizer {
   void step(float* w, const float* g, double lr) { step(w, g, w, lr); }
   // The same, writing the updated weights to w_out (n floats, w_out == w or not overlapping).
   void step(const float* w, const float* g, float* w_out, double lr) {
+    if (live_scalars()) return begin_live_step(lr), update(w, g, w_out);
     begin_step();
     prepare(w, g);
     step_range(w, g, w_out, 0, n_, lr);
@@ -129,8 +149,32 @@ class Optimizer {
   void restore(long steps, const std::vector<std::vector<float>>& buffers);
   const OptimizerConfig& config() const { return cfg_; }
 
+  // ---- step graphs (Replica::train_step) ----
+  // Whether its kind's update can be recorded in a step graph (OptimizerRule::records: sgd,
+  // momentum, nesterov, adam; not lars, lamb).
+  bool records() const { return rule_->records(); }
+  // From now on its programs read the learning rate and the other scalars that change from step
+  // to step from device memory, which begin_live_step(lr) writes (Backend::write_scalars, only when
+  // they changed: a constant rate is written once), so that an update recorded once replays with
+  // each step's. The same kernels run whether recorded or not: recorded steps give bitwise the
+  // values of steps run so (sgd without weight decay runs as a program, not the BLAS's axpy).
+  // Throws std::logic_error for a kind that does not record.
+  void use_live_scalars();
+  bool live_scalars() const { return !live_.empty(); }
+  // With live scalars: begin_step() and its scalars at `lr` written, then update(w, g, w_out)
+  // over the whole range (which may be recorded: it queues device work only). step() does both;
+  // step_range() is refused.
+  void begin_live_step(double lr);
+  void update(const float* w, const float* g, float* w_out);
+  // A number unique to this optimizer in the process (a step graph that recorded its update
+  // replays only for it).
+  std::uint64_t identity() const { return identity_; }
+
  private:
-  OptimizerStep context(double lr) { return OptimizerStep{be_, cfg_, state_ptrs_.data(), steps_, lr}; }
+  OptimizerStep context(double lr) {
+    return OptimizerStep{be_, cfg_, state_ptrs_.data(), steps_, lr, live_.empty() ? nullptr : live_.data()};
+  }
+  void apply_range(const float* w, const float* g, float* w_out, std::size_t offset, std::size_t n, double lr);
   Backend& be_;
   OptimizerConfig cfg_;
   std::size_t n_;
@@ -139,6 +183,11 @@ class Optimizer {
   std::vector<std::size_t> layer_begin_;  // each layer's first index, and n at the end
   std::vector<DeviceBuffer<float>> state_;
   std::vector<float*> state_ptrs_;
+  DeviceBuffer<float> live_;                     // use_live_scalars(): math::Program::kMaxLive floats
+  float live_written_[math::Program::kMaxLive] = {};  // what begin_live_step() wrote there last
+  bool live_written_once_ = false;
+  double live_lr_ = 0.0;  // the rate begin_live_step() was given last
+  std::uint64_t identity_;
 };
 
 }  // namespace pslab

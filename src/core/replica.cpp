@@ -98,6 +98,25 @@ Replica::Batch Replica::slice(const Dataset& d, int lo, int n) {
 }
 
 double Replica::compute_gradient(std::span<const std::uint32_t> idx, float grad_scale, GradListener* listener) {
+  return step(idx, grad_scale, listener, nullptr);
+}
+
+double Replica::train_step(std::span<const std::uint32_t> idx, Optimizer& opt, double lr) {
+  if (opt.size() != model_.num_params())
+    throw std::logic_error("Replica::train_step: an optimizer of " + std::to_string(opt.size()) + " parameters for a model of " +
+                           std::to_string(model_.num_params()));
+  if (idx.empty()) return compute_gradient(idx);  // an empty batch moves nothing
+  if (graphs_ == StepGraphs::off || !opt.records()) {
+    const double loss = compute_gradient(idx);
+    opt.step(model_.params(), model_.grads(), lr);
+    return loss;
+  }
+  opt.use_live_scalars();
+  opt.begin_live_step(lr);  // (outside any recording: its scalars are written before the step's work)
+  return step(idx, -1.0f, nullptr, &opt);
+}
+
+double Replica::step(std::span<const std::uint32_t> idx, float grad_scale, GradListener* listener, Optimizer* update) {
   Batch b = stage(train_, idx);
   if (augment_ && !idx.empty()) {
     const std::uint32_t* i = staged_idx_;
@@ -111,11 +130,13 @@ double Replica::compute_gradient(std::span<const std::uint32_t> idx, float grad_
   }
   const int B = int(idx.size());
   if (B > 0 && graphs_ != StepGraphs::off)
-    if (const std::optional<double> loss = graphed_step(b, B, grad_scale, listener != nullptr)) {
+    if (const std::optional<double> loss = graphed_step(b, B, grad_scale, listener != nullptr, update)) {
       if (listener) listener->ready(0);
       return *loss;
     }
-  return model_.forward_backward(b.x, b.labels, b.targets, B, grad_scale, listener);
+  const double loss = model_.forward_backward(b.x, b.labels, b.targets, B, grad_scale, listener);
+  if (update) update->update(model_.params(), model_.grads(), model_.params());
+  return loss;
 }
 
 StepGraphs step_graphs_from(const std::string& value) {
@@ -134,10 +155,10 @@ void Replica::use_step_graphs(StepGraphs s) {
   warm_shape_ = graph_shape_ = StepShape{};
 }
 
-std::optional<double> Replica::graphed_step(const Batch& b, int B, float grad_scale, bool listened) {
+std::optional<double> Replica::graphed_step(const Batch& b, int B, float grad_scale, bool listened, Optimizer* update) {
   if (graphs_ == StepGraphs::automatic && listened && model_.num_params() * sizeof(float) > kGraphsBeforeOverlapBytes)
     return std::nullopt;
-  const StepShape shape{b.x, b.labels, b.targets, B, grad_scale};
+  const StepShape shape{b.x, b.labels, b.targets, B, grad_scale, update ? update->identity() : 0};
   if (graph_) {  // one shape has a graph (the run's full batch): another runs as usual
     if (!(shape == graph_shape_)) return std::nullopt;
     if (be_.replay(*graph_)) {
@@ -152,20 +173,21 @@ std::optional<double> Replica::graphed_step(const Batch& b, int B, float grad_sc
     warm_shape_ = shape;  // the first step of this shape runs as usual (cuDNN's plans, scratch sizes)
     return std::nullopt;
   }
-  if (!record_step(b, B, grad_scale)) return std::nullopt;
+  if (!record_step(b, B, grad_scale, update)) return std::nullopt;
   graph_shape_ = shape;
   if (!be_.replay(*graph_)) throw std::logic_error("Replica: a step graph refused to replay right after its recording");
   ++graphed_steps_;
   return be_.take_loss() / B;
 }
 
-bool Replica::record_step(const Batch& b, int B, float grad_scale) {
+bool Replica::record_step(const Batch& b, int B, float grad_scale, Optimizer* update) {
   std::string why;
   bool began = false;
   try {
     be_.begin_recording();
     began = true;
     model_.queue_forward_backward(b.x, b.labels, b.targets, B, grad_scale, nullptr);
+    if (update) update->update(model_.params(), model_.grads(), model_.params());
   } catch (const std::exception& e) {
     why = e.what();
   }

@@ -20,6 +20,7 @@
 #include "backend.h"
 #include "core/data.h"
 #include "core/model.h"
+#include "core/optimizer.h"
 
 namespace pslab {
 
@@ -50,12 +51,18 @@ class Replica {
   // backward goes (Model::forward_backward).
   double compute_gradient(std::span<const std::uint32_t> idx, float grad_scale = -1.0f,
                           GradListener* listener = nullptr);
+  // A training step where this replica owns θ: compute_gradient(idx), then (for a non-empty
+  // batch) opt's update of θ by ∇θ at learning rate lr; returns the mean loss. opt covers all of
+  // θ. Under step graphs with an optimizer whose update records (Optimizer::records), the update
+  // is part of the step's graph: the optimizer is given live scalars (Optimizer::use_live_scalars)
+  // and its scalars are written before each replay; otherwise the update runs after the graph.
+  double train_step(std::span<const std::uint32_t> idx, Optimizer& opt, double lr);
   // From now on the training batches are augmented (data.augment: crop with `pad` zeros and
   // flip; math::augment_draw), each sample's draw from (seed, the epoch set_epoch() last said,
   // the sample), on either backend alike. Needs image data (height and width > 1).
   void augment(std::uint64_t seed, int pad);
   // Steps as graphs (Backend::begin_recording; train.cuda_graphs). The first step of a shape (its
-  // batch size, scale and buffers) runs as usual and sizes what a recording needs; the second of
+  // batch size, scale, buffers and whether an optimizer's update ends it) runs as usual and sizes what a recording needs; the second of
   // it in a row is recorded (forward, backward and the deferred loss) and replayed, and so is every
   // later one of that shape; once a shape has its graph, a step of another shape (an epoch's last,
   // smaller batch) runs as usual. A graph that a backend refuses to replay (a buffer it used moved)
@@ -130,13 +137,16 @@ class Replica {
     const float* targets = nullptr;
     int batch = 0;
     float grad_scale = 0.0f;
+    std::uint64_t update = 0;  // the Optimizer::identity() whose update ends the step (0: none)
     bool operator==(const StepShape&) const = default;
   };
-  // The step's forward and backward from a graph (recorded now if this shape was seen before):
-  // the mean loss, or nothing where it runs the ordinary way.
-  std::optional<double> graphed_step(const Batch& b, int B, float grad_scale, bool listened);
+  // compute_gradient(), then update's update of θ (live scalars, begun) where update is given.
+  double step(std::span<const std::uint32_t> idx, float grad_scale, GradListener* listener, Optimizer* update);
+  // The step's forward, backward (and update) from a graph (recorded now if this shape was seen
+  // before): the mean loss, or nothing where it runs the ordinary way.
+  std::optional<double> graphed_step(const Batch& b, int B, float grad_scale, bool listened, Optimizer* update);
   // Records the step's work as graph_; false (graphs off from now on, said once) where it cannot be.
-  bool record_step(const Batch& b, int B, float grad_scale);
+  bool record_step(const Batch& b, int B, float grad_scale, Optimizer* update);
 
   Backend& be_;
   const Dataset& train_;

@@ -77,7 +77,8 @@ void visit_fields(Config& c, F&& f) {
   f("train.device", c.train.device, "\"cpu\" or \"cuda\"");
   f("train.tf32", c.train.tf32, "cuda: let cuBLAS GEMMs use TF32 tensor cores (faster; 10-bit mantissa products)");
   f("train.cuda_graphs", c.train.cuda_graphs,
-    "cuda: a step's forward and backward as one CUDA graph, replayed: \"auto\" (where it can be recorded; not where "
+    "cuda: a step's forward and backward (and the optimizer's update where the worker owns θ: single, local:H, easgd) "
+    "as one CUDA graph, replayed: \"auto\" (where it can be recorded; not where "
     "overlap downloads a gradient over 4 MiB during backward), \"on\" (every step of the run's batch size; a step "
     "that cannot be recorded is an error), \"off\"");
   f("train.threads", c.train.threads, "BLAS threads per process (0 = host cores / processes on it)");

@@ -62,7 +62,7 @@ int bench(int argc, char** argv) {
   bool tf32 = false;
   app.add_flag("--tf32", tf32, "cuda: GEMMs may use TF32 tensor cores (train.tf32)");
   std::string graphs = "auto";
-  app.add_option("--cuda-graphs", graphs, "cuda: each step's forward and backward as one CUDA graph (train.cuda_graphs)")
+  app.add_option("--cuda-graphs", graphs, "cuda: each step's forward, backward and optimizer step as one CUDA graph (train.cuda_graphs)")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -88,8 +88,7 @@ int bench(int argc, char** argv) {
       sampler.set_epoch(global / spe);
       auto idx = sampler.batch(global % spe, batch);
       if (int(idx.size()) < batch) { sampler.set_epoch(global / spe + 1); idx = sampler.batch(0, batch); }
-      replica.compute_gradient(idx);
-      opt.step(replica.model().params(), replica.model().grads(), 0.01);
+      replica.train_step(idx, opt, 0.01);
     }
     be->synchronize();
   };

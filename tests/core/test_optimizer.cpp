@@ -5,6 +5,7 @@
 
 #include "backend.h"
 #include "core/optimizer.h"
+#include "recording_backend.h"
 
 using namespace pslab;
 
@@ -185,4 +186,51 @@ TEST(Optimizer, ALayerWiseStepInPiecesIsTheWholeStep) {
 TEST(Optimizer, LayersThatDoNotAddUpToTheRangeAreRefused) {
   auto be = make_cpu_backend(1);
   EXPECT_THROW(Optimizer(*be, kind("lars"), 5, {2, 2}), std::invalid_argument);
+}
+
+// Live scalars (a step graph's, Optimizer::use_live_scalars): a schedule's changing rate and
+// Adam's bias corrections reach the update through device memory. The same steps as written
+// ones: bitwise for the programs, sgd's axpy (which a program replaces) within rounding; a
+// constant rate is written once, Adam's scalars every step. Layer-wise kinds cannot record.
+TEST(Optimizer, LiveScalarsGiveTheStepsOfWrittenOnes) {
+  auto be = make_cpu_backend(1);
+  for (const auto& [k, wd] : std::vector<std::pair<const char*, double>>{
+           {"sgd", 0.0}, {"sgd", 0.01}, {"momentum", 0.01}, {"nesterov", 0.0}, {"adam", 0.01}}) {
+    SCOPED_TRACE(std::string(k) + ", weight decay " + std::to_string(wd));
+    std::vector<float> w0 = {0.3f, -1.2f, 0.7f, 2.0f, -0.4f}, g = {0.1f, 0.5f, -0.3f, 0.2f, 0.05f};
+    Optimizer written(*be, kind(k, wd), 5), live(*be, kind(k, wd), 5);
+    ASSERT_TRUE(live.records());
+    live.use_live_scalars();
+    std::vector<float> a = w0, b = w0;
+    for (int s = 0; s < 4; ++s) {
+      const double lr = 0.1 * (1.0 + s);  // a rate that changes every step
+      written.step(a.data(), g.data(), lr);
+      live.step(b.data(), g.data(), lr);
+      g[std::size_t(s)] *= -2.0f;
+    }
+    EXPECT_EQ(live.steps(), 4);
+    if (std::string(k) == "sgd" && wd == 0.0) {
+      for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6f) << i;
+    } else {
+      EXPECT_EQ(a, b);
+    }
+    EXPECT_THROW(live.step_range(b.data(), g.data(), b.data(), 0, 5, 0.1), std::logic_error);
+  }
+  for (const char* k : {"lars", "lamb"}) {
+    Optimizer o(*be, kind(k), 5);
+    EXPECT_FALSE(o.records());
+    EXPECT_THROW(o.use_live_scalars(), std::logic_error) << k;
+  }
+}
+
+
+TEST(Optimizer, AConstantRateIsWrittenOnceAndAdamsScalarsEveryStep) {
+  for (const auto& [k, writes] : std::vector<std::pair<const char*, long>>{{"momentum", 1}, {"adam", 5}}) {
+    test::RecordingBackend be;  // (counts write_scalars)
+    Optimizer o(be, kind(k), 3);
+    o.use_live_scalars();
+    std::vector<float> w = {1.0f, 2.0f, 3.0f}, g = {0.5f, -0.5f, 0.25f};
+    for (int s = 0; s < 5; ++s) o.step(w.data(), g.data(), 0.1);
+    EXPECT_EQ(be.scalar_writes(), writes) << k;
+  }
 }

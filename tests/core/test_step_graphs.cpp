@@ -152,3 +152,102 @@ TEST(StepGraphs, AListenerHearsTheWholeGradientAfterAReplayAndAutoLeavesALargeOn
     }
   }
 }
+
+// ---- the optimizer's update in the step's graph (Replica::train_step) ----------------------
+
+namespace {
+// The same run as train(), each step a train_step() with `cfg`'s optimizer at a rate that
+// changes every step (or a constant one); live: the optimizer's scalars live from the start
+// even without graphs (what a graphed run's optimizer uses).
+struct Updated : Trained {
+  long optimizer_steps = 0;
+  bool live = false;
+};
+Updated train_updating(test::RecordingBackend& be, const ModelSpec& spec, const Dataset& d, StepGraphs graphs,
+                       const OptimizerConfig& cfg, bool live, bool constant_lr = false) {
+  Replica replica(be, spec, d, 16);
+  replica.model().init(3);
+  replica.use_step_graphs(graphs);
+  Optimizer opt(be, cfg, replica.model().num_params());
+  if (live) opt.use_live_scalars();
+  Updated t;
+  std::vector<std::uint32_t> idx(16);
+  int at = 0;
+  for (std::size_t s = 0; s < kSizes.size(); ++s) {
+    for (int k = 0; k < kSizes[s]; ++k) idx[std::size_t(k)] = std::uint32_t((at + 7 * k) % d.n);
+    at += kSizes[s];
+    const double lr = constant_lr ? 0.05 : 0.05 / (1.0 + 0.3 * double(s));
+    t.losses.push_back(replica.train_step({idx.data(), std::size_t(kSizes[s])}, opt, lr));
+  }
+  t.theta.resize(replica.model().num_params());
+  replica.model().store_params(t.theta.data());
+  t.recordings = replica.recordings(), t.graphed = replica.graphed_steps();
+  t.optimizer_steps = opt.steps(), t.live = opt.live_scalars();
+  return t;
+}
+
+OptimizerConfig optimizer(const char* kind, double wd) {
+  OptimizerConfig c;
+  c.kind = kind, c.weight_decay = wd;
+  return c;
+}
+}  // namespace
+
+// The update recorded with forward and backward replays with each step's rate (and Adam's
+// bias corrections): bitwise the steps of the same optimizer run without graphs.
+TEST(StepGraphs, TheUpdateInTheGraphReadsEachStepsScalars) {
+  const Dataset d = images(100);
+  for (const auto& [kind, wd] : std::vector<std::pair<const char*, double>>{
+           {"sgd", 0.0}, {"sgd", 1e-3}, {"momentum", 1e-3}, {"nesterov", 0.0}, {"adam", 1e-3}}) {
+    for (const std::string model : {"mlp", "cnn"}) {
+      SCOPED_TRACE(std::string(kind) + ", weight decay " + std::to_string(wd) + ", " + model);
+      test::RecordingBackend off_be, on_be;
+      const Updated off = train_updating(off_be, spec_of(model), d, StepGraphs::off, optimizer(kind, wd), /*live*/ true);
+      const Updated on = train_updating(on_be, spec_of(model), d, StepGraphs::on, optimizer(kind, wd), /*live*/ false);
+      EXPECT_TRUE(on.live) << "train_step gave the optimizer live scalars";
+      EXPECT_EQ(on.recordings, 1);
+      EXPECT_EQ(on.graphed, 6);
+      EXPECT_EQ(on.optimizer_steps, 8);
+      EXPECT_EQ(on_be.scalar_writes(), 8) << "a rate that changes every step is written every step";
+      EXPECT_TRUE(on.losses == off.losses);
+      EXPECT_TRUE(on.theta == off.theta) << "the update in the graph used a rate other than its step's";
+    }
+  }
+}
+
+// Against the same optimizer with written scalars (no graphs, the CPU's way): bitwise but for
+// sgd without weight decay, whose written update is the BLAS's axpy (within rounding); a
+// constant rate is written once.
+TEST(StepGraphs, TheUpdateInTheGraphGivesTheStepsOfAnOptimizerWithoutGraphs) {
+  const Dataset d = images(100);
+  for (const auto& [kind, wd] : std::vector<std::pair<const char*, double>>{{"sgd", 0.0}, {"momentum", 0.0}, {"adam", 0.0}}) {
+    SCOPED_TRACE(kind);
+    test::RecordingBackend off_be, on_be;
+    const Updated off = train_updating(off_be, spec_of("mlp"), d, StepGraphs::off, optimizer(kind, wd), false, true);
+    const Updated on = train_updating(on_be, spec_of("mlp"), d, StepGraphs::on, optimizer(kind, wd), false, true);
+    EXPECT_FALSE(off.live);
+    EXPECT_EQ(off_be.scalar_writes(), 0);
+    EXPECT_EQ(on_be.scalar_writes(), std::string(kind) == "adam" ? 8 : 1) << "a constant rate written once";
+    ASSERT_EQ(on.theta.size(), off.theta.size());
+    if (std::string(kind) == "sgd") {
+      for (std::size_t i = 0; i < on.theta.size(); ++i) ASSERT_NEAR(on.theta[i], off.theta[i], 1e-5f) << i;
+    } else {
+      EXPECT_TRUE(on.theta == off.theta);
+    }
+  }
+}
+
+// lars and lamb read norms back on the host: their update runs after the step's graph.
+TEST(StepGraphs, ALayerWiseUpdateRunsAfterTheGraph) {
+  const Dataset d = images(100);
+  for (const char* kind : {"lars", "lamb"}) {
+    SCOPED_TRACE(kind);
+    test::RecordingBackend off_be, on_be;
+    const Updated off = train_updating(off_be, spec_of("mlp"), d, StepGraphs::off, optimizer(kind, 1e-3), false);
+    const Updated on = train_updating(on_be, spec_of("mlp"), d, StepGraphs::on, optimizer(kind, 1e-3), false);
+    EXPECT_FALSE(on.live);
+    EXPECT_EQ(on.graphed, 6) << "forward and backward still as graphs";
+    EXPECT_EQ(on.optimizer_steps, 8);
+    EXPECT_TRUE(on.theta == off.theta);
+  }
+}

@@ -413,3 +413,24 @@ TEST_F(CpuKernels, DeviceBufferOwnsAndMoves) {
 }
 
 }  // namespace
+
+// A program's live scalars (math::Program::live) are read when it runs, not when it was written:
+// what a step graph replays with each step's learning rate.
+TEST_F(CpuKernels, ProgramsReadTheirLiveScalarsWhenTheyRun) {
+  using math::OpCode;
+  math::Program p;
+  p.arrays = 3;  // x, y, out = x + live[1] y, then × live[0]
+  p.op(OpCode::axpby, 2, 0, 1, 1.0f, math::Scalar::live(1)).op(OpCode::scale, 2, 2, 0, math::Scalar::live(0));
+  std::vector<float> x = {1.0f, 2.0f, 3.0f}, y = {10.0f, 20.0f, 30.0f}, out(3), live = {2.0f, 0.5f, 0.0f, 0.0f};
+  float* arrays[] = {x.data(), y.data(), out.data()};
+  EXPECT_THROW(be->run(p, arrays, 3), std::logic_error) << "live scalars without live memory";
+  p.live = live.data();
+  be->run(p, arrays, 3);
+  EXPECT_EQ(out, (std::vector<float>{12.0f, 24.0f, 36.0f}));
+  const float next[] = {-1.0f, 0.25f};
+  be->write_scalars(live.data(), next, 2);
+  be->run(p, arrays, 3);
+  EXPECT_EQ(out, (std::vector<float>{-3.5f, -7.0f, -10.5f})) << "the values written since";
+  EXPECT_THROW(p.op(OpCode::scale, 2, 2, 0, math::Scalar::live(math::Program::kMaxLive)), std::logic_error);
+  EXPECT_THROW(be->write_scalars(live.data(), next, Backend::kMaxScalarWrite + 1), std::logic_error);
+}

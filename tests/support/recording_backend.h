@@ -57,6 +57,7 @@ class RecordingBackend final : public Backend {
   void refuse_while_recording(std::string op) { refused_op_ = std::move(op); }
   long recordings() const { return recordings_; }
   long replays() const { return replays_; }
+  long scalar_writes() const { return scalar_writes_; }
 
   // ---- host values, waits, host copies, allocations: refused while recording ----
   Device device() const override { return Device::cuda; }  // as a GPU: its own ∇θ, host copies apart
@@ -67,6 +68,11 @@ class RecordingBackend final : public Backend {
   void copy_from_host(void* d, const void* s, std::size_t b) override { refuse("copy_from_host"), cpu_->copy_from_host(d, s, b); }
   void copy_to_host(void* d, const void* s, std::size_t b) override { refuse("copy_to_host"), cpu_->copy_to_host(d, s, b); }
   void synchronize() override { refuse("synchronize"); }
+  void write_scalars(float* d, const float* v, int n) override {
+    refuse("write_scalars");  // (a recording would keep the values: the CUDA backend refuses it too)
+    ++scalar_writes_;
+    cpu_->write_scalars(d, v, n);
+  }
   double sum_squares(const float* x, std::size_t n) override { return refuse("sum_squares"), cpu_->sum_squares(x, n); }
   double softmax_xent(const float* l, const std::int32_t* y, int r, int C, float s, float* d) override {
     return refuse("softmax_xent"), cpu_->softmax_xent(l, y, r, C, s, d);
@@ -155,7 +161,7 @@ class RecordingBackend final : public Backend {
   std::unique_ptr<Backend> cpu_;
   bool recording_ = false, cut_short_ = false;
   std::vector<std::function<void()>> ops_;
-  long generation_ = 0, recordings_ = 0, replays_ = 0;
+  long generation_ = 0, recordings_ = 0, replays_ = 0, scalar_writes_ = 0;
   std::string refused_op_;
 };
 

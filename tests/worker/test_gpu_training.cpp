@@ -183,6 +183,57 @@ TEST(GpuStepGraphs, GraphedStepsGiveBitwiseTheOrdinaryOnes) {
   }
 }
 
+// The optimizer's update in the step's graph (Replica::train_step, live scalars): momentum and
+// Adam at a rate that changes every step give bitwise the θ and losses of the same optimizer run
+// op by op (its scalars live too), for an MLP and a ResNet.
+TEST(GpuStepGraphs, TheUpdateInTheGraphGivesBitwiseTheStepsWithout) {
+  PSLAB_SKIP_WITHOUT_GPU();
+  Dataset d;
+  d.n = 300, d.channels = 3, d.height = 12, d.width = 12, d.classes = 5;
+  d.x.resize(std::size_t(d.n) * d.features());
+  d.labels.resize(std::size_t(d.n));
+  Rng rng(12);
+  for (auto& v : d.x) v = float(rng.normal());
+  for (auto& l : d.labels) l = std::int32_t(rng.below(5));
+  const std::vector<int> sizes = {64, 64, 64, 40, 64, 64, 64, 64};
+  for (const std::string kind : {"mlp", "resnet"})
+    for (const std::string opt_kind : {"momentum", "adam"}) {
+      ModelSpec spec;
+      spec.kind = kind, spec.channels = 3, spec.height = 12, spec.width = 12, spec.outputs = 5;
+      spec.hidden = {64, 32}, spec.depth = 8, spec.stage_width = 4;
+      std::vector<float> theta[2];
+      std::vector<double> losses[2];
+      for (const StepGraphs graphs : {StepGraphs::off, StepGraphs::on}) {
+        SCOPED_TRACE(kind + ", " + opt_kind + (graphs == StepGraphs::on ? ", graphs on" : ", graphs off"));
+        const bool on = graphs == StepGraphs::on;
+        const std::unique_ptr<Backend> be = make_cuda_backend(0);
+        Replica replica(*be, spec, d, 64);
+        replica.model().init(3);
+        replica.use_step_graphs(graphs);
+        OptimizerConfig oc;
+        oc.kind = opt_kind, oc.weight_decay = 1e-3;
+        Optimizer opt(*be, oc, replica.model().num_params());
+        opt.use_live_scalars();
+        std::vector<std::uint32_t> idx(64);
+        int at = 0;
+        for (std::size_t s = 0; s < sizes.size(); ++s) {
+          for (int k = 0; k < sizes[s]; ++k) idx[std::size_t(k)] = std::uint32_t((at + 37 * k) % d.n);
+          at += sizes[s];
+          losses[on].push_back(replica.train_step({idx.data(), std::size_t(sizes[s])}, opt, 0.05 / (1.0 + 0.3 * double(s))));
+        }
+        theta[on].resize(replica.model().num_params());
+        replica.model().store_params(theta[on].data());
+        EXPECT_EQ(opt.steps(), 8);
+        if (on) {
+          EXPECT_GE(replica.graphed_steps(), 5);
+        }
+      }
+      EXPECT_TRUE(losses[0] == losses[1]) << kind << ", " << opt_kind << ": the graphs changed a loss";
+      EXPECT_TRUE(theta[0] == theta[1]) << kind << ", " << opt_kind << ": the graphs changed θ";
+      EXPECT_TRUE(close(theta[0], theta[1])) << kind << ", " << opt_kind;
+    }
+}
+
 // A PS worker whose steps are graphs (train.cuda_graphs = "on", a listener hearing ready(0) after
 // each replay where overlap is on) gives bitwise the θ of the same run without them.
 TEST(GpuStepGraphs, APsWorkerGivesBitwiseTheParametersOfARunWithout) {

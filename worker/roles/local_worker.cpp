@@ -43,9 +43,8 @@ void run_local_worker(RoleContext& ctx, PsClient& client, const WorkerProtocol& 
     const auto t0 = ctx.clock().now();
     ctx.straggler().start_step();
     StepRecord rec;
-    rec.loss = replica.compute_gradient(idx);
     rec.lr = learning_rate(schedule, cfg.optimizer.lr, lr_batch, double(step) / double(spe));
-    if (!idx.empty()) optimizer.step(model.params(), model.grads(), rec.lr);  // an empty batch moves nothing
+    rec.loss = replica.train_step(idx, optimizer, rec.lr);  // (an empty batch moves nothing)
     ctx.backend().synchronize();
     rec.compute_s = ctx.clock().computed(t0, long(idx.size()));
     rec.delay_s = ctx.straggler().sleep_after(rec.compute_s);

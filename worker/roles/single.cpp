@@ -32,10 +32,15 @@ double run_single(const ExperimentConfig& cfg, const SingleRunOptions& single) {
     const auto idx = ctx.batch(step);
     const auto t0 = ctx.clock().now();
     StepRecord rec;
-    rec.loss = replica.compute_gradient(idx);
-    if (acc.add(model.grads(), double(idx.size()), step == steps - 1)) {
-      rec.lr = learning_rate(schedule, cfg.optimizer.lr, cfg.train.batch * acc.batches(), double(samples) / data.train.n);
-      optimizer.step(model.params(), acc.mean(), rec.lr);
+    if (cfg.train.accumulate == 1) {  // the update in the step (one graph with it, where steps are graphs)
+      rec.lr = learning_rate(schedule, cfg.optimizer.lr, cfg.train.batch, double(samples) / data.train.n);
+      rec.loss = replica.train_step(idx, optimizer, rec.lr);
+    } else {
+      rec.loss = replica.compute_gradient(idx);
+      if (acc.add(model.grads(), double(idx.size()), step == steps - 1)) {
+        rec.lr = learning_rate(schedule, cfg.optimizer.lr, cfg.train.batch * acc.batches(), double(samples) / data.train.n);
+        optimizer.step(model.params(), acc.mean(), rec.lr);
+      }
     }
     ctx.backend().synchronize();
     rec.compute_s = ctx.clock().computed(t0, long(idx.size()));

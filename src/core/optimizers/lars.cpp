@@ -28,7 +28,7 @@ class Lars final : public LayerWise {
       const float t = float(trust_[l]);
       const std::size_t i = at - offset;
       float* arrays[] = {const_cast<float*>(w + i), const_cast<float*>(tg + at), w_out + i, s.state[0] + at};
-      s.be.run(momentum_program(float(s.lr), float(s.cfg.momentum), float(s.cfg.weight_decay) * t, false), arrays, len);
+      s.be.run(momentum_program(-float(s.lr), float(s.cfg.momentum), float(s.cfg.weight_decay) * t, false), arrays, len);
     });
   }
 };

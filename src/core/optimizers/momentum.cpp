@@ -10,10 +10,13 @@ class Momentum final : public OptimizerRule {
  public:
   explicit Momentum(bool nesterov) : nesterov_(nesterov) {}
   int state_buffers() const override { return 1; }
+  bool records() const override { return true; }
   void update(const OptimizerStep& s, const float* w, const float* g, float* w_out, std::size_t offset, std::size_t n,
               const std::vector<std::size_t>&) override {
     float* arrays[] = {const_cast<float*>(w), const_cast<float*>(g), w_out, s.state[0] + offset};
-    s.be.run(momentum_program(float(s.lr), float(s.cfg.momentum), float(s.cfg.weight_decay), nesterov_), arrays, n);
+    Program p = momentum_program(s.neg_lr(), float(s.cfg.momentum), float(s.cfg.weight_decay), nesterov_);
+    p.live = s.live;
+    s.be.run(p, arrays, n);
   }
 
  private:
