@@ -310,9 +310,7 @@ class CudaBackend final : public Backend {
         cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_->get()));
     PSLAB_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
   }
-  // Device to device, queued on the stream. Overlapping ranges are allowed, as with the CPU
-  // backend's memmove: cudaMemcpy's result is undefined for them, so they go through the
-  // scratch buffer.
+  // In order with the work: the values travel in a one-block kernel's arguments.
   void write_scalars(float* dst, const float* values, int n) override {
     not_while_recording("write_scalars");
     static_assert(cuda::ScalarValues::kMax == kMaxScalarWrite);
@@ -322,6 +320,9 @@ class CudaBackend final : public Backend {
     std::copy(values, values + n, v.v);
     cuda::launch_write_scalars(dst, v, n, stream_->get());
   }
+  // Device to device, queued on the stream. Overlapping ranges are allowed, as with the CPU
+  // backend's memmove: cudaMemcpy's result is undefined for them, so they go through the
+  // scratch buffer.
   void copy(void* dst, const void* src, std::size_t bytes) override {
     if (bytes == 0 || dst == src) return;
     activate();

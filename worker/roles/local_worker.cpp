@@ -8,7 +8,8 @@
 //   elastic  pull the centre c; e = alpha (θ − c); θ −= e; push e (the servers add it to c)
 //
 // A push's clock counts the worker's pushes. Host buffers: θ_pulled and the pushed change, P
-// floats each, allocated once.
+// floats each, allocated once. A GPU step is not waited for (as in run_single: the host queues
+// the next while the GPU finishes this one); a sync point's download of θ waits for them all.
 #include "roles/local_worker.h"
 
 #include <vector>
@@ -45,7 +46,6 @@ void run_local_worker(RoleContext& ctx, PsClient& client, const WorkerProtocol& 
     StepRecord rec;
     rec.lr = learning_rate(schedule, cfg.optimizer.lr, lr_batch, double(step) / double(spe));
     rec.loss = replica.train_step(idx, optimizer, rec.lr);  // (an empty batch moves nothing)
-    ctx.backend().synchronize();
     rec.compute_s = ctx.clock().computed(t0, long(idx.size()));
     rec.delay_s = ctx.straggler().sleep_after(rec.compute_s);
     rec.samples = int(idx.size());

@@ -1,6 +1,10 @@
 // Single-process training, the mainline: load data, build the model, then every step compute
 // the gradient and step the optimizer (with train.accumulate = N, every N steps, on the mean of
 // their gradients); evaluate at every epoch's end.
+// A GPU step is not waited for: reading its loss waits for its forward only, so the host queues
+// the next step while the GPU finishes this one's backward and update (the host is at most one
+// step ahead). A step's compute time is therefore the host's, which over a log window is the
+// GPU's; the evaluation and every copy to the host wait for the steps before them.
 #include "roles.h"
 
 #include "core/optimizer.h"
@@ -42,7 +46,7 @@ double run_single(const ExperimentConfig& cfg, const SingleRunOptions& single) {
         optimizer.step(model.params(), acc.mean(), rec.lr);
       }
     }
-    ctx.backend().synchronize();
+    // (Not waited for: see run_single's comment.)
     rec.compute_s = ctx.clock().computed(t0, long(idx.size()));
     rec.samples = int(idx.size());
     samples += rec.samples;
