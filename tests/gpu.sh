@@ -21,7 +21,8 @@
 #      graphs), and with TF32 at each model's largest batch; and, where `python3 -c "import torch"`
 #      works, the same models in PyTorch on the same GPU at its best (tests/bench/torch_train.py: eager, staged and the step
 #      in a CUDA graph, ResNet also in channels_last; float32 against float32, TF32 against TF32);
-#      one table with the ratios; runs/bench/gpu.json
+#      one table with the ratios; runs/bench/gpu.json; then the launcher's train role (MLP batch
+#      64, 3 epochs) against bench_train's step
 #   3. the default comparison with train.device = "cuda" and its 4 workers on this machine's
 #      GPUs: all four modes must finish; then again with train.tf32 = true, for the
 #      line in results/ on what TF32 changes in accuracy
@@ -240,6 +241,26 @@ for row in sys.argv[2:]:
 print("\n".join(lines))
 print(f"\n(written: {out / 'gpu.json'})")
 EOF
+# A worker's step in the launcher's train role against bench_train's, MLP batch 64 (at f829795
+# 0.43 ms against 0.18 ms): the samples/s of its log windows after the first epoch.
+epochs=3; ((quick)) && epochs=1
+if "$build/worker/pslab_worker" train --config "$root/experiments/configs/single.toml" --set 'train.device="cuda"' \
+     --set "train.epochs=$epochs" --set "data.path=\"$data\"" --out "$out/gpu-train-role" -q > "$out/gpu-train-role.log" 2>&1 &&
+   [[ -f $out/gpu-pslab-mlp-64.json ]]; then
+  python3 - "$out" <<'EOF'
+import json, pathlib, statistics, sys
+out = pathlib.Path(sys.argv[1])
+lines = [json.loads(l) for l in (out / "gpu-train-role/metrics/worker0.jsonl").read_text().splitlines() if l.strip()]
+train = [l for l in lines if l.get("kind") == "train"]
+later = [l for l in train if l["epoch"] > 1.0] or train
+role = statistics.median(l["samples_per_s"] for l in later)
+bench = json.loads((out / "gpu-pslab-mlp-64.json").read_text())["median_samples_per_s"]
+print(f"the train role, MLP batch 64: {role:,.0f} samples/s ({64e3 / role:.3f} ms a step), bench_train {bench:,.0f} "
+      f"({64e3 / bench:.3f} ms): role / bench_train {role / bench:.2f}x")
+EOF
+else
+  failed+=("train role on cuda"); tail -5 "$out/gpu-train-role.log"
+fi
 fi
 
 if wanted 3; then  # ---- step 3 ----
