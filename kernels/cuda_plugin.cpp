@@ -50,9 +50,19 @@ Plugin load([[maybe_unused]] const std::string& file) {
     }
     // RTLD_NOW: a symbol it misses is an error here, not a crash in the middle of a run.
     p.handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (p.handle) return p;
-    const char* e = dlerror();
-    tried += (tried.empty() ? "" : "; ") + (e ? std::string(e) : path + ": dlopen failed");
+    if (!p.handle) {
+      const char* e = dlerror();
+      tried += (tried.empty() ? "" : "; ") + (e ? std::string(e) : path + ": dlopen failed");
+      continue;
+    }
+    const auto interface = reinterpret_cast<int (*)()>(dlsym(p.handle, "pslab_plugin_interface"));
+    const int built = interface ? interface() : 0;
+    if (built == kPluginInterface) return p;
+    dlclose(p.handle);
+    p.handle = nullptr;
+    tried += (tried.empty() ? "" : "; ") + path + ": built by another pslab (plugin interface " +
+             (interface ? std::to_string(built) : std::string("unknown")) + ", this binary's " +
+             std::to_string(kPluginInterface) + "): rebuild it with this one";
   }
   p.why = "the CUDA plugin " + file + " cannot be loaded (" + tried + (env && *env ? ", from $PSLAB_CUDA_PLUGIN_DIR" : "") + ")";
 #endif

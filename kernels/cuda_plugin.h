@@ -15,10 +15,17 @@
 
 namespace pslab {
 
+// What a binary and its plugins share: Backend's and Collective's virtual functions and the
+// structs they pass (kernels/backend.h, kernels/elementwise.h, src/comm/collective.h). A plugin
+// says which it was built against (pslab_plugin_interface(), kernels/plugin_interface.cpp) and
+// one of another is refused as it loads: a plugin left from another build would otherwise call
+// the wrong functions. Bump it with any change to them.
+constexpr int kPluginInterface = 2;
+
 // The entry point `name` (an extern "C" function) of the plugin `file` ("libpslab_cuda.so",
 // "libpslab_nccl.so"), loaded once per process (thread-safe); null when there is none, with
 // `why` saying so: a build without CUDA, or the plugin (or a library it needs) not found or not
-// loadable, naming every path tried.
+// loadable, or built against another interface (kPluginInterface), naming every path tried.
 void* cuda_plugin_symbol(const char* file, const char* name, std::string* why);
 
 }  // namespace pslab

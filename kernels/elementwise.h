@@ -96,7 +96,7 @@ struct Op {
   OpCode code;
   std::uint8_t dst, x, y;
   float a, b;
-  std::int8_t live_a, live_b;  // -1: a (b) as written; else read from Program::live[live_a]
+  std::int8_t live_a = -1, live_b = -1;  // -1: a (b) as written; else read from Program::live[live_a]
 };
 
 struct Program {

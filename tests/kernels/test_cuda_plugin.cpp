@@ -76,6 +76,23 @@ TEST(CudaPlugin, AGpuRunWithoutThePluginFailsNamingWhereItLooked) {
   EXPECT_NE(out.find("/nonexistent/libpslab_cuda.so: not there"), std::string::npos) << out;
   EXPECT_NE(out.find("PSLAB_CUDA_PLUGIN_DIR"), std::string::npos) << out;
 }
+
+TEST(CudaPlugin, APluginOfAnotherBuildIsRefusedNamingWhy) {
+  // A worker asked for a GPU, its plugin pointed at one built against another interface.
+  const std::string cmd = "PSLAB_CUDA_PLUGIN_DIR=" PSLAB_STALE_PLUGIN_DIR " " PSLAB_WORKER_BIN
+                          " allreduce -c " PSLAB_SOURCE_DIR "/experiments/configs/tiny.toml --set train.device=cuda"
+                          " --rank 0 --coordinator tcp://127.0.0.1:1 --snapshots tcp://127.0.0.1:1 -o /nonexistent-out 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int status = pclose(p);
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("libpslab_cuda.so: built by another pslab (plugin interface " + std::to_string(kPluginInterface - 1)),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("rebuild it"), std::string::npos) << out;
+}
 #endif
 
 }  // namespace

@@ -528,6 +528,7 @@ TEST_F(GpuBackend, ProgramsReadLiveScalarsWrittenInOrderAlsoInAGraph) {
   p.op(OpCode::axpby, 2, 0, 1, 1.0f, math::Scalar::live(1)).op(OpCode::scale, 2, 2, 0, math::Scalar::live(0));
   DeviceBuffer<float> gx = upload(gpu(), x), gy = upload(gpu(), y), out1(gpu(), n), out2(gpu(), n), out3(gpu(), n);
   DeviceBuffer<float> live(gpu(), math::Program::kMaxLive);
+  gpu().fill(live.data(), live.size(), 0.0f);
   p.live = live.data();
   const float first[] = {2.0f, 0.5f}, second[] = {-1.0f, 0.25f}, third[] = {3.0f, -4.0f};
   float* a1[] = {gx.data(), gy.data(), out1.data()};
@@ -559,7 +560,7 @@ TEST_F(GpuBackend, ProgramsReadLiveScalarsWrittenInOrderAlsoInAGraph) {
 
 // Every optimizer that records, with live scalars on both backends and a rate that changes every
 // step: the GPU's steps agree with the CPU's, and with the GPU's written-scalar steps bitwise
-// (sgd without weight decay: its written update is cuBLAS's axpy, within rounding).
+// (sgd without weight decay: its written update is the backend's axpy, within rounding).
 TEST_F(GpuBackend, OptimizersWithLiveScalarsStepAlike) {
   for (const auto& e : optimizer_registry().entries()) {
     OptimizerConfig cfg;

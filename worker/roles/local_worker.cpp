@@ -9,7 +9,7 @@
 //
 // A push's clock counts the worker's pushes. Host buffers: θ_pulled and the pushed change, P
 // floats each, allocated once. A GPU step is not waited for (as in run_single: the host queues
-// the next while the GPU finishes this one); a sync point's download of θ waits for them all.
+// the next while the GPU finishes this one), but at a sync point and under a straggler.
 #include "roles/local_worker.h"
 
 #include <vector>
@@ -46,13 +46,17 @@ void run_local_worker(RoleContext& ctx, PsClient& client, const WorkerProtocol& 
     StepRecord rec;
     rec.lr = learning_rate(schedule, cfg.optimizer.lr, lr_batch, double(step) / double(spe));
     rec.loss = replica.train_step(idx, optimizer, rec.lr);  // (an empty batch moves nothing)
+    // Waited for where the step's time must be the GPU's: a straggler's slowdown scales it, and
+    // a sync point's communication is timed from its end.
+    const bool sync_point = last || (step + 1) % every == 0;
+    if (sync_point || ctx.straggler().active()) ctx.backend().synchronize();
     rec.compute_s = ctx.clock().computed(t0, long(idx.size()));
     rec.delay_s = ctx.straggler().sleep_after(rec.compute_s);
     rec.samples = int(idx.size());
     rec.version = last_pull.min_version;
     samples_since_push += rec.samples;
 
-    if (last || (step + 1) % every == 0) {
+    if (sync_point) {
       const auto t1 = ctx.clock().now();
       replica.download_params();
       float* theta = replica.host_params();

@@ -4,7 +4,7 @@
 // A GPU step is not waited for: reading its loss waits for its forward only, so the host queues
 // the next step while the GPU finishes this one's backward and update (the host is at most one
 // step ahead). A step's compute time is therefore the host's, which over a log window is the
-// GPU's; the evaluation and every copy to the host wait for the steps before them.
+// GPU's; an epoch's last step is waited for, so that its evaluation is timed alone.
 #include "roles.h"
 
 #include "core/optimizer.h"
@@ -46,12 +46,13 @@ double run_single(const ExperimentConfig& cfg, const SingleRunOptions& single) {
         optimizer.step(model.params(), acc.mean(), rec.lr);
       }
     }
-    // (Not waited for: see run_single's comment.)
+    // (Not waited for, but at an epoch's end, before the evaluation is timed: run_single's comment.)
+    const bool epoch_end = (step + 1) % spe == 0 || step == steps - 1;
+    if (epoch_end) ctx.backend().synchronize();
     rec.compute_s = ctx.clock().computed(t0, long(idx.size()));
     rec.samples = int(idx.size());
     samples += rec.samples;
 
-    const bool epoch_end = (step + 1) % spe == 0 || step == steps - 1;
     const double epoch = double(samples) / data.train.n;
     ctx.log().add(step, epoch, rec, epoch_end);
     if (epoch_end) {
