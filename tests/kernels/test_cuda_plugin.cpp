@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
 #include <unistd.h>
@@ -63,17 +64,25 @@ TEST(CudaPlugin, TheNcclCollectiveLoadsWhereNcclWasBuilt) {
 }
 
 #if defined(PSLAB_BUILT_WITH_CUDA) && defined(PSLAB_WORKER_BIN)
-TEST(CudaPlugin, AGpuRunWithoutThePluginFailsNamingWhereItLooked) {
-  // A worker asked for a GPU, its plugin pointed at a path with nothing there.
-  const std::string cmd = "PSLAB_CUDA_PLUGIN_DIR=/nonexistent " PSLAB_WORKER_BIN
+// What a worker asked for a GPU says, its plugins looked for in `dir` ($PSLAB_CUDA_PLUGIN_DIR);
+// its exit status into *status.
+std::string cuda_worker_with_plugins_in(const std::string& dir, int* status) {
+  const std::string cmd = "PSLAB_CUDA_PLUGIN_DIR=" + dir + " " PSLAB_WORKER_BIN
                           " allreduce -c " PSLAB_SOURCE_DIR "/experiments/configs/tiny.toml --set train.device=cuda"
                           " --rank 0 --coordinator tcp://127.0.0.1:1 --snapshots tcp://127.0.0.1:1 -o /nonexistent-out 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
+  if (!p) throw std::runtime_error("popen failed: " + cmd);
   std::string out;
   char buf[512];
   while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int status = pclose(p);
+  *status = pclose(p);
+  return out;
+}
+
+TEST(CudaPlugin, AGpuRunWithoutThePluginFailsNamingWhereItLooked) {
+  // A worker asked for a GPU, its plugin pointed at a path with nothing there.
+  int status = 0;
+  const std::string out = cuda_worker_with_plugins_in("/nonexistent", &status);
   EXPECT_NE(status, 0) << out;
   EXPECT_NE(out.find("/nonexistent/libpslab_cuda.so: not there"), std::string::npos) << out;
   EXPECT_NE(out.find("PSLAB_CUDA_PLUGIN_DIR"), std::string::npos) << out;
@@ -83,15 +92,8 @@ TEST(CudaPlugin, APluginOfAnotherBuildIsRefusedNamingWhy) {
   // A worker asked for a GPU, its plugin pointed at one built against another interface.
   if (access(PSLAB_STALE_PLUGIN_DIR "/libpslab_cuda.so", F_OK) != 0)
     GTEST_SKIP() << "no stale plugin at " PSLAB_STALE_PLUGIN_DIR " (a test binary moved from its build)";
-  const std::string cmd = "PSLAB_CUDA_PLUGIN_DIR=" PSLAB_STALE_PLUGIN_DIR " " PSLAB_WORKER_BIN
-                          " allreduce -c " PSLAB_SOURCE_DIR "/experiments/configs/tiny.toml --set train.device=cuda"
-                          " --rank 0 --coordinator tcp://127.0.0.1:1 --snapshots tcp://127.0.0.1:1 -o /nonexistent-out 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[512];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int status = pclose(p);
+  int status = 0;
+  const std::string out = cuda_worker_with_plugins_in(PSLAB_STALE_PLUGIN_DIR, &status);
   EXPECT_NE(status, 0) << out;
   EXPECT_NE(out.find("libpslab_cuda.so: built by another pslab (plugin interface " + std::to_string(kPluginInterface - 1)),
             std::string::npos) << out;

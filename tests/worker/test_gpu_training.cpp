@@ -129,6 +129,18 @@ TEST(GpuOverlap, AWorkerGivesBitwiseTheParametersOfARunWithout) {
   }
 }
 
+// The step-graph tests' data: 300 random 3x12x12 images of 5 classes.
+Dataset step_graph_images(std::uint64_t seed) {
+  Dataset d;
+  d.n = 300, d.channels = 3, d.height = 12, d.width = 12, d.classes = 5;
+  d.x.resize(std::size_t(d.n) * d.features());
+  d.labels.resize(std::size_t(d.n));
+  Rng rng(seed);
+  for (auto& v : d.x) v = float(rng.normal());
+  for (auto& l : d.labels) l = std::int32_t(rng.below(5));
+  return d;
+}
+
 // train.cuda_graphs (core/replica.h): steps whose forward and backward are one recorded CUDA
 // graph give bitwise the θ and losses of the same steps run op by op, for an MLP, a CNN on
 // augmented images and a ResNet with batch norm (cuDNN where it loads), with an epoch's smaller
@@ -136,13 +148,7 @@ TEST(GpuOverlap, AWorkerGivesBitwiseTheParametersOfARunWithout) {
 // step of the full batch was recorded and the later ones of its size replayed.
 TEST(GpuStepGraphs, GraphedStepsGiveBitwiseTheOrdinaryOnes) {
   PSLAB_SKIP_WITHOUT_GPU();
-  Dataset d;
-  d.n = 300, d.channels = 3, d.height = 12, d.width = 12, d.classes = 5;
-  d.x.resize(std::size_t(d.n) * d.features());
-  d.labels.resize(std::size_t(d.n));
-  Rng rng(11);
-  for (auto& v : d.x) v = float(rng.normal());
-  for (auto& l : d.labels) l = std::int32_t(rng.below(5));
+  const Dataset d = step_graph_images(11);
   std::vector<int> sizes = {64, 64, 64, 40, 64, 64, 64, 64};
   for (const std::string kind : {"mlp", "cnn", "resnet"}) {
     ModelSpec spec;
@@ -188,13 +194,7 @@ TEST(GpuStepGraphs, GraphedStepsGiveBitwiseTheOrdinaryOnes) {
 // op by op (its scalars live too), for an MLP and a ResNet.
 TEST(GpuStepGraphs, TheUpdateInTheGraphGivesBitwiseTheStepsWithout) {
   PSLAB_SKIP_WITHOUT_GPU();
-  Dataset d;
-  d.n = 300, d.channels = 3, d.height = 12, d.width = 12, d.classes = 5;
-  d.x.resize(std::size_t(d.n) * d.features());
-  d.labels.resize(std::size_t(d.n));
-  Rng rng(12);
-  for (auto& v : d.x) v = float(rng.normal());
-  for (auto& l : d.labels) l = std::int32_t(rng.below(5));
+  const Dataset d = step_graph_images(12);
   const std::vector<int> sizes = {64, 64, 64, 40, 64, 64, 64, 64};
   for (const std::string kind : {"mlp", "resnet"})
     for (const std::string opt_kind : {"momentum", "adam"}) {
