@@ -63,6 +63,7 @@ RoleContext::RoleContext(const ExperimentConfig& c, const RoleOptions& o, RoleKi
   if (cfg.data.augment != "none") replica_->augment(cfg.seed, cfg.data.augment_pad);  // (crop-flip)
   replica_->use_step_graphs(step_graphs_from(cfg.train.cuda_graphs));
   sampler_.emplace(std::size_t(data_->train.n), W, rank, cfg.seed);
+  replica_->follow(*sampler_);  // (GPU: a shard's indices cross once per epoch)
   steps_per_epoch_ = sampler_->steps_per_epoch(cfg.train.batch);
   total_steps_ = pslab::total_steps(cfg, steps_per_epoch_);
   progress_.emplace(who(kind, rank), opt.progress && rank == 0);

@@ -7,6 +7,8 @@
 #include <optional>
 #include <stdexcept>
 
+#include "core/sampler.h"
+
 namespace pslab {
 
 Replica::Replica(Backend& be, const ModelSpec& spec, const Dataset& train, int max_batch, float* grad_host)
@@ -66,13 +68,7 @@ Replica::Batch Replica::stage(const Dataset& d, std::span<const std::uint32_t> i
     if (!cpu && n == 0) i = idx_dev_[0].data();
     staged_idx_ = i;
     if (!cpu && n > 0) {  // only the indices cross to the GPU, queued: the gathers wait on the device
-      const int k = idx_slot_;
-      idx_slot_ ^= 1;
-      if (idx_copied_[k]) be_.landed(idx_copied_[k], /*wait*/ true);  // the slot's last copy has read it
-      std::memcpy(idx_host_[k].data(), idx.data(), n * sizeof(std::uint32_t));
-      idx_copied_[k] = be_.upload_async(idx_dev_[k].data(), idx_host_[k].data(), n * sizeof(std::uint32_t));
-      be_.upload_fence();
-      i = idx_dev_[k].data();
+      i = device_indices(idx);
       staged_idx_ = i;
     }
     be_.gather_rows(r->x, i, n, f * sizeof(float), x);
@@ -86,6 +82,45 @@ Replica::Batch Replica::stage(const Dataset& d, std::span<const std::uint32_t> i
   if (d.classes > 0) be_.copy_from_host(y_dev_.data(), y_host_.data(), n * sizeof(std::int32_t));
   else be_.copy_from_host(t_dev_.data(), t_host_.data(), n * t * sizeof(float));
   return {x_dev_.data(), y_dev_.data(), t_dev_.data()};
+}
+
+const std::uint32_t* Replica::device_indices(std::span<const std::uint32_t> idx) {
+  const std::size_t n = idx.size();
+  if (sampler_) {
+    const std::span<const std::uint32_t> shard = sampler_->shard();
+    const auto at = reinterpret_cast<std::uintptr_t>(idx.data()), lo = reinterpret_cast<std::uintptr_t>(shard.data());
+    if (at >= lo && at + idx.size_bytes() <= lo + shard.size_bytes()) {
+      if (shard_epoch_ != sampler_->epoch()) upload_shard(shard);
+      return shard_dev_.data() + (idx.data() - shard.data());
+    }
+  }
+  const int k = idx_slot_;
+  idx_slot_ ^= 1;
+  if (idx_copied_[k]) be_.landed(idx_copied_[k], /*wait*/ true);  // the slot's last copy has read it
+  std::memcpy(idx_host_[k].data(), idx.data(), n * sizeof(std::uint32_t));
+  idx_copied_[k] = be_.upload_async(idx_dev_[k].data(), idx_host_[k].data(), n * sizeof(std::uint32_t));
+  be_.upload_fence();
+  return idx_dev_[k].data();
+}
+
+// The epoch's shard to the device: the copy waits (on the device) for the gathers queued before
+// it, which read the last epoch's, and the gathers after it wait for the copy.
+void Replica::upload_shard(std::span<const std::uint32_t> shard) {
+  if (shard_copied_) be_.landed(shard_copied_, /*wait*/ true);  // the last epoch's copy has read the pinned one
+  if (shard_host_.size() < shard.size()) {
+    shard_host_ = HostBuffer<std::uint32_t>(be_, shard.size());
+    shard_dev_ = DeviceBuffer<std::uint32_t>(be_, shard.size());
+  }
+  std::memcpy(shard_host_.data(), shard.data(), shard.size_bytes());
+  shard_copied_ = be_.upload_async(shard_dev_.data(), shard_host_.data(), shard.size_bytes());
+  be_.upload_fence();
+  shard_epoch_ = sampler_->epoch();
+}
+
+void Replica::follow(const ShardSampler& sampler) {
+  if (be_.device() == Device::cpu) return;
+  sampler_ = &sampler;
+  shard_epoch_ = -1;
 }
 
 Replica::Batch Replica::slice(const Dataset& d, int lo, int n) {

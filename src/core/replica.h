@@ -1,7 +1,8 @@
 // One model replica and the data it trains on: the compute part of every worker, whatever
 // the consistency mode. The data sets live where the backend computes: on the CPU their own
 // host arrays; on a GPU a copy uploaded once, on first use. A step's batch is gathered there
-// from its sample indices (Backend::gather_rows; on a GPU only the indices cross), into
+// from its sample indices (Backend::gather_rows; on a GPU only the indices cross, once per
+// epoch where the replica follows its sampler: follow()), into
 // preallocated buffers: no allocation per step. A data set that does not fit on the GPU is
 // gathered on the host and its batches uploaded instead.
 //
@@ -23,6 +24,8 @@
 #include "core/optimizer.h"
 
 namespace pslab {
+
+class ShardSampler;
 
 // train.cuda_graphs: whether a step's forward and backward run as one recorded graph.
 enum class StepGraphs { off, automatic, on };
@@ -82,6 +85,12 @@ class Replica {
   long graphed_steps() const { return graphed_steps_; }
   long recordings() const { return recordings_; }
   void set_epoch(long epoch) { epoch_ = epoch; }
+  // Batches that are views into `sampler`'s shard (ShardSampler::batch) find their indices on
+  // the GPU: the epoch's shard crosses once, at its first batch (as a device-side permutation
+  // would), instead of each batch's indices every step, a copy that waits for the step before
+  // it. Other batches' indices cross as before. `sampler` must outlive the replica's steps.
+  // No-op on the CPU.
+  void follow(const ShardSampler& sampler);
   // Loss and accuracy of the current θ on a whole data set, in batches of max_batch, in
   // inference mode; a model with batch norm first measures its statistics for this θ
   // (measure_statistics()).
@@ -128,6 +137,10 @@ class Replica {
   const Resident* resident(const Dataset& d);
   // The samples `idx` of `d` gathered into the batch buffers; device pointers.
   Batch stage(const Dataset& d, std::span<const std::uint32_t> idx);
+  // (GPU) idx on the device, queued: inside the followed shard where idx views it, else this
+  // batch's own copy in one of two slots.
+  const std::uint32_t* device_indices(std::span<const std::uint32_t> idx);
+  void upload_shard(std::span<const std::uint32_t> shard);
   // Samples [lo, lo + n) of `d`: pointers into the resident copy, or staged.
   Batch slice(const Dataset& d, int lo, int n);
   // What a step graph was recorded for: a replay reads the same buffers, for the same batch.
@@ -172,6 +185,13 @@ class Replica {
   Backend::Ticket idx_copied_[2] = {0, 0};
   int idx_slot_ = 0;
   std::vector<std::uint32_t> eval_idx_;
+  // The followed sampler's shard on the device (follow()): the epoch it holds, its pinned copy
+  // and that copy's last upload.
+  const ShardSampler* sampler_ = nullptr;
+  long shard_epoch_ = -1;
+  HostBuffer<std::uint32_t> shard_host_;
+  DeviceBuffer<std::uint32_t> shard_dev_;
+  Backend::Ticket shard_copied_ = 0;
   const std::uint32_t* staged_idx_ = nullptr;  // the last stage()'s indices on the device (CPU: the caller's)
   // data.augment: the augmented batch; the batch's indices where stage() left none on the device
   bool augment_ = false;

@@ -30,6 +30,9 @@ class ShardSampler {
   int batch_size(long step, int batch) const;
   // The global sample indices of that batch (a view into the permutation).
   std::span<const std::uint32_t> batch(long step, int batch) const;
+  // This rank's shard of the epoch's permutation, which every batch() views: the same memory
+  // for the sampler's life, its contents those of epoch() (set_epoch() rewrites them).
+  std::span<const std::uint32_t> shard() const { return {perm_.data() + begin_, end_ - begin_}; }
   // Samples in step `step` summed over all ranks (the global batch), without communication.
   long global_batch_size(long step, int batch) const;
 

@@ -81,6 +81,7 @@ int bench(int argc, char** argv) {
   Optimizer opt(*be, cfg.optimizer, replica.model().num_params());
   ShardSampler sampler(std::size_t(data.train.n), 1, 0, 1);
   const long spe = sampler.steps_per_epoch(batch);
+  replica.follow(sampler);
 
   long global = 0;
   auto run_steps = [&](long n) {
