@@ -2,15 +2,15 @@
 # One command to check every GPU claim of pslab on a machine with a GPU, from a build or from
 # an unpacked bundle (experiments/bundle.sh; same layout):
 #
-#   tests/gpu.sh [--build-dir DIR] [--out DIR] [--quick] [--only 1,2,8,...] [--budget SECONDS]
+#   tests/gpu.sh [--build-dir DIR] [--out DIR] [--quick | --lean] [--only 1,2,8,...] [--budget SECONDS]
 #
 # Each step runs on its own (this script again, under `timeout`), in the order --only gives, and
 # its wall time is printed and kept in OUT/gpu-steps.json. With --budget a step whose estimate
 # (below, from the last lent GPU or a guess) no longer fits in what is left is skipped, saying so,
 # and a running step is stopped when the budget ends: on a machine lent for minutes, put the
 # steps that matter most first. Estimates on one H100/H200, seconds (a guess where no GPU has
-# measured it yet): 1: 90, 2: 200, 3: 300, 4: 90, 5: 150, 6: 120, 7: 150, 8: 200; --estimate
-# N=SECONDS (repeatable) replaces one. (Tests: PSLAB_GPU_SH_STEP, a command run with the step's
+# measured it yet): 1: 90, 2: 200, 3: 300, 4: 90, 5: 150, 6: 120, 7: 150, 8: 200; with --lean
+# 2: 140, 4: 30, 5: 75, 6: 90, 8: 100; --estimate N=SECONDS (repeatable) replaces one. (Tests: PSLAB_GPU_SH_STEP, a command run with the step's
 # number in place of each step.)
 #
 #   1. the GPU tests (GPU backend against the CPU one, with and without cuDNN, GPU training, NCCL,
@@ -45,19 +45,25 @@
 #      finish; on the real data set ($PSLAB_CIFAR10, else /usr/share/datasets/cifar-10-batches-bin)
 #      where present, else on a generated file in its format whose classes differ in colour (then
 #      every mode must reach 50%)
-# --quick: fewer steps and runs (a smoke test of the command itself). --only: these steps alone,
-# in this order. --out: logs and JSON (default runs/bench).
+# --quick: fewer steps and runs (a smoke test of the command itself). --lean: every check that
+# passes or fails and every target ratio, without the variants beside them, so that steps 1, 2, 4,
+# 5, 6 and 8 fit in one machine's quarter of an hour: step 2 without PyTorch's staged feed (never
+# its best on a GPU) and with ResNet-20 at batch 128 in float32 only; step 4 TCP 4 MiB (raw ZeroMQ
+# beside it) and GPU memory over shared memory only; step 5 with the default overlap only; step 6
+# in allreduce, bsp and asp (the modes its targets name); step 8 at most 100 steps per worker on
+# the real data set. --only: these steps alone, in this order. --out: logs and JSON (default runs/bench).
 # Exit: 0 every check that ran passed (the steps the budget left out are named); 1 a check
 # failed or a step ran past the budget (named at the end); 77 no GPU here (nothing checked).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build="$root/build" quick=0 only=1,2,3,4,5,6,7,8 budget=0 out="$root/runs/bench" child=0 estimates=()
+build="$root/build" quick=0 lean=0 only=1,2,3,4,5,6,7,8 budget=0 out="$root/runs/bench" child=0 estimates=()
 estimate=(0 90 200 300 90 150 120 150 200)  # seconds per step (the header says whence)
 while (($#)); do
   case $1 in
     --build-dir) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --quick) quick=1; shift ;;
+    --lean) lean=1; shift ;;
     --only) only=$2; shift 2 ;;
     --budget) budget=$2; shift 2 ;;
     --estimate) estimates+=("$2"); shift 2 ;;
@@ -68,6 +74,8 @@ while (($#)); do
 done
 [[ $only =~ ^[1-8](,[1-8])*$ ]] || { echo "gpu.sh: --only $only: step numbers 1-8, comma-separated" >&2; exit 2; }
 [[ $budget =~ ^[0-9]+$ ]] || { echo "gpu.sh: --budget $budget: whole seconds" >&2; exit 2; }
+((quick && lean)) && { echo "gpu.sh: --quick or --lean, not both" >&2; exit 2; }
+((lean)) && estimate=(0 90 140 300 30 75 90 150 100)
 for e in "${estimates[@]}"; do
   [[ $e =~ ^([1-8])=([0-9]+)$ ]] || { echo "gpu.sh: --estimate $e: STEP=SECONDS, e.g. 2=150" >&2; exit 2; }
   estimate[BASH_REMATCH[1]]=${BASH_REMATCH[2]}
@@ -95,9 +103,9 @@ if ((!child)); then
       fi
       limit=(timeout -k 20 $((budget - used)))
     fi
-    run_step=("${BASH_SOURCE[0]}" --one-step "$n" --build-dir "$build" --out "$out")
-    ((quick)) && run_step+=(--quick)
-    [[ -n ${PSLAB_GPU_SH_STEP:-} ]] && run_step=($PSLAB_GPU_SH_STEP "$n")
+    size=(); ((quick)) && size=(--quick); ((lean)) && size=(--lean)
+    run_step=("${BASH_SOURCE[0]}" --one-step "$n" --build-dir "$build" --out "$out" "${size[@]}")
+    [[ -n ${PSLAB_GPU_SH_STEP:-} ]] && run_step=($PSLAB_GPU_SH_STEP "$n" "${size[@]}")
     t0=$SECONDS
     "${limit[@]}" "${run_step[@]}" 2>&1 | tee "$out/gpu-step$n.log"
     rc=${PIPESTATUS[0]} took=$((SECONDS - t0))
@@ -191,7 +199,10 @@ for prec in fp32 tf32; do
 sfx=""; tf=(); [[ $prec == tf32 ]] && sfx=-tf32 tf=(--tf32)
 for model in mlp cnn resnet20; do
   batches="64 256 1024 4096"; [[ $model == resnet20 ]] && batches="128 512"
+  ((lean)) && [[ $model == resnet20 ]] && { [[ $prec == tf32 ]] && continue; batches=128; }
   [[ $prec == tf32 ]] && batches=${batches##* }
+  feeds=()  # PyTorch's: every one (torch_train.py), or under --lean those that can be its best
+  ((lean)) && feeds=(--feeds resident,graph) && [[ $model == resnet20 ]] && feeds=(--feeds resident,graph,graph_channels_last)
   for batch in $batches; do
     budget=$budget_mlp; [[ $model == cnn ]] && budget=$budget_cnn; [[ $model == resnet20 ]] && budget=$budget_resnet20
     least=50; [[ $model == resnet20 ]] && least=20
@@ -209,7 +220,7 @@ for model in mlp cnn resnet20; do
       --json "$out/gpu-pslab-$model-$batch-nographs.json" > "$out/gpu-pslab-$model-$batch-nographs.log" 2>&1
   done
   if ((torch)) && ! python3 "$root/tests/bench/torch_train.py" --model "$model" --batch "${batches// /,}" --seconds "$torch_seconds" \
-       --runs "$runs" --warmup 20 --data "$data" "${tf[@]}" --json "$out/gpu-torch-$model-{batch}$sfx.json" \
+       --runs "$runs" --warmup 20 --data "$data" "${tf[@]}" "${feeds[@]}" --json "$out/gpu-torch-$model-{batch}$sfx.json" \
        > "$out/gpu-torch-$model$sfx.log" 2>&1; then
     failed+=("torch_train $model $prec"); echo "FAIL torch_train.py $model $prec:"; tail -5 "$out/gpu-torch-$model$sfx.log"
   fi
@@ -281,9 +292,11 @@ fi
 if wanted 4; then  # ---- step 4 ----
 step "4. the data path: push+pull over TCP and shared memory on this host (bench_ps)"
 ps_runs=5; ((quick)) && ps_runs=1
-for transport in tcp shm; do
-  extra=(); [[ $transport == tcp ]] && extra=(--floor)
-  if "$build/tests/bench_ps" --transport "$transport" --sizes-kib 4096,16384 --runs "$ps_runs" --pieces "${extra[@]}" \
+host_transports="tcp shm" cuda_transports="shm tcp"; ((lean)) && host_transports=tcp cuda_transports=shm
+for transport in $host_transports; do
+  extra=(--sizes-kib 4096,16384 --pieces); [[ $transport == tcp ]] && extra+=(--floor)
+  ((lean)) && extra=(--sizes-kib 4096)  # (raw ZeroMQ is measured beside pslab in every invocation)
+  if "$build/tests/bench_ps" --transport "$transport" --runs "$ps_runs" "${extra[@]}" \
        --json "$out/gpu-ps-$transport.json" > "$out/gpu-ps-$transport.log" 2>&1; then
     grep "KiB" "$out/gpu-ps-$transport.log"
   else
@@ -292,7 +305,7 @@ for transport in tcp shm; do
 done
 # A GPU worker's push+pull of the 23.3 MB model (22752 KiB): ∇θ from GPU memory, θ back to it,
 # against one device-to-host plus one host-to-device copy of it (the target: within 1.5x).
-for transport in shm tcp; do
+for transport in $cuda_transports; do
   if "$build/tests/bench_ps" --device cuda --transport "$transport" --sizes-kib 22752 --runs "$ps_runs" \
        --json "$out/gpu-ps-cuda-$transport.json" > "$out/gpu-ps-cuda-$transport.log" 2>&1; then
     grep "GPU memory" "$out/gpu-ps-cuda-$transport.log"
@@ -303,8 +316,9 @@ done
 fi
 
 if wanted 5; then  # ---- step 5 ----
-step "5. the data path of GPU workers: 4 on this GPU, 2 servers, 23.3 MB model, overlap on and off"
+step "5. the data path of GPU workers: 4 on this GPU, 2 servers, 23.3 MB model, overlap on and off (--lean: on)"
 quick5=(); ((quick)) && quick5=(--set train.steps=40)
+((lean)) && quick5=(--set cluster.overlap=\"auto\")  # (GPU workers: on)
 log="$out/gpu-datapath.log"
 if /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/gpu-datapath.toml" --build-dir "$build" \
      "${quick5[@]}" --runs-dir "$root/runs/gpu-datapath" --no-plots --keep-going > "$log" 2>&1; then
@@ -320,6 +334,7 @@ fi
 if wanted 6; then  # ---- step 6 ----
 step "6. GPUs shared through MPS: the default comparison's 4 workers on this GPU, cluster.mps auto against off"
 quick6=(--set train.epochs=1.0); ((quick)) && quick6=(--set train.steps=60)
+((lean)) && quick6+=(--set 'cluster.mode=["allreduce", "bsp", "asp"]')
 for mps in auto off; do  # off: without MPS and without step graphs (train.cuda_graphs), as f829795 ran
   log="$out/gpu-mps-$mps.log"
   graphs=auto; [[ $mps == off ]] && graphs=off
@@ -381,6 +396,7 @@ write("test_batch.bin", 2000)
 PY
 fi
 quick8=(--set train.epochs=2.0); ((quick)) && quick8=(--set train.steps=30)
+((lean && !generated)) && quick8=(--set train.steps=100)
 log="$out/gpu-resnet-cifar10.log"
 if /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/resnet-cifar10.toml" --build-dir "$build" \
      --set "data.path=\"$cifar\"" --set cluster.workers=4 "${quick8[@]}" \

@@ -18,8 +18,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 GPU_SH = REPO / "tests" / "gpu.sh"
 
 STAND_IN_STEP = """#!/usr/bin/env bash
-# A stand-in step: $1 is its number; STEP_SLEEP_N / STEP_FAIL_N say what step N does.
-echo "stand-in step $1 ran"
+# A stand-in step: $1 is its number, then gpu.sh's --quick or --lean if given; STEP_SLEEP_N /
+# STEP_FAIL_N say what step N does.
+echo "stand-in step $1 ran${2:+ with $2}"
 sleep_var=STEP_SLEEP_$1 fail_var=STEP_FAIL_$1
 if [[ -n ${!sleep_var:-} ]]; then
   sleep "${!sleep_var}" &
@@ -104,6 +105,16 @@ class GpuSh(unittest.TestCase):
         sleeper = int((self.dir / "pids" / "1").read_text())
         self.assertTrue(gone_within(sleeper, 5.0), "the step's child outlived the budget")
 
+    def test_lean_steps_are_told_so_and_budgeted_with_their_own_estimates(self):
+        p, _ = self.run_gpu_sh("--lean", "--only", "4,2", "--budget", "60")
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("stand-in step 4 ran with --lean", p.stdout)
+        self.assertIn("step 2 skipped: about 140 s", p.stdout)
+        p, _ = self.run_gpu_sh("--only", "4", "--budget", "60")  # the full step 4: about 90 s
+        self.assertIn("step 4 skipped: about 90 s", p.stdout)
+        p, _ = self.run_gpu_sh("--quick", "--only", "4")
+        self.assertIn("stand-in step 4 ran with --quick", p.stdout)
+
     def test_no_gpu_is_exit_77_and_bad_arguments_exit_2(self):
         no_gpu = dict(self.env, PATH="/usr/bin:/bin")  # (the build machine has no nvidia-smi)
         (self.dir / "bin" / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
@@ -111,7 +122,7 @@ class GpuSh(unittest.TestCase):
         self.assertEqual(p.returncode, 77, p.stdout + p.stderr)
         self.assertIn("no GPU here", p.stdout)
         for args, says in ((["--only", "9"], "step numbers 1-8"), (["--budget", "ten"], "whole seconds"),
-                           (["--estimate", "2"], "STEP=SECONDS")):
+                           (["--estimate", "2"], "STEP=SECONDS"), (["--quick", "--lean"], "not both")):
             p, _ = self.run_gpu_sh(*args, env=no_gpu)
             self.assertEqual(p.returncode, 2, args)
             self.assertIn(says, p.stderr)
