@@ -10,6 +10,7 @@
 #include "gpu.h"
 #include "harness.h"
 #include "core/replica.h"
+#include "core/sampler.h"
 #include "run/setup.h"
 
 using namespace pslab;
@@ -254,6 +255,42 @@ TEST(GpuStepGraphs, APsWorkerGivesBitwiseTheParametersOfARunWithout) {
 }
 
 // A backend that records no graphs: "on" is refused naming the key, "auto" runs op by op.
+// A replica that follows its sampler (Replica::follow: each epoch's shard of indices crosses
+// once, a step's gathers read a slice of it) trains over three epochs of a rank-1 shard, with
+// step graphs and augmented images, to bitwise the θ and losses of one whose batches upload
+// their own indices.
+TEST(GpuBatchIndices, AFollowedSamplerGivesBitwiseTheStepsOfIndicesUploadedPerBatch) {
+  PSLAB_SKIP_WITHOUT_GPU();
+  const Dataset d = step_graph_images(13);
+  for (const std::string kind : {"mlp", "cnn"}) {
+    ModelSpec spec;
+    spec.kind = kind, spec.channels = 3, spec.height = 12, spec.width = 12, spec.outputs = 5;
+    spec.hidden = {64, 32}, spec.conv_channels = {4, 8};
+    std::vector<float> theta[2];
+    std::vector<double> losses[2];
+    for (const bool follow : {false, true}) {
+      const std::unique_ptr<Backend> be = make_cuda_backend(0);
+      Replica replica(*be, spec, d, 64);
+      replica.model().init(3);
+      if (kind == "cnn") replica.augment(5, 2);
+      replica.use_step_graphs(StepGraphs::on);
+      ShardSampler sampler(std::size_t(d.n), 2, 1, 7);
+      if (follow) replica.follow(sampler);
+      const long spe = sampler.steps_per_epoch(64);  // 64, 64, 22 samples
+      for (long step = 0; step < 3 * spe; ++step) {
+        sampler.set_epoch(step / spe);
+        replica.set_epoch(step / spe);
+        losses[follow].push_back(replica.compute_gradient(sampler.batch(step % spe, 64)));
+        be->axpy(replica.model().num_params(), -0.05f, replica.model().grads(), replica.model().params());
+      }
+      theta[follow].resize(replica.model().num_params());
+      replica.model().store_params(theta[follow].data());
+    }
+    EXPECT_TRUE(losses[0] == losses[1]) << kind << ": following the sampler changed a loss";
+    EXPECT_TRUE(theta[0] == theta[1]) << kind << ": following the sampler changed θ";
+  }
+}
+
 TEST(StepGraphs, TheCpuRefusesOnAndRunsAutoWithout) {
   const std::unique_ptr<Backend> be = make_cpu_backend(1);
   Dataset d;
