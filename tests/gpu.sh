@@ -250,6 +250,11 @@ for row in sys.argv[2:]:
                  + (f"{r['torch_samples_per_s']:,.0f} ({r['torch_feed']}) | {r['ratio']:.2f} |" if t else "- | - |"))
 (out / "gpu.json").write_text(json.dumps({"benchmark": "gpu_check", "rows": table}, indent=2) + "\n")
 print("\n".join(lines))
+compared = [r for r in table if r["ratio"]]
+if compared:
+    behind = [f"{r['model']} {r['batch']} {r['precision']}" for r in compared if r["ratio"] < 1.0]
+    print(f"\npslab at or above PyTorch's best (target 1.0x): {len(compared) - len(behind)} of {len(compared)} rows"
+          + (f"; below: {', '.join(behind)}" if behind else ""))
 print(f"\n(written: {out / 'gpu.json'})")
 EOF
 # A worker's step in the launcher's train role against bench_train's, MLP batch 64 (at f829795
@@ -324,7 +329,8 @@ if /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs
      "${quick5[@]}" --runs-dir "$root/runs/gpu-datapath" --no-plots --keep-going > "$log" 2>&1; then
   for s in "$root"/runs/gpu-datapath/gpu-datapath/latest/*/summary.json; do
     /usr/bin/python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); t = d["step_time_ms"]
-print("%-24s comm %6.2f  compute %5.2f  wait %5.2f ms/step  %9.0f samples/s" % (sys.argv[1].split("/")[-2], t["comm"], t["compute"], t["wait"], d["samples_per_s"]))' "$s"
+print("%-24s comm %6.2f  compute %5.2f  wait %5.2f ms/step  %9.0f samples/s  (comm target <= 3 ms: %s)" % (sys.argv[1].split("/")[-2],
+      t["comm"], t["compute"], t["wait"], d["samples_per_s"], "met" if t["comm"] <= 3.0 else "not met"))' "$s"
   done
 else
   failed+=("GPU data path (gpu-datapath.toml)"); grep -v "^\[" "$log" | tail -20
@@ -347,6 +353,23 @@ for mps in auto off; do  # off: without MPS and without step graphs (train.cuda_
     failed+=("default comparison on cuda, cluster.mps $mps"); grep -v "^\[" "$log" | tail -25
   fi
 done
+# Samples/s with the defaults against without MPS and step graphs, mode by mode, and the targets
+# (2x in allreduce and bsp, 1.5x in asp).
+/usr/bin/python3 - "$root/runs/gpu-mps-auto" "$root/runs/gpu-mps-off" <<'EOF'
+import json, pathlib, sys
+def rates(root):
+    summaries = (json.loads(p.read_text()) for p in pathlib.Path(root).glob("*/latest/*/summary.json"))
+    return {s["mode"]: s.get("samples_per_s") for s in summaries}
+auto, off = rates(sys.argv[1]), rates(sys.argv[2])
+targets = {"allreduce": 2.0, "bsp": 2.0, "asp": 1.5}
+for mode in sorted(set(auto) & set(off)):
+    a, o, t = auto[mode], off[mode], targets.get(mode)
+    if not a or not o:
+        print(f"{mode}: no samples/s to compare (defaults {a}, without MPS and graphs {o})")
+        continue
+    print(f"{mode:10s} defaults {a:10,.0f}, without MPS and graphs {o:10,.0f} samples/s: {a / o:.2f}x"
+          + (f" (target {t}x: {'met' if a / o >= t else 'not met'})" if t else ""))
+EOF
 fi
 
 if wanted 7; then  # ---- step 7 ----
