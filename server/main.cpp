@@ -36,6 +36,9 @@ int main(int argc, char** argv) {
   app.add_option("--run-start", opt.run_start, "run start, Unix seconds (metric times count from it)");
   app.add_option("--procs-on-host", opt.procs_on_host,
                  "processes sharing this host's cores (sets the server's threads when cluster.server_threads = 0)");
+  app.add_option("--servers-on-host", opt.servers_on_host,
+                 "of them servers and backups (train.device = \"cuda\": the servers share the cores the GPU processes "
+                 "leave, one each)");
   std::string auth_key;
   app.add_option("--auth-key", auth_key, "the run's key file (mode 0600, made by the launcher): peers authenticate");
   app.add_flag("--wait-for-shutdown", opt.wait_for_shutdown, "after every worker's Bye, serve until a Shutdown arrives");

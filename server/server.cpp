@@ -48,7 +48,7 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   so.train_size = train_set_size(cfg);
   so.batch = cfg.train.batch * cfg.train.accumulate;  // samples behind one push
   so.record_pulls = opt.record_pulls;
-  so.threads = server_threads(cfg, opt.procs_on_host);
+  so.threads = server_threads(cfg, opt.procs_on_host, opt.servers_on_host);
   so.memory = [&transport](std::size_t bytes) { return transport.payload_memory(bytes); };  // shm: replies without a copy
   so.pieces = pieces_of(cfg);
   state_ = std::make_unique<ShardState>(*cpu_, so, std::move(slice));

@@ -74,6 +74,7 @@ struct ServerOptions {
   bool record_pulls = false;     // keep (and write) a record of every served pull
   double stats_every_s = 1.0;    // period of the "server" metrics line
   int procs_on_host = 1;         // processes sharing this host's cores (cluster.server_threads = 0)
+  int servers_on_host = 1;       // of them servers (and backups): a GPU run's share the cores the rest leave
   const std::atomic<bool>* stop = nullptr;  // set (e.g. by a signal handler) to stop serving
   // Checkpoints (ps/checkpoint.h): written to checkpoint_path every checkpoint.every_s and when
   // the server stops, however it stops ("" = none); resume_path: go on from this checkpoint.

@@ -31,8 +31,9 @@
 #      bench_ps --device cuda (23.3 MB from and to GPU memory, against one D2H + one H2D copy);
 #      runs/bench/gpu-ps-*.json
 #   5. the data path of GPU workers: experiments/configs/gpu-datapath.toml (4 workers on this
-#      machine's GPU, 2 servers, a 23.3 MB model, asp and bsp, overlap on and off): each
-#      run's comm / compute / wait ms per step
+#      machine's GPU, 2 servers, a 23.3 MB model, asp and bsp, overlap on and off; then overlap
+#      on with the servers' threads a CPU run's share of the cores): each run's comm / compute /
+#      wait ms per step
 #   6. GPUs shared through MPS: the default comparison (no straggler, 1 epoch) on this GPU with
 #      the defaults (cluster.mps = "auto": a private MPS daemon, its 4 workers share the GPU; step
 #      graphs) and with cluster.mps = "off" and train.cuda_graphs = "off"
@@ -322,18 +323,29 @@ fi
 
 if wanted 5; then  # ---- step 5 ----
 step "5. the data path of GPU workers: 4 on this GPU, 2 servers, 23.3 MB model, overlap on and off (--lean: on)"
-quick5=(); ((quick)) && quick5=(--set train.steps=40)
-((lean)) && quick5=(--set cluster.overlap=\"auto\")  # (GPU workers: on)
-log="$out/gpu-datapath.log"
-if /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/gpu-datapath.toml" --build-dir "$build" \
-     "${quick5[@]}" --runs-dir "$root/runs/gpu-datapath" --no-plots --keep-going > "$log" 2>&1; then
-  for s in "$root"/runs/gpu-datapath/gpu-datapath/latest/*/summary.json; do
-    /usr/bin/python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); t = d["step_time_ms"]
+# Runs gpu-datapath.toml with these --set arguments into runs/$1; prints each run's ms per step.
+datapath() {
+  local name=$1 log="$out/$1.log"; shift
+  if /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/gpu-datapath.toml" --build-dir "$build" \
+       "$@" --runs-dir "$root/runs/$name" --no-plots --keep-going > "$log" 2>&1; then
+    for s in "$root/runs/$name"/gpu-datapath/latest/*/summary.json; do
+      /usr/bin/python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); t = d["step_time_ms"]
 print("%-24s comm %6.2f  compute %5.2f  wait %5.2f ms/step  %9.0f samples/s  (comm target <= 3 ms: %s)" % (sys.argv[1].split("/")[-2],
       t["comm"], t["compute"], t["wait"], d["samples_per_s"], "met" if t["comm"] <= 3.0 else "not met"))' "$s"
-  done
-else
-  failed+=("GPU data path (gpu-datapath.toml)"); grep -v "^\[" "$log" | tail -20
+    done
+  else
+    failed+=("GPU data path ($name)"); grep -v "^\[" "$log" | tail -20
+  fi
+}
+quick5=(); ((quick)) && quick5=(--set train.steps=40)
+((lean)) && quick5=(--set cluster.overlap=\"auto\")  # (GPU workers: on)
+datapath gpu-datapath "${quick5[@]}"
+if ((!lean)); then
+  # The servers' threads as a CPU run would share the cores (the host's cores / its 7 processes),
+  # against the GPU run's default above (the cores the GPU processes leave).
+  share=$(($(nproc) / 7)); ((share < 1)) && share=1
+  echo "with cluster.server_threads = $share (the host's cores / its processes), overlap on:"
+  datapath gpu-datapath-share --set cluster.overlap=\"auto\" --set "cluster.server_threads=$share" "${quick5[@]}"
 fi
 fi
 

@@ -168,6 +168,7 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_address=None):
     """
     layout = plan.processes
     per_host = collections.Counter(hosts)
+    servers_on = collections.Counter(h for h, p in zip(hosts, layout) if p["role"] in ("server", "backup"))
     cfg = str(run_dir / "config.toml")
     common = ["-o", str(run_dir), "--run-start", f"{run_start:.6f}"]
     servers = [(i, p["name"]) for i, p in enumerate(layout) if p["role"] == "server"]
@@ -195,7 +196,7 @@ def place(plan, run_dir, run_start, bins, hosts, endpoints, gloo_address=None):
         if role in ("server", "backup"):
             argv = [str(bins.server), "-c", cfg, "--shard", str(rank), "--bind", endpoints.bind(i, name),
                     "--metrics", str(run_dir / "metrics" / f"{name}.jsonl"), "--run-start", f"{run_start:.6f}",
-                    "--wait-for-shutdown", "--procs-on-host", str(per_host[host]),
+                    "--wait-for-shutdown", "--procs-on-host", str(per_host[host]), "--servers-on-host", str(servers_on[host]),
                     "--checkpoint", str(checkpoint_path(run_dir, name))]
             if role == "server":
                 argv += ["--trace", str(run_dir / "trace" / f"{name}.txt")]  # the order it applied and served in

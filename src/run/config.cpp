@@ -87,7 +87,8 @@ void visit_fields(Config& c, F&& f) {
   f("cluster.workers", c.cluster.workers, "worker processes");
   f("cluster.servers", c.cluster.servers, "parameter servers (PS modes)");
   f("cluster.server_threads", c.cluster.server_threads,
-    "threads a server splits a large update over (0 = host cores / processes on it)");
+    "threads a server splits a large update over (0 = host cores / processes on it; with train.device = \"cuda\" the "
+    "servers share the cores the GPU processes leave, one each)");
   f("cluster.transport", c.cluster.transport, "how processes exchange messages (listed below)");
   f("cluster.codec", c.cluster.codec, "how pushes encode gradients (listed below)");
   f("cluster.pull_codec", c.cluster.pull_codec,

@@ -70,7 +70,7 @@ struct ClusterConfig {
   std::string mode = "bsp";  // a mode of ps/modes/: "allreduce", "bsp", "ssp:<s>", "asp", ...
   int workers = 1;
   int servers = 1;           // PS modes only
-  int server_threads = 0;    // threads per server for large updates (0 = host cores / processes on it)
+  int server_threads = 0;    // threads per server for large updates (0: run/setup.h's server_threads)
   std::string transport = "tcp";     // comm/transport/: "tcp", "ipc", "shm", "auto"
   std::string codec = "f32";         // ps/codecs/: how pushes encode gradients
   std::string pull_codec = "f32";    // how pull replies to workers encode θ: "f32", "f16", "bf16"

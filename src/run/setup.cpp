@@ -81,10 +81,14 @@ int blas_threads(const ExperimentConfig& c, int processes_on_host) {
   return std::max(1, cores / std::max(1, processes_on_host));
 }
 
-int server_threads(const ExperimentConfig& c, int processes_on_host) {
+int server_threads(const ExperimentConfig& c, int processes_on_host, int servers_on_host, int cores) {
   if (c.cluster.server_threads > 0) return c.cluster.server_threads;
-  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, processes_on_host));
+  if (cores <= 0) cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int procs = std::max(1, processes_on_host);
+  const int share = std::max(1, cores / procs);
+  if (c.train.device != "cuda") return share;
+  const int servers = std::clamp(servers_on_host, 1, procs);
+  return std::max(share, (cores - (procs - servers)) / servers);
 }
 
 bool overlaps(const ExperimentConfig& c, int processes_on_host) {

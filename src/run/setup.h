@@ -47,8 +47,10 @@ std::unique_ptr<comm::Transport> run_transport(const ExperimentConfig& c, const 
 // BLAS threads for a process: train.threads, or the host's cores / processes_on_host.
 int blas_threads(const ExperimentConfig& c, int processes_on_host);
 // Threads a server splits a large update over: cluster.server_threads, or the host's cores /
-// processes_on_host.
-int server_threads(const ExperimentConfig& c, int processes_on_host);
+// processes_on_host; in a GPU run (train.device = "cuda") the servers on the host share the
+// cores its other processes leave, a core each (they compute on GPUs; at least the share
+// above). cores: the host's (0: std::thread::hardware_concurrency()).
+int server_threads(const ExperimentConfig& c, int processes_on_host, int servers_on_host = 1, int cores = 0);
 // Whether a training process overlaps communication with backward (cluster.overlap): true or
 // false as set; "auto": on for GPU workers of the modes that push gradients (∇θ leaves the GPU
 // on its copy engine while the GPU computes the rest, the host idle otherwise), on for CPU

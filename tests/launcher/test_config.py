@@ -85,6 +85,8 @@ class Config(LauncherTestCase):
         self.assertEqual(len(set(binds)), 2)
         for k in range(2):
             self.assertEqual(option(cmds[f"server{k}"][1], "--shard"), str(k))
+            self.assertEqual(option(cmds[f"server{k}"][1], "--procs-on-host"), "6")
+            self.assertEqual(option(cmds[f"server{k}"][1], "--servers-on-host"), "2")  # (a GPU run's share the rest)
         for w in range(3):
             argv = cmds[f"worker{w}"][1]
             self.assertEqual(argv[1], "ps")

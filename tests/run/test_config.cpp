@@ -332,6 +332,23 @@ TEST(Setup, OverlapAutoIsDecidedPerDeviceAndHost) {
   EXPECT_TRUE(overlaps(cfg("mode = \"bsp\"\noverlap = true\n"), cores + 1));
 }
 
+// cluster.server_threads = 0: a CPU run shares the cores among all processes; in a GPU run the
+// workers and the evaluator keep a core each and the servers share the rest.
+TEST(Setup, ServersShareTheCoresThatGpuProcessesLeave) {
+  auto cfg = [](const std::string& train, const std::string& cluster = "") {
+    return parse_config("name = \"x\"\n[train]\n" + train + "[cluster]\nmode = \"asp\"\n" + cluster, "exp.toml");
+  };
+  const ExperimentConfig cpu = cfg(""), gpu = cfg("device = \"cuda\"\n");
+  EXPECT_EQ(server_threads(cpu, 7, 2, 16), 2);   // 4 workers, 2 servers, the evaluator: 16 / 7
+  EXPECT_EQ(server_threads(gpu, 7, 2, 16), 5);   // (16 - 5 GPU processes) / 2 servers
+  EXPECT_EQ(server_threads(gpu, 11, 2, 16), 3);  // 8 GPU workers and the evaluator
+  EXPECT_EQ(server_threads(gpu, 2, 2, 16), 8);   // servers alone on their host
+  EXPECT_EQ(server_threads(gpu, 7, 2, 2), 1);    // fewer cores than processes: at least one
+  EXPECT_EQ(server_threads(gpu, 7, 9, 16), 2);   // more servers than processes said: the plain share
+  EXPECT_EQ(server_threads(cfg("device = \"cuda\"\n", "server_threads = 3\n"), 7, 2, 16), 3);  // as set
+  EXPECT_EQ(server_threads(cpu, 1), std::max(1, int(std::thread::hardware_concurrency())));  // defaults: this host
+}
+
 TEST(Setup, AScheduleSpansTheStepsThatRunWhenTrainStepsDecides) {
   const ExperimentConfig c = parse_config(
       "name = \"x\"\n[data]\nkind = \"logistic\"\ntrain_samples = 1024\n[train]\nbatch = 32\nsteps = 64\n"
