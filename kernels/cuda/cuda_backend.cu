@@ -231,6 +231,7 @@ class CudaBackend final : public Backend {
     // Let queued work finish before the stream, handle and scratch go away.
     if (const cudaError_t e = cudaStreamSynchronize(stream_->get()); e != cudaSuccess)
       report_cleanup_error("cudaStreamSynchronize", cudaGetErrorString(e));
+    loss_branch_.reset();  // (its copy into loss_host_ landed)
     deallocate_host(loss_host_);
     deallocate(cublas_workspace_);  // (the handle makes no more calls that use it)
   }
@@ -345,6 +346,7 @@ class CudaBackend final : public Backend {
     activate();
     PSLAB_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
     if (lane_) PSLAB_CUDA_CHECK(cudaStreamSynchronize(lane_->stream.get()));
+    if (loss_branch_) PSLAB_CUDA_CHECK(cudaStreamSynchronize(loss_branch_->stream.get()));
   }
 
   // ---- copies beside the compute: the copy lane (a second stream, so the copy engine) ----
@@ -578,8 +580,15 @@ class CudaBackend final : public Backend {
     recording_ = false;
     const Pending loss = pending_;
     pending_ = {};  // (recorded, not computed: a replay leaves it pending)
+    cudaError_t joined = cudaSuccess;
+    if (loss_branch_open_) {  // the loss's branch joins the compute stream: a capture ends with every fork joined
+      loss_branch_open_ = false;
+      joined = cudaEventRecord(loss_branch_->join.get(), loss_branch_->stream.get());
+      if (joined == cudaSuccess) joined = cudaStreamWaitEvent(stream_->get(), loss_branch_->join.get(), 0);
+    }
     cudaGraph_t graph = nullptr;
     cudaError_t e = cudaStreamEndCapture(stream_->get(), &graph);
+    if (e == cudaSuccess && joined != cudaSuccess) e = joined;  // (the graph, if any, is destroyed below)
     cudaGraphExec_t exec = nullptr;
     if (e == cudaSuccess) {
       e = cudaGraphInstantiate(&exec, graph, 0);
@@ -704,6 +713,10 @@ class CudaBackend final : public Backend {
     const std::size_t bytes = kCounterBytes + std::size_t(rows) * sizeof(float);
     if (recording_ && bytes > loss_dev_.capacity()) not_while_recording("a deferred loss larger than any before it");
     auto* base = static_cast<unsigned char*>(loss_dev_.get(bytes));
+    // The last loss's copy (on the loss branch) has read the buffer before it is written again:
+    // waited for where it was queued outside a recording (loss_ready_ then marks it; one a graph
+    // made ended with its graph, and a recording starts with the last loss taken).
+    if (loss_copy_queued_ && !recording_) PSLAB_CUDA_CHECK(cudaStreamWaitEvent(stream_->get(), loss_ready_->get(), 0));
     PSLAB_CUDA_CHECK(cudaMemsetAsync(base, 0, sizeof(int), stream_->get()));
     return base;
   }
@@ -717,11 +730,18 @@ class CudaBackend final : public Backend {
       loss_host_bytes_ = bytes;
     }
     if (!loss_ready_) loss_ready_ = std::make_unique<Event>();
-    PSLAB_CUDA_CHECK(cudaMemcpyAsync(loss_host_, dev, bytes, cudaMemcpyDeviceToHost, stream_->get()));
-    // Recording: an event node, recorded by each replay once the loss landed (so take_loss()
-    // waits for forward and the loss alone, not for the graph's backward).
-    PSLAB_CUDA_CHECK(cudaEventRecordWithFlags(loss_ready_->get(), stream_->get(),
+    if (!loss_branch_) loss_branch_ = std::make_unique<LossBranch>();
+    // The loss leaves on a branch forked from the compute stream after the loss kernel, so that
+    // backward goes on without waiting for the copy; loss_ready_ once it landed (take_loss()
+    // waits for forward and the loss alone). Recording: the branch is part of the graph, joined
+    // at its end (end_recording), and loss_ready_ an event node that each replay records.
+    PSLAB_CUDA_CHECK(cudaEventRecord(loss_branch_->fork.get(), stream_->get()));
+    PSLAB_CUDA_CHECK(cudaStreamWaitEvent(loss_branch_->stream.get(), loss_branch_->fork.get(), 0));
+    PSLAB_CUDA_CHECK(cudaMemcpyAsync(loss_host_, dev, bytes, cudaMemcpyDeviceToHost, loss_branch_->stream.get()));
+    PSLAB_CUDA_CHECK(cudaEventRecordWithFlags(loss_ready_->get(), loss_branch_->stream.get(),
                                               recording_ ? cudaEventRecordExternal : cudaEventRecordDefault));
+    loss_branch_open_ = loss_branch_open_ || recording_;
+    loss_copy_queued_ = !recording_;
   }
 
   // Device scratch of at least `bytes`, which a recording may use but not grow.
@@ -782,6 +802,19 @@ class CudaBackend final : public Backend {
   Scratch scratch_;
   Scratch loss_dev_;  // the deferred loss's, apart from scratch_ (which backward reuses)
   std::unique_ptr<Event> loss_ready_;
+  // The deferred loss's way to the host, beside the compute (made on first use): its stream, the
+  // compute stream's point it forks from and, in a recording, the point it joins back at.
+  struct LossBranch {
+    Stream stream;
+    Event fork, join;
+    ~LossBranch() {
+      if (const cudaError_t e = cudaStreamSynchronize(stream.get()); e != cudaSuccess)
+        report_cleanup_error("cudaStreamSynchronize (loss branch)", cudaGetErrorString(e));
+    }
+  };
+  std::unique_ptr<LossBranch> loss_branch_;
+  bool loss_branch_open_ = false;  // recording: forked, not yet joined
+  bool loss_copy_queued_ = false;  // the last loss copy was queued outside a recording
   // Host staging for reduction results; grows like the scratch and is reused.
   std::vector<unsigned char> host_bytes_;
   std::vector<double> host_doubles_;
