@@ -9,7 +9,7 @@
 # (below, from the last lent GPU or a guess) no longer fits in what is left is skipped, saying so,
 # and a running step is stopped when the budget ends: on a machine lent for minutes, put the
 # steps that matter most first. Estimates on one H100/H200, seconds (a guess where no GPU has
-# measured it yet): 1: 90, 2: 200, 3: 300, 4: 90, 5: 150, 6: 120, 7: 150, 8: 200; with --lean
+# measured it yet): 1: 90, 2: 200, 3: 300, 4: 90, 5: 220, 6: 120, 7: 150, 8: 200; with --lean
 # 2: 140, 4: 30, 5: 75, 6: 90, 8: 100; --estimate N=SECONDS (repeatable) replaces one. (Tests: PSLAB_GPU_SH_STEP, a command run with the step's
 # number in place of each step.)
 #
@@ -58,7 +58,7 @@
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="$root/build" quick=0 lean=0 only=1,2,3,4,5,6,7,8 budget=0 out="$root/runs/bench" child=0 estimates=()
-estimate=(0 90 200 300 90 150 120 150 200)  # seconds per step (the header says whence)
+estimate=(0 90 200 300 90 220 120 150 200)  # seconds per step (the header says whence)
 while (($#)); do
   case $1 in
     --build-dir) build=$2; shift 2 ;;
