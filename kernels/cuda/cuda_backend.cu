@@ -613,6 +613,10 @@ class CudaBackend final : public Backend {
     if (!graph.used().still(buffers_now())) return false;
     if (pending_.rows) throw std::logic_error("CudaBackend::replay with a deferred loss not taken");
     activate();
+    // A loss copied outside a recording (one never taken) has left loss_dev_ and loss_host_,
+    // which the graph writes again.
+    if (loss_copy_queued_) PSLAB_CUDA_CHECK(cudaStreamWaitEvent(stream_->get(), loss_ready_->get(), 0));
+    loss_copy_queued_ = false;
     PSLAB_CUDA_CHECK(cudaGraphLaunch(graph.exec(), stream_->get()));
     pending_ = {graph.loss_rows(), graph.loss_C()};  // (its loss_ready_ is an event node of the graph)
     return true;
@@ -712,6 +716,8 @@ class CudaBackend final : public Backend {
     activate();
     const std::size_t bytes = kCounterBytes + std::size_t(rows) * sizeof(float);
     if (recording_ && bytes > loss_dev_.capacity()) not_while_recording("a deferred loss larger than any before it");
+    if (recording_ && loss_branch_open_)  // (its copy would still read the buffer this one writes)
+      throw std::logic_error("CudaBackend: a second deferred loss in one step graph");
     auto* base = static_cast<unsigned char*>(loss_dev_.get(bytes));
     // The last loss's copy (on the loss branch) has read the buffer before it is written again:
     // waited for where it was queued outside a recording (loss_ready_ then marks it; one a graph
@@ -737,10 +743,10 @@ class CudaBackend final : public Backend {
     // at its end (end_recording), and loss_ready_ an event node that each replay records.
     PSLAB_CUDA_CHECK(cudaEventRecord(loss_branch_->fork.get(), stream_->get()));
     PSLAB_CUDA_CHECK(cudaStreamWaitEvent(loss_branch_->stream.get(), loss_branch_->fork.get(), 0));
+    loss_branch_open_ = loss_branch_open_ || recording_;  // (joined, so end_recording joins it back)
     PSLAB_CUDA_CHECK(cudaMemcpyAsync(loss_host_, dev, bytes, cudaMemcpyDeviceToHost, loss_branch_->stream.get()));
     PSLAB_CUDA_CHECK(cudaEventRecordWithFlags(loss_ready_->get(), loss_branch_->stream.get(),
                                               recording_ ? cudaEventRecordExternal : cudaEventRecordDefault));
-    loss_branch_open_ = loss_branch_open_ || recording_;
     loss_copy_queued_ = !recording_;
   }
 
