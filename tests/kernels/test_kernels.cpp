@@ -142,6 +142,27 @@ TEST_F(CpuKernels, AxpyScaleSumSquares) {
   EXPECT_DOUBLE_EQ(be->sum_squares(x.data(), 0), 0.0);
 }
 
+// A long axpy on 2 threads runs on OpenBLAS's threads right after a GEMM and on the backend's
+// team after a pass of the team's: y + a x within rounding (one FMA or a product and a sum) on
+// either, every element written, on the same backend in turn.
+TEST(CpuKernelsThreads, ALongAxpyIsRightAfterAGemmAndAfterATeamPass) {
+  auto be = make_cpu_backend(2, CpuConvolutions::im2col);
+  const std::size_t n = std::size_t(1) << 18;  // past the length a pass is split at
+  const auto x = random_vec(n, 11), y0 = random_vec(n, 12);
+  std::vector<float> g(64 * 64, 1.0f), gc(64 * 64), r_in(n);
+  for (int after_gemm : {1, 0, 1}) {
+    if (after_gemm) be->gemm(Trans::no, Trans::no, 64, 64, 64, 1.0f, g.data(), 64, g.data(), 64, 0.0f, gc.data(), 64);
+    else be->relu_forward(y0.data(), r_in.data(), n);  // long: split over the team
+    std::vector<float> y = y0;
+    const float a = -0.37f;
+    be->axpy(n, a, x.data(), y.data());
+    for (std::size_t i = 0; i < n; ++i) {
+      const double want = double(y0[i]) + double(a) * double(x[i]);
+      ASSERT_NEAR(y[i], want, 1e-6 * (1.0 + std::abs(want))) << "element " << i << (after_gemm ? " after a GEMM" : " after a team pass");
+    }
+  }
+}
+
 // im2col and col2im are adjoint: <im2col(x), c> == <x, col2im(c)> for all x, c. With x a
 // unit vector this also checks every single entry of both.
 TEST_F(CpuKernels, Im2colCol2imAreAdjointAndMatchDirectIndexing) {
