@@ -370,6 +370,39 @@ TEST(CpuConvolution, ForwardAndBackwardEqualADirectConvolutionOnEveryPath) {
 // forward, backward) and mean pool equal the NCHW backend's on the same images relaid, on 1 and
 // 2 threads (bitwise the same on both: the sums in image order); relayout_images is the
 // transposition of each image, and its inverse.
+// The backend's batch-norm loops are cloned for AVX-512 and AVX2 and picked by the CPU: each
+// clone must give the values of the plain scalar arithmetic (math::bn_forward_value, here
+// compiled for any x86-64), bitwise: no contraction into fused multiply-adds.
+TEST(CpuImages, BatchNormIsThePlainArithmeticBitwiseOnEveryCpu) {
+  for (const CpuConvolutions conv : {CpuConvolutions::onednn, CpuConvolutions::im2col}) {
+    auto be = make_cpu_backend(1, conv);
+    const int B = 3, C = 6, HW = 37;
+    const std::size_t n = std::size_t(B) * C * HW;
+    const auto x = random_vec(n, 61, 3.0);
+    std::vector<float> gamma(C), beta(C);
+    for (int c = 0; c < C; ++c) gamma[c] = 0.7f + 0.13f * float(c), beta[c] = 0.3f - 0.11f * float(c);
+    for (const bool training : {true, false}) {
+      std::vector<float> y(n), mean(C), invstd(C), running_mean(C, 0.2f), running_var(C, 1.7f);
+      be->batch_norm_forward(x.data(), B, C, HW, gamma.data(), beta.data(), training, 0.1f, 1e-5f, running_mean.data(),
+                             running_var.data(), mean.data(), invstd.data(), y.data());
+      if (!training)
+        for (int c = 0; c < C; ++c) {
+          const math::BnChannel s = math::bn_running_channel(running_mean[c], running_var[c], 1e-5f);
+          mean[c] = s.mean, invstd[c] = s.invstd;
+        }
+      const bool nhwc = be->image_layout() == ImageLayout::nhwc;
+      long differ = 0;
+      for (int b = 0; b < B; ++b)
+        for (int c = 0; c < C; ++c)
+          for (int k = 0; k < HW; ++k) {
+            const std::size_t at = nhwc ? (std::size_t(b) * HW + k) * C + c : (std::size_t(b) * C + c) * HW + k;
+            differ += y[at] != math::bn_forward_value(x[at], math::BnChannel{mean[c], invstd[c]}, gamma[c], beta[c]);
+          }
+      EXPECT_EQ(differ, 0) << (training ? "training" : "inference") << ", " << be->describe();
+    }
+  }
+}
+
 TEST(CpuImages, NhwcBatchNormMeanPoolAndRelayoutEqualNchws) {
   for (const int threads : {1, 2}) {
     auto nhwc = make_cpu_backend(threads), nchw = make_cpu_backend(threads, CpuConvolutions::im2col);
