@@ -257,29 +257,87 @@ std::optional<Header> decode(const void* data, std::size_t size, std::string& er
 
 namespace {
 #if defined(__x86_64__)
-// The lane loop below, 16 words (4 rounds of the 4 lanes) per iteration in AVX2 registers
-// (lane l in 64-bit element l): with X0..X3 the rounds' words, widened,
-//   a' = a + X0 + X1 + X2 + X3,   b' = b + 4a + 4 X0 + 3 X1 + 2 X2 + X3,
-// which is what four scalar rounds compute (all mod 2^64): bitwise the same sums, ~1.6x the
-// speed. `rounds16` iterations; a and b are the 4 lanes' sums.
-__attribute__((target("avx2"))) void lanes_avx2(const std::byte* src, std::size_t rounds16, std::uint64_t* a_io,
-                                                std::uint64_t* b_io) {
-  __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a_io));
-  __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b_io));
-  for (std::size_t r = 0; r < rounds16; ++r, src += 64) {
-    const __m128i* in = reinterpret_cast<const __m128i*>(src);
-    const __m256i x0 = _mm256_cvtepu32_epi64(_mm_loadu_si128(in));  // 4 words widened to 64 bits
-    const __m256i t2 = _mm256_add_epi64(x0, _mm256_cvtepu32_epi64(_mm_loadu_si128(in + 1)));  // running sums
-    const __m256i t3 = _mm256_add_epi64(t2, _mm256_cvtepu32_epi64(_mm_loadu_si128(in + 2)));
-    const __m256i t4 = _mm256_add_epi64(t3, _mm256_cvtepu32_epi64(_mm_loadu_si128(in + 3)));
-    b = _mm256_add_epi64(b, _mm256_add_epi64(_mm256_slli_epi64(a, 2),
-                                             _mm256_add_epi64(_mm256_add_epi64(x0, t2), _mm256_add_epi64(t3, t4))));
-    a = _mm256_add_epi64(a, t4);
+// The lane loops below add the words as they are, in 32-bit sums, and fold those into the
+// 64-bit lanes every block of at most kBlockSteps steps: one add per word and per sum, no
+// widening. A step reads S = `phases` rounds of the 4 lanes (16 S bytes) into 32-bit elements
+// e = 4 p + l (round p of the step, lane l), and for each element
+//   A += x,  B += A         (A = Σ x,  B = Σ (M − k) x_k over the block's M steps)
+//   Ah += x >> 16, Bh += Ah (the same sums of the high halves)
+// all modulo 2^32. The high halves' sums are exact (Bh ≤ 65535 M (M + 1) / 2 < 2^32 for
+// M ≤ 361), and so are those of the low halves, recovered as A − 2^16 Ah (mod 2^32); hence the
+// exact A and B. Round p of step k is round S k + p of the block in its lane, so over the block
+//   a' = a + Σ_p A_p,   b' = b + S M a + Σ_p (S B_p − p A_p)
+// which is what the scalar rounds compute (all mod 2^64): bitwise the same sums.
+constexpr std::size_t kBlockSteps = 256;
+
+void fold_block(int phases, std::size_t steps, const std::uint32_t* A, const std::uint32_t* Ah, const std::uint32_t* B,
+                const std::uint32_t* Bh, std::uint64_t* a, std::uint64_t* b) {
+  auto exact = [](std::uint32_t sum, std::uint32_t high) {  // the high halves' sum is exact
+    return std::uint64_t(std::uint32_t(sum - (high << 16))) + (std::uint64_t(high) << 16);
+  };
+  const std::uint64_t S = std::uint64_t(phases);
+  for (int l = 0; l < 4; ++l) {
+    std::uint64_t da = 0, db = 0;
+    for (int p = 0; p < phases; ++p) {
+      const int e = 4 * p + l;
+      const std::uint64_t ap = exact(A[e], Ah[e]), bp = exact(B[e], Bh[e]);
+      da += ap;
+      db += S * bp - std::uint64_t(p) * ap;
+    }
+    b[l] += S * steps * a[l] + db;
+    a[l] += da;
   }
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(a_io), a);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(b_io), b);
+}
+
+// Steps of 64 bytes (4 rounds) in two AVX2 registers; `steps` steps from src.
+__attribute__((target("avx2"))) void lanes_avx2(const std::byte* src, std::size_t steps, std::uint64_t* a,
+                                                std::uint64_t* b) {
+  while (steps) {
+    const std::size_t m = std::min(steps, kBlockSteps);
+    __m256i A0 = _mm256_setzero_si256(), A1 = A0, Ah0 = A0, Ah1 = A0, B0 = A0, B1 = A0, Bh0 = A0, Bh1 = A0;
+    for (std::size_t k = 0; k < m; ++k, src += 64) {
+      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+      const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32));
+      A0 = _mm256_add_epi32(A0, x0), A1 = _mm256_add_epi32(A1, x1);
+      Ah0 = _mm256_add_epi32(Ah0, _mm256_srli_epi32(x0, 16)), Ah1 = _mm256_add_epi32(Ah1, _mm256_srli_epi32(x1, 16));
+      B0 = _mm256_add_epi32(B0, A0), B1 = _mm256_add_epi32(B1, A1);
+      Bh0 = _mm256_add_epi32(Bh0, Ah0), Bh1 = _mm256_add_epi32(Bh1, Ah1);
+    }
+    alignas(32) std::uint32_t s[4][16];
+    const __m256i sums[4][2] = {{A0, A1}, {Ah0, Ah1}, {B0, B1}, {Bh0, Bh1}};
+    for (int j = 0; j < 4; ++j)
+      for (int h = 0; h < 2; ++h) _mm256_store_si256(reinterpret_cast<__m256i*>(s[j] + 8 * h), sums[j][h]);
+    fold_block(4, m, s[0], s[1], s[2], s[3], a, b);
+    steps -= m;
+  }
+}
+
+// x >> 16 per 32-bit element (GCC 12's _mm512_srli_epi32 warns of an undefined passthrough).
+__attribute__((target("avx512f"))) inline __m512i high16(__m512i x) { return __m512i(__v16su(x) >> 16); }
+
+// Steps of 128 bytes (8 rounds) in two AVX-512 registers.
+__attribute__((target("avx512f"))) void lanes_avx512(const std::byte* src, std::size_t steps, std::uint64_t* a,
+                                                     std::uint64_t* b) {
+  while (steps) {
+    const std::size_t m = std::min(steps, kBlockSteps);
+    __m512i A0 = _mm512_setzero_si512(), A1 = A0, Ah0 = A0, Ah1 = A0, B0 = A0, B1 = A0, Bh0 = A0, Bh1 = A0;
+    for (std::size_t k = 0; k < m; ++k, src += 128) {
+      const __m512i x0 = _mm512_loadu_si512(src), x1 = _mm512_loadu_si512(src + 64);
+      A0 = _mm512_add_epi32(A0, x0), A1 = _mm512_add_epi32(A1, x1);
+      Ah0 = _mm512_add_epi32(Ah0, high16(x0)), Ah1 = _mm512_add_epi32(Ah1, high16(x1));
+      B0 = _mm512_add_epi32(B0, A0), B1 = _mm512_add_epi32(B1, A1);
+      Bh0 = _mm512_add_epi32(Bh0, Ah0), Bh1 = _mm512_add_epi32(Bh1, Ah1);
+    }
+    alignas(64) std::uint32_t s[4][32];
+    const __m512i sums[4][2] = {{A0, A1}, {Ah0, Ah1}, {B0, B1}, {Bh0, Bh1}};
+    for (int j = 0; j < 4; ++j)
+      for (int h = 0; h < 2; ++h) _mm512_store_si512(s[j] + 16 * h, sums[j][h]);
+    fold_block(8, m, s[0], s[1], s[2], s[3], a, b);
+    steps -= m;
+  }
 }
 const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
+const bool kHaveAvx512 = __builtin_cpu_supports("avx512f");
 #endif
 }  // namespace
 
@@ -297,10 +355,15 @@ void Checksum::words(const std::byte* src, std::size_t n) {
   };
   for (; i < n && ((words_ + i) & 3) != 0; ++i) one(i);  // up to the next lane-0 word
 #if defined(__x86_64__)
-  if (kHaveAvx2 && n - i >= 16) {
-    const std::size_t rounds16 = (n - i) / 16;
-    lanes_avx2(src + 4 * i, rounds16, a_, b_);
-    i += 16 * rounds16;
+  if (kHaveAvx512 && simd_ == Simd::best && n - i >= 32) {
+    const std::size_t steps = (n - i) / 32;
+    lanes_avx512(src + 4 * i, steps, a_, b_);
+    i += 32 * steps;
+  }
+  if (kHaveAvx2 && simd_ != Simd::none && n - i >= 16) {
+    const std::size_t steps = (n - i) / 16;
+    lanes_avx2(src + 4 * i, steps, a_, b_);
+    i += 16 * steps;
   }
 #endif
   std::uint64_t a0 = a_[0], a1 = a_[1], a2 = a_[2], a3 = a_[3], b0 = b_[0], b1 = b_[1], b2 = b_[2], b3 = b_[3];

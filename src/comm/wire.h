@@ -109,6 +109,10 @@ std::uint64_t copy_with_checksum(float* dst, const float* src, std::size_t n);
 // cache after an update): update() in order over consecutive pieces, then value().
 class Checksum {
  public:
+  // The vector instructions the sums may use: the best this CPU has, or (for tests: every
+  // choice gives the same value) at most AVX2, or none.
+  enum class Simd { best, avx2, none };
+  explicit Checksum(Simd simd = Simd::best) : simd_(simd) {}
   void update_bytes(const void* data, std::size_t bytes);
   void update(const float* data, std::size_t n) { update_bytes(data, n * sizeof(float)); }
   std::uint64_t value() const;
@@ -124,6 +128,7 @@ class Checksum {
   std::size_t bytes_ = 0;
   std::byte tail_[4] = {};  // a partial word waiting for the next piece
   std::size_t tail_n_ = 0;
+  Simd simd_;
 };
 
 }  // namespace pslab::wire

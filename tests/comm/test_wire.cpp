@@ -297,10 +297,24 @@ TEST(Wire, ChecksumMatchesItsPlainDefinitionAtEveryLengthAlignmentAndSplit) {
       const std::uint64_t want = reference_checksum(p, n);
       EXPECT_EQ(checksum_bytes(p, n), want) << n << " bytes at offset " << align;
       for (std::size_t piece : {7u, 60u, 68u, 4096u}) {  // splits inside and across the 64-byte blocks
-        Checksum c;
-        for (std::size_t lo = 0; lo < n; lo += piece) c.update_bytes(p + lo, std::min(piece, n - lo));
-        EXPECT_EQ(c.value(), want) << n << " bytes at offset " << align << " in pieces of " << piece;
+        for (Checksum::Simd simd : {Checksum::Simd::best, Checksum::Simd::avx2, Checksum::Simd::none}) {
+          Checksum c(simd);
+          for (std::size_t lo = 0; lo < n; lo += piece) c.update_bytes(p + lo, std::min(piece, n - lo));
+          EXPECT_EQ(c.value(), want) << n << " bytes at offset " << align << " in pieces of " << piece << ", simd "
+                                     << int(simd);
+        }
       }
+    }
+  }
+  // Every word at its largest, over several of the vector loops' blocks (their 32-bit sums
+  // hold 256 steps of 64 or 128 bytes before they are folded into the 64-bit lanes).
+  const std::vector<unsigned char> ones(3 * 32768 + 4 * 128 + 20, 0xFF);
+  for (std::size_t n : {ones.size(), std::size_t(32768), std::size_t(65536 + 64)}) {
+    const std::uint64_t want = reference_checksum(ones.data(), n);
+    for (Checksum::Simd simd : {Checksum::Simd::best, Checksum::Simd::avx2, Checksum::Simd::none}) {
+      Checksum c(simd);
+      c.update_bytes(ones.data(), n);
+      EXPECT_EQ(c.value(), want) << n << " bytes of 0xFF, simd " << int(simd);
     }
   }
   std::vector<float> f(70001), g(70001);
