@@ -263,7 +263,7 @@ void Server::on_replicate(const wire::Replicate& r) {
     case wire::ReplicaEvent::piece: {
       const wire::Push& m = r.push;
       Pushing& pushing = pushing_[std::size_t(w)];
-      if (m.piece == 0) pushing = Pushing{m, "", 0};
+      if (m.piece == 0) pushing = Pushing{m, "", 0, false, {}};
       pushing.bytes += long(up_msg_.payload().size());
       const std::span<const std::byte> payload = up_msg_.payload();
       held_msgs_[std::size_t(w)].push_back(std::move(up_msg_));  // referenced by the shard until the push ends

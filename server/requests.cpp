@@ -314,7 +314,7 @@ void Server::on_push(const std::string& id, const Peer& p, const wire::Push& m, 
   }
   if (m.clock < state_->clock_of(p.rank)) return on_duplicate_push(id, p, m);
   Pushing& pushing = pushing_[std::size_t(p.rank)];
-  if (m.piece == 0) pushing = Pushing{m, "", 0};
+  if (m.piece == 0) pushing = Pushing{m, "", 0, false, {}};
   pushing.bytes += long(msg.payload().size());
   if (guard_ && guard_refuses(p.rank, m, msg)) return;  // its payload goes back with the next receive
   // The shard references the payload until the push ends (push_ended): the message is held
@@ -376,6 +376,9 @@ std::string Server::guard_check(int rank, const wire::Push& m, std::span<const s
   if (m.piece == 0)
     if (std::string why = guard_->check_batch(m.batch); !why.empty()) return why;
   const PushCodec& codec = state_->codec();
+  // Fewer bytes than the floats it claims (the header's byte count agrees): the shard refuses it,
+  // saying so; nothing reads past them.
+  if (codec.dense_f32() && payload.size() != m.length * sizeof(float)) return "";
   const bool in_place = codec.dense_f32() && reinterpret_cast<std::uintptr_t>(payload.data()) % alignof(float) == 0;
   if (!in_place && guard_scratch_.size() < m.length) guard_scratch_.resize(m.length);  // once: decoded codecs, unaligned transports
   const float* values = in_place ? reinterpret_cast<const float*>(payload.data()) : guard_scratch_.data();

@@ -120,7 +120,7 @@ TEST_P(CutConnections, ThreeTimesMidRunLoseNothingAndApplyNothingTwice) {
   EXPECT_GE(cut.reconnects, 3 * S) << "a cut connection must come back as a new session at its server";
   EXPECT_EQ(cut.pushes, W * S * steps) << "every push applied exactly once (" << cut.duplicates << " came again)";
   EXPECT_EQ(cut.updates_lost, 0);
-  if (GetParam().mode == "bsp") EXPECT_EQ(cut.theta, calm.theta) << "bsp: θ bitwise equal to the undisturbed run's";
+  if (GetParam().mode == "bsp") { EXPECT_EQ(cut.theta, calm.theta) << "bsp: θ bitwise equal to the undisturbed run's"; }
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, CutConnections,

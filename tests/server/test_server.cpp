@@ -157,6 +157,9 @@ TEST_P(BadInput, EveryKindIsCountedAnsweredAndLeavesThetaBitwiseUnchanged) {
   EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false, 0, 4 * P}),
                                   floats(std::vector<float>(10, 0.5f)))), "wrong_size");
   EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P - 1, false, 0, 4 * (P - 1)}), floats(g))), "wrong_shard");
+  // As many bytes as the header says, fewer than the floats it claims (nothing reads past them).
+  EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false, 0, 40}), floats(std::vector<float>(10, 0.5f)))),
+            "bad_payload");
   EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false, 0, 4 * P}))), "wrong_size");  // no payload
   {
     std::vector<float> flipped = g;
@@ -178,11 +181,12 @@ TEST_P(BadInput, EveryKindIsCountedAnsweredAndLeavesThetaBitwiseUnchanged) {
 
   EXPECT_EQ(before, theta()) << "θ changed after bad input";
   const auto stats = nlohmann::json::parse(evaluator->stats(0));
-  EXPECT_EQ(stats["bad_total"], 18) << stats.dump();
+  EXPECT_EQ(stats["bad_total"], 19) << stats.dump();
   EXPECT_EQ(stats["bad"]["malformed"], 4) << stats.dump();
   EXPECT_EQ(stats["bad"]["wrong_size"], 4) << stats.dump();
   EXPECT_EQ(stats["bad"]["config"], 3) << stats.dump();
   EXPECT_EQ(stats["bad"]["bad_checksum"], 1) << stats.dump();
+  EXPECT_EQ(stats["bad"]["bad_payload"], 1) << stats.dump();
   EXPECT_EQ(stats["version"], 0);
 
   // Still serving: a good push is applied (SGD, lr 1) and answered with the new θ.
@@ -239,7 +243,7 @@ std::vector<int> half_open_connections(const std::string& endpoint, int n) {
     a.sin_port = htons(std::uint16_t(port));
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     EXPECT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
-    if (i % 2) EXPECT_EQ(::send(fd, "\xff\0\0", 3, MSG_NOSIGNAL), 3);
+    if (i % 2) { EXPECT_EQ(::send(fd, "\xff\0\0", 3, MSG_NOSIGNAL), 3); }
     fds.push_back(fd);
   }
   return fds;
@@ -313,7 +317,7 @@ TEST_P(BadInput, AStormOfMutatedMessagesIsCountedAndChangesNothing) {
   }
   EXPECT_EQ(stats["bad_total"].get<long>(), sent) << stats.dump();
   EXPECT_GT(sent, storm_size * 9 / 10);
-  if (!packets) EXPECT_GT(huge_sent, 20) << "the storm sent too few 8 MiB frames to show they are counted";
+  if (!packets) { EXPECT_GT(huge_sent, 20) << "the storm sent too few 8 MiB frames to show they are counted"; }
   // Their bytes count as bad input, not as traffic the run moved (bytes_pushed in the summary).
   EXPECT_GT(stats["bytes_bad"].get<long>(), 1000000) << stats.dump();
   EXPECT_LT(stats["bytes_in"].get<long>() - bytes_in_before, 100000) << stats.dump();
