@@ -8,6 +8,7 @@
 #include <limits>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "expect.h"
 #include "harness.h"
@@ -68,6 +69,31 @@ TEST(PushGuard, RefusesABatchBeyondThePlanAValueNotFiniteAndAnOutsizedNorm) {
   EXPECT_TRUE(!g.refused(1) && !g.refused(1) && g.refused(1)) << "the third refusal in a row drops";
   EXPECT_EQ(g.refusals(1), 3);
   EXPECT_EQ(g.stats()["refused"]["1"], 3);
+}
+
+// The values' pass in wide vectors (64 float lanes, with a tail): the norm it finds, a value
+// that is not finite in the lanes or in the tail, and float lanes that overflow (redone in double).
+TEST(PushGuard, TheNormOfALongPushIsItsOwnInTheLanesTheTailAndPastFloatRange) {
+  PushGuard g(PushGuard::Options{64, 10.0, 0}, 2);  // (worker 1, never refused: the guard does not stand aside)
+  const float one[] = {0.6f, 0.8f};  // norm 1: the bound becomes 10
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_EQ(g.check_values(0, one, 2, 0, true), "");
+    g.accepted(0);
+  }
+  std::vector<float> v(1000);  // 15 rounds of 64 lanes and a tail of 40
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = (i % 3 == 0 ? -0.25f : 0.5f);
+  // Σ v² = 334 x 0.0625 + 666 x 0.25 = 187.375: norm 13.69
+  EXPECT_EQ(g.check_values(0, v.data(), v.size(), 0, true),
+            "a norm of 13.69, over 10 (10 x the median of the last accepted pushes; cluster.guard_norm_factor)");
+  std::fill(v.begin(), v.end(), 0.01f);  // Σ = 0.1: within the bound
+  EXPECT_EQ(g.check_values(0, v.data(), v.size(), 0, true), "");
+  v[700] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(g.check_values(0, v.data(), v.size(), 5, true), "a value that is not finite (nan at float 705 of the shard)");
+  v[700] = 0.01f, v[990] = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(g.check_values(0, v.data(), v.size(), 0, true), "a value that is not finite (-inf at float 990 of the shard)");
+  std::fill(v.begin(), v.end(), 1e20f);  // each square past float's range; the norm is 1e20 x sqrt(1000)
+  EXPECT_EQ(g.check_values(0, v.data(), v.size(), 0, true),
+            "a norm of 3.162e+21, over 10 (10 x the median of the last accepted pushes; cluster.guard_norm_factor)");
 }
 
 // Every worker's latest push refused for its values: the run diverges (too high a learning
