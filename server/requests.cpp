@@ -280,7 +280,7 @@ std::string Server::refuse_push(const Peer& p, const wire::Push& m, const comm::
   if (p.role != wire::Role::worker) return code = wire::ErrorCode::protocol, "only workers push";
   const PushCodec& codec = state_->codec();
   const std::size_t pieces = codec.dense_f32() ? state_->pieces() : 1;
-  if (m.pieces != 1 && (m.pieces != pieces || m.piece >= m.pieces))
+  if (m.piece >= m.pieces || (m.pieces != 1 && m.pieces != pieces))
     return code = wire::ErrorCode::protocol, "push piece " + std::to_string(m.piece) + " of " + std::to_string(m.pieces) +
                                                  "; server " + std::to_string(opt_.shard) + " takes pushes in " +
                                                  std::to_string(pieces) + " (cluster.piece_kib, cluster.codec)";

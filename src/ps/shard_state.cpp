@@ -399,6 +399,9 @@ void ShardState::push_piece(const PieceOf& p, std::span<const std::byte> payload
     abandon_push(p.worker, l);
     l.push_ended(Done{p.worker, p.clock, why});
   };
+  if (p.piece >= p.pieces)  // (a whole push is piece 0 of 1)
+    return refuse(std::make_exception_ptr(ProtocolError("push piece " + std::to_string(p.piece) + " of " +
+                                                        std::to_string(p.pieces) + " from worker " + std::to_string(p.worker))));
   if (p.piece == 0) {
     if (in.open)
       return refuse(std::make_exception_ptr(ProtocolError(

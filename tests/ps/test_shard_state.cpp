@@ -731,6 +731,36 @@ TEST(Pieces, APushAppliedWholeIsCheckedPieceByPiece) {
   EXPECT_EQ(s.checkpoint().kept_counts[1], 0) << "the clock's sum untouched";
 }
 
+// A piece beyond its push's count (a whole push is piece 0 of 1), from a worker whose whole push
+// waits behind another's in pieces: refused, nothing written past the push's pieces, and the
+// pushes go on as if it had not come.
+TEST(Pieces, APieceBeyondItsPushsCountIsRefused) {
+  auto cpu = make_cpu_backend(1);
+  const std::vector<float> init(100, 1.0f);
+  ShardState s(*cpu, in_pieces(options("asp", 2, 100)), init), whole(*cpu, options("asp", 2, 100), init);
+  const std::vector<float> g0 = gradient(0, 0, 100), g1 = gradient(1, 0, 100);
+  const auto bytes1 = std::as_bytes(std::span<const float>(g1));
+  Heard heard;
+  push_in_pieces(s, heard, 0, 0, 0, 1, g0, 0, 3);
+  s.push_piece({1, 0, 0, 1, 0, 1}, bytes1, wire::checksum(g1.data(), 100), heard);  // whole: waits
+  ASSERT_TRUE(heard.ended.empty());
+  for (std::size_t piece : {std::size_t(1), std::size_t(9), std::size_t(1) << 31}) {
+    heard = Heard{};
+    s.push_piece({1, 0, 0, 1, piece, 1}, bytes1, wire::checksum(g1.data(), 100), heard);
+    EXPECT_THROW(heard.applied(), ProtocolError) << "piece " << piece << " of 1";
+  }
+  s.push_piece({1, 0, 0, 1, 3, 2}, bytes1, wire::checksum(g1.data(), 100), heard);
+  EXPECT_THROW(heard.applied(), ProtocolError) << "piece 3 of 2";
+  heard = Heard{};
+  push_in_pieces(s, heard, 0, 0, 0, 1, g0, 3);
+  EXPECT_EQ(heard.applied(), std::vector<int>{0}) << "worker 1's whole push was abandoned with its bad piece";
+  s.push_piece({1, 0, 0, 1, 0, 1}, bytes1, wire::checksum(g1.data(), 100), heard);  // sent again: applied
+  EXPECT_EQ(heard.applied(), (std::vector<int>{0, 1}));
+  whole.push(0, 0, 0, 1, std::as_bytes(std::span<const float>(g0)), wire::checksum(g0.data(), 100));
+  whole.push(1, 0, 0, 1, bytes1, wire::checksum(g1.data(), 100));
+  EXPECT_EQ(std::memcmp(whole.current(), s.current(), 400), 0);
+}
+
 // A bad piece, a piece out of order, or a lost worker abandons its push: nothing of it applied,
 // and pushes waiting behind it go on.
 TEST(Pieces, AnAbandonedPushLeavesNoTrace) {

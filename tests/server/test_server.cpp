@@ -167,6 +167,8 @@ TEST_P(BadInput, EveryKindIsCountedAnsweredAndLeavesThetaBitwiseUnchanged) {
     EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false, 0, 4 * P}), floats(flipped))), "bad_checksum");
   }
   EXPECT_EQ(send_expect_error(msg(header(wire::Push{5, 0, 1, gsum, 0, P, false, 0, 4 * P}), floats(g))), "protocol");  // not its clock
+  EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false, 0, 4 * P, 1, 1}), floats(g))),
+            "protocol");  // piece 1 of a whole push
   EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false, /*codec*/ 7, 4 * P}), floats(g))),
             "config");  // not the run's codec
   EXPECT_EQ(send_expect_error(msg(header(wire::Push{0, 0, 1, gsum, 0, P, false, 0, 4 * P + 4}), floats(g))),
@@ -181,7 +183,7 @@ TEST_P(BadInput, EveryKindIsCountedAnsweredAndLeavesThetaBitwiseUnchanged) {
 
   EXPECT_EQ(before, theta()) << "θ changed after bad input";
   const auto stats = nlohmann::json::parse(evaluator->stats(0));
-  EXPECT_EQ(stats["bad_total"], 19) << stats.dump();
+  EXPECT_EQ(stats["bad_total"], 20) << stats.dump();
   EXPECT_EQ(stats["bad"]["malformed"], 4) << stats.dump();
   EXPECT_EQ(stats["bad"]["wrong_size"], 4) << stats.dump();
   EXPECT_EQ(stats["bad"]["config"], 3) << stats.dump();
