@@ -237,17 +237,22 @@ GroupWatch::~GroupWatch() {
   thread_.reset();  // stops and joins the watch before its connection goes
 }
 
-std::string GroupWatch::silent_rank(const std::string& status_json) const {
+std::string GroupWatch::silent_rank(const std::string& status_json, int rank, int world, double heartbeat_s) {
   const auto j = nlohmann::json::parse(status_json, nullptr, false);
-  if (j.is_discarded() || !j.contains("ranks") || !j["ranks"].is_array()) return "";
-  for (int r = 0; r < int(j["ranks"].size()) && r < world_; ++r) {
+  if (j.is_discarded() || !j.is_object() || !j.contains("ranks") || !j["ranks"].is_array()) return "";
+  const auto number = [](const nlohmann::json& x, const char* key, double otherwise) {
+    const auto it = x.find(key);
+    return it != x.end() && it->is_number() ? it->get<double>() : otherwise;
+  };
+  for (int r = 0; r < int(j["ranks"].size()) && r < world; ++r) {
     const auto& x = j["ranks"][std::size_t(r)];
-    if (r == rank_ || !x.is_object() || x.value("done", false)) continue;  // never joined: the start's own timeout
-    const double age = x.value("age_s", 0.0);
-    if (age > heartbeat_.count()) {
+    if (r == rank || !x.is_object()) continue;
+    if (const auto done = x.find("done"); done != x.end() && done->is_boolean() && done->get<bool>()) continue;
+    const double age = number(x, "age_s", 0.0);  // (a rank that never joined: the start's own timeout)
+    if (age > heartbeat_s) {
       char b[160];
-      std::snprintf(b, sizeof b, "rank %d lost: silent for %.1f s at step %ld (cluster.heartbeat_s = %g)", r, age,
-                    x.value("step", -1L), heartbeat_.count());
+      std::snprintf(b, sizeof b, "rank %d lost: silent for %.1f s at step %.0f (cluster.heartbeat_s = %g)", r, age,
+                    number(x, "step", -1.0), heartbeat_s);
       return b;
     }
   }
@@ -285,7 +290,7 @@ void GroupWatch::watch(std::stop_token stop) {
       const auto* s = h ? std::get_if<wire::StatsReply>(&h->body) : nullptr;
       if (!s) continue;
       last_answer = clock_.now();
-      lost = silent_rank(s->json);
+      lost = silent_rank(s->json, rank_, world_, heartbeat_.count());
       if (lost.empty()) {  // wait out the rest of the interval
         clock_.sleep_until(asked + every, stop);
         break;

@@ -112,10 +112,13 @@ class GroupWatch {
   ~GroupWatch();
   GroupWatch(const GroupWatch&) = delete;
   GroupWatch& operator=(const GroupWatch&) = delete;
+  // What a rank (`rank` of `world`) reads in the coordinator's status: the first other rank
+  // silent for longer than heartbeat_s, as on_lost names it, or "" (every rank heard, or a
+  // status it cannot read: a field of the wrong type is ignored, never thrown on the watch's thread).
+  static std::string silent_rank(const std::string& status_json, int rank, int world, double heartbeat_s);
 
  private:
   void watch(std::stop_token stop);
-  std::string silent_rank(const std::string& status_json) const;  // "" if every rank is heard
   RunClock& clock_;  // the transport's
   std::unique_ptr<comm::Connections> conn_;
   std::string endpoint_;

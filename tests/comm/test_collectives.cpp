@@ -290,6 +290,23 @@ TEST(GroupWatch, NamesARankSilentForTheHeartbeatAndNotOneThatSaidBye) {
   EXPECT_TRUE(lost1.what.empty()) << lost1.what;
 }
 
+// The coordinator's status as a rank reads it: the first other rank silent too long is named;
+// its own entry, a rank that said Bye and statuses it cannot read (fields of the wrong type
+// included: they must not throw on the watch's thread, which has no catch) name nobody.
+TEST(GroupWatch, ReadsTheStatusAndNamesNobodyFromOneItCannotRead) {
+  const std::string status = R"({"ranks": [{"age_s": 9.0, "step": 3}, {"done": true, "age_s": 9.0},
+                                            {"age_s": 0.1, "step": 8}, {"age_s": 6.5, "step": 12}]})";
+  EXPECT_EQ(GroupWatch::silent_rank(status, 0, 4, 5.0), "rank 3 lost: silent for 6.5 s at step 12 (cluster.heartbeat_s = 5)");
+  EXPECT_EQ(GroupWatch::silent_rank(status, 2, 4, 5.0), "rank 0 lost: silent for 9.0 s at step 3 (cluster.heartbeat_s = 5)");
+  EXPECT_EQ(GroupWatch::silent_rank(status, 0, 3, 5.0), "") << "rank 3 is not in a world of 3";
+  for (const char* bad : {"", "not json", "[]", "7", R"({"ranks": 3})", R"({"ranks": [1, "x", null]})",
+                          R"({"ranks": [{}, {"done": "yes", "age_s": "old", "step": []}]})"})
+    EXPECT_EQ(GroupWatch::silent_rank(bad, 0, 2, 5.0), "") << bad;
+  EXPECT_EQ(GroupWatch::silent_rank(R"({"ranks": [{}, {"done": 1, "age_s": 7, "step": "x"}]})", 0, 2, 5.0),
+            "rank 1 lost: silent for 7.0 s at step -1 (cluster.heartbeat_s = 5)")
+      << "a done that is not true is not done; a step that is not a number is unknown";
+}
+
 // A coordinator that stops answering (rank 0's process stopped or gone) is named by the others.
 TEST(GroupWatch, NamesACoordinatorThatStopsAnswering) {
   const auto tr = test::coordinator_transport();
