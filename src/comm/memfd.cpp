@@ -22,10 +22,12 @@ std::size_t page_round(std::size_t n) {
 std::unique_ptr<MemfdSegment> MemfdSegment::create(const char* name, std::size_t bytes) {
   std::unique_ptr<MemfdSegment> s(new MemfdSegment);
   s->size_ = page_round(bytes ? bytes : 1);
-  s->fd_ = ::memfd_create(name, MFD_CLOEXEC);
+  s->fd_ = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (s->fd_ < 0) throw std::runtime_error(std::string(name) + ": memfd_create: " + errno_text());
   void* base = MAP_FAILED;
-  if (::ftruncate(s->fd_, off_t(s->size_)) != 0 ||
+  // Its size sealed: a peer maps it whole, and no process (this one's bugs included) can shrink
+  // it under a mapping, where a read past the new end would be SIGBUS.
+  if (::ftruncate(s->fd_, off_t(s->size_)) != 0 || ::fcntl(s->fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
       (base = ::mmap(nullptr, s->size_, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd_, 0)) == MAP_FAILED)
     throw std::runtime_error(std::string(name) + ": a segment of " + std::to_string(s->size_) + " bytes: " + errno_text());
   s->base_ = base;
@@ -50,8 +52,11 @@ std::unique_ptr<MemfdSegment> map_peer_memfd(pid_t pid, int fd, const char* name
   if (local < 0) return why = path + ": " + errno_text(), nullptr;
   struct stat st {};
   std::unique_ptr<MemfdSegment> s(new MemfdSegment);
+  const int seals = ::fcntl(local, F_GET_SEALS);
   if (::fstat(local, &st) != 0 || st.st_size < ::sysconf(_SC_PAGESIZE)) {
     why = path + ": too small for a segment";
+  } else if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    why = path + ": its size is not sealed (a segment that can shrink under the mapping)";
   } else {
     s->size_ = std::size_t(st.st_size);
     void* base = ::mmap(nullptr, s->size_, PROT_READ | PROT_WRITE, MAP_SHARED, local, 0);

@@ -16,7 +16,8 @@ namespace pslab::comm {
 class MemfdSegment {
  public:
   // A new segment of at least `bytes` (whole pages), zero-filled, named `name` (the name shows
-  // in /proc/PID/fd as "/memfd:NAME"). Throws with the reason.
+  // in /proc/PID/fd as "/memfd:NAME"), its size sealed (F_SEAL_SHRINK, F_SEAL_GROW). Throws
+  // with the reason.
   static std::unique_ptr<MemfdSegment> create(const char* name, std::size_t bytes);
   ~MemfdSegment();
   MemfdSegment(const MemfdSegment&) = delete;
@@ -35,7 +36,8 @@ class MemfdSegment {
 };
 
 // Maps the segment that process `pid` holds as fd `fd`, if it is a memfd named `name` that this
-// user may open and at least one page long; otherwise nullptr and `why` says why.
+// user may open, at least one page long and sealed against shrinking (as create() seals it);
+// otherwise nullptr and `why` says why.
 std::unique_ptr<MemfdSegment> map_peer_memfd(pid_t pid, int fd, const char* name, std::string& why);
 
 }  // namespace pslab::comm

@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -491,6 +492,17 @@ TEST(ShmTransport, AReferenceToNoLiveSlotArrivesMalformedSayingWhy) {
   send(not_ours);
   ASSERT_TRUE(l->recv(m, from, after(5s)));
   EXPECT_NE(m.malformed().find("is not a pslab segment"), std::string::npos) << m.malformed();
+  // A segment whose size is not sealed is not mapped: its owner could shrink it under the
+  // receiver's reads (SIGBUS).
+  const int loose_fd = ::memfd_create("pslab-shm", MFD_CLOEXEC);
+  ASSERT_GE(loose_fd, 0);
+  ASSERT_EQ(::ftruncate(loose_fd, 1 << 20), 0);
+  ShmRef loose = ref;
+  loose.fd = loose_fd;
+  send(loose);
+  ASSERT_TRUE(l->recv(m, from, after(5s)));
+  EXPECT_NE(m.malformed().find("its size is not sealed"), std::string::npos) << m.malformed();
+  ::close(loose_fd);
   // Packets whose prefix does not fit them arrive malformed too, saying why.
   raw.send_bytes(std::string("abc"));
   ASSERT_TRUE(l->recv(m, from, after(5s)));
@@ -499,6 +511,7 @@ TEST(ShmTransport, AReferenceToNoLiveSlotArrivesMalformedSayingWhy) {
   ASSERT_TRUE(l->recv(m, from, after(5s)));
   EXPECT_NE(m.malformed().find("whose prefix says"), std::string::npos) << m.malformed();
   EXPECT_FALSE(from.empty()) << "a malformed message still says whom to answer";
+  EXPECT_NE(::ftruncate(ref.fd, 0), 0) << "the lent segment could be shrunk under its receivers";
 }
 
 TEST(ZmqTransport, TooManyFramesArriveMarkedMalformed) {
