@@ -197,7 +197,7 @@ def absolute_paths(config, sets):
         given = [s.partition("=")[2].strip().strip('"\'') for s in sets if s.partition("=")[0].strip() == f"{section}.{key}"]
         value, base = (given[-1], pathlib.Path.cwd()) if given else (text.get(section, {}).get(key), pathlib.Path(config).parent)
         if isinstance(value, str) and value and not os.path.isabs(value):
-            out.append(f"{section}.{key}={json.dumps(str((base / value).resolve()))}")
+            out.append(f"{section}.{key}={json.dumps(str((base / value).resolve()), ensure_ascii=False)}")
     return out
 
 

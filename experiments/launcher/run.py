@@ -77,14 +77,16 @@ def run_plot(args_list, quiet=False):
         return
     p = subprocess.Popen([py, str(PLOT_PY), *args_list], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        while p.poll() is None:
-            sleep_checked(0.05)
+        while True:  # its output read as it comes (a full pipe would stop plot.py), a signal heard
+            try:
+                out, _ = p.communicate(timeout=0.05)
+                break
+            except subprocess.TimeoutExpired:
+                check_signal()
     except Interrupted:
         p.kill()
         p.wait()
         raise
-    out = p.stdout.read()
-    p.stdout.close()
     if p.returncode != 0:
         warn(f"plot.py failed (exit {p.returncode}); the run's data is complete:\n{out.strip()}")
     elif not quiet:
@@ -511,7 +513,8 @@ def replay_run(run_dir, bins, opts):
         shutil.rmtree(out)
     with tempfile.TemporaryDirectory(prefix="pslab-replay-") as tmp:
         # (one copy of each shard: a backup that only followed its server changed nothing)
-        rplan = replan(bins, plan, ['cluster.launcher="virtual"', f'virtual.replay="{run_dir}"', "cluster.replicas=1"], tmp)
+        replay = f"virtual.replay={json.dumps(str(run_dir), ensure_ascii=False)}"  # (any path: quoted as TOML)
+        rplan = replan(bins, plan, ['cluster.launcher="virtual"', replay, "cluster.replicas=1"], tmp)
     opts.replay_of = run_dir
     say(f"launch.py: replaying {run_dir} ({plan.mode}, {plan.workers} workers, {plan.servers} servers) -> {out}")
     try:

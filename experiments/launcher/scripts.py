@@ -94,4 +94,4 @@ def theta0_sets(plan, run_dir, bins):
                          f"; its output ({log}):\n  " + "\n  ".join(tail))
     if out.stat().st_size != 4 * sum(sizes):
         raise RunFailed(f"{out}: {out.stat().st_size} bytes, the sizes in {out}.json add up to {sum(sizes)} floats")
-    return [f"model.sizes={json.dumps(sizes)}", f"model.theta_file={json.dumps(str(out))}"]
+    return [f"model.sizes={json.dumps(sizes)}", f"model.theta_file={json.dumps(str(out), ensure_ascii=False)}"]

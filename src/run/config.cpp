@@ -429,7 +429,8 @@ struct Checker {
 
 void validate_model_and_data(const Checker& check) {
   const ExperimentConfig& c = check.c;
-  check(!c.name.empty() && c.name.find('/') == std::string::npos, "name", "must be a non-empty name without '/'");
+  check(!c.name.empty() && c.name.find('/') == std::string::npos && c.name != "." && c.name != "..", "name",
+        "must be a non-empty name without '/', other than \".\" and \"..\" (it names a directory under --runs-dir)");
   check.name(model_registry(), c.model.kind, "model.kind");
   check(c.model.init == "he" || c.model.init == "zeros", "model.init", "expected \"he\" or \"zeros\", got \"" + c.model.init + "\"");
   for (int h : c.model.hidden) check(h > 0, "model.hidden", "widths must be > 0");
@@ -584,6 +585,9 @@ void validate_placement(const Checker& check) {
   check(c.cluster.launcher != "virtual" || c.train.device == "cpu", "cluster.launcher",
         "the virtual cluster computes on the CPU: set train.device = \"cpu\"");
   check(c.cluster.launcher != "ssh" || !c.cluster.hosts.empty(), "cluster.hosts", "cluster.launcher = \"ssh\" needs at least one host");
+  for (const auto& h : c.cluster.hosts)  // (ssh would take "-oProxyCommand=..." as an option, and run it here)
+    check(!h.empty() && h[0] != '-' && h.find_first_of(" \t\r\n'\"`$;|&<>\\") == std::string::npos, "cluster.hosts",
+          "entries are host names as ssh takes them ([user@]host), got \"" + h + "\"");
   check(c.cluster.launcher == "local" || c.cluster.launcher == "virtual" || c.cluster.bind == "127.0.0.1", "cluster.bind",
         "is the local launcher's address; with cluster.launcher = \"" + c.cluster.launcher +
             "\" each host listens on its own address: name it with cluster.interface or cluster.addresses");

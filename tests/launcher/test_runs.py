@@ -141,6 +141,19 @@ class Runs(LauncherTestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.strip(), "['launcher', 'launcher.metrics']")
 
+    def test_plot_output_larger_than_a_pipe_does_not_stop_the_launcher(self):
+        # plot.py's output was read once it exited: 64 KiB of warnings filled the pipe, and
+        # plot.py and the launcher waited on each other for ever.
+        loud = self.tmp / "loud_plot.py"
+        loud.write_text("import sys\nfor i in range(4000): print('a warning line of plotting, number', i, 'x' * 40)\n"
+                        "sys.exit(3)\n")
+        code = ("import sys; sys.path.insert(0, 'experiments'); import launcher.run as r; "
+                f"r.PLOT_PY = {str(loud)!r}; r.plot_python = lambda *a: sys.executable; r.run_plot([])")
+        r = subprocess.run([PYTHON, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("plot.py failed (exit 3)", r.stderr)
+        self.assertIn("number 3999", r.stderr)
+
     def test_plots_use_a_python_that_has_matplotlib(self):
         # plot.py ran under /usr/bin/python3 even where only python3 on PATH had matplotlib.
         bad, good = self.tmp / "no-mpl-python", self.tmp / "mpl-python"

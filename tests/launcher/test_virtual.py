@@ -74,6 +74,7 @@ class Virtual(LauncherTestCase):
             self.assertAlmostEqual(rt_ms, measured, delta=0.3 * measured)
 
     def test_replay_of_a_real_asp_run_ends_on_its_theta_bit_for_bit(self):
+        self.runs = self.tmp / 'runs with "quotes", spaces and \\ in its name'  # (the replay names it in TOML)
         path = self.tiny_variant("asp4.toml", [('mode = "bsp"', 'mode = "asp"'), ("workers = 2", "workers = 4"),
                                                ("servers = 1", "servers = 2")])
         r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots")

@@ -126,6 +126,10 @@ TEST(Config, UnknownKeyIsNamedWithTheKnownOnes) {
 
 TEST(Config, RangeAndCrossFieldChecks) {
   EXPECT_EQ(error_of("name = \"x\"\n[train]\nbatch = 0\n"), "exp.toml: train.batch: must be >= 1");
+  for (const char* name : {"..", ".", "a/b"})
+    EXPECT_EQ(error_of("name = \"" + std::string(name) + "\"\n"),
+              "exp.toml: name: must be a non-empty name without '/', other than \".\" and \"..\" (it names a directory "
+              "under --runs-dir)");
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nworkers = 2\n[straggler]\nworkers = [2]\n"),
             "exp.toml: straggler.workers: rank 2 is not a worker (cluster.workers = 2)");
   EXPECT_NE(error_of("name = \"x\"\n[optimizer]\nkind = \"rmsprop\"\n").find("optimizer.kind"), std::string::npos);
@@ -162,6 +166,12 @@ TEST(Config, EachHostsAddressIsNamedPerHostNotByOneBind) {
   EXPECT_EQ(error_of(ssh + "addresses = [\"a\"]\n"),
             "exp.toml: cluster.addresses: expected entries \"HOST=ADDRESS\" or \"HOST=INTERFACE\", got \"a\"");
   EXPECT_NE(error_of(ssh + "interface = \"eth0,eth1\"\n").find("cluster.interface"), std::string::npos);
+  // A host is a host name: not an option ssh would take (and run a ProxyCommand of), nothing a shell reads.
+  for (const char* bad : {"-oProxyCommand=touch /tmp/x", "a b", "a;b", "$(id)", ""})
+    EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nlauncher = \"ssh\"\nhosts = [\"a\", \"" + std::string(bad) + "\"]\n"),
+              "exp.toml: cluster.hosts: entries are host names as ssh takes them ([user@]host), got \"" + std::string(bad) + "\"");
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nlauncher = \"ssh\"\nhosts = [\"me@node-1.example.org\", \"10.0.0.2\"]\n"),
+            "(no error)");
   const auto c = parse_config(ssh + "interface = \"ib0\"\naddresses = [\"b=10.0.0.3\"]\n", "exp.toml", {});
   const auto plan = run_plan(c);
   EXPECT_EQ(plan["interface"], "ib0");
