@@ -22,6 +22,7 @@ from .processes import die_with_parent
 
 MARK = "[pslab-launch] "  # a line of the launcher's own, in a process's log
 STOP_GRACE_S = 2.0  # SIGTERM to the group, SIGKILL after this long (the launcher waits longer)
+DRAIN_S = 1.0  # the child exited but its output is still open: read what comes this long, then end
 
 
 def forward(out, log, data):
@@ -60,24 +61,36 @@ def run_remote(argv, log_path, append=False):
     sel.register(child.stdout, selectors.EVENT_READ, "child")
     sel.register(0, selectors.EVENT_READ, "stdin")
     kill_at = None
+    exited_at = None  # when the child was seen to exit with its output still open (a process it left holds it)
     while True:
         if stopping and kill_at is None:
             kill_at = stop_group(child.pid)
         if kill_at is not None and time.monotonic() > kill_at:
             killpg(child.pid, signal.SIGKILL)
+        if exited_at is None and child.poll() is not None:
+            exited_at = time.monotonic()
+        if exited_at is not None and time.monotonic() > exited_at + DRAIN_S:
+            return finish(child, out, log, kill_at, sel, stopping)  # (what it left is ended with its group)
         for key, _ in sel.select(timeout=0.2):
             if key.data == "stdin":
-                data = os.read(0, 4096)
-                if not data or b"stop" in data:  # the launcher asks, or the connection is gone
-                    sel.unregister(0)
-                    if kill_at is None:
-                        kill_at = stop_group(child.pid)
+                kill_at = read_stdin(sel, child, kill_at)
                 continue
             data = os.read(child.stdout.fileno(), 65536)
             if not data:  # the child's output ended: it exited (or closed it)
                 sel.unregister(child.stdout)
-                return finish(child, out, log, kill_at)
+                return finish(child, out, log, kill_at, sel, stopping)
             out = forward(out, log, data)
+
+
+def read_stdin(sel, child, kill_at):
+    """The launcher's line "stop", or the end of stdin (the launcher or the connection is gone):
+    the child's group is asked to stop. Returns when it is to be killed."""
+    data = os.read(0, 4096)
+    if not data or b"stop" in data:
+        sel.unregister(0)
+        if kill_at is None:
+            kill_at = stop_group(child.pid)
+    return kill_at
 
 
 def stop_group(pgid):
@@ -93,15 +106,22 @@ def killpg(pgid, sig):
         pass
 
 
-def finish(child, out, log, kill_at):
-    """Waits for the child (SIGKILL once past the grace), ends what is left of its group, says how it ended."""
-    while True:
-        try:
-            rc = child.wait(timeout=0.2)
-            break
-        except subprocess.TimeoutExpired:
-            if kill_at is not None and time.monotonic() > kill_at:
-                killpg(child.pid, signal.SIGKILL)
+def finish(child, out, log, kill_at, sel, stopping):
+    """Waits for the child, still heard asking it to stop (a child that closed its output goes on:
+    a stop line, the end of stdin or a signal stops it; SIGKILL once past the grace), ends what is
+    left of its group, says how it ended."""
+    if child.stdout in (k.fileobj for k in sel.get_map().values()):
+        sel.unregister(child.stdout)  # (what a process it left writes there is not the child's)
+    while (rc := child.poll()) is None:
+        if stopping and kill_at is None:
+            kill_at = stop_group(child.pid)
+        if kill_at is not None and time.monotonic() > kill_at:
+            killpg(child.pid, signal.SIGKILL)
+        if not sel.get_map():  # (nothing left to hear but signals)
+            time.sleep(0.2)
+        for key, _ in sel.select(timeout=0.2):
+            if key.data == "stdin":
+                kill_at = read_stdin(sel, child, kill_at)
     killpg(child.pid, signal.SIGKILL)  # anything left in its group (the binaries do not fork)
     record = {"event": "exit", "host": socket.gethostname(), "pid": child.pid}
     if rc < 0:

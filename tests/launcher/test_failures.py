@@ -14,7 +14,7 @@ import threading
 import time
 import unittest
 
-from tests.launcher.helpers import (TINY, LauncherTestCase, cmdlines_containing, option, pslab_processes, wait_until,
+from tests.launcher.helpers import (LAUNCH, PYTHON, TINY, LauncherTestCase, cmdlines_containing, option, pslab_processes, wait_until,
                                     wait_for_train_lines_in)
 
 
@@ -340,6 +340,42 @@ class Cleanup(LauncherTestCase):
         self.assertEqual(len(killed), 1, killed)
         sockets = json.loads(killed[0].read_text())["socket_dir"]
         self.assertFalse(os.path.exists(sockets), sockets)
+
+    def test_the_remote_end_stops_what_closed_its_output_and_ends_with_what_its_child_left(self):
+        # The far end of an ssh-started process (launch.py remote): a process that closed its
+        # output was waited for, deaf to the launcher's stop (it went on after the run); a child
+        # that exited leaving a process that holds its output open was never seen to exit.
+        def remote(script, log):
+            p = subprocess.Popen([PYTHON, str(LAUNCH), "remote", "--log", str(self.tmp / log), "--", "sh", "-c", script],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            self.addCleanup(lambda: p.poll() is None and (p.kill(), p.wait()))
+            return p
+
+        def kill_left():  # (should this test fail: nothing of it left running)
+            for marker in ("sleep 61.25", "sleep 62.5"):
+                for pid in cmdlines_containing(marker):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        self.addCleanup(kill_left)
+
+        quiet = remote("exec >/dev/null 2>&1; exec sleep 61.25", "quiet.log")
+        time.sleep(1.0)
+        self.assertIsNone(quiet.poll())
+        quiet.stdin.write("stop\n")
+        quiet.stdin.flush()
+        out, _ = quiet.communicate(timeout=20)
+        self.assertEqual(quiet.returncode, 128 + 15, out)  # its SIGTERM
+        self.assertEqual(cmdlines_containing("sleep 61.25"), {})
+        left = remote("(exec sleep 62.5) & echo started it", "left.log")
+        left.wait(timeout=20)  # (its stdin stays open, as the launcher's ssh keeps it)
+        out = left.stdout.read()
+        left.stdin.close()
+        self.assertEqual(left.returncode, 0, out)
+        self.assertIn("started it", out)
+        self.assertIn('"event": "exit"', out)
+        self.assertEqual(cmdlines_containing("sleep 62.5"), {})
 
     def test_failed_run_is_cleaned_up_before_the_next_one(self):
         # --keep-going: while the sweep's second run trains, nothing of the failed first run is left
