@@ -14,28 +14,36 @@ import os
 import subprocess
 
 from .common import UsageError
-from .placement import cluster_hosts, gpu_slots
+from .placement import cluster_hosts, gpu_slots, ssh_base
 
-SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
-
-
-def visible_gpus(host, launcher):
+def visible_gpus(host, launcher, why=None):
     """The GPUs a process pslab starts on `host` would see, as `nvidia-smi -L` names them
-    ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)"), in CUDA's order; None when unknown here."""
+    ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)"), in CUDA's order; None when unknown here,
+    and then `why` (a list) gets the reason (ssh's or nvidia-smi's own words)."""
     if launcher == "local":
         argv = ["nvidia-smi", "-L"]
     elif launcher == "ssh":
-        argv = [*SSH, host, "nvidia-smi -L"]
+        argv = [*ssh_base(), host, "nvidia-smi -L"]  # ($PSLAB_SSH, as the run's processes are started)
     else:  # Slurm: the nodes are the job's, not reachable from here before it runs
         return None
+    what = "nvidia-smi -L" if launcher == "local" else f"ssh {host} nvidia-smi -L"
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if p.returncode != 0:
-        return None  # no driver, no nvidia-smi there, or ssh failed
+    except OSError as e:
+        return unknown(why, f"{what}: {e.strerror}")
+    except subprocess.TimeoutExpired:
+        return unknown(why, f"{what}: no answer within 30 s")
+    if p.returncode != 0:  # no driver, no nvidia-smi there, or ssh failed
+        said = (p.stderr.strip() or p.stdout.strip()).splitlines()
+        return unknown(why, f"{what} exited {p.returncode}" + (f": {said[-1].strip()}" if said else ""))
     gpus = [line.strip() for line in p.stdout.splitlines() if line.startswith("GPU ")]
     return restrict_to_visible(gpus, os.environ.get("CUDA_VISIBLE_DEVICES")) if launcher == "local" else gpus
+
+
+def unknown(why, reason):
+    if why is not None:
+        why.append(reason)
+    return None
 
 
 def restrict_to_visible(gpus, cuda_visible_devices):
@@ -68,7 +76,7 @@ def rank_hosts(plan):
 def decide_collective(plan, gpus_of=visible_gpus):
     """(value, line): what cluster.collective becomes for this run and the line that says why;
     (None, None) where there is nothing to decide (PS modes, CPU workers). Raises UsageError for
-    an explicit "nccl" that cannot work. gpus_of(host, launcher) -> [GPU names] or None."""
+    an explicit "nccl" that cannot work. gpus_of(host, launcher, why) -> [GPU names] or None (why: the reason)."""
     if plan.uses_servers or plan.device != "cuda":
         return None, None
     asked = plan.collective
@@ -84,11 +92,12 @@ def decide_collective(plan, gpus_of=visible_gpus):
     for i, p in enumerate(plan.processes):
         if p["role"] == "worker":
             ranks_of.setdefault(hosts[i], []).append((p["rank"], slots[i]))
-    unknown, shared = [], []  # hosts; (host, ranks, gpus) where ranks share a GPU
+    not_known, shared = [], []  # (host, why); (host, ranks, gpus) where ranks share a GPU
     for host, ranks in ranks_of.items():
-        gpus = gpus_of(host, plan.launcher)
+        why = []
+        gpus = gpus_of(host, plan.launcher, why)
         if gpus is None:
-            unknown.append(host)
+            not_known.append((host, "; ".join(why) or "no answer"))
             continue
         on_gpu = {}
         for rank, slot in ranks:
@@ -105,8 +114,8 @@ def decide_collective(plan, gpus_of=visible_gpus):
     if shared:
         return "gloo", (f'allreduce: cluster.collective = "auto": {where}, so GPU buffers are all-reduced '
                         f'through host memory, not NCCL')
-    if unknown:
-        return asked, (f'allreduce: cluster.collective = "{asked}": the GPUs of {", ".join(unknown)} are not known '
-                       f'here (nvidia-smi -L did not answer); ' + ("the ranks decide at start" if asked == "auto" else
-                                                          "NCCL fails at start if two ranks share a GPU"))
+    if not_known:
+        return asked, (f'allreduce: cluster.collective = "{asked}": the GPUs of {", ".join(h for h, _ in not_known)} are '
+                       f'not known here ({"; ".join(w for _, w in not_known)}); '
+                       + ("the ranks decide at start" if asked == "auto" else "NCCL fails at start if two ranks share a GPU"))
     return "nccl", f'allreduce: cluster.collective = "{asked}": NCCL, every rank has a GPU of its own'

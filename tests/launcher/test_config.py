@@ -337,7 +337,8 @@ class Config(LauncherTestCase):
         self.assertIn("host local runs ranks 0, 1 on no visible GPU", r.stdout)
         # nvidia-smi fails: unknown here, so "auto" is left to the ranks
         r = dry("auto", "fail")
-        self.assertIn("the GPUs of local are not known here (nvidia-smi -L did not answer); the ranks decide at start", r.stdout)
+        self.assertIn("the GPUs of local are not known here (nvidia-smi -L exited 9: NVIDIA-SMI has failed); the ranks "
+                      "decide at start", r.stdout)
         # ssh: each host asked over ssh (stand-in: runs the command here); 4 ranks round-robin
         # over 2 hosts = 2 per host
         self.fake_bin("ssh", """\
@@ -355,6 +356,19 @@ class Config(LauncherTestCase):
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
         self.assertIn("host hostA runs ranks 0, 2 on 1 GPU", r.stderr)
         self.assertIn("host hostB runs ranks 1, 3 on 1 GPU", r.stderr)
+        # the hosts are asked with $PSLAB_SSH, as the run's processes are started, and what ssh
+        # said is named when it fails
+        self.fake_bin("badssh", """\
+            #!/bin/bash
+            while [[ $1 == -o ]]; do shift 2; done
+            echo "ssh: Could not resolve hostname $1: Name or service not known" >&2
+            exit 255
+            """)
+        ssh.write_text(ssh.read_text().replace('collective = "nccl"', 'collective = "auto"'))
+        r = self.launch("run", ssh, "--runs-dir", self.runs, "--dry-run", env=dict(self.env, FAKE_GPUS="2", PSLAB_SSH="badssh"))
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("the GPUs of hostA, hostB are not known here (ssh hostA nvidia-smi -L exited 255: ssh: Could not "
+                      "resolve hostname hostA: Name or service not known; ssh hostB", r.stdout)
         # Slurm: the nodes are the job's; the ranks decide
         slurm = self.slurm_config("allreduce")
         slurm.write_text(slurm.read_text().replace("[train]", '[train]\ndevice = "cuda"'))
