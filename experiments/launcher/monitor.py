@@ -180,7 +180,10 @@ def how_it_ended(p):
     if p.returncode == 255:
         return (f"lost its ssh connection (ssh exit 255) before the remote end said how the process ended; "
                 f"ssh said:\n{log_tail(p.ssh_log, 5)}\n   ")
-    return describe_exit(p.returncode)
+    # The remote end never said how it ended (it could not start there, or write its log): what
+    # ssh carried back says why.
+    return (f"{describe_exit(p.returncode)} without the remote end's record; ssh said ({p.ssh_log}):\n"
+            f"{log_tail(p.ssh_log, 5)}\n   ")
 
 
 def process_log_tail(p, n=20):

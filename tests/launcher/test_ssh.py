@@ -41,6 +41,25 @@ class Ssh(LauncherTestCase):
         self.assertGreater(s["final_test_acc"], 0.85)
         self.assert_no_processes_left()
 
+    def test_a_remote_end_that_could_not_start_is_named_with_what_ssh_said(self):
+        # server0's remote end fails before it can write its record (a log it cannot open): the
+        # failure names ssh's exit and what ssh carried back, not an empty log.
+        self.fake_bin("ssh", """\
+            #!/bin/bash
+            while [[ $1 == -o ]]; do shift 2; done
+            if [[ $2 == *" remote "*server0.log* ]]; then
+              echo "PermissionError: [Errno 13] Permission denied: '/data/runs/server0.log'" >&2; exit 3
+            fi
+            export SSH_CONNECTION="127.0.0.1 40000 127.0.0.1 22"
+            exec bash -c "$2"
+            """)
+        path = self.ssh_config(["localhost", "127.0.0.1"], servers=1, workers=2)
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots", "--base-port", free_base_port())
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertRegex(r.stderr, r"server0 \(shard 0\) on \S+ exited with code 3 without the remote end's record; ssh said \(\S+server0\.ssh\.log\):\n"
+                                   r"    PermissionError: \[Errno 13\] Permission denied: '/data/runs/server0.log'")
+        self.assert_no_processes_left()
+
     def test_a_host_with_another_version_is_refused_naming_it(self):
         # "old": its launch.py has no probe (argparse refuses it); "other": another protocol
         self.fake_bin("ssh", """\
