@@ -1,6 +1,7 @@
 #include "sim/sim_transport.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -63,7 +64,9 @@ class SimConnections final : public comm::Connections {
   SimConnections(SimTransport& net, Peers& peers, std::vector<std::string> addresses)
       : net_(net), peers_(peers), addresses_(std::move(addresses)), inbox_(std::make_shared<SimTransport::Inbox>(net)),
         links_(addresses_.size()) {
-    id_ = "c" + std::to_string(peers.next_id++);
+    char name[24];  // "c<n>" (built so: GCC 12 warns wrongly, -Wrestrict, on "c" + to_string)
+    std::snprintf(name, sizeof name, "c%ld", peers.next_id++);
+    id_.assign(name);
     Peers::Peer& p = peers.by_id[id_];
     p.inbox = inbox_;
     for (std::size_t k = 0; k < addresses_.size(); ++k) p.index[addresses_[k]] = k;

@@ -136,7 +136,9 @@ class UnixListener final : public Listener {
         if (it == peers_.end()) continue;
         const int r = read_packet(it->second, m);
         if (r == 1) {
-          from = "u" + std::to_string(id);
+          char name[24];  // "u<id>" (built so: GCC 12 warns wrongly, -Wrestrict, on "u" + to_string)
+          std::snprintf(name, sizeof name, "u%llu", static_cast<unsigned long long>(id));
+          from.assign(name);
           return true;
         }
         if (r < 0) drop(id);
