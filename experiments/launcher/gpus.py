@@ -10,10 +10,12 @@ The decision goes into the run's config (cluster.collective), so every rank (als
 reading the run directory) and the record of the run say the same. Where the GPUs of a host
 cannot be known here (Slurm nodes, a host ssh cannot ask), "auto" is left to the ranks, which
 decide the same way from the GPUs they actually got (comm/collective.h)."""
+import concurrent.futures
 import os
 import subprocess
 
 from .common import UsageError
+from .processes import check_signal
 from .placement import cluster_hosts, gpu_slots, ssh_base
 
 def visible_gpus(host, launcher, why=None):
@@ -38,6 +40,21 @@ def visible_gpus(host, launcher, why=None):
         return unknown(why, f"{what} exited {p.returncode}" + (f": {said[-1].strip()}" if said else ""))
     gpus = [line.strip() for line in p.stdout.splitlines() if line.startswith("GPU ")]
     return restrict_to_visible(gpus, os.environ.get("CUDA_VISIBLE_DEVICES")) if launcher == "local" else gpus
+
+
+def ask_hosts(hosts, launcher, gpus_of):
+    """{host: (gpus or None, [why])}: every host asked at once (a silent one costs its 30 s once,
+    not once per host before it), a Ctrl-C heard meanwhile."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(16, max(1, len(hosts))))
+    try:
+        whys = {h: [] for h in hosts}
+        futures = {h: pool.submit(gpus_of, h, launcher, whys[h]) for h in hosts}
+        while not all(f.done() for f in futures.values()):
+            check_signal()
+            concurrent.futures.wait(futures.values(), timeout=0.1)
+        return {h: (f.result(), whys[h]) for h, f in futures.items()}
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # (interrupted: the probes end at their own timeout)
 
 
 def unknown(why, reason):
@@ -93,9 +110,9 @@ def decide_collective(plan, gpus_of=visible_gpus):
         if p["role"] == "worker":
             ranks_of.setdefault(hosts[i], []).append((p["rank"], slots[i]))
     not_known, shared = [], []  # (host, why); (host, ranks, gpus) where ranks share a GPU
+    answers = ask_hosts(list(ranks_of), plan.launcher, gpus_of)
     for host, ranks in ranks_of.items():
-        why = []
-        gpus = gpus_of(host, plan.launcher, why)
+        gpus, why = answers[host]
         if gpus is None:
             not_known.append((host, "; ".join(why) or "no answer"))
             continue
