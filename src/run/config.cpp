@@ -117,7 +117,7 @@ void visit_fields(Config& c, F&& f) {
     "computes on GPUs, \"off\" never; where MPS cannot start the run goes on without it");
   f("cluster.launcher", c.cluster.launcher,
     "\"local\", \"ssh\", \"slurm\", or \"virtual\": every worker and server in one process in simulated time ([virtual])");
-  f("cluster.hosts", c.cluster.hosts, "ssh: hosts, processes placed round-robin");
+  f("cluster.hosts", c.cluster.hosts, "ssh: hosts as ssh names them ([user@]host), processes placed round-robin");
   f("cluster.bind", c.cluster.bind, "local launcher: address servers and the rendezvous listen on");
   f("cluster.interface", c.cluster.interface,
     "ssh, Slurm: the network interface (e.g. \"ib0\") or address every host listens and is reached on "
