@@ -292,14 +292,51 @@ class Config(LauncherTestCase):
         self.assertEqual(manifest["auth"], "none", "one host, Unix sockets: no key needed")
         self.assertFalse((run / "run.key").exists())
 
-    def test_collective_on_gpus_follows_the_gpus_each_host_has(self):
-        # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): the launcher decides
-        # before anything starts, from `nvidia-smi -L` (here a stand-in with $FAKE_GPUS GPUs).
+    def fake_gpus(self):
+        """A stand-in `nvidia-smi -L` with $FAKE_GPUS GPUs ("fail": it fails, saying so)."""
         self.fake_bin("nvidia-smi", """\
             #!/bin/bash
             [[ $FAKE_GPUS == fail ]] && { echo "NVIDIA-SMI has failed" >&2; exit 9; }
             for ((i = 0; i < ${FAKE_GPUS:-1}; i++)); do echo "GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-$i)"; done
             """)
+
+    def test_collective_on_gpus_over_ssh_asks_each_host(self):
+        self.fake_gpus()
+        # ssh: each host asked over ssh (stand-in: runs the command here); 4 ranks round-robin
+        # over 2 hosts = 2 per host
+        self.fake_bin("ssh", """\
+            #!/bin/bash
+            while [[ $1 == -o ]]; do shift 2; done
+            export SSH_CONNECTION="127.0.0.1 40000 127.0.0.1 22"  # what sshd sets: the address reached
+            exec bash -c "$2"
+            """)
+        ssh = self.ssh_config(["hostA", "hostB"], workers=4)
+        ssh.write_text(ssh.read_text().replace('mode = "bsp"', 'mode = "allreduce"')
+                       .replace("[train]", '[train]\ndevice = "cuda"').replace("[cluster]", '[cluster]\ncollective = "nccl"'))
+        r = self.launch("run", ssh, "--runs-dir", self.runs, "--dry-run", env=dict(self.env, FAKE_GPUS="2"))
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        r = self.launch("run", ssh, "--runs-dir", self.runs, "--dry-run", env=dict(self.env, FAKE_GPUS="1"))
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("host hostA runs ranks 0, 2 on 1 GPU", r.stderr)
+        self.assertIn("host hostB runs ranks 1, 3 on 1 GPU", r.stderr)
+        # the hosts are asked with $PSLAB_SSH, as the run's processes are started, and what ssh
+        # said is named when it fails
+        self.fake_bin("badssh", """\
+            #!/bin/bash
+            while [[ $1 == -o ]]; do shift 2; done
+            echo "ssh: Could not resolve hostname $1: Name or service not known" >&2
+            exit 255
+            """)
+        ssh.write_text(ssh.read_text().replace('collective = "nccl"', 'collective = "auto"'))
+        r = self.launch("run", ssh, "--runs-dir", self.runs, "--dry-run", env=dict(self.env, FAKE_GPUS="2", PSLAB_SSH="badssh"))
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("the GPUs of hostA, hostB are not known here (ssh hostA nvidia-smi -L exited 255: ssh: Could not "
+                      "resolve hostname hostA: Name or service not known; ssh hostB", r.stdout)
+
+    def test_collective_on_gpus_follows_the_gpus_each_host_has(self):
+        # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): the launcher decides
+        # before anything starts, from `nvidia-smi -L` (here a stand-in with $FAKE_GPUS GPUs).
+        self.fake_gpus()
         path = self.tiny_variant("gpu.toml", [('mode = "bsp"', 'mode = "allreduce"'),
                                               ("[train]", '[train]\ndevice = "cuda"')])
         text = path.read_text()
@@ -339,36 +376,6 @@ class Config(LauncherTestCase):
         r = dry("auto", "fail")
         self.assertIn("the GPUs of local are not known here (nvidia-smi -L exited 9: NVIDIA-SMI has failed); the ranks "
                       "decide at start", r.stdout)
-        # ssh: each host asked over ssh (stand-in: runs the command here); 4 ranks round-robin
-        # over 2 hosts = 2 per host
-        self.fake_bin("ssh", """\
-            #!/bin/bash
-            while [[ $1 == -o ]]; do shift 2; done
-            export SSH_CONNECTION="127.0.0.1 40000 127.0.0.1 22"  # what sshd sets: the address reached
-            exec bash -c "$2"
-            """)
-        ssh = self.ssh_config(["hostA", "hostB"], workers=4)
-        ssh.write_text(ssh.read_text().replace('mode = "bsp"', 'mode = "allreduce"')
-                       .replace("[train]", '[train]\ndevice = "cuda"').replace("[cluster]", '[cluster]\ncollective = "nccl"'))
-        r = self.launch("run", ssh, "--runs-dir", self.runs, "--dry-run", env=dict(self.env, FAKE_GPUS="2"))
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        r = self.launch("run", ssh, "--runs-dir", self.runs, "--dry-run", env=dict(self.env, FAKE_GPUS="1"))
-        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
-        self.assertIn("host hostA runs ranks 0, 2 on 1 GPU", r.stderr)
-        self.assertIn("host hostB runs ranks 1, 3 on 1 GPU", r.stderr)
-        # the hosts are asked with $PSLAB_SSH, as the run's processes are started, and what ssh
-        # said is named when it fails
-        self.fake_bin("badssh", """\
-            #!/bin/bash
-            while [[ $1 == -o ]]; do shift 2; done
-            echo "ssh: Could not resolve hostname $1: Name or service not known" >&2
-            exit 255
-            """)
-        ssh.write_text(ssh.read_text().replace('collective = "nccl"', 'collective = "auto"'))
-        r = self.launch("run", ssh, "--runs-dir", self.runs, "--dry-run", env=dict(self.env, FAKE_GPUS="2", PSLAB_SSH="badssh"))
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertIn("the GPUs of hostA, hostB are not known here (ssh hostA nvidia-smi -L exited 255: ssh: Could not "
-                      "resolve hostname hostA: Name or service not known; ssh hostB", r.stdout)
         # Slurm: the nodes are the job's; the ranks decide
         slurm = self.slurm_config("allreduce")
         slurm.write_text(slurm.read_text().replace("[train]", '[train]\ndevice = "cuda"'))
