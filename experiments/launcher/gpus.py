@@ -15,8 +15,9 @@ import os
 import subprocess
 
 from .common import UsageError
-from .processes import check_signal
 from .placement import cluster_hosts, gpu_slots, ssh_base
+from .processes import check_signal
+
 
 def visible_gpus(host, launcher, why=None):
     """The GPUs a process pslab starts on `host` would see, as `nvidia-smi -L` names them
