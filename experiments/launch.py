@@ -257,10 +257,14 @@ def add_task(sub):
 def add_remote(sub):
     m = sub.add_parser("remote", help="the far end of an ssh-started process (ssh runs it; not for direct use)",
                        description="Runs ARGV in a process group of its own with its output in LOG, ends the group "
-                                   "when stdin says \"stop\" or ends (the launcher stopped or the connection dropped) "
-                                   "or on SIGHUP/SIGINT/SIGTERM, and says how ARGV ended on the last line.")
+                                   "when stdin says \"stop\" or ends (the launcher stopped or the connection dropped), "
+                                   "when stdin is silent for --alive-s, or on SIGHUP/SIGINT/SIGTERM, and says how ARGV "
+                                   "ended on the last line.")
     m.add_argument("--log", required=True, help="the process's log on this host (the run directory's logs/NAME.log)")
     m.add_argument("--append", action="store_true", help="append to LOG (a resumed run)")
+    m.add_argument("--alive-s", type=float, default=None, metavar="S",
+                   help="stop the group when nothing comes on stdin for S seconds (the launcher sends a line "
+                        "\"alive\" more often: cluster.ssh_alive_s); default: no such limit")
     m.add_argument("argv", nargs=argparse.REMAINDER, help="-- the command")
 
 
@@ -281,7 +285,7 @@ def dispatch(a):
         if not argv:
             raise UsageError("remote: no command after --")
         from launcher.remote import run_remote
-        return run_remote(argv, a.log, a.append)
+        return run_remote(argv, a.log, a.append, a.alive_s)
     if a.command == "probe":
         return probe_main(a.address, a.ports, a.slurm)
     catch_signals()

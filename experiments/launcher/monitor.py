@@ -140,13 +140,16 @@ class Progress:
         return "  ".join(parts)
 
 
-def monitor(procs, progress, run_start, deadline_s, failure_of, tolerate=lambda p: False, verdict=lambda: None):
+def monitor(procs, progress, run_start, deadline_s, failure_of, tolerate=lambda p: False, verdict=lambda: None,
+            keep_alive=lambda: None):
     """Waits for every process; returns when all exited 0 or failed with tolerate(p) true (a lost
     worker the run goes on without), raises RunFailed otherwise. verdict(): called after each
-    look at the metrics (every second), to act on what the servers decided."""
+    look at the metrics (every second), to act on what the servers decided; keep_alive(): every
+    tenth of a second (ssh: processes.Heartbeat)."""
     last_line = 0.0
     while True:
         check_signal()
+        keep_alive()
         for p in procs:
             if p.returncode is None:
                 rc = p.popen.poll()

@@ -6,6 +6,7 @@ host, and over several hosts both, each peer using the one that fits where it ru
 import collections
 import contextlib
 import functools
+import math
 import os
 import pathlib
 import shlex
@@ -301,18 +302,28 @@ def ssh_base():
     return [*shlex.split(os.environ.get("PSLAB_SSH") or "ssh"), "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
 
 
-def ssh_command(proc, sockets=None, append=False):
-    """ssh HOST 'cd REPO && exec python3 experiments/launch.py remote --log LOG -- ARGV': the
-    remote end (remote.py) runs ARGV in a process group it ends when the launcher stops or the
-    connection drops, writes the log on the host, and says how ARGV ended. ipc: the socket
-    directory is made there first (on this machine the launcher has made it already)."""
+def ssh_command(proc, alive_s, sockets=None, append=False):
+    """ssh HOST 'cd REPO && exec python3 experiments/launch.py remote --log LOG --alive-s S -- ARGV':
+    the remote end (remote.py) runs ARGV in a process group it ends when the launcher stops, the
+    connection drops or the launcher is not heard for alive_s (cluster.ssh_alive_s; the launcher's
+    heartbeat, processes.keep_alive), writes the log on the host, and says how ARGV ended. ssh's own
+    keep-alive gives up on the host as soon. ipc: the socket directory is made there first (on this
+    machine the launcher has made it already)."""
     mkdir = f"mkdir -p -m 700 {shlex.quote(str(sockets))} && " if sockets else ""
     # The launcher's numerics environment (BLAS core type, threads), as local processes have it:
     # ssh gives the remote end its own, and a replay here would run other kernels.
     env = ["env", *(f"{k}={v}" for k, v in numerics_env().items())] if numerics_env() else []
-    wrapper = ["python3", "experiments/launch.py", "remote", "--log", str(proc.log), *(["--append"] if append else []), "--"]
+    wrapper = ["python3", "experiments/launch.py", "remote", "--log", str(proc.log), "--alive-s", f"{alive_s:g}",
+               *(["--append"] if append else []), "--"]
     remote = f"cd {shlex.quote(str(REPO))} && {mkdir}exec {shlex.join(env + wrapper + proc.argv)}"
-    return [*ssh_base(), proc.host, remote]
+    return [*ssh_base(), *ssh_keep_alive(alive_s), proc.host, remote]
+
+
+def ssh_keep_alive(alive_s):
+    """ssh's options to give up on a host it has not heard for about alive_s (a network partition:
+    the connection stays open, its packets go nowhere)."""
+    every = max(1, int(alive_s // 6))
+    return ["-o", f"ServerAliveInterval={every}", "-o", f"ServerAliveCountMax={max(1, math.ceil(alive_s / every))}"]
 
 
 def plan_ssh(plan, run_dir, run_start, bins, probed=None, base_port=None, sockets=None, append=False):
@@ -328,7 +339,7 @@ def plan_ssh(plan, run_dir, run_start, bins, probed=None, base_port=None, socket
     port_of = fixed_or_probed_ports(where, probed, base_port)
     procs = plan_cluster(plan, run_dir, run_start, bins, where, port_of, address_of, sockets)
     for p in procs:
-        p.command = ssh_command(p, sockets, append)
+        p.command = ssh_command(p, plan.ssh_alive_s, sockets, append)
         p.control = True
         p.ssh_log = run_dir / "logs" / f"{p.name}.ssh.log"
     return procs

@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import subprocess
 import tomllib
 from dataclasses import dataclass
@@ -35,9 +36,17 @@ def find_binaries(build_dir):
     return b
 
 
+CONFIG_TIMEOUT_S = 120  # pslab_worker config: reads a config, the headers of its data sets
+
+
 def binary_config(bins, args):
     """Runs `pslab_worker config ARGS`; returns stdout or raises UsageError with the binary's error."""
-    p = subprocess.run([str(bins.worker), "config", *args], capture_output=True, text=True)
+    try:
+        p = subprocess.run([str(bins.worker), "config", *args], capture_output=True, text=True, timeout=CONFIG_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"{bins.worker} config {shlex.join(args)} did not answer within {CONFIG_TIMEOUT_S} s "
+                         f"(it reads the config and its data sets' headers: is a data.path on a file system "
+                         f"that hangs?)") from None
     check_signal()  # a Ctrl-C reaches the binary too
     if p.returncode != 0:
         raise UsageError((p.stderr or p.stdout).strip() or f"pslab_worker config exited {p.returncode}")
@@ -146,6 +155,8 @@ class RunPlan:
     # (asp, ssp); "fail": it fails the run. Plans from before it was written: "fail".
     on_worker_loss = property(lambda self: self.plan.get("on_worker_loss", "fail"))
     heartbeat_s = property(lambda self: self.plan.get("heartbeat_s"))
+    # ssh: how long the launcher and a remote end go without hearing each other (cluster.ssh_alive_s)
+    ssh_alive_s = property(lambda self: self.plan.get("ssh_alive_s", 60.0))
 
     @property
     def checkpoint_every_s(self):

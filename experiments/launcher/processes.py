@@ -68,6 +68,28 @@ def start(proc, cwd, append_log=False, env=None):
         proc.popen = subprocess.Popen(proc.command, stdin=subprocess.PIPE if proc.control else subprocess.DEVNULL,
                                       stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
                                       preexec_fn=die_with_parent, env={**os.environ, **env} if env else None)
+    if proc.control:  # (a heartbeat to an ssh that stalled must not stall the launcher)
+        os.set_blocking(proc.popen.stdin.fileno(), False)
+
+
+class Heartbeat:
+    """ssh: a line "alive" to every remote end still running, 4 times per alive_s (at most every
+    second): the remote end stops its process when it hears nothing for alive_s (remote.py)."""
+
+    def __init__(self, procs, alive_s):
+        self.procs, self.every, self.last = procs, min(1.0, alive_s / 4), 0.0
+
+    def __call__(self):
+        now = time.monotonic()
+        if now - self.last < self.every:
+            return
+        self.last = now
+        for p in self.procs:
+            if p.control and p.popen is not None and p.popen.poll() is None:
+                try:
+                    os.write(p.popen.stdin.fileno(), b"alive\n")
+                except (OSError, ValueError):  # (its pipe full or gone: ssh is giving up on the host)
+                    pass
 
 
 def group_alive(pgid):

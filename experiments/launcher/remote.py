@@ -3,7 +3,8 @@
 It starts the binary in a process group of its own, with its output in the run's log on that
 host (written there whatever happens to the connection), and ends the whole group when the
 launcher asks (a line "stop" on stdin), when stdin ends (the launcher died or the connection
-dropped: sshd closes it) or on SIGHUP, SIGINT or SIGTERM: SIGTERM, then SIGKILL after the
+dropped: sshd closes it), when stdin is silent for --alive-s (a partition: the launcher's line
+"alive" comes more often) or on SIGHUP, SIGINT or SIGTERM: SIGTERM, then SIGKILL after the
 grace. Then it says how the process ended, as the last line of the log and of its own output,
 
     [pslab-launch] {"event": "exit", "host": ..., "pid": ..., "code": 1}    (or "signal": 9, "name": "SIGKILL")
@@ -26,12 +27,16 @@ DRAIN_S = 1.0  # the child exited but its output is still open: read what comes 
 
 
 def forward(out, log, data):
-    """Output to the log and to ssh (fd `out`, None once gone); returns `out`, or None if it is gone."""
+    """Output to the log and to ssh (fd `out`, non-blocking; None once gone); returns `out`, or None
+    if it is gone. What a stalled connection (a partition) cannot take now is left out of ssh's
+    copy: the log on the host has it all, and the loop goes on hearing stdin and the clock."""
     log.write(data)
     log.flush()
     if out is not None:
         try:
             os.write(out, data)
+        except BlockingIOError:
+            pass
         except OSError:
             return None
     return out
@@ -41,62 +46,109 @@ def say(out, log, text):
     return forward(out, log, (text + "\n").encode())
 
 
-def run_remote(argv, log_path, append=False):
+def run_remote(argv, log_path, append=False, alive_s=None):
     stopping = []
     for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda s, _f: stopping.append(s))
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
     log = open(log_path, "ab" if append else "wb")
-    out = 1
     try:
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  start_new_session=True, preexec_fn=die_with_parent)
     except OSError as e:
-        say(out, log, f"cannot start {argv[0]}: {e}")
-        say(out, log, MARK + json.dumps({"event": "exit", "host": socket.gethostname(), "pid": None, "code": 127}))
+        say(1, log, f"cannot start {argv[0]}: {e}")
+        say(1, log, MARK + json.dumps({"event": "exit", "host": socket.gethostname(), "pid": None, "code": 127}))
         return 127
-    out = say(out, log, MARK + json.dumps({"event": "started", "host": socket.gethostname(), "pid": child.pid}))
+    os.set_blocking(1, False)
+    end = RemoteEnd(child, log, stopping, alive_s)
+    end.say(MARK + json.dumps({"event": "started", "host": socket.gethostname(), "pid": child.pid}))
     sel = selectors.DefaultSelector()
     sel.register(child.stdout, selectors.EVENT_READ, "child")
     sel.register(0, selectors.EVENT_READ, "stdin")
-    kill_at = None
     exited_at = None  # when the child was seen to exit with its output still open (a process it left holds it)
     while True:
-        if stopping and kill_at is None:
-            kill_at = stop_group(child.pid)
-        if kill_at is not None and time.monotonic() > kill_at:
-            killpg(child.pid, signal.SIGKILL)
+        end.tick()
         if exited_at is None and child.poll() is not None:
             exited_at = time.monotonic()
         if exited_at is not None and time.monotonic() > exited_at + DRAIN_S:
-            return finish(child, out, log, kill_at, sel, stopping)  # (what it left is ended with its group)
+            return end.finish(sel)  # (what it left is ended with its group)
         for key, _ in sel.select(timeout=0.2):
             if key.data == "stdin":
-                kill_at = read_stdin(sel, child, kill_at)
+                end.read_stdin(sel)
                 continue
             data = os.read(child.stdout.fileno(), 65536)
             if not data:  # the child's output ended: it exited (or closed it)
                 sel.unregister(child.stdout)
-                return finish(child, out, log, kill_at, sel, stopping)
-            out = forward(out, log, data)
+                return end.finish(sel)
+            end.out = forward(end.out, log, data)
 
 
-def read_stdin(sel, child, kill_at):
-    """The launcher's line "stop", or the end of stdin (the launcher or the connection is gone):
-    the child's group is asked to stop. Returns when it is to be killed."""
-    data = os.read(0, 4096)
-    if not data or b"stop" in data:
-        sel.unregister(0)
-        if kill_at is None:
-            kill_at = stop_group(child.pid)
-    return kill_at
+class RemoteEnd:
+    """The child's process group and what stops it: the launcher's line "stop", the end of stdin
+    (the launcher or the connection is gone), stdin silent for alive_s (a network partition: the
+    connection stays open, nothing comes; the launcher's heartbeat is a line "alive" more often), or
+    a signal to this process. Stopping: SIGTERM to the group, SIGKILL after STOP_GRACE_S."""
 
+    def __init__(self, child, log, stopping, alive_s):
+        self.child, self.log, self.stopping, self.alive_s = child, log, stopping, alive_s
+        self.out = 1  # ssh's end (None once gone)
+        self.kill_at = None  # when the group is to be killed, once asked to stop
+        self.heard_at = time.monotonic()  # the launcher's last word on stdin
 
-def stop_group(pgid):
-    killpg(pgid, signal.SIGTERM)
-    killpg(pgid, signal.SIGCONT)  # a stopped process takes its SIGTERM now
-    return time.monotonic() + STOP_GRACE_S
+    def say(self, text):
+        self.out = say(self.out, self.log, text)
+
+    def stop(self):
+        if self.kill_at is None:
+            killpg(self.child.pid, signal.SIGTERM)
+            killpg(self.child.pid, signal.SIGCONT)  # a stopped process takes its SIGTERM now
+            self.kill_at = time.monotonic() + STOP_GRACE_S
+
+    def tick(self):
+        if self.stopping:
+            self.stop()
+        if self.alive_s and self.kill_at is None and time.monotonic() - self.heard_at > self.alive_s:
+            self.say(f"launch.py remote: heard nothing from the launcher for {self.alive_s:g} s (cluster.ssh_alive_s): "
+                     f"stopping pid {self.child.pid} on {socket.gethostname()}")
+            self.stop()
+        if self.kill_at is not None and time.monotonic() > self.kill_at:
+            killpg(self.child.pid, signal.SIGKILL)
+
+    def read_stdin(self, sel):
+        data = os.read(0, 4096)
+        self.heard_at = time.monotonic()
+        if not data or b"stop" in data:
+            sel.unregister(0)
+            self.stop()
+
+    def finish(self, sel):
+        """Waits for the child, still heard asking it to stop (a child that closed its output goes
+        on: a stop line, the end or silence of stdin or a signal stops it; SIGKILL once past the
+        grace), ends what is left of its group, says how it ended."""
+        child = self.child
+        if child.stdout in (k.fileobj for k in sel.get_map().values()):
+            sel.unregister(child.stdout)  # (what a process it left writes there is not the child's)
+        while (rc := child.poll()) is None:
+            self.tick()
+            if not sel.get_map():  # (nothing left to hear but signals)
+                time.sleep(0.2)
+            for key, _ in sel.select(timeout=0.2):
+                if key.data == "stdin":
+                    self.read_stdin(sel)
+        killpg(child.pid, signal.SIGKILL)  # anything left in its group (the binaries do not fork)
+        record = {"event": "exit", "host": socket.gethostname(), "pid": child.pid}
+        if rc < 0:
+            try:
+                name = signal.Signals(-rc).name
+            except ValueError:
+                name = f"signal {-rc}"
+            record.update(signal=-rc, name=name)
+        else:
+            record["code"] = rc
+        self.say(MARK + json.dumps(record))
+        self.log.close()
+        return 128 - rc if rc < 0 else rc
 
 
 def killpg(pgid, sig):
@@ -104,37 +156,6 @@ def killpg(pgid, sig):
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def finish(child, out, log, kill_at, sel, stopping):
-    """Waits for the child, still heard asking it to stop (a child that closed its output goes on:
-    a stop line, the end of stdin or a signal stops it; SIGKILL once past the grace), ends what is
-    left of its group, says how it ended."""
-    if child.stdout in (k.fileobj for k in sel.get_map().values()):
-        sel.unregister(child.stdout)  # (what a process it left writes there is not the child's)
-    while (rc := child.poll()) is None:
-        if stopping and kill_at is None:
-            kill_at = stop_group(child.pid)
-        if kill_at is not None and time.monotonic() > kill_at:
-            killpg(child.pid, signal.SIGKILL)
-        if not sel.get_map():  # (nothing left to hear but signals)
-            time.sleep(0.2)
-        for key, _ in sel.select(timeout=0.2):
-            if key.data == "stdin":
-                kill_at = read_stdin(sel, child, kill_at)
-    killpg(child.pid, signal.SIGKILL)  # anything left in its group (the binaries do not fork)
-    record = {"event": "exit", "host": socket.gethostname(), "pid": child.pid}
-    if rc < 0:
-        try:
-            name = signal.Signals(-rc).name
-        except ValueError:
-            name = f"signal {-rc}"
-        record.update(signal=-rc, name=name)
-    else:
-        record["code"] = rc
-    say(out, log, MARK + json.dumps(record))
-    log.close()
-    return 128 - rc if rc < 0 else rc
 
 
 def markers(path, tail_bytes=65536):

@@ -25,7 +25,7 @@ from .placement import (DRY_RUN_SOCKET_DIR, Proc, checkpoint_path, cluster_hosts
                         srun_command, ssh_base, ssh_command)
 from .metrics import read_jsonl
 from .plan import RunPlan, new_invocation_dir, replan, safe_dir_name
-from .processes import Interrupted, check_signal, log_tail, sleep_checked, start, stop_all
+from .processes import Heartbeat, Interrupted, check_signal, log_tail, sleep_checked, start, stop_all
 from .summary import COMPLETED, result_line, summarize
 
 PLOT_PY = REPO / "experiments" / "plot.py"
@@ -210,7 +210,10 @@ def probe_slurm_ports(count):
 def make_run_key(bins, run_dir):
     """The run's key (cluster.auth), mode 0600 in the run directory, for its processes alone."""
     path = run_key_path(run_dir)
-    r = subprocess.run([str(bins.worker), "keygen", str(path)], capture_output=True, text=True)
+    try:
+        r = subprocess.run([str(bins.worker), "keygen", str(path)], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise RunFailed(f"cannot make the run's key {path}: {bins.worker} keygen did not answer within 60 s") from None
     if r.returncode != 0:
         raise RunFailed(f"cannot make the run's key {path}: {(r.stderr or r.stdout).strip()}")
 
@@ -248,7 +251,7 @@ class Supervisor:
         if resume_from:  # servers from their checkpoints; workers go on from the clocks those hold
             for p in self.procs:
                 p.argv += resume_arguments(run_dir, p)
-                p.command = ssh_command(p, sockets, append=True) if plan.launcher == "ssh" else p.argv
+                p.command = ssh_command(p, plan.ssh_alive_s, sockets, append=True) if plan.launcher == "ssh" else p.argv
 
     def place(self):
         """The run's processes by launcher, and those this launcher starts itself."""
@@ -370,7 +373,7 @@ class Supervisor:
             if flag in argv:
                 del argv[argv.index(flag):argv.index(flag) + 1 + values]
         q = dataclasses.replace(p, argv=argv + add, popen=None, returncode=None, **changes)
-        q.command = ssh_command(q, self.sockets, append=True) if self.plan.launcher == "ssh" else q.argv
+        q.command = ssh_command(q, self.plan.ssh_alive_s, self.sockets, append=True) if self.plan.launcher == "ssh" else q.argv
         start(q, REPO, append_log=True)
         self.started.append(q)
         self.launched.append(q)
@@ -409,7 +412,8 @@ class Supervisor:
             if plan.launcher != "slurm":
                 self.manifest(interruptible=True)  # now with pids
             monitor(self.started, self.progress, self.run_start, self.opts.max_minutes * 60, failure_of, self.tolerate,
-                    self.act_on_verdict if plan.launcher != "slurm" else lambda: None)
+                    self.act_on_verdict if plan.launcher != "slurm" else lambda: None,
+                    Heartbeat(self.started, plan.ssh_alive_s) if plan.launcher == "ssh" else lambda: None)
         except BaseException as e:
             self.stopped(e)
             raise

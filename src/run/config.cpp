@@ -7,6 +7,7 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -136,6 +137,10 @@ void visit_fields(Config& c, F&& f) {
   f("cluster.reconnect_s", c.cluster.reconnect_s,
     "how long a link may be down and come back (s): a worker the servers dropped as silent that speaks again within it "
     "is taken back, and workers wait this long for a silent server; -1: auto, 0 on one host, 30 across hosts; 0: never");
+  f("cluster.ssh_alive_s", c.cluster.ssh_alive_s,
+    "ssh: how long the launcher and a process it started over ssh may go without hearing each other before the "
+    "process is stopped on its host and the run fails (s); longer than cluster.reconnect_s; -1: auto, twice the "
+    "reconnect window, at least 60");
   f("cluster.on_server_loss", c.cluster.on_server_loss,
     "PS modes: \"restart\" (the launcher restarts a server that died from its checkpoint; the workers rejoin it and "
     "the updates since are lost, counted), \"fail\", or \"auto\": restart for asp and ssp over tcp or ipc (not under Slurm), else fail");
@@ -201,6 +206,12 @@ const char* type_name() {
   else if constexpr (std::is_same_v<T, std::vector<int>>) return "a list of integers";
   else if constexpr (std::is_same_v<T, std::vector<double>>) return "a list of numbers";
   else return "a list of strings";
+}
+
+std::string number_text(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
 }
 
 std::string node_text(const toml::node& n) {
@@ -572,6 +583,11 @@ void validate_cluster(const Checker& check) {
   check(c.cluster.timeout_s > 0, "cluster.timeout_s", "must be > 0");
   check(c.cluster.heartbeat_s > 0, "cluster.heartbeat_s", "must be > 0");
   check(c.cluster.reconnect_s >= 0 || c.cluster.reconnect_s == -1, "cluster.reconnect_s", "must be >= 0, or -1 (auto)");
+  check(c.cluster.ssh_alive_s >= 1 || c.cluster.ssh_alive_s == -1, "cluster.ssh_alive_s", "must be >= 1, or -1 (auto)");
+  check(c.cluster.launcher != "ssh" || c.cluster.ssh_alive_s < 0 || c.cluster.ssh_alive_s > reconnect_window_s(c),
+        "cluster.ssh_alive_s",
+        "must be longer than the reconnect window (cluster.reconnect_s: " + number_text(reconnect_window_s(c)) +
+            " s here): a link down for less must lose nothing");
   check(c.cluster.guard_norm_factor == 0 || c.cluster.guard_norm_factor >= 1, "cluster.guard_norm_factor",
         "must be 0 (no norm bound) or >= 1 (a bound below the median would refuse honest pushes)");
   check(c.cluster.guard_drop_after >= 0, "cluster.guard_drop_after", "must be >= 0");
@@ -709,6 +725,11 @@ double reconnect_window_s(const ExperimentConfig& c) {
   const std::set<std::string> hosts(c.cluster.hosts.begin(), c.cluster.hosts.end());
   const bool across_hosts = c.cluster.launcher == "slurm" || (c.cluster.launcher == "ssh" && hosts.size() > 1);
   return across_hosts ? 30.0 : 0.0;
+}
+
+double ssh_alive_window_s(const ExperimentConfig& c) {
+  if (c.cluster.ssh_alive_s > 0) return c.cluster.ssh_alive_s;
+  return std::max(60.0, 2 * reconnect_window_s(c));
 }
 
 bool uses_error_feedback(const ExperimentConfig& c) {

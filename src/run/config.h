@@ -98,6 +98,10 @@ struct ClusterConfig {
   // again within it is taken back, and a worker waits this long for a silent server (-1: auto, 0
   // on one host, 30 across hosts; 0: never).
   double reconnect_s = -1.0;
+  // ssh: how long the launcher and a process it started over ssh go on without hearing each other
+  // (the launcher's heartbeat on the remote end's stdin; ssh's keep-alive) before the process is
+  // stopped on its host and the run fails (s); -1: auto, twice the reconnect window, at least 60.
+  double ssh_alive_s = -1.0;
   std::string on_server_loss = "auto";  // "restart" (the launcher restarts a server that died from its
                                         // checkpoint; workers rejoin it), "fail", or "auto": restart
                                         // where the mode trains on when updates are lost (asp, ssp)
@@ -198,6 +202,8 @@ bool restarts_lost_servers(const ExperimentConfig& c);
 // cluster.reconnect_s resolved (s): "auto" (-1) is 0 when every process runs on one host (the
 // local launcher, one ssh host) and 30 across hosts (ssh with several, Slurm).
 double reconnect_window_s(const ExperimentConfig& c);
+// cluster.ssh_alive_s resolved (s): "auto" (-1) is twice reconnect_window_s, at least 60.
+double ssh_alive_window_s(const ExperimentConfig& c);
 // Whether the workers' push encoders keep what a lossy codec left out and add it to the next push
 // (cluster.error_feedback resolved: "auto" is on for the codecs that want it, topk and sign).
 bool uses_error_feedback(const ExperimentConfig& c);

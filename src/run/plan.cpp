@@ -52,6 +52,7 @@ nlohmann::ordered_json run_plan(const ExperimentConfig& c) {
           {"eval_interval_s", c.eval.interval_s},
           {"timeout_s", c.cluster.timeout_s},
           {"heartbeat_s", c.cluster.heartbeat_s},
+          {"ssh_alive_s", ssh_alive_window_s(c)},
           {"virtual",
            {{"compute_ms", c.virtual_cluster.compute_ms},
             {"latency_us", c.virtual_cluster.latency_us},

@@ -124,12 +124,17 @@ class Config(LauncherTestCase):
         self.assertEqual(placement, {"server0": "hostA", "server1": "hostB", "worker0": "hostA",
                                      "worker1": "hostB", "evaluator": "hostA"})
         for name, (host, argv) in cmds.items():
-            self.assertEqual(argv[:6], ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", host])
-            self.assertEqual(len(argv), 7, argv)
-            remote = argv[6]
+            # ssh gives up on a host it has not heard for cluster.ssh_alive_s (60 s here), as the
+            # remote end does on the launcher
+            self.assertEqual(argv[:10], ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o",
+                                         "ServerAliveInterval=10", "-o", "ServerAliveCountMax=6", host])
+            self.assertEqual(len(argv), 11, argv)
+            remote = argv[10]
             self.assertTrue(remote.startswith(f"cd {shlex.quote(str(REPO))} && exec "), remote)
+            self.assertIn(" remote --log ", remote)
+            self.assertIn(" --alive-s 60 -- ", remote)
         inner = {name: remote_argv(argv) for name, (_, argv) in cmds.items()}
-        self.assertIn(" exec python3 experiments/launch.py remote --log ", cmds["server0"][1][6])
+        self.assertIn(" exec python3 experiments/launch.py remote --log ", cmds["server0"][1][-1])
         # each host's address and ports are asked of it at launch: placeholders here
         self.assertEqual(option(inner["server0"], "--bind"), "tcp://<address of hostA>:<port 0>")
         self.assertEqual(option(inner["worker0"], "--servers"),
@@ -138,7 +143,7 @@ class Config(LauncherTestCase):
         env = dict(self.env, OPENBLAS_CORETYPE="Haswell", OMP_NUM_THREADS="1")
         r = self.launch("run", path, "--runs-dir", self.runs, "--dry-run", env=env)
         self.assertIn(" exec env OMP_NUM_THREADS=1 OPENBLAS_CORETYPE=Haswell python3 experiments/launch.py remote --log ",
-                      dry_run_commands(r.stdout)["worker1"][1][6])
+                      dry_run_commands(r.stdout)["worker1"][1][-1])
         # addresses named per host, fixed ports: each server binds its own host's address
         path.write_text(path.read_text().replace("[cluster]", '[cluster]\naddresses = ["hostA=10.1.0.1", "hostB=10.1.0.2"]'))
         r = self.launch("run", path, "--runs-dir", self.runs, "--dry-run", "--base-port", 29500)
@@ -240,7 +245,7 @@ class Config(LauncherTestCase):
         path.write_text(path.read_text().replace('hosts = ["hostA", "hostB"]', 'hosts = ["hostA"]'))
         r = self.launch("run", path, "--runs-dir", self.runs, "--dry-run")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        remote = dry_run_commands(r.stdout)["server0"][1][6]
+        remote = dry_run_commands(r.stdout)["server0"][1][-1]
         self.assertRegex(remote, r" && mkdir -p -m 700 /tmp/pslab-\S+ && exec .* -- .* --bind ipc:///tmp/pslab-\S+/server0 ")
         slurm.write_text(slurm.read_text().replace('\nhosts = ["n1", "n2"]', ""))
         r = self.launch("run", slurm, "--runs-dir", self.runs, "--dry-run")
@@ -392,6 +397,23 @@ class Config(LauncherTestCase):
         config = tomllib.loads((self.only_invocation("tiny") / "run" / "config.toml").read_text())
         self.assertEqual(config["cluster"]["collective"], "gloo", r.stdout + r.stderr)
         self.assert_no_processes_left()
+
+    def test_a_config_the_binary_does_not_answer_for_is_an_error_naming_it(self):
+        # pslab_worker config reads the data sets' headers; on a file system that hangs it would
+        # hold the launcher for ever: past CONFIG_TIMEOUT_S it is a usage error naming the command.
+        import sys
+        sys.path.insert(0, str(REPO / "experiments"))
+        from launcher import plan as launcher_plan
+        from launcher.common import UsageError
+        hangs = self.fake_bin("pslab_worker", "#!/bin/sh\nexec sleep 30\n")
+        bins = launcher_plan.Binaries(hangs.parent, hangs, hangs)
+        saved, launcher_plan.CONFIG_TIMEOUT_S = launcher_plan.CONFIG_TIMEOUT_S, 0.5
+        try:
+            with self.assertRaises(UsageError) as e:
+                launcher_plan.binary_config(bins, ["--print", "some.toml"])
+        finally:
+            launcher_plan.CONFIG_TIMEOUT_S = saved
+        self.assertIn(f"{hangs} config --print some.toml did not answer within 0.5 s", str(e.exception))
 
 
 if __name__ == "__main__":

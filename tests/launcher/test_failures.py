@@ -291,6 +291,11 @@ class CutConnections(LauncherTestCase):
                 self.assertIn("bit for bit", r.stdout)
 
 
+def sleeps(seconds):
+    """{pid: argv} of the processes running `sleep SECONDS`."""
+    return {pid: argv for pid, argv in cmdlines_containing(seconds).items() if argv == ["sleep", seconds]}
+
+
 class Cleanup(LauncherTestCase):
     """Nothing of a run is left anywhere on the machine (checks every process and /dev/shm: run alone)."""
 
@@ -352,8 +357,8 @@ class Cleanup(LauncherTestCase):
             return p
 
         def kill_left():  # (should this test fail: nothing of it left running)
-            for marker in ("sleep 61.25", "sleep 62.5"):
-                for pid in cmdlines_containing(marker):
+            for seconds in ("61.25", "62.5"):
+                for pid in sleeps(seconds):
                     try:
                         os.kill(pid, signal.SIGKILL)
                     except ProcessLookupError:
@@ -367,7 +372,7 @@ class Cleanup(LauncherTestCase):
         quiet.stdin.flush()
         out, _ = quiet.communicate(timeout=20)
         self.assertEqual(quiet.returncode, 128 + 15, out)  # its SIGTERM
-        self.assertEqual(cmdlines_containing("sleep 61.25"), {})
+        self.assertEqual(sleeps("61.25"), {})
         left = remote("(exec sleep 62.5) & echo started it", "left.log")
         left.wait(timeout=20)  # (its stdin stays open, as the launcher's ssh keeps it)
         out = left.stdout.read()
@@ -375,7 +380,43 @@ class Cleanup(LauncherTestCase):
         self.assertEqual(left.returncode, 0, out)
         self.assertIn("started it", out)
         self.assertIn('"event": "exit"', out)
-        self.assertEqual(cmdlines_containing("sleep 62.5"), {})
+        self.assertEqual(sleeps("62.5"), {})
+
+    def test_the_remote_end_stops_its_process_when_the_launcher_falls_silent(self):
+        # A network partition: ssh's connection stays open and nothing comes. The remote end hears
+        # the launcher's "alive" lines and goes on; silent for --alive-s, it stops its process.
+        self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL) for pid in sleeps("63.75")])
+        p = subprocess.Popen([PYTHON, str(LAUNCH), "remote", "--log", str(self.tmp / "silent.log"), "--alive-s", "1.5",
+                              "--", "sleep", "63.75"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        self.addCleanup(lambda: p.poll() is None and (p.kill(), p.wait()))
+        for _ in range(10):  # 3 s, twice --alive-s: heard all along
+            p.stdin.write("alive\n")
+            p.stdin.flush()
+            time.sleep(0.3)
+        self.assertIsNone(p.poll(), "stopped while the launcher was heard")
+        self.assertEqual(len(sleeps("63.75")), 1)
+        silent_at = time.monotonic()
+        p.wait(timeout=15)  # (its stdin still open)
+        out = p.stdout.read()
+        self.assertEqual(p.returncode, 128 + 15, out)
+        self.assertGreater(time.monotonic() - silent_at, 1.4)
+        self.assertIn("launch.py remote: heard nothing from the launcher for 1.5 s (cluster.ssh_alive_s): stopping pid", out)
+        self.assertIn('"signal": 15', out)
+        self.assertEqual(sleeps("63.75"), {})
+        self.assertIn("heard nothing from the launcher", (self.tmp / "silent.log").read_text())
+
+        # A stalled connection too: 1 MiB of output ssh does not take (a pipe nobody reads) does
+        # not stop the remote end hearing the clock.
+        self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL) for pid in sleeps("64.5")])
+        stalled = subprocess.Popen([PYTHON, str(LAUNCH), "remote", "--log", str(self.tmp / "stalled.log"), "--alive-s",
+                                    "1.5", "--", "sh", "-c", "head -c 1048576 /dev/zero; exec sleep 64.5"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.addCleanup(lambda: stalled.poll() is None and (stalled.kill(), stalled.wait()))
+        stalled.wait(timeout=15)
+        self.assertEqual(stalled.returncode, 128 + 15)
+        self.assertEqual(sleeps("64.5"), {})
+        self.assertEqual((self.tmp / "stalled.log").read_bytes().count(b"\0"), 1 << 20)
 
     def test_failed_run_is_cleaned_up_before_the_next_one(self):
         # --keep-going: while the sweep's second run trains, nothing of the failed first run is left

@@ -12,6 +12,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import time
 import unittest
 
 from tests.launcher.helpers import REPO, LauncherTestCase, remote_argv, free_base_port
@@ -102,6 +103,34 @@ class Ssh(LauncherTestCase):
         s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
         self.assertEqual((s["mode"], s["servers"], s["status"], s["staleness"]), ("allreduce", 0, "ok", None))
         self.assertGreater(s["final_test_acc"], 0.85)
+        self.assert_no_processes_left()
+
+    def test_the_remote_ends_hear_the_launcher_all_run_long(self):
+        # cluster.ssh_alive_s = 1: each remote end stops its process once it has not heard the
+        # launcher's line "alive" for 1 s, and ssh gives up on a host it has not heard as soon. A
+        # run of 2000 steps (several seconds) ends ok only if the launcher says it all along.
+        calls = self.tmp / "ssh-calls"
+        self.fake_bin("ssh", f"""\
+            #!/bin/bash
+            echo "$*" >> {calls}
+            while [[ $1 == -o ]]; do shift 2; done
+            export SSH_CONNECTION="127.0.0.1 40000 127.0.0.1 22"  # what sshd sets: the address reached
+            exec bash -c "$2"
+            """)
+        path = self.ssh_config(["localhost", "127.0.0.1"], servers=1, workers=2)
+        path.write_text(path.read_text().replace("steps = 500", "steps = 2000")
+                        .replace("[cluster]", "[cluster]\nssh_alive_s = 1\nreconnect_s = 0"))
+        started = time.monotonic()
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots", "--base-port", free_base_port())
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertGreater(time.monotonic() - started, 4, "too short a run to show the launcher heard")
+        s = json.loads((self.only_invocation("tiny") / "run" / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok")
+        runs = [c for c in calls.read_text().splitlines() if " remote " in c]
+        self.assertEqual(len(runs), 4, runs)  # a server, two workers, the evaluator
+        for c in runs:
+            self.assertIn("-o ServerAliveInterval=1 -o ServerAliveCountMax=1 ", c)
+            self.assertIn(" --alive-s 1 ", c)
         self.assert_no_processes_left()
 
 

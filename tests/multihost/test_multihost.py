@@ -186,11 +186,11 @@ class Cluster:
         out = sh("ip", "netns", "pids", self.ns[host], check=False).stdout.split()
         return [int(p) for p in out if sshd or int(p) != self.sshd_pids.get(host)]
 
-    def set_links(self, host, up):
-        """Takes both of `host`'s links (management and data) down or up, at the bridge's end, as a
-        cable pulled out: its connections stay open, their packets go nowhere."""
+    def set_links(self, host, up, bridges=None):
+        """Takes `host`'s links (both, management and data, or those to `bridges`) down or up, at the
+        bridge's end, as a cable pulled out: its connections stay open, their packets go nowhere."""
         i = HOSTS.index(host)
-        for br in self.bridges:
+        for br in bridges or self.bridges:
             sh("ip", "link", "set", f"{br[:3]}{self.ns[host][-5:]}{i}"[:15], "up" if up else "down")
 
     def data_bytes(self):
@@ -387,6 +387,50 @@ class MultiHostTest(Launches, ClusterTestCase):
                 else:
                     self.assertIn("more for it to come back (cluster.reconnect_s; bsp cannot train on without it)", logs)
                 self.assert_no_process_on_any_host()
+
+    def test_a_host_the_launcher_cannot_reach_is_left_with_nothing_running(self):
+        # bsp over the data network; the management link of server0's host goes down (ssh's
+        # network): the run could go on, but the launcher cannot reach that host's processes to
+        # stop them. The remote ends there, hearing nothing from the launcher for cluster.ssh_alive_s
+        # = 4, stop their processes while the link is still down; ssh gives up on the host as soon;
+        # the run fails naming a process there.
+        runs = self.runs / "cut"
+        p = self.launch_bg("run", self.config("cut.toml", "bsp", steps=100000,
+                                              extra='interface = "data0"\nreconnect_s = 2\nssh_alive_s = 4'),
+                           "--runs-dir", runs, "--no-plots")
+        self.wait_for_train_lines(runs, ["worker0", "worker1", "worker2"])
+        run, = self.runs_of(runs)
+        placed = json.loads((run / "manifest.json").read_text())["processes"]
+        host = next(q["host"] for q in placed if q["name"] == "server0")
+        there = [q["name"] for q in placed if q["host"] == host]
+        self.cluster.set_links(host, False, bridges=self.cluster.bridges[:1])
+        try:
+            out, err = p.communicate(timeout=60)
+            self.assertEqual(p.returncode, 1, out + err)
+            # (ssh's exit 255, or the remote end's own record where the log is on a shared file system)
+            self.assertRegex(err, rf"FAILED run: ({'|'.join(there)}) \(.*\) on {host} "
+                                  rf"(lost its ssh connection \(ssh exit 255\)|exited with code 1 on {host})")
+            end = time.monotonic() + 10  # (sshd's own sessions there wait for the link)
+            while self.run_processes_on(host) and time.monotonic() < end:
+                time.sleep(0.1)
+            self.assertEqual(self.run_processes_on(host), [], f"the run's processes on {host}, cut off")
+        finally:
+            self.cluster.set_links(host, True)
+        for name in there:
+            self.assertIn("heard nothing from the launcher for 4 s (cluster.ssh_alive_s)",
+                          (run / "logs" / f"{name}.log").read_text())
+        self.assert_no_process_on_any_host()
+
+    def run_processes_on(self, host):
+        """The command lines of the processes on `host` but sshd's."""
+        found = []
+        for pid in self.cluster.pids(host):
+            try:
+                if os.path.basename(os.readlink(f"/proc/{pid}/exe")) != "sshd":
+                    found.append(cmdline(pid))
+            except OSError:
+                pass
+        return found
 
     def test_replay_of_an_ssh_run_is_bit_for_bit(self):
         # the remote processes got the launcher's numerics environment (BLAS core type, thread

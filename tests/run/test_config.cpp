@@ -94,6 +94,24 @@ TEST(Config, ReconnectWindowIsZeroOnOneHostAndThirtySecondsAcross) {
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nreconnect_s = -2\n"), "exp.toml: cluster.reconnect_s: must be >= 0, or -1 (auto)");
 }
 
+// cluster.ssh_alive_s: auto is twice the reconnect window, at least 60 s; one's own must outlast
+// the reconnect window (a link down for less loses nothing, so nothing may be stopped meanwhile).
+TEST(Config, SshAliveWindowOutlastsTheReconnectWindow) {
+  const auto alive = [](const std::string& cluster) {
+    return ssh_alive_window_s(parse_config("name = \"x\"\n[cluster]\n" + cluster, "exp.toml"));
+  };
+  const std::string two_hosts = "launcher = \"ssh\"\nhosts = [\"a\", \"b\"]\n";
+  EXPECT_EQ(alive(two_hosts), 60.0);
+  EXPECT_EQ(alive(two_hosts + "reconnect_s = 45\n"), 90.0);
+  EXPECT_EQ(alive(two_hosts + "ssh_alive_s = 31\n"), 31.0);
+  EXPECT_EQ(alive(two_hosts + "reconnect_s = 1\nssh_alive_s = 2\n"), 2.0);
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\n" + two_hosts + "ssh_alive_s = 30\n"),
+            "exp.toml: cluster.ssh_alive_s: must be longer than the reconnect window (cluster.reconnect_s: 30 s here): "
+            "a link down for less must lose nothing");
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nssh_alive_s = 0.5\n"),
+            "exp.toml: cluster.ssh_alive_s: must be >= 1, or -1 (auto)");
+}
+
 TEST(Config, ByzantineWorkersAreRanksOfAModeThatPushesGradients) {
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nworkers = 2\n[byzantine]\nworkers = [5]\n"),
             "exp.toml: byzantine.workers: rank 5 is not a worker (cluster.workers = 2)");
