@@ -92,6 +92,33 @@ class Heartbeat:
                     pass
 
 
+def run_in_group(argv, timeout_s, **popen_args):
+    """Runs argv to its end in a process group of its own (a Ctrl-C of the launcher stops it; what
+    it leaves in its group is killed when it ends); returns its exit status. Raises
+    subprocess.TimeoutExpired past timeout_s, Interrupted on SIGINT or SIGTERM, the group ended."""
+    p = subprocess.Popen(argv, start_new_session=True, preexec_fn=die_with_parent, **popen_args)
+    end = time.monotonic() + timeout_s
+    try:
+        while p.poll() is None:
+            check_signal()
+            if time.monotonic() > end:
+                raise subprocess.TimeoutExpired(argv, timeout_s)
+            time.sleep(0.05)
+    finally:
+        for sig in ((signal.SIGTERM, signal.SIGKILL) if p.poll() is None else (signal.SIGKILL,)):
+            try:
+                os.killpg(p.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if sig == signal.SIGTERM:
+                try:
+                    p.wait(timeout=KILL_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    pass
+        p.wait()
+    return p.returncode
+
+
 def group_alive(pgid):
     try:
         os.killpg(pgid, 0)
@@ -140,12 +167,21 @@ def stop_all(procs, meanwhile=None):
                 pass
     for p in live:
         p.popen.wait()
-        # Anything else left in its group (none expected: the binaries do not fork).
-        try:
-            os.killpg(p.popen.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    end_groups(procs)
     return live
+
+
+def end_groups(procs):
+    """SIGKILL what is left in the process group of each process that was started and has exited:
+    the binaries do not fork, but a worker.script may (a data loader's workers) and exit, or die,
+    leaving its children. (A group lives while any member does, so its number is not reused
+    meanwhile; one that emptied is skipped.)"""
+    for p in procs:
+        if p.popen is not None and p.popen.poll() is not None and group_alive(p.popen.pid):
+            try:
+                os.killpg(p.popen.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def describe_exit(rc):

@@ -25,7 +25,8 @@ from .placement import (DRY_RUN_SOCKET_DIR, Proc, checkpoint_path, cluster_hosts
                         srun_command, ssh_base, ssh_command)
 from .metrics import read_jsonl
 from .plan import RunPlan, new_invocation_dir, replan, safe_dir_name
-from .processes import Heartbeat, Interrupted, check_signal, log_tail, sleep_checked, start, stop_all
+from .processes import (Heartbeat, Interrupted, check_signal, end_groups, log_tail, sleep_checked, start,
+                        stop_all)
 from .summary import COMPLETED, result_line, summarize
 
 PLOT_PY = REPO / "experiments" / "plot.py"
@@ -421,6 +422,7 @@ class Supervisor:
             for p in self.launched:
                 if p.popen.stdin:
                     p.popen.stdin.close()
+        end_groups(self.launched)  # (what an exited worker.script left behind)
         self.manifest(placed=True)
         s = summarize(plan, run_dir, time.time() - self.run_start, lost=self.lost, restarted=self.restarted,
                       failed_over=self.failed_over)

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 
 from .common import REPO, RunFailed, UsageError
-from .processes import check_signal
+from .processes import run_in_group
 
 THETA0_TIMEOUT_S = 300  # the script's start: imports, data, the module
 
@@ -77,20 +77,19 @@ def theta0_sets(plan, run_dir, bins):
     env.update({"PSLAB_THETA0": str(out), "PSLAB_SERVERS": ""})
     with open(log, "wb") as f:
         try:
-            p = subprocess.run(script_command(plan, env), stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               timeout=THETA0_TIMEOUT_S, cwd=REPO)
+            rc = run_in_group(script_command(plan, env), THETA0_TIMEOUT_S, stdout=f, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, cwd=REPO)
         except subprocess.TimeoutExpired:
             raise RunFailed(f"worker.script {plan.worker_script} did not write θ0 within {THETA0_TIMEOUT_S} s "
                              f"(PSLAB_THETA0; its output: {log})") from None
-    check_signal()
     try:
         sizes = json.loads(pathlib.Path(f"{out}.json").read_text())["sizes"]
     except (OSError, ValueError, KeyError):
         sizes = None
-    if p.returncode != 0 or not sizes or not out.is_file():
+    if rc != 0 or not sizes or not out.is_file():
         tail = log.read_text(errors="replace").strip().splitlines()[-5:]
         raise RunFailed(f"worker.script {plan.worker_script} was to write θ0 (PSLAB_THETA0: pslab.torch.Worker or "
-                         f"evaluate does) and " + (f"exited {p.returncode}" if p.returncode else "wrote none") +
+                         f"evaluate does) and " + (f"exited {rc}" if rc else "wrote none") +
                          f"; its output ({log}):\n  " + "\n  ".join(tail))
     if out.stat().st_size != 4 * sum(sizes):
         raise RunFailed(f"{out}: {out.stat().st_size} bytes, the sizes in {out}.json add up to {sum(sizes)} floats")

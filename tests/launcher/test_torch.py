@@ -280,6 +280,27 @@ class TorchRuns(LauncherTestCase):
         self.assertGreater(s["final_test_acc"], 0.15, "12 steps of 2 workers (in the warm-up) learn something: 10% is chance")
         self.assert_no_processes_left()
 
+    def test_what_a_script_leaves_running_ends_with_the_run(self):
+        # a worker.script that starts a child and leaves it (as a data loader's workers can outlive
+        # the script): the θ0 run's, the workers' and the evaluator's children end with them
+        mlp = REPO / "experiments" / "torch" / "mlp.py"
+        script = self.write("leaves.py", f"""import runpy, subprocess, sys
+subprocess.Popen(["sleep", "65.5"])  # left behind
+sys.path.insert(0, {str(mlp.parent)!r})
+runpy.run_path({str(mlp)!r}, run_name="__main__")
+""")
+        self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL) for pid in self.sleeps()])
+        r = self.launch("run", TORCH_MLP, "--runs-dir", self.runs, "--no-plots", "--set", f'worker.script="{script}"',
+                        "--set", 'cluster.mode="asp"', "--set", "cluster.workers=2", "--set", "train.steps=12",
+                        "--set", "eval.every_epochs=0")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(self.sleeps(), {}, "what the script left is still running")
+        self.assert_no_processes_left()
+
+    @staticmethod
+    def sleeps():
+        return {pid: argv for pid, argv in cmdlines_containing("65.5").items() if argv == ["sleep", "65.5"]}
+
     def test_over_ssh_and_under_slurm_as_locally(self):
         # the same script through a local stand-in of ssh (2 hosts, TCP, the run's key: CURVE)
         # and of Slurm: the workers and the evaluator find their part of the run in PSLAB_*
