@@ -813,6 +813,22 @@ class SlurmTest(ClusterTestCase):
         self.assertEqual(json.loads((self.run_of() / "summary.json").read_text())["status"], "interrupted")
         self.assert_no_process_on_any_node()
 
+    def test_kill_9_of_the_launcher_in_an_allocation_it_outlives_leaves_no_task(self):
+        # an interactive allocation (salloc's shell) outlives the launcher, killed by SIGKILL (the
+        # OOM killer): its srun goes with it (PR_SET_PDEATHSIG), and the nodes end the step's
+        # tasks, srun gone, while the allocation goes on
+        launcher_pid = self.tmp / "launcher.pid"
+        shell = (f"{PYTHON} {LAUNCH} run {self.config('kill9.toml', steps=100000)} --runs-dir {self.runs} --no-plots "
+                 f"& echo $! > {launcher_pid}; wait; sleep 60")
+        p = subprocess.Popen(["salloc", "-N", "2", "-n", "4", "--quiet", "sh", "-c", shell], cwd=REPO, env=self.env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(lambda: (p.kill(), p.wait()) if p.poll() is None else None)
+        wait_for_train_lines_in(self, self.runs, ["worker1"], 60, runs_glob="tiny/*/*")
+        self.assertTrue(all(self.cluster.pids(n) for n in SLURM_NODES), "not every node runs a task")
+        os.kill(int(launcher_pid.read_text()), signal.SIGKILL)
+        self.assert_no_process_left_on(SLURM_NODES, "nodes", grace=20)  # (KillWait = 10 s)
+        self.assertIsNone(p.poll(), "the allocation ended: it, not srun, would have ended the step")
+
     def test_a_cancelled_job_is_reported_as_cancelled(self):
         p = self.start_long_run("long.toml")
         jobs = sh("squeue", "-h", "-o", "%i", env=self.env).stdout.split()
