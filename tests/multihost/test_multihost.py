@@ -339,6 +339,17 @@ class MultiHostTest(Launches, ClusterTestCase):
         # each remote end said how its process ended: stopped by the SIGTERM it sent
         self.assertIn('"name": "SIGTERM"', (run / "logs" / "worker1.log").read_text())
 
+    def test_kill_9_of_the_launcher_leaves_no_process_on_any_host(self):
+        # its ssh clients go with it (PR_SET_PDEATHSIG); each remote end, its connection gone,
+        # stops its process
+        p = self.launch_bg("run", self.config("kill9.toml", steps=100000), "--runs-dir", self.runs, "--no-plots")
+        self.wait_for_train_lines(self.runs, ["worker0", "worker1", "worker2"])
+        p.kill()
+        p.communicate(timeout=10)
+        self.assert_no_process_on_any_host()
+        run, = self.runs_of(self.runs)
+        self.assertIn('"name": "SIGTERM"', (run / "logs" / "worker1.log").read_text())
+
     def test_kill_9_of_a_remote_worker_is_reported_and_nothing_is_left(self):
         p = self.launch_bg("run", self.config("kill.toml", steps=100000), "--runs-dir", self.runs, "--no-plots")
         self.wait_for_train_lines(self.runs, ["worker1"])
