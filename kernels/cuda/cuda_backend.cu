@@ -532,16 +532,19 @@ class CudaBackend final : public Backend {
     cuda::launch_softmax_xent(logits, labels, rows, C, grad_scale, dlogits,
                               reinterpret_cast<float*>(base + kCounterBytes), reinterpret_cast<int*>(base), stream_->get());
     copy_loss_back(base, kCounterBytes + std::size_t(rows) * sizeof(float));
+    pending_ = {rows, C};  // (only once all of it is queued: a throw above leaves nothing pending)
   }
   void mse_deferred(const float* y, const float* t, int rows, int C, float grad_scale, float* dy) override {
     auto* base = begin_deferred_loss("mse", rows, C);  // its bad-label count stays 0
     if (!base) return;
     cuda::launch_mse(y, t, rows, C, grad_scale, dy, reinterpret_cast<float*>(base + kCounterBytes), stream_->get());
     copy_loss_back(base, kCounterBytes + std::size_t(rows) * sizeof(float));
+    pending_ = {rows, C};
   }
   double take_loss() override {
     if (pending_.rows == 0) return 0.0;
     not_while_recording("take_loss");
+    if (!loss_ready_) throw std::logic_error("CudaBackend::take_loss: a loss pending that was never queued");
     PSLAB_CUDA_CHECK(cudaEventSynchronize(loss_ready_->get()));
     int bad_rows = 0;
     std::memcpy(&bad_rows, loss_host_, sizeof bad_rows);
@@ -711,7 +714,7 @@ class CudaBackend final : public Backend {
   // an empty batch (nothing to compute).
   unsigned char* begin_deferred_loss(const char* what, int rows, int C) {
     if (rows < 0 || C < 0) throw std::invalid_argument(std::string(what) + ": rows and C must be >= 0");
-    pending_ = {rows, C};
+    pending_ = {};  // (a loss not taken is replaced; the caller sets the new one once it is queued)
     if (rows == 0) return nullptr;
     activate();
     const std::size_t bytes = kCounterBytes + std::size_t(rows) * sizeof(float);
