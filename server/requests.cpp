@@ -131,6 +131,10 @@ void Server::on_hello(const std::string& id, const wire::Hello& m) {
     if (m.rank < 0 || m.rank >= W)
       return reply_error(id, wire::ErrorCode::protocol,
                          "worker rank " + std::to_string(m.rank) + " is not in [0, " + std::to_string(W) + ")");
+    if (m.rejoin_clock > total_steps_)  // (taken as its clock, it would count updates lost that never were)
+      return reply_error(id, wire::ErrorCode::protocol,
+                         "worker " + std::to_string(m.rank) + " says it is back at clock " + std::to_string(m.rejoin_clock) +
+                             ", beyond the run's " + std::to_string(total_steps_) + " steps");
     std::string& slot = worker_ids_[std::size_t(m.rank)];
     if (state_->dropped(m.rank)) {
       if (!may_return(m.rank))

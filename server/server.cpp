@@ -45,6 +45,7 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
   so.optimizer = cfg.optimizer;
   so.layers = layer_sizes(spec, range_.offset, range_.length);
   so.schedule = schedule_for_run(cfg, steps_per_epoch(cfg, cfg.cluster.workers));
+  total_steps_ = total_steps(cfg, steps_per_epoch(cfg, cfg.cluster.workers));
   so.train_size = train_set_size(cfg);
   so.batch = cfg.train.batch * cfg.train.accumulate;  // samples behind one push
   so.record_pulls = opt.record_pulls;

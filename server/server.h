@@ -312,6 +312,7 @@ class Server : private ShardState::Listener {
   bool continue_on_loss_ = false;       // continues_without_lost_workers(cfg)
   nlohmann::ordered_json losses_ = nlohmann::ordered_json::array();  // {worker, clock, silent_s} per lost worker
   long updates_lost_ = 0;  // restarted from a checkpoint: updates of rejoining workers it lacks
+  long total_steps_ = 0;   // a worker's steps in the run: no clock it says lies beyond them
   bool barrier_open_ = false, shutdown_ = false;
   std::vector<HeldPull> held_;
   std::unique_ptr<PushGuard> guard_;         // null: cluster.push_guard = false
