@@ -57,6 +57,9 @@ PsClient::PsClient(comm::Transport& transport, std::vector<std::string> endpoint
   addresses.insert(addresses.end(), opt.backups.begin(), opt.backups.end());
   comm::ConnectOptions co;
   co.linger = std::chrono::milliseconds(1000);
+  // No reply is larger than the whole θ (a shard's pull, whole): a larger message is dropped
+  // unread (the server's bound on what it takes, server/server.cpp, the other way).
+  co.max_message_bytes = std::max<std::size_t>(opt.num_params * sizeof(float) + (1 << 16), std::size_t(16) << 20);
   conns_ = transport.connect(addresses, co);
 }
 

@@ -87,6 +87,28 @@ TEST_P(EveryTransport, ARecvWithNothingToReceiveEndsAtItsDeadline) {
   EXPECT_FALSE(l->recv(m, from, Clock::now())) << "a deadline in the past only looks";
 }
 
+// A connection's bound (a worker's: its θ's size): a larger message from a listener is not
+// taken. ZeroMQ drops it unread (and the connection, which comes back); shm hands it over
+// marked malformed, its payload not mapped.
+TEST_P(EveryTransport, AMessageOverAConnectionsBoundIsNotTaken) {
+  const std::string a = t->local_address("bound");
+  auto l = t->listen(a);
+  ConnectOptions o;
+  o.max_message_bytes = 4096;
+  auto c = t->connect({a}, o);
+  ASSERT_TRUE(c->send(0, bytes("hello"), {}, after(5s)));
+  Message m;
+  PeerId from;
+  ASSERT_TRUE(l->recv(m, from, after(5s)));
+  const std::string big(100000, 'y');
+  ASSERT_TRUE(l->send(from, bytes("big"), OutPayload{big.data(), big.size()}));
+  std::size_t k;
+  if (c->recv(m, k, after(1s))) {
+    EXPECT_NE(m.malformed().find("over the limit of 4096"), std::string::npos) << m.malformed();
+    EXPECT_FALSE(m.has_payload());
+  }
+}
+
 struct Released {
   std::atomic<int> n{0};
   static void release(void*, void* hint) { ++static_cast<Released*>(hint)->n; }

@@ -145,6 +145,7 @@ struct ListenOptions {
 };
 
 struct ConnectOptions {
+  std::size_t max_message_bytes = 0;       // larger messages from a listener are dropped by the transport (0: no limit)
   int queue = 1000;                        // messages queued per listener, each way
   std::chrono::milliseconds linger{1000};  // how long closing waits for queued messages to leave
                                            // (shm: until the listeners are done with their payloads)

@@ -384,8 +384,8 @@ class ShmListener final : public Listener {
 
 class ShmConnections final : public Connections {
  public:
-  ShmConnections(std::unique_ptr<Connections> inner, std::shared_ptr<Regions> regions, std::chrono::milliseconds linger)
-      : inner_(std::move(inner)), mappings_(0), sender_(std::move(regions)), linger_(linger) {}
+  ShmConnections(std::unique_ptr<Connections> inner, std::shared_ptr<Regions> regions, const ConnectOptions& o)
+      : inner_(std::move(inner)), mappings_(o.max_message_bytes), sender_(std::move(regions)), linger_(o.linger) {}
   // Like ZeroMQ's linger for queued messages: closing waits (at most `linger`) until the
   // listeners are done with the payloads sent them.
   ~ShmConnections() override { sender_.wait_until_taken(Clock::now() + linger_); }
@@ -436,7 +436,7 @@ class ShmTransport final : public Transport {
   }
   std::unique_ptr<Connections> connect(const std::vector<std::string>& addresses, const ConnectOptions& opt) override {
     for (const auto& a : addresses) check(a);
-    return std::make_unique<ShmConnections>(connect_unix_packets(addresses, opt), regions_, opt.linger);
+    return std::make_unique<ShmConnections>(connect_unix_packets(addresses, opt), regions_, opt);
   }
   // Unix sockets in a private directory, segments mapped through /proc/PID/fd: only this user.
   void authenticate(const RunKey&) override {}

@@ -218,6 +218,7 @@ class ZmqConnections final : public Connections {
         socks_.back().set(zmq::sockopt::curve_secretkey, view(keys->secret_key));
       }
       socks_.back().set(zmq::sockopt::linger, int(o.linger.count()));
+      if (o.max_message_bytes) socks_.back().set(zmq::sockopt::maxmsgsize, std::int64_t(o.max_message_bytes));
       socks_.back().set(zmq::sockopt::sndhwm, o.queue);
       socks_.back().set(zmq::sockopt::rcvhwm, o.queue);
       socks_.back().connect(a);
