@@ -22,7 +22,7 @@ def is_loopback(addr):
 
 # What the launchers of one run on different hosts must agree on (the probe's answer, remote.py's
 # markers, the binaries' command lines): a host whose checkout says another is refused, named.
-LAUNCHER_PROTOCOL = 2
+LAUNCHER_PROTOCOL = 3  # 3: remote.py hears the launcher (--alive-s)
 
 
 def bundle_facts():
