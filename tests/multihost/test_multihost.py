@@ -403,10 +403,11 @@ class MultiHostTest(Launches, ClusterTestCase):
         # bsp over the data network; the management link of server0's host goes down (ssh's
         # network): the run could go on, but the launcher cannot reach that host's processes to
         # stop them. The remote ends there, hearing nothing from the launcher for cluster.ssh_alive_s
-        # = 4, stop their processes while the link is still down; ssh gives up on the host as soon;
-        # the run fails naming a process there.
+        # = 4, stop their processes while the link is still down (the servers writing their
+        # checkpoints as they stop); ssh gives up on the host as soon; the run fails naming a
+        # process there. With the link back, `resume` ends it ok.
         runs = self.runs / "cut"
-        p = self.launch_bg("run", self.config("cut.toml", "bsp", steps=100000,
+        p = self.launch_bg("run", self.config("cut.toml", "bsp", steps=3000,
                                               extra='interface = "data0"\nreconnect_s = 2\nssh_alive_s = 4'),
                            "--runs-dir", runs, "--no-plots")
         self.wait_for_train_lines(runs, ["worker0", "worker1", "worker2"])
@@ -430,6 +431,13 @@ class MultiHostTest(Launches, ClusterTestCase):
         for name in there:
             self.assertIn("heard nothing from the launcher for 4 s (cluster.ssh_alive_s)",
                           (run / "logs" / f"{name}.log").read_text())
+        self.assert_no_process_on_any_host()
+        r = self.launch("resume", run, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual(s["status"], "ok", s.get("failure"))
+        self.assertGreater(s["final_test_acc"], 0.85)
+        self.assertIn("resumed from", (run / "logs" / "server0.log").read_text())
         self.assert_no_process_on_any_host()
 
     def run_processes_on(self, host):
