@@ -405,7 +405,7 @@ TEST_F(GpuBackend, SoftmaxXent) {
 // A training step queues backward before reading its loss (Model::forward_backward): the
 // deferred losses give bitwise the values of the waiting ones, even when work that reuses the
 // backend's scratch (sum_squares, softmax_xent) is queued between, and report bad labels when
-// taken.
+// taken; one whose launch failed is not pending.
 TEST_F(GpuBackend, DeferredLossesEqualTheWaitingOnes) {
   const int rows = 257, C = 10;
   const std::size_t n = std::size_t(rows) * C;
@@ -428,6 +428,9 @@ TEST_F(GpuBackend, DeferredLossesEqualTheWaitingOnes) {
   gpu().softmax_xent_deferred(z.data(), lb.data(), 4, 5, 1.0f, dz.data());
   EXPECT_THROW(gpu().take_loss(), std::invalid_argument);
   gpu().softmax_xent_deferred(z.data(), l.data(), 0, C, 1.0f, dz.data());
+  EXPECT_EQ(gpu().take_loss(), 0.0);
+  // A loss whose launch throws (C = 0 with rows) leaves nothing pending: no stale loss taken.
+  EXPECT_ANY_THROW(gpu().softmax_xent_deferred(z.data(), l.data(), 3, 0, 1.0f, dz.data()));
   EXPECT_EQ(gpu().take_loss(), 0.0);
 }
 
