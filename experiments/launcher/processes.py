@@ -105,18 +105,23 @@ def run_in_group(argv, timeout_s, **popen_args):
                 raise subprocess.TimeoutExpired(argv, timeout_s)
             time.sleep(0.05)
     finally:
-        for sig in ((signal.SIGTERM, signal.SIGKILL) if p.poll() is None else (signal.SIGKILL,)):
+        if p.poll() is None:  # (interrupted or past its time: asked first)
+            killpg(p.pid, signal.SIGTERM)
             try:
-                os.killpg(p.pid, sig)
-            except (ProcessLookupError, PermissionError):
+                p.wait(timeout=KILL_GRACE_S)
+            except subprocess.TimeoutExpired:
                 pass
-            if sig == signal.SIGTERM:
-                try:
-                    p.wait(timeout=KILL_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    pass
+        killpg(p.pid, signal.SIGKILL)  # what is left of its group
         p.wait()
     return p.returncode
+
+
+def killpg(pgid, sig):
+    """Signals a process group; one that is gone (or not ours to signal) is left be."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def group_alive(pgid):
@@ -178,10 +183,7 @@ def end_groups(procs):
     meanwhile; one that emptied is skipped.)"""
     for p in procs:
         if p.popen is not None and p.popen.poll() is not None and group_alive(p.popen.pid):
-            try:
-                os.killpg(p.popen.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            killpg(p.popen.pid, signal.SIGKILL)
 
 
 def describe_exit(rc):

@@ -19,7 +19,7 @@ import socket
 import subprocess
 import time
 
-from .processes import die_with_parent
+from .processes import die_with_parent, killpg
 
 MARK = "[pslab-launch] "  # a line of the launcher's own, in a process's log
 STOP_GRACE_S = 2.0  # SIGTERM to the group, SIGKILL after this long (the launcher waits longer)
@@ -149,13 +149,6 @@ class RemoteEnd:
         self.say(MARK + json.dumps(record))
         self.log.close()
         return 128 - rc if rc < 0 else rc
-
-
-def killpg(pgid, sig):
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def markers(path, tail_bytes=65536):

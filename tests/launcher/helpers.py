@@ -71,6 +71,11 @@ def remote_argv(ssh_argv):
     return remote[remote.index("--") + 1:]
 
 
+def sleeps(seconds):
+    """{pid: argv} of the processes running `sleep SECONDS` (a test's marker child)."""
+    return {pid: argv for pid, argv in cmdlines_containing(seconds).items() if argv == ["sleep", seconds]}
+
+
 def option(argv, name):
     return argv[argv.index(name) + 1]
 

@@ -14,7 +14,7 @@ import threading
 import time
 import unittest
 
-from tests.launcher.helpers import (LAUNCH, PYTHON, TINY, LauncherTestCase, cmdlines_containing, option, pslab_processes, wait_until,
+from tests.launcher.helpers import (LAUNCH, PYTHON, TINY, LauncherTestCase, cmdlines_containing, option, pslab_processes, sleeps, wait_until,
                                     wait_for_train_lines_in)
 
 
@@ -289,11 +289,6 @@ class CutConnections(LauncherTestCase):
             else:
                 self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
                 self.assertIn("bit for bit", r.stdout)
-
-
-def sleeps(seconds):
-    """{pid: argv} of the processes running `sleep SECONDS`."""
-    return {pid: argv for pid, argv in cmdlines_containing(seconds).items() if argv == ["sleep", seconds]}
 
 
 class Cleanup(LauncherTestCase):

@@ -18,7 +18,7 @@ import unittest
 
 import numpy as np
 
-from tests.launcher.helpers import (BUILD, REPO, LauncherTestCase, cmdlines_containing, free_base_port,
+from tests.launcher.helpers import (BUILD, REPO, LauncherTestCase, cmdlines_containing, free_base_port, sleeps,
                                     wait_for_train_lines_in)
 from tests.launcher.test_slurm import Slurm
 
@@ -289,17 +289,13 @@ subprocess.Popen(["sleep", "65.5"])  # left behind
 sys.path.insert(0, {str(mlp.parent)!r})
 runpy.run_path({str(mlp)!r}, run_name="__main__")
 """)
-        self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL) for pid in self.sleeps()])
+        self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL) for pid in sleeps("65.5")])
         r = self.launch("run", TORCH_MLP, "--runs-dir", self.runs, "--no-plots", "--set", f'worker.script="{script}"',
                         "--set", 'cluster.mode="asp"', "--set", "cluster.workers=2", "--set", "train.steps=12",
                         "--set", "eval.every_epochs=0")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertEqual(self.sleeps(), {}, "what the script left is still running")
+        self.assertEqual(sleeps("65.5"), {}, "what the script left is still running")
         self.assert_no_processes_left()
-
-    @staticmethod
-    def sleeps():
-        return {pid: argv for pid, argv in cmdlines_containing("65.5").items() if argv == ["sleep", "65.5"]}
 
     def test_over_ssh_and_under_slurm_as_locally(self):
         # the same script through a local stand-in of ssh (2 hosts, TCP, the run's key: CURVE)
