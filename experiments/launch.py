@@ -113,7 +113,7 @@ import pathlib
 import sys
 import tempfile
 
-from launcher.common import REPO, CannotWrite, UsageError, default_runs_dir, say, warn
+from launcher.common import CannotWrite, UsageError, default_runs_dir, say, warn
 from launcher.gpus import decide_collective
 from launcher.hosts import probe_main
 from launcher.placement import check_placement

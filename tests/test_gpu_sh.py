@@ -9,7 +9,6 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 import tempfile
 import time
 import unittest

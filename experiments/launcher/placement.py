@@ -16,7 +16,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 
-from .common import REPO, UsageError, is_loopback, numerics_env
+from .common import REPO, UsageError, numerics_env
 from .hosts import is_address, named_address
 from .scripts import script_argv
 

@@ -25,7 +25,7 @@ from .placement import (DRY_RUN_SOCKET_DIR, Proc, checkpoint_path, cluster_hosts
                         srun_command, ssh_base, ssh_command)
 from .metrics import read_jsonl
 from .plan import RunPlan, new_invocation_dir, replan, safe_dir_name
-from .processes import (Heartbeat, Interrupted, check_signal, end_groups, log_tail, sleep_checked, start,
+from .processes import (Heartbeat, Interrupted, check_signal, end_groups, log_tail, start,
                         stop_all)
 from .summary import COMPLETED, result_line, summarize
 

@@ -27,7 +27,6 @@ import sys
 import tempfile
 import time
 
-import numpy as np
 import torch
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

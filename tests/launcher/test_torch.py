@@ -40,7 +40,7 @@ from launcher.hosts import free_ports  # noqa: E402
 TORCH_MLP = REPO / "experiments" / "configs" / "torch-mlp.toml"
 TORCH_RESNET = REPO / "experiments" / "configs" / "torch-resnet.toml"
 HIDDEN = 32
-EXACT = f"""name = "exact"
+EXACT = """name = "exact"
 seed = 3
 [model]
 MODEL
