@@ -340,6 +340,10 @@ void PsClient::check_welcome(int k, const wire::Welcome& w) {
                 std::to_string(w.offset) + ", " + std::to_string(w.offset + w.length) + "), but this process expects shard " +
                 std::to_string(k) + "/" + std::to_string(S) + " = [" + std::to_string(mine.offset) + ", " +
                 std::to_string(mine.offset + mine.length) + "): the server list is in the wrong order or incomplete");
+  // (Taken as this worker's clock: catch_up() would push empty batches up to it, or end the run.)
+  if (w.worker_clock < 0 || (opt_.total_steps > 0 && w.worker_clock > opt_.total_steps))
+    fail(k, "says " + who() + " is at clock " + std::to_string(w.worker_clock) + ", outside the run's " +
+                std::to_string(opt_.total_steps) + " steps");
   shards_[std::size_t(k)].version = w.version;
 }
 

@@ -100,6 +100,8 @@ class PsClient {
     double reconnect_s = 0;         // reconnect_window_s(): wait this long for a silent server's link
                                     // to come back, saying Hello again (needs heartbeat_s > 0)
     std::vector<std::string> backups;  // cluster.replicas = 2: each shard's backup, in shard order (needs heartbeat_s > 0)
+    long total_steps = 0;           // a worker's steps in the run: a Welcome that puts it beyond them is
+                                    // refused (0: no bound)
   };
   // `endpoints`: the servers' addresses in shard order. `transport` must outlive the client.
   PsClient(comm::Transport& transport, std::vector<std::string> endpoints, const Options& opt);

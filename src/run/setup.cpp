@@ -72,6 +72,7 @@ PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int
   o.rejoin = restarts_lost_servers(c);  // a server that dies comes back: wait for it and rejoin
   o.reconnect_s = reconnect_window_s(c);  // a link that was down comes back: wait for it
   o.backups = backups;                    // cluster.replicas = 2: a dead server's shard goes to its backup
+  o.total_steps = total_steps(c, steps_per_epoch(c, c.cluster.workers));  // (the bound servers hold Hellos to)
   return o;
 }
 

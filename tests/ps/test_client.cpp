@@ -107,4 +107,43 @@ TEST(Client, AnEvaluatorSendsNothingTwiceAfterAHelloAgainAndSkipsAnswersToEarlie
   EXPECT_EQ(c.stale_replies(), 1);
 }
 
+// Defect: the worker took a Welcome's clock as its own unbounded; a server (a key holder) that
+// said 10^12 had it push empty batches up to there in catch_up(), one round trip each.
+TEST(Client, AWelcomeThatPutsTheWorkerOutsideTheRunsStepsIsRefused) {
+  ExperimentConfig cfg = test::small_config("asp", 1, 1);
+  const std::size_t P = count_params(model_spec(cfg));
+  const long total = total_steps(cfg, steps_per_epoch(cfg, cfg.cluster.workers));
+  ASSERT_GT(total, 0);
+  const auto transport = comm::make_transport("tcp");
+  const std::string ep = transport->local_address("fake-server");
+  auto listener = transport->listen(ep);
+  std::atomic<long> clock{0};
+  std::atomic<bool> done{false};
+  std::thread fake([&] {  // answers every Hello with a Welcome at `clock`
+    wire::Encoder enc;
+    comm::Message m;
+    comm::PeerId from;
+    while (!done) {
+      if (!listener->recv(m, from, comm::after(std::chrono::milliseconds(50)))) continue;
+      std::string why;
+      const auto h = wire::decode(m.header(), why);
+      if (h && std::holds_alternative<wire::Hello>(h->body))
+        listener->send(from, enc.encode(wire::Header{wire::kServer, 0, wire::Welcome{0, 1, 0, P, 1, "asp", 0, clock}}));
+    }
+  });
+  for (const long bad : {total + 1, -1L, 1000000000000L}) {
+    clock = bad;
+    PsClient c(*transport, {ep}, client_options(cfg, wire::Role::worker, 0));
+    expect_refused([&] { c.connect(); }, "says worker 0 is at clock " + std::to_string(bad) + ", outside the run's " +
+                                             std::to_string(total) + " steps",
+                   "a Welcome's clock outside the run's steps was taken");
+  }
+  clock = total;  // the last step's push was applied: the worker is done
+  PsClient c(*transport, {ep}, client_options(cfg, wire::Role::worker, 0));
+  c.connect();
+  EXPECT_EQ(c.catch_up().clock, total);
+  done = true;
+  fake.join();
+}
+
 }  // namespace
