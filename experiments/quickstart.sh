@@ -3,8 +3,17 @@
 # consistency modes (allreduce, bsp, ssp:2, asp) on Fashion-MNIST with one straggler
 # (experiments/configs/default.toml) into ./runs/compare/ and says where the comparison table and
 # plots are.
-# Extra arguments go to the launcher, e.g. --set train.epochs=1 or --max-minutes 20.
+#
+#   experiments/quickstart.sh [LAUNCHER ARGUMENTS]
+#
+# Extra arguments go to the launcher (`experiments/launch.py run --help` lists them), e.g.
+# --set train.epochs=1 or --max-minutes 20. Exit: 0 every run finished; 1 a run failed (its log
+# is named); 2 a bad config or argument; 130/143 interrupted.
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # (before anything is installed or built)
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
+  exit 0
+fi
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/experiments/setup.sh"
 

@@ -3,6 +3,10 @@
 # Both README commands (experiments/quickstart.sh, tests/run.sh) start here, so a fresh clone
 # needs nothing else. Re-running is cheap: nothing is installed twice, the build is incremental.
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # (before anything is installed or built)
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
+  exit 0
+fi
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 packages=(

@@ -11,6 +11,26 @@ from tests.launcher.helpers import LauncherTestCase, REPO, TINY, BUILD, PNG_MAGI
 class Install(LauncherTestCase):
     """The pslab command, installed and in the checkout."""
 
+    # Defect: `experiments/quickstart.sh --help` and `tests/run.sh --help` ran the setup (apt-get
+    # install on a fresh machine, then the build) before their arguments were looked at.
+    def test_the_readme_commands_say_what_they_do_before_installing_or_building_anything(self):
+        tools = self.tmp / "bin"  # bash and sed alone: a setup that ran would fail for want of dpkg-query
+        tools.mkdir()
+        for tool in ("bash", "sed"):
+            (tools / tool).symlink_to(subprocess.run(["bash", "-c", f"command -v {tool}"], capture_output=True,
+                                                     text=True, check=True).stdout.strip())
+        env = dict(self.env, PATH=str(tools))
+        for script, usage in (("experiments/quickstart.sh", "experiments/quickstart.sh [LAUNCHER ARGUMENTS]"),
+                              ("tests/run.sh", "tests/run.sh [CTEST ARGUMENTS]"),
+                              ("experiments/setup.sh", "Installs what is missing")):
+            for flag in ("-h", "--help"):
+                r = subprocess.run([str(tools / "bash"), str(REPO / script), flag], env=env, capture_output=True,
+                                   text=True, timeout=30)
+                self.assertEqual(r.returncode, 0, f"{script} {flag}: {r.stdout}{r.stderr}")
+                self.assertIn(usage, r.stdout, script)
+                self.assertNotIn("[setup]", r.stdout + r.stderr, f"{script} {flag} ran the setup")
+                self.assertNotIn("set -euo", r.stdout, script)
+
     def test_pslab_command_from_an_install_prefix_and_the_checkout(self):
         prefix = self.tmp / "prefix"
         r = subprocess.run(["cmake", "--install", str(BUILD), "--prefix", str(prefix)], capture_output=True, text=True)
@@ -25,7 +45,7 @@ class Install(LauncherTestCase):
             return subprocess.run(["pslab", *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
         r = pslab("--help")
         self.assertEqual(r.returncode, 0, r.stderr)
-        for cmd in ("run", "resume", "replay", "calibrate", "plot", "scale", "bundle"):
+        for cmd in ("run", "resume", "replay", "calibrate", "plot", "scale", "bundle", "quickstart"):
             self.assertIn(f"pslab {cmd}", r.stdout)
             h = pslab(cmd, "--help")
             self.assertEqual(h.returncode, 0, f"pslab {cmd} --help: {h.stdout}{h.stderr}")
