@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Benchmarks (never part of the test suite): training throughput of one replica, parameter
 # server push+pull over loopback, and all-reduce with 2 ranks. Each writes JSON to
-# runs/bench/<name>.json and prints it. Run on an otherwise idle machine.
+# runs/bench/<name>.json and says where. Run on an otherwise idle machine.
 #   experiments/bench.sh [train|ps|allreduce|replicas|client|torch|resnet ...]   (default: the first three;
 #   replicas: the default comparison's asp run with and without backups, experiments/bench_replicas.py;
 #   client: a PyTorch worker's push+pull against the C++ worker's, tests/bench/bench_client.py;
 #   torch: the PyTorch MLP in asp against PyTorch alone, tests/bench/bench_torch_worker.py;
 #   resnet: ResNet-8 and -20 training on the CPU against PyTorch's, tests/bench/bench_resnet.py)
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # (before anything is built)
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
+  exit 0
+fi
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${PSLAB_BUILD:-$root/build}
 [[ -x "$build/tests/bench_train" ]] || "$root/experiments/setup.sh"

@@ -22,7 +22,8 @@ class Install(LauncherTestCase):
         env = dict(self.env, PATH=str(tools))
         for script, usage in (("experiments/quickstart.sh", "experiments/quickstart.sh [LAUNCHER ARGUMENTS]"),
                               ("tests/run.sh", "tests/run.sh [CTEST ARGUMENTS]"),
-                              ("experiments/setup.sh", "Installs what is missing")):
+                              ("experiments/setup.sh", "Installs what is missing"),
+                              ("experiments/bench.sh", "experiments/bench.sh [train|ps|allreduce")):
             for flag in ("-h", "--help"):
                 r = subprocess.run([str(tools / "bash"), str(REPO / script), flag], env=env, capture_output=True,
                                    text=True, timeout=30)
