@@ -350,6 +350,35 @@ std::set<std::string> known_keys() {
   return keys;
 }
 
+// Edits between a and b: insertions, deletions, substitutions and swaps of neighbours (a typo's).
+std::size_t typo_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i)
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// The known key an unknown one most likely meant: one typo away (two in a name of more than 3
+// letters), else the same name in other sections ("a.k or b.k"); "" when none.
+std::string meant_key(const std::string& unknown, const std::set<std::string>& keys) {
+  const auto leaf_of = [](const std::string& k) { return k.substr(k.find('.') == std::string::npos ? 0 : k.find('.') + 1); };
+  const std::size_t allowed = leaf_of(unknown).size() > 3 ? 2 : 1;
+  std::string best;
+  std::size_t best_d = allowed + 1;
+  for (const auto& k : keys)
+    if (const std::size_t d = typo_distance(unknown, k); d < best_d) best = k, best_d = d;
+  if (!best.empty()) return best;
+  std::string elsewhere;
+  for (const auto& k : keys)
+    if (leaf_of(k) == leaf_of(unknown) && k.find('.') != std::string::npos) elsewhere += (elsewhere.empty() ? "" : " or ") + k;
+  return elsewhere;
+}
+
 // Dotted paths of every value (non-table node) in `t`.
 void leaf_paths(const toml::table& t, const std::string& prefix, std::vector<std::string>& out) {
   for (const auto& [k, v] : t) {
@@ -400,7 +429,9 @@ void check_unknown_keys(const toml::table& root, const std::string& origin) {
       if ((section.empty() && k.find('.') == std::string::npos) ||
           (!section.empty() && k.rfind(section + ".", 0) == 0))
         known += (known.empty() ? "" : ", ") + k;
-    fail(origin, p, "unknown key" + (known.empty() ? std::string() : " (known here: " + known + ")"));
+    const std::string meant = meant_key(p, keys);
+    fail(origin, p, "unknown key" + (meant.empty() ? std::string() : "; did you mean " + meant + "?") +
+                        (known.empty() ? std::string() : " (known here: " + known + ")"));
   }
 }
 

@@ -136,10 +136,20 @@ TEST(Config, UnknownModeIsNamed) {
   EXPECT_FALSE(ar.uses_servers());
 }
 
-TEST(Config, UnknownKeyIsNamedWithTheKnownOnes) {
+TEST(Config, UnknownKeyIsNamedWithTheOneItMostLikelyMeantAndTheKnownOnes) {
   const std::string e = error_of("name = \"x\"\n[optimizer]\nlrr = 0.1\n");
-  EXPECT_EQ(e.rfind("exp.toml: optimizer.lrr: unknown key (known here: optimizer.beta1", 0), 0u) << e;
-  EXPECT_NE(error_of("name = \"x\"\n[trian]\nbatch = 1\n").find("trian.batch: unknown key"), std::string::npos);
+  EXPECT_EQ(e.rfind("exp.toml: optimizer.lrr: unknown key; did you mean optimizer.lr? (known here: optimizer.beta1", 0), 0u) << e;
+  const std::string section = error_of("name = \"x\"\n[trian]\nbatch = 1\n");  // (a section of no known key)
+  EXPECT_NE(section.find("trian.batch: unknown key; did you mean train.batch?"), std::string::npos) << section;
+  EXPECT_EQ(section.find("known here"), std::string::npos) << section;
+  const std::string elsewhere = error_of("name = \"x\"\n[train]\nmomentum = 0.9\nbatch = 8\n");
+  EXPECT_NE(elsewhere.find("train.momentum: unknown key; did you mean optimizer.momentum? (known here: train."), std::string::npos)
+      << elsewhere;
+  const std::string several = error_of("name = \"x\"\n[train]\nworkers = 4\n");
+  EXPECT_NE(several.find("train.workers: unknown key; did you mean byzantine.workers or cluster.workers or "), std::string::npos)
+      << several;
+  const std::string none = error_of("name = \"x\"\n[cluster]\nzzzzzz = 4\n");
+  EXPECT_NE(none.find("cluster.zzzzzz: unknown key (known here: cluster."), std::string::npos) << none;
 }
 
 TEST(Config, RangeAndCrossFieldChecks) {
