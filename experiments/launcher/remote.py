@@ -24,26 +24,59 @@ from .processes import die_with_parent, killpg
 MARK = "[pslab-launch] "  # a line of the launcher's own, in a process's log
 STOP_GRACE_S = 2.0  # SIGTERM to the group, SIGKILL after this long (the launcher waits longer)
 DRAIN_S = 1.0  # the child exited but its output is still open: read what comes this long, then end
+SSH_DRAIN_S = 5.0  # at the end: wait this long at most for ssh to take what waits (the exit record last)
 
 
-def forward(out, log, data):
-    """Output to the log and to ssh (fd `out`, non-blocking; None once gone); returns `out`, or None
-    if it is gone. What a stalled connection (a partition) cannot take now is left out of ssh's
-    copy: the log on the host has it all, and the loop goes on hearing stdin and the clock."""
-    log.write(data)
-    log.flush()
-    if out is not None:
-        try:
-            os.write(out, data)
-        except BlockingIOError:
-            pass
-        except OSError:
-            return None
-    return out
+class SshCopy:
+    """The child's output as ssh carries it to the launcher (fd 1, non-blocking). What the pipe
+    cannot take now waits here, up to LIMIT bytes; past that (a stalled connection: a partition)
+    whole chunks are left out of ssh's copy, said in a line: the log on the host has everything,
+    and the remote end goes on hearing stdin and the clock. gone: ssh's end is closed."""
+    LIMIT = 1 << 20
 
+    def __init__(self, fd):
+        self.fd, self.pending, self.left_out, self.gone, self.ends_line = fd, bytearray(), 0, False, True
 
-def say(out, log, text):
-    return forward(out, log, (text + "\n").encode())
+    def add(self, data, own=False):
+        """Output to send (own: a line of the remote end's, never left out)."""
+        if self.gone or not data:
+            return
+        if not own and len(self.pending) + len(data) > self.LIMIT:
+            self.left_out += len(data)
+            return
+        if self.left_out:
+            self.pending += (b"" if self.ends_line else b"\n") + (
+                f"launch.py remote: {self.left_out} bytes of output left out here (the connection did not take "
+                f"them); the log on {socket.gethostname()} has them\n").encode()
+            self.left_out = 0
+        self.pending += data
+        self.ends_line = data.endswith(b"\n")
+        self.flush()
+
+    def line(self, text):
+        """text as a line of its own (after a line cut short, on the next)."""
+        self.add((b"" if self.ends_line else b"\n") + (text + "\n").encode(), own=True)
+
+    def flush(self):
+        """Writes what the pipe takes now."""
+        while self.pending and not self.gone:
+            try:
+                n = os.write(self.fd, self.pending)
+            except BlockingIOError:
+                return
+            except OSError:  # (ssh is gone)
+                self.gone = True
+                self.pending.clear()
+                return
+            del self.pending[:n]
+
+    def drain(self, seconds):
+        """Waits up to `seconds` for ssh to take what waits (the last lines: the exit record)."""
+        end = time.monotonic() + seconds
+        self.flush()
+        while self.pending and not self.gone and time.monotonic() < end:
+            time.sleep(0.02)
+            self.flush()
 
 
 def run_remote(argv, log_path, append=False, alive_s=None):
@@ -57,8 +90,11 @@ def run_remote(argv, log_path, append=False, alive_s=None):
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  start_new_session=True, preexec_fn=die_with_parent)
     except OSError as e:
-        say(1, log, f"cannot start {argv[0]}: {e}")
-        say(1, log, MARK + json.dumps({"event": "exit", "host": socket.gethostname(), "pid": None, "code": 127}))
+        for text in (f"cannot start {argv[0]}: {e}",
+                     MARK + json.dumps({"event": "exit", "host": socket.gethostname(), "pid": None, "code": 127})):
+            log.write((text + "\n").encode())
+            os.write(1, (text + "\n").encode())
+        log.close()
         return 127
     os.set_blocking(1, False)
     end = RemoteEnd(child, log, stopping, alive_s)
@@ -69,6 +105,7 @@ def run_remote(argv, log_path, append=False, alive_s=None):
     exited_at = None  # when the child was seen to exit with its output still open (a process it left holds it)
     while True:
         end.tick()
+        end.watch_ssh(sel)
         if exited_at is None and child.poll() is not None:
             exited_at = time.monotonic()
         if exited_at is not None and time.monotonic() > exited_at + DRAIN_S:
@@ -77,11 +114,14 @@ def run_remote(argv, log_path, append=False, alive_s=None):
             if key.data == "stdin":
                 end.read_stdin(sel)
                 continue
+            if key.data == "ssh":
+                end.ssh.flush()
+                continue
             data = os.read(child.stdout.fileno(), 65536)
             if not data:  # the child's output ended: it exited (or closed it)
                 sel.unregister(child.stdout)
                 return end.finish(sel)
-            end.out = forward(end.out, log, data)
+            end.forward(data)
 
 
 class RemoteEnd:
@@ -92,12 +132,35 @@ class RemoteEnd:
 
     def __init__(self, child, log, stopping, alive_s):
         self.child, self.log, self.stopping, self.alive_s = child, log, stopping, alive_s
-        self.out = 1  # ssh's end (None once gone)
+        self.ssh = SshCopy(1)
+        self.log_ends_line = True
         self.kill_at = None  # when the group is to be killed, once asked to stop
         self.heard_at = time.monotonic()  # the launcher's last word on stdin
 
+    def forward(self, data):
+        """The child's output: to the log on this host, and to ssh."""
+        self.log.write(data)
+        self.log.flush()
+        self.log_ends_line = data.endswith(b"\n")
+        self.ssh.add(data)
+
     def say(self, text):
-        self.out = say(self.out, self.log, text)
+        """A line of this end's own (after a line of the child's cut short, on the next)."""
+        self.log.write((b"" if self.log_ends_line else b"\n") + (text + "\n").encode())
+        self.log.flush()
+        self.log_ends_line = True
+        self.ssh.line(text)
+
+    def watch_ssh(self, sel):
+        """Hears ssh's pipe become writable while output waits for it."""
+        registered = any(k.data == "ssh" for k in sel.get_map().values())
+        if self.ssh.pending and not self.ssh.gone and not registered:
+            try:
+                sel.register(self.ssh.fd, selectors.EVENT_WRITE, "ssh")
+            except OSError:  # (not a pipe or socket: flushed every tick instead)
+                self.ssh.flush()
+        elif registered and (not self.ssh.pending or self.ssh.gone):
+            sel.unregister(self.ssh.fd)
 
     def stop(self):
         if self.kill_at is None:
@@ -131,11 +194,14 @@ class RemoteEnd:
             sel.unregister(child.stdout)  # (what a process it left writes there is not the child's)
         while (rc := child.poll()) is None:
             self.tick()
+            self.watch_ssh(sel)
             if not sel.get_map():  # (nothing left to hear but signals)
                 time.sleep(0.2)
             for key, _ in sel.select(timeout=0.2):
                 if key.data == "stdin":
                     self.read_stdin(sel)
+                elif key.data == "ssh":
+                    self.ssh.flush()
         killpg(child.pid, signal.SIGKILL)  # anything left in its group (the binaries do not fork)
         record = {"event": "exit", "host": socket.gethostname(), "pid": child.pid}
         if rc < 0:
@@ -148,6 +214,7 @@ class RemoteEnd:
             record["code"] = rc
         self.say(MARK + json.dumps(record))
         self.log.close()
+        self.ssh.drain(SSH_DRAIN_S)  # (the launcher reads how it ended from the last line)
         return 128 - rc if rc < 0 else rc
 
 

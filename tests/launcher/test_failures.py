@@ -388,10 +388,10 @@ class Cleanup(LauncherTestCase):
         for _ in range(10):  # 3 s, twice --alive-s: heard all along
             p.stdin.write("alive\n")
             p.stdin.flush()
+            silent_at = time.monotonic()  # (the last word)
             time.sleep(0.3)
         self.assertIsNone(p.poll(), "stopped while the launcher was heard")
         self.assertEqual(len(sleeps("63.75")), 1)
-        silent_at = time.monotonic()
         p.wait(timeout=15)  # (its stdin still open)
         out = p.stdout.read()
         self.assertEqual(p.returncode, 128 + 15, out)
@@ -412,6 +412,25 @@ class Cleanup(LauncherTestCase):
         self.assertEqual(stalled.returncode, 128 + 15)
         self.assertEqual(sleeps("64.5"), {})
         self.assertEqual((self.tmp / "stalled.log").read_bytes().count(b"\0"), 1 << 20)
+
+    def test_the_remote_end_loses_nothing_that_ssh_takes_late(self):
+        # Defect: with ssh's pipe full, the remote end wrote what fit of each chunk of output and
+        # dropped the rest: lines cut, and the exit record the launcher reads lost or glued to one.
+        lines = 20000  # 0.5 MB of numbered lines, far past what a pipe holds
+        p = subprocess.Popen([PYTHON, str(LAUNCH), "remote", "--log", str(self.tmp / "late.log"), "--", "sh", "-c",
+                              f"seq -f 'line %06g of the output' 1 {lines}; exit 3"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.addCleanup(lambda: p.poll() is None and (p.kill(), p.wait()))
+        time.sleep(1.0)  # ssh slow to take it: the child has exited meanwhile
+        out = p.stdout.read().decode()
+        p.wait(timeout=20)
+        self.assertEqual(p.returncode, 3, out[-2000:])
+        got = out.splitlines()
+        self.assertEqual(got[1:-1], [f"line {i:06d} of the output" for i in range(1, lines + 1)])
+        self.assertTrue(got[-1].startswith("[pslab-launch] "), got[-3:])
+        record = json.loads(got[-1][len("[pslab-launch] "):])
+        self.assertEqual((record["event"], record["code"]), ("exit", 3), record)
+        self.assertEqual((self.tmp / "late.log").read_text().splitlines()[1:-1], got[1:-1])
 
     def test_failed_run_is_cleaned_up_before_the_next_one(self):
         # --keep-going: while the sweep's second run trains, nothing of the failed first run is left
