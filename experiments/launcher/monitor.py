@@ -9,7 +9,7 @@ import shlex
 
 from .common import RunFailed, cmd_out, say
 from .placement import ssh_base
-from .processes import check_signal, describe_exit, log_tail
+from .processes import check_signal, describe_exit, end_group, log_tail
 from .remote import describe_remote_exit, remote_exit
 
 
@@ -140,21 +140,20 @@ class Progress:
         return "  ".join(parts)
 
 
-def monitor(procs, progress, run_start, deadline_s, failure_of, tolerate=lambda p: False, verdict=lambda: None,
-            keep_alive=lambda: None):
+def monitor(procs, progress, run_start, deadline_s, failure_of, tolerate=lambda p: False, verdict=lambda: None):
     """Waits for every process; returns when all exited 0 or failed with tolerate(p) true (a lost
-    worker the run goes on without), raises RunFailed otherwise. verdict(): called after each
-    look at the metrics (every second), to act on what the servers decided; keep_alive(): every
-    tenth of a second (ssh: processes.Heartbeat)."""
+    worker the run goes on without), raises RunFailed otherwise. An exit seen: what the process
+    left in its group is killed (end_group). verdict(): called after each look at the metrics
+    (every second), to act on what the servers decided."""
     last_line = 0.0
     while True:
         check_signal()
-        keep_alive()
         for p in procs:
             if p.returncode is None:
                 rc = p.popen.poll()
                 if rc is not None:
                     p.returncode = rc
+                    end_group(p)
                     if rc != 0 and not tolerate(p):
                         raise failure_of(p)
         if all(p.returncode is not None for p in procs):

@@ -39,6 +39,7 @@ class Proc:
     returncode: int = None
     log: pathlib.Path = None
     address_from: object = None  # a listener's: peer host -> the address a peer there connects to
+    group_ended: bool = False  # exited, and what was left in its process group killed (processes.end_group)
 
     def describe(self):
         return f"{self.name}" + (f" (rank {self.rank})" if self.role == "worker" else
@@ -306,7 +307,7 @@ def ssh_command(proc, alive_s, sockets=None, append=False):
     """ssh HOST 'cd REPO && exec python3 experiments/launch.py remote --log LOG --alive-s S -- ARGV':
     the remote end (remote.py) runs ARGV in a process group it ends when the launcher stops, the
     connection drops or the launcher is not heard for alive_s (cluster.ssh_alive_s; the launcher's
-    heartbeat, processes.keep_alive), writes the log on the host, and says how ARGV ended. ssh's own
+    heartbeat, processes.Heartbeat), writes the log on the host, and says how ARGV ended. ssh's own
     keep-alive gives up on the host as soon. ipc: the socket directory is made there first (on this
     machine the launcher has made it already)."""
     mkdir = f"mkdir -p -m 700 {shlex.quote(str(sockets))} && " if sockets else ""

@@ -5,6 +5,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import threading
 import time
 
 KILL_GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long
@@ -74,22 +75,55 @@ def start(proc, cwd, append_log=False, env=None):
 
 class Heartbeat:
     """ssh: a line "alive" to every remote end still running, 4 times per alive_s (at most every
-    second): the remote end stops its process when it hears nothing for alive_s (remote.py)."""
+    second), from a thread of its own, so that whatever the launcher waits for meanwhile (a stop's
+    grace, a manifest written) the remote ends hear it; a remote end stops its process when it
+    hears nothing for alive_s (remote.py). A launcher stopped (Ctrl-Z) for longer ends its ssh
+    processes so. `with Heartbeat(procs, alive_s):` beats while the block runs; procs may grow."""
 
     def __init__(self, procs, alive_s):
-        self.procs, self.every, self.last = procs, min(1.0, alive_s / 4), 0.0
+        self.procs, self.every = procs, min(1.0, alive_s / 4)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name="ssh heartbeat", daemon=True)
 
-    def __call__(self):
-        now = time.monotonic()
-        if now - self.last < self.every:
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc):
+        self.done.set()
+        self.thread.join()
+
+    def _beat(self):
+        while not self.done.wait(self.every):
+            for p in list(self.procs):
+                if p.control and p.popen is not None:
+                    write_stdin(p, b"alive\n")
+
+
+# The launcher's writes to ssh's stdins (the heartbeat's thread, the main thread's stop and close):
+# one at a time, so that none goes to a descriptor closed, or closed and reused, meanwhile.
+_stdin_lock = threading.Lock()
+
+
+def write_stdin(proc, data):
+    """data to proc's stdin (an ssh client's: non-blocking); what a full pipe does not take is left
+    out (ssh is giving up on the host), as is a closed one."""
+    with _stdin_lock:
+        if proc.popen.stdin is None or proc.popen.stdin.closed:
             return
-        self.last = now
-        for p in self.procs:
-            if p.control and p.popen is not None and p.popen.poll() is None:
-                try:
-                    os.write(p.popen.stdin.fileno(), b"alive\n")
-                except (OSError, ValueError):  # (its pipe full or gone: ssh is giving up on the host)
-                    pass
+        try:
+            os.write(proc.popen.stdin.fileno(), data)
+        except OSError:
+            pass
+
+
+def close_stdin(proc):
+    with _stdin_lock:
+        if proc.popen.stdin is not None:
+            try:
+                proc.popen.stdin.close()
+            except OSError:
+                pass
 
 
 def run_in_group(argv, timeout_s, **popen_args):
@@ -134,12 +168,13 @@ def group_alive(pgid):
 
 def ask_to_stop(proc):
     """ssh: the line "stop" to the remote end, then the end of its stdin; False if it is gone."""
-    try:
-        proc.popen.stdin.write(b"stop\n")
-        proc.popen.stdin.close()
-        return True
-    except (OSError, ValueError):
-        return False
+    with _stdin_lock:
+        try:
+            proc.popen.stdin.write(b"stop\n")
+            proc.popen.stdin.close()
+            return True
+        except (OSError, ValueError):
+            return False
 
 
 def stop_all(procs, meanwhile=None):
@@ -176,14 +211,21 @@ def stop_all(procs, meanwhile=None):
     return live
 
 
+def end_group(proc):
+    """Once proc was started and has exited: SIGKILL what is left in its process group, once (the
+    binaries do not fork, but a worker.script may: a data loader's workers). Right when its exit is
+    seen: a group lives while any member does, so its number is not reused meanwhile; once it
+    emptied, the number may go to another group, never signalled here."""
+    if proc.popen is None or proc.group_ended or proc.popen.poll() is None:
+        return
+    proc.group_ended = True
+    if group_alive(proc.popen.pid):
+        killpg(proc.popen.pid, signal.SIGKILL)
+
+
 def end_groups(procs):
-    """SIGKILL what is left in the process group of each process that was started and has exited:
-    the binaries do not fork, but a worker.script may (a data loader's workers) and exit, or die,
-    leaving its children. (A group lives while any member does, so its number is not reused
-    meanwhile; one that emptied is skipped.)"""
     for p in procs:
-        if p.popen is not None and p.popen.poll() is not None and group_alive(p.popen.pid):
-            killpg(p.popen.pid, signal.SIGKILL)
+        end_group(p)
 
 
 def describe_exit(rc):

@@ -1,5 +1,6 @@
 """One invocation of `launch.py run`: the dry run, each run started, watched and summarized, the
 plots and the comparison."""
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -25,7 +26,7 @@ from .placement import (DRY_RUN_SOCKET_DIR, Proc, checkpoint_path, cluster_hosts
                         srun_command, ssh_base, ssh_command)
 from .metrics import read_jsonl
 from .plan import RunPlan, new_invocation_dir, replan, safe_dir_name
-from .processes import (Heartbeat, Interrupted, check_signal, end_groups, log_tail, start,
+from .processes import (Heartbeat, Interrupted, check_signal, close_stdin, end_groups, log_tail, start,
                         stop_all)
 from .summary import COMPLETED, result_line, summarize
 
@@ -373,7 +374,7 @@ class Supervisor:
         for flag, values in drop.items():
             if flag in argv:
                 del argv[argv.index(flag):argv.index(flag) + 1 + values]
-        q = dataclasses.replace(p, argv=argv + add, popen=None, returncode=None, **changes)
+        q = dataclasses.replace(p, argv=argv + add, popen=None, returncode=None, group_ended=False, **changes)
         q.command = ssh_command(q, self.plan.ssh_alive_s, self.sockets, append=True) if self.plan.launcher == "ssh" else q.argv
         start(q, REPO, append_log=True)
         self.started.append(q)
@@ -405,24 +406,23 @@ class Supervisor:
         self.manifest(interruptible=True)
         self.progress = Progress(plan, run_dir, prefix)
         failure_of = srun_failure(self.procs, self.started[0], run_dir) if plan.launcher == "slurm" else process_failure
-        try:
-            for p in self.started:
-                check_signal()
-                start(p, REPO, append_log=bool(self.resume_from), env=self.env)
-                self.launched.append(p)
-            if plan.launcher != "slurm":
-                self.manifest(interruptible=True)  # now with pids
-            monitor(self.started, self.progress, self.run_start, self.opts.max_minutes * 60, failure_of, self.tolerate,
-                    self.act_on_verdict if plan.launcher != "slurm" else lambda: None,
-                    Heartbeat(self.started, plan.ssh_alive_s) if plan.launcher == "ssh" else lambda: None)
-        except BaseException as e:
-            self.stopped(e)
-            raise
-        finally:
-            for p in self.launched:
-                if p.popen.stdin:
-                    p.popen.stdin.close()
-        end_groups(self.launched)  # (what an exited worker.script left behind)
+        with Heartbeat(self.started, plan.ssh_alive_s) if plan.launcher == "ssh" else contextlib.nullcontext():
+            try:
+                for p in self.started:
+                    check_signal()
+                    start(p, REPO, append_log=bool(self.resume_from), env=self.env)
+                    self.launched.append(p)
+                if plan.launcher != "slurm":
+                    self.manifest(interruptible=True)  # now with pids
+                monitor(self.started, self.progress, self.run_start, self.opts.max_minutes * 60, failure_of,
+                        self.tolerate, self.act_on_verdict if plan.launcher != "slurm" else lambda: None)
+            except BaseException as e:
+                self.stopped(e)
+                raise
+            finally:
+                for p in self.launched:
+                    close_stdin(p)
+        end_groups(self.launched)  # (any exit the monitor did not see)
         self.manifest(placed=True)
         s = summarize(plan, run_dir, time.time() - self.run_start, lost=self.lost, restarted=self.restarted,
                       failed_over=self.failed_over)

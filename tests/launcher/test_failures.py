@@ -10,12 +10,16 @@ import os
 import pathlib
 import signal
 import subprocess
+import sys
 import threading
 import time
+import types
 import unittest
 
-from tests.launcher.helpers import (LAUNCH, PYTHON, TINY, LauncherTestCase, cmdlines_containing, option, pslab_processes, sleeps, wait_until,
+from tests.launcher.helpers import (LAUNCH, PYTHON, REPO, TINY, LauncherTestCase, cmdlines_containing, option, pslab_processes, sleeps, wait_until,
                                     wait_for_train_lines_in)
+
+sys.path.insert(0, str(REPO / "experiments"))  # (the launcher's own parts, tested alone)
 
 
 class Failures(LauncherTestCase):
@@ -431,6 +435,44 @@ class Cleanup(LauncherTestCase):
         record = json.loads(got[-1][len("[pslab-launch] "):])
         self.assertEqual((record["event"], record["code"]), ("exit", 3), record)
         self.assertEqual((self.tmp / "late.log").read_text().splitlines()[1:-1], got[1:-1])
+
+    def test_the_heartbeat_goes_on_while_the_launcher_waits_on_something_else(self):
+        # Defect: the "alive" lines came from the monitor loop alone: a stop's grace (up to 3 s) or
+        # a manifest written meanwhile left every remote end without them for as long, and with
+        # cluster.ssh_alive_s = 1 they stopped their processes.
+        from launcher.processes import Heartbeat, close_stdin
+        counter = subprocess.Popen([PYTHON, "-c", "import sys, time\n"
+                                    "t = [time.monotonic() for _ in sys.stdin]\n"
+                                    "print(len(t), max((b - a for a, b in zip(t, t[1:])), default=99))"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: counter.poll() is None and (counter.kill(), counter.wait()))
+        os.set_blocking(counter.stdin.fileno(), False)  # (as start() makes an ssh client's)
+        proc = types.SimpleNamespace(control=True, popen=counter)
+        with Heartbeat([proc], 0.8):  # a line every 0.2 s
+            time.sleep(1.6)  # the launcher's main thread busy elsewhere
+        close_stdin(proc)
+        lines, longest_gap = counter.stdout.read().split()
+        counter.wait(timeout=10)
+        self.assertGreaterEqual(int(lines), 4)
+        self.assertLess(float(longest_gap), 0.8)
+
+    def test_a_process_group_is_ended_once_its_leader_exits_and_never_signalled_again(self):
+        # Defect: every exited process's group was killed again at each stop and at the run's end,
+        # hours after it emptied: its number may belong to another group by then (pids wrap).
+        from launcher.processes import end_group
+        self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL) for pid in {**sleeps("65.5"), **sleeps("66.25")}])
+        leader = subprocess.Popen(["sh", "-c", "sleep 65.5 & exit 0"], start_new_session=True)
+        leader.wait(timeout=10)
+        proc = types.SimpleNamespace(popen=leader, group_ended=False)
+        self.assertEqual(len(sleeps("65.5")), 1)  # what it left in its group
+        end_group(proc)
+        wait_until(self, lambda: not sleeps("65.5"), 10, "what the leader left in its group, killed")
+        other = subprocess.Popen(["sleep", "66.25"], start_new_session=True)  # its number, reused
+        self.addCleanup(lambda: other.poll() is None and (other.kill(), other.wait()))
+        proc.popen = types.SimpleNamespace(pid=other.pid, poll=lambda: 0)
+        end_group(proc)
+        time.sleep(0.3)
+        self.assertIsNone(other.poll(), "a group signalled again after it had been ended")
 
     def test_failed_run_is_cleaned_up_before_the_next_one(self):
         # --keep-going: while the sweep's second run trains, nothing of the failed first run is left
