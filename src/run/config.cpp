@@ -375,7 +375,7 @@ std::string meant_key(const std::string& unknown, const std::set<std::string>& k
   if (!best.empty()) return best;
   std::string elsewhere;
   for (const auto& k : keys)
-    if (leaf_of(k) == leaf_of(unknown) && k.find('.') != std::string::npos) elsewhere += (elsewhere.empty() ? "" : " or ") + k;
+    if (leaf_of(k) == leaf_of(unknown) && k != unknown) elsewhere += (elsewhere.empty() ? "" : " or ") + k;
   return elsewhere;
 }
 
@@ -430,7 +430,9 @@ void check_unknown_keys(const toml::table& root, const std::string& origin) {
           (!section.empty() && k.rfind(section + ".", 0) == 0))
         known += (known.empty() ? "" : ", ") + k;
     const std::string meant = meant_key(p, keys);
+    const bool top_level = !meant.empty() && meant.find('.') == std::string::npos;  // (TOML: before the first [section])
     fail(origin, p, "unknown key" + (meant.empty() ? std::string() : "; did you mean " + meant + "?") +
+                        (top_level ? " (a key of no section goes before the first [section] header)" : "") +
                         (known.empty() ? std::string() : " (known here: " + known + ")"));
   }
 }

@@ -148,6 +148,9 @@ TEST(Config, UnknownKeyIsNamedWithTheOneItMostLikelyMeantAndTheKnownOnes) {
   const std::string several = error_of("name = \"x\"\n[train]\nworkers = 4\n");
   EXPECT_NE(several.find("train.workers: unknown key; did you mean byzantine.workers or cluster.workers or "), std::string::npos)
       << several;
+  const std::string top = error_of("name = \"x\"\n[cluster]\nmode = \"asp\"\nseed = 3\n");
+  EXPECT_NE(top.find("cluster.seed: unknown key; did you mean seed? (a key of no section goes before the first [section] "
+                     "header) (known here: cluster."), std::string::npos) << top;
   const std::string none = error_of("name = \"x\"\n[cluster]\nzzzzzz = 4\n");
   EXPECT_NE(none.find("cluster.zzzzzz: unknown key (known here: cluster."), std::string::npos) << none;
 }
