@@ -145,7 +145,8 @@ struct ListenOptions {
 };
 
 struct ConnectOptions {
-  std::size_t max_message_bytes = 0;       // larger messages from a listener are dropped by the transport (0: no limit)
+  std::size_t max_message_bytes = 0;       // larger messages from a listener are dropped by the transport (0: no
+                                           // limit); ZeroMQ drops the connection too and does not make it again
   int queue = 1000;                        // messages queued per listener, each way
   std::chrono::milliseconds linger{1000};  // how long closing waits for queued messages to leave
                                            // (shm: until the listeners are done with their payloads)
