@@ -81,13 +81,23 @@ def test_loss_and_accuracy(model, x_train, x, y, batch=1000):
     return loss / len(y), correct / len(y)
 
 
+def image_shape(features):
+    """(channels, side) of square images of `features` floats each, channel-first as pslab's data
+    holds them: Fashion-MNIST 784 = 1 x 28 x 28, CIFAR-10 3072 = 3 x 32 x 32."""
+    for channels in (1, 3):
+        side = int(round((features / channels) ** 0.5))
+        if channels * side * side == features:
+            return channels, side
+    raise SystemExit(f"resnet.py: samples of {features} floats are not square images of 1 or 3 channels")
+
+
 def main():
     run = pt.launched()
     device = pt.device(run)                      # train.device: cpu, or this process's GPU
     x, y, x_test, y_test = (t.to(device) for t in pt.data(run=run))
-    side = int(round(x.shape[1] ** 0.5))         # Fashion-MNIST: 784 = 28 x 28, one channel
-    x, x_test = x.view(-1, 1, side, side), x_test.view(-1, 1, side, side)
-    model = ResNet(1, int(y.max()) + 1).to(device)
+    channels, side = image_shape(x.shape[1])
+    x, x_test = x.view(-1, channels, side, side), x_test.view(-1, channels, side, side)
+    model = ResNet(channels, int(y.max()) + 1).to(device)
     if run.is_evaluator:
         pt.evaluate(model, lambda m: test_loss_and_accuracy(m, x, x_test, y_test), run=run)
         return

@@ -153,6 +153,7 @@ class TorchExactness(unittest.TestCase):
         np.testing.assert_array_equal(torch_to_builtin(worker.flat.theta_np, features, widths), theta0, "θ0 came through")
         losses = []
         for idx in worker.batches():
+            model.zero_grad(set_to_none=True)  # (a PyTorch habit, and PyTorch 2's default: the .grad views are dropped)
             loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
             losses.append(loss.item())
             worker.step(loss, len(idx))
@@ -227,6 +228,43 @@ class TorchExactness(unittest.TestCase):
                 c.train_step(0, 1.0, 32, 0.0, np.zeros(3, np.float32), worker.flat.theta_np)
         for s in procs:
             s.kill()
+        # model.sizes in another order than the module's tensors (the same total): lars and lamb
+        # would take the wrong slices for layers
+        reordered = self.tmp / "reordered.toml"
+        reordered.write_text(EXACT.replace("MODEL", f'kind = "external"\nsizes = {pt.sizes_of(model)[::-1]}'))
+        with pslab.Client(reordered, 0, nowhere) as c:
+            with self.assertRaisesRegex(pslab.PslabError, r"the module's parameter tensors are \[25088, 32, 320, 10\] floats, "
+                                                          r"model.sizes says \[10, 320, 32, 25088\] \(first difference: tensor 0\)"):
+                pt.Worker(model, c)
+
+    def test_a_step_takes_the_gradient_whatever_became_of_grad_and_no_nan_from_an_empty_batch(self):
+        config = self.tmp / "steps.toml"
+        model = torch_mlp.MLP(784, 10, hidden=(HIDDEN,))
+        config.write_text(EXACT.replace("MODEL", f'kind = "external"\nsizes = {pt.sizes_of(model)}')
+                          .replace("log_every = 10", "log_every = 1"))
+        addresses, procs = self.servers(config)
+        x = torch.randn(32, 784)
+        y = torch.arange(32) % 10
+        with pslab.Client(config, 0, addresses) as c:
+            c.metrics(self.tmp / "steps")
+            worker = pt.Worker(model, c)
+            before = worker.flat.theta_np.copy()
+            model.zero_grad(set_to_none=True)
+            worker.step(torch.nn.functional.cross_entropy(model(x), y), 32)
+            self.assertGreater(np.abs(worker.flat.theta_np - before).max(), 0, "the push was zeros: θ did not move")
+            before = worker.flat.theta_np.copy()
+            worker.step(torch.nn.functional.cross_entropy(model(x[:0]), y[:0]), 0)  # an epoch's empty last batch
+            np.testing.assert_array_equal(worker.flat.theta_np, before, "an empty batch moved θ")
+            first = pt.parameters(model)[0]
+            first.data = first.data.clone()  # (as .to() or .cpu() would: no longer θ's buffer)
+            with self.assertRaisesRegex(pslab.PslabError, r"parameter hidden.0.weight no longer lies in θ's buffer"):
+                worker.step(torch.nn.functional.cross_entropy(model(x), y), 32)
+        for s in procs:
+            s.kill()
+        rows = [json.loads(line) for line in (self.tmp / "steps" / "metrics" / "worker0.jsonl").read_text().splitlines()]
+        losses = [row["loss"] for row in rows if row["kind"] == "train"]
+        self.assertEqual(len(losses), 2, rows)
+        self.assertTrue(all(np.isfinite(losses)), losses)
 
 
 @unittest.skipIf(NO_TORCH, NO_TORCH)

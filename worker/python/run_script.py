@@ -10,7 +10,7 @@ if len(sys.argv) < 2:
 script = sys.argv[1]
 if not os.path.isfile(script):
     sys.exit(f"worker.script {script}: no such file on this host")
-sys.path[0:0] = [os.path.dirname(os.path.abspath(script))]  # as `python3 SCRIPT` has it, then pslab's
-sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+# As `python3 SCRIPT` has it, then pslab's (before site-packages: another `pslab` there is not this one).
+sys.path[0:0] = [os.path.dirname(os.path.abspath(script)), os.path.dirname(os.path.abspath(__file__))]
 sys.argv = sys.argv[1:]
 runpy.run_path(script, run_name="__main__")

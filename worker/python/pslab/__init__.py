@@ -92,14 +92,18 @@ def launched(environ=None):
     if missing:
         raise PslabError(f"{', '.join(missing)} not set: this script is one of a run's processes, started by "
                          f"experiments/launch.py (worker.kind = \"python\", worker.script), which sets them")
-    try:
-        return Launched(config=env["PSLAB_CONFIG"], rank=int(env["PSLAB_RANK"]), servers=env.get("PSLAB_SERVERS", ""),
-                        backups=env.get("PSLAB_BACKUPS", ""), auth_key=env.get("PSLAB_AUTH_KEY", ""),
-                        run_dir=env.get("PSLAB_RUN_DIR", ""), run_start=float(env.get("PSLAB_RUN_START") or 0.0),
-                        procs_on_host=int(env.get("PSLAB_PROCS_ON_HOST") or 1), gpu_slot=int(env.get("PSLAB_GPU_SLOT") or 0),
-                        seed=int(env.get("PSLAB_SEED") or 1), theta0=env.get("PSLAB_THETA0", ""))
-    except ValueError as e:
-        raise PslabError(f"a PSLAB_* variable is malformed: {e}") from None
+    def number(name, kind, default):
+        try:
+            return kind(env.get(name) or default)
+        except ValueError:
+            raise PslabError(f"{name}={env.get(name)!r} is not {'an integer' if kind is int else 'a number'} (set by "
+                             f"experiments/launch.py)") from None
+
+    return Launched(config=env["PSLAB_CONFIG"], rank=number("PSLAB_RANK", int, 0), servers=env.get("PSLAB_SERVERS", ""),
+                    backups=env.get("PSLAB_BACKUPS", ""), auth_key=env.get("PSLAB_AUTH_KEY", ""),
+                    run_dir=env.get("PSLAB_RUN_DIR", ""), run_start=number("PSLAB_RUN_START", float, 0.0),
+                    procs_on_host=number("PSLAB_PROCS_ON_HOST", int, 1), gpu_slot=number("PSLAB_GPU_SLOT", int, 0),
+                    seed=number("PSLAB_SEED", int, 1), theta0=env.get("PSLAB_THETA0", ""))
 
 
 def library_path():

@@ -90,6 +90,13 @@ class _Flat:
         if n != P:
             raise PslabError(f"the module has {n} parameters (tensors {[p.numel() for p in params]}), this run's θ has {P}: "
                              f"model.sizes = {[p.numel() for p in params]} in the config")
+        sizes = client.config.get("model", {}).get("sizes") or []  # (model.kind = "external": lars/lamb go by them)
+        if sizes and list(sizes) != [p.numel() for p in params]:
+            numels = [p.numel() for p in params]
+            at = next((i for i, (a, b) in enumerate(zip(sizes, numels)) if a != b), min(len(sizes), len(numels)))
+            raise PslabError(f"the module's parameter tensors are {[p.numel() for p in params]} floats, model.sizes says "
+                             f"{list(sizes)} (first difference: tensor {at}); they must agree in order: model.sizes = "
+                             f"pslab.torch.sizes_of(model)")
         self.device = params[0].device
         self.cuda = self.device.type == "cuda"
         pinned = dict(pin_memory=True) if self.cuda else {}
@@ -100,16 +107,44 @@ class _Flat:
             self.host_grad = torch.zeros(P, dtype=torch.float32, **pinned)
             self.grad = torch.zeros(P, dtype=torch.float32, device=self.device) if self.cuda else self.host_grad
         offset = 0
+        self.params, self.grad_views = params, []
+        self.names = [name for name, p in model.named_parameters() if p.requires_grad]
         with torch.no_grad():
             for p in params:
                 k = p.numel()
                 self.theta[offset:offset + k].copy_(p.reshape(-1))
                 p.data = self.theta[offset:offset + k].view_as(p)
                 if grads:
-                    p.grad = self.grad[offset:offset + k].view_as(p)
+                    self.grad_views.append(self.grad[offset:offset + k].view_as(p))
+                    p.grad = self.grad_views[-1]
                 offset += k
+        self.theta_ptrs = [p.data_ptr() for p in params]
         # The client writes and reads these (NumPy views of the host buffers; nothing is copied).
         self.theta_np, self.grad_np = self.host_theta.numpy(), (self.host_grad.numpy() if grads else None)
+
+    def check_theta(self):
+        """Every parameter still lies in θ's buffer: else θ from the servers would not reach it."""
+        for name, p, ptr in zip(self.names, self.params, self.theta_ptrs):
+            if p.data_ptr() != ptr:
+                raise PslabError(f"parameter {name} no longer lies in θ's buffer (the module moved with .to() or .cpu(), "
+                                 f"or its .data was replaced, after pslab.torch took it): θ from the servers would not "
+                                 f"reach it; move the module before Worker(model) / evaluate(model, fn)")
+
+    def attach_grads(self):
+        """Each parameter's .grad is its view of the gradient buffer (zero_grad(set_to_none=True),
+        PyTorch's default, drops them: backward would make new ones, and the push would be zeros)."""
+        for p, view in zip(self.params, self.grad_views):
+            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+                p.grad = view
+
+    def gather_grads(self):
+        """A .grad that something replaced after backward (a hook, a clip that reassigns): copied in."""
+        for p, view in zip(self.params, self.grad_views):
+            if p.grad is None:
+                view.zero_()
+            elif p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)
+                p.grad = view
 
     def theta_arrived(self):
         """The host θ is new: to the device (a CUDA module)."""
@@ -168,10 +203,16 @@ class Worker:
         exchanged (local:H, easgd). Returns the pslab.StepInfo (comm_s, wait_s, ...)."""
         if self.step_index >= self.client.total_steps:
             raise PslabError(f"worker {self.client.rank}: all {self.client.total_steps} steps are done")
+        self.flat.check_theta()
+        self.flat.attach_grads()
         self.flat.grad.zero_()
-        loss.backward()
+        if samples > 0:
+            loss.backward()
+            self.flat.gather_grads()
+            value = float(loss.detach())
+        else:  # (an epoch's last batch may be empty: it moves nothing, as pslab_worker's, and its loss is no NaN)
+            value = 0.0
         self.flat.grad_to_host()
-        value = float(loss.detach())
         compute_s = time.perf_counter() - self._mark  # (since the last step: the batch, forward and backward)
         self.last = self.client.train_step(self.step_index, value, samples, compute_s, self.flat.grad_np, self.flat.theta_np)
         self.flat.theta_arrived()
@@ -221,11 +262,12 @@ def evaluate(model, fn, client=None, run=None):
         if not lowered:
             _lower_this_threads_priority(EVALUATE_NICE)
             lowered = True
+        flat.check_theta()
         flat.theta_arrived()
         model.eval()
         with torch.no_grad():
             result = fn(model)
-        loss, acc = result if isinstance(result, tuple) else (result, None)
+        loss, acc = tuple(result) if isinstance(result, (tuple, list)) else (result, None)
         client.eval(float(loss), None if acc is None else float(acc))
         if info.training_done:
             break
