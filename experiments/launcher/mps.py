@@ -104,14 +104,17 @@ def mps_daemon(plan, run_dir, gpus_of=visible_gpus):
         return
     pipe = tempfile.mkdtemp(prefix="pslab-mps-", dir="/tmp")  # mode 0700
     log = pathlib.Path(run_dir) / "mps"
-    log.mkdir(mode=0o700, exist_ok=True)
     mps_env = {PIPE_VAR: pipe, LOG_VAR: str(log)}
     env = {**os.environ, **mps_env}
     try:
+        log.mkdir(mode=0o700, exist_ok=True)
         p = subprocess.run([control, "-d"], env=env, text=True, capture_output=True, timeout=30)
         failed = p.returncode != 0 and f"exit {p.returncode}: {(p.stdout + p.stderr).strip()[-300:]}"
     except (OSError, subprocess.TimeoutExpired) as e:
         failed = str(e)
+    except BaseException:  # (Ctrl-C while it starts: nothing of it left)
+        _stop(control, env, pipe)
+        raise
     if failed:
         _stop(control, env, pipe)
         warn(f"MPS could not start ({CONTROL} -d: {failed}): the run goes on without it")

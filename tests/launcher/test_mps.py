@@ -7,7 +7,9 @@ which is itself a way for a run to end.
 import json
 import os
 import pathlib
+import signal
 import sys
+import threading
 import time
 import types
 import unittest
@@ -19,7 +21,8 @@ from launcher import mps  # noqa: E402
 
 # A stand-in MPS control: `-d` starts a "daemon" (a sleep in a session of its own, with the run's
 # pipe directory in its environment, as the real one has) and records its pid; "quit" on stdin
-# stops it, unless $MPS_IGNORES_QUIT; $MPS_FAILS makes -d fail. Every call is logged.
+# stops it, unless $MPS_IGNORES_QUIT; $MPS_FAILS makes -d fail, $MPS_SLOW_START return 5 s after
+# the daemon started. Every call is logged.
 CONTROL = """\
     #!/bin/bash
     echo "$* ${CUDA_MPS_PIPE_DIRECTORY} ${CUDA_MPS_LOG_DIRECTORY}" >> "$MPS_CALLS"
@@ -27,6 +30,7 @@ CONTROL = """\
       [[ -n $MPS_FAILS ]] && { echo "An instance of this daemon is already running" >&2; exit 1; }
       setsid sleep 600 < /dev/null > /dev/null 2>&1 &
       echo $! > "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"
+      [[ -n $MPS_SLOW_START ]] && sleep 5
       exit 0
     fi
     read -r cmd
@@ -151,6 +155,25 @@ class Mps(LauncherTestCase):
         self.assertEqual([l for l in r.stderr.splitlines() if "MPS" in l],
                          [f"launch.py: cluster.mps: {mps.CONTROL} is not on PATH: the run's processes share "
                           "their GPUs without MPS"], r.stderr)
+
+    def test_an_interrupt_while_the_daemon_starts_leaves_nothing(self):
+        # Defect: only the block was guarded; a Ctrl-C during `-d` (which may take seconds) left
+        # the daemon running and its pipe directory behind.
+        self.fake_bin("nvidia-cuda-mps-control", CONTROL)
+        calls = self.tmp / "mps-calls.log"
+        saved = dict(os.environ)
+        os.environ.update(PATH=self.env["PATH"], MPS_CALLS=str(calls), MPS_SLOW_START="1")
+        ctrl_c = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                ctrl_c.start()
+                with mps.mps_daemon(plan_of(mps_key="on"), self.tmp, gpus(1)):
+                    self.fail("the block ran before the daemon's start returned")
+        finally:
+            ctrl_c.cancel()
+            os.environ.clear()
+            os.environ.update(saved)
+        self.assert_nothing_left(calls.read_text().split()[1])
 
     def test_an_interrupted_block_stops_the_daemon(self):
         self.fake_bin("nvidia-cuda-mps-control", CONTROL)
