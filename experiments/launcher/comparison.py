@@ -4,6 +4,7 @@ import io
 
 from .common import write_file
 from .metrics import without_batch
+from .summary import COMPLETED
 
 
 COLUMNS = [("run", "run"), ("mode", "mode"), ("workers", "W"), ("servers", "S"), ("status", "status"),
@@ -57,13 +58,24 @@ def without_seed(label):
     return ",".join(parts) or "run"
 
 
+def completed(rows):
+    """The runs that ran to their end (ok or diverged): what the summaries over runs take; a failed
+    run's figures (the evaluator's last partial value) are its own row's alone."""
+    return [r for r in rows if r.get("status") in COMPLETED]
+
+
 def seed_table(rows):
     """Where a sweep repeats runs over seeds (seed = [1, 2, 3]): per group, mean ± sd of the
-    main columns over its seeds (sd: sample standard deviation); None without repeats."""
-    groups = {}
+    main columns over its completed seeds (sd: sample standard deviation), with how many failed
+    and were left out; None without repeats."""
+    groups, failed = {}, {}
     for r in rows:
-        groups.setdefault(without_seed(r["run"]), []).append(r)
-    if all(len(g) < 2 for g in groups.values()):
+        groups.setdefault(without_seed(r["run"]), [])
+        if r.get("status") in COMPLETED:
+            groups[without_seed(r["run"])].append(r)
+        else:
+            failed[without_seed(r["run"])] = failed.get(without_seed(r["run"]), 0) + 1
+    if all(len(g) + failed.get(name, 0) < 2 for name, g in groups.items()):
         return None
 
     def cell(key, rs):
@@ -80,14 +92,15 @@ def seed_table(rows):
         return f"{mean:.2f} ± {sd:.2f}{missing}"
     head = "| runs | seeds | " + " | ".join(h for _, h in SEED_COLUMNS) + " |"
     sep = "|" + "|".join("---" for _ in range(len(SEED_COLUMNS) + 2)) + "|"
-    body = [f"| {name} | {len(rs)} | " + " | ".join(cell(k, rs) for k, _ in SEED_COLUMNS) + " |"
-            for name, rs in groups.items()]
+    body = [f"| {name} | {len(rs)}" + (f" ({failed[name]} failed, left out)" if name in failed else "") + " | "
+            + " | ".join(cell(k, rs) if rs else "-" for k, _ in SEED_COLUMNS) + " |" for name, rs in groups.items()]
     return "\n".join([head, sep] + body)
 
 
 def large_batch_table(rows):
     """Where the runs span several global batches (workers x batch x accumulate): final test
     accuracy per method (row) and global batch (column), the mean over seeds; None otherwise."""
+    rows = completed(rows)
     batches = sorted({r["global_batch"] for r in rows if r.get("global_batch")})
     if len(batches) < 2:
         return None
@@ -124,16 +137,19 @@ def write_comparison(inv_dir, results, target):
     by_batch = large_batch_table(rows)
     if by_batch:
         table += "\n\nBy global batch (workers x batch x accumulate):\n\n" + by_batch
-    ok = [r for r in rows if r.get("time_to_target_s") is not None]
+    ok = [r for r in completed(rows) if r.get("time_to_target_s") is not None]
     notes = []
     if ok:
         t = min(ok, key=lambda r: r["time_to_target_s"])
         e = min(ok, key=lambda r: r["epochs_to_target"])
         notes.append(f"First to {100 * target:.0f}% test accuracy in wall-clock time: **{t['run']}** "
                      f"({t['time_to_target_s']:.1f} s); in epochs: **{e['run']}** ({e['epochs_to_target']:.2f}).")
-    missed = [r["run"] for r in rows if r.get("time_to_target_s") is None]
+    missed = [r["run"] for r in completed(rows) if r.get("time_to_target_s") is None]
     if missed:
         notes.append(f"Did not reach {100 * target:.0f}%: {', '.join(missed)}.")
+    failed = [f"{r['run']} ({r.get('status')})" for r in rows if r.get("status") not in COMPLETED]
+    if failed:
+        notes.append(f"Did not run to the end, left out of the summaries above and of the plots: {', '.join(failed)}.")
     md = [f"# {inv_dir.parent.name} / {inv_dir.name}", "",
           "Times are seconds from each run's start; samples/s counts all workers together; staleness "
           "(PS modes) is in versions of the shard; bytes as counted by the servers.", "", table, ""]

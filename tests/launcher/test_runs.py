@@ -274,6 +274,33 @@ class Runs(LauncherTestCase):
             self.assertEqual(fin["pulled_params_bytes"], 4 * shard * 4)  # θ as served, one copy per worker
         self.assertNotIn("pulled_params_bytes", (inv / "mode=asp" / "metrics" / "server0.jsonl").read_text())
 
+    def test_a_failed_run_is_left_out_of_what_the_comparison_says_over_runs(self):
+        # Defect: a failed run's partial figures went into "Over seeds (mean ± sd)", "By global
+        # batch" and "First to": seeds at 88% and 89% and a failed one at 45% read 74.00 ± 24.56%.
+        sys.path.insert(0, str(REPO / "experiments"))
+        try:
+            from launcher.comparison import write_comparison
+        finally:
+            sys.path.remove(str(REPO / "experiments"))
+
+        def summary(status, acc, t, batch):
+            return {"status": status, "mode": "bsp", "final_test_acc": acc, "time_to_target_s": t,
+                    "epochs_to_target": t and t / 10, "global_batch": batch}
+        results = [("seed=1,mode=bsp", summary("ok", 0.88, 9.0, 64)), ("seed=2,mode=bsp", summary("ok", 0.89, 8.0, 64)),
+                   ("seed=3,mode=bsp", summary("failed", 0.45, 1.0, 64)),
+                   ("seed=1,mode=asp", summary("ok", 0.86, 7.0, 128)), ("seed=2,mode=asp", summary("diverged", 0.10, None, 128))]
+        inv = self.tmp / "exp" / "20260101-000000"
+        inv.mkdir(parents=True)
+        write_comparison(inv, results, 0.85)
+        md = (inv / "comparison.md").read_text()
+        self.assertIn("| mode=bsp | 2 (1 failed, left out) | 88.50 ± 0.71% |", md)
+        self.assertIn("| mode=asp | 2 | 48.00 ± 53.74% |", md)  # (a diverged run ran to its end: it counts)
+        self.assertIn("| mode=bsp | 88.50% | - |", md)  # by global batch: 64, 128
+        self.assertIn("First to 85% test accuracy in wall-clock time: **seed=1,mode=asp** (7.0 s)", md)
+        self.assertIn("Did not reach 85%: seed=2,mode=asp.", md)
+        self.assertIn("Did not run to the end, left out of the summaries above and of the plots: seed=3,mode=bsp "
+                      "(failed).", md)
+
     def test_a_sweep_over_seeds_is_summarized_as_mean_and_sd(self):
         r = self.launch("run", TINY, "--set", "seed=[1, 2]", "--set", 'cluster.mode=["bsp", "asp"]',
                         "--set", 'cluster.launcher="virtual"', "--runs-dir", self.runs, "--no-plots")
