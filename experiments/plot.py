@@ -46,7 +46,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
-from launcher.metrics import read_jsonl, staleness_by_worker, staleness_stats, without_batch  # noqa: E402  (stdlib only)
+from launcher.metrics import (STALENESS_CAP, read_jsonl, staleness_by_worker, staleness_stats,  # noqa: E402  (stdlib only)
+                              whole_shards, without_batch)
 
 COMPONENTS = [  # (train-line key, legend, colour)
     ("compute_ms", "compute (forward + backward)", "#4C72B0"),
@@ -145,7 +146,7 @@ class Run:
 
     def staleness(self):
         """{worker: counts per staleness} merged over the servers, or None."""
-        hist = staleness_by_worker(self.finals)
+        hist = staleness_by_worker(whole_shards(self.finals))
         return hist if any(sum(c) for c in hist.values()) else None
 
 
@@ -299,7 +300,7 @@ def plot_bytes(runs, out):
     at each evaluation epoch)."""
     groups = {}
     for r in runs:
-        pushed = sum(f.get("bytes_in", 0) for f in r.finals)
+        pushed = sum(f.get("bytes_in", 0) for f in r.finals if f.get("replica") != "backup")  # (as summary.json)
         applied = max((e.get("epoch") or 0.0 for e in r.evals), default=0.0)
         acc = [(e["epoch"], e["test_acc"]) for e in r.evals if "test_acc" in e and e.get("epoch") is not None]
         if pushed and applied > 0 and acc:
@@ -459,8 +460,10 @@ def plot_staleness(runs, out):
                    label=f"worker {w}" + (" (straggler)" if straggler else ""))
             bottom += v
         st = staleness_stats(r.finals)
-        ax.set_title(f"{r.label}: mean {st['mean']:.2f}, p99 {st['p99']}, max {st['max']} ({st['count']:,} pushes)",
-                     fontsize=10)
+        cap = st.get("capped_at")  # (the servers count every staleness from it on as it: bounds)
+        at_least = "≥" if cap else ""
+        ax.set_title(f"{r.label}: mean {at_least}{st['mean']:.2f}, p99 {'≥' if cap and st['p99'] == cap else ''}{st['p99']}, "
+                     f"max {at_least}{st['max']} ({st['count']:,} pushes)", fontsize=10)
         ax.set_xlabel("staleness of an applied update (shard versions behind)")
         ax.set_ylabel("% of all applied updates")
         ax.set_xlim(-0.6, max(smax, 3) - 0.4)
@@ -481,7 +484,8 @@ def plot_scaling(run_dirs, out):
             s = json.loads((pathlib.Path(d) / "summary.json").read_text())
         except (OSError, ValueError):
             continue
-        points.setdefault(s["mode"], []).append(s)
+        if s.get("status") in ("ok", "diverged"):  # (a failed run's figures are partial)
+            points.setdefault(s["mode"], []).append(s)
     if len({s["workers"] for ss in points.values() for s in ss}) < 3:
         return
     sim = any(s.get("simulated") for ss in points.values() for s in ss)
@@ -497,6 +501,10 @@ def plot_scaling(run_dirs, out):
             if xy:  # bsp and allreduce coincide in accuracy: the same updates; dashed lines show both
                 ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", label=mode, color=colour[mode],
                         linestyle="--" if mode == "allreduce" else "-")
+            capped = [(s["workers"], value(s)) for s in ss if scale == "symlog" and (s.get("staleness") or {}).get("capped_at")]
+            if capped:  # a lower bound: pushes past the servers' last histogram bucket count as it
+                ax.scatter([x for x, _ in capped], [y for _, y in capped], s=140, facecolors="none", edgecolors="black",
+                           zorder=5, label=f"{mode}: at least (staleness past {STALENESS_CAP} counted as {STALENESS_CAP})")
         ax.set_xscale("log", base=2)
         ax.set_yscale(scale)
         if scale == "symlog":

@@ -44,8 +44,11 @@ lines = ["| workers | servers | mode | final acc | staleness mean | p99 | sample
 for s in sorted(rows, key=lambda s: (s["workers"], s["mode"])):
     st = s.get("staleness") or {}
     acc = f"{100 * s['final_test_acc']:.2f}%" if s.get("final_test_acc") is not None else "-"
-    lines.append(f"| {s['workers']} | {s['servers']} | {s['mode']} | {acc} | "
-                 f"{st.get('mean', 0):.2f} | {st.get('p99', '-')} | {s['samples_per_s'] or 0:,.0f} | {s['wall_s']:.1f} |")
+    ge = "≥" if st.get("capped_at") else ""  # (staleness past the servers' last histogram bucket: bounds)
+    mode = s["mode"] + ("" if s["status"] in ("ok", "diverged") else f" ({s['status']}: not plotted)")
+    lines.append(f"| {s['workers']} | {s['servers']} | {mode} | {acc} | {ge}{st.get('mean', 0):.2f} | "
+                 f"{ge if st.get('p99') == st.get('capped_at') else ''}{st.get('p99', '-')} | "
+                 f"{s['samples_per_s'] or 0:,.0f} | {s['wall_s']:.1f} |")
 (out / "scaling.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY

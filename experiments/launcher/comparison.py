@@ -21,8 +21,10 @@ def comparison_rows(results):
     for label, s in results:
         st = s.get("staleness") or {}
         row = dict(s)
-        row.update({"run": label, "staleness_mean": st.get("mean"), "staleness_p99": st.get("p99"),
-                    "staleness_max": st.get("max"),
+        cap = st.get("capped_at")  # (pushes at the servers' last bucket or beyond: bounds, not values)
+        row.update({"run": label, "staleness_mean": f"≥{st['mean']:.2f}" if cap else st.get("mean"),
+                    "staleness_p99": f"≥{cap}" if cap and st.get("p99") == cap else st.get("p99"),
+                    "staleness_max": f"≥{cap}" if cap else st.get("max"),
                     "bytes_pushed_per_sample": s["bytes_pushed"] / s["train_samples"]
                     if s.get("bytes_pushed") and s.get("train_samples") else None})
         rows.append(row)

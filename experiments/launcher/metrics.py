@@ -39,6 +39,25 @@ def staleness_by_worker(server_finals):
     return hist
 
 
+STALENESS_CAP = 1023  # a server's last histogram bucket holds this staleness and every larger one (shard_state.cpp)
+
+
+def whole_shards(server_finals):
+    """Each shard's histograms once. A server's counts are cumulative: a resumed or restarted
+    server goes on from its checkpoint's (a resumed run's file has a final line per life), a
+    backup holds its primary's; so the final line with the most counts is the shard's whole.
+    Lines without a shard count each."""
+    best, rest = {}, []
+    for fin in server_finals:
+        if fin.get("staleness_hist") is None or "shard" not in fin:
+            rest.append(fin)
+            continue
+        total = sum(sum(c) for c in fin["staleness_hist"].values())
+        if fin["shard"] not in best or total >= best[fin["shard"]][0]:
+            best[fin["shard"]] = (total, fin)
+    return [fin for _, fin in best.values()] + rest
+
+
 def staleness_stats(server_finals):
     """{mean, p99, max, count} of the staleness of the applied pushes, or None without any.
 
@@ -49,9 +68,11 @@ def staleness_stats(server_finals):
     one). mean, p99 and max are those of the merged histograms of all servers, the distribution
     over (push, shard) pairs; p99 is the smallest s with at least 99% of the pairs at s or less.
     count is the number of pushes: the merged total divided by the number of servers that
-    reported a histogram (an integer unless a server missed pushes the others counted).
+    reported a histogram (an integer unless a server missed pushes the others counted). Each
+    shard counts once (whole_shards). capped_at: present when pushes were at STALENESS_CAP or
+    beyond, which the servers count there: max and p99 there read "at least", the mean is low.
     """
-    reported = [fin for fin in server_finals if fin.get("staleness_hist") is not None]
+    reported = [fin for fin in whole_shards(server_finals) if fin.get("staleness_hist") is not None]
     merged = []
     for counts in staleness_by_worker(reported).values():
         if len(counts) > len(merged):
@@ -68,8 +89,11 @@ def staleness_stats(server_finals):
             p99 = s
             break
     count = total // len(reported) if total % len(reported) == 0 else total / len(reported)
-    return {"mean": sum(s * c for s, c in enumerate(merged)) / total, "p99": p99,
-            "max": max(s for s, c in enumerate(merged) if c > 0), "count": count}
+    out = {"mean": sum(s * c for s, c in enumerate(merged)) / total, "p99": p99,
+           "max": max(s for s, c in enumerate(merged) if c > 0), "count": count}
+    if out["max"] >= STALENESS_CAP:
+        out["capped_at"] = STALENESS_CAP
+    return out
 
 
 BATCH_KEYS = ("batch=", "accumulate=", "workers=", "seed=")

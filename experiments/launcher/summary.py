@@ -11,16 +11,15 @@ failure             failed or interrupted: what failed, how, and the last lines 
 final_test_acc      the evaluator's last test accuracy (None when the data is not a
                     classification); best_test_acc: the best of all its evaluations
 time_to_target_s, epochs_to_target   at the first evaluation with test accuracy >= target_acc
-startup_s           when the first worker's first training window began (s from the run's
-                    start: processes, data, connections); train_time_to_target_s the time to
-                    target counted from then
+startup_s           when the first worker's first step began (s from the run's start:
+                    processes, data, connections, the start barrier); train_time_to_target_s
+                    the time to target counted from then
 epochs              of the last evaluation: passes over the training set by all workers
-samples_per_s       all workers together = total samples / training span, where a worker's
-                    samples in a metrics window = samples_per_s * window length (t minus its
-                    previous line's t; for its first line the window's samples are step *
-                    batch), and the span runs from the earliest window start (first line's
-                    t minus its window's length) to the last train line; train_samples:
-                    the total samples
+samples_per_s       all workers together = total samples / training span (training_windows):
+                    a worker's samples in a metrics window = samples_per_s * window length (t
+                    minus its previous line's t; a life's first line: its steps * batch); the
+                    span from the earliest first step to the last train line, over each life of
+                    a resumed run apart (its pause is no training); train_samples: the total
 bytes_pushed, bytes_pulled   as the servers counted them, bad input apart (all-reduce: the bytes each rank
                     all-reduced, summed over the ranks, in both)
 pushed_by_codec     PS modes: {codec: {"pushes", "payload_bytes"}}, the accepted pushes and
@@ -101,37 +100,58 @@ def workers_lost(finals, lost):
     return [out[k] for k in sorted(out)]
 
 
-def training_windows(train, batch):
-    """From every worker's train lines: the samples trained (all workers), when each worker's
-    first window began and its last ended, the summed step times (ms) and steps, and each
-    worker's mean step time."""
-    total_samples, starts, ends = 0.0, [], []
+def training_windows(worker_rows, batch):
+    """From every worker's metrics lines: the samples trained (all workers), the training span,
+    when training began, the summed step times (ms) and steps, each worker's mean step time, and
+    the bytes all-reduced (all-reduce mode; None where a line lacks them).
+
+    A worker's "start" line (its first step began, after the start barrier) opens a life of it; a
+    resumed run's processes write one again, at the step they go on from. A life's first train
+    line holds its steps * batch samples, each next one samples_per_s * (t - the previous line's
+    t). The span adds up the lives (life L: from its earliest start to its latest train line over
+    the workers), so a resumed run's pause is no training. (Metrics without "start" lines: a life
+    begins at its first train line's t minus that window's length.)"""
+    total_samples, lives = 0.0, {}  # life -> ([starts], [ends])
     step_ms = {"compute": 0.0, "comm": 0.0, "wait": 0.0, "delay": 0.0}
-    n_steps = 0
-    per_worker = {}
-    for r, rows in train.items():
-        prev_t, prev_step = None, 0
+    n_steps, per_worker, allreduced = 0, {}, 0
+
+    for r, rows in worker_rows.items():
+        life, prev_t, prev_step, last = -1, None, 0, None
         w_steps, w_ms = 0, {k: 0.0 for k in step_ms}
+
+        def close_life():
+            nonlocal allreduced
+            if last is not None:
+                lives[life][1].append(last["t"])
+                allreduced = None if allreduced is None or last.get("allreduce_bytes") is None \
+                    else allreduced + last["allreduce_bytes"]
         for x in rows:
+            if x.get("kind") == "start":
+                close_life()
+                life, prev_t, prev_step, last = life + 1, None, x.get("step", 0), None
+                lives.setdefault(life, ([], []))[0].append(x["t"])
+                continue
+            if x.get("kind") != "train":
+                continue
+            if life < 0:  # (no "start" line)
+                life = 0
+                window = x["step"] * batch / x["samples_per_s"] if x["samples_per_s"] > 0 else 0.0
+                lives.setdefault(0, ([], []))[0].append(x["t"] - window)
             steps = x["step"] - prev_step
-            if prev_t is None:
-                samples = steps * batch
-                window = samples / x["samples_per_s"] if x["samples_per_s"] > 0 else 0.0
-                starts.append(x["t"] - window)
-            else:
-                samples = x["samples_per_s"] * (x["t"] - prev_t)
-            total_samples += samples
+            total_samples += steps * batch if prev_t is None else x["samples_per_s"] * (x["t"] - prev_t)
             for k in step_ms:
                 w_ms[k] += x.get(f"{k}_ms", 0.0) * steps
             w_steps += steps
-            prev_t, prev_step = x["t"], x["step"]
-        if rows:
-            ends.append(rows[-1]["t"])
-            per_worker[str(r)] = {k: v / w_steps for k, v in w_ms.items()} if w_steps else None
+            prev_t, prev_step, last = x["t"], x["step"], x
+        close_life()
+        if w_steps:
+            per_worker[str(r)] = {k: v / w_steps for k, v in w_ms.items()}
             for k in step_ms:
                 step_ms[k] += w_ms[k]
             n_steps += w_steps
-    return total_samples, starts, ends, step_ms, n_steps, per_worker
+    span = sum(max(ends) - min(starts) for starts, ends in lives.values() if starts and ends)
+    began = min(lives[0][0]) if lives.get(0) and lives[0][0] else None
+    return total_samples, span, began, step_ms, n_steps, per_worker, allreduced if lives else None
 
 
 def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, restarted=None, failed_over=None):
@@ -142,7 +162,6 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
     present = sorted(int(n[6:-6]) for n in (os.listdir(metrics) if metrics.is_dir() else [])
                      if n.startswith("worker") and n.endswith(".jsonl") and n[6:-6].isdigit())
     worker_rows = {r: read_jsonl(metrics / f"worker{r}.jsonl") for r in present if r < plan.workers}
-    train = {r: [x for x in rows if x.get("kind") == "train"] for r, rows in worker_rows.items()}
     # A worker whose loss stopped being finite wrote one "diverged" line; the earliest counts.
     diverged = min((x for rows in worker_rows.values() for x in rows if x.get("kind") == "diverged"),
                    key=lambda x: x.get("epoch", 0.0), default=None)
@@ -155,8 +174,7 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
     finals = [x for name in servers for x in read_jsonl(metrics / f"{name}.jsonl")
               if x.get("kind") == "server_final" and x.get("replica") != "backup"]
 
-    total_samples, starts, ends, step_ms, n_steps, per_worker = training_windows(train, batch)
-    span = (max(ends) - min(starts)) if starts and ends else 0.0
+    total_samples, span, began, step_ms, n_steps, per_worker, allreduced = training_windows(worker_rows, batch)
 
     acc = [x for x in evals if "test_acc" in x]
     final = evals[-1] if evals else None
@@ -175,8 +193,8 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
         "time_to_target_s": hit["t"] if hit else None,
         # start-up (processes, data, connections) apart from training: when the first training
         # window began, and the time to target counted from there
-        "startup_s": min(starts) if starts else None,
-        "train_time_to_target_s": hit["t"] - min(starts) if hit and starts else None,
+        "startup_s": began,
+        "train_time_to_target_s": hit["t"] - began if hit and began is not None else None,
         "epochs_to_target": hit["epoch"] if hit else None,
         "epochs": final["epoch"] if final else None,
         "samples_per_s": total_samples / span if span > 0 else None,
@@ -205,10 +223,8 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
         "step_time_ms_per_worker": per_worker or None,
         "train_samples": total_samples,
     }
-    if not plan.uses_servers:
-        ar = [x.get("allreduce_bytes") for rows in train.values() for x in rows[-1:]]
-        if ar and all(v is not None for v in ar):
-            s["bytes_pushed"] = s["bytes_pulled"] = sum(ar)
+    if not plan.uses_servers and allreduced is not None:
+        s["bytes_pushed"] = s["bytes_pulled"] = allreduced
     if diverged:
         s["diverged"] = {k: diverged.get(k) for k in ("worker", "step", "epoch")}
     if failure:

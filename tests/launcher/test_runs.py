@@ -133,6 +133,24 @@ class Runs(LauncherTestCase):
         self.assertAlmostEqual(st["mean"], 10 / 200)
         self.assertIsNone(staleness_stats([{"staleness_hist": {"0": [0, 0]}}]))
         self.assertIsNone(staleness_stats([]))
+        # A resumed run (each server's file: a final line per life, the counts cumulative) and a
+        # backup that took over (its primary's counts and its own): each shard once, its whole.
+        # Defect: 1000 pushes before a stop and 2400 in all counted 1700.
+        lives = [{"kind": "server_final", "shard": k, "staleness_hist": {"0": [n // 2], "1": [n // 2]}}
+                 for n in (1000, 2400) for k in (0, 1)]
+        self.assertEqual(staleness_stats(lives)["count"], 2400)
+        self.assertEqual(staleness_stats(list(reversed(lives)))["count"], 2400)
+        # Past the servers' last bucket (1023: it holds every larger staleness): bounds, said so.
+        capped = staleness_stats([{"shard": 0, "staleness_hist": {"0": [0] * 1023 + [5], "1": [5]}}])
+        self.assertEqual((capped["max"], capped["capped_at"]), (1023, 1023))
+        self.assertNotIn("capped_at", staleness_stats(finals))
+        sys.path.insert(0, str(REPO / "experiments"))
+        try:
+            from launcher.comparison import comparison_rows
+        finally:
+            sys.path.remove(str(REPO / "experiments"))
+        row = comparison_rows([("asp", {"staleness": capped})])[0]
+        self.assertEqual((row["staleness_mean"], row["staleness_p99"], row["staleness_max"]), ("≥511.50", "≥1023", "≥1023"))
 
     def test_plot_imports_the_metrics_module_alone(self):
         code = ("import sys; sys.path.insert(0, 'experiments'); import plot; assert 'launch' not in sys.modules; "
@@ -273,6 +291,27 @@ class Runs(LauncherTestCase):
             shard = plan["params"] // 2 + (1 if k < plan["params"] % 2 else 0)
             self.assertEqual(fin["pulled_params_bytes"], 4 * shard * 4)  # θ as served, one copy per worker
         self.assertNotIn("pulled_params_bytes", (inv / "mode=asp" / "metrics" / "server0.jsonl").read_text())
+
+    def test_a_resumed_runs_pause_is_no_training_and_training_begins_after_the_start_barrier(self):
+        # Defect: the first train line after a resume counted samples_per_s * the whole pause
+        # (6x the samples in the issue's example), and the span ran through it; startup_s was the
+        # first window's start computed back from its rate, before the start barrier.
+        sys.path.insert(0, str(REPO / "experiments"))
+        try:
+            from launcher.summary import training_windows
+        finally:
+            sys.path.remove(str(REPO / "experiments"))
+
+        def train(t, step, ar):
+            return {"kind": "train", "t": t, "step": step, "samples_per_s": 80.0, "compute_ms": 1.0, "allreduce_bytes": ar}
+        life0 = [{"kind": "start", "t": 1.0, "step": 0}, train(2.0, 10, 100), train(3.0, 20, 200)]
+        life1 = [{"kind": "start", "t": 100.0, "step": 20}, train(101.0, 30, 100), train(102.0, 40, 200)]
+        samples, span, began, step_ms, steps, per_worker, allreduced = training_windows({0: life0 + life1}, 8)
+        self.assertEqual((samples, span, began, steps, allreduced), (320.0, 4.0, 1.0, 40, 400))
+        self.assertEqual(per_worker["0"]["compute"], 1.0)
+        # metrics of before "start" lines: a life from the first line's t minus its window
+        samples, span, began, *_ = training_windows({0: life0[1:]}, 8)
+        self.assertEqual((samples, span, began), (160.0, 2.0, 1.0))
 
     def test_a_failed_run_is_left_out_of_what_the_comparison_says_over_runs(self):
         # Defect: a failed run's partial figures went into "Over seeds (mean ± sd)", "By global
