@@ -898,6 +898,24 @@ std::vector<std::pair<std::string, toml::table>> take_variants(toml::table& root
   return out;
 }
 
+// How a run's label names `key`: by its last part (workers), unless a key declared before it ends
+// the same way (cluster.workers, then straggler.workers): then whole. The summaries read
+// "workers=", "batch=", "accumulate=" and "seed=" as what sets the global batch and the seed.
+std::string label_name(const std::string& key) {
+  const std::string leaf = key.substr(key.find('.') + 1);
+  bool earlier = false, found = false;
+  ExperimentConfig c;
+  visit_fields(c, [&](const char* k, auto&, const char*) {
+    if (found || k == key) {
+      found = true;
+      return;
+    }
+    const std::string other = k;
+    earlier = earlier || other.substr(other.find('.') + 1) == leaf;
+  });
+  return earlier ? key : leaf;
+}
+
 // Every point of the sweep in `config` (see expand_sweep): each variant crossed with the swept
 // keys; --set `overrides` have the last word over both.
 std::vector<std::string> expand_points(const toml::table& config, const std::string& origin,
@@ -931,12 +949,10 @@ std::vector<std::string> expand_points(const toml::table& config, const std::str
       for (std::size_t i = 0; i < swept.size(); ++i) {
         const auto& [key, arr] = swept[i];
         const toml::node& v = (*arr)[idx[i]];
-        const auto dot = key.find('.');
         std::string leaf;
         table_of(point, key, leaf)->insert_or_assign(leaf, v);
-        const std::string value = label_text(v);
         if (!label.empty()) label += ',';
-        label.append(key, dot == std::string::npos ? 0 : dot + 1).append("=").append(value);
+        label.append(label_name(key)).append("=").append(label_text(v));
       }
       merge_into(point, values);
       for (const auto& o : overrides)  // root has them already; they replace what the variant set

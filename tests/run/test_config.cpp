@@ -327,6 +327,20 @@ TEST(Config, SweepExpandsToTheCrossProduct) {
   }
 }
 
+// A label names a key by its last part where no key declared before it ends the same way: the
+// summaries read "workers=" and "batch=" as the global batch's, so straggler.workers and
+// eval.batch must not look like cluster.workers and train.batch.
+TEST(Config, SweepLabelsTellApartKeysThatEndAlike) {
+  std::vector<std::string> labels;
+  expand_sweep("name = \"s\"\n[cluster]\nworkers = [4]\n[straggler]\nworkers = [[1], [2]]\n"
+               "[train]\nbatch = [32]\n[eval]\nbatch = [100, 200]\n",
+               "s.toml", labels, {"cluster.workers=[4, 8]"});
+  EXPECT_EQ(labels.front(), "batch=32,workers=4,eval.batch=100,straggler.workers=[1]");
+  EXPECT_EQ(labels.back(), "batch=32,workers=8,eval.batch=200,straggler.workers=[2]");
+  expand_sweep("name = \"s\"\n[optimizer]\nkind = [\"sgd\", \"adam\"]\n[model]\nkind = [\"mlp\"]\n", "s.toml", labels);
+  EXPECT_EQ(labels.front(), "kind=mlp,optimizer.kind=sgd");
+}
+
 TEST(Config, KeyListingCoversEverySection) {
   const std::string k = describe_keys();
   for (const char* key : {"optimizer.lr", "cluster.mode", "straggler.exp_delay_ms", "eval.target_acc"})
