@@ -29,11 +29,22 @@ RUN_DIR/plots for one run, ./plots for several):
                    study): mean staleness, final test accuracy and samples/s against the number of
                    workers, one line per mode (--only scaling: this plot alone)
 
-Runs are named by their consistency mode (bsp, ssp:2, ...) when the modes differ, else by
-their sweep label. Epochs on the x axes are passes over the training set by all workers
-together (evaluator: samples applied; training loss: the mean of the workers' own epochs).
+Runs are named by their sweep label (a variant by its name; a run of no sweep, or of a sweep
+of the mode alone, by its mode); runs of other invocations that read alike also name their
+invocation (runs/<name>/<stamp>). Runs are one experiment when their configs agree but for the
+seed (and, for large_batch.png and scaling.png, the keys that set the global batch or the worker
+and server counts) and the code is the same commit: such runs share a colour, each seed its line
+style, and seeds.png, bytes.png, large_batch.png and scaling.png take their mean over the seeds.
+Epochs on the x axes are passes over the training set by all workers together (evaluator:
+samples applied; training loss: the mean of the workers' own epochs). Time is wall-clock, or
+simulated for the virtual cluster's runs. A resumed run's evaluations go back to its
+checkpoint's epoch: seeds.png and bytes.png take the path of its last life. A diverged run, or
+one that ends below the accuracy axis, says so in the legend. Regression runs (no accuracy)
+plot the test loss instead.
 """
 import argparse
+import collections
+import copy
 import json
 import pathlib
 import sys
@@ -47,7 +58,14 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 from launcher.metrics import (STALENESS_CAP, read_jsonl, staleness_by_worker, staleness_stats,  # noqa: E402  (stdlib only)
-                              whole_shards, without_batch)
+                              whole_shards)
+from launcher.summary import training_windows  # noqa: E402  (stdlib only)
+
+# The keys that set the global batch (besides the seed) and the cluster's size: what the runs of
+# one experiment differ in across large_batch.png and scaling.png.
+BATCH_KEYS = ("train.batch", "train.accumulate", "cluster.workers")
+SIZE_KEYS = ("cluster.workers", "cluster.servers")
+LINE_STYLES = ("-", "--", ":", "-.")
 
 COMPONENTS = [  # (train-line key, legend, colour)
     ("compute_ms", "compute (forward + backward)", "#4C72B0"),
@@ -57,25 +75,87 @@ COMPONENTS = [  # (train-line key, legend, colour)
 ]
 
 
+def read_run(d):
+    """(config, plan or None, manifest, summary) of run directory d: what it holds of each (runs
+    from before plan.json: None; a file missing or cut short: empty)."""
+    def load(name, parse):
+        try:
+            return parse((d / name).read_bytes())
+        except (OSError, ValueError):
+            return None
+    cfg = load("config.toml", lambda b: tomllib.loads(b.decode())) or {}
+    return cfg, load("plan.json", json.loads), load("manifest.json", json.loads) or {}, load("summary.json", json.loads) or {}
+
+
+def experiment_key(d, cfg, manifest, varying=()):
+    """What runs of one experiment share: the config but for its name, seed and `varying` (dotted
+    keys), and the commit that ran it. A run without config.toml is an experiment of its own."""
+    if not cfg:
+        return str(d.resolve())
+    c = copy.deepcopy(cfg)
+    for key in ("name", "seed", *varying):
+        *sections, leaf = key.split(".")
+        table = c
+        for section in sections:
+            table = table.get(section, {})
+        table.pop(leaf, None)
+    return json.dumps([c, manifest.get("git", {}).get("revision")], sort_keys=True, default=str)
+
+
+def display_name(label, mode, drop=()):
+    """A sweep label (seed=1,mode=asp) without the keys in `drop` (as labels name them: the key's
+    last part for seed, BATCH_KEYS and SIZE_KEYS), a variant by its name; the mode where nothing
+    else is left."""
+    drop = {k.split(".")[-1] for k in drop}
+    parts = [p.removeprefix("variant=") for p in (label or "").split(",") if p and p.partition("=")[0] not in drop]
+    return mode if parts in ([], [f"mode={mode}"]) else ",".join(parts)
+
+
+def invocation(d):
+    """The invocation a run directory is of: runs/<name>/<stamp>/<label> -> <name>/<stamp>."""
+    d = pathlib.Path(d).resolve()
+    return f"{d.parent.parent.name}/{d.parent.name}"
+
+
+def named_groups(members, varying=()):
+    """[(name, [member])] of the members (each with .dir, .cfg, .manifest, .label_text, .mode), one
+    per experiment (experiment_key, and the same display_name: two variants alike in their
+    config stay apart), in first-seen order; named by display_name, and where two read alike, by
+    their invocation too."""
+    groups = {}
+    for m in members:
+        name = display_name(m.label_text, m.mode, ("seed", *varying))
+        groups.setdefault((name, experiment_key(m.dir, m.cfg, m.manifest, varying)), (name, []))[1].append(m)
+    named = list(groups.values())
+    alike = collections.Counter(n for n, _ in named)
+    return [(f"{n} ({invocation(g[0].dir)})" if alike[n] > 1 else n, g) for n, g in named]
+
+
+def seeds_text(group):
+    """'(3 seeds)', or '(3 runs)' where a seed repeats (the same run twice)."""
+    seeds = {m.cfg.get("seed") for m in group}
+    return f"({len(group)} seeds)" if len(seeds) == len(group) else f"({len(group)} runs)"
+
+
+def last_life(evals):
+    """The evaluations on the path of the run's final θ: a resumed run's evaluator goes back to
+    the checkpoint's epoch, and the evaluations after it in the life before are of lost work."""
+    out = []
+    for e in reversed(evals):
+        if e.get("epoch") is None:
+            continue
+        if not out or e["epoch"] < out[-1]["epoch"]:
+            out.append(e)
+    return out[::-1]
+
+
 class Run:
     def __init__(self, path):
         self.dir = pathlib.Path(path)
         metrics = self.dir / "metrics"
         if not metrics.is_dir():
             sys.exit(f"plot.py: {self.dir} is not a run directory (no metrics/)")
-        self.cfg = {}
-        if (self.dir / "config.toml").exists():
-            with open(self.dir / "config.toml", "rb") as f:
-                self.cfg = tomllib.load(f)
-        plan = None  # the binary's plan of the run; older runs have none
-        if (self.dir / "plan.json").exists():
-            plan = json.loads((self.dir / "plan.json").read_text())
-        manifest = {}
-        if (self.dir / "manifest.json").exists():
-            manifest = json.loads((self.dir / "manifest.json").read_text())
-        self.summary = {}
-        if (self.dir / "summary.json").exists():
-            self.summary = json.loads((self.dir / "summary.json").read_text())
+        self.cfg, plan, self.manifest, self.summary = read_run(self.dir)
         cl = self.cfg.get("cluster", {})
         self.mode = cl.get("mode", "?")
         if plan:
@@ -83,22 +163,27 @@ class Run:
         else:
             self.uses_servers = self.mode != "allreduce"
             self.classification = self.cfg.get("data", {}).get("kind") != "least-squares"
-        self.sweep_label = manifest.get("label") or self.dir.name
+        self.params = (plan or {}).get("params")
+        self.label_text = self.manifest.get("label") or ""  # the sweep label ("" without a sweep)
+        self.simulated = bool(self.summary.get("simulated"))
         self.target = self.cfg.get("eval", {}).get("target_acc")
         self.stragglers = set(self.cfg.get("straggler", {}).get("workers", [])) \
             if self.cfg.get("straggler", {}).get("slowdown", 1.0) > 1.0 else set()
         self.train, self.evals, self.finals = {}, [], []
+        self.worker_rows = {}  # worker -> its "start" and "train" lines, in the file's order
         self.first_step_t = None  # when the first worker began its first step (runs before "start" lines: None)
         for f in sorted(metrics.glob("*.jsonl")):
             for r in read_jsonl(f):
                 kind = r.get("kind")
                 if kind == "train":
                     self.train.setdefault(r["worker"], []).append(r)
+                    self.worker_rows.setdefault(r["worker"], []).append(r)
                 elif kind == "eval":
                     self.evals.append(r)
                 elif kind == "server_final":
                     self.finals.append(r)
                 elif kind == "start":
+                    self.worker_rows.setdefault(r.get("worker"), []).append(r)
                     self.first_step_t = min(r["t"], self.first_step_t if self.first_step_t is not None else r["t"])
         for rows in self.train.values():
             rows.sort(key=lambda r: r["t"])
@@ -130,19 +215,9 @@ class Run:
         return next((e for e in self.evals if e.get("test_acc", -1) >= self.target), None)
 
     def step_means(self):
-        """{worker: {component: mean ms per step}} weighted by the steps of each window."""
-        out = {}
-        for w, rows in sorted(self.train.items()):
-            prev, sums, n = 0, {k: 0.0 for k, _, _ in COMPONENTS}, 0
-            for r in rows:
-                steps = r["step"] - prev
-                prev = r["step"]
-                n += steps
-                for k, _, _ in COMPONENTS:
-                    sums[k] += r.get(k, 0.0) * steps
-            if n:
-                out[w] = {k: v / n for k, v in sums.items()}
-        return out
+        """{worker: {component: mean ms per step}}, each life of a resumed run apart (as summary.json)."""
+        per_worker = training_windows(self.worker_rows, 1)[5]
+        return {int(w): {f"{k}_ms": v for k, v in m.items()} for w, m in sorted(per_worker.items(), key=lambda x: int(x[0]))}
 
     def staleness(self):
         """{worker: counts per staleness} merged over the servers, or None."""
@@ -151,48 +226,84 @@ class Run:
 
 
 def name_runs(runs):
-    modes = [r.mode for r in runs]
-    if len(set(modes)) == len(modes):
-        for r in runs:
-            r.label = r.mode
+    """Each run's legend name: display_name of its sweep label; runs that read alike (of several
+    invocations) also name their invocation."""
+    for r in runs:
+        r.label = display_name(r.label_text, r.mode)
+    alike = collections.Counter(r.label for r in runs)
+    for r in runs:
+        if alike[r.label] > 1:
+            r.label += f" ({invocation(r.dir)})"
+
+
+FACT_ORDER = ("data", "model", "workers", "optimizer", "straggler", "delay")
+
+
+def model_text(m, d, params):
+    """The model in a few words: MLP 784-256-128-10, CNN 16-32, ResNet-20 (width 16), ..."""
+    kind = m.get("kind", "?")
+    n_in, n_out = {"fashion-mnist": (784, 10), "cifar10": (3072, 10)}.get(d.get("kind"), (d.get("dim"), d.get("outputs")))
+    if d.get("kind") in ("arrays", "external"):
+        n_in = n_out = None  # (the data's own shape)
+    if kind == "mlp":
+        text = "MLP " + "-".join(str(x) for x in [n_in, *m.get("hidden", []), n_out] if x is not None)
+    elif kind == "linear":
+        text = f"linear {n_in}->{n_out}" if n_in else "linear"
+    elif kind == "cnn":
+        text = "CNN " + "-".join(str(x) for x in m.get("conv_channels", []))
+    elif kind == "resnet":
+        text = f"ResNet-{m.get('depth')} (width {m.get('width')})"
+    elif kind == "external":
+        text = "own model"
     else:
-        for r in runs:
-            r.label = r.sweep_label.replace("variant=", "")
+        text = kind
+    return text + (f", {params:,} parameters" if params else "")
 
 
-def describe(runs):
-    """One line naming what every run shares: data, model, workers, batch, optimizer, straggler."""
-    c = runs[0].cfg
+def facts(r):
+    """{fact: text} of one run for the titles: data, model, workers x batch, optimizer, straggler."""
+    c = r.cfg
     if not c:
-        return ""
-    m, d, tr, o, cl, st, sc = c["model"], c["data"], c["train"], c["optimizer"], c["cluster"], c["straggler"], c["schedule"]
-    image = d["kind"] == "fashion-mnist"
-    n_in, n_out = (784, 10) if image else (d["dim"], d["outputs"])
-    if m["kind"] == "mlp":
-        arch = "MLP " + "-".join(str(x) for x in [n_in, *m["hidden"], n_out])
-    elif m["kind"] == "linear":
-        arch = f"linear {n_in}->{n_out}"
-    else:
-        arch = "CNN " + "-".join(str(x) for x in m["conv_channels"])
-    lr = f"{o['kind'].upper() if o['kind'] == 'sgd' else o['kind']} lr {o['lr']:g}"
+        return {}
+    m, d, tr, o, cl = (c.get(k, {}) for k in ("model", "data", "train", "optimizer", "cluster"))
+    st, sc = c.get("straggler", {}), c.get("schedule", {})
+    lr = f"{o.get('kind', '?').upper() if o.get('kind') == 'sgd' else o.get('kind')} lr {o.get('lr', 0):g}"
     if sc.get("scale_lr"):
         lr += f" x (update batch / {sc['base_batch']})"
     if sc.get("kind", "constant") != "constant":
         lr += f", {sc['kind']}"
     if sc.get("warmup_epochs", 0) > 0:
         lr += f", warmup {sc['warmup_epochs']:g} ep"
-    parts = [{"fashion-mnist": "Fashion-MNIST"}.get(d["kind"], d["kind"]), arch,
-             f"{cl['workers']} workers x batch {tr['batch']}", lr]
-    if st["workers"] and st["slowdown"] > 1:
-        parts.append(f"straggler: worker {','.join(map(str, st['workers']))} computes {st['slowdown']:g}x slower")
+    out = {"data": {"fashion-mnist": "Fashion-MNIST", "cifar10": "CIFAR-10"}.get(d.get("kind"), d.get("kind")),
+           "model": model_text(m, d, r.params),
+           "workers": f"{cl.get('workers')} workers x batch {tr.get('batch')}", "optimizer": lr}
+    if st.get("workers") and st.get("slowdown", 1) > 1:
+        out["straggler"] = f"straggler: worker {','.join(map(str, st['workers']))} computes {st['slowdown']:g}x slower"
     if st.get("delay_ms", 0) > 0:
-        parts.append(f"+{st['delay_ms']:g} ms per step")
-    return ", ".join(parts)
+        out["delay"] = f"+{st['delay_ms']:g} ms per step"
+    return out
 
 
-def colours(runs):
-    cmap = plt.get_cmap("tab10")
-    return {id(r): cmap(i % 10) for i, r in enumerate(runs)}
+def describe(runs, only=FACT_ORDER):
+    """One line naming what every run shares (of `only`): what differs is in the legend."""
+    each = [facts(r) for r in runs]
+    if not each or not each[0]:
+        return ""
+    return ", ".join(each[0][k] for k in only if k in each[0] and all(f.get(k) == each[0][k] for f in each))
+
+
+def styles(runs):
+    """{id(run): (colour, line style)}: a colour per experiment (runs that differ in the seed
+    alone share it), a line style per seed of it."""
+    groups = named_groups(runs)
+    cmap = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
+    return {id(r): (cmap(i % cmap.N), LINE_STYLES[j % len(LINE_STYLES)])
+            for i, (_, g) in enumerate(groups) for j, r in enumerate(g)}
+
+
+def time_label(runs, since="run start"):
+    sim = any(r.simulated for r in runs)
+    return f"{'simulated' if sim else 'wall-clock'} time since {since} (s)"
 
 
 def save(fig, out, name):
@@ -202,77 +313,89 @@ def save(fig, out, name):
     print(f"plot.py: wrote {path}")
 
 
+def log_if_wide(ax):
+    """A log y scale where the finite values of the axis's lines span more than 20x (a diverged
+    run's loss is inf or huge: it does not flatten the others)."""
+    lines = [ln for ln in ax.get_lines() if len(ln.get_ydata())]
+    ys = np.concatenate([np.asarray(ln.get_ydata(), dtype=float) for ln in lines]) if lines else np.array([])
+    ys = ys[np.isfinite(ys)]
+    if len(ys) and ys.min() > 0 and ys.max() / ys.min() > 20:
+        ax.set_yscale("log")
+
+
 def plot_convergence(runs, out):
-    col = colours(runs)
+    """convergence.png: test accuracy (regression: test loss) and training loss against time and epochs."""
+    style = styles(runs)
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     (a_t, a_e), (l_t, l_e) = axes
-    accs = []
-    for r in runs:
-        ev = [e for e in r.evals if "test_acc" in e]
-        c = col[id(r)]
+    accuracy = any("test_acc" in e for r in runs for e in r.evals)
+    metric, scale = ("test_acc", 100.0) if accuracy else ("test_loss", 1.0)
+    curves = [(r, [e for e in r.evals if e.get(metric) is not None]) for r in runs]
+    values = [scale * e[metric] for _, ev in curves for e in ev]
+    targets = {r.target for r in runs if r.target is not None} if accuracy else set()
+    lo = None
+    if accuracy and values:  # the axis's floor: most points, and 25 below the target, above it
+        lo = max(0.0, min(np.percentile(values, 10), 100 * min(targets) - 25 if targets else 100))
+    for r, ev in curves:
+        c, ls = style[id(r)]
+        label = r.label + (" (diverged)" if r.summary.get("status") == "diverged" else "")
         if ev:
-            t = [e["t"] for e in ev]
-            ep = [e["epoch"] for e in ev]
-            acc = [100 * e["test_acc"] for e in ev]
-            accs += acc
-            kw = dict(color=c, lw=1.8, marker="o", ms=2.5, label=r.label)
-            a_t.plot(t, acc, **kw)
-            a_e.plot(ep, acc, **kw)
-            hit = r.first_hit()
+            last = scale * ev[-1][metric]
+            below = f" (ends at {last:.0f}%, below the axis)" if lo is not None and last < lo else ""
+            kw = dict(color=c, ls=ls, lw=1.8, marker="o", ms=2.5, label=label + below)
+            a_t.plot([e["t"] for e in ev], [scale * e[metric] for e in ev], **kw)
+            a_e.plot([e["epoch"] for e in ev], [scale * e[metric] for e in ev], **kw)
+            hit = r.first_hit() if accuracy else None
             if hit:
                 a_t.plot(hit["t"], 100 * hit["test_acc"], "o", color=c, ms=9, mec="black", zorder=5)
                 a_e.plot(hit["epoch"], 100 * hit["test_acc"], "o", color=c, ms=9, mec="black", zorder=5)
         lc = r.loss_curve()
         if lc is not None:
             t, ep, loss = lc
-            l_t.plot(t, loss, color=c, lw=1.4, label=r.label)
-            l_e.plot(ep, loss, color=c, lw=1.4, label=r.label)
-    targets = {r.target for r in runs if r.target is not None}
+            l_t.plot(t, loss, color=c, ls=ls, lw=1.4, label=label)
+            l_e.plot(ep, loss, color=c, ls=ls, lw=1.4, label=label)
+    loss_name = "cross-entropy" if runs[0].classification else "MSE"
     for ax in (a_t, a_e):
         for tgt in targets:
             ax.axhline(100 * tgt, ls="--", color="black", lw=1, alpha=0.7, label=f"target {100 * tgt:g}%")
-        if accs:
-            lo = min(np.percentile(accs, 10), 100 * min(targets) - 25 if targets else 100)
-            ax.set_ylim(max(0.0, lo), min(100.0, max(accs) + 0.15 * (max(accs) - max(0.0, lo)) + 0.5))
-        ax.set_ylabel("test accuracy (%)")
-    a_t.set_title("test accuracy vs time (dot: first at target)")
-    a_e.set_title("test accuracy vs epochs")
+        if lo is not None:
+            top = max(values)
+            ax.set_ylim(lo, min(100.0, top + 0.15 * (top - lo) + 0.5))
+        elif not accuracy:
+            log_if_wide(ax)
+        ax.set_ylabel("test accuracy (%)" if accuracy else f"test loss ({loss_name})")
+    what = "test accuracy" if accuracy else "test loss"
+    a_t.set_title(f"{what} vs time" + (" (dot: first at target)" if targets else ""))
+    a_e.set_title(f"{what} vs epochs")
     l_t.set_title("training loss vs time (mean over workers)")
     l_e.set_title("training loss vs epochs")
     for ax in (l_t, l_e):
-        ax.set_ylabel("training loss (cross-entropy)" if runs[0].classification else "training loss (MSE)")
-        lines = [ln for ln in ax.get_lines() if len(ln.get_ydata())]
-        ys = np.concatenate([ln.get_ydata() for ln in lines]) if lines else np.array([])
-        if len(ys) and ys.min() > 0 and ys.max() / ys.min() > 20:
-            ax.set_yscale("log")
+        ax.set_ylabel(f"training loss ({loss_name})")
+        log_if_wide(ax)
     for ax in (a_t, l_t):
-        ax.set_xlabel("wall-clock time since run start (s)")
+        ax.set_xlabel(time_label(runs))
     for ax in (a_e, l_e):
         ax.set_xlabel("epochs (passes over the training set, all workers)")
     for ax in axes.flat:
         ax.grid(alpha=0.3)
         ax.set_xlim(left=0)
         if ax.get_lines():
-            ax.legend(fontsize=9, loc="lower right" if ax in (a_t, a_e) else "upper right")
+            ax.legend(fontsize=9, loc="lower right" if accuracy and ax in (a_t, a_e) else "upper right")
     fig.suptitle(describe(runs), fontsize=11)
     fig.tight_layout()
     save(fig, out, "convergence.png")
 
 
 def plot_seeds(runs, out):
-    """seeds.png: mean and min-max band over the seeds of each group of runs (label without seed)."""
-    groups = {}
-    for r in runs:
-        key = ",".join(p for p in r.sweep_label.split(",") if not p.startswith("seed=")) or r.mode
-        groups.setdefault(key.replace("variant=", ""), []).append(r)
-    groups = {k: g for k, g in groups.items() if len(g) >= 2}
+    """seeds.png: mean and min-max band over the seeds of each experiment (named_groups)."""
+    groups = [(n, g) for n, g in named_groups(runs) if len(g) >= 2]
     if not groups:
         return
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-    cmap = plt.get_cmap("tab10")
-    for i, (name, rs) in enumerate(sorted(groups.items())):
-        curves = [[(e["epoch"], e["t"] - (r.first_step_t or 0.0), 100 * e["test_acc"]) for e in r.evals if "test_acc" in e]
-                  for r in rs]
+    cmap = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
+    for i, (name, rs) in enumerate(groups):
+        curves = [[(e["epoch"], e["t"] - (r.first_step_t or 0.0), 100 * e["test_acc"]) for e in last_life(r.evals)
+                   if "test_acc" in e] for r in rs]
         curves = [c for c in curves if len(c) >= 2]
         if len(curves) < 2:
             continue
@@ -280,10 +403,11 @@ def plot_seeds(runs, out):
             end = min(c[-1][x_of] for c in curves)  # the span every seed covers
             grid = np.linspace(0.0, end, 60)
             ys = np.array([np.interp(grid, [p[x_of] for p in c], [p[2] for p in c]) for c in curves])
-            ax.plot(grid, ys.mean(axis=0), color=cmap(i % 10), lw=1.8, label=f"{name} ({len(curves)} seeds)")
-            ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=cmap(i % 10), alpha=0.2)
+            colour = cmap(i % cmap.N)
+            ax.plot(grid, ys.mean(axis=0), color=colour, lw=1.8, label=f"{name} {seeds_text(rs)}")
+            ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=colour, alpha=0.2)
     for ax, xl in ((axes[0], "epochs (passes over the training set, all workers)"),
-                   (axes[1], "wall-clock time since the run's first step (s)")):
+                   (axes[1], time_label(runs, "the run's first step"))):
         ax.set_xlabel(xl)
         ax.set_ylabel("test accuracy (%)")
         ax.grid(alpha=0.3)
@@ -294,23 +418,32 @@ def plot_seeds(runs, out):
     save(fig, out, "seeds.png")
 
 
+def pushed_bytes(r):
+    """The bytes r pushed (all-reduce: all-reduced) over the run, as summary.json counts them."""
+    if r.summary.get("bytes_pushed") is not None:
+        return r.summary["bytes_pushed"]
+    return sum(f.get("bytes_in", 0) for f in r.finals if f.get("replica") != "backup")  # (runs before summary.json)
+
+
 def plot_bytes(runs, out):
-    """bytes.png: test accuracy against bytes pushed, one line per run (runs with servers' counts);
-    runs repeated over seeds: one line per group, the mean over its seeds (bytes and accuracy
-    at each evaluation epoch)."""
-    groups = {}
-    for r in runs:
-        pushed = sum(f.get("bytes_in", 0) for f in r.finals if f.get("replica") != "backup")  # (as summary.json)
-        applied = max((e.get("epoch") or 0.0 for e in r.evals), default=0.0)
-        acc = [(e["epoch"], e["test_acc"]) for e in r.evals if "test_acc" in e and e.get("epoch") is not None]
-        if pushed and applied > 0 and acc:
-            key = ",".join(p for p in r.sweep_label.split(",") if not p.startswith("seed=")) or r.label
-            groups.setdefault(key, []).append((r, [(ep / applied * pushed, ep, a) for ep, a in acc]))
+    """bytes.png: test accuracy against bytes pushed, one line per run; runs repeated over seeds:
+    one line per experiment, the mean over its seeds (bytes and accuracy at each evaluation epoch)."""
+    groups = []
+    for name, rs in named_groups(runs):
+        members = []
+        for r in rs:
+            pushed, evals = pushed_bytes(r), last_life(r.evals)
+            applied = evals[-1]["epoch"] if evals else 0.0
+            acc = [(e["epoch"], e["test_acc"]) for e in evals if "test_acc" in e]
+            if pushed and applied > 0 and acc:
+                members.append((r, [(ep / applied * pushed, ep, a) for ep, a in acc]))
+        if members:
+            groups.append((name, members))
     if not groups:
         return
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    colour = colours(runs)
-    for name, members in groups.items():
+    style = styles(runs)
+    for name, members in groups:
         r = members[0][0]
         if len(members) == 1:
             pts, label = [(b, a) for b, _, a in members[0][1]], r.label
@@ -319,14 +452,14 @@ def plot_bytes(runs, out):
             grid_ep = np.linspace(0.0, end, 40)
             b = np.mean([np.interp(grid_ep, [x[1] for x in p], [x[0] for x in p]) for _, p in members], axis=0)
             a = np.mean([np.interp(grid_ep, [x[1] for x in p], [x[2] for x in p]) for _, p in members], axis=0)
-            pts, label = list(zip(b, a)), f"{name.removeprefix('variant=')} ({len(members)} seeds)"
+            pts, label = list(zip(b, a)), f"{name} {seeds_text([m for m, _ in members])}"
         pts = [(x, y) for x, y in pts if x > 0]
         ax.plot([x / 1e6 for x, _ in pts], [100 * y for _, y in pts], marker="o", markersize=3, label=label,
-                color=colour[id(r)])
+                color=style[id(r)][0])
     ax.set_xscale("log")
-    ax.set_xlabel("bytes pushed so far (MB, all workers; log scale)")
+    ax.set_xlabel("bytes pushed so far (MB, all workers; all-reduce: all-reduced; log scale)")
     ax.set_ylabel("test accuracy (%)")
-    first = next(iter(groups.values()))[0][0]
+    first = groups[0][1][0][0]
     if first.target is not None:
         ax.axhline(100 * first.target, color="grey", linestyle="--", linewidth=0.8)
     ax.grid(alpha=0.3)
@@ -337,29 +470,34 @@ def plot_bytes(runs, out):
 
 
 def plot_large_batch(runs, out):
-    """large_batch.png: final test accuracy against the global batch (log 2), one line per method."""
-    lines = {}
-    for r in runs:
-        gb, acc = r.summary.get("global_batch"), r.summary.get("final_test_acc")
-        if gb and acc is not None:
-            lines.setdefault(without_batch(r.sweep_label), {}).setdefault(gb, []).append(acc)
-    if len({gb for by in lines.values() for gb in by}) < 2:
+    """large_batch.png: final test accuracy against the global batch (log 2), one line per method
+    (the runs that differ in the global batch and the seed alone), the mean over its seeds."""
+    lines = []
+    for name, rs in named_groups([r for r in runs if r.summary.get("status") in ("ok", "diverged")], BATCH_KEYS):
+        by = {}
+        for r in rs:
+            gb, acc = r.summary.get("global_batch"), r.summary.get("final_test_acc")
+            if gb and acc is not None:
+                by.setdefault(gb, []).append(acc)
+        if by:
+            lines.append((name, by))
+    if len({gb for _, by in lines for gb in by}) < 2:
         return
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for i, (name, by) in enumerate(lines.items()):
+    cmap = plt.get_cmap("tab10" if len(lines) <= 10 else "tab20")
+    for i, (name, by) in enumerate(lines):
         xs = sorted(by)
-        ax.plot(xs, [100 * sum(by[x]) / len(by[x]) for x in xs], marker="o", label=name, color=plt.cm.tab10(i % 10))
+        ax.plot(xs, [100 * sum(by[x]) / len(by[x]) for x in xs], marker="o", label=name, color=cmap(i % cmap.N))
     ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted({gb for by in lines.values() for gb in by}))
+    ax.set_xticks(sorted({gb for _, by in lines for gb in by}))
     ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("global batch (workers x batch x accumulate)")
     ax.set_ylabel("final test accuracy (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    shared = describe(runs).split(", ")[:2]  # data and model (the variants differ in the rest)
-    epochs = runs[0].cfg.get("train", {}).get("epochs")
-    ax.set_title(", ".join(shared + ([f"{epochs:g} epochs"] if epochs else [])) + ": final accuracy against the global batch",
-                 fontsize=9)
+    epochs = {r.cfg.get("train", {}).get("epochs") for r in runs}
+    shared = describe(runs, ("data", "model")) + (f", {epochs.pop():g} epochs" if len(epochs) == 1 and None not in epochs else "")
+    ax.set_title(shared + ": final accuracy against the global batch (mean over seeds)", fontsize=9)
     fig.tight_layout()
     save(fig, out, "large_batch.png")
 
@@ -386,7 +524,7 @@ def plot_throughput(runs, out):
                     label=f"worker {w}" + (" (straggler)" if straggler else ""))
         rate = r.summary.get("samples_per_s")
         ax.set_title(f"{r.label}: {rate:,.0f} samples/s, all workers over the run" if rate else r.label, fontsize=10)
-        ax.set_xlabel("wall-clock time since run start (s)")
+        ax.set_xlabel(time_label([r]))
         ax.set_ylabel("samples/s per worker")
         ax.set_xlim(left=0)
         ax.grid(alpha=0.3)
@@ -476,35 +614,49 @@ def plot_staleness(runs, out):
     save(fig, out, "staleness.png")
 
 
+class Point:
+    """A run of the scaling study: its summary.json, config and manifest (no metrics read)."""
+    def __init__(self, d):
+        self.dir = pathlib.Path(d)
+        self.cfg, _, self.manifest, self.summary = read_run(self.dir)
+        self.mode = self.summary.get("mode", "?")
+        self.label_text = self.manifest.get("label") or ""
+
+
 def plot_scaling(run_dirs, out):
-    """scaling.png from the runs' summary.json (one point per run): x = workers (log scale)."""
-    points = {}
-    for d in run_dirs:
-        try:
-            s = json.loads((pathlib.Path(d) / "summary.json").read_text())
-        except (OSError, ValueError):
-            continue
-        if s.get("status") in ("ok", "diverged"):  # (a failed run's figures are partial)
-            points.setdefault(s["mode"], []).append(s)
-    if len({s["workers"] for ss in points.values() for s in ss}) < 3:
+    """scaling.png from the runs' summary.json: x = workers (log scale), one line per experiment
+    (the runs that differ in the worker and server counts and the seed alone), the mean over its
+    seeds with bars from the lowest to the highest."""
+    points = [p for p in map(Point, run_dirs) if p.summary.get("status") in ("ok", "diverged")]  # (a failed run's figures are partial)
+    if len({p.summary["workers"] for p in points}) < 3:
         return
-    sim = any(s.get("simulated") for ss in points.values() for s in ss)
+    groups = named_groups(points, SIZE_KEYS)
+    sim = any(p.summary.get("simulated") for p in points)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     panels = [("mean staleness (shard versions behind)", lambda s: (s.get("staleness") or {}).get("mean"), "symlog"),
               ("final test accuracy (%)", lambda s: 100 * s["final_test_acc"] if s.get("final_test_acc") is not None else None, "linear"),
               ("samples/s" + (" (simulated)" if sim else ""), lambda s: s.get("samples_per_s"), "log")]
-    colour = {m: plt.cm.tab10(i) for i, m in enumerate(sorted(points))}
+    cmap = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
     for ax, (title, value, scale) in zip(axes, panels):
-        for mode, ss in sorted(points.items()):
-            ss = sorted(ss, key=lambda s: s["workers"])
-            xy = [(s["workers"], value(s)) for s in ss if value(s) is not None]
-            if xy:  # bsp and allreduce coincide in accuracy: the same updates; dashed lines show both
-                ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", label=mode, color=colour[mode],
-                        linestyle="--" if mode == "allreduce" else "-")
-            capped = [(s["workers"], value(s)) for s in ss if scale == "symlog" and (s.get("staleness") or {}).get("capped_at")]
+        for i, (name, ps) in enumerate(groups):
+            by = {}
+            for p in ps:
+                if value(p.summary) is not None:
+                    by.setdefault(p.summary["workers"], []).append(value(p.summary))
+            if not by:
+                continue
+            xs = sorted(by)
+            mean = np.array([np.mean(by[x]) for x in xs])
+            spread = np.array([[mean[j] - min(by[x]), max(by[x]) - mean[j]] for j, x in enumerate(xs)]).T
+            # bsp and allreduce coincide in accuracy: the same updates; dashed lines show both
+            seeds = max(len(v) for v in by.values())
+            ax.errorbar(xs, mean, yerr=spread if seeds > 1 else None, marker="o", capsize=3,
+                        label=name + (f" (mean of {seeds} seeds)" if seeds > 1 else ""), color=cmap(i % cmap.N),
+                        linestyle="--" if ps[0].mode == "allreduce" else "-")
+            capped = sorted({p.summary["workers"] for p in ps if scale == "symlog" and (p.summary.get("staleness") or {}).get("capped_at")})
             if capped:  # a lower bound: pushes past the servers' last histogram bucket count as it
-                ax.scatter([x for x, _ in capped], [y for _, y in capped], s=140, facecolors="none", edgecolors="black",
-                           zorder=5, label=f"{mode}: at least (staleness past {STALENESS_CAP} counted as {STALENESS_CAP})")
+                ax.scatter(capped, [mean[xs.index(x)] for x in capped], s=140, facecolors="none", edgecolors="black",
+                           zorder=5, label=f"{name}: at least (staleness past {STALENESS_CAP} counted as {STALENESS_CAP})")
         ax.set_xscale("log", base=2)
         ax.set_yscale(scale)
         if scale == "symlog":
@@ -513,7 +665,7 @@ def plot_scaling(run_dirs, out):
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    servers = sorted({(s["workers"], s["servers"]) for ss in points.values() for s in ss if s["servers"]})
+    servers = sorted({(p.summary["workers"], p.summary["servers"]) for p in points if p.summary.get("servers")})
     fig.suptitle(("virtual cluster: " if sim else "") + "the modes against the number of workers (servers: " +
                  ", ".join(f"{w}->{k}" for w, k in servers) + ")", fontsize=11)
     fig.tight_layout()
