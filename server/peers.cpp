@@ -125,6 +125,7 @@ void Server::readmit(int rank) {
   may_return_until_[r] = time_point::min();
   replicate(wire::ReplicaEvent::readmit, rank);
   state_->readmit_worker(rank);
+  if (guard_) guard_->readmit(rank);
   --finished_;
   workers_.revive(r, now);
   for (std::size_t i = 0; i < losses_.size(); ++i)

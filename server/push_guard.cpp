@@ -71,6 +71,11 @@ bool PushGuard::everyone_refused(int worker) {
 
 void PushGuard::forget(int worker) { gone_[std::size_t(worker)] = 1; }
 
+void PushGuard::readmit(int worker) {
+  gone_[std::size_t(worker)] = values_refused_[std::size_t(worker)] = 0;
+  streak_[std::size_t(worker)] = 0;
+}
+
 std::string PushGuard::values_problem(int worker, const float* v, std::size_t n, std::size_t at, bool first) {
   if (stood_aside_) return "";
   double& sumsq = sumsq_[std::size_t(worker)];

@@ -49,6 +49,8 @@ class PushGuard {
   void accepted(int worker);
   // The worker left the run (dropped): it no longer counts when telling divergence from an insider.
   void forget(int worker);
+  // The worker dropped as silent is back (cluster.reconnect_s): it counts again, with no refusal.
+  void readmit(int worker);
   // Whether the guard stood aside because every worker's pushes were refused (divergence).
   bool stood_aside() const { return stood_aside_; }
   // The worker's push was refused for `why`; returns whether the worker is to be dropped now.

@@ -136,18 +136,17 @@ void Server::on_hello(const std::string& id, const wire::Hello& m) {
                          "worker " + std::to_string(m.rank) + " says it is back at clock " + std::to_string(m.rejoin_clock) +
                              ", beyond the run's " + std::to_string(total_steps_) + " steps");
     std::string& slot = worker_ids_[std::size_t(m.rank)];
-    if (state_->dropped(m.rank)) {
-      if (!may_return(m.rank))
-        return reply_error(id, wire::ErrorCode::protocol,
-                           "worker " + std::to_string(m.rank) + " was dropped from this run as lost; it cannot rejoin");
-      readmit(m.rank);  // its link was down, and is back in time
-    }
-    if (!slot.empty() && m.rejoin_clock >= 0) {
-      resume_session(m.rank, id, m.rejoin_clock);  // its connection came back: the session moves to it
+    const bool resumes = !slot.empty() && m.rejoin_clock >= 0;  // its connection came back: the session moves to it
+    if (state_->dropped(m.rank) && !may_return(m.rank))
+      return reply_error(id, wire::ErrorCode::protocol,
+                         "worker " + std::to_string(m.rank) + " was dropped from this run as lost; it cannot rejoin");
+    if (!resumes && !slot.empty() && slot != id)  // (refused before anything changes: it takes no one back)
+      return reply_error(id, wire::ErrorCode::protocol,
+                         "worker " + std::to_string(m.rank) + " already said Hello from another connection");
+    if (state_->dropped(m.rank)) readmit(m.rank);  // its link was down, and is back in time
+    if (resumes) {
+      resume_session(m.rank, id, m.rejoin_clock);
     } else {
-      if (!slot.empty() && slot != id)
-        return reply_error(id, wire::ErrorCode::protocol,
-                           "worker " + std::to_string(m.rank) + " already said Hello from another connection");
       slot = id;
       peers_[id] = Peer{m.role, m.rank};
       workers_.heard(std::size_t(m.rank), clock_.now());
@@ -193,11 +192,18 @@ std::string Server::missing_hellos() const {
 void Server::on_pull(const std::string& id, const Peer& p, long clock) {
   const auto now = clock_.now();
   if (p.role == wire::Role::evaluator) return serve_pull(id, p.rank, clock, now);
+  if (p.role != wire::Role::worker)  // (its rank indexes no worker's clock or liveness)
+    return reply_error(id, wire::ErrorCode::protocol, "a Pull from its backup: only workers and the evaluator pull");
   if (clock != state_->clock_of(p.rank))
     return reply_error(id, wire::ErrorCode::protocol, "pull for clock " + std::to_string(clock) + " from worker " +
                                                           std::to_string(p.rank) + ", whose clock here is " +
                                                           std::to_string(state_->clock_of(p.rank)));
   if (state_->pull_ready(clock)) return serve_pull(id, p.rank, clock, now);
+  for (HeldPull& h : held_)
+    if (h.rank == p.rank) {  // its pull again: one is held, answered on the latest connection
+      h = HeldPull{id, p.rank, clock, h.clock == clock ? h.since : now};
+      return;
+    }
   held_.push_back(HeldPull{id, p.rank, clock, now});
   workers_.hold(std::size_t(p.rank), now);
   ++counters_.pulls_held;

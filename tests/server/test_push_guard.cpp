@@ -111,6 +111,17 @@ TEST(PushGuard, StandsAsideWhenEveryWorkersPushIsRefused) {
   EXPECT_EQ(g.check_values(1, nan, 1, 0, true), "");
 }
 
+// A worker dropped as silent and taken back counts again: without it the guard took one bad
+// worker for a diverging run and stood aside for good.
+TEST(PushGuard, AWorkerTakenBackCountsAgain) {
+  PushGuard g(PushGuard::Options{64, 10.0, 3}, 2);
+  const float nan[] = {std::numeric_limits<float>::quiet_NaN()};
+  g.forget(0);
+  g.readmit(0);
+  EXPECT_NE(g.check_values(1, nan, 1, 0, true), "") << "worker 0 is back and pushes nothing bad: worker 1 alone is";
+  EXPECT_FALSE(g.stood_aside());
+}
+
 // Two workers (test::TwoWorkerRun, asp); worker 1 holds the key and pushes what no honest
 // worker would. Each bad push is refused, counted, and changes θ exactly as an empty batch
 // does; worker 1 keeps training (its clock moves on) until it is refused guard_drop_after

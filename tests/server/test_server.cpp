@@ -499,6 +499,12 @@ TEST(WorkerLoss, AWorkerBackWithinReconnectIsTakenBackAndLaterIsRefused) {
       for (const auto& s : cluster.servers) EXPECT_EQ(s->state().version(), 8);
       continue;
     }
+    {  // a first Hello for its rank from elsewhere is refused, and takes nobody back
+      PsClient other(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 1));
+      expect_refused([&] { other.connect(); }, "already said Hello from another connection",
+                     "a second worker 1 was welcomed");
+      for (const auto& s : cluster.servers) EXPECT_EQ(s->counters().workers_back, 0);
+    }
     w1->push(0, 1, grad.data(), theta.data());  // its link is back
     w1->push(1, 1, grad.data(), theta.data());
     w0->bye(8);
@@ -750,6 +756,84 @@ TEST(Server, AProgressPollIsAHeaderOnlyAndOnlyForTheEvaluator) {
     EXPECT_EQ(server->counters().pulls, 4);  // the worker's: its first and one with each push
     EXPECT_EQ(server->counters().bad.at("protocol"), 1);
   }
+}
+
+// A peer of its own over ZeroMQ (tcp): what no PsClient sends.
+struct RawPeer {
+  explicit RawPeer(const std::string& endpoint) {
+    socket.set(zmq::sockopt::linger, 0);
+    socket.connect(endpoint);
+  }
+  void send(const wire::Body& b, int sender, const std::vector<float>& payload = {}) {
+    const auto bytes = enc.encode(wire::Header{sender, 0, b});
+    socket.send(zmq::buffer(bytes.data(), bytes.size()), payload.empty() ? zmq::send_flags::none : zmq::send_flags::sndmore);
+    if (!payload.empty()) socket.send(zmq::buffer(payload.data(), payload.size() * sizeof(float)));
+  }
+  // The next answer's header (its payload read and dropped), or nullopt after `ms`.
+  std::optional<wire::Header> next(int ms = 5000) {
+    zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(ms));
+    zmq::message_t reply, rest;
+    if (!socket.recv(reply, zmq::recv_flags::dontwait)) return std::nullopt;
+    for (bool more = reply.more(); more; more = rest.more()) (void)socket.recv(rest);
+    std::string why;
+    auto h = wire::decode(static_cast<const char*>(reply.data()), reply.size(), why);
+    EXPECT_TRUE(h.has_value()) << why;
+    return h;
+  }
+  wire::Header ask(const wire::Body& b, int sender) {
+    send(b, sender);
+    auto h = next();
+    EXPECT_TRUE(h.has_value()) << "no answer to a " << wire::body_name(b) << " from the server";
+    return h.value_or(wire::Header{});
+  }
+  zmq::context_t ctx{1};
+  zmq::socket_t socket{ctx, zmq::socket_type::dealer};
+  wire::Encoder enc;
+};
+
+// A peer that said Hello as the shard's backup may not pull: its rank is no worker's, and the
+// server read (and, holding the pull, wrote) outside its per-worker tables by it.
+TEST(Server, OnlyWorkersAndTheEvaluatorPull) {
+  ExperimentConfig cfg = test::small_config("ssp:0", 2, 1);
+  cfg.cluster.replicas = 2;
+  Cluster cluster(cfg);
+  RawPeer backup(cluster.endpoints[0]);
+  const std::size_t P = count_params(model_spec(cfg));
+  const auto hello = wire::Hello{wire::Role::replica, 0, P, config_fingerprint(cfg)};
+  ASSERT_TRUE(std::holds_alternative<wire::Welcome>(backup.ask(hello, wire::kServer).body));
+  for (int i = 0; i < 2; ++i) {  // (held under ssp:0, it was written down as rank -2's)
+    const wire::Header h = backup.ask(wire::Pull{0}, wire::kServer);
+    const auto* e = std::get_if<wire::Error>(&h.body);
+    ASSERT_NE(e, nullptr) << wire::body_name(h.body);
+    EXPECT_EQ(e->code, wire::ErrorCode::protocol);
+    EXPECT_EQ(e->message, "a Pull from its backup: only workers and the evaluator pull");
+  }
+}
+
+// A worker that sends its held Pull again (a loop, or a key holder) has one pull held, answered
+// once: each copy was held, and answered with a whole shard.
+TEST(Server, APullSentAgainWhileHeldIsHeldOnce) {
+  ExperimentConfig cfg = test::small_config("ssp:0", 2, 1);
+  Cluster cluster(cfg);
+  const std::size_t P = count_params(model_spec(cfg));
+  RawPeer w0(cluster.endpoints[0]);
+  w0.send(wire::Hello{wire::Role::worker, 0, P, config_fingerprint(cfg)}, 0);
+  PsClient w1(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 1));
+  w1.connect();  // (both Hellos: the start barrier opens)
+  ASSERT_TRUE(std::holds_alternative<wire::Welcome>(w0.next().value_or(wire::Header{}).body));
+  const std::vector<float> g(P, 0.0f);
+  w0.send(wire::Push{0, 0, 1, wire::checksum(g.data(), P), 0, P, false, 0, 4 * P}, 0, g);
+  ASSERT_TRUE(std::holds_alternative<wire::PushAck>(w0.next().value_or(wire::Header{}).body));
+  for (int i = 0; i < 5; ++i) w0.send(wire::Pull{1}, 0);  // clock 1: ssp:0 holds it for worker 1
+  EXPECT_FALSE(w0.next(300).has_value()) << "a pull ssp:0 holds was answered";
+  std::vector<float> theta(P), grad(P, 0.0f);
+  w1.pull(0, theta.data());
+  w1.push(0, 1, grad.data(), theta.data());
+  const auto reply = w0.next();
+  ASSERT_TRUE(reply.has_value() && std::holds_alternative<wire::PullReply>(reply->body));
+  EXPECT_FALSE(w0.next(300).has_value()) << "a pull held once was answered twice";
+  EXPECT_EQ(cluster.servers[0]->counters().pulls_held, 1);
 }
 
 }  // namespace
