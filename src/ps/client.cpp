@@ -307,7 +307,12 @@ std::optional<wire::Header> PsClient::reply_from(int k, const Wait& w) {
   }
   if (const auto* welcome = std::get_if<wire::Welcome>(&h->body)) {
     if (!rejoining) return w.e.hello && w.pending[i] ? h : std::nullopt;  // else: a late Welcome to a Hello again
+    const std::int64_t pulled = shards_[i].version;
     check_welcome(k, *welcome);
+    // A push sent again was computed on the θ pulled before, not on the version the server is at
+    // now (dcasgd corrects by it, staleness counts from it); a server back from an older
+    // checkpoint is at a lower one.
+    shards_[i].version = std::min(pulled, welcome->version);
     // The request goes again if it left before the Hello (then it was lost, or answered
     // unknown_peer); one sent after the Hello reached the session the Hello moved.
     const bool resend = w.pending[i] && !w.e.hello && !asked_since_hello_[i];

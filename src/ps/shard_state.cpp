@@ -268,12 +268,13 @@ const float* ShardState::payload() {
 }
 
 const float* ShardState::served(int worker) {
-  if (served_version_.empty() || served_version_[std::size_t(worker)] != pending_.version_pulled)
+  // None served here (a server restarted from its checkpoint, which holds no served copies, or
+  // a backup that joined by the shard's snapshot): the push counts as computed on θ now.
+  if (served_version_.empty() || served_version_[std::size_t(worker)] < 0) return theta();
+  if (served_version_[std::size_t(worker)] != pending_.version_pulled)
     throw ProtocolError(mode_.name() + ": worker " + std::to_string(worker) + " pushed a gradient of version " +
-                        std::to_string(pending_.version_pulled) + ", but this shard last served it " +
-                        (served_version_.empty() || served_version_[std::size_t(worker)] < 0
-                             ? std::string("nothing")
-                             : "version " + std::to_string(served_version_[std::size_t(worker)])));
+                        std::to_string(pending_.version_pulled) + ", but this shard last served it version " +
+                        std::to_string(served_version_[std::size_t(worker)]));
   return served_.data() + std::size_t(worker) * opt_.range.length + win_lo_;
 }
 

@@ -125,10 +125,11 @@ TEST_P(CutConnections, ThreeTimesMidRunLoseNothingAndApplyNothingTwice) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, CutConnections,
                          ::testing::Values(Case{"asp", false}, Case{"ssp:2", false}, Case{"bsp", false},
-                                           Case{"asp", true}, Case{"bsp", true}),
+                                           Case{"asp", true}, Case{"bsp", true}, Case{"dcasgd:0.1", false}),
                          [](const auto& i) {
                            std::string m = i.param.mode;
                            std::erase(m, ':');
+                           std::erase(m, '.');
                            return m + (i.param.curve ? "_curve" : "_tcp");
                          });
 

@@ -4,6 +4,8 @@
 // (a first-order Taylor term whose Hessian is approximated by λ g ⊙ g). θ_pulled is the shard
 // as the server last served it to that worker: the shard keeps one copy per worker (its
 // memory, workers × shard bytes, is in the server's final metrics line, pulled_params_bytes).
+// Those copies are not in the checkpoint: a server restarted from it applies each worker's
+// first push after it came back uncorrected (as computed on θ now).
 // dcasgd:0 is asp, bit for bit. Pulls are never held.
 #include "ps/modes/mode.h"
 

@@ -81,8 +81,9 @@ class ShardOps {
   virtual const float* payload() = 0;
   // θ now.
   virtual const float* theta() const = 0;
-  // θ as this shard last served it to `worker` (modes that keeps_served_theta()); throws
-  // ProtocolError when that is not what the push was computed on.
+  // θ as this shard last served it to `worker` (modes that keeps_served_theta()); θ now where
+  // this process served it none (restarted from a checkpoint, or a backup that joined by
+  // snapshot); throws ProtocolError when what it served is not what the push was computed on.
   virtual const float* served(int worker) = 0;
   // A buffer the shard keeps for the mode between pushes and in its checkpoints (bsp: the open
   // clock's sum), and integers it keeps likewise (zero at first).
