@@ -56,6 +56,7 @@ class PushGuard {
   // The worker's push was refused for `why`; returns whether the worker is to be dropped now.
   bool refused(int worker);
   long refusals(int worker) const { return refused_[std::size_t(worker)]; }
+  long streak(int worker) const { return streak_[std::size_t(worker)]; }  // refused in a row
   long total_refused() const;
   // {"refused": {worker: count}, "norm_bound": ...} for the stats line.
   nlohmann::ordered_json stats() const;

@@ -369,7 +369,16 @@ bool Server::guard_refuses(int rank, const wire::Push& m, const comm::Message& m
     if (n <= 3 || n % 100 == 0)
       std::fprintf(stderr, "server %d: refused worker %d's push for clock %ld: %s (cluster.push_guard; %ld refused so far)\n",
                    opt_.shard, rank, m.clock, pushing.refused.c_str(), n);
-    if (guard_->refused(rank)) {
+    const bool drop = guard_->refused(rank);
+    if (drop && !continue_on_loss_) {
+      // The run cannot go on without it (bsp, on_worker_loss = "fail"): its pushes go on being
+      // refused, each an empty batch.
+      if (guard_->streak(rank) == guard_->options().drop_after)
+        std::fprintf(stderr, "server %d: worker %d refused %ld pushes in a row; not dropped (%s): its pushes go on being "
+                     "refused as empty batches\n", opt_.shard, rank, n,
+                     state_->mode().trains_without_lost_workers() ? "cluster.on_worker_loss = \"fail\""
+                                                                  : (cfg_.cluster.mode + " cannot train on without it").c_str());
+    } else if (drop) {
       const std::string why = "refused " + std::to_string(guard_->options().drop_after) + " pushes in a row by the push guard (" +
                               pushing.refused + ")";
       drop_worker(rank, why, {{"refused", n}, {"reason", pushing.refused}});

@@ -156,7 +156,8 @@ void visit_fields(Config& c, F&& f) {
     "batch (train.batch x train.accumulate) of 32 or more; sqrt(32 / batch) times it for smaller ones, whose honest "
     "norms spike more (0: no bound)");
   f("cluster.guard_drop_after", c.cluster.guard_drop_after,
-    "push guard: a worker refused this many times in a row is dropped, with that reason (0: never)");
+    "push guard: a worker refused this many times in a row is dropped, with that reason, where the run can go on "
+    "without it (else its pushes go on being refused) (0: never)");
   f("worker.kind", c.worker.kind,
     "\"builtin\": pslab_worker trains model.kind; \"python\": worker.script does, for every worker and the "
     "evaluator (pslab.torch, docs/usage.md)");

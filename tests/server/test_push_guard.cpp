@@ -228,4 +228,30 @@ TEST(PushGuardRun, AWorkerRefusedTooOftenInARowIsDroppedAndToldWhy) {
   cluster.rethrow();
 }
 
+// Where the run cannot go on without the worker (bsp; cluster.on_worker_loss = "fail"), the
+// guard does not drop it: its pushes go on being refused as empty batches, and the others train
+// on. The server ended the run instead ("bsp cannot train on without it").
+TEST(PushGuardRun, AWorkerTheRunCannotLoseIsRefusedOnNotDropped) {
+  ExperimentConfig cfg = test::small_config("bsp", 2, 1);
+  cfg.cluster.guard_drop_after = 3;
+  TwoWorkerRun run(cfg);
+  auto& [cluster, P, w0, w1] = run;
+  std::vector<float> theta0(P), theta1(P), nan(P, std::numeric_limits<float>::quiet_NaN()), grad(P, 0.01f);
+  std::thread honest([&] {
+    w0->pull(0, theta0.data());
+    for (long c = 0; c < 5; ++c) w0->push(c, cfg.train.batch, grad.data(), theta0.data());
+    w0->bye(5);
+  });
+  w1->pull(0, theta1.data());
+  for (long c = 0; c < 5; ++c) w1->push(c, cfg.train.batch, nan.data(), theta1.data());
+  w1->bye(5);
+  honest.join();
+  cluster.join();
+  cluster.rethrow();
+  EXPECT_EQ(cluster.servers[0]->guard()->refusals(1), 5);
+  EXPECT_TRUE(cluster.servers[0]->workers_lost().empty());
+  EXPECT_EQ(cluster.servers[0]->state().version(), 5);
+  EXPECT_TRUE(std::all_of(theta1.begin(), theta1.end(), [](float x) { return std::isfinite(x); }));
+}
+
 }  // namespace
