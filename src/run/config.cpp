@@ -103,7 +103,8 @@ void visit_fields(Config& c, F&& f) {
   f("cluster.overlap", c.cluster.overlap,
     "push (PS modes) or all-reduce (allreduce) each finished piece of the gradient while backward goes on; \"auto\": "
     "on for GPU workers of PS modes and GPU all-reduce through host memory (gradients leave the GPU on its copy engine "
-    "as backward finishes them), on for CPU workers on a host with at least as many cores as processes, off otherwise");
+    "as backward finishes them), on for CPU workers on a host with at least as many cores as processes (allreduce: "
+    "on every rank's host), off otherwise; the virtual cluster runs steps whole (its time model has no overlap)");
   f("cluster.bucket_kb", c.cluster.bucket_kb, "allreduce with overlap: KiB of the gradient per all-reduce bucket");
   f("cluster.piece_kib", c.cluster.piece_kib,
     "PS modes: a shard's pushes and pull replies travel in pieces of at least this many KiB (at most 8 per shard), "
@@ -634,6 +635,8 @@ void validate_placement(const Checker& check) {
         "cluster.launcher", "expected \"local\", \"ssh\", \"slurm\" or \"virtual\", got \"" + c.cluster.launcher + "\"");
   check(c.cluster.launcher != "virtual" || c.train.device == "cpu", "cluster.launcher",
         "the virtual cluster computes on the CPU: set train.device = \"cpu\"");
+  check(c.cluster.launcher != "virtual" || !c.cluster.overlap.is_on(), "cluster.overlap",
+        "the virtual cluster runs each step whole (its time model has no overlap): set it \"auto\" or false");
   check(c.cluster.launcher != "ssh" || !c.cluster.hosts.empty(), "cluster.hosts", "cluster.launcher = \"ssh\" needs at least one host");
   for (const auto& h : c.cluster.hosts)  // (ssh would take "-oProxyCommand=..." as an option, and run it here)
     check(!h.empty() && h[0] != '-' && h.find_first_of(" \t\r\n'\"`$;|&<>\\") == std::string::npos, "cluster.hosts",

@@ -61,6 +61,10 @@ TEST(Config, SyncEveryAndOverlapAreRefusedWhereTheModeDoesNotUseThem) {
             "exp.toml: cluster.overlap: overlaps gradient pushes with backward; cluster.mode = \"easgd:0.2\" pushes "
             "changes of the model after local steps");
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nmode = \"easgd:0.2\"\nsync_every = 4\n"), "(no error)");
+  // The virtual cluster's time model runs a step whole: overlap there raced its scheduler.
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nmode = \"allreduce\"\nlauncher = \"virtual\"\noverlap = true\n"),
+            "exp.toml: cluster.overlap: the virtual cluster runs each step whole (its time model has no overlap): set it "
+            "\"auto\" or false");
 }
 
 TEST(Config, AllreduceTakesSixteenBitCodecsAndNoErrorFeedback) {

@@ -189,6 +189,24 @@ INSTANTIATE_TEST_SUITE_P(Collectives, AllReduceOverlap,
                          ::testing::Values(std::make_tuple("tcp", 2), std::make_tuple("shm", 2), std::make_tuple("shm", 3)),
                          [](const auto& i) { return std::get<0>(i.param) + std::to_string(std::get<1>(i.param)); });
 
+// cluster.overlap = "auto" decides from each host's cores and processes; the ranks of one group
+// must decide alike (buckets on one, one whole all-reduce on another: sizes that do not match).
+// Here rank 0's host has the cores, rank 1's not: neither overlaps.
+TEST(AllReduceOverlap, RanksOnHostsThatDecideApartAllReduceAlike) {
+  ExperimentConfig cfg = test::small_config("allreduce", 2, 1, "tcp");
+  cfg.data.dim = 784;
+  cfg.model.hidden = {64};
+  cfg.train.steps = 5;
+  cfg.cluster.bucket_kb = 16;
+  cfg.cluster.timeout_s = 5;
+  const auto dir = temp_dir("ar_overlap_auto");
+  const auto whole = test::run_allreduce_workers(cfg, dir);
+  cfg.cluster.overlap = AutoBool{};
+  const auto decided = test::run_allreduce_workers(cfg, dir, [](RoleOptions& o) { o.procs_on_host = o.rank == 0 ? 1 : 1000; });
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(decided, whole);
+}
+
 // A bucket is all-reduced as soon as backward has finished it, before the rest of ∇θ is:
 // a collective that records its calls sees bucket [70, 100) while backward still holds the rest.
 TEST(AllReduceOverlap, ABucketStartsAsSoonAsBackwardFinishesIt) {

@@ -58,6 +58,7 @@ class AllreduceRank {
 
  private:
   void join_group();
+  bool group_overlaps();
   void overlap_buckets();  // buckets_ (and on a GPU stager_, host_grads_)
   void resume();
   void step(long step);
@@ -100,13 +101,25 @@ AllreduceRank::AllreduceRank(const ExperimentConfig& cfg, const RoleOptions& opt
   join_group();
   if (opt.rank == 0 && !opt.snapshots.empty())
     snapshots_ = std::make_unique<SnapshotSender>(ctx_.transport(), opt.snapshots, cfg.eval.interval_s, cfg.cluster.timeout_s);
-  if (overlaps(cfg, opt.procs_on_host)) overlap_buckets();
+  if (group_overlaps()) overlap_buckets();
   // A slowed rank's buckets start as late as on a slower machine (Straggler::paced).
   listener_ = stager_ ? ctx_.straggler().paced(stager_.get()) : buckets_ ? ctx_.straggler().paced(buckets_.get()) : nullptr;
   ctx_.announce("allreduce over " + coll_->describe() + (wire_ ? ", gradients in " + cfg.cluster.codec : std::string()) +
                 (buckets_ ? ", " + std::to_string(buckets_->buckets()) + (buckets_->buckets() == 1 ? " bucket" : " buckets") +
                                 " overlapped with backward"
                           : std::string()));
+}
+
+// cluster.overlap, or on "auto" whether every rank's host says so (its cores and processes): the
+// answers go round the rendezvous, for ranks that bucketed apart would all-reduce sizes that
+// do not match.
+bool AllreduceRank::group_overlaps() {
+  const bool mine = overlaps(cfg_, opt_.procs_on_host);
+  if (!cfg_.cluster.overlap.is_auto() || cfg_.cluster.launcher == "virtual") return mine;
+  rv_->set("overlap/" + std::to_string(opt_.rank), {char(mine)});
+  for (int q = 0; q < cfg_.cluster.workers; ++q)
+    if (rv_->get("overlap/" + std::to_string(q)) != std::vector<char>{char(1)}) return false;
+  return true;
 }
 
 void AllreduceRank::overlap_buckets() {
