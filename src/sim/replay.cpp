@@ -6,12 +6,18 @@
 
 namespace pslab::sim {
 
-ReplayPolicy::ReplayPolicy(Scheduler& s, const std::string& run_dir, const std::vector<std::string>& servers)
+ReplayPolicy::ReplayPolicy(Scheduler& s, const std::string& run_dir, const std::vector<std::string>& servers, int workers)
     : sched_(s), run_dir_(run_dir) {
   for (std::size_t k = 0; k < servers.size(); ++k) {
     Server& s = servers_[servers[k]];
     s.shard = int(k);
-    s.ops = read_order_trace(run_dir + "/trace/server" + std::to_string(k) + ".txt");
+    const std::string path = run_dir + "/trace/server" + std::to_string(k) + ".txt";
+    s.ops = read_order_trace(path);
+    for (std::size_t i = 0; i < s.ops.size(); ++i)
+      if (s.ops[i].worker < 0 || s.ops[i].worker >= workers)
+        throw std::runtime_error(path + ": operation " + std::to_string(i + 1) + " is worker " + std::to_string(s.ops[i].worker) +
+                                 "'s, not one of this run's " + std::to_string(workers) +
+                                 " (cluster.workers): the trace is of another run");
   }
 }
 
@@ -42,7 +48,8 @@ void ReplayPolicy::arrived(const std::string& address, SimMessage&& msg, const D
     if (const auto* hello = std::get_if<wire::Hello>(&h->body); hello && hello->role == wire::Role::worker)
       s.worker_of[msg.from] = hello->rank;
     if (const auto* p = std::get_if<wire::Push>(&h->body)) {
-      s.held.push_back(Held{h->sender, p->clock, true, std::move(msg)});
+      s.held.push_back(Held{h->sender, p->clock, true, std::move(msg), p->piece, p->pieces});
+      if (p->piece > 0) return follow(s, h->sender, p->clock);
       return pump(s);
     }
     if (const auto* p = std::get_if<wire::Pull>(&h->body); p && !p->progress_only) {
@@ -58,8 +65,9 @@ void ReplayPolicy::pump(Server& s) {
     const TraceOp& op = s.ops[s.at];
     if (op.kind == TraceOp::pull && s.asked.count({op.worker, op.clock})) return;  // its answer comes from the server
     const bool push = op.kind == TraceOp::push;
-    auto it = std::find_if(s.held.begin(), s.held.end(),
-                           [&](const Held& m) { return m.push == push && m.worker == op.worker && m.clock == op.clock; });
+    auto it = std::find_if(s.held.begin(), s.held.end(), [&](const Held& m) {
+      return m.push == push && m.worker == op.worker && m.clock == op.clock && m.piece == 0;
+    });
     if (it == s.held.end()) return;  // not arrived yet
     std::string why;
     const auto h = wire::decode(it->msg.header.data(), it->msg.header.size(), why);
@@ -72,8 +80,27 @@ void ReplayPolicy::pump(Server& s) {
     } else {
       s.asked.insert({op.worker, op.clock});  // the cursor stays until the server answers it
     }
+    const bool in_pieces = it->pieces > 1;
     SimMessage m = std::move(it->msg);
     s.held.erase(it);
+    s.deliver(std::move(m));
+    if (in_pieces) {
+      s.streaming.insert({op.worker, op.clock});
+      follow(s, op.worker, op.clock);
+    }
+  }
+}
+
+void ReplayPolicy::follow(Server& s, int worker, long clock) {
+  if (!s.streaming.count({worker, clock})) return;  // its first piece waits for its turn
+  for (auto it = s.held.begin(); it != s.held.end();) {  // (in the order they arrived: a link keeps it)
+    if (!it->push || it->worker != worker || it->clock != clock || it->piece == 0) {
+      ++it;
+      continue;
+    }
+    if (it->piece + 1 == it->pieces) s.streaming.erase({worker, clock});
+    SimMessage m = std::move(it->msg);
+    it = s.held.erase(it);
     s.deliver(std::move(m));
   }
 }
@@ -103,6 +130,19 @@ void ReplayPolicy::sent(const std::string& address, const std::string& to, std::
   pump(s);
 }
 
+std::string ReplayPolicy::stopped(const std::string& error) const {
+  if (failed_) return "";
+  for (const auto& [address, s] : servers_) {
+    if (s.at < s.ops.size() && !s.asked.count({s.ops[s.at].worker, s.ops[s.at].clock}))
+      return failure(s, "the run stopped waiting for it (the trace is of another run, or its config differs): " + error);
+    if (s.at >= s.ops.size() && !s.held.empty())
+      return failure(s, "worker " + std::to_string(s.held.front().worker) + "'s " + (s.held.front().push ? "push" : "pull") +
+                            " for step " + std::to_string(s.held.front().clock) + " came after it (the trace is cut short, " +
+                            "or of another run): " + error);
+  }
+  return "";
+}
+
 void ReplayPolicy::check_complete() const {
   for (const auto& [address, s] : servers_)
     if (s.at < s.ops.size())
@@ -111,8 +151,8 @@ void ReplayPolicy::check_complete() const {
 }
 
 std::unique_ptr<DeliveryPolicy> make_replay_policy(Scheduler& s, const std::string& run_dir,
-                                                   const std::vector<std::string>& servers) {
-  return std::make_unique<ReplayPolicy>(s, run_dir, servers);
+                                                   const std::vector<std::string>& servers, int workers) {
+  return std::make_unique<ReplayPolicy>(s, run_dir, servers, workers);
 }
 
 }  // namespace pslab::sim

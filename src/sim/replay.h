@@ -5,7 +5,8 @@
 //
 // Per server, a cursor walks its trace:
 //   push W C ...   worker W's push for clock C is let through once it has arrived (a push that
-//                  also asks for θ for clock C + 1 is a request for that pull too)
+//                  also asks for θ for clock C + 1 is a request for that pull too); a push in
+//                  pieces (cluster.piece_kib) is its first piece: the others follow it through
 //   pull W C V     if W asked for clock C with a message already let through (the pull half of
 //                  a push, or a pull the rule held), the server answers it when its rule allows:
 //                  the cursor waits for that answer; else W's pull for C is let through once it
@@ -29,12 +30,16 @@ namespace pslab::sim {
 
 class ReplayPolicy final : public DeliveryPolicy {
  public:
-  // `servers`: their addresses in shard order; reads RUN_DIR/trace/server<k>.txt for each.
-  ReplayPolicy(Scheduler& s, const std::string& run_dir, const std::vector<std::string>& servers);
+  // `servers`: their addresses in shard order; reads RUN_DIR/trace/server<k>.txt for each, whose
+  // workers must be in [0, workers).
+  ReplayPolicy(Scheduler& s, const std::string& run_dir, const std::vector<std::string>& servers, int workers);
   void arrived(const std::string& address, SimMessage&& msg, const Deliver& deliver) override;
   void sent(const std::string& address, const std::string& to, std::span<const std::byte> header) override;
   // After the run: throws naming the first operation of a trace that was never re-executed.
   void check_complete() const;
+  // A run that stopped on `error` (a worker's wait for its server ran out): where the replay
+  // stood, and the error; "" when the replay itself stopped it (its own failure says why).
+  std::string stopped(const std::string& error) const;
 
  private:
   struct Held {
@@ -42,6 +47,7 @@ class ReplayPolicy final : public DeliveryPolicy {
     long clock;
     bool push;  // else a pull
     SimMessage msg;
+    std::uint32_t piece = 0, pieces = 1;  // a push's
   };
   struct Server {
     int shard = 0;
@@ -49,10 +55,13 @@ class ReplayPolicy final : public DeliveryPolicy {
     std::size_t at = 0;                     // the next operation
     std::vector<Held> held;                 // arrived, not let through yet
     std::set<std::pair<int, long>> asked;   // (worker, clock) of pulls let through, not answered
+    std::set<std::pair<int, long>> streaming;  // (worker, clock) of pushes whose first piece went through
     std::map<std::string, int> worker_of;   // a peer's id -> the worker rank it said Hello as
     Deliver deliver;
   };
   void pump(Server& s);  // lets through what the trace allows now
+  // Lets through the held pieces of worker's push for clock that follow its first.
+  void follow(Server& s, int worker, long clock);
   std::string failure(const Server& s, const std::string& why) const;
   // The order is not the run's: the simulation stops with that as its failure.
   void fail(const Server& s, const std::string& why);
@@ -64,6 +73,6 @@ class ReplayPolicy final : public DeliveryPolicy {
 };
 
 std::unique_ptr<DeliveryPolicy> make_replay_policy(Scheduler& s, const std::string& run_dir,
-                                                   const std::vector<std::string>& servers);
+                                                   const std::vector<std::string>& servers, int workers);
 
 }  // namespace pslab::sim

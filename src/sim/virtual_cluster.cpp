@@ -24,13 +24,16 @@ double measure_compute_s(const ExperimentConfig& cfg, const DataSplit& data, int
   auto be = make_cpu_backend(blas_threads(cfg, procs_on_host));
   Replica replica(*be, model_spec(cfg), data.train, cfg.train.batch);
   replica.model().init(cfg.seed);
-  ShardSampler sampler(std::size_t(data.train.n), cfg.cluster.workers, 0, cfg.seed);
+  // Batches of the whole training set (a rank's shard of many workers' may hold fewer samples
+  // than a batch), each time taken as that of train.batch samples.
+  ShardSampler sampler(std::size_t(data.train.n), 1, 0, cfg.seed);
   sampler.set_epoch(0);
   std::vector<double> times;
   for (int i = 0; i < 25; ++i) {
+    const auto idx = sampler.batch(i % std::max(1L, sampler.steps_per_epoch(cfg.train.batch)), cfg.train.batch);
     const auto t0 = wall_clock().now();
-    replica.compute_gradient(sampler.batch(i % std::max(1L, sampler.steps_per_epoch(cfg.train.batch)), cfg.train.batch));
-    if (i >= 5) times.push_back(seconds_between(t0, wall_clock().now()));
+    replica.compute_gradient(idx);
+    if (i >= 5) times.push_back(seconds_between(t0, wall_clock().now()) * cfg.train.batch / double(std::max<std::size_t>(1, idx.size())));
   }
   std::nth_element(times.begin(), times.begin() + long(times.size() / 2), times.end());
   return times[times.size() / 2];
@@ -52,7 +55,7 @@ class VirtualCluster {
   VirtualCluster(const ExperimentConfig& cfg, const VirtualOptions& opt, const sim::Costs& costs, DataSplit data)
       : cfg_(cfg), opt_(opt), net_(s_, costs), data_(std::move(data)) {
     if (!cfg.virtual_cluster.replay.empty())
-      net_.set_policy(sim::make_replay_policy(s_, cfg.virtual_cluster.replay, server_addresses()));
+      net_.set_policy(sim::make_replay_policy(s_, cfg.virtual_cluster.replay, server_addresses(), cfg.cluster.workers));
   }
   double run() {
     const bool servers = cfg_.uses_servers();
@@ -66,8 +69,15 @@ class VirtualCluster {
         if (servers) run_ps_worker(cfg_, role(r));
         else run_allreduce_worker(cfg_, role(r));
       }, start);
-    s_.run();
-    if (const auto* replay = dynamic_cast<const sim::ReplayPolicy*>(net_.policy())) replay->check_complete();
+    const auto* replay = dynamic_cast<const sim::ReplayPolicy*>(net_.policy());
+    try {
+      s_.run();
+    } catch (const std::runtime_error& e) {  // a wait that ran out: where the replay stood says why
+      const std::string where = replay ? replay->stopped(e.what()) : "";
+      if (where.empty()) throw;
+      throw std::runtime_error(where);
+    }
+    if (replay) replay->check_complete();
     return result_;
   }
 

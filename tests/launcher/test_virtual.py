@@ -73,6 +73,31 @@ class Virtual(LauncherTestCase):
         if measured > 2 * s["virtual.latency_us"] * 1e-3 + b / (s["virtual.apply_gbps"] * 1e6):
             self.assertAlmostEqual(rt_ms, measured, delta=0.3 * measured)
 
+    def test_replay_of_a_run_whose_pushes_travel_in_pieces(self):
+        # A shard of 516 floats in pieces of 256 (cluster.piece_kib = 1): the trace has one line per
+        # push, its pieces follow the first one through (the second piece was held for ever).
+        path = self.tiny_variant("pieces.toml", [('mode = "bsp"', 'mode = "asp"'), ("dim = 32", "dim = 128"),
+                                                 ("steps = 500", "steps = 100")])
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.piece_kib=1")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        run = self.only_invocation("tiny") / "run"
+        r = self.launch("replay", run, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("bit for bit: 1 shard checksum(s) equal", r.stdout)
+        # The trace cut short: the replay names where it stood, not only a worker's wait that ran out.
+        trace = run / "trace" / "server0.txt"
+        lines = trace.read_text().splitlines()
+        trace.write_text("\n".join(lines[:len(lines) // 2]) + "\n")
+        r = self.launch("replay", run, "--no-plots")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertRegex(r.stdout + r.stderr, r"replay of .*: server 0, operation \d+ \(the end of its trace\): worker \d's "
+                                              r"push for step \d+ came after it \(the trace is cut short, or of another run\)")
+        # ... or of another run, with more workers.
+        trace.write_text("\n".join(lines) + "\npush 7 0 0 32\n")
+        r = self.launch("replay", run, "--no-plots")
+        self.assertIn(f"{trace}: operation {len(lines) + 1} is worker 7's, not one of this run's 2 (cluster.workers): "
+                      "the trace is of another run", r.stdout + r.stderr)
+
     def test_replay_of_a_real_asp_run_ends_on_its_theta_bit_for_bit(self):
         self.runs = self.tmp / 'runs with "quotes", spaces and \\ in its name'  # (the replay names it in TOML)
         path = self.tiny_variant("asp4.toml", [('mode = "bsp"', 'mode = "asp"'), ("workers = 2", "workers = 4"),
