@@ -55,7 +55,7 @@ def main():
             rows["virtual"].append(summaries(tmp / f"virtual{i}"))
             rows["real"].append(summaries(tmp / f"real{i}"))
             print(f"round {i + 1}/{a.rounds} done", flush=True)
-    modes = sorted(rows["real"][0])
+    modes = sorted({m for kind in rows for r in rows[kind] for m in r})
     result = {"config": a.config, "rounds": a.rounds, "modes": {}}
     print(f"{'mode':<10} {'samples/s virtual':>18} {'real':>10} {'ratio':>6}   {'staleness v':>11} {'real':>6}   "
           f"{'acc v':>7} {'real':>7}")
@@ -66,20 +66,29 @@ def main():
         sps = {k: med(k, lambda s: s["samples_per_s"]) for k in rows}
         stale = {k: med(k, lambda s: (s.get("staleness") or {}).get("mean")) for k in rows}
         acc = {k: med(k, lambda s: s["final_test_acc"]) for k in rows}
-        entry = {"samples_per_s": sps, "samples_per_s_ratio": sps["virtual"] / sps["real"],
+        # (a run that failed, or a mode missing from a round, has no figure: None, and no ratio)
+        entry = {"samples_per_s": sps, "samples_per_s_ratio": ratio(sps["virtual"], sps["real"]),
                  "staleness_mean": stale, "final_test_acc": acc,
-                 "accuracy_points": 100 * (acc["virtual"] - acc["real"]),
-                 "each_round": {k: [r[m]["samples_per_s"] for r in rows[k]] for k in rows}}
+                 "accuracy_points": 100 * (acc["virtual"] - acc["real"]) if None not in acc.values() else None,
+                 "each_round": {k: [r.get(m, {}).get("samples_per_s") for r in rows[k]] for k in rows}}
         if stale["real"]:  # (0 under bsp: no ratio)
-            entry["staleness_ratio"] = stale["virtual"] / stale["real"]
+            entry["staleness_ratio"] = ratio(stale["virtual"], stale["real"])
         result["modes"][m] = entry
-        st = (f"{stale['virtual']:>11.2f} {stale['real']:>6.2f}" if stale["real"] is not None else f"{'-':>11} {'-':>6}")
-        print(f"{m:<10} {sps['virtual']:>18,.0f} {sps['real']:>10,.0f} {entry['samples_per_s_ratio']:>6.2f}   {st}   "
-              f"{100 * acc['virtual']:>6.2f}% {100 * acc['real']:>6.2f}%")
+        print(f"{m:<10} {fmt(sps['virtual'], 18, ',.0f')} {fmt(sps['real'], 10, ',.0f')} "
+              f"{fmt(entry['samples_per_s_ratio'], 6, '.2f')}   {fmt(stale['virtual'], 11, '.2f')} {fmt(stale['real'], 6, '.2f')}   "
+              f"{fmt(acc['virtual'] and 100 * acc['virtual'], 6, '.2f')}% {fmt(acc['real'] and 100 * acc['real'], 6, '.2f')}%")
     out = pathlib.Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"-> {out}")
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def fmt(x, width, spec):
+    return f"{x:>{width}{spec}}" if x is not None else f"{'-':>{width}}"
 
 
 if __name__ == "__main__":
