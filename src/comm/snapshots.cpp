@@ -10,7 +10,7 @@ namespace pslab {
 SnapshotSender::SnapshotSender(comm::Transport& transport, const std::string& endpoint, double interval_s,
                                double timeout_s)
     : clock_(transport.clock()), endpoint_(endpoint), interval_(interval_s),
-      timeout_(std::chrono::milliseconds(long(timeout_s * 1000))), next_(clock_.now()) {
+      timeout_(std::chrono::milliseconds(long(timeout_s * 1000))), next_(clock_.now()), last_sent_(clock_.now()) {
   comm::ConnectOptions co;
   co.queue = 2;
   co.linger = timeout_;
@@ -24,9 +24,16 @@ void SnapshotSender::send(const float* theta, std::size_t n, long step, long sam
   // No release function: the transport copies θ, which changes with the next step.
   const comm::OutPayload payload{theta, n * sizeof(float)};
   const auto deadline = final ? clock_.now() + timeout_ : clock_.now();
-  if (!conn_->send(0, enc_.encode(wire::Header{0, -1, h}), payload, deadline) && final)
-    throw std::runtime_error("the evaluator at " + endpoint_ + " did not take the final snapshot in time");
+  const bool sent = conn_->send(0, enc_.encode(wire::Header{0, -1, h}), payload, deadline);
+  if (!sent && final) throw std::runtime_error("the evaluator at " + endpoint_ + " did not take the final snapshot in time");
   // A non-final snapshot that could not be queued is skipped: the evaluator is behind.
+  if (sent) last_sent_ = clock_.now();
+}
+
+void SnapshotSender::keep_alive(long step, long samples) {
+  if (clock_.now() - last_sent_ < timeout_ / 4) return;
+  const wire::PullReply h{step, step, 0, samples, 0, false, 0, 0, /*length*/ 0, 0, /*bytes*/ 0};
+  if (conn_->send(0, enc_.encode(wire::Header{0, -1, h}), {}, clock_.now())) last_sent_ = clock_.now();
 }
 
 SnapshotReceiver::SnapshotReceiver(comm::Transport& transport, const std::string& endpoint, double timeout_s)
@@ -48,6 +55,7 @@ std::string SnapshotReceiver::check(const comm::Message& m, std::size_t n, wire:
   if (!h) return "malformed";
   const auto* p = std::get_if<wire::PullReply>(&h->body);
   if (!p) return "not a snapshot";
+  if (p->length == 0 && m.payload().empty()) return "alive";  // rank 0's sign of life between snapshots
   if (p->length != n || m.payload().size() != n * sizeof(float)) return "wrong size";
   if (wire::checksum_bytes(m.payload().data(), m.payload().size()) != p->checksum) return "bad checksum";
   r = *p;
@@ -55,7 +63,7 @@ std::string SnapshotReceiver::check(const comm::Message& m, std::size_t n, wire:
 }
 
 Snapshot SnapshotReceiver::next(float* theta, std::size_t n) {
-  const auto deadline = clock_.now() + timeout_;
+  auto deadline = clock_.now() + timeout_;
   comm::PeerId from;
   bool have = false;
   wire::PullReply newest;
@@ -64,7 +72,9 @@ Snapshot SnapshotReceiver::next(float* theta, std::size_t n) {
   while (listener_->recv(other_, from, have ? clock_.now() : deadline)) {
     wire::PullReply r;
     const std::string why = check(other_, n, r);
-    if (why.empty()) {
+    if (why == "alive") {
+      if (!have) deadline = clock_.now() + timeout_;
+    } else if (why.empty()) {
       std::swap(newest_, other_);
       newest = r, have = true;
     } else {
@@ -76,7 +86,7 @@ Snapshot SnapshotReceiver::next(float* theta, std::size_t n) {
     other_.done_with_payload();  // shm: its sender may exit once the evaluator is done with it
   }
   if (!have)
-    throw std::runtime_error("no θ snapshot from rank 0 within " + std::to_string(timeout_.count() / 1000) +
+    throw std::runtime_error("no θ snapshot (nor a sign of life) from rank 0 within " + std::to_string(timeout_.count() / 1000) +
                              " s (listening on " + endpoint_ + (dropped() ? ", " + std::to_string(dropped()) +
                              " bad message(s) dropped" : "") + "): is rank 0 running? its log says why it stopped");
   std::memcpy(theta, newest_.payload().data(), n * sizeof(float));

@@ -3,7 +3,9 @@
 // interval, not per step) and sends it without waiting; a slow evaluator skips snapshots
 // instead of holding training back (the queue holds 2). The final snapshot is sent waiting,
 // with the timeout. The message is a PullReply header (clock = step, samples_applied,
-// training_done = final, checksum) and θ as payload, over the run's transport.
+// training_done = final, checksum) and θ as payload, over the run's transport. Between
+// snapshots further apart than a quarter of the timeout (eval.every_epochs on a long epoch),
+// the header alone (length 0, no payload) says rank 0 is alive.
 #pragma once
 
 #include <chrono>
@@ -25,6 +27,8 @@ class SnapshotSender {
   // Sends θ (host, n floats) taken after `step` steps and `samples` samples (all ranks).
   // Non-final snapshots are dropped when the evaluator is behind.
   void send(const float* theta, std::size_t n, long step, long samples, bool final);
+  // After each step: the header alone, when nothing went out for a quarter of the timeout.
+  void keep_alive(long step, long samples);
 
  private:
   RunClock& clock_;  // the transport's
@@ -33,6 +37,7 @@ class SnapshotSender {
   std::chrono::duration<double> interval_;
   std::chrono::milliseconds timeout_;
   RunClock::time_point next_;
+  RunClock::time_point last_sent_;  // when a message last went out
   wire::Encoder enc_;
 };
 
@@ -47,7 +52,8 @@ class SnapshotReceiver {
   // Listens at `endpoint` (e.g. tcp://127.0.0.1:5600). `transport` must outlive the receiver.
   SnapshotReceiver(comm::Transport& transport, const std::string& endpoint, double timeout_s);
   // Waits for the next snapshot (keeping only the newest if several wait) and copies it into
-  // theta (n floats). Throws after the timeout naming what it waited for. A message that is
+  // theta (n floats). Throws after the timeout (from rank 0's last sign of life) naming what
+  // it waited for. A message that is
   // not a good snapshot (malformed, another kind, the wrong size, a bad checksum) is bad input,
   // never fatal: counted by reason, said on stderr (the first 3 of each reason, then every
   // 1000th) and dropped, θ untouched.

@@ -96,12 +96,43 @@ TEST_P(Snapshots, BadMessagesAreCountedAndDroppedNeverFatal) {
     rx.next(theta.data(), n);
     FAIL() << "no error";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("no θ snapshot from rank 0 within 1 s"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no θ snapshot (nor a sign of life) from rank 0 within 1 s"), std::string::npos)
+        << e.what();
     EXPECT_NE(std::string(e.what()).find("12 bad message(s) dropped"), std::string::npos) << e.what();
   }
   EXPECT_EQ(theta, good);
   EXPECT_EQ(rx.dropped_by_reason(), (std::map<std::string, long>{
                                         {"malformed", 3}, {"not a snapshot", 3}, {"wrong size", 3}, {"bad checksum", 3}}));
+}
+
+// Snapshots further apart than the timeout (eval.every_epochs, a long epoch): rank 0's signs of
+// life in between keep the evaluator waiting, and are not snapshots. It gave up after the timeout.
+TEST_P(Snapshots, SignsOfLifeKeepTheEvaluatorWaitingForALateSnapshot) {
+  auto t = comm::make_transport(GetParam());
+  const std::string at = t->local_address("snapshots");
+  SnapshotReceiver rx(*t, at, /*timeout_s=*/1.0);
+  const std::size_t n = 100;
+  std::vector<float> good(n, 0.25f), theta(n, -7.0f);
+  std::thread rank0([&] {
+    SnapshotSender tx(*t, at, /*interval_s=*/600, /*timeout_s=*/1.0);
+    for (int i = 0; i < 50; ++i) {  // 2.5 s of steps, no snapshot due
+      tx.keep_alive(i, 10L * i);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    tx.send(good.data(), n, 50, 500, /*final=*/true);
+  });
+  Snapshot s;
+  std::string error;
+  try {
+    s = rx.next(theta.data(), n);
+  } catch (const std::runtime_error& e) {
+    error = e.what();
+  }
+  rank0.join();
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(s.step, 50);
+  EXPECT_EQ(theta, good);
+  EXPECT_EQ(s.dropped, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, Snapshots, ::testing::Values("tcp", "shm"), [](const auto& i) { return i.param; });

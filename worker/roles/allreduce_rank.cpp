@@ -220,6 +220,8 @@ void AllreduceRank::step(long step) {
   ctx_.log().add(step, epoch, rec, last || (step + 1) % spe == 0);
   if (snapshots_ && (last || (ticks_.on() ? ticks_.due(epoch) : snapshots_->due())))
     snapshots_->send(ctx_.replica().download_params(), P_, step + 1, samples_, last);  // (download synchronizes)
+  else if (snapshots_)
+    snapshots_->keep_alive(step + 1, samples_);
   // Rank 0's checkpoint: every replica holds the same θ and optimizer state after a step.
   const auto every = std::chrono::duration<double>(cfg_.checkpoint.every_s);
   if (opt_.rank == 0 && !opt_.checkpoint.empty() && due &&
