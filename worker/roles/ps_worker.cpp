@@ -58,8 +58,12 @@ void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
     throw std::invalid_argument(std::to_string(opt.servers.size()) + " server addresses given, cluster.servers = " +
                                 std::to_string(cfg.cluster.servers));
   Replica& replica = ctx.replica();
-  PsClient client(ctx.transport(), opt.servers, client_options(cfg, wire::Role::worker, opt.rank, opt.backups));
+  // Before the client, so that they outlive it: its end waits for the transport to let go of
+  // pushes sent from them without a copy (an error leaves some in flight).
   Byzantine byzantine(cfg, opt.rank);  // pushes garbage on purpose (byzantine.workers): whole, after backward
+  // train.accumulate = N: one push per N batches, of their mean gradient; a clock counts pushes.
+  GradAccumulator acc(ctx.backend(), cfg.train.accumulate, replica.model().num_params());
+  PsClient client(ctx.transport(), opt.servers, client_options(cfg, wire::Role::worker, opt.rank, opt.backups));
   const bool overlap = overlaps(cfg, opt.procs_on_host) && !byzantine.on();
   const bool gpu = ctx.backend().device() != Device::cpu;
   ctx.announce(how_it_pushes(cfg, ctx, opt.servers.size(), overlap, gpu) + (byzantine.on() ? "; " + byzantine.describe() : ""));
@@ -79,8 +83,6 @@ void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
   }
 
   client.connect();  // the start barrier: returns when every worker has said Hello
-  // train.accumulate = N: one push per N batches, of their mean gradient; a clock counts pushes.
-  GradAccumulator acc(ctx.backend(), cfg.train.accumulate, replica.model().num_params());
   const int N = acc.batches();
   long first = 0;    // a resumed run goes on from the clock the servers hold for this worker
   if (opt.resume) {
