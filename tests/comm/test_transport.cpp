@@ -216,6 +216,27 @@ TEST(ShmTransport, ASlotIsReusedOnceItsReceiverIsDoneAndNotBefore) {
   EXPECT_EQ(y, 8.0f);
 }
 
+// ConnectOptions::queue bounds the payloads a receiver holds (the θ snapshots' 2: a slow
+// evaluator skips them): a receiver that does not read made the sender copy each send into a new
+// slot, up to 256 of θ's size.
+TEST(ShmTransport, AConnectionsQueueBoundsThePayloadsItsReceiverHolds) {
+  auto t = make_transport("shm");
+  const std::string a = t->local_address("srv");
+  auto l = t->listen(a);
+  ConnectOptions o;
+  o.queue = 2;
+  auto c = t->connect({a}, o);
+  std::vector<float> g(1000, 1.0f);
+  EXPECT_TRUE(c->send(0, bytes("g"), OutPayload{g.data(), g.size() * 4}, after(5s)));
+  EXPECT_TRUE(c->send(0, bytes("g"), OutPayload{g.data(), g.size() * 4}, after(5s)));
+  EXPECT_FALSE(c->send(0, bytes("g"), OutPayload{g.data(), g.size() * 4}, Clock::now())) << "a third payload held";
+  Message m;
+  PeerId from;
+  ASSERT_TRUE(l->recv(m, from, after(5s)));
+  m.done_with_payload();
+  EXPECT_TRUE(c->send(0, bytes("g"), OutPayload{g.data(), g.size() * 4}, after(5s))) << "one was given back";
+}
+
 // Defect (seen as "malformed θ snapshot ... /proc/PID/fd/N: No such file or directory" from the
 // evaluator of a short all-reduce run): a receiver opens a sender's segment when it first sees
 // it, so a sender that closed at once after sending left its last message unreadable. Closing

@@ -132,10 +132,12 @@ void ShmSlots::abandon(const ShmRef& ref) {
     if (s->fd() == ref.fd) s->abandon(ref.loan);
 }
 
-bool ShmSlots::busy() const {
-  for (const auto& s : pool_->slots_)
-    if (!s->free(0)) return true;
-  return false;
+bool ShmSlots::busy() const { return held() > 0; }
+
+std::size_t ShmSlots::held() const {
+  std::size_t n = 0;
+  for (const auto& s : pool_->slots_) n += !s->free(0);
+  return n;
 }
 
 namespace {
@@ -223,6 +225,11 @@ class Sender {
   void wait_until_taken(Deadline deadline) {
     for (poll(); (!lent_.empty() || slots_.busy()) && Clock::now() < deadline; poll())
       std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  // Payloads sent that their receivers still hold (copied or lent).
+  std::size_t held() {
+    poll();
+    return slots_.held() + lent_.size();
   }
   // Releases the lent payloads whose receivers are done.
   void poll() {
@@ -385,7 +392,8 @@ class ShmListener final : public Listener {
 class ShmConnections final : public Connections {
  public:
   ShmConnections(std::unique_ptr<Connections> inner, std::shared_ptr<Regions> regions, const ConnectOptions& o)
-      : inner_(std::move(inner)), mappings_(o.max_message_bytes), sender_(std::move(regions)), linger_(o.linger) {}
+      : inner_(std::move(inner)), mappings_(o.max_message_bytes), sender_(std::move(regions)), linger_(o.linger),
+        queue_(std::size_t(std::max(1, o.queue))) {}
   // Like ZeroMQ's linger for queued messages: closing waits (at most `linger`) until the
   // listeners are done with the payloads sent them.
   ~ShmConnections() override { sender_.wait_until_taken(Clock::now() + linger_); }
@@ -395,7 +403,9 @@ class ShmConnections final : public Connections {
   bool send(std::size_t k, std::span<const std::byte> header, OutPayload payload, Deadline deadline) override {
     if (payload.empty()) return inner_->send(k, header, {}, deadline);
     ShmRef ref;
-    while (!sender_.reference(payload, ref)) {  // every slot still held by its receiver
+    // ConnectOptions::queue payloads held by their receivers at most (a snapshot sender's 2: a
+    // slow evaluator skips snapshots), and while every slot is held
+    while (sender_.held() >= queue_ || !sender_.reference(payload, ref)) {
       if (Clock::now() >= deadline) {
         release(payload);
         return false;
@@ -421,6 +431,7 @@ class ShmConnections final : public Connections {
   Mappings mappings_;
   Sender sender_;
   std::chrono::milliseconds linger_;
+  std::size_t queue_;
 };
 
 class ShmTransport final : public Transport {

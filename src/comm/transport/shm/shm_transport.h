@@ -56,6 +56,8 @@ class ShmSlots {
   void abandon(const ShmRef& ref);
   // Whether a receiver still holds a slot (it may not have mapped it yet).
   bool busy() const;
+  // How many slots receivers still hold.
+  std::size_t held() const;
 
  private:
   struct Pool;
