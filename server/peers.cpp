@@ -48,6 +48,30 @@ void Server::beat_held_pulls(time_point now) {
     });
 }
 
+void Server::watch_open_pushes(time_point now) {
+  if (!state_->pushes_open()) return;
+  const auto timeout = std::chrono::duration<double>(cfg_.cluster.timeout_s);
+  const auto beat_every = std::chrono::duration<double>(cfg_.cluster.heartbeat_s / 4);
+  for (int r = 0; r < cfg_.cluster.workers; ++r) {
+    const auto [arrived, pieces] = state_->open_push(r);
+    if (pieces == 0) continue;
+    Pushing& p = pushing_[std::size_t(r)];
+    if (arrived == pieces || now - p.last_piece <= timeout) {  // (all came: it waits for its turn)
+      if (now - std::max(p.last_piece, p.last_beat) >= beat_every) {  // (a Beat that cannot leave: its own timeout covers it)
+        (void)listener_->send(worker_ids_[std::size_t(r)], enc_.encode(header(wire::Beat{state_->version()})));
+        p.last_beat = now;
+      }
+      continue;
+    }
+    char why[200];
+    std::snprintf(why, sizeof why, "push of worker %d for clock %ld: piece %zu of %zu did not come within %g s (cluster.timeout_s); "
+                  "nothing of it applied", r, long(p.first.clock), arrived + 1, pieces, cfg_.cluster.timeout_s);
+    abandon_in_shard(r);
+    reply_error(worker_ids_[std::size_t(r)], wire::ErrorCode::timeout, why);
+    std::fprintf(stderr, "server %d: timeout: %s\n", opt_.shard, why);
+  }
+}
+
 void Server::rejoin(int rank, long clock) {
   const long was = state_->clock_of(rank);
   long lost = 0;

@@ -324,8 +324,9 @@ void Server::on_push(const std::string& id, const Peer& p, const wire::Push& m, 
   }
   if (m.clock < state_->clock_of(p.rank)) return on_duplicate_push(id, p, m);
   Pushing& pushing = pushing_[std::size_t(p.rank)];
-  if (m.piece == 0) pushing = Pushing{m, "", 0, false, {}};
+  if (m.piece == 0) pushing = Pushing{m, "", 0, false, {}, {}, {}};
   pushing.bytes += long(msg.payload().size());
+  pushing.last_piece = clock_.now();
   if (guard_ && guard_refuses(p.rank, m, msg)) return;  // its payload goes back with the next receive
   // The shard references the payload until the push ends (push_ended): the message is held
   // and another takes its place for the next receive.

@@ -139,6 +139,7 @@ void Server::run() {
         serve_as_backup(wake);  // until a worker or the evaluator comes over
       } else if (serve_until(wake) && clock_.now() >= next_silence_check) {  // silence now is the peers', not this loop's
         find_lost_workers(clock_.now());
+        watch_open_pushes(clock_.now());  // (a pass over the workers: as often as silence is looked for)
         check_replica(clock_.now());
         next_silence_check = clock_.now() + silence_every;
       }

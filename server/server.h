@@ -201,6 +201,10 @@ class Server : private ShardState::Listener {
   // A Beat to each worker whose pull has been held for a quarter of heartbeat_s since the last
   // one: it tells that worker this server is alive (PsClient names a silent one).
   void beat_held_pulls(time_point now);
+  // Pushes begun and not ended: their workers are beaten likewise while they wait (their turn,
+  // or their own pieces to come), and a push none of whose pieces came for timeout_s is
+  // abandoned (nothing of it applied; the pushes behind it go on), the worker told which piece.
+  void watch_open_pushes(time_point now);
   // A worker's Hello to a server restarted from its checkpoint: moves its clock up to `clock`,
   // counting the updates the checkpoint lacks (updates_lost in stats and metrics).
   void rejoin(int rank, long clock);
@@ -327,6 +331,8 @@ class Server : private ShardState::Listener {
     // the push's pieces are applied (the version they belong to is published at its end).
     bool streamed_reply = false;
     wire::PullReply reply;
+    time_point last_piece{};  // when its latest piece came
+    time_point last_beat{};   // when the server last told it, waiting, that it is alive
   };
   std::vector<Pushing> pushing_;
   // Per worker: the messages of its open push, whose payloads the shard references until the

@@ -174,6 +174,11 @@ class ShardState : private ShardOps {
       if (in.open) return true;
     return false;
   }
+  // The worker's open push: {pieces arrived, pieces}; {0, 0} when none is open.
+  std::pair<std::size_t, std::size_t> open_push(int worker) const {
+    const Incoming& in = incoming_[std::size_t(worker)];
+    return in.open ? std::pair{in.arrived, in.pieces} : std::pair<std::size_t, std::size_t>{0, 0};
+  }
   struct After {
     bool advances = false;  // it makes a new version (not an empty batch)
     long version = 0, min_clock = 0, samples_applied = 0;

@@ -836,4 +836,50 @@ TEST(Server, APullSentAgainWhileHeldIsHeldOnce) {
   EXPECT_EQ(cluster.servers[0]->counters().pulls_held, 1);
 }
 
+// A push in pieces whose pieces stop coming (its worker hung mid-push, its Beats still going):
+// the pushes behind it waited for ever, their workers told nothing. Now they are beaten while
+// they wait, and the stalled push is abandoned after timeout_s, naming its worker and piece.
+TEST(Timeouts, APushWhosePiecesStopIsAbandonedAndThoseBehindItGoOn) {
+  ExperimentConfig cfg = test::small_config("asp", 2, 1, "tcp_pieces");
+  cfg.cluster.timeout_s = 2;
+  cfg.cluster.heartbeat_s = 1;  // (worker 1's wait is longer: the server's Beats keep it)
+  Cluster cluster(cfg);
+  const std::size_t P = count_params(model_spec(cfg));
+  RawPeer w0(cluster.endpoints[0]);
+  w0.send(wire::Hello{wire::Role::worker, 0, P, config_fingerprint(cfg)}, 0);
+  PsClient w1(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 1));
+  w1.connect();
+  ASSERT_TRUE(std::holds_alternative<wire::Welcome>(w0.next().value_or(wire::Header{}).body));
+  const std::vector<float> piece(256, 0.0f);
+  w0.send(wire::Push{0, 0, 1, wire::checksum(piece.data(), 256), 0, 256, false, 0, 1024, 0, 6}, 0, piece);  // 1 of 6
+  std::vector<float> theta(P), grad(P, 0.0f);
+  w1.pull(0, theta.data());
+  std::string error;
+  std::atomic<bool> pushed{false};
+  std::thread behind([&] {
+    try {
+      w1.push(0, 1, grad.data(), theta.data());  // behind worker 0's
+    } catch (const std::runtime_error& e) {
+      error = e.what();
+    }
+    pushed = true;
+  });
+  std::optional<wire::Header> told;
+  for (int i = 0; i < 50 && !told; ++i) {  // worker 0's Beats go on: it is alive, its push stalled
+    w0.send(wire::Beat{0}, 0);
+    told = w0.next(100);
+    if (told && std::holds_alternative<wire::Beat>(told->body)) told.reset();
+  }
+  behind.join();
+  EXPECT_TRUE(pushed);
+  EXPECT_EQ(error, "");
+  ASSERT_TRUE(told.has_value()) << "worker 0 was told nothing";
+  const auto* e = std::get_if<wire::Error>(&told->body);
+  ASSERT_NE(e, nullptr) << wire::body_name(told->body);
+  EXPECT_EQ(e->code, wire::ErrorCode::timeout);
+  EXPECT_EQ(e->message, "push of worker 0 for clock 0: piece 2 of 6 did not come within 2 s (cluster.timeout_s); nothing of "
+                        "it applied");
+  EXPECT_EQ(cluster.servers[0]->state().version(), 1);  // worker 1's alone
+}
+
 }  // namespace
