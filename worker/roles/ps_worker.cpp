@@ -58,8 +58,7 @@ void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
     throw std::invalid_argument(std::to_string(opt.servers.size()) + " server addresses given, cluster.servers = " +
                                 std::to_string(cfg.cluster.servers));
   Replica& replica = ctx.replica();
-  // Before the client, so that they outlive it: its end waits for the transport to let go of
-  // pushes sent from them without a copy (an error leaves some in flight).
+  // Before the client, which they outlive: its end waits for pushes sent from them uncopied.
   Byzantine byzantine(cfg, opt.rank);  // pushes garbage on purpose (byzantine.workers): whole, after backward
   // train.accumulate = N: one push per N batches, of their mean gradient; a clock counts pushes.
   GradAccumulator acc(ctx.backend(), cfg.train.accumulate, replica.model().num_params());
