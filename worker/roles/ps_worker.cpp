@@ -58,10 +58,9 @@ void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
     throw std::invalid_argument(std::to_string(opt.servers.size()) + " server addresses given, cluster.servers = " +
                                 std::to_string(cfg.cluster.servers));
   Replica& replica = ctx.replica();
-  // Before the client, which they outlive: its end waits for pushes sent from them uncopied.
-  Byzantine byzantine(cfg, opt.rank);  // pushes garbage on purpose (byzantine.workers): whole, after backward
-  // train.accumulate = N: one push per N batches, of their mean gradient; a clock counts pushes.
+  // Declared before the client, whose end waits for pushes sent from them uncopied (acc: train.accumulate).
   GradAccumulator acc(ctx.backend(), cfg.train.accumulate, replica.model().num_params());
+  Byzantine byzantine(cfg, opt.rank);  // pushes garbage on purpose (byzantine.workers): whole, after backward
   PsClient client(ctx.transport(), opt.servers, client_options(cfg, wire::Role::worker, opt.rank, opt.backups));
   const bool overlap = overlaps(cfg, opt.procs_on_host) && !byzantine.on();
   const bool gpu = ctx.backend().device() != Device::cpu;
