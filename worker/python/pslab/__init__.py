@@ -370,7 +370,10 @@ class Client:
         if view.readonly:
             if writable:
                 raise ValueError(f"{name}: the buffer is read-only, and {name} is written")
-            return self._pointer(memoryview(bytearray(view)))  # (a read-only gradient: copied, to hand C a pointer)
+            # A read-only gradient: copied, to hand C a pointer; kept until the next push, for the
+            # transport may still send from it after a push that failed.
+            self._copied = bytearray(view)
+            return self._pointer(memoryview(self._copied))
         ptr = self._pointer(view)
         self._pointers[name] = (buf, ptr)
         return ptr
