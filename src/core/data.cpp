@@ -54,8 +54,11 @@ void* allocate_sample_bytes(std::size_t bytes) {
   return p;
 }
 
-SampleVector<std::uint8_t> read_idx(const std::string& path, int expected_dims,
-                                   std::vector<int>& dims) {
+namespace {
+
+// Opens an IDX file and reads its header: the dimension sizes (DataError naming the file for a
+// wrong magic number or implausible sizes, whose product is at most 2^34 bytes).
+GzFile open_idx(const std::string& path, int expected_dims, std::vector<int>& dims, std::size_t& total) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     throw DataError(path + ": cannot open: " + std::strerror(errno) +
@@ -75,17 +78,34 @@ SampleVector<std::uint8_t> read_idx(const std::string& path, int expected_dims,
     throw DataError(path + buf);
   }
   dims.assign(std::size_t(expected_dims), 0);
-  std::size_t total = 1;
+  total = 1;
+  constexpr std::size_t kMostBytes = std::size_t(1) << 34;
   for (int i = 0; i < expected_dims; ++i) {
     std::uint8_t b[4];
     read_exact(f.get(), path, b, 4, "the dimension sizes");
     const std::uint32_t d = big_endian(b);
-    if (d == 0 || d > (1u << 28))
+    if (d == 0 || d > (1u << 28) || total > kMostBytes / d)
       throw DataError(path + ": dimension " + std::to_string(i) + " has implausible size " +
                       std::to_string(d));
     dims[std::size_t(i)] = int(d);
     total *= d;
   }
+  return f;
+}
+
+}  // namespace
+
+std::vector<int> read_idx_dims(const std::string& path, int expected_dims) {
+  std::vector<int> dims;
+  std::size_t total = 0;
+  open_idx(path, expected_dims, dims, total);
+  return dims;
+}
+
+SampleVector<std::uint8_t> read_idx(const std::string& path, int expected_dims,
+                                   std::vector<int>& dims) {
+  std::size_t total = 0;
+  GzFile f = open_idx(path, expected_dims, dims, total);
   SampleVector<std::uint8_t> data(total);
   read_exact(f.get(), path, data.data(), total, "the data");
   return data;
@@ -103,6 +123,9 @@ DataSplit load_fashion_mnist(const std::string& dir, bool normalize, int limit_t
     if (idims[0] != ldims[0])
       throw DataError(img_path + " has " + std::to_string(idims[0]) + " images but " +
                       lab_path + " has " + std::to_string(ldims[0]) + " labels");
+    if (idims[1] != 28 || idims[2] != 28)  // (the model is planned for Fashion-MNIST's images)
+      throw DataError(img_path + ": images of " + std::to_string(idims[1]) + "x" + std::to_string(idims[2]) +
+                      " pixels, not Fashion-MNIST's 28x28 (data.kind = \"arrays\" reads images of any size)");
     Dataset d;
     d.n = limit > 0 && limit < idims[0] ? limit : idims[0];
     d.channels = 1;

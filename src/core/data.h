@@ -67,6 +67,8 @@ struct DataSplit {
 // Images idx3 (magic 0x00000803) -> n x rows x cols bytes; labels idx1 (magic 0x00000801).
 SampleVector<std::uint8_t> read_idx(const std::string& path, int expected_dims,
                                    std::vector<int>& dims);
+// The dimension sizes alone (the header).
+std::vector<int> read_idx_dims(const std::string& path, int expected_dims);
 
 // Fashion-MNIST from `dir` (train-images-idx3-ubyte.gz, ... as in Debian's
 // dataset-fashion-mnist). Pixels scaled to [0, 1], then standardised with the training set's

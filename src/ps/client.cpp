@@ -99,7 +99,7 @@ void PsClient::send(int k, const wire::Body& body, comm::OutPayload payload) {
     return fail_over(k, std::string("took no ") + wire::body_name(body) + b);
   }
   fail(k, std::string("could not send ") + wire::body_name(body) + " within " + std::to_string(timeout_.count() / 1000) +
-              " s: its queue stayed full (is it running? its log says why it stopped)");
+              " s: its queue stayed full, or it stopped listening (is it running? its log says why it stopped)");
 }
 
 void PsClient::beat_if_due() {

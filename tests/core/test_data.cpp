@@ -37,10 +37,12 @@ class IdxFiles : public ::testing::Test {
     ASSERT_EQ(gzwrite(f, bytes.data(), unsigned(bytes.size())), int(bytes.size()));
     gzclose(f);
   }
-  // A 3-image, 2x2-pixel data set in Fashion-MNIST's file names.
-  void write_fixture(const std::string& prefix, std::size_t drop_bytes = 0, std::uint32_t label_count = 3) {
-    auto img = header(0x803, {3, 2, 2});
-    for (int i = 0; i < 12; ++i) img.push_back(std::uint8_t(i * 20));
+  // A 3-image data set in Fashion-MNIST's file names (side x side pixels: 28 as Fashion-MNIST's);
+  // byte i of the images is 20 i mod 256.
+  void write_fixture(const std::string& prefix, std::size_t drop_bytes = 0, std::uint32_t label_count = 3,
+                     std::uint32_t side = 28) {
+    auto img = header(0x803, {3, side, side});
+    for (std::uint32_t i = 0; i < 3 * side * side; ++i) img.push_back(std::uint8_t(i * 20));
     img.resize(img.size() - drop_bytes);
     write_gz(prefix + "-images-idx3-ubyte.gz", img);
     auto lab = header(0x801, {label_count});
@@ -63,10 +65,11 @@ TEST_F(IdxFiles, ReadsImagesAndLabels) {
   write_fixture("t10k");
   const DataSplit d = load_fashion_mnist(dir, /*normalize=*/false);
   ASSERT_EQ(d.train.n, 3);
-  EXPECT_EQ(d.train.height, 2);
-  EXPECT_EQ(d.train.width, 2);
-  EXPECT_EQ(d.train.features(), 4);
-  EXPECT_FLOAT_EQ(d.train.x[5], 100.0f / 255.0f);  // image 1, pixel (0, 1)
+  EXPECT_EQ(d.train.height, 28);
+  EXPECT_EQ(d.train.width, 28);
+  EXPECT_EQ(d.train.features(), 784);
+  EXPECT_FLOAT_EQ(d.train.x[5], 100.0f / 255.0f);   // image 0, pixel (0, 5)
+  EXPECT_FLOAT_EQ(d.train.x[785], 84.0f / 255.0f);  // image 1, pixel (0, 1): byte 785, 15700 mod 256
   EXPECT_EQ(d.train.labels, (std::vector<std::int32_t>{7, 8, 9}));
   const DataSplit n = load_fashion_mnist(dir, /*normalize=*/true, 2, 1);
   EXPECT_EQ(n.train.n, 2);
@@ -86,7 +89,25 @@ TEST_F(IdxFiles, TruncatedFileSaysHowMuchWasThere) {
   write_fixture("t10k");
   const std::string e = error_of([&] { load_fashion_mnist(dir); });
   EXPECT_NE(e.find("train-images-idx3-ubyte.gz: truncated"), std::string::npos) << e;
-  EXPECT_NE(e.find("needs 12 bytes, the file ends after 7"), std::string::npos) << e;
+  EXPECT_NE(e.find("needs 2352 bytes, the file ends after 2347"), std::string::npos) << e;
+}
+
+// Images of another size than Fashion-MNIST's: the model is planned for 28x28 (16x16 made it
+// read past the batch's rows; 32x32 shifted every sample). Refused, naming the file.
+TEST_F(IdxFiles, ImagesThatAreNotFashionMnistsSizeAreRefused) {
+  write_fixture("train", 0, 3, /*side=*/16);
+  write_fixture("t10k");
+  const std::string e = error_of([&] { load_fashion_mnist(dir); });
+  EXPECT_NE(e.find("train-images-idx3-ubyte.gz: images of 16x16 pixels, not Fashion-MNIST's 28x28"), std::string::npos) << e;
+}
+
+// An IDX header whose sizes multiply past what is read (2^34 bytes): its file named, before any
+// allocation.
+TEST_F(IdxFiles, DimensionsWhoseProductIsImplausibleAreNamed) {
+  write_gz("x.gz", header(0x803, {1u << 28, 1u << 28, 1}));
+  std::vector<int> dims;
+  const std::string e = error_of([&] { read_idx((dir / "x.gz").string(), 3, dims); });
+  EXPECT_NE(e.find("x.gz: dimension 1 has implausible size 268435456"), std::string::npos) << e;
 }
 
 TEST_F(IdxFiles, WrongMagicIsNamed) {

@@ -201,4 +201,21 @@ TEST(Arrays, BadTruncatedAndMismatchedFilesFailNamingTheFile) {
   good();
   write_npy(d.path / "y_train.npy", "<i4", "(4,)", bytes_of(std::vector<std::int32_t>{0, -1, 0, 1}));
   EXPECT_NE(err().find("y_train.npy: label -1 of sample 1 is negative"), std::string::npos) << err();
+  // Arrays with no values (a worker divided by the 0 steps of an epoch), pixels scaled in one
+  // split and not the other, labels that are identifiers (a head of billions of parameters).
+  good();
+  write_npy(d.path / "x_train.npy", "<f4", "(0, 3)", "");
+  write_npy(d.path / "y_train.npy", "<f4", "(0,)", "");
+  EXPECT_NE(err().find("x_train.npy: dimension 0 is 0: an array with no values"), std::string::npos) << err();
+  good();
+  write_npy(d.path / "x_test.npy", "<f4", "(2, 0)", "");
+  EXPECT_NE(err().find("x_test.npy: dimension 1 is 0: an array with no values"), std::string::npos) << err();
+  good();
+  write_npy(d.path / "x_test.npy", "|u1", "(2, 3)", std::string(6, char(200)));
+  EXPECT_NE(err().find("x_test.npy: dtype |u1, x_train.npy's <f4: bytes (u1) are read as pixels / 255"), std::string::npos)
+      << err();
+  good();
+  write_npy(d.path / "y_train.npy", "<i8", "(4,)", bytes_of(std::vector<std::int64_t>{0, 1, 3000000000LL, 1}));
+  EXPECT_NE(err().find("y_train.npy: label 3000000000 of sample 2: classes are 0 ... C - 1, and C at most 1048576"),
+            std::string::npos) << err();
 }

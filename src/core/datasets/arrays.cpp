@@ -101,6 +101,12 @@ struct Arrays {
 Arrays headers(const std::string& dir) {
   Arrays a{read_npy_header(dir + "/x_train.npy"), read_npy_header(dir + "/y_train.npy"),
            read_npy_header(dir + "/x_test.npy"), read_npy_header(dir + "/y_test.npy"), dir};
+  for (const auto& [h, name] : {std::pair{&a.x_train, "x_train"}, {&a.y_train, "y_train"}, {&a.x_test, "x_test"},
+                                {&a.y_test, "y_test"}})
+    for (std::size_t i = 0; i < h->shape.size(); ++i)
+      if (h->shape[i] <= 0 || (i == 0 && h->shape[i] > std::numeric_limits<int>::max()))
+        throw DataError(a.path(name) + ": dimension " + std::to_string(i) + " is " + std::to_string(h->shape[i]) +
+                        (h->shape[i] <= 0 ? ": an array with no values" : ": more samples than are read (2^31 - 1)"));
   struct Split {
     const NpyHeader &x, &y;
     std::string xp, yp;
@@ -116,6 +122,9 @@ Arrays headers(const std::string& dir) {
   }
   if (!std::equal(a.x_train.shape.begin() + 1, a.x_train.shape.end(), a.x_test.shape.begin() + 1, a.x_test.shape.end()))
     throw DataError(a.path("x_test") + ": a sample's shape differs from x_train.npy's");
+  if ((a.x_train.descr.substr(1) == "u1") != (a.x_test.descr.substr(1) == "u1"))  // (uint8 pixels are scaled to [0, 1])
+    throw DataError(a.path("x_test") + ": dtype " + a.x_test.descr + ", x_train.npy's " + a.x_train.descr +
+                    ": bytes (u1) are read as pixels / 255, others as they are; save both alike");
   if (is_float(a.y_train.descr) != is_float(a.y_test.descr) ||
       (a.y_train.shape.size() > 1 ? a.y_train.shape[1] : 1) != (a.y_test.shape.size() > 1 ? a.y_test.shape[1] : 1))
     throw DataError(a.path("y_test") + ": its labels are not of y_train.npy's kind (integer classes or float targets, as many)");
@@ -124,11 +133,16 @@ Arrays headers(const std::string& dir) {
   return a;
 }
 
-// The classes of integer labels: the largest + 1 (DataError for a negative one).
+// The classes of integer labels: the largest + 1 (DataError for a negative one, or one past
+// kMaxClasses: an identifier, not a class index).
+constexpr int kMaxClasses = 1 << 20;
 int classes_of(const std::vector<float>& labels, const std::string& path) {
   float top = 0;
   for (std::size_t i = 0; i < labels.size(); ++i) {
     if (labels[i] < 0) throw DataError(path + ": label " + std::to_string(long(labels[i])) + " of sample " + std::to_string(i) + " is negative");
+    if (labels[i] >= float(kMaxClasses))
+      throw DataError(path + ": label " + std::to_string((long long)labels[i]) + " of sample " + std::to_string(i) +
+                      ": classes are 0 ... C - 1, and C at most " + std::to_string(kMaxClasses));
     top = std::max(top, labels[i]);
   }
   return int(top) + 1;

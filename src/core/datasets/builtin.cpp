@@ -1,6 +1,7 @@
 // The data sets that were pslab's first: Fashion-MNIST, the synthetic problems with a known
 // optimum, and an external model's own data (core/data.h has their loaders).
 #include <algorithm>
+#include <filesystem>
 #include <stdexcept>
 
 #include "core/datasets.h"
@@ -8,15 +9,21 @@
 namespace pslab::datasets {
 namespace {
 
-constexpr int kFashionTrain = 60000, kFashionTest = 10000;
 constexpr int kSyntheticTrain = 8192, kSyntheticTest = 2048;
 
 std::size_t prefix(int limit, int all) { return std::size_t(limit > 0 ? std::min(limit, all) : all); }
 std::size_t or_default(int n, int otherwise) { return std::size_t(n > 0 ? n : otherwise); }
 
+// The images an IDX file holds (its header: a cut-down copy has fewer), or `otherwise` where the
+// file is not here (the processes that load it say so).
+int images_in(const std::string& path, int otherwise) {
+  return std::filesystem::exists(path) ? read_idx_dims(path, 3)[0] : otherwise;
+}
+
 struct FashionMnist final : DataKind {
   DataShape shape(const DataSpec& s) const override {
-    return DataShape{1, 28, 28, 10, true, prefix(s.train_samples, kFashionTrain), prefix(s.test_samples, kFashionTest)};
+    return DataShape{1, 28, 28, 10, true, prefix(s.train_samples, images_in(s.path + "/train-images-idx3-ubyte.gz", 60000)),
+                     prefix(s.test_samples, images_in(s.path + "/t10k-images-idx3-ubyte.gz", 10000))};
   }
   DataSplit load(const DataSpec& s) const override {
     return load_fashion_mnist(s.path, s.normalize, s.train_samples, s.test_samples);
