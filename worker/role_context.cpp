@@ -21,14 +21,6 @@ std::unique_ptr<Backend> backend_for(const ExperimentConfig& cfg, const RoleOpti
   return be;
 }
 
-int replica_batch(const ExperimentConfig& cfg, RoleKind kind) {
-  switch (kind) {
-    case RoleKind::evaluator: return cfg.eval.batch;
-    case RoleKind::single: return std::max(cfg.train.batch, cfg.eval.batch);  // it evaluates too
-    default: return cfg.train.batch;
-  }
-}
-
 std::string who(RoleKind kind, int rank) {
   switch (kind) {
     case RoleKind::single: return "train";
@@ -40,6 +32,17 @@ std::string who(RoleKind kind, int rank) {
 }
 
 }  // namespace
+
+int replica_batch(const ExperimentConfig& cfg, RoleKind kind) {
+  const int statistics = kind != RoleKind::evaluator && kind != RoleKind::single ? 0
+                         : has_state(model_spec(cfg))                            ? Replica::kStatisticsBatch
+                                                                                 : 0;
+  switch (kind) {
+    case RoleKind::evaluator: return std::max(cfg.eval.batch, statistics);
+    case RoleKind::single: return std::max({cfg.train.batch, cfg.eval.batch, statistics});  // it evaluates too
+    default: return cfg.train.batch;
+  }
+}
 
 RoleContext::RoleContext(const ExperimentConfig& c, const RoleOptions& o, RoleKind k) : cfg(c), opt(o), kind(k) {
   if (cfg.model.kind == "external")

@@ -25,6 +25,11 @@ namespace pslab {
 
 enum class RoleKind { single, ps_worker, allreduce_rank, evaluator };
 
+// The most samples a role's replica takes at once: train.batch, and eval.batch where it
+// evaluates; a model with batch norm is evaluated after measuring its statistics in batches of
+// Replica::kStatisticsBatch, whatever eval.batch (the same θ, the same accuracy in every mode).
+int replica_batch(const ExperimentConfig& cfg, RoleKind kind);
+
 class RoleContext {
  public:
   // Checks the rank (distributed training roles), then builds everything the role uses.

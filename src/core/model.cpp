@@ -34,6 +34,12 @@ std::size_t count_params(const ModelSpec& spec) {
   return p;
 }
 
+bool has_state(const ModelSpec& spec) {
+  for (const auto& l : build_layers(spec))
+    if (l->state_floats() > 0) return true;
+  return false;
+}
+
 std::vector<float> initial_params(const ModelSpec& spec, std::uint64_t seed) {
   const auto layers = build_layers(spec);
   std::vector<float> theta(count_params(spec), 0.0f);

@@ -129,6 +129,8 @@ Registry<ModelKind>& model_registry();
 // initialise θ without a backend).
 std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec);
 std::size_t count_params(const ModelSpec& spec);
+// Whether a layer keeps state besides θ (batch norm's running statistics).
+bool has_state(const ModelSpec& spec);
 // θ at initialisation, deterministic for a seed: He-uniform for layers followed by ReLU,
 // Xavier-uniform for the output layer, zero biases (init "he"); or all zeros (init "zeros",
 // fine for convex models and for exact tests). An external model's: its theta_file, or zeros.

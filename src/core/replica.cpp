@@ -314,7 +314,7 @@ void Replica::params_fence() { be_.upload_fence(); }
 
 void Replica::measure_statistics() {
   if (model_.state_floats() == 0 || train_.n == 0) return;
-  const int batch = std::min({max_batch_, 256, train_.n});
+  const int batch = std::min({max_batch_, kStatisticsBatch, train_.n});
   Rng rng(0x57A75u);  // fixed: the same samples whatever the run
   for (int k = 0; k * batch < kStatisticsSamples; ++k) {
     for (int i = 0; i < batch; ++i) eval_idx_[std::size_t(i)] = std::uint32_t(rng.below(std::uint64_t(train_.n)));

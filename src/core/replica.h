@@ -101,7 +101,7 @@ class Replica {
   // never leave it; an evaluated θ comes from the servers or a collective, so its statistics are
   // measured where it is evaluated.) No-op for models without batch norm.
   void measure_statistics();
-  static constexpr int kStatisticsSamples = 5120;
+  static constexpr int kStatisticsSamples = 5120, kStatisticsBatch = 256;
 
   // θ as a host buffer of P floats (write it, then upload_params()).
   float* host_params();

@@ -12,6 +12,7 @@
 #include "core/replica.h"
 #include "core/sampler.h"
 #include "run/setup.h"
+#include "role_context.h"
 #include "roles.h"
 
 using namespace pslab;
@@ -121,6 +122,18 @@ TEST(Training, AResNetsEvaluationIsARecomputationFromItsThetaAndStatistics) {
   saved.reset_state();
   EXPECT_NE(saved.evaluate(data.test.x.data(), data.test.labels.data(), nullptr, data.test.n).loss_sum, r.loss_sum)
       << "the statistics made no difference";
+}
+
+// Who evaluates a model with batch norm measures its statistics in batches of 256 whatever
+// eval.batch: an evaluator of eval.batch = 128 measured them in batches of 128, a single process
+// (train.batch 256) in batches of 256, and the same θ scored differently.
+TEST(Training, StatisticsAreMeasuredInBatchesOf256WhateverEvalBatch) {
+  ExperimentConfig cfg = parse_config("name = \"t\"\n[model]\nkind = \"resnet\"\ndepth = 8\n[eval]\nbatch = 128\n", "r");
+  EXPECT_EQ(replica_batch(cfg, RoleKind::evaluator), 256);
+  EXPECT_EQ(replica_batch(cfg, RoleKind::single), 256);
+  EXPECT_EQ(replica_batch(cfg, RoleKind::ps_worker), 64);  // (a worker evaluates nothing)
+  cfg.model.kind = "mlp";  // no statistics: eval.batch as it is
+  EXPECT_EQ(replica_batch(cfg, RoleKind::evaluator), 128);
 }
 
 TEST(Training, SameSeedGivesBitwiseIdenticalParameters) {
