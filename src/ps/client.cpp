@@ -554,13 +554,15 @@ ResumePoint PsClient::catch_up() {
     r.clock = std::max(r.clock, s.clock);
     longest = std::max(longest, s.range.length);
   }
-  std::vector<float> zeros;
+  std::vector<float> zeros, scratch;  // (scratch: θ's pieces taken back, unused)
   for (int k = 0; k < int(shards_.size()); ++k) {
     ShardInfo& s = shards_[std::size_t(k)];
-    if (s.clock < r.clock && zeros.empty()) zeros.assign(longest, 0.0f);
+    if (s.clock < r.clock && zeros.empty()) zeros.assign(longest, 0.0f), scratch.assign(opt_.num_params, 0.0f);
     for (; s.clock < r.clock; ++s.clock, ++r.lost_pushes) {
+      // Each with a pull of the next clock, which the mode answers when it would take the next
+      // push (bsp: once every worker's push of this clock came; the next was refused before).
       const auto send_empty = [&](int q) {
-        wire::Push h{s.clock, s.version, 0, 0, s.range.offset, s.range.length, false, codec_->wire_id(), 0};
+        wire::Push h{s.clock, s.version, 0, 0, s.range.offset, s.range.length, true, codec_->wire_id(), 0};
         const void* bytes = zeros.data();
         if (codec_->dense_f32()) {
           h.bytes = s.range.length * sizeof(float);
@@ -575,9 +577,13 @@ ResumePoint PsClient::catch_up() {
       send_empty(k);
       std::vector<char> pending(shards_.size(), 0);
       pending[std::size_t(k)] = 1;
-      const Expect e{"empty Push (clock " + std::to_string(s.clock) + ", catching up after a resume)", s.clock, true, send_empty};
+      const Expect e{"empty Push+Pull (clock " + std::to_string(s.clock) + ", catching up after a resume)", s.clock + 1, true,
+                     send_empty};
+      PullResult ignored = empty_result();
       collect(e, pending, [&](int q, const wire::Body& body) {
-        if (!std::holds_alternative<wire::PushAck>(body)) fail(q, std::string("answered Push with ") + wire::body_name(body));
+        const auto* pr = std::get_if<wire::PullReply>(&body);
+        if (!pr) fail(q, std::string("answered Push+Pull with ") + wire::body_name(body));
+        return take_params(q, *pr, msg_.payload(), scratch.data(), ignored);
       });
       in_flight_.wait_idle(timeout_, "an empty gradient", [&] { conns_->progress(); });
     }

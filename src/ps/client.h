@@ -113,7 +113,8 @@ class PsClient {
   // A resumed run (servers restored from checkpoints that may hold this worker at different
   // clocks: the stop came between one shard's push and the next's): brings every server up to
   // the furthest with pushes of an empty batch, which change nothing (bsp: the clock's mean is
-  // over the batches that arrived), and returns where to go on. Call after connect().
+  // over the batches that arrived), each with a pull of the next clock (bsp answers it once
+  // every worker's push of this clock came), and returns where to go on. Call after connect().
   ResumePoint catch_up();
   // Pulls every shard for `clock` into theta (P floats).
   PullResult pull(long clock, float* theta);

@@ -119,6 +119,57 @@ TEST(Checkpoint, AResumedWorkerCatchesUpAServerThatMissedItsLastPush) {
   std::filesystem::remove_all(dir);
 }
 
+// bsp, a server whose checkpoint is 3 clocks behind the others' (killed, its last periodic one):
+// every worker brings it up with empty pushes, each answered with the next clock once every
+// worker's push of this one came. A worker that caught up first pushed clock 3 while clock 2
+// was open, and was refused.
+TEST(Checkpoint, BspWorkersCatchUpAServerClocksBehindTogether) {
+  ExperimentConfig cfg = test::small_config("bsp", 2, 2);
+  const std::string dir = test::temp_dir("ckpt_bsp_catch_up").string();
+  auto path = [&](int k) { return dir + "/server" + std::to_string(k) + ".ckpt"; };
+  const std::size_t P = count_params(model_spec(cfg));
+  auto train = [&](bool resume, long from, long to) {  // both workers, clocks [from, to), then stopped
+    Cluster cluster(cfg, false, false, nullptr, [&](ServerOptions& o) {
+      o.checkpoint_path = path(o.shard);
+      if (resume) o.resume_path = path(o.shard);
+    });
+    test::run_threads(2, [&](int r) {
+      PsClient w(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, r));
+      w.connect();
+      std::vector<float> theta(P), grad(P, 0.25f);
+      w.pull(from, theta.data());
+      for (long c = from; c < to; ++c) w.push(c, 4, grad.data(), c + 1 < to ? theta.data() : nullptr);
+    });
+    cluster.stop = true;
+    cluster.join();
+  };
+  train(false, 0, 2);
+  const ShardCheckpoint older = read_checkpoint(path(1));
+  train(true, 2, 5);
+  ASSERT_EQ(read_checkpoint(path(1)).clocks[0], 5);
+  write_checkpoint(path(1), older);  // server 1's from clock 2
+  Cluster cluster(cfg, false, false, nullptr, [&](ServerOptions& o) {
+    o.checkpoint_path = path(o.shard);
+    o.resume_path = path(o.shard);
+  });
+  std::vector<ResumePoint> at(2);
+  test::run_threads(2, [&](int r) {
+    PsClient w(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, r));
+    w.connect();
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // worker 0 catches up first
+    at[std::size_t(r)] = w.catch_up();
+    w.bye(5);
+  });
+  cluster.join();
+  cluster.rethrow();
+  for (const ResumePoint& r : at) {
+    EXPECT_EQ(r.clock, 5);
+    EXPECT_EQ(r.lost_pushes, 3);
+  }
+  EXPECT_EQ(cluster.servers[1]->state().version(), 5);
+  std::filesystem::remove_all(dir);
+}
+
 // cluster.on_server_loss = "restart": a server that goes away comes back from its checkpoint on
 // the same address; the worker rejoins it with its clock and sends its request again. The
 // checkpoint here is 2 clocks older than the worker: the server counts 2 updates lost.
