@@ -239,6 +239,10 @@ TEST_P(Accumulate, FourBatchesOfEightPerUpdateAreOneBatchOfThirtyTwo) {
   cfg.optimizer.trust = 0.02;
   cfg.train.batch = 8;  // each worker's shard: 256 samples, 32 batches of 8 or 8 of 32
   cfg.train.accumulate = 4;
+  // A schedule by epochs (samples applied): all-reduce counted the update's own batches as
+  // applied already, and ran ahead of bsp and of the batch of 32.
+  cfg.schedule.kind = "cosine";
+  cfg.schedule.warmup_epochs = 0.5;
   cfg.train.steps = 64;  // two epochs
   const std::vector<float> accumulated = run(cfg);
   cfg.train.batch = 32;

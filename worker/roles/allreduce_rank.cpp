@@ -211,8 +211,11 @@ void AllreduceRank::step(long step) {
     else coll_->allreduce_sum(grad, P_, step / N);
     rec.comm_s = ctx_.since(t1);
     rec.allreduce_bytes = long(P_ * (wire_ ? 2 : sizeof(float)));
+    // The schedule's epoch: samples applied before this update (as the servers count them), not
+    // its own accumulated batches (samples_ holds all but the last of them).
+    const double applied = double(samples_) - (acc_.weight() - double(global_batch));
     rec.lr = learning_rate(schedule_, cfg_.optimizer.lr, cfg_.cluster.workers * cfg_.train.batch * N,
-                           double(samples_) / double(ctx_.data().train.n));
+                           applied / double(ctx_.data().train.n));
     optimizer_.step(model_.params(), grad, rec.lr);
   }
   samples_ += global_batch;

@@ -42,7 +42,8 @@ double run_single(const ExperimentConfig& cfg, const SingleRunOptions& single) {
     } else {
       rec.loss = replica.compute_gradient(idx);
       if (acc.add(model.grads(), double(idx.size()), step == steps - 1)) {
-        rec.lr = learning_rate(schedule, cfg.optimizer.lr, cfg.train.batch * acc.batches(), double(samples) / data.train.n);
+        const double applied = double(samples) - (acc.weight() - double(idx.size()));  // (before this update's batches)
+        rec.lr = learning_rate(schedule, cfg.optimizer.lr, cfg.train.batch * acc.batches(), applied / data.train.n);
         optimizer.step(model.params(), acc.mean(), rec.lr);
       }
     }
