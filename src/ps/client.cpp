@@ -511,7 +511,11 @@ void PsClient::send_push(int k) {
     h.bytes = s.range.length * sizeof(float);
   } else {
     const std::size_t i = std::size_t(k);
-    if (encoded_clock_[i] != push_.clock) {  // encoded once: a resend must not feed the residual twice
+    if (push_.batch == 0) {  // an empty batch (which the server applies as nothing): zeros, the residual kept owed
+      const std::vector<float> zeros(s.range.length, 0.0f);  // (rare: a shard's last batch of an epoch)
+      encoded_bytes_[i] = codec_->encode(zeros.data(), s.range.length, encoded_[i].data());
+      encoded_clock_[i] = -1;
+    } else if (encoded_clock_[i] != push_.clock) {  // encoded once: a resend must not feed the residual twice
       encoded_bytes_[i] = encoders_[i]->encode(g, s.range.length, encoded_[i].data());
       encoded_clock_[i] = push_.clock;
     }

@@ -882,4 +882,33 @@ TEST(Timeouts, APushWhosePiecesStopIsAbandonedAndThoseBehindItGoOn) {
   EXPECT_EQ(cluster.servers[0]->state().version(), 1);  // worker 1's alone
 }
 
+// Error feedback: what a lossy codec left out is owed to later pushes, exactly (top-k sends
+// values as they are). An empty batch (a shard's last of an epoch) sent part of it, which the
+// server applies as nothing: lost. Pushed g once, then zeros: θ must end at θ0 - lr g exactly.
+TEST(Server, AnEmptyBatchKeepsWhatErrorFeedbackOwes) {
+  ExperimentConfig cfg = test::small_config("asp", 1, 1);
+  cfg.optimizer.kind = "sgd";
+  cfg.optimizer.lr = 1.0;
+  cfg.cluster.codec = "topk:0.25";
+  cfg.cluster.error_feedback = "on";
+  Cluster cluster(cfg, false, /*wait_for_shutdown=*/true);
+  const std::size_t P = count_params(model_spec(cfg));
+  PsClient w(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::worker, 0));
+  w.connect();
+  std::vector<float> theta0(P), theta(P), g(P), zeros(P, 0.0f);
+  for (std::size_t i = 0; i < P; ++i) g[i] = float(int(i % 13) - 6) * 0.125f;  // (exact in float)
+  w.pull(0, theta0.data());
+  w.push(0, 8, g.data(), nullptr);
+  w.push(1, 0, g.data(), nullptr);  // an empty batch (its gradient is whatever the buffer holds)
+  for (long c = 2; c < 12; ++c) w.push(c, 8, zeros.data(), nullptr);  // 4 pushes send all a top-25% owes
+  w.pull(12, theta.data());
+  for (std::size_t i = 0; i < P; ++i) ASSERT_EQ(theta[i], theta0[i] - g[i]) << "float " << i;
+  w.bye(12);
+  PsClient evaluator(*cluster.transport, cluster.endpoints, client_options(cfg, wire::Role::evaluator, wire::kEvaluator));
+  evaluator.connect();
+  evaluator.shutdown();
+  cluster.join();
+  cluster.rethrow();
+}
+
 }  // namespace
