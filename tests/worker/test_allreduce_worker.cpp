@@ -162,6 +162,19 @@ TEST(AllReduceTimeouts, TimeoutNamesTheRankThatDidNotArrive) {
 // 20 steps written to a checkpoint (momentum: its velocity too), then a run of 50 steps resumed
 // from it, gives bitwise the θ of 50 steps straight. (The 20-step run's checkpoint is relabelled
 // with the 50-step config's fingerprint, which counts the steps.)
+// A checkpoint that cannot be written (a full disk, a directory gone) costs the checkpoint, not
+// the run: rank 0 says so and trains on, as a server does. Rank 0 exited, and the run failed.
+TEST(AllReduceCheckpoint, ACheckpointThatCannotBeWrittenDoesNotEndTheRun) {
+  const ExperimentConfig cfg = test::small_config("allreduce", 2, 1);
+  const auto dir = temp_dir("ar_ckpt_unwritable");
+  const auto theta = test::run_allreduce_workers(cfg, dir, [&](RoleOptions& o) {
+    o.checkpoint = (dir / "no such directory" / "allreduce.ckpt").string();
+  });
+  EXPECT_EQ(theta[0], theta[1]);
+  EXPECT_FALSE(std::filesystem::exists(dir / "no such directory"));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(AllReduceCheckpoint, AResumedRunGoesOnBitwise) {
   const ExperimentConfig full = test::small_config("allreduce", 2, 1);
   ExperimentConfig part = full;

@@ -245,9 +245,14 @@ void AllreduceRank::write_checkpoint_at(long step_done, const char* why) {
   c.theta.assign(theta, theta + P_);
   c.optimizer_steps = optimizer_.steps();
   c.optimizer = optimizer_.state();
-  write_checkpoint(opt_.checkpoint, c);
-  ctx_.metrics().write({{"kind", "checkpoint"}, {"why", why}, {"version", step_done}, {"ms", ctx_.since(t) * 1e3}});
   last_checkpoint_ = ctx_.clock().now();
+  try {  // (as a server's: a full disk costs the checkpoint, not the run; the one before stays whole)
+    write_checkpoint(opt_.checkpoint, c);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[rank 0] %s checkpoint not written: %s\n", why, e.what());
+    return;
+  }
+  ctx_.metrics().write({{"kind", "checkpoint"}, {"why", why}, {"version", step_done}, {"ms", ctx_.since(t) * 1e3}});
 }
 
 std::vector<float> AllreduceRank::finish() {
