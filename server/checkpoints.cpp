@@ -55,6 +55,9 @@ void Server::restart_fresh() {
 }
 
 void Server::write_checkpoint_now(const char* why) {
+  // A backup that has had no input from its primary holds the initial θ, not the shard (one
+  // started in place of a server that died, not sent the shard yet): its file keeps what it held.
+  if (!opt_.backup_of.empty() && applied_ == 0) return;
   const auto t0 = clock_.now();
   long version = 0;
   try {

@@ -242,11 +242,32 @@ def checkpoint_path(run_dir, name):
     return run_dir / "checkpoints" / f"{name}.ckpt"
 
 
+def checkpoint_version(path):
+    """The version a server's checkpoint file holds (its header), or None where there is none."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return None
+    return int.from_bytes(head[56:64], "little", signed=True) if len(head) == 64 and head[:8] == b"PSLABCKP" else None
+
+
+def shard_checkpoint(run_dir, rank):
+    """Shard `rank`'s checkpoint to resume from: server<k>'s, or its backup's where that holds a
+    later version (cluster.replicas = 2: the backup that took over writes backup<k>.ckpt, and
+    the server started in its place writes server<k>.ckpt only once it holds the shard)."""
+    paths = [checkpoint_path(run_dir, f"server{rank}"), checkpoint_path(run_dir, f"backup{rank}")]
+    versions = [checkpoint_version(p) for p in paths]
+    if versions[1] is not None and (versions[0] is None or versions[1] > versions[0]):
+        return paths[1]
+    return paths[0]
+
+
 def resume_arguments(run_dir, proc):
     """What a process of a resumed run adds to its command line (local, ssh, Slurm's tasks)."""
     if proc.role == "backup":  # (it joins its resumed server, which sends it the shard)
         return []
-    return ["--resume", str(checkpoint_path(run_dir, proc.name))] if proc.role == "server" else ["--resume"]
+    return ["--resume", str(shard_checkpoint(run_dir, proc.rank))] if proc.role == "server" else ["--resume"]
 
 
 def plan_local(plan, run_dir, run_start, bins, sockets=None):

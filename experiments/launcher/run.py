@@ -22,8 +22,8 @@ from .mps import decide_mps, mps_daemon
 from .monitor import Progress, how_it_ended, monitor, process_failure, srun_failure
 from .scripts import needs_theta0, theta0_sets
 from .placement import (DRY_RUN_SOCKET_DIR, Proc, checkpoint_path, cluster_hosts, fixed_or_probed_ports, plan_cluster,
-                        plan_local, plan_ssh, plan_virtual, ports_wanted, resume_arguments, run_key_path, socket_dir,
-                        srun_command, ssh_base, ssh_command)
+                        plan_local, plan_ssh, plan_virtual, ports_wanted, resume_arguments, run_key_path, shard_checkpoint,
+                        socket_dir, srun_command, ssh_base, ssh_command)
 from .metrics import read_jsonl
 from .plan import RunPlan, new_invocation_dir, replan, safe_dir_name
 from .processes import (Heartbeat, Interrupted, check_signal, close_stdin, end_groups, log_tail, start,
@@ -131,7 +131,7 @@ def resume_run(run_dir, bins, opts):
     if plan.worker_kind == "python":
         raise UsageError(f"{run_dir}: its workers are a script of yours (worker.kind = \"python\"), which cannot go on "
                          f"from the servers' checkpoints; start the run anew")
-    needed = ([checkpoint_path(run_dir, p["name"]) for p in plan.processes if p["role"] == "server"] if plan.uses_servers
+    needed = ([shard_checkpoint(run_dir, p["rank"]) for p in plan.processes if p["role"] == "server"] if plan.uses_servers
               else [checkpoint_path(run_dir, "allreduce")])
     missing = [str(c) for c in needed if not c.is_file()]
     if missing:

@@ -6,14 +6,36 @@ import os
 import re
 import signal
 import stat
+import sys
 import time
 import unittest
 
-from tests.launcher.helpers import LauncherTestCase, option, wait_until
+from tests.launcher.helpers import REPO, LauncherTestCase, option, wait_until
+
+sys.path.insert(0, str(REPO / "experiments"))  # (the launcher's own parts, tested alone)
+from launcher.placement import shard_checkpoint  # noqa: E402
 
 
 class Resume(LauncherTestCase):
     """Checkpoints: a run resumed, a server restarted."""
+
+    def test_a_replicated_shard_resumes_from_the_copy_that_served_it_last(self):
+        # cluster.replicas = 2: the backup that took over writes backup<k>.ckpt, which resume
+        # never read (server<k>.ckpt: the dead primary's older file, or the initial θ of the
+        # server started in its place).
+        d = self.tmp / "run"
+        (d / "checkpoints").mkdir(parents=True)
+
+        def write(name, version):
+            head = b"PSLABCKP" + bytes(48) + version.to_bytes(8, "little") + bytes(192)
+            (d / "checkpoints" / f"{name}.ckpt").write_bytes(head)
+        write("server0", 40)
+        write("backup0", 95)
+        write("server1", 60)
+        write("backup1", 12)
+        self.assertEqual(shard_checkpoint(d, 0).name, "backup0.ckpt")
+        self.assertEqual(shard_checkpoint(d, 1).name, "server1.ckpt")
+        self.assertEqual(shard_checkpoint(d, 2).name, "server2.ckpt")  # (none: the one the error names)
 
     def test_resume_after_ctrl_c_ends_like_an_uninterrupted_run(self):
         # Ctrl-C mid-run, then `launch.py resume`: ssp:1 over 2 servers (the servers write their
