@@ -197,7 +197,6 @@ class UnixConnections final : public Connections {
   UnixConnections(const std::vector<std::string>& addresses, const ConnectOptions&) : addresses_(addresses) {
     for (const auto& a : addresses) paths_.push_back(path_of(a));
     fds_.assign(addresses.size(), -1);
-    was_connected_.assign(addresses.size(), 0);
     for (std::size_t k = 0; k < fds_.size(); ++k) try_connect(k);
   }
   ~UnixConnections() override {
@@ -226,11 +225,8 @@ class UnixConnections final : public Connections {
         } else {
           disconnect(k);  // the listener went away: connect again
         }
-      } else if (was_connected_[k]) {  // it was there, and is gone (the process ended): nobody to wait for
-        release(payload);
-        return false;
       } else if (Clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the listener is not there yet
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));  // not there yet (or gone: one started in its place listens here)
       }
       if (Clock::now() >= deadline) {
         release(payload);
@@ -271,7 +267,6 @@ class UnixConnections final : public Connections {
       return false;
     }
     fds_[k] = fd;
-    was_connected_[k] = 1;
     return true;
   }
   void disconnect(std::size_t k) {
@@ -281,7 +276,6 @@ class UnixConnections final : public Connections {
 
   std::vector<std::string> addresses_, paths_;
   std::vector<int> fds_;  // -1: not connected (yet, or any more)
-  std::vector<char> was_connected_;  // per listener: connected once (a refusal then: it is gone)
   std::vector<pollfd> polls_;
   std::size_t next_ = 0;
 };
