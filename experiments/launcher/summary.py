@@ -46,6 +46,9 @@ replicas, copies_ended   PS modes: cluster.replicas; with 2, [{shard, process, h
                     are each shard's serving copy's (a backup that took over counts from its start)
 updates_lost        the updates those restarts lost (workers' pushes after the checkpoint), over
                     the servers; 0 without restarts
+resume_lost_pushes  PS modes: the pushes resumed workers sent again empty, summed over the
+                    workers' "resumed" lines (a shard whose checkpoint was behind the others':
+                    what it had missed is lost); 0 when none was
 wall_s              the run's wall-clock time, from its start to its last process's exit
 simulated           true for the virtual cluster (cluster.launcher = "virtual"): every time
                     above but wall_s is simulated; a replay adds replay_of, params_checksums,
@@ -211,6 +214,8 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
         "replicas": plan.replicas if plan.uses_servers else None,
         "copies_ended": list(failed_over or []),  # cluster.replicas = 2: a server or backup that ended, the other went on
         "updates_lost": sum(f.get("updates_lost", 0) for f in finals) if finals else 0,
+        "resume_lost_pushes": sum(x.get("lost_pushes", 0) for rows in worker_rows.values() for x in rows
+                                  if x.get("kind") == "resumed") if plan.uses_servers else None,
         "wall_s": wall_s,
         # extras
         "status": status,
@@ -250,6 +255,9 @@ def result_line(label, s):
     if s.get("copies_ended"):
         parts.append("shard " + ", ".join(f"{c['shard']} went on without {c['process']}" for c in s["copies_ended"])
                      + f" (cluster.replicas = 2; {s.get('updates_lost', 0)} updates lost)")
+    if s.get("resume_lost_pushes"):
+        parts.append(f"resumed with {s['resume_lost_pushes']} push(es) sent again empty (a shard's checkpoint was "
+                     "behind the others': what it missed is lost)")
     if s.get("pushes_refused"):
         parts.append("refused pushes of worker " + ", ".join(f"{w} ({n})" for w, n in s["pushes_refused"].items())
                      + " (cluster.push_guard)")
