@@ -188,6 +188,13 @@ TEST(Codecs, TopKKeepsTheLargestEntriesAndRefusesAPayloadThatIsNotOne) {
   refused(many);
   EXPECT_THROW(make_codec("topk:0"), std::invalid_argument);
   EXPECT_THROW(make_codec("topk:1.5"), std::invalid_argument);
+  // NaN counts as the largest (a comparator NaN made no ordering of was undefined behaviour): it
+  // goes, and the server refuses the push for it.
+  const float nan = std::nanf("");
+  const std::vector<float> with_nan = {0.1f, nan, 0.2f, 3.0f, -0.3f, 0.0f, 1.0f, -0.05f};
+  const auto kept = round_trip(*c, with_nan);
+  EXPECT_TRUE(std::isnan(kept[1]));
+  EXPECT_EQ(kept[3], 3.0f);
 }
 
 TEST(Codecs, Int8AndSignStayWithinTheirBounds) {
@@ -209,6 +216,9 @@ TEST(Codecs, Int8AndSignStayWithinTheirBounds) {
   std::vector<float> out(1000);
   EXPECT_THROW(make_codec("int8")->decode(bad, 1000, out.data()), PayloadError);  // a scale that is not one
   EXPECT_THROW(make_codec("sign")->decode(bad, 1000, out.data()), PayloadError);  // the wrong size
+  // Denormal gradients: most / 127 rounded to a scale of 0, which its own decode refused.
+  const std::vector<float> tiny = {5e-44f, -2e-44f, 0.0f};
+  EXPECT_NO_THROW(round_trip(*make_codec("int8"), tiny));
 }
 
 // Error feedback conserves mass exactly: what was sent, plus what the encoder still owes,

@@ -2,6 +2,7 @@
 // nearest: about a quarter of f32's bytes, each entry within scale / 2 of the gradient.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstring>
 
 #include "ps/codecs/codec.h"
@@ -18,7 +19,9 @@ class Int8 final : public PushCodec {
   std::size_t encode(const float* grad, std::size_t n, std::byte* out) override {
     float most = 0.0f;
     for (std::size_t i = 0; i < n; ++i) most = std::max(most, std::abs(grad[i]));  // NaN is not > : skipped
-    const float scale = most > 0 && std::isfinite(most) ? most / 127.0f : (std::isfinite(most) ? 1.0f : most);
+    // (at least the smallest normal float: most / 127 of a denormal |g| rounds to 0, not a scale)
+    const float scale = most > 0 && std::isfinite(most) ? std::max(most / 127.0f, std::numeric_limits<float>::min())
+                                                        : (std::isfinite(most) ? 1.0f : most);
     std::memcpy(out, &scale, 4);
     for (std::size_t i = 0; i < n; ++i) {
       const float q = std::nearbyint(std::clamp(grad[i] / scale, -127.0f, 127.0f));

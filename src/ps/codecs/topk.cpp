@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <numeric>
 
@@ -26,9 +27,15 @@ class TopK final : public PushCodec {
     const std::size_t k = keep(n);
     order_.resize(n);
     std::iota(order_.begin(), order_.end(), 0u);
-    if (k < n)  // the k largest |g| first (ties: the lower index), in no particular order
+    // The k largest |g| first (ties: the lower index; NaN as the largest, so that the order is
+    // a strict weak ordering and the server refuses the push), in no particular order.
+    const auto size = [&](std::uint32_t i) {
+      const float x = std::abs(grad[i]);
+      return std::isnan(x) ? std::numeric_limits<float>::infinity() : x;
+    };
+    if (k < n)
       std::nth_element(order_.begin(), order_.begin() + std::ptrdiff_t(k), order_.end(), [&](std::uint32_t a, std::uint32_t b) {
-        const float x = std::abs(grad[a]), y = std::abs(grad[b]);
+        const float x = size(a), y = size(b);
         return x > y || (x == y && a < b);
       });
     const std::uint32_t count = std::uint32_t(k);
