@@ -3,6 +3,7 @@ plots and the comparison."""
 import contextlib
 import dataclasses
 import datetime
+import fcntl
 import json
 import os
 import pathlib
@@ -95,6 +96,27 @@ def run_plot(args_list, quiet=False):
         sys.stdout.write(out)
 
 
+@contextlib.contextmanager
+def running(run_dir):
+    """Holds RUN_DIR/launcher.lock while this launcher runs the run (released when it ends, or
+    dies): a resume of a run that is going on is refused (both would write its checkpoints)."""
+    try:
+        f = open(run_dir / "launcher.lock", "a")
+    except OSError:  # (a run directory that cannot be written: the run says so, naming the file)
+        yield
+        return
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise UsageError(f"{run_dir}: the run is going on (another launcher holds {run_dir / 'launcher.lock'}); "
+                         "stop it (Ctrl-C) before resuming it") from None
+    try:
+        yield
+    finally:
+        f.close()
+
+
 def execute_run(plan, run_dir, bins, opts, prefix):
     """Starts one run, waits for it and writes its files; returns its summary (raises RunFailed,
     Interrupted). ipc: its socket directory exists while the run does."""
@@ -109,7 +131,7 @@ def execute_run(plan, run_dir, bins, opts, prefix):
         plan.write(run_dir)
     if plan.authenticates:
         make_run_key(bins, run_dir)
-    with socket_dir(plan) as sockets, mps_daemon(plan, run_dir) as mps_env:
+    with running(run_dir), socket_dir(plan) as sockets, mps_daemon(plan, run_dir) as mps_env:
         s = start_and_watch(plan, run_dir, bins, opts, prefix, sockets, mps_env=mps_env)
     say(result_line(prefix, s))
     if not opts.no_plots:
@@ -122,6 +144,12 @@ def resume_run(run_dir, bins, opts):
     servers' checkpoints. Returns the exit status."""
     run_dir = pathlib.Path(run_dir).resolve()
     plan = RunPlan.load(run_dir)
+    with running(run_dir):
+        return resume_held(run_dir, plan, bins, opts)
+
+
+def resume_held(run_dir, plan, bins, opts):
+    """resume_run's work, this launcher holding the run."""
     try:
         before = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):

@@ -37,6 +37,20 @@ class Resume(LauncherTestCase):
         self.assertEqual(shard_checkpoint(d, 1).name, "server1.ckpt")
         self.assertEqual(shard_checkpoint(d, 2).name, "server2.ckpt")  # (none: the one the error names)
 
+    def test_a_run_that_is_going_on_is_not_resumed(self):
+        # A resume of a run whose launcher still runs it was taken: two sets of servers wrote
+        # the same checkpoint files.
+        p = self.launch_bg("run", self.long_config(), "--runs-dir", self.runs, "--no-plots")
+        self.wait_for_processes(4)
+        run = self.only_invocation("tiny") / "run"
+        r = self.launch("resume", run, "--no-plots")
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn(f"{run}: the run is going on (another launcher holds {run / 'launcher.lock'})", r.stderr)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 130, out + err)
+        self.assert_no_processes_left()
+
     def test_resume_after_ctrl_c_ends_like_an_uninterrupted_run(self):
         # Ctrl-C mid-run, then `launch.py resume`: ssp:1 over 2 servers (the servers write their
         # checkpoints as they stop) and allreduce (rank 0 wrote one every 0.3 s); each ends with
