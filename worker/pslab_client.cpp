@@ -329,7 +329,7 @@ int pslab_client_train_step(pslab_client* c, long step, double loss, int samples
     pslab::RunClock& clock = c->transport->clock();
     pslab::StepRecord rec;
     rec.loss = loss, rec.samples = samples, rec.compute_s = compute_s, rec.version = r.last.min_version;
-    r.straggler->start_step();
+    r.straggler->start_step(step);
     rec.delay_s = r.straggler->sleep_after(compute_s);
     bool exchanged = false;
     auto t1 = clock.now();  // (local rules: from the exchange on)

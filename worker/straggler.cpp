@@ -12,7 +12,7 @@ double Straggler::sleep_s(double s) {
 }
 
 Straggler::Straggler(const StragglerConfig& cfg, std::uint64_t seed, int rank, RunClock& clock)
-    : clock_(clock), rng_(Rng::derive(seed, {0x57A6u, std::uint64_t(rank)})) {
+    : clock_(clock), seed_(seed), rank_(rank) {
   if (std::find(cfg.workers.begin(), cfg.workers.end(), rank) != cfg.workers.end()) slowdown_ = cfg.slowdown;
   fixed_s_ = cfg.delay_ms / 1e3;
   exp_mean_s_ = cfg.exp_delay_ms / 1e3;
@@ -23,11 +23,15 @@ Straggler::Straggler(const StragglerConfig& cfg, std::uint64_t seed, int rank, R
 double Straggler::delay_s(double compute_s) {
   if (!active_) return 0.0;
   double d = (slowdown_ - 1.0) * compute_s + fixed_s_;
-  if (exp_mean_s_ > 0) d += rng_.exponential(exp_mean_s_);
+  if (exp_mean_s_ > 0) {  // drawn from (seed, rank, step): a resumed run draws what it would have
+    Rng rng = Rng::derive(seed_, {0x57A6u, std::uint64_t(rank_), std::uint64_t(step_)});
+    d += rng.exponential(exp_mean_s_);
+  }
   return d;
 }
 
-void Straggler::start_step() {
+void Straggler::start_step(long step) {
+  step_ = step;
   mark_ = clock_.now();
   paced_s_ = owed_s_ = 0.0;
 }

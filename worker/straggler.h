@@ -27,8 +27,8 @@ class Straggler {
   double delay_s(double compute_s);
   bool active() const { return active_; }
 
-  // Call when the step's compute starts.
-  void start_step();
+  // Call when the step's compute starts (step: the worker's, from 0; a resumed run's go on).
+  void start_step(long step);
   // `inner` (may be null), or for a slowed rank a listener that sleeps before passing each
   // report on. Valid while this Straggler lives.
   GradListener* paced(GradListener* inner);
@@ -51,7 +51,9 @@ class Straggler {
   RunClock& clock_;
   double slowdown_ = 1.0, fixed_s_ = 0.0, exp_mean_s_ = 0.0;
   bool active_ = false;
-  Rng rng_;
+  std::uint64_t seed_;
+  int rank_;
+  long step_ = 0;
   Paced paced_;
   RunClock::time_point mark_{};  // the step's start, or the end of the last paced sleep
   double paced_s_ = 0.0;      // slept inside this step's compute

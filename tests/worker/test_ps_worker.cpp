@@ -19,6 +19,7 @@
 #include "run/config.h"
 #include "run/setup.h"
 #include "server.h"
+#include "straggler.h"
 
 using namespace pslab;
 namespace fs = std::filesystem;
@@ -216,6 +217,29 @@ TEST_P(LocalSgd, EasgdWithOneWorkerIsItsLocalStepsAndExchangesByHand) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, LocalSgd, ::testing::ValuesIn(test::exact_transports()),
                          [](const auto& i) { return i.param; });
+
+// ---- straggler delays ----
+
+// straggler.exp_delay_ms draws from (seed, rank, step): a resumed run, which starts at its
+// checkpoint's step, draws what the run would have. They came from one stream per rank, which
+// a resumed run started over.
+TEST(Straggler, ExponentialDelaysAreDrawnFromTheStep) {
+  StragglerConfig cfg;
+  cfg.exp_delay_ms = 5.0;
+  Straggler whole(cfg, 7, 1, wall_clock()), resumed(cfg, 7, 1, wall_clock()), other_rank(cfg, 7, 2, wall_clock());
+  std::vector<double> a, b;
+  for (long step = 0; step < 10; ++step) {
+    whole.start_step(step);
+    a.push_back(whole.delay_s(0.0));
+  }
+  for (long step = 5; step < 10; ++step) {
+    resumed.start_step(step);
+    b.push_back(resumed.delay_s(0.0));
+  }
+  EXPECT_EQ(std::vector<double>(a.begin() + 5, a.end()), b);
+  other_rank.start_step(5);
+  EXPECT_NE(other_rank.delay_s(0.0), a[5]);
+}
 
 // ---- train.accumulate: N batches of b per update are one batch of N b ----
 

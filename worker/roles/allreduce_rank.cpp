@@ -188,7 +188,7 @@ void AllreduceRank::step(long step) {
   if (buckets_) buckets_->start(step, wire_scale(double(global_batch)));
   if (stager_) stager_->start();
   const auto t0 = ctx_.clock().now();
-  ctx_.straggler().start_step();
+  ctx_.straggler().start_step(step);
   StepRecord rec;
   rec.loss = ctx_.replica().compute_gradient(idx, 1.0f / float(global_batch), listener_);
   ctx_.backend().synchronize();

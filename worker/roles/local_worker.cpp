@@ -42,7 +42,7 @@ void run_local_worker(RoleContext& ctx, PsClient& client, const WorkerProtocol& 
     const auto idx = ctx.batch(step);
     const bool last = step == steps - 1;
     const auto t0 = ctx.clock().now();
-    ctx.straggler().start_step();
+    ctx.straggler().start_step(step);
     StepRecord rec;
     rec.lr = learning_rate(schedule, cfg.optimizer.lr, lr_batch, double(step) / double(spe));
     rec.loss = replica.train_step(idx, optimizer, rec.lr);  // (an empty batch moves nothing)

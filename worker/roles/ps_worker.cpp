@@ -106,7 +106,7 @@ void run_ps_worker(const ExperimentConfig& cfg, const RoleOptions& opt) {
       chain.stager.start();
     }
     const auto t0 = ctx.clock().now();
-    ctx.straggler().start_step();
+    ctx.straggler().start_step(step);
     StepRecord rec;
     rec.loss = replica.compute_gradient(idx, -1.0f, listener);
     const bool due = acc.add(replica.model().grads(), double(idx.size()), last);
