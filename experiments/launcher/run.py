@@ -260,6 +260,12 @@ class Supervisor:
     started, watched (a worker lost where the run goes on without it, a server restarted from its
     checkpoint), stopped when one fails, then summarized."""
 
+    def earlier_summary(self):
+        try:
+            return json.loads((self.run_dir / "summary.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
     def __init__(self, plan, run_dir, bins, opts, sockets, resume_from, mps_env=None):
         self.plan, self.run_dir, self.bins, self.opts, self.sockets = plan, run_dir, bins, opts, sockets
         self.resume_from = resume_from
@@ -275,6 +281,10 @@ class Supervisor:
         self.lost = []       # workers that failed while the run went on: {"worker", "how", "log"}
         self.restarted = []  # servers restarted from their checkpoints: {"server", "how", "log"}
         self.failed_over = []  # cluster.replicas = 2: copies of shards that ended: {"shard", "process", "how", "log"}
+        # A resumed run's earlier lives' restarts and copies ended, as its summary.json said them
+        # (the summary holds every life's, as updates_lost does; the limits count this life's).
+        earlier = self.earlier_summary() if resume_from else {}
+        self.earlier = (list(earlier.get("servers_restarted") or []), list(earlier.get("copies_ended") or []))
         self.records = None  # the processes' records in the manifest last written
         self.procs, self.started = self.place()  # started: what the launcher starts (Slurm: srun)
         self.launched = []  # of those, the ones started so far (and any started in a dead one's place)
@@ -452,8 +462,8 @@ class Supervisor:
                     close_stdin(p)
         end_groups(self.launched)  # (any exit the monitor did not see)
         self.manifest(placed=True)
-        s = summarize(plan, run_dir, time.time() - self.run_start, lost=self.lost, restarted=self.restarted,
-                      failed_over=self.failed_over)
+        s = summarize(plan, run_dir, time.time() - self.run_start, lost=self.lost, restarted=self.earlier[0] + self.restarted,
+                      failed_over=self.earlier[1] + self.failed_over)
         if getattr(self.opts, "replay_of", None):
             s.update(replay_verdict(self.opts.replay_of, run_dir, plan))
         write_file(run_dir / "summary.json", json.dumps(s, indent=2) + "\n")
@@ -477,8 +487,8 @@ class Supervisor:
             status, failure = "cancelled", f"stopped by {e}: {cancelled}"
             warn(cancelled)
         s = summarize(self.plan, self.run_dir, time.time() - self.run_start, status=status,
-                      failure=failure, lost=self.lost, restarted=self.restarted,
-                      failed_over=self.failed_over)
+                      failure=failure, lost=self.lost, restarted=self.earlier[0] + self.restarted,
+                      failed_over=self.earlier[1] + self.failed_over)
         try:
             write_file(self.run_dir / "summary.json", json.dumps(s, indent=2) + "\n")
         except CannotWrite as w:  # said; the run's own failure is what is raised

@@ -134,6 +134,30 @@ class Resume(LauncherTestCase):
         self.assertGreater(s["final_test_acc"], 0.9)
         self.assert_no_processes_left()
 
+    def test_a_resumed_runs_summary_keeps_the_restarts_of_its_earlier_life(self):
+        # kill -9 of server 1 (restarted), then Ctrl-C, then resume: the summary listed only the
+        # resumed life's restarts, though updates_lost counted every life's.
+        path = self.tiny_variant("restart-resume.toml", [("steps = 500", "steps = 100000"), ('mode = "bsp"', 'mode = "asp"'),
+                                                         ("servers = 1", "servers = 2")],
+                                 append="\n[checkpoint]\nevery_s = 0.3\n")
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1")
+        procs = self.wait_for_processes(5)
+        server1 = [pid for pid, argv in procs.items() if "--shard" in argv and option(argv, "--shard") == "1"]
+        self.wait_for_train_lines(["worker0", "worker1"])
+        run = self.only_invocation("tiny") / "run"
+        wait_until(self, (run / "checkpoints" / "server1.ckpt").exists, 20, "server 1 wrote no checkpoint")
+        os.kill(server1[0], signal.SIGKILL)
+        wait_until(self, lambda: "resumed from" in (run / "logs" / "server1.log").read_text(), 30, "server 1 was not restarted")
+        time.sleep(1.0)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 130, out + err)
+        self.assertEqual([r["server"] for r in json.loads((run / "summary.json").read_text())["servers_restarted"]], [1])
+        r = self.launch("resume", run, "--no-plots", "--max-minutes", "0.1", timeout=120)  # (then stopped: the guard)
+        s = json.loads((run / "summary.json").read_text())
+        self.assertEqual([x["server"] for x in s["servers_restarted"]], [1], r.stdout + r.stderr)
+        self.assert_no_processes_left()
+
     def test_a_server_killed_before_its_first_checkpoint_restarts_from_the_initial_theta(self):
         # no checkpoint yet (every 1000 s): restarted from the run's initial θ, saying so; the
         # workers rejoin it, the updates its shard had are lost and counted, and the run ends ok
