@@ -385,6 +385,9 @@ TEST(ModelResNet, HasTheParametersOfHeEtAlAndRefusesBadDepths) {
   EXPECT_NE(thrown<std::invalid_argument>([&] { count_params(s); }).find("model.depth must be 6n + 2"), std::string::npos);
   s = make_resnet(8, 16, 1, 1, 1, 10);
   EXPECT_NE(thrown<std::invalid_argument>([&] { count_params(s); }).find("needs image data"), std::string::npos);
+  s = make_resnet(8, 2, 1, 4, 4, 3);  // 1x1 in the last stage: a batch of 1 there normalised to β alone
+  EXPECT_NE(thrown<std::invalid_argument>([&] { count_params(s); }).find("needs images of at least 5x5 pixels"),
+            std::string::npos);
   // A layer-wise optimizer sees the blocks' convolutions and batch norms, not whole blocks.
   s = make_resnet(8, 2, 1, 6, 6, 3);
   const auto groups = layer_sizes(s, 0, count_params(s));

@@ -37,6 +37,10 @@ struct ResNet final : ModelKind {
       throw std::invalid_argument("\"resnet\" needs image data (data.kind = \"fashion-mnist\", \"cifar10\", or \"arrays\" "
                                   "of (n, H, W) or (n, C, H, W)): its input is " + std::to_string(spec.channels) + "x" +
                                   std::to_string(spec.height) + "x" + std::to_string(spec.width));
+    if (spec.height < 5 || spec.width < 5)  // (4x4: 1x1 in the last stage, where a batch of 1 normalises to β alone)
+      throw std::invalid_argument("\"resnet\" needs images of at least 5x5 pixels (its last stage is a quarter of "
+                                  "their size, and batch norm needs more than one value per channel): its input is " +
+                                  std::to_string(spec.height) + "x" + std::to_string(spec.width));
     Layers l;
     conv_bn(l, Shape{spec.channels, spec.height, spec.width}, spec.stage_width, 3, 1);
     l.push_back(std::make_unique<Relu>(l.back()->out()));
