@@ -188,6 +188,7 @@ class Plots(unittest.TestCase):
         ax = self.draw(dirs)["scaling.png"].axes[1]
         self.assertEqual(self.legend(ax), ["asp (mean of 3 seeds)", "asp+topk (mean of 3 seeds)"])
         means = [list(c.lines[0].get_ydata()) for c in ax.containers]
+        self.assertEqual(len(means), 2)
         for got, want in zip(means, (90.0, 74.0)):
             self.assertEqual([round(y, 6) for y in got], [want] * 3)
 

@@ -422,11 +422,16 @@ class Outsiders(LauncherTestCase):
         intruder = subprocess.Popen(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", str(WORKER_BIN), "ps",
                                      "-c", str(config), "--rank", "0", "--servers", server, "-o", str(outside), "-q"],
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        waited = False
         try:
             out, _ = intruder.communicate(timeout=6)
         except subprocess.TimeoutExpired:
             intruder.kill()
             out, _ = intruder.communicate()
+            waited = True
+        # It ran and waited for an answer (still waiting at 6 s, or its wait for Welcome ran out):
+        # an outsider that never started would pass the checks below too.
+        self.assertTrue(waited or "no reply to Hello" in out, "the outsider did not run as one:\n" + out)
         answered = [line for line in out.splitlines() if "error:" in line and "no reply to Hello" not in line]
         self.assertEqual(answered, [], "a server answered the outsider")
         metrics = "".join(m.read_text() for m in outside.glob("metrics/*.jsonl"))

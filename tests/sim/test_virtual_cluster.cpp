@@ -58,8 +58,10 @@ TEST(VirtualCluster, ARunIsDeterministicToTheByte) {
   const ExperimentConfig cfg = virtual_config("asp", 4, 2, {"straggler.exp_delay_ms=0.5"});
   const fs::path a = test::temp_dir("virtual_a"), b = test::temp_dir("virtual_b");
   EXPECT_EQ(run(cfg, a), run(cfg, b));
-  for (const char* f : {"worker0.jsonl", "worker3.jsonl", "server1.jsonl", "evaluator.jsonl"})
+  for (const char* f : {"worker0.jsonl", "worker3.jsonl", "server1.jsonl", "evaluator.jsonl"}) {
+    EXPECT_FALSE(read(a / "metrics" / f).empty()) << f << " not written (two missing files compare equal)";
     EXPECT_EQ(read(a / "metrics" / f), read(b / "metrics" / f)) << f;
+  }
   fs::remove_all(a);
   fs::remove_all(b);
 }
