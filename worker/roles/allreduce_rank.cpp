@@ -201,6 +201,9 @@ void AllreduceRank::step(long step) {
   // over ranks of the accumulated means is the mean over every sample of the update.
   const bool due = acc_.add(model_.grads(), double(global_batch), last);
   const int N = acc_.batches();
+  // The accumulator's sums and scales are queued on the backend's stream; NCCL reduces on its
+  // own, which nothing orders after them (a GPU: the mean read half-scaled). (N = 1: nothing queued.)
+  if (due && N > 1) ctx_.backend().synchronize();
   if (due) {
     float* grad = acc_.mean();
     const auto t1 = ctx_.clock().now();
