@@ -105,6 +105,12 @@ const Perf* choose(const Perf* perf, int n, bool tf32) {
     if (p.determinism == CUDNN_DETERMINISTIC) return &p;
     if (!fallback) fallback = &p;
   }
+  static std::once_flag said;  // (a bitwise comparison of two runs then fails: said once)
+  if (fallback)
+    std::call_once(said, [] {
+      std::fprintf(stderr, "cuDNN: no deterministic algorithm fits a convolution pass (workspace, math type): a "
+                   "non-deterministic one runs, and two runs of one seed may differ in their last bits\n");
+    });
   return fallback;
 }
 
