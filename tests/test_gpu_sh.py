@@ -26,6 +26,8 @@ if [[ -n ${!sleep_var:-} ]]; then
   echo $! > "$STEP_PIDS/$1"
   wait
 fi
+skip_var=STEP_SKIP_$1
+[[ -z ${!skip_var:-} ]] || exit 77
 [[ -z ${!fail_var:-} ]]
 """
 
@@ -86,12 +88,19 @@ class GpuSh(unittest.TestCase):
         self.assertIn("FAILED: step 1", p.stdout)
         self.assertEqual([(s["step"], s["status"]) for s in self.steps()], [(1, "failed"), (2, "ok")])
 
+    def test_a_step_with_nothing_to_run_it_is_listed_as_skipped_not_ok(self):
+        # (step 7 without a PyTorch with CUDA): it was listed "ok", and "every check that ran passed"
+        p, _ = self.run_gpu_sh("--only", "7,1", env=dict(self.env, STEP_SKIP_7="1"))
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual([(s["step"], s["status"]) for s in self.steps()], [(7, "skipped"), (1, "ok")])
+        self.assertIn("not run (the budget, or nothing here to run it with): step 7", p.stdout)
+
     def test_a_step_whose_estimate_does_not_fit_the_budget_is_skipped(self):
         p, _ = self.run_gpu_sh("--only", "1,3,2", "--budget", "60", "--estimate", "1=5", "--estimate", "3=100",
                                "--estimate", "2=5")
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         self.assertIn("step 3 skipped: about 100 s", p.stdout)
-        self.assertIn("not run (the budget): step 3", p.stdout)
+        self.assertIn("not run (the budget, or nothing here to run it with): step 3", p.stdout)
         self.assertEqual([(s["step"], s["status"]) for s in self.steps()], [(1, "ok"), (3, "skipped"), (2, "ok")])
 
     def test_a_step_still_running_when_the_budget_ends_is_stopped_with_what_it_started(self):
