@@ -14,7 +14,8 @@ if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # (before anything is built)
 fi
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${PSLAB_BUILD:-$root/build}
-[[ -x "$build/tests/bench_train" ]] || "$root/experiments/setup.sh"
+# Built first, always (incremental: cheap when nothing changed), so that no figure is an old binary's.
+if [[ -n ${PSLAB_BUILD:-} ]]; then cmake --build "$build" >/dev/null; else "$root/experiments/setup.sh" >/dev/null; fi
 out="$root/runs/bench"
 mkdir -p "$out"
 which=("$@")

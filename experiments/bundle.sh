@@ -126,7 +126,7 @@ fi
     [[ -e $f ]] || continue
     lib=$(basename "$f")
     [[ $lib == libpslab_* ]] && continue  # the CUDA plugins: the bundle's revision
-    pkg=$(dpkg -S "*/$lib" 2>/dev/null | head -1 | cut -d: -f1)
+    pkg=$(dpkg -S "*/$lib" 2>/dev/null | head -1 | cut -d: -f1 || true)  # (none: unpackaged, e.g. CUDA's NCCL)
     ver=$([[ -n $pkg ]] && dpkg-query -W -f='${Version}' "$pkg" 2>/dev/null || echo unknown)
     printf '%s\n    "%s": "%s %s"' "$sep" "$lib" "${pkg:-unpackaged}" "$ver"
     sep=","

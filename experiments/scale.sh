@@ -21,20 +21,31 @@ out="$root/runs/scale-study/$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$out"
 runs=()
 # The cost model's compute: one measurement for every point (a short run measures it at start).
-/usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/scale.toml" ${sets[@]+"${sets[@]}"} \
-  --set 'cluster.mode="allreduce"' --set train.steps=5 --runs-dir "$out/measure" --no-plots > /dev/null
-compute_ms=$(grep -ho "measured here: [0-9.]* ms" "$out"/measure/scale/*/run/logs/virtual.log | head -1 | awk '{print $3}')
-echo "[scale] a worker's step on this machine: $compute_ms ms (virtual.compute_ms for every point)" >&2
-rm -rf "$out/measure"
+if ! /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/scale.toml" ${sets[@]+"${sets[@]}"} \
+    --set 'cluster.mode="allreduce"' --set train.steps=5 --runs-dir "$out/measure" --no-plots > "$out/measure.log" 2>&1; then
+  echo "[scale] error: the run that measures a step failed: $out/measure.log" >&2
+  exit 1
+fi
+compute_ms=$(grep -ho "measured here: [0-9.]* ms" "$out"/measure/*/*/*/logs/virtual.log 2>/dev/null | head -1 | awk '{print $3}' || true)
+measured=()
+if [[ -n $compute_ms ]]; then
+  measured=(--set virtual.compute_ms="$compute_ms")
+  echo "[scale] a worker's step on this machine: $compute_ms ms (virtual.compute_ms for every point)" >&2
+else  # (--set virtual.compute_ms: nothing measured, that value for every point)
+  echo "[scale] no step measured: virtual.compute_ms as --set says, for every point" >&2
+fi
+rm -rf "$out/measure" "$out/measure.log"
 for w in "${counts[@]}"; do
   s=$(( w / 16 > 2 ? w / 16 : 2 ))
   echo "[scale] $w workers, $s servers: every mode, simulated" >&2
   /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/scale.toml" ${sets[@]+"${sets[@]}"} \
-    --set virtual.compute_ms="$compute_ms" --set cluster.workers="$w" --set cluster.servers="$s" \
-    --runs-dir "$out/w$w" --no-plots > "$out/w$w.log"
+    ${measured[@]+"${measured[@]}"} --set cluster.workers="$w" --set cluster.servers="$s" \
+    --runs-dir "$out/w$w" --no-plots --keep-going > "$out/w$w.log" ||
+    echo "[scale] $w workers: a run failed ($out/w$w.log); the others are plotted" >&2
   tail -n 9 "$out/w$w.log" | grep '^| ' >&2 || true
-  for d in "$out/w$w"/scale/2*/mode=*; do [[ -f $d/summary.json ]] && runs+=("$d"); done
+  for d in "$out/w$w"/*/2*/mode=*; do [[ -f $d/summary.json ]] && runs+=("$d"); done
 done
+((${#runs[@]})) || { echo "[scale] error: no run ended (their logs: $out/w*.log)" >&2; exit 1; }
 /usr/bin/python3 "$root/experiments/plot.py" "${runs[@]}" --out "$out/plots" --only scaling
 /usr/bin/python3 - "$out" "${runs[@]}" <<'PY'
 import json, sys, pathlib
