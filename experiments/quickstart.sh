@@ -23,7 +23,15 @@ status=0
   --build-dir "$root/build" --keep-going "$@" || status=$?
 if ((status == 2 || status == 130 || status == 143)); then exit "$status"; fi  # nothing (more) to show
 
-latest="$PWD/runs/compare/latest"  # the launcher writes ./runs where it is started
+runs_dir="$PWD/runs"  # the launcher writes ./runs where it is started, or where --runs-dir says
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case ${args[i]} in
+    --runs-dir) runs_dir=${args[i + 1]:-$runs_dir} ;;
+    --runs-dir=*) runs_dir=${args[i]#--runs-dir=} ;;
+  esac
+done
+latest="$runs_dir/compare/latest"
 if [[ -d "$latest" ]]; then
   dir=$(cd "$latest" && pwd -P)
   echo "[quickstart] comparison table: $dir/comparison.md (and comparison.csv)"
