@@ -63,7 +63,7 @@ from launcher.summary import training_windows  # noqa: E402  (stdlib only)
 
 # The keys that set the global batch (besides the seed) and the cluster's size: what the runs of
 # one experiment differ in across large_batch.png and scaling.png.
-BATCH_KEYS = ("train.batch", "train.accumulate", "cluster.workers")
+GLOBAL_BATCH_KEYS = ("train.batch", "train.accumulate", "cluster.workers")
 SIZE_KEYS = ("cluster.workers", "cluster.servers")
 LINE_STYLES = ("-", "--", ":", "-.")
 
@@ -104,7 +104,7 @@ def experiment_key(d, cfg, manifest, varying=()):
 
 def display_name(label, mode, drop=()):
     """A sweep label (seed=1,mode=asp) without the keys in `drop` (as labels name them: the key's
-    last part for seed, BATCH_KEYS and SIZE_KEYS), a variant by its name; the mode where nothing
+    last part for seed, GLOBAL_BATCH_KEYS and SIZE_KEYS), a variant by its name; the mode where nothing
     else is left."""
     drop = {k.split(".")[-1] for k in drop}
     parts = [p.removeprefix("variant=") for p in (label or "").split(",") if p and p.partition("=")[0] not in drop]
@@ -473,7 +473,7 @@ def plot_large_batch(runs, out):
     """large_batch.png: final test accuracy against the global batch (log 2), one line per method
     (the runs that differ in the global batch and the seed alone), the mean over its seeds."""
     lines = []
-    for name, rs in named_groups([r for r in runs if r.summary.get("status") in ("ok", "diverged")], BATCH_KEYS):
+    for name, rs in named_groups([r for r in runs if r.summary.get("status") in ("ok", "diverged")], GLOBAL_BATCH_KEYS):
         by = {}
         for r in rs:
             gb, acc = r.summary.get("global_batch"), r.summary.get("final_test_acc")
