@@ -13,6 +13,7 @@ decide the same way from the GPUs they actually got (comm/collective.h)."""
 import concurrent.futures
 import os
 import subprocess
+import tomllib
 
 from .common import UsageError
 from .placement import cluster_hosts, gpu_slots, ssh_base
@@ -100,6 +101,9 @@ def decide_collective(plan, gpus_of=visible_gpus):
     asked = plan.collective
     if asked == "gloo":
         return "gloo", 'allreduce: cluster.collective = "gloo": GPU buffers are all-reduced through host memory'
+    if asked == "auto" and tomllib.loads(plan.config_text).get("cluster", {}).get("overlap") is True:
+        return "gloo", ('allreduce: cluster.collective = "auto" with cluster.overlap = true: through host memory, '
+                        "which overlaps with backward (NCCL's all-reduce does not yet)")
     hosts = rank_hosts(plan)
     if hosts is None:
         return asked, (f'allreduce: cluster.collective = "{asked}": the nodes are not known before the job; '

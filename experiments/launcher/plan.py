@@ -39,8 +39,9 @@ def find_binaries(build_dir):
 CONFIG_TIMEOUT_S = 120  # pslab_worker config: reads a config, the headers of its data sets
 
 
-def binary_config(bins, args):
-    """Runs `pslab_worker config ARGS`; returns stdout or raises UsageError with the binary's error."""
+def binary_config(bins, args, named=None):
+    """Runs `pslab_worker config ARGS`; returns stdout or raises UsageError with the binary's error
+    (named: {a temporary file's path: what to call it there}, e.g. the run's config and label)."""
     try:
         p = subprocess.run([str(bins.worker), "config", *args], capture_output=True, text=True, timeout=CONFIG_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -49,7 +50,10 @@ def binary_config(bins, args):
                          f"that hangs?)") from None
     check_signal()  # a Ctrl-C reaches the binary too
     if p.returncode != 0:
-        raise UsageError((p.stderr or p.stdout).strip() or f"pslab_worker config exited {p.returncode}")
+        why = (p.stderr or p.stdout).strip() or f"pslab_worker config exited {p.returncode}"
+        for path, name in (named or {}).items():
+            why = why.replace(path, name)
+        raise UsageError(why)
     return p.stdout
 
 
@@ -221,7 +225,8 @@ def replan(bins, plan, sets, tmp):
     args = ["-c", str(src)]
     for s in sets:
         args += ["--set", s]
-    binary_config(bins, args + ["--write", str(config_out), "--plan", str(plan_out)])
+    binary_config(bins, args + ["--write", str(config_out), "--plan", str(plan_out)],
+                  named={str(src): f"the run's config{f' [{plan.label}]' if plan.label else ''} with {', '.join(sets)}"})
     return RunPlan.from_texts(plan_out.read_text(), config_out.read_text(), plan.label)
 
 

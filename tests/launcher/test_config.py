@@ -364,6 +364,12 @@ class Config(LauncherTestCase):
         self.assertIn("ranks 0, 1 on 1 GPU (GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-1))", r.stdout)
         r = dry("gloo", 2)
         self.assertIn('cluster.collective = "gloo": GPU buffers are all-reduced through host memory', r.stdout)
+        # overlap asked for: NCCL's does not overlap, so "auto" goes through host memory (NCCL was
+        # picked, and the binary refused it, naming a temporary file)
+        path.write_text(text.replace("[cluster]", '[cluster]\ncollective = "auto"\noverlap = true'))
+        r = self.launch("run", path, "--runs-dir", self.runs, "--dry-run", env=dict(self.env, FAKE_GPUS="2"))
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn('cluster.collective = "auto" with cluster.overlap = true: through host memory', r.stdout)
         # an explicit "nccl" that cannot work: refused, naming the host, its ranks and its GPUs
         for extra in ([], ["--dry-run"]):
             path.write_text(text.replace("[cluster]", '[cluster]\ncollective = "nccl"'))
