@@ -106,19 +106,23 @@ class Resume(LauncherTestCase):
         # rejoin it, the run ends ok and says how many updates were lost.
         self.subtests_in_fresh_runs("transport", ("tcp", "ipc"), self.check_server_restart)
 
-    def check_server_restart(self, transport):
-        path = self.tiny_variant("restart.toml", [("steps = 500", "steps = 1500"), ('mode = "bsp"', 'mode = "asp"'),
-                                                  ("servers = 1", "servers = 2")],
-                                 append="\n[checkpoint]\nevery_s = 0.3\n")
-        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1",
-                           "--set", f'cluster.transport="{transport}"')
+    def start_asp_on_two_servers(self, steps, every_s, *sets):
+        """tiny.toml in asp over 2 servers (heartbeat_s 1, a checkpoint every `every_s`), started
+        and training: (the launcher, server 1's pid, the run directory)."""
+        path = self.tiny_variant("two-servers.toml", [("steps = 500", f"steps = {steps}"), ('mode = "bsp"', 'mode = "asp"'),
+                                                      ("servers = 1", "servers = 2")],
+                                 append=f"\n[checkpoint]\nevery_s = {every_s}\n")
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1", *sets)
         procs = self.wait_for_processes(5)
         server1 = [pid for pid, argv in procs.items() if "--shard" in argv and option(argv, "--shard") == "1"]
         self.assertEqual(len(server1), 1, procs)
         self.wait_for_train_lines(["worker0", "worker1"])
-        run = self.only_invocation("tiny") / "run"
+        return p, server1[0], self.only_invocation("tiny") / "run"
+
+    def check_server_restart(self, transport):
+        p, server1, run = self.start_asp_on_two_servers(1500, 0.3, "--set", f'cluster.transport="{transport}"')
         wait_until(self, (run / "checkpoints" / "server1.ckpt").exists, 20, "server 1 wrote no checkpoint")
-        os.kill(server1[0], signal.SIGKILL)
+        os.kill(server1, signal.SIGKILL)
         out, err = p.communicate(timeout=90)
         self.assertEqual(p.returncode, 0, out + err)
         self.assertRegex(err, r"server1 \(shard 1\) on local was killed by signal 9 \(SIGKILL\); restarting it from its checkpoint")
@@ -137,16 +141,9 @@ class Resume(LauncherTestCase):
     def test_a_resumed_runs_summary_keeps_the_restarts_of_its_earlier_life(self):
         # kill -9 of server 1 (restarted), then Ctrl-C, then resume: the summary listed only the
         # resumed life's restarts, though updates_lost counted every life's.
-        path = self.tiny_variant("restart-resume.toml", [("steps = 500", "steps = 100000"), ('mode = "bsp"', 'mode = "asp"'),
-                                                         ("servers = 1", "servers = 2")],
-                                 append="\n[checkpoint]\nevery_s = 0.3\n")
-        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1")
-        procs = self.wait_for_processes(5)
-        server1 = [pid for pid, argv in procs.items() if "--shard" in argv and option(argv, "--shard") == "1"]
-        self.wait_for_train_lines(["worker0", "worker1"])
-        run = self.only_invocation("tiny") / "run"
+        p, server1, run = self.start_asp_on_two_servers(100000, 0.3)
         wait_until(self, (run / "checkpoints" / "server1.ckpt").exists, 20, "server 1 wrote no checkpoint")
-        os.kill(server1[0], signal.SIGKILL)
+        os.kill(server1, signal.SIGKILL)
         wait_until(self, lambda: "resumed from" in (run / "logs" / "server1.log").read_text(), 30, "server 1 was not restarted")
         time.sleep(1.0)
         p.send_signal(signal.SIGINT)
@@ -161,16 +158,9 @@ class Resume(LauncherTestCase):
     def test_a_server_killed_before_its_first_checkpoint_restarts_from_the_initial_theta(self):
         # no checkpoint yet (every 1000 s): restarted from the run's initial θ, saying so; the
         # workers rejoin it, the updates its shard had are lost and counted, and the run ends ok
-        path = self.tiny_variant("fresh.toml", [("steps = 500", "steps = 1500"), ('mode = "bsp"', 'mode = "asp"'),
-                                                ("servers = 1", "servers = 2")],
-                                 append="\n[checkpoint]\nevery_s = 1000\n")
-        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1")
-        procs = self.wait_for_processes(5)
-        server1 = [pid for pid, argv in procs.items() if "--shard" in argv and option(argv, "--shard") == "1"]
-        self.wait_for_train_lines(["worker0", "worker1"])
-        run = self.only_invocation("tiny") / "run"
+        p, server1, run = self.start_asp_on_two_servers(1500, 1000)
         self.assertFalse((run / "checkpoints" / "server1.ckpt").exists())
-        os.kill(server1[0], signal.SIGKILL)
+        os.kill(server1, signal.SIGKILL)
         out, err = p.communicate(timeout=90)
         self.assertEqual(p.returncode, 0, out + err)
         self.assertIn("restarting it from the run's initial θ: it had written no checkpoint yet (checkpoint.every_s = 1000)", err)
