@@ -8,7 +8,7 @@
 # its wall time is printed and kept in OUT/gpu-steps.json. With --budget a step whose estimate
 # (below, from the last lent GPU or a guess) no longer fits in what is left is skipped, saying so,
 # and a running step is stopped when the budget ends: on a machine lent for minutes, put the
-# steps that matter most first. Estimates on one H100/H200, seconds (a guess where no GPU has
+# steps that matter most first. Ctrl-C stops the running step and what it started. Estimates on one H100/H200, seconds (a guess where no GPU has
 # measured it yet): 1: 90, 2: 200, 3: 300, 4: 90, 5: 220, 6: 120, 7: 150, 8: 200; with --lean
 # 2: 140, 4: 30, 5: 75, 6: 90, 8: 100; --estimate N=SECONDS (repeatable) replaces one. (Tests: PSLAB_GPU_SH_STEP, a command run with the step's
 # number in place of each step.)
@@ -94,9 +94,18 @@ if ((!child)); then
   fi
   echo "$gpus"
   # Each step on its own, timed, under the budget; its output also in OUT/gpu-stepN.log.
-  start=$SECONDS rows=() bad=() left_out=()
+  # A step runs under `timeout` (no limit without --budget), which gives it a process group of its
+  # own: Ctrl-C (or TERM) here reaches only this script, so it is passed on to the step's group.
+  start=$SECONDS rows=() bad=() left_out=() step_pid=
+  stop_step() {
+    trap '' INT TERM
+    [[ -n $step_pid ]] && { kill -TERM "$step_pid" 2>/dev/null; wait "$step_pid"; }
+    echo; echo "gpu.sh: interrupted during step $n (it and what it started were stopped)"
+    exit 130
+  }
+  trap stop_step INT TERM
   for n in ${only//,/ }; do
-    used=$((SECONDS - start)) limit=()
+    used=$((SECONDS - start)) limit=(timeout -k 20 0)
     if ((budget)); then
       if ((used + estimate[n] > budget)); then
         echo; echo "=== step $n skipped: about ${estimate[n]} s, $((budget - used)) s of --budget $budget left"
@@ -108,8 +117,13 @@ if ((!child)); then
     run_step=("${BASH_SOURCE[0]}" --one-step "$n" --build-dir "$build" --out "$out" "${size[@]}")
     [[ -n ${PSLAB_GPU_SH_STEP:-} ]] && run_step=($PSLAB_GPU_SH_STEP "$n" "${size[@]}")
     t0=$SECONDS
-    "${limit[@]}" "${run_step[@]}" 2>&1 | tee "$out/gpu-step$n.log"
-    rc=${PIPESTATUS[0]} took=$((SECONDS - t0))
+    exec {log}> >(tee "$out/gpu-step$n.log"); tee_pid=$!
+    # (in the background, so that the trap runs at once; SIGINT as it was, not ignored as bash
+    # leaves it for background commands)
+    ( trap - INT QUIT; exec "${limit[@]}" "${run_step[@]}" ) >&$log 2>&1 &
+    step_pid=$!
+    wait "$step_pid"; rc=$? step_pid= took=$((SECONDS - t0))
+    exec {log}>&-; wait "$tee_pid"
     case $rc in
       0) rows+=("$n ok $took") ;;
       77) rows+=("$n skipped $took") left_out+=("$n") ;;  # (nothing here to run it with: it said what)

@@ -8,6 +8,7 @@ step (tests/gpu.sh's hook for this) that prints its number, then sleeps or fails
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import tempfile
 import time
@@ -112,6 +113,38 @@ class GpuSh(unittest.TestCase):
         self.assertEqual([(s["step"], s["status"]) for s in self.steps()], [(1, "stopped"), (2, "skipped")])
         sleeper = int((self.dir / "pids" / "1").read_text())
         self.assertTrue(gone_within(sleeper, 5.0), "the step's child outlived the budget")
+
+    def test_ctrl_c_stops_the_running_step_and_what_it_started(self):
+        # A terminal's Ctrl-C reaches gpu.sh's process group; `timeout` put the step in a group of
+        # its own, so the step (and its GPU processes) ran on after gpu.sh had gone.
+        for budget in (["--budget", "300"], []):
+            with self.subTest(budget=budget):
+                for f in (self.dir / "pids").iterdir():
+                    f.unlink()
+                p = subprocess.Popen([str(GPU_SH), "--build-dir", str(self.dir / "build"), "--out", str(self.dir / "out"),
+                                      "--only", "1,2", "--estimate", "1=1", "--estimate", "2=1", *budget],
+                                     env=dict(self.env, STEP_SLEEP_1="60"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
+                pid_file = self.dir / "pids" / "1"
+                deadline = time.monotonic() + 30
+                while not pid_file.exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                self.assertTrue(pid_file.exists(), "the stand-in step never started")
+                sleeper = int(pid_file.read_text())
+                os.killpg(p.pid, signal.SIGINT)
+                try:
+                    out, _ = p.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    os.kill(sleeper, signal.SIGKILL)
+                    self.fail("gpu.sh went on after Ctrl-C")
+                alive = not gone_within(sleeper, 5.0)
+                if alive:
+                    os.kill(sleeper, signal.SIGKILL)
+                self.assertFalse(alive, "the step's child outlived Ctrl-C")
+                self.assertEqual(p.returncode, 130, out)
+                self.assertIn("interrupted during step 1", out)
+                self.assertNotIn("stand-in step 2 ran", out)
 
     def test_lean_steps_are_told_so_and_budgeted_with_their_own_estimates(self):
         p, _ = self.run_gpu_sh("--lean", "--only", "4,2", "--budget", "60")
