@@ -157,20 +157,26 @@ def slurm_node_addrs(nodes):
 def slurm_ports(base_port, probed=None, where=None):
     """port_of(i): BASE + i with --base-port; else the ports the launcher's probe step found free
     on each node ({node: ports}: process i takes its node's j-th, j its place among the node's
-    processes); else a window of ports 20000-31999 chosen from the job and step ids (two jobs
-    whose ids differ by a multiple of 187 share one: the probe avoids that)."""
+    processes); else a window of ports in 20000-31999 chosen from the job and step ids, 64 ports
+    (or the next multiple of 64 that holds the most processes of one node), process i taking its
+    place among its node's processes (two jobs whose windows collide share ports: the probe
+    avoids that)."""
     if base_port is not None:
         return lambda i: base_port + i
+    place = _places_on_nodes(where) if where else None
     if probed and where and all(node in probed for node in where):
-        place = _places_on_nodes(where)
         return lambda i: probed[where[i]][place[i]]
     job, step = os.environ.get("SLURM_JOB_ID", ""), os.environ.get("SLURM_STEP_ID", "0")
+    most = max(place) + 1 if place else 64
+    window = -(-most // 64) * 64
 
     def port_of(i):  # asked for only where a process listens on TCP
         if not job.isdigit():
             raise UsageError("task: SLURM_JOB_ID is not set: ports cannot be chosen (pass --base-port)")
-        window = 64
-        return 20000 + ((int(job) * 31 + int(step or 0)) % (12000 // window)) * window + i
+        if window > 12000:
+            raise UsageError(f"task: {most} processes on one node do not fit in ports 20000-31999 (pass --base-port)")
+        start = 20000 + ((int(job) * 31 + int(step or 0)) % (12000 // window)) * window
+        return start + (place[i] if place else i)
     return port_of
 
 

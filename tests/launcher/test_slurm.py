@@ -4,10 +4,13 @@ allreduce, ipc) on uneven allocations.
 """
 import json
 import os
+import pathlib
 import shlex
 import signal
+import sys
 import time
 import unittest
+import unittest.mock
 
 from tests.launcher.helpers import LauncherTestCase, TINY, option, free_base_port
 
@@ -155,6 +158,32 @@ class Slurm(LauncherTestCase):
         self.assertIn(f"--bind tcp://127.0.0.1:{ports['localhost'][0]}", m["server0"]["command"])
         self.assertIn(f"--servers tcp://127.0.0.1:{ports['localhost'][0]}", m["worker1"]["command"])
         self.assert_no_processes_left()
+
+    def test_ports_derived_from_the_job_id_stay_in_the_job_s_window(self):
+        # Without a probe (outside an allocation): the window is the job's, each process at its place
+        # on its node. 64 ports were kept per job whatever its size, and process i took start + i:
+        # the 65th process of a job sat in the next job's window.
+        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "experiments"))
+        from launcher.task import slurm_ports
+        from launcher.common import UsageError
+        env = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0"}
+        with unittest.mock.patch.dict(os.environ, env):
+            for where, most in ((["n1", "n2"] * 50, 50), (["n1"] * 130, 130)):
+                port_of = slurm_ports(None, None, where)
+                ports = [port_of(i) for i in range(len(where))]
+                window = -(-most // 64) * 64
+                start = min(ports)
+                self.assertEqual((start - 20000) % window, 0, (start, window))
+                self.assertLessEqual(max(ports) + 1, 32000)
+                for node in set(where):
+                    mine = [p for p, w in zip(ports, where) if w == node]
+                    self.assertEqual(sorted(mine), list(range(start, start + len(mine))), node)
+                # another job's window of the same size shares none of these ports
+                with unittest.mock.patch.dict(os.environ, {"SLURM_JOB_ID": "4243"}):
+                    other = slurm_ports(None, None, where)
+                    self.assertFalse(set(ports) & {other(i) for i in range(len(where))})
+            with self.assertRaisesRegex(UsageError, "12001 processes on one node"):
+                slurm_ports(None, None, ["n1"] * 12001)(0)
 
     def test_a_job_ended_by_its_time_limit_under_sbatch_is_reported_as_cancelled(self):
         # under sbatch, the time limit (or scancel) reaches the launcher as SIGTERM: Slurm's own
