@@ -8,7 +8,8 @@ to it go to a JSON file; `launch.py run CONFIG --calibration FILE` applies it (a
 The fit: virtual.compute_ms = the asp workers' mean compute per step (as the run's processes
 shared the machine's cores), virtual.allreduce_compute_ms the allreduce ranks'; a round trip of one shard (bytes b each way) = 2 x latency +
 2 b / bandwidth + b / apply rate, with latency_us and apply_gbps kept at their values in the
-config and bandwidth_gbps solved from the measured round trip; virtual.allreduce_ms = the
+config and bandwidth_gbps solved from the measured round trip (where the round trip is shorter
+than that latency allows, bandwidth 100 GB/s and latency_us solved); virtual.allreduce_ms = the
 all-reduce alone: the least communication per step of any rank (the last to arrive waits for
 no one); virtual.startup_ms = what each run's training span (samples / samples/s) holds beyond
 its slowest worker's steps (first-step and connection costs), the mean of the two runs."""
@@ -55,9 +56,7 @@ def calibrate(config, bins, opts):
     allreduce_ms = min(w["comm"] for w in (s_ar["step_time_ms_per_worker"] or {}).values() if w) \
         if s_ar.get("step_time_ms_per_worker") else ms_ar["comm"]
     shard_bytes = 4 * asp.plan["params"] / asp.servers
-    # round trip = 2 latency + 2 b / bandwidth + b / apply  ->  bandwidth
-    left_s = ms_asp["comm"] * 1e-3 - 2 * latency_us * 1e-6 - shard_bytes / (apply_gbps * 1e9)
-    bandwidth_gbps = 2 * shard_bytes / left_s / 1e9 if left_s > 0 else 100.0
+    latency_us, bandwidth_gbps = fit_round_trip(ms_asp["comm"], shard_bytes, latency_us, apply_gbps)
     model = {"virtual.compute_ms": round(ms_asp["compute"], 4), "virtual.latency_us": latency_us,
              "virtual.bandwidth_gbps": round(bandwidth_gbps, 4), "virtual.apply_gbps": apply_gbps,
              "virtual.allreduce_ms": round(allreduce_ms, 4), "virtual.allreduce_compute_ms": round(ms_ar["compute"], 4),
@@ -73,6 +72,21 @@ def calibrate(config, bins, opts):
     say(f"launch.py: cost model -> {out}\n  " + " ".join(f"--set {k}={v}" for k, v in model.items()))
     say(f"launch.py: use it: launch.py run {config} --set cluster.launcher=virtual --calibration {out}")
     return 0
+
+
+def fit_round_trip(round_trip_ms, shard_bytes, latency_us, apply_gbps, most_gbps=100.0):
+    """(latency_us, bandwidth_gbps) that make 2 latency + 2 b / bandwidth + b / apply the measured
+    round trip: the bandwidth solved with the config's latency; where the round trip is shorter
+    than that latency and the apply alone (a small shard on a fast link), the bandwidth is
+    `most_gbps` and the latency solved instead (said, as the config's latency is not kept)."""
+    fixed_s = 2 * shard_bytes / (most_gbps * 1e9) + shard_bytes / (apply_gbps * 1e9)
+    left_s = round_trip_ms * 1e-3 - 2 * latency_us * 1e-6 - shard_bytes / (apply_gbps * 1e9)
+    if left_s > 2 * shard_bytes / (most_gbps * 1e9):
+        return latency_us, 2 * shard_bytes / left_s / 1e9
+    fitted_us = max(0.0, (round_trip_ms * 1e-3 - fixed_s) / 2 * 1e6)
+    say(f"launch.py: the round trip ({round_trip_ms:.4f} ms) is shorter than virtual.latency_us = {latency_us:g} "
+        f"allows: bandwidth taken as {most_gbps:g} GB/s and the latency fitted, {fitted_us:.2f} us")
+    return round(fitted_us, 3), most_gbps
 
 
 def startup_ms(s, steps):
