@@ -114,6 +114,16 @@ if ((data)); then
   for c in "$dst"/experiments/configs/*.toml; do
     sed -i 's|^kind = "fashion-mnist"\(.*\)$|kind = "fashion-mnist"\1\npath = "data/fashion-mnist"   # the bundle'"'"'s copy|' "$c"
   done
+  # (a config reading Fashion-MNIST by default, with no data.kind line, would read the target's
+  # /usr/share/datasets: refused here, naming it)
+  /usr/bin/python3 - "$dst"/experiments/configs/*.toml <<'PY' || exit 1
+import os, sys, tomllib
+for c in sys.argv[1:]:
+    data = tomllib.load(open(c, "rb")).get("data", {})
+    if data.get("kind", "fashion-mnist") == "fashion-mnist" and data.get("path") != "data/fashion-mnist":
+        sys.exit(f"bundle.sh: experiments/configs/{os.path.basename(c)}: reads Fashion-MNIST but not the bundle's copy (give it a "
+                 f"[data] table with kind = \"fashion-mnist\")")
+PY
 fi
 # What the bundle is, for the manifests of the runs made from it (no git there; the libraries
 # in build/lib are the bundle's, not the target's): revision, and each library's Debian package.
