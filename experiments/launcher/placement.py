@@ -53,6 +53,20 @@ def free_port(addr):
         return s.getsockname()[1]
 
 
+def distinct_free_ports(addr, pick=free_port):
+    """port_of(i): a port free on `addr` when process i's is first asked for, none twice (each is
+    closed again once chosen, and the kernel may hand a closed one out again)."""
+    ports = {}
+
+    def port_of(i):
+        while i not in ports:
+            port = pick(addr)
+            if port not in ports.values():
+                ports[i] = port
+        return ports[i]
+    return port_of
+
+
 def tcp(host, port):
     return f"tcp://[{host}]:{port}" if ":" in host and host != "*" else f"tcp://{host}:{port}"
 
@@ -281,14 +295,8 @@ def plan_local(plan, run_dir, run_start, bins, sockets=None):
         return procs
     bind = plan.bind
     connect = {"*": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind, bind)
-    ports = {}
-
-    def port_of(i):
-        if i not in ports:
-            ports[i] = free_port(bind)
-        return ports[i]
-
-    procs = place(plan, run_dir, run_start, bins, hosts, TcpEndpoints(hosts, port_of, lambda h: bind, lambda h: connect))
+    procs = place(plan, run_dir, run_start, bins, hosts,
+                  TcpEndpoints(hosts, distinct_free_ports(bind), lambda h: bind, lambda h: connect))
     for p in procs:
         p.command = p.argv
     return procs

@@ -436,6 +436,14 @@ class Cleanup(LauncherTestCase):
         self.assertEqual((record["event"], record["code"]), ("exit", 3), record)
         self.assertEqual((self.tmp / "late.log").read_text().splitlines()[1:-1], got[1:-1])
 
+    def test_local_listeners_never_share_a_port_the_kernel_handed_out_twice(self):
+        # Each port is closed once chosen; the kernel may give a closed one to the next bind(0), and
+        # two listeners of the run were told the same port (one then failed to bind).
+        from launcher.placement import distinct_free_ports
+        handed = iter([41000, 41000, 41001, 41000, 41002])
+        port_of = distinct_free_ports("127.0.0.1", pick=lambda addr: next(handed))
+        self.assertEqual([port_of(i) for i in (0, 1, 0, 2)], [41000, 41001, 41000, 41002])
+
     def test_the_heartbeat_goes_on_while_the_launcher_waits_on_something_else(self):
         # Defect: the "alive" lines came from the monitor loop alone: a stop's grace (up to 3 s) or
         # a manifest written meanwhile left every remote end without them for as long, and with
