@@ -340,6 +340,31 @@ class Runs(LauncherTestCase):
         self.assertIn("Did not run to the end, left out of the summaries above and of the plots: seed=3,mode=bsp "
                       "(failed).", md)
 
+    def test_seeds_with_capped_staleness_and_a_sweep_over_targets_are_summarized(self):
+        # Defects: a capped staleness histogram made the row's mean text ("≥1500.00"), and the seed
+        # table summed it (TypeError after every run had ended: no comparison.md); the notes
+        # judged every run against the first run's eval.target_acc.
+        sys.path.insert(0, str(REPO / "experiments"))
+        try:
+            from launcher.comparison import write_comparison
+        finally:
+            sys.path.remove(str(REPO / "experiments"))
+        stale = [{"mean": 1500.0, "p99": 1023, "max": 1023, "count": 9, "capped_at": 1023},
+                 {"mean": 1300.0, "p99": 900, "max": 1000, "count": 9}]
+        results = [(f"seed={i + 1},mode=asp", {"status": "ok", "mode": "asp", "final_test_acc": 0.85, "staleness": st,
+                                                "target_acc": 0.9, "time_to_target_s": None, "epochs_to_target": None})
+                   for i, st in enumerate(stale)]
+        results.append(("seed=1,mode=bsp", {"status": "ok", "mode": "bsp", "final_test_acc": 0.85, "target_acc": 0.8,
+                                            "time_to_target_s": 5.0, "epochs_to_target": 1.5}))
+        inv = self.tmp / "exp" / "20260101-000001"
+        inv.mkdir(parents=True)
+        write_comparison(inv, results, 0.9)
+        md = (inv / "comparison.md").read_text()
+        self.assertIn("| mode=asp | 2 | 85.00 ± 0.00% | - | - | - | ≥1400.00 ± 141.42 |", md)
+        self.assertIn("First to 80% test accuracy in wall-clock time: **seed=1,mode=bsp** (5.0 s)", md)
+        self.assertIn("Did not reach 90%: seed=1,mode=asp, seed=2,mode=asp.", md)
+        self.assertNotIn("Did not reach 80%", md)
+
     def test_a_sweep_over_seeds_is_summarized_as_mean_and_sd(self):
         r = self.launch("run", TINY, "--set", "seed=[1, 2]", "--set", 'cluster.mode=["bsp", "asp"]',
                         "--set", 'cluster.launcher="virtual"', "--runs-dir", self.runs, "--no-plots")
