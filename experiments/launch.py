@@ -211,7 +211,8 @@ def add_resume(sub):
     u.add_argument("run_dir", help="the run's directory (runs/<name>/<YYYYmmdd-HHMMSS>/<label>)")
     u.add_argument("--build-dir", help="build directory (default: $PSLAB_BUILD, else <repo>/build)")
     u.add_argument("--no-plots", action="store_true", help="do not draw plots")
-    u.add_argument("--max-minutes", type=float, default=60.0, help="wall-clock guard (default 60)")
+    u.add_argument("--max-minutes", type=float, default=60.0,
+                   help="wall-clock guard on this resumed part of the run (default 60)")
     u.add_argument("--base-port", type=int, default=None, help="ssh / slurm: process i listens on BASE + i "
                                                                    "(default: ports chosen per run, as for run)")
 

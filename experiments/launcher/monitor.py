@@ -53,8 +53,9 @@ class Progress:
         self.plan, self.prefix = plan, prefix
         self.tails = {r: Tail(run_dir / "metrics" / f"worker{r}.jsonl") for r in range(plan.workers)}
         self.eval_tail = Tail(run_dir / "metrics" / "evaluator.jsonl")
-        self.first = {}   # rank -> first train line
+        self.first = {}   # rank -> first train line of this life (a "start" line begins a life)
         self.latest = {}  # rank -> newest train line
+        self.gap = {}     # rank -> seconds between its two newest train lines
         self.last_eval = None
         self.lost = set()  # ranks of lost workers (the run goes on without them)
         # The servers' verdict: rank -> the first "worker_lost" line that dropped it (PS modes; "seen":
@@ -79,8 +80,12 @@ class Progress:
     def poll(self):
         for r, tail in self.tails.items():
             for row in tail.read():
-                if row.get("kind") == "train":
+                if row.get("kind") == "start":  # (a resumed run's pause is no pace)
+                    self.first.pop(r, None)
+                elif row.get("kind") == "train":
                     self.first.setdefault(r, row)
+                    if r in self.latest:
+                        self.gap[r] = row["t"] - self.latest[r]["t"]
                     self.latest[r] = row
         for row in self.eval_tail.read():
             if row.get("kind") == "eval":
@@ -106,9 +111,11 @@ class Progress:
             alive = [r for r in range(plan.workers) if r not in self.lost]
             steps = {r: self.latest.get(r, {}).get("step", 0) for r in alive}
             slow = min(alive, key=lambda r: steps[r])
-            now_t = elapsed
+            # Metric times: seconds from the run's start; the virtual cluster's are simulated, and
+            # its newest line stands for now. A worker's rate counts while its next line is not late.
+            now_t = max(row["t"] for row in self.latest.values()) if plan.virtual else elapsed
             rate = sum(row.get("samples_per_s", 0.0) for r, row in self.latest.items()
-                       if row["step"] < total and now_t - row["t"] < 5.0)
+                       if row["step"] < total and now_t - row["t"] < max(5.0, 2 * self.gap.get(r, 0.0)))
             parts.append(f"epoch {mean_epoch:.2f}/{plan.epochs:.3g}")
             lo, hi = min(steps.values()), max(steps.values())
             parts.append(f"step {lo}/{total}" if lo == hi else f"step {lo}-{hi}/{total}")
@@ -116,7 +123,7 @@ class Progress:
             losses = [x if isinstance(x, (int, float)) else math.nan for x in losses]  # NaN is written as null
             parts.append(f"loss {sum(losses) / len(losses):.4f}")
             parts.append(f"test acc {100 * acc:.2f}%" if acc is not None else "test acc -")
-            parts.append(f"{rate:,.0f} samples/s")
+            parts.append(f"{rate:,.0f} samples/s" + (f" (simulated, at {fmt_duration(now_t)})" if plan.virtual else ""))
             parts.append(f"elapsed {fmt_duration(elapsed)}")
             if self.lost:
                 parts.append(f"lost: worker {', '.join(map(str, sorted(self.lost)))}")
@@ -125,7 +132,7 @@ class Progress:
             s_last = steps[slow]
             if s_last >= total:
                 eta = 0.0
-            elif slow in self.first and self.latest[slow]["t"] > self.first[slow]["t"]:
+            elif not plan.virtual and slow in self.first and self.latest[slow]["t"] > self.first[slow]["t"]:
                 f, l = self.first[slow], self.latest[slow]
                 pace = (l["step"] - f["step"]) / (l["t"] - f["t"])
                 if pace > 0:
@@ -144,8 +151,9 @@ def monitor(procs, progress, run_start, deadline_s, failure_of, tolerate=lambda 
     """Waits for every process; returns when all exited 0 or failed with tolerate(p) true (a lost
     worker the run goes on without), raises RunFailed otherwise. An exit seen: what the process
     left in its group is killed (end_group). verdict(): called after each look at the metrics
-    (every second), to act on what the servers decided."""
-    last_line = 0.0
+    (every second), to act on what the servers decided. run_start: the metrics' zero (a resumed
+    run's first start); the --max-minutes guard counts from now."""
+    last_line, started = 0.0, time.time()
     while True:
         check_signal()
         for p in procs:
@@ -159,7 +167,7 @@ def monitor(procs, progress, run_start, deadline_s, failure_of, tolerate=lambda 
         if all(p.returncode is not None for p in procs):
             return
         now = time.time()
-        if now - run_start > deadline_s:
+        if now - started > deadline_s:
             running = ", ".join(p.name for p in procs if p.returncode is None)
             raise RunFailed(f"the run exceeded --max-minutes {deadline_s / 60:g} (wall-clock guard); "
                             f"still running: {running}")

@@ -436,6 +436,51 @@ class Cleanup(LauncherTestCase):
         self.assertEqual((record["event"], record["code"]), ("exit", 3), record)
         self.assertEqual((self.tmp / "late.log").read_text().splitlines()[1:-1], got[1:-1])
 
+    def test_progress_and_the_guard_of_a_resumed_or_virtual_run(self):
+        # Defects: the --max-minutes guard counted from the run's first start (a resume a day later
+        # failed at once); the ETA took the pause for pace (21h for 90 s); lines more than 5 s apart
+        # read 0 samples/s; the virtual cluster's simulated times were set against real ones.
+        from launcher.common import RunFailed
+        from launcher.monitor import Progress, monitor
+        run_dir = self.tmp / "progress"
+        (run_dir / "metrics").mkdir(parents=True)
+        plan = types.SimpleNamespace(workers=1, servers=1, replicas=1, uses_servers=False, total_steps=2000,
+                                     epochs=2, virtual=False)
+
+        def lines(*rows):
+            (run_dir / "metrics" / "worker0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+        def train(step, t, rate=160.0):
+            return {"kind": "train", "worker": 0, "step": step, "t": t, "epoch": step / 1000, "loss": 0.5,
+                    "samples_per_s": rate}
+        lines({"kind": "start", "worker": 0, "step": 0}, train(100, 10), train(1000, 100),
+              {"kind": "start", "worker": 0, "step": 1000}, train(1050, 86405), train(1100, 86410))
+        p = Progress(plan, run_dir, "r")
+        p.poll()
+        eta = p.line(86412).split("ETA ")[1]
+        self.assertIn(eta, ("1m28s", "1m27s", "1m29s"))
+        lines(train(100, 0), train(200, 8), train(300, 16))  # a line every 8 s, the newest 6 s old
+        p = Progress(plan, run_dir, "r")
+        p.poll()
+        self.assertIn(" 160 samples/s", p.line(22))
+        plan.virtual = True  # simulated seconds 1..10, 100 real seconds on
+        lines(train(100, 1.0, 5000.0), train(1000, 10.0, 5000.0))
+        p = Progress(plan, run_dir, "r")
+        p.poll()
+        self.assertIn(" 5,000 samples/s (simulated, at 10s)", p.line(100))
+        self.assertIn("ETA 1m40s", p.line(100))  # (from the real pace: 1000 steps in 100 s)
+
+        quiet = types.SimpleNamespace(poll=lambda: None, line=lambda elapsed: "")
+        ends = time.monotonic() + 1.5
+        proc = types.SimpleNamespace(name="worker0", returncode=None, group_ended=True,
+                                     popen=types.SimpleNamespace(poll=lambda: 0 if time.monotonic() > ends else None))
+        monitor([proc], quiet, time.time() - 7200, 3600, lambda p: RunFailed("failed"))  # (no RunFailed)
+        self.assertEqual(proc.returncode, 0)
+        proc = types.SimpleNamespace(name="worker0", returncode=None, group_ended=True,
+                                     popen=types.SimpleNamespace(poll=lambda: None))
+        with self.assertRaisesRegex(RunFailed, "exceeded --max-minutes 0.01 .*still running: worker0"):
+            monitor([proc], quiet, time.time(), 0.6, lambda p: RunFailed("failed"))
+
     def test_local_listeners_never_share_a_port_the_kernel_handed_out_twice(self):
         # Each port is closed once chosen; the kernel may give a closed one to the next bind(0), and
         # two listeners of the run were told the same port (one then failed to bind).
