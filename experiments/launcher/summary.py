@@ -13,7 +13,7 @@ final_test_acc      the evaluator's last test accuracy (None when the data is no
 time_to_target_s, epochs_to_target   at the first evaluation with test accuracy >= target_acc
 startup_s           when the first worker's first step began (s from the run's start:
                     processes, data, connections, the start barrier); train_time_to_target_s
-                    the time to target counted from then
+                    the time to target counted from then, a resumed run's pauses left out
 epochs              of the last evaluation: passes over the training set by all workers
 samples_per_s       all workers together = total samples / training span (training_windows):
                     a worker's samples in a metrics window = samples_per_s * window length (t
@@ -154,7 +154,14 @@ def training_windows(worker_rows, batch):
             n_steps += w_steps
     span = sum(max(ends) - min(starts) for starts, ends in lives.values() if starts and ends)
     began = min(lives[0][0]) if lives.get(0) and lives[0][0] else None
-    return total_samples, span, began, step_ms, n_steps, per_worker, allreduced if lives else None
+    spans = [(min(starts), max(ends)) for _, (starts, ends) in sorted(lives.items()) if starts and ends]
+    pauses = [(end, start) for (_, end), (start, _) in zip(spans, spans[1:]) if start > end]
+    return total_samples, span, began, step_ms, n_steps, per_worker, allreduced if lives else None, pauses
+
+
+def training_time_to(t, began, pauses):
+    """Seconds of training from `began` to metric time t, less the pauses between lives before it."""
+    return t - began - sum(min(t, start) - end for end, start in pauses if end < t)
 
 
 def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, restarted=None, failed_over=None):
@@ -177,7 +184,7 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
     finals = [x for name in servers for x in read_jsonl(metrics / f"{name}.jsonl")
               if x.get("kind") == "server_final" and x.get("replica") != "backup"]
 
-    total_samples, span, began, step_ms, n_steps, per_worker, allreduced = training_windows(worker_rows, batch)
+    total_samples, span, began, step_ms, n_steps, per_worker, allreduced, pauses = training_windows(worker_rows, batch)
 
     acc = [x for x in evals if "test_acc" in x]
     final = evals[-1] if evals else None
@@ -197,7 +204,7 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
         # start-up (processes, data, connections) apart from training: when the first training
         # window began, and the time to target counted from there
         "startup_s": began,
-        "train_time_to_target_s": hit["t"] - began if hit and began is not None else None,
+        "train_time_to_target_s": training_time_to(hit["t"], began, pauses) if hit and began is not None else None,
         "epochs_to_target": hit["epoch"] if hit else None,
         "epochs": final["epoch"] if final else None,
         "samples_per_s": total_samples / span if span > 0 else None,

@@ -298,7 +298,7 @@ class Runs(LauncherTestCase):
         # first window's start computed back from its rate, before the start barrier.
         sys.path.insert(0, str(REPO / "experiments"))
         try:
-            from launcher.summary import training_windows
+            from launcher.summary import training_time_to, training_windows
         finally:
             sys.path.remove(str(REPO / "experiments"))
 
@@ -306,9 +306,13 @@ class Runs(LauncherTestCase):
             return {"kind": "train", "t": t, "step": step, "samples_per_s": 80.0, "compute_ms": 1.0, "allreduce_bytes": ar}
         life0 = [{"kind": "start", "t": 1.0, "step": 0}, train(2.0, 10, 100), train(3.0, 20, 200)]
         life1 = [{"kind": "start", "t": 100.0, "step": 20}, train(101.0, 30, 100), train(102.0, 40, 200)]
-        samples, span, began, step_ms, steps, per_worker, allreduced = training_windows({0: life0 + life1}, 8)
+        samples, span, began, step_ms, steps, per_worker, allreduced, pauses = training_windows({0: life0 + life1}, 8)
         self.assertEqual((samples, span, began, steps, allreduced), (320.0, 4.0, 1.0, 40, 400))
         self.assertEqual(per_worker["0"]["compute"], 1.0)
+        # the training time to a target reached in life 1 leaves the pause out (it was 100.5 s)
+        self.assertEqual(pauses, [(3.0, 100.0)])
+        self.assertEqual(training_time_to(101.5, began, pauses), 3.5)
+        self.assertEqual(training_time_to(2.5, began, pauses), 1.5)
         # metrics of before "start" lines: a life from the first line's t minus its window
         samples, span, began, *_ = training_windows({0: life0[1:]}, 8)
         self.assertEqual((samples, span, began), (160.0, 2.0, 1.0))
