@@ -17,8 +17,13 @@ MetricsWriter::MetricsWriter(const std::string& path, double run_start_unix_s, b
     : path_(path), clock_(clock), run_start_(run_start_unix_s > 0 ? run_start_unix_s : clock.unix_s()) {
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-  f_ = std::fopen(path.c_str(), append ? "a" : "w");
+  f_ = std::fopen(path.c_str(), append ? "a+" : "w");
   if (!f_) throw std::runtime_error(path + ": cannot write metrics: " + std::strerror(errno));
+  // A life killed mid-line left its last line cut: the next life's first line starts on a line of
+  // its own (else both were one line that no reader could parse: a resumed worker's "resumed").
+  const bool cut = append && std::fseek(f_, -1, SEEK_END) == 0 && std::fgetc(f_) != '\n';
+  std::fseek(f_, 0, SEEK_END);  // (from reading to writing)
+  if (cut && std::fputc('\n', f_) == EOF) fail();
   last_flush_ = now();
 }
 

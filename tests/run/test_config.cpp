@@ -582,6 +582,25 @@ TEST(Metrics, LinesAreStampedWithNowOrTheTimeGiven) {
   std::remove(path.c_str());
 }
 
+// A life killed mid-line left its last line cut; the next life (append) starts a line of its own,
+// and a file that ends its lines is appended to as it is.
+TEST(Metrics, AppendingAfterALineCutShortStartsANewLine) {
+  const std::string path = ::testing::TempDir() + "pslab_metrics_cut.jsonl";
+  std::ofstream(path) << "{\"t\":1.0,\"kind\":\"train\"}\n{\"t\":2.0,\"ki";
+  for (int life = 0; life < 2; ++life) {
+    MetricsWriter m(path, unix_now_s(), /*append=*/true);
+    m.write({{"kind", "resumed"}, {"lost_pushes", 3}}, 5.0);
+  }
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[1], "{\"t\":2.0,\"ki");
+  EXPECT_EQ(lines[2], "{\"t\":5.000000,\"kind\":\"resumed\",\"lost_pushes\":3}");
+  EXPECT_EQ(lines[3], lines[2]);
+  std::remove(path.c_str());
+}
+
 // Metrics that cannot be written (a full disk) are an error naming the file, never cut silently.
 TEST(Metrics, AWriteThatFailsIsAnErrorNamingTheFile) {
   if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
