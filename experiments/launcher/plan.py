@@ -201,18 +201,14 @@ PATH_KEYS = (("worker", "script"), ("model", "theta_file"))
 
 
 def absolute_paths(config, sets):
-    """--set KEY=PATH for each PATH_KEYS file the config names by a relative path (relative to the
-    config file's directory) or --set names so (relative to this directory), made absolute."""
-    try:
-        text = tomllib.loads(pathlib.Path(config).read_text())
-    except (OSError, tomllib.TOMLDecodeError):
-        return []  # (the binary names what is wrong with it)
+    """--set KEY=PATH for each PATH_KEYS file a --set names by a path relative to this directory,
+    made absolute (the binary makes the config file's own relative to the file's directory, in
+    every variant and sweep point)."""
     out = []
     for section, key in PATH_KEYS:
         given = [s.partition("=")[2].strip().strip('"\'') for s in sets if s.partition("=")[0].strip() == f"{section}.{key}"]
-        value, base = (given[-1], pathlib.Path.cwd()) if given else (text.get(section, {}).get(key), pathlib.Path(config).parent)
-        if isinstance(value, str) and value and not os.path.isabs(value):
-            out.append(f"{section}.{key}={json.dumps(str((base / value).resolve()), ensure_ascii=False)}")
+        if given and given[-1] and not os.path.isabs(given[-1]):
+            out.append(f"{section}.{key}={json.dumps(str((pathlib.Path.cwd() / given[-1]).resolve()), ensure_ascii=False)}")
     return out
 
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <functional>
@@ -146,7 +147,8 @@ void visit_fields(Config& c, F&& f) {
     "reconnect window, at least 60");
   f("cluster.on_server_loss", c.cluster.on_server_loss,
     "PS modes: \"restart\" (the launcher restarts a server that died from its checkpoint; the workers rejoin it and "
-    "the updates since are lost, counted), \"fail\", or \"auto\": restart for asp and ssp over tcp or ipc (not under Slurm), else fail");
+    "the updates since are lost, counted), \"fail\", or \"auto\": restart for the modes that go on without a worker (asp, "
+    "ssp, dcasgd, easgd) over tcp or ipc (not under Slurm or the virtual cluster), else fail");
   f("cluster.replicas", c.cluster.replicas,
     "PS modes: copies of each shard, 1 or 2; with 2 each server has a backup process (on another host where there is one) "
     "that has every update before the primary answers, and takes over with nothing lost when the primary dies "
@@ -384,11 +386,16 @@ std::string meant_key(const std::string& unknown, const std::set<std::string>& k
   return elsewhere;
 }
 
-// Dotted paths of every value (non-table node) in `t`.
-void leaf_paths(const toml::table& t, const std::string& prefix, std::vector<std::string>& out) {
+// Dotted paths of every value (non-table node) in `t`. A quoted key holding a dot ("train.batch"
+// = 7) is refused: its path would read as a known key that the config never sets.
+void leaf_paths(const toml::table& t, const std::string& prefix, std::vector<std::string>& out,
+                const std::string& origin) {
   for (const auto& [k, v] : t) {
     const std::string path = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
-    if (const toml::table* sub = v.as_table()) leaf_paths(*sub, path, out);
+    if (k.str().find('.') != std::string_view::npos)
+      fail(origin, path, "a quoted key with a dot in it is one key named \"" + std::string(k.str()) +
+                             "\", not a key of a section: write it without the quotes");
+    if (const toml::table* sub = v.as_table()) leaf_paths(*sub, path, out, origin);
     else out.push_back(path);
   }
 }
@@ -408,8 +415,13 @@ void apply_override(toml::table& root, const std::string& assignment) {
   const auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
     throw ConfigError("--set " + assignment + ": expected section.key=value");
-  const std::string key = assignment.substr(0, eq);
-  const std::string value = assignment.substr(eq + 1);
+  const auto trimmed = [](std::string x) {  // ("train.batch = 32", as in a TOML file)
+    x.erase(0, x.find_first_not_of(" \t"));
+    x.erase(x.find_last_not_of(" \t") + 1);
+    return x;
+  };
+  const std::string key = trimmed(assignment.substr(0, eq));
+  const std::string value = trimmed(assignment.substr(eq + 1));
   toml::table parsed;
   try {
     parsed = toml::parse("v = " + value);
@@ -425,7 +437,7 @@ void apply_override(toml::table& root, const std::string& assignment) {
 void check_unknown_keys(const toml::table& root, const std::string& origin) {
   const auto keys = known_keys();
   std::vector<std::string> paths;
-  leaf_paths(root, "", paths);
+  leaf_paths(root, "", paths, origin);
   for (const auto& p : paths) {
     if (keys.count(p)) continue;
     const std::string section = p.find('.') == std::string::npos ? "" : p.substr(0, p.find('.'));
@@ -526,7 +538,41 @@ void validate_model_and_data(const Checker& check) {
     fail(check.origin, "data.path", e.what());
   } catch (const std::invalid_argument& e) {
     fail(check.origin, "model.kind", e.what());
+  } catch (const std::bad_alloc&) {  // (model.depth, model.hidden, ... of a size that cannot be built)
+    fail(check.origin, "model.kind", "the model \"" + c.model.kind + "\" is too large to build in memory");
+  } catch (const std::length_error&) {
+    fail(check.origin, "model.kind", "the model \"" + c.model.kind + "\" is too large to build in memory");
   }
+}
+
+// What the sizes allow: parameters and steps that fit their counters, a shard for every server,
+// a batch no larger than a worker's share of the training set (the sampler clipped it, while the
+// plan's global batch and schedule.scale_lr took it whole).
+void validate_sizes(const Checker& check) {
+  const ExperimentConfig& c = check.c;
+  check(std::int64_t(c.cluster.workers) * c.train.batch * c.train.accumulate <= INT32_MAX, "train.batch",
+        "cluster.workers x train.batch x train.accumulate must be at most 2^31 - 1");
+  if (c.model.kind != "external" || !c.model.sizes.empty()) {
+    const std::size_t params = count_params(model_spec(c));
+    check(params <= (std::size_t(1) << 36), "model.kind",
+          "the model has " + std::to_string(params) + " parameters: at most 2^36 (256 GiB of float32)");
+    check(!c.uses_servers() || std::size_t(c.cluster.servers) <= params, "cluster.servers",
+          std::to_string(c.cluster.servers) + " servers for " + std::to_string(params) +
+              " parameters: some shards would hold none");
+  }
+  std::size_t n = 0;
+  try {
+    n = train_set_size(c);
+  } catch (const std::exception&) {
+    return;  // (data not there: said when it is read, naming the file)
+  }
+  const std::size_t share = (n + c.cluster.workers - 1) / std::size_t(c.cluster.workers);
+  check(n == 0 || std::size_t(c.train.batch) <= share, "train.batch",
+        std::to_string(c.train.batch) + " is more than a worker's share of the training set (" + std::to_string(n) +
+            " samples over " + std::to_string(c.cluster.workers) + " worker(s): " + std::to_string(share) + ")");
+  const long spe = steps_per_epoch(c, c.cluster.workers);
+  check(c.train.steps > 0 || c.train.epochs * double(spe) < 1e15, "train.epochs",
+        "makes more than 10^15 steps (" + std::to_string(spe) + " per epoch)");
 }
 
 void validate_train(const Checker& check) {
@@ -618,10 +664,14 @@ void validate_cluster(const Checker& check) {
         "\"nccl\" all-reduces GPU buffers: it needs train.device = \"cuda\" (CPU workers use Gloo or shm)");
   check(c.cluster.auth == "auto" || c.cluster.auth == "curve" || c.cluster.auth == "none", "cluster.auth",
         "expected \"auto\", \"curve\" or \"none\", got \"" + c.cluster.auth + "\"");
-  check(c.cluster.timeout_s > 0, "cluster.timeout_s", "must be > 0");
-  check(c.cluster.heartbeat_s > 0, "cluster.heartbeat_s", "must be > 0");
-  check(c.cluster.reconnect_s >= 0 || c.cluster.reconnect_s == -1, "cluster.reconnect_s", "must be >= 0, or -1 (auto)");
-  check(c.cluster.ssh_alive_s >= 1 || c.cluster.ssh_alive_s == -1, "cluster.ssh_alive_s", "must be >= 1, or -1 (auto)");
+  constexpr double kLongest = 1e7;  // seconds (115 days): longer waits overflow clocks counting nanoseconds
+  check(c.cluster.timeout_s > 0 && c.cluster.timeout_s <= kLongest, "cluster.timeout_s", "must be in (0, 1e7]");
+  check(c.cluster.heartbeat_s >= 0.05 && c.cluster.heartbeat_s <= kLongest, "cluster.heartbeat_s",
+        "must be in [0.05, 1e7] (a client beats at most every 10 ms)");
+  check((c.cluster.reconnect_s >= 0 && c.cluster.reconnect_s <= kLongest) || c.cluster.reconnect_s == -1,
+        "cluster.reconnect_s", "must be in [0, 1e7], or -1 (auto)");
+  check((c.cluster.ssh_alive_s >= 1 && c.cluster.ssh_alive_s <= kLongest) || c.cluster.ssh_alive_s == -1,
+        "cluster.ssh_alive_s", "must be in [1, 1e7], or -1 (auto)");
   check(c.cluster.launcher != "ssh" || c.cluster.ssh_alive_s < 0 || c.cluster.ssh_alive_s > reconnect_window_s(c),
         "cluster.ssh_alive_s",
         "must be longer than the reconnect window (cluster.reconnect_s: " + number_text(reconnect_window_s(c)) +
@@ -751,11 +801,14 @@ void validate(const ExperimentConfig& c, const std::string& origin) {
   validate_failures(check);
   validate_eval_and_straggler(check);
   validate_worker(check);
+  validate_sizes(check);
 }
 
 bool restarts_lost_servers(const ExperimentConfig& c) {
   if (c.cluster.replicas > 1) return false;  // its backup takes over instead
-  if (c.cluster.on_server_loss == "fail" || !c.uses_servers() || c.cluster.launcher == "slurm") return false;
+  if (c.cluster.on_server_loss == "fail" || !c.uses_servers() || c.cluster.launcher == "slurm" ||
+      c.cluster.launcher == "virtual")  // (no process to restart)
+    return false;
   if (c.cluster.transport != "tcp" && c.cluster.transport != "ipc") return false;  // shm, auto (shm on one host)
   return c.mode().trains_without_lost_workers();
 }
@@ -923,6 +976,20 @@ std::string label_name(const std::string& key) {
   return earlier ? key : leaf;
 }
 
+// Keys naming a file that every process, on any host and from any directory, must find: a relative
+// path in the config file (its tables, a variant, a sweep) is relative to the file's directory,
+// made absolute in each point (whose file is written elsewhere).
+void files_beside(toml::table& point, const std::string& origin) {
+  if (!std::filesystem::is_regular_file(origin)) return;  // (a config given as text)
+  const auto dir = std::filesystem::absolute(origin).parent_path();
+  for (const auto& [section, leaf] : {std::pair{"worker", "script"}, std::pair{"model", "theta_file"}}) {
+    toml::table* t = point[section].as_table();
+    const auto* v = t ? t->get_as<std::string>(leaf) : nullptr;
+    if (v && !v->get().empty() && std::filesystem::path(v->get()).is_relative())
+      t->insert_or_assign(leaf, (dir / v->get()).lexically_normal().string());
+  }
+}
+
 // Every point of the sweep in `config` (see expand_sweep): each variant crossed with the swept
 // keys; --set `overrides` have the last word over both.
 std::vector<std::string> expand_points(const toml::table& config, const std::string& origin,
@@ -964,6 +1031,7 @@ std::vector<std::string> expand_points(const toml::table& config, const std::str
       merge_into(point, values);
       for (const auto& o : overrides)  // root has them already; they replace what the variant set
         if (values.at_path(o.substr(0, o.find('=')))) apply_override(point, o);
+      files_beside(point, origin);
       std::string where = origin;
       if (!label.empty()) where.append(" [").append(label).append("]");
       from_table(point, where);  // validate each point

@@ -64,9 +64,42 @@ class Config(LauncherTestCase):
 
     def test_placement_is_linear_in_processes(self):
         # 100000 workers placed and printed in seconds (it was quadratic: ~15 min)
-        r = self.launch("run", TINY, "--runs-dir", self.runs, "--dry-run", "--set", "cluster.workers=100000", timeout=60)
+        r = self.launch("run", TINY, "--runs-dir", self.runs, "--dry-run", "--set", "cluster.workers=100000",
+                        "--set", "train.batch=1", timeout=60)  # (a batch no larger than a worker's share)
         self.assertEqual(r.returncode, 0, r.stderr[-2000:])
         self.assertEqual(sum(line.startswith("[worker") for line in r.stdout.splitlines()), 100000)
+
+    def test_files_a_variant_or_a_sweep_names_are_beside_the_config(self):
+        # Defect: the config's top-level worker.script went to the binary as a --set, which won over
+        # what a variant set (variant b ran a.py); a variant's or a sweep's relative path was taken
+        # from the launcher's directory.
+        (self.tmp / "sub").mkdir()
+        for name in ("a.py", "b.py", "c.py"):
+            (self.tmp / "sub" / name).write_text("pass\n")
+        path = self.write("sub/v.toml", """\
+            name = "v"
+            [model]
+            kind = "linear"
+            [data]
+            kind = "least-squares"
+            [worker]
+            kind = "python"
+            script = ["a.py", "c.py"]
+            [[variant]]
+            name = "a"
+            [[variant]]
+            name = "b"
+            worker.script = "b.py"
+            """)
+        r = self.launch("run", path, "--runs-dir", self.runs, "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        runs = r.stdout.split("# run ")[1:]
+        scripts = [sorted(set(re.findall(r"\S*/[abc]\.py", run))) for run in runs]
+        sub = str(self.tmp / "sub")
+        self.assertEqual(scripts, [[f"{sub}/a.py"], [f"{sub}/c.py"], [f"{sub}/b.py"]])
+        # a --set names a file from where the launcher runs
+        r = self.launch("run", path, "--runs-dir", self.runs, "--dry-run", "--set", f"worker.script={sub}/c.py")
+        self.assertEqual(sorted(set(re.findall(r"\S*/[abc]\.py", r.stdout))), [f"{sub}/c.py"])
 
     def test_sweep_dry_run(self):
         path = self.tiny_variant("sweep.toml", [('mode = "bsp"', 'mode = ["bsp", "ssp:1"]'),

@@ -95,7 +95,7 @@ TEST(Config, ReconnectWindowIsZeroOnOneHostAndThirtySecondsAcross) {
   EXPECT_EQ(window("launcher = \"ssh\"\nhosts = [\"a\", \"b\"]\n"), 30.0);
   EXPECT_EQ(window("launcher = \"slurm\"\n"), 30.0);
   EXPECT_EQ(window("launcher = \"ssh\"\nhosts = [\"a\", \"b\"]\nreconnect_s = 5\n"), 5.0);
-  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nreconnect_s = -2\n"), "exp.toml: cluster.reconnect_s: must be >= 0, or -1 (auto)");
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nreconnect_s = -2\n"), "exp.toml: cluster.reconnect_s: must be in [0, 1e7], or -1 (auto)");
 }
 
 // cluster.ssh_alive_s: auto is twice the reconnect window, at least 60 s; one's own must outlast
@@ -113,7 +113,7 @@ TEST(Config, SshAliveWindowOutlastsTheReconnectWindow) {
             "exp.toml: cluster.ssh_alive_s: must be longer than the reconnect window (cluster.reconnect_s: 30 s here): "
             "a link down for less must lose nothing");
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nssh_alive_s = 0.5\n"),
-            "exp.toml: cluster.ssh_alive_s: must be >= 1, or -1 (auto)");
+            "exp.toml: cluster.ssh_alive_s: must be in [1, 1e7], or -1 (auto)");
 }
 
 TEST(Config, ByzantineWorkersAreRanksOfAModeThatPushesGradients) {
@@ -191,6 +191,28 @@ TEST(Config, RangeAndCrossFieldChecks) {
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nmode = \"allreduce\"\ncollective = \"nccl\"\n"),
             "exp.toml: cluster.collective: \"nccl\" all-reduces GPU buffers: it needs train.device = \"cuda\" "
             "(CPU workers use Gloo or shm)");
+}
+
+// Sizes and times past what their counters or the data allow, and keys that read as others, are
+// refused naming the key (each was accepted, and then ignored, clipped or overflowed).
+TEST(Config, SizesTimesAndKeysPastWhatTheRunCanHold) {
+  const std::string ls = "name = \"x\"\n[model]\nkind = \"linear\"\n[data]\nkind = \"least-squares\"\n";
+  EXPECT_EQ(error_of(ls + "[cluster]\nworkers = 4\n[train]\nbatch = 4096\n"),
+            "exp.toml: train.batch: 4096 is more than a worker's share of the training set (8192 samples over 4 "
+            "worker(s): 2048)");
+  EXPECT_EQ(error_of(ls + "[cluster]\nworkers = 4\n[train]\nbatch = 2048\n"), "(no error)");
+  EXPECT_EQ(error_of(ls + "[train]\nepochs = 1e18\n"), "exp.toml: train.epochs: makes more than 10^15 steps (128 per epoch)");
+  EXPECT_EQ(error_of(ls + "[cluster]\nservers = 1000\n"),
+            "exp.toml: cluster.servers: 1000 servers for 132 parameters: some shards would hold none");
+  EXPECT_EQ(error_of(ls + "[cluster]\nheartbeat_s = 0.001\n"),
+            "exp.toml: cluster.heartbeat_s: must be in [0.05, 1e7] (a client beats at most every 10 ms)");
+  EXPECT_EQ(error_of(ls + "[cluster]\ntimeout_s = 1e12\n"), "exp.toml: cluster.timeout_s: must be in (0, 1e7]");
+  EXPECT_EQ(error_of("name = \"x\"\n[model]\nkind = \"mlp\"\nhidden = [2000000000, 2000000000]\n"),
+            "exp.toml: model.kind: the model has 4000001592000000010 parameters: at most 2^36 (256 GiB of float32)");
+  EXPECT_EQ(error_of("name = \"x\"\n\"train.batch\" = 7\n"),
+            "exp.toml: train.batch: a quoted key with a dot in it is one key named \"train.batch\", not a key of a "
+            "section: write it without the quotes");
+  EXPECT_EQ(parse_config("name = \"x\"\n", "e", {" train.batch = 32 "}).train.batch, 32);
 }
 
 TEST(Config, EachHostsAddressIsNamedPerHostNotByOneBind) {
@@ -444,7 +466,7 @@ TEST(Config, OnWorkerLossContinuesOnlyWhereTheModeCan) {
             std::string::npos);
   EXPECT_EQ(error_of("name = \"x\"\n[cluster]\non_worker_loss = \"ignore\"\n"),
             "exp.toml: cluster.on_worker_loss: expected \"auto\", \"continue\" or \"fail\", got \"ignore\"");
-  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nheartbeat_s = 0\n"), "exp.toml: cluster.heartbeat_s: must be > 0");
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nheartbeat_s = 0\n"), "exp.toml: cluster.heartbeat_s: must be in [0.05, 1e7] (a client beats at most every 10 ms)");
 }
 
 TEST(Config, OnServerLossRestartsOnlyAsyncModesTheLauncherOwns) {
