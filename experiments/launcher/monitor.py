@@ -184,7 +184,7 @@ def how_it_ended(p):
     code, its host and pid), since ssh itself reports any death as 255."""
     if not p.control:
         return describe_exit(p.returncode)
-    record = remote_exit(p.log, p.ssh_log)
+    record = remote_exit(p.log, p.ssh_log, since=p.since)
     if record:
         return describe_remote_exit(record)
     if p.returncode == 255:
@@ -223,7 +223,11 @@ def srun_failure(procs, srun_proc, run_dir):
     the job or step cancelled (scancel, or its time limit: "CANCELLED AT ... DUE TO TIME LIMIT"),
     whichever srun said first."""
     def make(p):
-        text = p.log.read_text(errors="replace") if p.log.exists() else ""
+        text = ""
+        if p.log.exists():  # (this life's lines: a resumed run appends to srun.log)
+            with open(p.log, "rb") as f:
+                f.seek(p.since(p.log))
+                text = f.read().decode(errors="replace")
         c, t = CANCELLED.search(text), TASK_FAILED.search(text)
         if c and not (t and t.start() < c.start()):
             why = c.group(5).strip() or "by scancel"

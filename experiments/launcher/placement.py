@@ -40,6 +40,11 @@ class Proc:
     log: pathlib.Path = None
     address_from: object = None  # a listener's: peer host -> the address a peer there connects to
     group_ended: bool = False  # exited, and what was left in its process group killed (processes.end_group)
+    log_from: dict = None  # str(log path) -> its size when this life started (the earlier lives' lines are not read)
+
+    def since(self, path):
+        """Where this life's lines begin in `path` (0 for a log the launcher truncated)."""
+        return (self.log_from or {}).get(str(path), 0)
 
     def describe(self):
         return f"{self.name}" + (f" (rank {self.rank})" if self.role == "worker" else

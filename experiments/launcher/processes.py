@@ -65,6 +65,8 @@ def start(proc, cwd, append_log=False, env=None):
     env: variables added to the launcher's environment for it (the run's MPS daemon)."""
     out = proc.ssh_log if proc.control else proc.log
     out.parent.mkdir(parents=True, exist_ok=True)
+    proc.log_from = {str(path): path.stat().st_size if append_log and path.exists() else 0
+                     for path in (proc.log, proc.ssh_log) if path is not None}
     with open(out, "ab" if append_log else "wb") as log:
         proc.popen = subprocess.Popen(proc.command, stdin=subprocess.PIPE if proc.control else subprocess.DEVNULL,
                                       stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,

@@ -218,12 +218,13 @@ class RemoteEnd:
         return 128 - rc if rc < 0 else rc
 
 
-def markers(path, tail_bytes=65536):
-    """The [pslab-launch] records of a log, oldest first (the last tail_bytes of it)."""
+def markers(path, tail_bytes=65536, since=0):
+    """The [pslab-launch] records of a log, oldest first (the last tail_bytes of it, from byte
+    `since` on: an appended log's earlier lives apart)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - tail_bytes))
+            f.seek(max(since, f.tell() - tail_bytes))
             text = f.read().decode(errors="replace")
     except OSError:
         return []
@@ -237,10 +238,11 @@ def markers(path, tail_bytes=65536):
     return found
 
 
-def remote_exit(*paths):
-    """How the remote process ended, from the newest exit record in any of `paths`, or None."""
+def remote_exit(*paths, since=lambda path: 0):
+    """How the remote process ended, from the newest exit record in any of `paths` (each from byte
+    since(path) on: this life's), or None."""
     for path in paths:
-        exits = [m for m in markers(path) if m.get("event") == "exit"]
+        exits = [m for m in markers(path, since=since(path)) if m.get("event") == "exit"]
         if exits:
             return exits[-1]
     return None

@@ -481,6 +481,36 @@ class Cleanup(LauncherTestCase):
         with self.assertRaisesRegex(RunFailed, "exceeded --max-minutes 0.01 .*still running: worker0"):
             monitor([proc], quiet, time.time(), 0.6, lambda p: RunFailed("failed"))
 
+    def test_a_resumed_run_is_judged_by_what_its_own_life_wrote_to_the_appended_logs(self):
+        # Defect: srun.log and NAME.ssh.log are appended to on resume; the first "CANCELLED" of the
+        # earlier life's Ctrl-C made a task's failure read "cancelled", and an earlier life's exit
+        # record made a lost ssh connection read "killed by signal 15".
+        from launcher.monitor import how_it_ended, srun_failure
+        from launcher.placement import Proc
+        from launcher.processes import start
+        from launcher.remote import MARK
+        logs = self.tmp / "appended"
+        logs.mkdir()
+        srun = Proc(name="srun", role="srun", rank=-1, index=-1, host="local", argv=[], log=logs / "srun.log")
+        srun.log.write_text("slurmstepd: error: *** STEP 12.0 ON n1 CANCELLED AT 2026-11-29T10:00:00 ***\n")
+        srun.command = ["sh", "-c", "echo 'srun: error: n1: task 1: Exited with exit code 1'; exit 1"]
+        start(srun, self.tmp, append_log=True)
+        srun.returncode = srun.popen.wait(timeout=10)
+        tasks = [Proc(name=f"worker{i}", role="worker", rank=i, index=i, host="n1", argv=[]) for i in range(2)]
+        e = srun_failure(tasks, srun, self.tmp)(srun)
+        self.assertEqual(e.status, "failed", str(e))
+        self.assertIn("task 1 = worker1 (rank 1) on n1 failed first (Exited with exit code 1)", str(e))
+
+        over_ssh = Proc(name="server0", role="server", rank=0, index=0, host="h1", argv=[], control=True,
+                        log=logs / "server0.log", ssh_log=logs / "server0.ssh.log")
+        over_ssh.ssh_log.write_text(MARK + json.dumps({"event": "exit", "host": "h1", "pid": 11, "signal": 15,
+                                                       "name": "SIGTERM"}) + "\n")
+        over_ssh.command = ["sh", "-c", "echo 'Connection to h1 closed by remote host.'; exit 255"]
+        start(over_ssh, self.tmp, append_log=True)
+        over_ssh.popen.stdin.close()
+        over_ssh.returncode = over_ssh.popen.wait(timeout=10)
+        self.assertIn("lost its ssh connection", how_it_ended(over_ssh))
+
     def test_local_listeners_never_share_a_port_the_kernel_handed_out_twice(self):
         # Each port is closed once chosen; the kernel may give a closed one to the next bind(0), and
         # two listeners of the run were told the same port (one then failed to bind).
