@@ -682,7 +682,12 @@ def run_points(plans, config, bins, opts, inv):
             + (f", {plan.servers} server{'s' if plan.servers > 1 else ''}" if plan.servers else "")
             + f", {plan.total_steps} steps each -> {inv / dirname}")
         try:
-            s = execute_run(plan, inv / dirname, bins, opts, prefix)
+            try:
+                s = execute_run(plan, inv / dirname, bins, opts, prefix)
+            except UsageError as e:  # (after runs that ran: a host whose probe fails, ... is this run's failure)
+                if not results and not failed:
+                    raise
+                raise RunFailed(str(e))
             results.append((dirname, s))
         except RunFailed as e:
             print(f"launch.py: FAILED {dirname}: {e}{disk_trouble(inv / dirname)}", file=sys.stderr, flush=True)

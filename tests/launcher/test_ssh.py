@@ -61,6 +61,30 @@ class Ssh(LauncherTestCase):
                                    r"    PermissionError: \[Errno 13\] Permission denied: '/data/runs/server0.log'")
         self.assert_no_processes_left()
 
+    def test_a_host_lost_between_the_runs_of_a_sweep_fails_that_run_not_the_sweep(self):
+        # Defect: a probe that failed in the second run was a usage error: exit 2 ("nothing was
+        # started"), --keep-going ignored, and no comparison of the run that had finished.
+        probes = self.tmp / "probes"
+        self.fake_bin("ssh", f"""\
+            #!/bin/bash
+            while [[ $1 == -o ]]; do shift 2; done
+            if [[ $2 == *" probe"* && $1 == 127.0.0.1 ]]; then
+              echo x >> {probes}
+              if (( $(wc -l < {probes}) > 1 )); then echo "ssh: connect to host $1 port 22: No route to host" >&2; exit 255; fi
+            fi
+            export SSH_CONNECTION="127.0.0.1 40000 127.0.0.1 22"
+            exec bash -c "$2"
+            """)
+        path = self.ssh_config(["localhost", "127.0.0.1"], servers=1, workers=2)
+        path.write_text(path.read_text().replace('mode = "bsp"', 'mode = ["bsp", "asp", "ssp:1"]'))
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots", "--keep-going", "--base-port", free_base_port())
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("launch.py: FAILED mode=asp: host 127.0.0.1", r.stderr)
+        self.assertIn("launch.py: FAILED mode=ssp_1: host 127.0.0.1", r.stderr)
+        md = (self.only_invocation("tiny") / "comparison.md").read_text()
+        self.assertIn("| mode=bsp | bsp |", md)
+        self.assert_no_processes_left()
+
     def test_a_host_with_another_version_is_refused_naming_it(self):
         # "old": its launch.py has no probe (argparse refuses it); "other": another protocol
         self.fake_bin("ssh", """\
