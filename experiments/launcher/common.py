@@ -116,7 +116,7 @@ class RunFailed(Exception):
 def cmd_out(argv, cwd=None):
     """A command's stripped standard output, or None when it cannot run or fails."""
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=10, cwd=cwd)
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=10, cwd=cwd, stdin=subprocess.DEVNULL)
         return p.stdout.strip() if p.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -32,7 +32,7 @@ def visible_gpus(host, launcher, why=None):
         return None
     what = "nvidia-smi -L" if launcher == "local" else f"ssh {host} nvidia-smi -L"
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     except OSError as e:
         return unknown(why, f"{what}: {e.strerror}")
     except subprocess.TimeoutExpired:

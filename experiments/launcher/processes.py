@@ -132,6 +132,7 @@ def run_in_group(argv, timeout_s, **popen_args):
     """Runs argv to its end in a process group of its own (a Ctrl-C of the launcher stops it; what
     it leaves in its group is killed when it ends); returns its exit status. Raises
     subprocess.TimeoutExpired past timeout_s, Interrupted on SIGINT or SIGTERM, the group ended."""
+    popen_args.setdefault("stdin", subprocess.DEVNULL)  # (the launcher's own stdin is not theirs to read)
     p = subprocess.Popen(argv, start_new_session=True, preexec_fn=die_with_parent, **popen_args)
     end = time.monotonic() + timeout_s
     try:

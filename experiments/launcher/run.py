@@ -78,7 +78,8 @@ def run_plot(args_list, quiet=False):
     if py is None:
         warn(no_plot_python_warning())
         return
-    p = subprocess.Popen([py, str(PLOT_PY), *args_list], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen([py, str(PLOT_PY), *args_list], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         stdin=subprocess.DEVNULL)
     try:
         while True:  # its output read as it comes (a full pipe would stop plot.py), a signal heard
             try:
@@ -223,7 +224,7 @@ def probe_slurm_ports(count):
     argv = ["srun", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "/usr/bin/python3",
             "experiments/launch.py", "probe", "--slurm", "--ports", str(count)]
     try:
-        p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)
+        p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         found = {}
         for line in p.stdout.splitlines():
             row = json.loads(line)

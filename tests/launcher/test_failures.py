@@ -511,6 +511,21 @@ class Cleanup(LauncherTestCase):
         over_ssh.returncode = over_ssh.popen.wait(timeout=10)
         self.assertIn("lost its ssh connection", how_it_ended(over_ssh))
 
+    def test_what_the_launcher_runs_does_not_read_its_stdin(self):
+        # Defect: `ssh HOST nvidia-smi -L`, srun's probe step and `ssh HOST tail` read the launcher's
+        # stdin: `while read c; do launch.py run "$c"; done < configs.txt` lost the rest of the list.
+        seen = self.tmp / "seen"
+        script = (f"import subprocess, sys; sys.path.insert(0, {str(REPO / 'experiments')!r})\n"
+                  "from launcher.common import cmd_out\nfrom launcher.processes import run_in_group\n"
+                  f"cmd_out(['sh', '-c', 'cat >> {seen}'])\nrun_in_group(['sh', '-c', 'cat >> {seen}'], 10)\n"
+                  "print(sys.stdin.read().split())\n")
+        configs = self.tmp / "configs.txt"
+        configs.write_text("a.toml\nb.toml\n")
+        with open(configs) as stdin:
+            out = subprocess.run([PYTHON, "-c", script], stdin=stdin, capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.stdout.strip(), "['a.toml', 'b.toml']", out.stderr)
+        self.assertEqual(seen.read_text(), "")
+
     def test_local_listeners_never_share_a_port_the_kernel_handed_out_twice(self):
         # Each port is closed once chosen; the kernel may give a closed one to the next bind(0), and
         # two listeners of the run were told the same port (one then failed to bind).
