@@ -386,13 +386,16 @@ def fixed_or_probed_ports(where, probed, base_port):
         return lambda i: base_port + i
     if probed is None:
         return lambda i: f"<port {i}>"
-    index = {i: where[:i].count(h) for i, h in enumerate(where)}
+    seen, index = collections.Counter(), []  # (process i's place among its host's processes)
+    for h in where:
+        index.append(seen[h])
+        seen[h] += 1
     return lambda i: probed[where[i]]["ports"][index[i]]
 
 
 def ports_wanted(where):
     """How many ports to choose on each host: one per process there."""
-    return {h: where.count(h) for h in where}
+    return dict(collections.Counter(where))
 
 
 def srun_command(plan, run_dir):
