@@ -8,6 +8,8 @@ import subprocess
 import threading
 import time
 
+from .common import warn
+
 KILL_GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long
 
 
@@ -149,8 +151,25 @@ def run_in_group(argv, timeout_s, **popen_args):
             except subprocess.TimeoutExpired:
                 pass
         killpg(p.pid, signal.SIGKILL)  # what is left of its group
-        p.wait()
+        reap(p, " ".join(argv[:2]))
     return p.returncode
+
+
+REAP_S = 10.0  # after SIGKILL: a process that is still there is stuck in the kernel (a hung NFS write)
+
+
+def reap(popen, name):
+    """Waits for a process sent SIGKILL, at most REAP_S; one that does not end is named, with its
+    state, and left (the launcher does not hang on it)."""
+    try:
+        popen.wait(timeout=REAP_S)
+    except subprocess.TimeoutExpired:
+        try:
+            state = pathlib.Path(f"/proc/{popen.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            state = "?"
+        warn(f"{name} (pid {popen.pid}) did not end {REAP_S:g} s after SIGKILL (state {state}: "
+             f"D is a wait in the kernel, e.g. on a file system that does not answer); left running")
 
 
 def killpg(pgid, sig):
@@ -209,7 +228,7 @@ def stop_all(procs, meanwhile=None):
             except ProcessLookupError:
                 pass
     for p in live:
-        p.popen.wait()
+        reap(p.popen, f"{p.describe()} on {p.host}")
     end_groups(procs)
     return live
 

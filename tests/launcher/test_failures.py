@@ -15,6 +15,7 @@ import threading
 import time
 import types
 import unittest
+import unittest.mock
 
 from tests.launcher.helpers import (LAUNCH, PYTHON, REPO, TINY, LauncherTestCase, cmdlines_containing, option, pslab_processes, sleeps, wait_until,
                                     wait_for_train_lines_in)
@@ -525,6 +526,21 @@ class Cleanup(LauncherTestCase):
             out = subprocess.run([PYTHON, "-c", script], stdin=stdin, capture_output=True, text=True, timeout=30)
         self.assertEqual(out.stdout.strip(), "['a.toml', 'b.toml']", out.stderr)
         self.assertEqual(seen.read_text(), "")
+
+    def test_a_process_that_outlives_its_sigkill_is_named_not_waited_for_for_ever(self):
+        # (one stuck in the kernel: a log on a hard-mounted NFS whose server is gone; stood in for by
+        # a process never sent the signal) the launcher's last wait had no timeout: it hung.
+        import contextlib
+        import io
+        from launcher import processes
+        stuck = subprocess.Popen(["sleep", "60"])
+        self.addCleanup(lambda: (stuck.kill(), stuck.wait()))
+        err = io.StringIO()
+        with unittest.mock.patch.object(processes, "REAP_S", 0.3), contextlib.redirect_stderr(err):
+            t0 = time.monotonic()
+            processes.reap(stuck, "server0 (shard 0) on h1")
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertIn(f"server0 (shard 0) on h1 (pid {stuck.pid}) did not end 0.3 s after SIGKILL (state S", err.getvalue())
 
     def test_local_listeners_never_share_a_port_the_kernel_handed_out_twice(self):
         # Each port is closed once chosen; the kernel may give a closed one to the next bind(0), and
