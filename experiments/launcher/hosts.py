@@ -18,6 +18,7 @@ import subprocess
 import time
 
 from .common import LAUNCHER_PROTOCOL, REPO, UsageError, checkout_revision, is_loopback, warn
+from .processes import communicate_checked
 
 PROBE_TIMEOUT_S = 30.0
 SIOCGIFADDR = 0x8915
@@ -134,7 +135,7 @@ def probe_hosts(plan, hosts, ports_per_host, ssh):
     try:
         for host, p in asked.items():
             try:
-                out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+                out, err = communicate_checked(p, max(0.1, deadline - time.monotonic()))  # (Ctrl-C heard)
             except subprocess.TimeoutExpired:
                 raise UsageError(f"host {host} did not answer within {PROBE_TIMEOUT_S:g} s over ssh "
                                  f"(asked for its address and free ports)")

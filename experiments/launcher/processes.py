@@ -42,6 +42,18 @@ def check_signal():
         raise Interrupted(_signal_received)
 
 
+def communicate_checked(popen, timeout_s):
+    """popen.communicate(), a signal heard every 0.2 s (Interrupted); TimeoutExpired past timeout_s."""
+    end = time.monotonic() + timeout_s
+    while True:
+        check_signal()
+        try:
+            return popen.communicate(timeout=max(0.01, min(0.2, end - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= end:
+                raise
+
+
 def sleep_checked(seconds):
     end = time.monotonic() + seconds
     while True:

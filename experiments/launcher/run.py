@@ -27,8 +27,8 @@ from .placement import (DRY_RUN_SOCKET_DIR, Proc, checkpoint_path, cluster_hosts
                         socket_dir, srun_command, ssh_base, ssh_command)
 from .metrics import read_jsonl
 from .plan import RunPlan, new_invocation_dir, replan, safe_dir_name
-from .processes import (Heartbeat, Interrupted, check_signal, close_stdin, end_groups, log_tail, start,
-                        stop_all)
+from .processes import (Heartbeat, Interrupted, check_signal, close_stdin, communicate_checked, end_groups, log_tail,
+                        start, stop_all)
 from .summary import COMPLETED, result_line, summarize
 
 PLOT_PY = REPO / "experiments" / "plot.py"
@@ -224,14 +224,21 @@ def probe_slurm_ports(count):
     argv = ["srun", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "/usr/bin/python3",
             "experiments/launch.py", "probe", "--slurm", "--ports", str(count)]
     try:
-        p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        p = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             stdin=subprocess.DEVNULL)
+        try:
+            stdout, stderr = communicate_checked(p, 60)  # (Ctrl-C heard meanwhile)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         found = {}
-        for line in p.stdout.splitlines():
+        for line in stdout.splitlines():
             row = json.loads(line)
             found[row["node"]] = row["ports"]
         if p.returncode == 0 and len(found) == int(nodes):
             return found
-        why = f"srun exited {p.returncode}: {p.stderr.strip()[-300:] or 'no output'}"
+        why = f"srun exited {p.returncode}: {stderr.strip()[-300:] or 'no output'}"
     except (OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
         why = str(e)
     warn(f"could not ask the allocation's nodes for free ports ({why}); each task derives its ports from the job's id")

@@ -9,13 +9,14 @@ import random
 import re
 import shlex
 import shutil
+import signal
 import socket
 import stat
 import subprocess
 import time
 import unittest
 
-from tests.launcher.helpers import REPO, LauncherTestCase, remote_argv, free_base_port
+from tests.launcher.helpers import LAUNCH, PYTHON, REPO, LauncherTestCase, remote_argv, free_base_port, sleeps, wait_until
 
 
 class Ssh(LauncherTestCase):
@@ -84,6 +85,27 @@ class Ssh(LauncherTestCase):
         md = (self.only_invocation("tiny") / "comparison.md").read_text()
         self.assertIn("| mode=bsp | bsp |", md)
         self.assert_no_processes_left()
+
+    def test_ctrl_c_while_a_host_is_slow_to_answer_its_probe_stops_at_once(self):
+        # Defect: the probe's wait (up to 30 s) heard no signal.
+        self.fake_bin("ssh", """\
+            #!/bin/bash
+            while [[ $1 == -o ]]; do shift 2; done
+            [[ $2 == *" probe"* && $1 == 127.0.0.1 ]] && exec sleep 67.5
+            export SSH_CONNECTION="127.0.0.1 40000 127.0.0.1 22"
+            exec bash -c "$2"
+            """)
+        path = self.ssh_config(["localhost", "127.0.0.1"], servers=1, workers=2)
+        p = subprocess.Popen([PYTHON, str(LAUNCH), "run", str(path), "--runs-dir", str(self.runs), "--no-plots"],
+                             cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.addCleanup(lambda: p.poll() is None and (p.kill(), p.wait()))
+        wait_until(self, lambda: sleeps("67.5"), 30, "the slow probe")
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=20)
+        self.assertLess(time.monotonic() - t0, 5, out)
+        self.assertEqual(p.returncode, 130, out)
+        wait_until(self, lambda: not sleeps("67.5"), 10, "the probe's ssh, stopped")
 
     def test_a_host_with_another_version_is_refused_naming_it(self):
         # "old": its launch.py has no probe (argparse refuses it); "other": another protocol
