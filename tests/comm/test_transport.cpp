@@ -11,7 +11,10 @@
 #include <set>
 #include <thread>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -623,6 +626,29 @@ TEST(ZmqTransport, APortInUseAndAnOverlongSocketPathAreNamed) {
   }
   auto ipc = make_transport("ipc");
   EXPECT_THROW(ipc->listen("ipc:///tmp/" + std::string(200, 'p')), std::invalid_argument);
+}
+
+// IPv6 addresses (what the launcher's probe may learn of a host, or cluster.bind = "::1") are
+// bound and connected to: ZeroMQ takes IPv4 only unless told.
+TEST(ZmqTransport, IPv6AddressesAreBoundAndConnectedTo) {
+  const int probe = ::socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 loop{};
+  loop.sin6_family = AF_INET6;
+  loop.sin6_addr = in6addr_loopback;
+  const bool has_v6 = probe >= 0 && ::bind(probe, reinterpret_cast<sockaddr*>(&loop), sizeof loop) == 0;
+  socklen_t len = sizeof loop;
+  const bool named = has_v6 && ::getsockname(probe, reinterpret_cast<sockaddr*>(&loop), &len) == 0;
+  if (probe >= 0) ::close(probe);
+  if (!named) GTEST_SKIP() << "no IPv6 loopback here";
+  auto t = make_transport("tcp");
+  const std::string a = "tcp://[::1]:" + std::to_string(ntohs(loop.sin6_port));
+  auto l = t->listen(a);
+  auto c = t->connect({a});
+  ASSERT_TRUE(c->send(0, bytes("over v6"), {}, after(5s)));
+  Message m;
+  PeerId from;
+  ASSERT_TRUE(l->recv(m, from, after(5s))) << "nothing arrived at " << a;
+  EXPECT_EQ(text(m.header()), "over v6");
 }
 
 TEST(ZmqTransport, BindAddressesAreWhatZeroMqCanBind) {

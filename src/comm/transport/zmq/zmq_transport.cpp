@@ -151,6 +151,7 @@ class ZmqListener final : public Listener {
       sock_.set(zmq::sockopt::curve_secretkey, view(keys->secret_key));
       sock_.set(zmq::sockopt::zap_domain, "pslab");
     }
+    sock_.set(zmq::sockopt::ipv6, 1);  // (tcp://[::1]:P, a host's IPv6 address; IPv4 as before)
     sock_.set(zmq::sockopt::router_mandatory, 1);  // a reply that cannot be queued is reported, not lost silently
     if (o.max_message_bytes) sock_.set(zmq::sockopt::maxmsgsize, std::int64_t(o.max_message_bytes));
     sock_.set(zmq::sockopt::sndhwm, o.queue);
@@ -217,6 +218,7 @@ class ZmqConnections final : public Connections {
         socks_.back().set(zmq::sockopt::curve_publickey, view(keys->public_key));
         socks_.back().set(zmq::sockopt::curve_secretkey, view(keys->secret_key));
       }
+      socks_.back().set(zmq::sockopt::ipv6, 1);
       socks_.back().set(zmq::sockopt::linger, int(o.linger.count()));
       if (o.max_message_bytes) socks_.back().set(zmq::sockopt::maxmsgsize, std::int64_t(o.max_message_bytes));
       socks_.back().set(zmq::sockopt::sndhwm, o.queue);
