@@ -468,6 +468,7 @@ class Supervisor:
             finally:
                 for p in self.launched:
                     close_stdin(p)
+                self.remove_remote_socket_dirs()
         end_groups(self.launched)  # (any exit the monitor did not see)
         self.manifest(placed=True)
         s = summarize(plan, run_dir, time.time() - self.run_start, lost=self.lost, restarted=self.earlier[0] + self.restarted,
@@ -476,6 +477,24 @@ class Supervisor:
             s.update(replay_verdict(self.opts.replay_of, run_dir, plan))
         write_file(run_dir / "summary.json", json.dumps(s, indent=2) + "\n")
         return s
+
+    def remove_remote_socket_dirs(self):
+        """ssh with ipc, shm or auto: each host's copy of the run's socket directory removed once
+        its processes ended (the launcher removes its own); a host that does not answer within
+        10 s, or cannot, is named."""
+        if self.plan.launcher != "ssh" or not self.sockets:
+            return
+        asked = {h: subprocess.Popen([*ssh_base(), h, f"rm -rf {shlex.quote(str(self.sockets))}"], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                 for h in sorted({p.host for p in self.launched})}
+        for host, p in asked.items():
+            try:
+                err = p.communicate(timeout=10)[1]
+            except subprocess.TimeoutExpired:
+                p.kill()
+                err = p.communicate()[1] + " (no answer within 10 s)"
+            if p.returncode:
+                warn(f"{host}: the run's socket directory {self.sockets} was not removed: {err.strip()}")
 
     def stopped(self, e):
         """The run failed or was interrupted: every process stopped, the summary says why."""

@@ -43,6 +43,27 @@ class Ssh(LauncherTestCase):
         self.assertGreater(s["final_test_acc"], 0.85)
         self.assert_no_processes_left()
 
+    def test_the_socket_directory_made_on_a_host_is_removed_when_the_run_ends(self):
+        # ipc over ssh: each host makes the run's socket directory; only the launcher's own copy was
+        # removed, and every run left one in each host's /tmp.
+        log = self.tmp / "ssh-commands"
+        self.fake_bin("ssh", f"""\
+            #!/bin/bash
+            while [[ $1 == -o ]]; do shift 2; done
+            printf '%s\\n' "$2" >> {log}
+            export SSH_CONNECTION="127.0.0.1 40000 127.0.0.1 22"
+            exec bash -c "$2"
+            """)
+        path = self.ssh_config(["localhost"], servers=1, workers=2)
+        path.write_text(path.read_text().replace("[cluster]", '[cluster]\ntransport = "ipc"'))
+        r = self.launch("run", path, "--runs-dir", self.runs, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        made = re.findall(r"mkdir -p -m 700 (/tmp/pslab-\S+) &&", log.read_text())
+        self.assertEqual(len(set(made)), 1, log.read_text())
+        self.assertIn(f"rm -rf {made[0]}", log.read_text().splitlines())
+        self.assertFalse(pathlib.Path(made[0]).exists())
+        self.assert_no_processes_left()
+
     def test_a_remote_end_that_could_not_start_is_named_with_what_ssh_said(self):
         # server0's remote end fails before it can write its record (a log it cannot open): the
         # failure names ssh's exit and what ssh carried back, not an empty log.
