@@ -7,6 +7,8 @@ Fashion-MNIST in every mode, asp's servers applying each of the 4 workers' pushe
 worker killed in asp is dropped and the run goes on. Bad calls raise, naming the problem.
 Needs Debian's python3-torch (experiments/setup.sh installs it); skips, saying so, without it.
 """
+import contextlib
+import io
 import json
 import os
 import pathlib
@@ -209,6 +211,20 @@ class TorchExactness(unittest.TestCase):
                 pt.Worker(model, c)
             with self.assertRaisesRegex(pslab.PslabError, "next θ: .*|eval: no θ taken"):
                 c.eval(0.5, 0.5)
+        # the θ0 run, on the launcher's host, may have no GPU: its module on the CPU (θ0 is the same)
+        cuda = self.tmp / "cuda.toml"
+        cuda.write_text(EXACT.replace("MODEL", f'kind = "external"\nsizes = {pt.sizes_of(model)}')
+                        .replace("[train]", '[train]\ndevice = "cuda"'))
+        theta0 = pslab.launched({"PSLAB_CONFIG": str(cuda), "PSLAB_RANK": "-1", "PSLAB_THETA0": str(self.tmp / "t0")})
+        self.assertEqual(pt.device(theta0), torch.device("cpu"))
+        if not torch.cuda.is_available():
+            with self.assertRaisesRegex(pslab.PslabError, 'train.device = "cuda", but this PyTorch .* sees no GPU'):
+                pt.device(pslab.launched({"PSLAB_CONFIG": str(cuda), "PSLAB_RANK": "0", "PSLAB_SERVERS": "tcp://x:1"}))
+        # an evaluator's batch norm never updated (its statistics are not in θ) is said once
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            pt._warn_untrained_batch_norm(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)))
+        self.assertIn("[evaluator] batch norm 1: running statistics never updated in this process", err.getvalue())
         c = pslab.Client(config, 0, nowhere)
         c.close()
         with self.assertRaisesRegex(pslab.PslabError, "worker 0: the client is closed"):
@@ -237,6 +253,19 @@ class TorchExactness(unittest.TestCase):
                                                           r"model.sizes says \[10, 320, 32, 25088\] \(first difference: tensor 0\)"):
                 pt.Worker(model, c)
 
+    def test_every_process_builds_what_theta_does_not_hold_alike(self):
+        # Defect: each process was seeded with the seed + 1 + rank at import: a frozen (or other
+        # non-θ) layer was built differently in every worker and in the evaluator.
+        built = set()
+        for rank in (-1, 0, 1):
+            env = dict(os.environ, PSLAB_SEED="3", PSLAB_RANK=str(rank),
+                       PYTHONPATH=os.pathsep.join([str(REPO / "worker" / "python"), os.environ.get("PYTHONPATH", "")]))
+            out = subprocess.run([sys.executable, "-c", "import pslab.torch, torch\nprint(torch.nn.Linear(3, 1).weight.tolist())"],
+                                 env=env, capture_output=True, text=True, timeout=60)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            built.add(out.stdout.strip())
+        self.assertEqual(len(built), 1, built)
+
     def test_a_step_takes_the_gradient_whatever_became_of_grad_and_no_nan_from_an_empty_batch(self):
         config = self.tmp / "steps.toml"
         model = torch_mlp.MLP(784, 10, hidden=(HIDDEN,))
@@ -255,6 +284,12 @@ class TorchExactness(unittest.TestCase):
             before = worker.flat.theta_np.copy()
             worker.step(torch.nn.functional.cross_entropy(model(x[:0]), y[:0]), 0)  # an epoch's empty last batch
             np.testing.assert_array_equal(worker.flat.theta_np, before, "an empty batch moved θ")
+            # an optimizer of one's own, stepped besides worker.step: θ moved where no server has it
+            torch.optim.SGD(model.parameters(), lr=0.1).step()
+            with self.assertRaisesRegex(pslab.PslabError, r"parameter hidden.0.weight was changed in place since θ came "
+                                                          r"from the servers \(an optimizer's step\(\)"):
+                worker.step(torch.nn.functional.cross_entropy(model(x), y), 32)
+            worker.flat.versions = [p._version for p in worker.flat.params]  # (as if it had not)
             first = pt.parameters(model)[0]
             first.data = first.data.clone()  # (as .to() or .cpu() would: no longer θ's buffer)
             with self.assertRaisesRegex(pslab.PslabError, r"parameter hidden.0.weight no longer lies in θ's buffer"):

@@ -14,7 +14,10 @@ the gradients are one flat float32 buffer each, exchanged through libpslab_clien
         worker.end()
 
 A process the launcher started is seeded when it imports this module (torch.manual_seed: the
-run's seed, plus 1 + rank for a worker), before it builds its module. A config may leave the
+run's seed, the same in every process, so that what θ does not hold, a frozen layer, is built
+alike everywhere); Worker() then seeds its own (the seed + 1 + rank: dropout, augmentation). The
+servers own θ: an optimizer's step() or another in-place change of a parameter between two
+steps is an error (PslabError naming it). A config may leave the
 model's sizes and θ0 to the script (model.kind = "external" without model.sizes): the launcher
 first runs it with PSLAB_THETA0, where Worker() and evaluate() write the module's initial
 parameters and sizes and end the process.
@@ -39,7 +42,13 @@ from pslab import Client, Launched, PslabError, launched  # noqa: F401 (the name
 __all__ = ["Worker", "evaluate", "launched", "data", "device", "save_theta", "sizes_of", "parameters", "PslabError"]
 
 if os.environ.get("PSLAB_SEED") and os.environ.get("PSLAB_RANK"):  # a process of a run: seeded before it builds its module
-    torch.manual_seed(int(os.environ["PSLAB_SEED"]) + 1 + int(os.environ["PSLAB_RANK"]))
+    torch.manual_seed(int(os.environ["PSLAB_SEED"]))
+
+
+def _seed_this_worker(run):
+    """After θ is taken: this worker's own random stream (the run's seed + 1 + rank)."""
+    if run is not None:
+        torch.manual_seed(run.seed + 1 + run.rank)
 
 
 def parameters(model):
@@ -146,10 +155,22 @@ class _Flat:
                 view.copy_(p.grad)
                 p.grad = view
 
-    def theta_arrived(self):
-        """The host θ is new: to the device (a CUDA module)."""
+    def theta_arrived(self, wait=False):
+        """The host θ is new: to the device (a CUDA module; wait: before the host buffer is written
+        again by whatever follows without a GPU step between). Then each parameter's version, to
+        tell an in-place change (an optimizer's step) at the next step."""
         if self.cuda:
-            self.theta.copy_(self.host_theta, non_blocking=True)
+            self.theta.copy_(self.host_theta, non_blocking=not wait)
+        self.versions = [p._version for p in self.params]
+
+    def check_untouched(self):
+        """No parameter changed in place since θ arrived: the servers own θ (an optimizer's step()
+        here would move it where no server has it, and push a gradient taken there)."""
+        for name, p, v in zip(self.names, self.params, self.versions):
+            if p._version != v:
+                raise PslabError(f"parameter {name} was changed in place since θ came from the servers (an optimizer's "
+                                 f"step(), or an in-place edit): the run's rule updates θ; leave the step to "
+                                 f"worker.step(loss, samples)")
 
     def grad_to_host(self):
         if self.cuda:
@@ -178,6 +199,7 @@ class Worker:
         self.client, self.model = client, model
         _set_threads(run, client)
         self.flat = _Flat(model, client, grads=True)
+        _seed_this_worker(run)
         self.step_index = 0   # the next step
         self.last = client.begin(self.flat.theta_np)  # StepInfo of the last exchange
         self.flat.theta_arrived()
@@ -204,6 +226,7 @@ class Worker:
         if self.step_index >= self.client.total_steps:
             raise PslabError(f"worker {self.client.rank}: all {self.client.total_steps} steps are done")
         self.flat.check_theta()
+        self.flat.check_untouched()
         self.flat.attach_grads()
         self.flat.grad.zero_()
         if samples > 0:
@@ -238,6 +261,18 @@ def _lower_this_threads_priority(nice):
               f"workers' priority", file=sys.stderr)
 
 
+def _warn_untrained_batch_norm(model):
+    """Once: a batch norm whose running statistics were never updated evaluates with mean 0 and
+    variance 1 (the evaluator's own copy: fn must recompute them from θ, as the examples' do)."""
+    stale = [name for name, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+             and m.track_running_stats and m.num_batches_tracked is not None and int(m.num_batches_tracked) == 0]
+    if stale:
+        print(f"[evaluator] batch norm {', '.join(stale[:3])}{' ...' if len(stale) > 3 else ''}: running statistics never "
+              f"updated in this process (they are not in θ): evaluating with mean 0, variance 1; recompute them in fn "
+              f"(a few training batches in train mode) as experiments/torch/resnet.py does", file=sys.stderr)
+    return True
+
+
 def evaluate(model, fn, client=None, run=None):
     """The run's evaluator: each θ taken when due (eval.interval_s or eval.every_epochs, and at the
     end; the client's thread takes them into a queue meanwhile) is loaded into `model` and
@@ -256,17 +291,19 @@ def evaluate(model, fn, client=None, run=None):
     flat = _Flat(model, client, grads=False)
     client.connect()
     result = None
-    lowered = False
+    lowered = warned_bn = False
     while True:
         info = client.next_theta(flat.theta_np)  # (the first starts the client's taker, at this thread's priority)
         if not lowered:
             _lower_this_threads_priority(EVALUATE_NICE)
             lowered = True
         flat.check_theta()
-        flat.theta_arrived()
+        flat.theta_arrived(wait=True)  # (fn need not wait for the GPU before the next θ is written)
         model.eval()
         with torch.no_grad():
             result = fn(model)
+        if not warned_bn:
+            warned_bn = _warn_untrained_batch_norm(model)
         loss, acc = tuple(result) if isinstance(result, (tuple, list)) else (result, None)
         client.eval(float(loss), None if acc is None else float(acc))
         if info.training_done:
@@ -280,6 +317,8 @@ def device(run=None):
     """Where this process's module goes: train.device = "cpu", or with "cuda" its GPU (the
     launcher's GPU slot, mod the GPUs this process sees)."""
     run = run or launched()
+    if run.theta0:  # (the launcher's first start, on its own host, which may have no GPU: θ0 is the same)
+        return torch.device("cpu")
     with Client(run.config, run.rank, None) as c:  # (the config alone)
         wanted = c.config["train"]["device"]
     if wanted != "cuda":
@@ -287,7 +326,9 @@ def device(run=None):
     if not torch.cuda.is_available():
         raise PslabError(f'train.device = "cuda", but this PyTorch ({torch.__version__}) sees no GPU: worker.python '
                          f'must be an interpreter whose PyTorch has CUDA')
-    return torch.device("cuda", run.gpu_slot % torch.cuda.device_count())
+    gpu = torch.device("cuda", run.gpu_slot % torch.cuda.device_count())
+    torch.cuda.set_device(gpu)  # (pinned buffers and streams made later go there, not to GPU 0)
+    return gpu
 
 
 def data(client=None, run=None):
