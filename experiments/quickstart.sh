@@ -18,25 +18,26 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/experiments/setup.sh"
 
 echo "[quickstart] comparing the consistency modes: experiments/configs/default.toml"
+where=$(mktemp)
+trap 'rm -f "$where"' EXIT
 status=0
-/usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/default.toml" \
+PSLAB_INVOCATION_OUT=$where /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/default.toml" \
   --build-dir "$root/build" --keep-going "$@" || status=$?
 if ((status == 2 || status == 130 || status == 143)); then exit "$status"; fi  # nothing (more) to show
 
-runs_dir="$PWD/runs"  # the launcher writes ./runs where it is started, or where --runs-dir says
-args=("$@")
-for ((i = 0; i < ${#args[@]}; i++)); do
-  case ${args[i]} in
-    --runs-dir) runs_dir=${args[i + 1]:-$runs_dir} ;;
-    --runs-dir=*) runs_dir=${args[i]#--runs-dir=} ;;
-  esac
-done
-latest="$runs_dir/compare/latest"
-if [[ -d "$latest" ]]; then
-  dir=$(cd "$latest" && pwd -P)
+dir=$(cat "$where")  # this invocation's directory (the launcher wrote it: --runs-dir, --set name=... as given)
+if [[ -n $dir && -f $dir/comparison.md ]]; then
   echo "[quickstart] comparison table: $dir/comparison.md (and comparison.csv)"
-  echo "[quickstart] plots:            $dir/plots/{seeds,convergence,bytes,throughput,step_time,staleness}.png"
-  echo "[quickstart] each run:         $dir/seed=<s>,mode=<mode>/ (summary.json, metrics/, logs/, plots/)"
+  plots=()
+  for p in seeds convergence bytes throughput step_time staleness; do
+    [[ -f $dir/plots/$p.png ]] && plots+=("$p")
+  done
+  if ((${#plots[@]})); then
+    echo "[quickstart] plots:            $dir/plots/{$(IFS=,; echo "${plots[*]}")}.png"
+  else
+    echo "[quickstart] plots:            none (--no-plots, or no matplotlib: experiments/pslab plot $dir)"
+  fi
+  echo "[quickstart] each run:         $dir/<run>/ (summary.json, metrics/, logs/, plots/)"
 fi
 if ((status != 0)); then
   echo "[quickstart] error: at least one run failed (exit $status); its log is named above" >&2

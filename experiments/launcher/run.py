@@ -693,6 +693,8 @@ def run_all(plans, config, bins, opts, runs_dir):
 def run_points(plans, config, bins, opts, inv):
     """run_all's runs, one after the other, into `inv`; then the plots and the comparison."""
     say(f"launch.py: {len(plans)} run(s) of {config} -> {inv}")
+    if os.environ.get("PSLAB_INVOCATION_OUT"):  # (experiments/quickstart.sh: where this invocation's runs are)
+        write_file(pathlib.Path(os.environ["PSLAB_INVOCATION_OUT"]), f"{inv}\n")
     if not opts.no_plots and plot_python() is None:
         warn(no_plot_python_warning())  # said before the runs, not after them
         opts.no_plots = True
