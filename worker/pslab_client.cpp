@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/interrupt.h"
 #include "backend.h"
 #include "core/data.h"
 #include "core/model.h"
@@ -148,6 +149,8 @@ long of_train_set(pslab_client* c, F&& f) {
 }  // namespace
 
 extern "C" {
+
+void pslab_client_catch_interrupts(void) { pslab::comm::catch_interrupts(); }
 
 pslab_client* pslab_client_open(const char* config_path, const char* const* overrides, int n_overrides, int rank,
                                 const char* servers, const char* backups, const char* auth_key) {

@@ -42,6 +42,11 @@ typedef struct {
 PSLAB_CLIENT_API pslab_client* pslab_client_open(const char* config_path, const char* const* overrides, int n_overrides,
                                                  int rank, const char* servers, const char* backups, const char* auth_key);
 /* rank PSLAB_CLIENT_EVALUATOR: the run's evaluator (pslab_client_next_theta, _eval, _shutdown). */
+/* From now on, SIGINT (where the process has a handler of its own: Python's) ends the blocking
+ * waits of calls made on this thread: the call fails with "interrupted by SIGINT" (the handler
+ * still runs: Python raises KeyboardInterrupt once the call returns). Other threads' waits and
+ * the default dispositions are left as they are. */
+PSLAB_CLIENT_API void pslab_client_catch_interrupts(void);
 /* Why the last call failed, or "" after one that succeeded. Valid until the next call. */
 PSLAB_CLIENT_API const char* pslab_client_error(const pslab_client* c);
 /* P, the number of floats of θ and of every gradient (0 for a client that failed to open). */

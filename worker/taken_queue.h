@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -14,6 +15,8 @@
 #include <mutex>
 #include <stop_token>
 #include <vector>
+
+#include "comm/interrupt.h"
 
 namespace pslab {
 
@@ -63,9 +66,16 @@ class TakenQueue {
     std::lock_guard lock(mu_);
     return error_;
   }
+  // Blocks until a θ is queued or the taker failed (its own waits have timeouts); a caught
+  // interrupt (comm/interrupt.h: a Python evaluator's Ctrl-C) throws.
   std::unique_ptr<Item> next() {
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return !queued_.empty() || error_; });
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(comm::interrupt_slice_ms(60000)),
+                         [&] { return !queued_.empty() || error_; })) {
+      lock.unlock();
+      comm::throw_if_interrupted();
+      lock.lock();
+    }
     if (queued_.empty()) std::rethrow_exception(error_);
     auto item = std::move(queued_.front());
     queued_.pop_front();

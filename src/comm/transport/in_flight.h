@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "comm/interrupt.h"
 #include "comm/transport/transport.h"
 
 namespace pslab::comm {
@@ -37,8 +38,10 @@ class InFlight {
       progress();
       std::unique_lock<std::mutex> lock(mu_);
       if (cv_.wait_for(lock, std::chrono::microseconds(100), [&] { return n_ == 0; })) return;
+      lock.unlock();
+      throw_if_interrupted();  // (a Python worker's Ctrl-C: comm/interrupt.h)
       if (std::chrono::steady_clock::now() >= deadline)
-        throw std::runtime_error(std::to_string(n_) + " send(s) of " + what + " still not done after " +
+        throw std::runtime_error(std::to_string(count()) + " send(s) of " + what + " still not done after " +
                                  std::to_string(timeout.count()) + " ms");
     }
   }

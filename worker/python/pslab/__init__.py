@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import threading
 
 __all__ = ["Client", "PullInfo", "StepInfo", "PslabError", "Launched", "launched", "library_path", "EVALUATOR"]
 
@@ -164,6 +165,10 @@ def _library():
         lib.pslab_client_bye.argtypes = [vp, lp]
         lib.pslab_client_close.restype = None
         lib.pslab_client_close.argtypes = [vp]
+        lib.pslab_client_catch_interrupts.restype = None
+        lib.pslab_client_catch_interrupts.argtypes = []
+        if threading.current_thread() is threading.main_thread():  # (Ctrl-C ends a call's wait: KeyboardInterrupt)
+            lib.pslab_client_catch_interrupts()
         _lib = lib
     return _lib
 
@@ -347,7 +352,10 @@ class Client:
 
     def _check(self, rc):
         if rc != 0:
-            raise PslabError(self._lib.pslab_client_error(self._c).decode())
+            why = self._lib.pslab_client_error(self._c).decode()
+            if why.endswith("interrupted by SIGINT"):  # (a Ctrl-C ended the call's wait)
+                raise KeyboardInterrupt(why)
+            raise PslabError(why)
 
     def _floats(self, buf, name, writable):
         """A float* to buf's memory: P contiguous float32 values (nothing is copied). The buffer a

@@ -7,6 +7,8 @@
 
 #include <zmq.h>
 
+#include "comm/interrupt.h"
+
 namespace pslab::comm {
 namespace {
 
@@ -47,7 +49,8 @@ void wait_any(const std::vector<std::unique_ptr<Part>>& parts, std::vector<PollI
   auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
   left = std::max(left, std::chrono::milliseconds(0));
   if (polls.empty()) return std::this_thread::sleep_for(std::min(left, std::chrono::milliseconds(1)));
-  zmq_poll(polls.data(), int(polls.size()), long(left.count()));
+  zmq_poll(polls.data(), int(polls.size()), interrupt_slice_ms(long(left.count())));
+  throw_if_interrupted();
 }
 
 class MixedListener final : public Listener {

@@ -13,6 +13,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "comm/interrupt.h"
+
 namespace pslab::comm {
 namespace {
 
@@ -222,6 +224,7 @@ class UnixConnections final : public Connections {
         if (errno == EAGAIN || errno == EWOULDBLOCK) {  // its queue is full: wait for room
           pollfd p{fds_[k], POLLOUT, 0};
           if (Clock::now() < deadline) ::poll(&p, 1, std::min(millis_until(deadline), 10));
+          throw_if_interrupted();
         } else {
           disconnect(k);  // the listener went away: connect again
         }
@@ -254,7 +257,8 @@ class UnixConnections final : public Connections {
       for (std::size_t k = 0; k < n; ++k)
         if (fds_[k] >= 0) polls_.push_back({fds_[k], POLLIN, 0});
       if (polls_.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(std::min(2, millis_until(deadline))));
-      else ::poll(polls_.data(), polls_.size(), millis_until(deadline));
+      else ::poll(polls_.data(), polls_.size(), int(interrupt_slice_ms(millis_until(deadline))));
+      throw_if_interrupted();
     }
   }
 

@@ -21,19 +21,22 @@
 
 #include <zmq.hpp>
 
+#include "comm/interrupt.h"
+
 namespace pslab::comm {
 namespace {
 
 // The one deadline-poll of the ZeroMQ transports: waits until an item is ready or `deadline`
 // passes. A signal (EINTR) ends the wait early like readiness does: callers try again and
-// loop until their deadline.
+// loop until their deadline; a caught interrupt (comm/interrupt.h) throws.
 void poll_until(zmq::pollitem_t* items, std::size_t n, Deadline deadline) {
   const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
   try {
-    zmq::poll(items, n, std::max(left, std::chrono::milliseconds(0)));
+    zmq::poll(items, n, std::chrono::milliseconds(interrupt_slice_ms(std::max<long>(left.count(), 0))));
   } catch (const zmq::error_t& e) {
     if (e.num() != EINTR) throw;
   }
+  throw_if_interrupted();
 }
 
 // The frames of the message being received, kept in the Message and reused.
