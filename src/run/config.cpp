@@ -691,6 +691,14 @@ void validate_placement(const Checker& check) {
   check(c.cluster.launcher != "virtual" || !c.cluster.overlap.is_on(), "cluster.overlap",
         "the virtual cluster runs each step whole (its time model has no overlap): set it \"auto\" or false");
   check(c.cluster.launcher != "ssh" || !c.cluster.hosts.empty(), "cluster.hosts", "cluster.launcher = \"ssh\" needs at least one host");
+  const bool here = c.cluster.launcher == "local" || c.cluster.launcher == "virtual";  // (every process on this machine)
+  check(!here || c.cluster.hosts.empty(), "cluster.hosts",
+        "names the hosts of the ssh or Slurm launcher; with cluster.launcher = \"" + c.cluster.launcher +
+            "\" every process runs on this machine (set cluster.launcher = \"ssh\")");
+  check(!here || c.cluster.interface.empty(), "cluster.interface",
+        "is for the ssh or Slurm launcher; with cluster.launcher = \"" + c.cluster.launcher + "\", cluster.bind");
+  check(!here || c.cluster.addresses.empty(), "cluster.addresses",
+        "is for the ssh or Slurm launcher; with cluster.launcher = \"" + c.cluster.launcher + "\", cluster.bind");
   for (const auto& h : c.cluster.hosts)  // (ssh would take "-oProxyCommand=..." as an option, and run it here)
     check(!h.empty() && h[0] != '-' && h.find_first_of(" \t\r\n'\"`$;|&<>\\") == std::string::npos, "cluster.hosts",
           "entries are host names as ssh takes them ([user@]host), got \"" + h + "\"");

@@ -213,6 +213,12 @@ TEST(Config, SizesTimesAndKeysPastWhatTheRunCanHold) {
             "exp.toml: train.batch: a quoted key with a dot in it is one key named \"train.batch\", not a key of a "
             "section: write it without the quotes");
   EXPECT_EQ(parse_config("name = \"x\"\n", "e", {" train.batch = 32 "}).train.batch, 32);
+  // hosts given, the launcher forgotten: every process ran on this machine, without a word
+  EXPECT_EQ(error_of("name = \"x\"\n[cluster]\nhosts = [\"a\", \"b\"]\n"),
+            "exp.toml: cluster.hosts: names the hosts of the ssh or Slurm launcher; with cluster.launcher = \"local\" every "
+            "process runs on this machine (set cluster.launcher = \"ssh\")");
+  EXPECT_NE(error_of("name = \"x\"\n[cluster]\naddresses = [\"a=10.0.0.1\"]\n").find("cluster.addresses: is for the ssh"),
+            std::string::npos);
 }
 
 TEST(Config, EachHostsAddressIsNamedPerHostNotByOneBind) {
@@ -271,7 +277,7 @@ TEST(Config, NumbersMustBeFinite) {
 }
 
 TEST(Config, WrittenBackConfigReadsBackEqual) {
-  ExperimentConfig c = parse_config("name = \"rt\"\nseed = 9\n[cluster]\nmode = \"ssp:4\"\nhosts = [\"a\", \"b\"]\n"
+  ExperimentConfig c = parse_config("name = \"rt\"\nseed = 9\n[cluster]\nmode = \"ssp:4\"\nlauncher = \"ssh\"\nhosts = [\"a\", \"b\"]\n"
                                     "[schedule]\nmilestones = [3.0, 6.5]\n[straggler]\nworkers = [0]\n", "e");
   const std::string text = to_toml(c);
   const ExperimentConfig back = parse_config(text, "written");
