@@ -330,6 +330,31 @@ TEST(ShmTransport, APayloadFromItsMemoryIsLentNotCopiedAndReleasedWhenTheReceive
   EXPECT_EQ(x1, 5.0f);
 }
 
+// A lent payload the receiver refuses for its size (over the connection's bound) is given back
+// all the same: its loan stayed busy, and the sender's memory was lent for ever.
+TEST(ShmTransport, APayloadRefusedForItsSizeIsGivenBack) {
+  auto t = make_transport("shm");
+  const std::string a = t->local_address("srv");
+  auto l = t->listen(a);
+  ConnectOptions o;
+  o.max_message_bytes = 4096;
+  auto c = t->connect({a}, o);
+  ASSERT_TRUE(c->send(0, bytes("hello"), {}, after(5s)));
+  Message m;
+  PeerId from;
+  std::size_t k = 0;
+  ASSERT_TRUE(l->recv(m, from, after(5s)));
+  const auto mem = t->payload_memory(100000);
+  std::atomic<int> released{0};
+  const ReleaseFn count = [](void*, void* hint) { static_cast<std::atomic<int>*>(hint)->fetch_add(1); };
+  ASSERT_TRUE(l->send(from, bytes("big"), OutPayload{mem->data(), 100000, count, &released}));
+  ASSERT_TRUE(c->recv(m, k, after(5s)));
+  EXPECT_NE(m.malformed().find("over the limit of 4096"), std::string::npos) << m.malformed();
+  m = Message();  // the receiver is done with it
+  EXPECT_FALSE(l->recv(m, from, after(50ms)));  // the listener looks at its loans
+  EXPECT_EQ(released.load(), 1) << "the refused payload's loan was never given back";
+}
+
 // auto: ipc:// addresses (one host) go through shared memory, tcp:// ones over TCP.
 TEST(AutoTransport, SharedMemoryOnOneHostTcpAcrossHosts) {
   auto t = make_transport("auto");

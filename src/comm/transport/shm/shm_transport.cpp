@@ -311,8 +311,12 @@ class Mappings {
     std::string why;
     auto mapping = resolve(ref, why);
     if (!mapping) return m.set_malformed("shared-memory reference: " + why, in.wire_bytes());
-    held.mapping = std::move(mapping);
+    held.mapping = std::move(mapping);  // (given back with the next receive, refused or not)
     held.loan = ref.loan;
+    if (max_bytes_ && ref.length > max_bytes_)
+      return m.set_malformed("shared-memory reference: a payload of " + std::to_string(ref.length) +
+                                 " bytes, over the limit of " + std::to_string(max_bytes_),
+                             in.wire_bytes());
     const auto* payload = static_cast<const std::byte*>(held.mapping->base()) + ref.offset;
     m.set(in.header(), {payload, std::size_t(ref.length)}, true, in.header().size() + std::size_t(ref.length));
   }
@@ -320,9 +324,6 @@ class Mappings {
   // The mapping of the live slot `ref` names, or nullptr with why not.
   std::shared_ptr<Mapping> resolve(const ShmRef& ref, std::string& why) {
     if (ref.magic != kShmRefMagic) return why = "bad magic", nullptr;
-    if (max_bytes_ && ref.length > max_bytes_)
-      return why = "a payload of " + std::to_string(ref.length) + " bytes, over the limit of " + std::to_string(max_bytes_),
-             nullptr;
     const auto key = std::make_pair(ref.pid, ref.fd);
     auto it = maps_.find(key);
     if (it == maps_.end() || it->second->head()->segment_id != ref.segment_id) {  // new, or the fd was reused
