@@ -12,10 +12,11 @@ TrainLog::TrainLog(MetricsWriter& metrics, Progress& progress, int rank, int log
       window_start_(metrics.now()) {}
 
 void TrainLog::add(long step, double epoch, const StepRecord& r, bool force) {
-  if (!started_) {
+  if (!started_) {  // (wait_s is part of comm_s)
     started_ = true;
-    const double took = r.compute_s + r.comm_s + r.wait_s + r.delay_s;
-    metrics_.write({{"kind", "start"}, {"worker", rank_}, {"step", step}}, std::max(0.0, metrics_.now() - took));
+    const double took = r.compute_s + r.comm_s + r.delay_s;
+    window_start_ = std::max(0.0, metrics_.now() - took);  // (the first window: from the first step, not the start-up)
+    metrics_.write({{"kind", "start"}, {"worker", rank_}, {"step", step}}, window_start_);
   }
   if (!std::isfinite(r.loss) && !diverged_) {
     diverged_ = true;
@@ -25,8 +26,9 @@ void TrainLog::add(long step, double epoch, const StepRecord& r, bool force) {
                  rank_, std::isnan(r.loss) ? "NaN" : r.loss > 0 ? "+inf" : "-inf", step + 1, epoch, r.lr >= 0 ? (" with lr " + std::to_string(r.lr)).c_str() : "");
     metrics_.write({{"kind", "diverged"}, {"worker", rank_}, {"step", step + 1}, {"epoch", epoch}});
   }
-  sum_.loss += r.loss;
+  sum_.loss += r.loss * r.samples;  // (a step's loss is its batch's mean: an empty or partial batch weighs as much as it holds)
   sum_.samples += r.samples;
+  if (r.lr >= 0) lr_ = r.lr;
   sum_.compute_s += r.compute_s;
   sum_.comm_s += r.comm_s;
   sum_.wait_s += r.wait_s;
@@ -36,15 +38,16 @@ void TrainLog::add(long step, double epoch, const StepRecord& r, bool force) {
   if (n_ < log_every_ && !force) return;
   const double t = metrics_.now();
   const double rate = sum_.samples / std::max(1e-9, t - window_start_);
+  const double loss = sum_.samples > 0 ? sum_.loss / sum_.samples : std::nan("");  // (none in the window: null)
   nlohmann::ordered_json j{{"kind", "train"}, {"worker", rank_}, {"step", step + 1}, {"epoch", epoch},
-                           {"loss", sum_.loss / n_}, {"samples_per_s", rate},
+                           {"loss", loss}, {"samples_per_s", rate},
                            {"compute_ms", 1e3 * sum_.compute_s / n_}, {"comm_ms", 1e3 * sum_.comm_s / n_},
                            {"wait_ms", 1e3 * sum_.wait_s / n_}, {"delay_ms", 1e3 * sum_.delay_s / n_}};
   if (r.version >= 0) j["version"] = r.version;
-  if (r.lr >= 0) j["lr"] = r.lr;
+  if (lr_ >= 0) j["lr"] = lr_;  // (the last applied: with train.accumulate, steps between updates apply none)
   if (allreduce_bytes_ > 0) j["allreduce_bytes"] = allreduce_bytes_;
   metrics_.write(j);
-  progress_.update({step + 1, total_steps_, epoch, sum_.loss / n_, last_test_acc, rate, t});
+  progress_.update({step + 1, total_steps_, epoch, loss, last_test_acc, rate, t});
   sum_ = StepRecord{};
   n_ = 0;
   window_start_ = t;

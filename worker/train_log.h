@@ -5,8 +5,10 @@
 // (allreduce mode: allreduce_bytes, the running total this rank all-reduced)
 // (times are means per step over the window, in milliseconds; wait_ms is the part of
 // comm_ms that a server held the request for consistency; delay_ms is injected straggling).
-// The first step this process takes is marked by {"kind": "start", "worker", "step", "t"}, t when
-// that step began (its end less its compute, comm, wait and delay): plots put the runs of
+// (loss: the mean over the window's samples, null for a window without any; lr: the last a step
+// applied.) The first step this process takes is marked by {"kind": "start", "worker", "step",
+// "t"}, t when that step began (its end less its compute, comm and delay; the first window's
+// samples/s counts from there, not from the start-up): plots put the runs of
 // several seeds on one time axis from there, whatever their start-up took.
 // The first step whose loss is not finite is reported once: a warning on stderr and a
 // metrics line {"kind": "diverged", "worker", "step", "epoch"}.
@@ -62,6 +64,7 @@ class TrainLog {
   long allreduce_bytes_ = 0;  // since the start
   bool diverged_ = false, started_ = false;
   double window_start_;
+  double lr_ = -1.0;  // the last learning rate a step applied (-1: none yet, or not this mode's)
 };
 
 }  // namespace pslab

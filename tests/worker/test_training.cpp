@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <fstream>
+#include <thread>
 
 #include "run/config.h"
 #include "core/optimizer.h"
@@ -14,6 +15,7 @@
 #include "run/setup.h"
 #include "role_context.h"
 #include "roles.h"
+#include "train_log.h"
 
 using namespace pslab;
 
@@ -194,6 +196,41 @@ TEST(Training, RunSingleLearnsLogisticAndWritesMetrics) {
   EXPECT_GE(train_lines, 5);
   EXPECT_EQ(starts.size(), 1u);
   std::filesystem::remove_all(dir);
+}
+
+// A window's loss is the mean over its samples (an empty batch's 0 and a partial batch weighed
+// as much as they hold; a window without samples has none), lr the last applied, the first
+// window's samples/s counts from the first step (not the start-up before it), and the start line
+// is when that step began: its end less compute, comm (which holds wait) and delay.
+TEST(Training, TrainLinesWeighLossBySamplesAndCountFromTheFirstStep) {
+  const std::string path = ::testing::TempDir() + "pslab_train_log.jsonl";
+  {
+    MetricsWriter metrics(path, unix_now_s());
+    Progress progress("worker 0", false);
+    TrainLog log(metrics, progress, 0, 3, 6);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the start-up: data, connections, barrier
+    StepRecord r;
+    r.loss = 1.0, r.samples = 10, r.compute_s = 0.001, r.comm_s = 0.002, r.wait_s = 0.0015, r.lr = 0.1;
+    log.add(0, 0.1, r);
+    StepRecord empty;  // an epoch's empty last batch (loss 0), no update applied (lr -1: accumulating)
+    log.add(1, 0.1, empty);
+    StepRecord partial;
+    partial.loss = 4.0, partial.samples = 5;
+    log.add(2, 0.15, partial);
+    log.add(3, 0.15, empty, /*force=*/true);
+  }
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  std::remove(path.c_str());
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["kind"], "start");
+  EXPECT_NEAR(lines[0]["t"].get<double>(), lines[1]["t"].get<double>() - 0.003, 0.05) << "began at its end less 3 ms";
+  EXPECT_DOUBLE_EQ(lines[1]["loss"].get<double>(), 2.0);  // (1 x 10 + 0 + 4 x 5) / 15
+  EXPECT_DOUBLE_EQ(lines[1]["lr"].get<double>(), 0.1);
+  EXPECT_GT(lines[1]["samples_per_s"].get<double>(), 150.0) << "the start-up counted: 15 samples over 0.2 s";
+  EXPECT_TRUE(lines[2]["loss"].is_null()) << lines[2];
+  EXPECT_DOUBLE_EQ(lines[2]["lr"].get<double>(), 0.1);
 }
 
 TEST(Training, DivergenceIsReportedOnceInTheMetrics) {
