@@ -198,7 +198,9 @@ int Commands::run_role() {
 }
 
 int Commands::run_virtual() {
-  const ExperimentConfig cfg = load_config(config_path, overrides);
+  std::vector<std::string> virtual_overrides = overrides;  // (the config's own launcher would decide overlap as a
+  virtual_overrides.push_back("cluster.launcher=\"virtual\"");  // real run's: pushes left during simulated backward)
+  const ExperimentConfig cfg = load_config(config_path, virtual_overrides);
   vopt.progress = !quiet;
   say_when_stopped("virtual cluster");
   print_result(cfg, run_virtual_cluster(cfg, vopt));

@@ -3,10 +3,11 @@ real run's order traces (bit for bit, and a reordered or damaged trace named).
 """
 import json
 import pathlib
+import subprocess
 import sys
 import unittest
 
-from tests.launcher.helpers import LauncherTestCase
+from tests.launcher.helpers import BUILD, TINY, LauncherTestCase
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "experiments"))  # (launcher parts, tested alone)
 
@@ -75,6 +76,20 @@ class Virtual(LauncherTestCase):
             b / (s["virtual.apply_gbps"] * 1e6)
         measured = c["measured_ms_per_step"]["asp"]["comm"]
         self.assertAlmostEqual(rt_ms, measured, delta=0.3 * measured)
+
+    def test_the_virtual_subcommand_is_the_virtual_cluster_whatever_the_configs_launcher(self):
+        # Defect: `pslab_worker virtual` with a config of the local launcher decided overlap as a
+        # real run does: pushes left during simulated backward (wait_ms over comm_ms).
+        out = self.tmp / "v"
+        r = subprocess.run([str(BUILD / "worker" / "pslab_worker"), "virtual", "-q", "-c", str(TINY), "-o", str(out),
+                            "--set", "train.steps=40", "--set", "virtual.compute_ms=10", "--set", "straggler.workers=[1]",
+                            "--set", "straggler.slowdown=4", "--set", "straggler.delay_ms=0"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("overlapped", r.stderr)
+        rows = [json.loads(line) for line in (out / "metrics" / "worker0.jsonl").read_text().splitlines()]
+        for row in (x for x in rows if x["kind"] == "train"):
+            self.assertLessEqual(row["wait_ms"], row["comm_ms"] + 1e-9, row)
 
     def test_a_round_trip_shorter_than_the_configs_latency_fits_the_latency(self):
         # A round trip under 2 x virtual.latency_us: the bandwidth was set to 100 GB/s and the

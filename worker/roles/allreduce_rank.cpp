@@ -77,8 +77,9 @@ class AllreduceRank {
   std::unique_ptr<RendezvousClient> rv_;
   std::unique_ptr<Collective> coll_;
   std::unique_ptr<GroupWatch> watch_;
-  std::unique_ptr<BucketedAllreduce> buckets_;  // overlap
   HostBuffer<float> host_grads_;                 // overlap through host memory (GPU): ∇θ's host copy, reduced there
+  std::unique_ptr<BucketedAllreduce> buckets_;  // overlap (declared after host_grads_: its thread, joined when it is
+                                                // destroyed, may still reduce into them on an error's way out)
   std::unique_ptr<GradStager> stager_;           // ... which it comes down to as backward finishes it
   GradListener* listener_ = nullptr;             // the buckets (or the stager), paced for a straggler
   std::unique_ptr<SnapshotSender> snapshots_;    // rank 0, when an evaluator listens
