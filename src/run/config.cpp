@@ -691,7 +691,7 @@ void validate_placement(const Checker& check) {
   check(c.cluster.launcher != "virtual" || !c.cluster.overlap.is_on(), "cluster.overlap",
         "the virtual cluster runs each step whole (its time model has no overlap): set it \"auto\" or false");
   check(c.cluster.launcher != "ssh" || !c.cluster.hosts.empty(), "cluster.hosts", "cluster.launcher = \"ssh\" needs at least one host");
-  const bool here = c.cluster.launcher == "local" || c.cluster.launcher == "virtual";  // (every process on this machine)
+  const bool here = c.cluster.launcher == "local";  // (every process on this machine; the virtual cluster ignores placement)
   check(!here || c.cluster.hosts.empty(), "cluster.hosts",
         "names the hosts of the ssh or Slurm launcher; with cluster.launcher = \"" + c.cluster.launcher +
             "\" every process runs on this machine (set cluster.launcher = \"ssh\")");

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
 import numpy as np
@@ -301,37 +300,6 @@ class TorchExactness(unittest.TestCase):
         losses = [row["loss"] for row in rows if row["kind"] == "train"]
         self.assertEqual(len(losses), 2, rows)
         self.assertTrue(all(np.isfinite(losses)), losses)
-
-
-class PythonClientInterrupted(unittest.TestCase):
-    """Ctrl-C while a call of the Python client waits (no PyTorch needed)."""
-    setUp, tearDown, servers = TorchExactness.setUp, TorchExactness.tearDown, TorchExactness.servers
-
-    def test_ctrl_c_ends_a_call_waiting_on_the_servers(self):
-        # Defect: Python runs its SIGINT handler only once the C call returns, and the waits inside
-        # went on to their timeout (timeout_s: 30 s here, 60 s by default; the evaluator's, none).
-        config = self.tmp / "wait.toml"
-        config.write_text(EXACT.replace("MODEL", 'kind = "mlp"\nhidden = [8]').replace("workers = 1", "workers = 2")
-                          + "[eval]\ninterval_s = 1000\nevery_epochs = 0\n")
-        addresses, _ = self.servers(config)
-        env = dict(os.environ, PYTHONPATH=str(REPO / "worker" / "python"))
-        evaluator = (f"c.metrics({str(self.tmp / 'ev')!r}); c.connect(); c.next_theta(theta); c.eval(1.0, 0.5); "
-                     f"c.next_theta(theta)")  # (the first θ is taken at once; the next is due in 1000 s)
-        for rank, call in ((0, "c.begin(theta)"), (-1, evaluator)):
-            with self.subTest(rank=rank):
-                script = (f"import numpy as np, pslab, sys\nc = pslab.Client({str(config)!r}, {rank}, {addresses!r})\n"
-                          f"theta = np.zeros(c.num_params, np.float32)\nprint('waiting', flush=True)\n{call}\n")
-                p = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-                self.addCleanup(lambda p=p: p.poll() is None and (p.kill(), p.wait()))
-                self.assertEqual(p.stdout.readline().strip(), "waiting")
-                time.sleep(0.5)  # (inside the call: the start barrier, or the evaluator's wait for a θ due)
-                p.send_signal(signal.SIGINT)
-                try:
-                    _, err = p.communicate(timeout=5)
-                except subprocess.TimeoutExpired:
-                    self.fail("the call went on waiting after Ctrl-C")
-                self.assertIn("KeyboardInterrupt", err, (p.returncode, err))
 
 
 @unittest.skipIf(NO_TORCH, NO_TORCH)

@@ -279,6 +279,29 @@ class PythonClient(unittest.TestCase):
         self.assertEqual([row["step"] for row in py if row["kind"] == "train"], [row["step"] for row in rows if row["kind"] == "train"])
         np.testing.assert_allclose([row["loss"] for row in py if row["kind"] == "train"], cpp, rtol=1e-5, atol=0)
 
+    def test_ctrl_c_ends_a_call_waiting_on_the_servers(self):
+        # Defect: Python runs its SIGINT handler only once the C call returns, and the waits inside
+        # went on to their timeout (timeout_s: 20 s here, 60 s by default; the evaluator's, none).
+        config, addresses = self.start_servers("bsp", edit=lambda t: t + "[eval]\ninterval_s = 1000\nevery_epochs = 0\n")
+        env = dict(os.environ, PYTHONPATH=str(REPO / "worker" / "python"))
+        evaluator = (f"c.metrics({str(self.tmp / 'ev')!r}); c.connect(); c.next_theta(theta); c.eval(1.0, 0.5); "
+                     f"c.next_theta(theta)")  # (the first θ is taken at once; the next is due in 1000 s)
+        for rank, call in ((0, "c.begin(theta)"), (-1, evaluator)):  # (the start barrier: worker 1 never comes)
+            with self.subTest(rank=rank):
+                script = (f"import numpy as np, pslab\nc = pslab.Client({str(config)!r}, {rank}, {addresses!r})\n"
+                          f"theta = np.zeros(c.num_params, np.float32)\nprint('waiting', flush=True)\n{call}\n")
+                p = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+                self.addCleanup(lambda p=p: p.poll() is None and (p.kill(), p.wait()))
+                self.assertEqual(p.stdout.readline().strip(), "waiting")
+                time.sleep(0.5)  # (inside the call)
+                p.send_signal(signal.SIGINT)
+                try:
+                    _, err = p.communicate(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self.fail("the call went on waiting after Ctrl-C")
+                self.assertIn("KeyboardInterrupt", err, (p.returncode, err))
+
     def test_the_package_is_python_3_9(self):
         # pslab's Python side promises CPython >= 3.9: its grammar (this machine runs 3.11)
         import ast
