@@ -105,7 +105,8 @@ which step); that is the experiment's outcome, not a failure.
 
 Exit status: 0 all runs succeeded; 1 a run failed (a process exited non-zero, or the run ran
 past --max-minutes); 2 bad config or usage (nothing was started); 130 / 143 stopped by SIGINT
-(Ctrl-C) / SIGTERM. In every case no process of the run is left behind.
+(Ctrl-C) / SIGTERM. In every case no process of the run is left behind (one still there 10 s
+after SIGKILL, stuck in the kernel, is named).
 """
 import argparse
 import os

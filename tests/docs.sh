@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The documentation checked against the code (CTest entry `docs`):
 #   1. docs/keys.md is exactly what `pslab_worker config --keys` prints (--update-keys rewrites it);
-#   2. every relative link in README.md, docs/ and results/README.md names a file that exists;
+#   2. every relative link in README.md, docs/ and results/ names a file that exists;
 #   3. every command in README.md's ```sh blocks runs and succeeds, in the order given, each block
 #      in one shell (an `export` holds for the block), from a scratch directory where the README's
 #      ```toml example is saved as my.toml. So that a command from the checkout's root runs from
@@ -50,7 +50,7 @@ echo "docs: docs/keys.md matches pslab_worker config --keys"
 
 # 2. Relative links: [text](path) and ![alt](path), anchors and URLs aside.
 bad=0
-for md in "$root/README.md" "$root"/docs/*.md "$root/results/README.md"; do
+for md in "$root/README.md" "$root"/docs/*.md "$root"/results/*.md; do
   [[ -f $md ]] || fail "${md#"$root"/} is missing"
   while IFS= read -r target; do
     target=${target%%#*}

@@ -54,7 +54,8 @@
 # in allreduce, bsp and asp (the modes its targets name); step 8 at most 100 steps per worker on
 # the real data set. --only: these steps alone, in this order. --out: logs and JSON (default runs/bench).
 # Exit: 0 every check that ran passed (the steps the budget left out are named); 1 a check
-# failed or a step ran past the budget (named at the end); 77 no GPU here (nothing checked).
+# failed or a step ran past the budget (named at the end); 2 a bad argument or no build; 77 no GPU
+# here (nothing checked); 130 stopped by Ctrl-C.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="$root/build" quick=0 lean=0 only=1,2,3,4,5,6,7,8 budget=0 out="$root/runs/bench" child=0 estimates=()

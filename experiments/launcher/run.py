@@ -160,6 +160,9 @@ def resume_held(run_dir, plan, bins, opts):
     if plan.worker_kind == "python":
         raise UsageError(f"{run_dir}: its workers are a script of yours (worker.kind = \"python\"), which cannot go on "
                          f"from the servers' checkpoints; start the run anew")
+    if plan.mode.split(":")[0] in ("local", "easgd"):  # (refused by each worker once started, else)
+        raise UsageError(f"{run_dir}: cluster.mode = \"{plan.mode}\" keeps each worker's own θ and optimizer state on "
+                         f"the worker, which checkpoints do not hold: a run in this mode cannot be resumed; start it anew")
     needed = ([shard_checkpoint(run_dir, p["rank"]) for p in plan.processes if p["role"] == "server"] if plan.uses_servers
               else [checkpoint_path(run_dir, "allreduce")])
     missing = [str(c) for c in needed if not c.is_file()]

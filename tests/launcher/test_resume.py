@@ -51,6 +51,22 @@ class Resume(LauncherTestCase):
         self.assertEqual(p.returncode, 130, out + err)
         self.assert_no_processes_left()
 
+    def test_a_run_in_a_mode_that_keeps_theta_on_the_workers_is_refused_before_anything_starts(self):
+        # Defect: local:H and easgd runs were resumed (servers started from their checkpoints) and
+        # each worker refused then: exit 1 and a rewritten summary, not exit 2.
+        p = self.launch_bg("run", self.long_config(), "--runs-dir", self.runs, "--no-plots", "--set", 'cluster.mode="local:2"')
+        self.wait_for_processes(4)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 130, out + err)
+        run = self.only_invocation("tiny") / "run"
+        before = (run / "summary.json").read_text()
+        r = self.launch("resume", run, "--no-plots")
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn('cluster.mode = "local:2" keeps each worker\'s own θ and optimizer state on the worker', r.stderr)
+        self.assertEqual((run / "summary.json").read_text(), before)
+        self.assert_no_processes_left()
+
     def test_resume_after_ctrl_c_ends_like_an_uninterrupted_run(self):
         # Ctrl-C mid-run, then `launch.py resume`: ssp:1 over 2 servers (the servers write their
         # checkpoints as they stop) and allreduce (rank 0 wrote one every 0.3 s); each ends with
