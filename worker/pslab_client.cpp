@@ -351,7 +351,7 @@ int pslab_client_train_step(pslab_client* c, long step, double loss, int samples
         t1 = clock.now();
         if (r.proto.kind == pslab::WorkerProtocol::Kind::elastic) {
           r.last = client.pull(r.pushes, r.change.data());  // the centre
-          pslab::elastic_exchange(theta, r.change.data(), P, float(r.proto.alpha));
+          pslab::elastic_exchange(theta, r.change.data(), P, float(r.proto.alpha), r.samples_since_push);
           client.push(r.pushes, r.samples_since_push, r.change.data(), nullptr);
           rec.wait_s = r.last.held_us * 1e-6;
         } else {

@@ -506,7 +506,7 @@ TEST(ShardState, EasgdMovesTheCentreAndEachWorkerTowardEachOther) {
     EXPECT_TRUE(s.pull_ready(clock[r]));
     float e[1] = {s.current()[0]};
     const long version = s.version();
-    elastic_exchange(&theta[r], e, 1, alpha);
+    elastic_exchange(&theta[r], e, 1, alpha, 8);
     push(s, r, clock[r]++, version, 8, e, sum(e));
   };
   exchange(0);
@@ -521,6 +521,12 @@ TEST(ShardState, EasgdMovesTheCentreAndEachWorkerTowardEachOther) {
   EXPECT_EQ(s.version(), 3);
   EXPECT_EQ(s.samples_applied(), 24);
   // An elastic exchange moves θ and c by opposite amounts: θ0 + θ1 + c is what it was.
+  EXPECT_EQ(theta[0] + theta[1] + s.current()[0], 3.0f);
+  // ... also at a period of empty batches (an uneven shard's epoch end), which the shard applies as
+  // nothing: the worker moved by e, c did not.
+  float e[1] = {s.current()[0]};
+  elastic_exchange(&theta[1], e, 1, alpha, 0);
+  push(s, 1, clock[1]++, s.version(), 0, e, sum(e));
   EXPECT_EQ(theta[0] + theta[1] + s.current()[0], 3.0f);
 }
 

@@ -206,7 +206,7 @@ TEST_P(LocalSgd, EasgdWithOneWorkerIsItsLocalStepsAndExchangesByHand) {
     w.step(step, cfg.train.batch, cfg.optimizer.lr);
     if ((step + 1) % 3 == 0 || step == cfg.train.steps - 1) {
       e = centre;
-      elastic_exchange(w.theta(), e.data(), P, 0.3f);
+      elastic_exchange(w.theta(), e.data(), P, 0.3f, 1);  // (every batch holds samples)
       for (std::size_t i = 0; i < P; ++i) centre[i] += e[i];
     }
   }

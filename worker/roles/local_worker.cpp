@@ -62,7 +62,7 @@ void run_local_worker(RoleContext& ctx, PsClient& client, const WorkerProtocol& 
       float* theta = replica.host_params();
       if (elastic) {
         last_pull = client.pull(clock, change.data());  // the centre
-        elastic_exchange(theta, change.data(), P, alpha);
+        elastic_exchange(theta, change.data(), P, alpha, samples_since_push);
         client.push(clock, samples_since_push, change.data(), nullptr);
         rec.wait_s = last_pull.held_us * 1e-6;
       } else {

@@ -7,13 +7,17 @@
 #include "ps/modes/mode.h"
 #include "role_context.h"
 
+#include <algorithm>
 #include <cstddef>
 
 namespace pslab {
 
 // easgd's exchange on the worker (Zhang et al. 2015, eq. 5): e = alpha (θ − c); θ −= e. Writes
-// e over `centre_then_e` (n floats: the centre as pulled in, the elastic difference out).
-inline void elastic_exchange(float* theta, float* centre_then_e, std::size_t n, float alpha) {
+// e over `centre_then_e` (n floats: the centre as pulled in, the elastic difference out). A push
+// of no samples (a period of empty batches) the shard applies as nothing: then e = 0 and θ stays,
+// so that θ and c still move by opposite amounts.
+inline void elastic_exchange(float* theta, float* centre_then_e, std::size_t n, float alpha, long samples) {
+  if (samples == 0) return std::fill(centre_then_e, centre_then_e + n, 0.0f);
   for (std::size_t i = 0; i < n; ++i) {
     const float e = alpha * (theta[i] - centre_then_e[i]);
     centre_then_e[i] = e;
