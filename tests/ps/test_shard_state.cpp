@@ -88,6 +88,17 @@ TEST(ShardState, BspAveragesTheClockWeightedByBatchAndAppliesOnce) {
   EXPECT_EQ(s.staleness_histogram()[0], std::vector<long>{1});
 }
 
+// An empty batch's push weighs nothing, whatever its payload, first of its clock or not (first,
+// its payload times 0 was the sum: inf or NaN made the clock's mean NaN).
+TEST(ShardState, BspTakesAnEmptyBatchsPushAsNothingWhereverItComes) {
+  auto cpu = make_cpu_backend(1);
+  ShardState s(*cpu, options("bsp", 2, 1), {10.0f});
+  const float bad[] = {INFINITY}, one[] = {1};
+  push(s, 0, 0, 0, 0, bad, sum(bad));
+  push(s, 1, 0, 0, 1, one, sum(one));
+  EXPECT_FLOAT_EQ(s.current()[0], 9.0f);
+}
+
 TEST(ShardState, BspRejectsDuplicatesAndSkippedClocksWithoutChangingAnything) {
   auto cpu = make_cpu_backend(1);
   ShardState s(*cpu, options("bsp", 2, 1), {5.0f});

@@ -14,9 +14,9 @@ inline void add(const PushInfo& p, ShardOps& ops) {
   float* sum = ops.kept();
   const auto counts = ops.kept_counts();
   const std::size_t n = ops.length();
-  if (counts[1] == 0) {  // the clock's first push: the sum is its own
-    const float b = float(p.batch);
-    for (std::size_t i = 0; i < n; ++i) sum[i] = b * x[i];
+  if (counts[1] == 0) {  // the clock's first push: the sum is its own (none for an empty batch, whatever
+    const float b = float(p.batch);  // its payload holds: 0 x inf is NaN)
+    for (std::size_t i = 0; i < n; ++i) sum[i] = p.batch > 0 ? b * x[i] : 0.0f;
   } else if (p.batch > 0) {
     ops.cpu().axpy(n, float(p.batch), x, sum);
   }
