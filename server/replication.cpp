@@ -70,6 +70,7 @@ void Server::attach_replica(const std::string& id) {
     return;
   }
   const std::vector<char> bytes = encode_checkpoint(checkpoint_now());  // (once per backup that joins)
+  state_->forget_served();  // (the snapshot holds no served copies: dcasgd corrects each next push alike on both)
   wire::Replicate r{++replica_sent_, wire::ReplicaEvent::snapshot, -1, long(bytes.size()), {}};
   if (!listener_->send(id, enc_.encode(header(r)), comm::OutPayload{bytes.data(), bytes.size()}))  // (copied)
     return lose_replica("it could not be sent the shard");

@@ -200,6 +200,9 @@ class ShardState : private ShardOps {
   // Notes that a pull was served now (the records; for a mode that keeps_served_theta, a copy
   // of the shard as served to `worker`).
   void record_pull(int worker, long clock);
+  // Forgets those copies: each worker's next push counts as computed on θ now, as on a copy of the
+  // shard made from its checkpoint, which holds none (a backup that joins by it).
+  void forget_served() { std::fill(served_version_.begin(), served_version_.end(), -1L); }
   // Bytes of those copies: workers x shard, 0 for modes that keep none.
   std::size_t pulled_params_bytes() const { return served_.size() * sizeof(float); }
   // Drops a worker that died or fell silent (the server decides; the mode must train on without

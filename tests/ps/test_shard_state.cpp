@@ -451,6 +451,26 @@ TEST(ShardState, DcAsgdCompensatesAGradientForTheUpdatesItMissed) {
   EXPECT_NO_THROW(push(s, 0, 1, 2, 1, g0, sum(g0)));
 }
 
+// A copy made from the shard's checkpoint (a backup that joins) holds no served copies: once the
+// primary forgets its own, both apply each worker's next push alike (the primary corrected it and
+// the backup did not: the two copies of the shard parted).
+TEST(ShardState, DcAsgdCopyFromACheckpointAppliesThePushesAsTheOriginal) {
+  auto cpu = make_cpu_backend(1);
+  ShardState::Options o = options("dcasgd:0.5", 2, 2);
+  o.optimizer.lr = 0.5;
+  ShardState p(*cpu, o, {1.0f, 2.0f}), b(*cpu, o, {1.0f, 2.0f});
+  p.record_pull(0, 0);
+  p.record_pull(1, 0);
+  const float g0[] = {2.0f, -1.0f}, g1[] = {1.0f, 1.0f};
+  push(p, 1, 0, 0, 1, g1, sum(g1));
+  b.restore(p.checkpoint());
+  p.forget_served();
+  push(p, 0, 0, 0, 1, g0, sum(g0));
+  push(b, 0, 0, 0, 1, g0, sum(g0));
+  EXPECT_EQ(std::memcmp(p.current(), b.current(), 2 * sizeof(float)), 0)
+      << p.current()[0] << "," << p.current()[1] << " against " << b.current()[0] << "," << b.current()[1];
+}
+
 TEST(ShardState, DcAsgdWithLambdaZeroIsAspBitForBit) {
   auto cpu = make_cpu_backend(1);
   const std::size_t n = 5;
