@@ -173,7 +173,7 @@ std::vector<char> RendezvousClient::get(const std::string& key, std::chrono::mil
   if (!v) throw std::runtime_error(std::string("coordinator answered KvGet with ") + wire::body_name(h.body));
   if (!v->found)
     throw std::runtime_error("rendezvous: \"" + key + "\" was not published within " +
-                             std::to_string(stated.count() / 1000.0).substr(0, 4) + " s; " + laggards(0));
+                             std::to_string(stated.count() / 1000.0).substr(0, 4) + " s; " + laggards(-1));  // (who never joined)
   return std::vector<char>(v->value.begin(), v->value.end());
 }
 
@@ -206,8 +206,8 @@ std::string RendezvousClient::laggards(long step) {
       else continue;
       behind += (behind.empty() ? "" : ", ") + std::string(b);
     }
-    return behind.empty() ? "every rank reported reaching step " + std::to_string(step)
-                          : "not arrived: " + behind;
+    if (behind.empty()) return step < 0 ? std::string("every rank joined") : "every rank reported reaching step " + std::to_string(step);
+    return "not arrived: " + behind;
   } catch (const std::exception& e) {
     return e.what();
   }

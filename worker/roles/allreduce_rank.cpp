@@ -211,8 +211,8 @@ void AllreduceRank::step(long step) {
     if (buckets_) {
       buckets_->finish();  // what is left after backward: the exposed communication
       if (stager_) ctx_.backend().copy_from_host(grad, host_grads_.data(), P_ * sizeof(float));  // the sum, back up once
-    } else if (wire_) coll_->allreduce_sum_half(grad, P_, *wire_, wire_scale(acc_.weight()), step / N);
-    else coll_->allreduce_sum(grad, P_, step / N);
+    } else if (wire_) coll_->allreduce_sum_half(grad, P_, *wire_, wire_scale(acc_.weight()), step);  // (the step as
+    else coll_->allreduce_sum(grad, P_, step);  // reported to the rendezvous: a timeout names the ranks behind it)
     rec.comm_s = ctx_.since(t1);
     rec.allreduce_bytes = long(P_ * (wire_ ? 2 : sizeof(float)));
     // The schedule's epoch: samples applied before this update (as the servers count them), not
