@@ -211,7 +211,18 @@ void rejoin_a_restarted_server(const std::string& mode) {
   write_checkpoint(path, older);
   stop = false;
   so.resume_path = path;
-  Server second(*transport, cfg, so);
+  // (The first server's socket closes on ZeroMQ's I/O thread, after its destructor: the port may
+  // still be held for a moment in this process. A restarted server is a new process: not there.)
+  std::unique_ptr<Server> restarted;
+  for (int tries = 0; !restarted; ++tries) {
+    try {
+      restarted = std::make_unique<Server>(*transport, cfg, so);
+    } catch (const std::runtime_error& e) {
+      if (tries == 100 || std::string(e.what()).find("Address already in use") == std::string::npos) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  Server& second = *restarted;
   std::thread t2(serve, std::ref(second));
   std::string error;
   try {
