@@ -158,6 +158,14 @@ void decode_half_scaled(HalfFormat f, const void* in, std::size_t n, float scale
   for (std::size_t i = 0; i < n; ++i) out[i] *= inv;
 }
 
+std::size_t saturated_half(HalfFormat f, const float* decoded, std::size_t n, float scale) {
+  if (f != HalfFormat::f16) return 0;
+  const float most = kF16Most / scale;  // (a power of two: exact)
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < n; ++i) k += std::abs(decoded[i]) >= most && std::isfinite(decoded[i]);
+  return k;
+}
+
 void add_half(HalfFormat f, const void* a, const void* b, std::size_t n, void* out) {
   float x[kBlock], y[kBlock];
   for (std::size_t lo = 0; lo < n; lo += kBlock) {

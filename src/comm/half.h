@@ -28,6 +28,9 @@ void decode_half(HalfFormat f, const void* in, std::size_t n, float* out);
 // normal range, e.g. gradients averaged over a large batch, lose nothing more to the scaling).
 void encode_half_scaled(HalfFormat f, const float* in, std::size_t n, float scale, void* out);
 void decode_half_scaled(HalfFormat f, const void* in, std::size_t n, float scale, float* out);
+// How many of n decoded values (times `scale` on the wire) sit at f16's largest magnitude, 65504:
+// saturated on the way, or in a sum (a bf16 wire never saturates: 0).
+std::size_t saturated_half(HalfFormat f, const float* decoded, std::size_t n, float scale);
 // out[i] = the 16-bit value of a[i] + b[i] summed in float32 (n values each; out may be a or b).
 void add_half(HalfFormat f, const void* a, const void* b, std::size_t n, void* out);
 

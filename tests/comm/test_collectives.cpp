@@ -115,6 +115,29 @@ TEST_P(Collectives, AllReduceInSixteenBitsIsWithinItsRoundingAndTheSameOnEveryRa
   }
 }
 
+// An f16 sum past 65504 (times the wire's scale) is clipped to it, and saturated_half counts it
+// (the all-reduce rank says so once: nothing else would show it); bf16 holds it.
+TEST_P(Collectives, AnF16SumPastItsRangeIsClippedAndCounted) {
+  const auto [kind, W] = GetParam();
+  const auto tr = test::coordinator_transport();
+  const std::string ep = tr->local_address("coordinator-clip");
+  Coordinator coord(*tr, ep, W);
+  run_threads(W, [&](int r) {
+    RendezvousClient rv(*tr, ep, r, W, std::chrono::seconds(20));
+    auto coll = test::host_collective(kind, rv);
+    std::vector<float> x(10, 70.0f), y(10, 70.0f);  // x 1024: 71680 > 65504 on each rank already
+    coll->allreduce_sum_half(x.data(), x.size(), HalfFormat::f16, 1024.0f, 0);
+    EXPECT_EQ(x[0], 65504.0f / 1024.0f) << "rank " << r;
+    EXPECT_EQ(saturated_half(HalfFormat::f16, x.data(), x.size(), 1024.0f), 10u);
+    coll->allreduce_sum_half(y.data(), y.size(), HalfFormat::bf16, 1024.0f, 1);
+    EXPECT_EQ(y[0], 70.0f * float(W)) << "rank " << r;
+    EXPECT_EQ(saturated_half(HalfFormat::bf16, y.data(), y.size(), 1024.0f), 0u);
+    std::vector<float> small(10, 1.0f);
+    EXPECT_EQ(saturated_half(HalfFormat::f16, small.data(), small.size(), 1024.0f), 0u);
+    rv.bye();
+  });
+}
+
 // Training with the gradient all-reduced in f16 / bf16: every replica identical, θ after one step
 // within the format's rounding of the float32 run's (this small problem amplifies a difference
 // in θ quickly: after 2 steps f16 is 3e-3 off, so later steps are no test of the wire), and a

@@ -60,6 +60,7 @@ class AllreduceRank {
   void join_group();
   bool group_overlaps();
   void overlap_buckets();  // buckets_ (and on a GPU stager_, host_grads_)
+  void say_if_saturated(long step, float scale, const float* sum);
   void resume();
   void step(long step);
   void write_checkpoint_at(long step_done, const char* why);
@@ -86,6 +87,7 @@ class AllreduceRank {
   EpochTicks ticks_;                             // eval.every_epochs: snapshots by epochs, not by time
   const ScheduleConfig schedule_;
   long first_ = 0, samples_ = 0;  // where a resumed run goes on (samples: all ranks together)
+  bool said_saturated_ = false;
   RunClock::time_point last_checkpoint_;
 };
 
@@ -215,6 +217,8 @@ void AllreduceRank::step(long step) {
     else coll_->allreduce_sum(grad, P_, step);  // reported to the rendezvous: a timeout names the ranks behind it)
     rec.comm_s = ctx_.since(t1);
     rec.allreduce_bytes = long(P_ * (wire_ ? 2 : sizeof(float)));
+    if (wire_ == HalfFormat::f16) say_if_saturated(step, buckets_ ? wire_scale(double(global_batch)) : wire_scale(acc_.weight()),
+                                                   stager_ ? host_grads_.data() : grad);
     // The schedule's epoch: samples applied before this update (as the servers count them), not
     // its own accumulated batches (samples_ holds all but the last of them).
     const double applied = double(samples_) - (acc_.weight() - double(global_batch));
@@ -234,6 +238,20 @@ void AllreduceRank::step(long step) {
   if (opt_.rank == 0 && !opt_.checkpoint.empty() && due &&
       (last || (every.count() > 0 && ctx_.clock().now() - last_checkpoint_ >= every)))
     write_checkpoint_at(step + 1, last ? "final" : "periodic");
+}
+
+// An f16 wire carries the gradient times the scale: values past 65504 were clipped to it, on the
+// way or in a sum, which no later figure shows (a run comparing codecs reads "f16 trains worse").
+// Said once, on the first update that had any. (Host memory only: a GPU's ∇θ without overlap is
+// not looked at.)
+void AllreduceRank::say_if_saturated(long step, float scale, const float* sum) {
+  if (said_saturated_ || (sum != host_grads_.data() && ctx_.backend().device() != Device::cpu)) return;
+  const std::size_t k = saturated_half(HalfFormat::f16, sum, P_, scale);
+  if (k == 0) return;
+  said_saturated_ = true;
+  std::fprintf(stderr, "[worker %d] warning: the f16 all-reduce of step %ld clipped %zu of %zu values (the ranks' gradients "
+               "times %g, summed, passed f16's largest, 65504); cluster.codec = \"bf16\" keeps float32's range\n",
+               opt_.rank, step + 1, k, P_, double(scale));
 }
 
 void AllreduceRank::write_checkpoint_at(long step_done, const char* why) {
