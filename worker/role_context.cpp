@@ -94,7 +94,9 @@ void RoleContext::announce(const std::string& what) {
   std::fprintf(stderr, "[%s] %s on %s; %s; %ld steps of batch %d (%ld per epoch)%s%s\n", who(kind, rank).c_str(),
                model().describe().c_str(), backend_->describe().c_str(), what.c_str(), total_steps_, cfg.train.batch,
                steps_per_epoch_, replica_->step_graphs() != StepGraphs::off ? "; steps as CUDA graphs" : "",
-               straggler_ && straggler_->active() ? "; straggler" : "");
+               !(straggler_ && straggler_->active()) ? ""
+               : kind == RoleKind::single          ? "; [straggler] ignored: one process, no one to wait for it"
+                                                   : "; straggler");
 }
 
 }  // namespace pslab
