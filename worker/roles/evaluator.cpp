@@ -48,7 +48,8 @@ struct ParamSource {
     bool final = false;
     long dropped = 0;  // all-reduce mode: bad messages dropped on the snapshot port so far
   };
-  virtual Info next(float* theta) = 0;
+  // (stop: the evaluating thread failed; a wait for the next θ ends)
+  virtual Info next(float* theta, std::stop_token stop = {}) = 0;
   virtual void finish() {}
 };
 
@@ -60,8 +61,8 @@ class ServerSource final : public ParamSource {
         ticks_(ctx.clock(), client_, ctx.cfg.eval.interval_s, ctx.cfg.eval.every_epochs, double(ctx.data().train.n)) {
     client_.connect();
   }
-  Info next(float* theta) override {
-    const PullResult r = ticks_.next(theta);
+  Info next(float* theta, std::stop_token stop) override {
+    const PullResult r = ticks_.next(theta, stop);
     return Info{r.min_clock, r.samples_applied, r.min_version, r.max_version, r.training_done};
   }
   void finish() override { client_.shutdown(); }
@@ -75,7 +76,7 @@ class ServerSource final : public ParamSource {
 class SnapshotSource final : public ParamSource {
  public:
   SnapshotSource(RoleContext& ctx, std::size_t P) : rx_(ctx.transport(), ctx.opt.snapshots, ctx.cfg.cluster.timeout_s), P_(P) {}
-  Info next(float* theta) override {
+  Info next(float* theta, std::stop_token) override {  // (its waits end at their timeouts)
     const Snapshot s = rx_.next(theta, P_);
     return Info{s.step, s.samples, -1, -1, s.final, s.dropped};
   }
@@ -132,7 +133,7 @@ double evaluate_queued(RoleContext& ctx, ParamSource& source) {
       for (bool final = false; !final && !stop.stop_requested();) {
         auto item = queue.take_buffer(stop);
         if (!item) return;
-        item->info = source.next(item->theta.data());
+        item->info = source.next(item->theta.data(), stop);
         item->taken_s = ctx.metrics().now();
         final = item->info.final;
         queue.put(std::move(item));
