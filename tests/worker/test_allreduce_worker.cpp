@@ -203,6 +203,24 @@ TEST(AllReduceCheckpoint, AResumedRunGoesOnBitwise) {
     o.resume = true;
   });
   EXPECT_NE(std::memcmp(no_velocity[0].data(), straight[0].data(), straight[0].size() * sizeof(float)), 0);
+  // A rank whose host holds another copy of the file (an older one): refused, naming both steps
+  // (the ranks all-reduced gradients of other batches, and parted at the end).
+  ExperimentConfig quick = full;  // (a rank that failed waits for the others' Bye up to timeout_s)
+  quick.cluster.timeout_s = 2;
+  c.config_hash = config_fingerprint(quick);
+  write_checkpoint(path, c);
+  const std::string older = (dir / "older.ckpt").string();
+  c.version = 10, c.samples_applied = c.samples_applied / 2;
+  write_checkpoint(older, c);
+  try {
+    test::run_allreduce_workers(quick, dir, [&](RoleOptions& o) {
+      o.checkpoint = o.rank == 1 ? older : path;
+      o.resume = true;
+    });
+    ADD_FAILURE() << "the ranks resumed from different steps";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("the ranks must resume from one file"), std::string::npos) << e.what();
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -61,6 +61,7 @@ class AllreduceRank {
   bool group_overlaps();
   void overlap_buckets();  // buckets_ (and on a GPU stager_, host_grads_)
   void say_if_saturated(long step, float scale, const float* sum);
+  void agree_on_resume();
   void resume();
   void step(long step);
   void write_checkpoint_at(long step_done, const char* why);
@@ -100,7 +101,7 @@ AllreduceRank::AllreduceRank(const ExperimentConfig& cfg, const RoleOptions& opt
   const auto timeout = std::chrono::milliseconds(long(cfg.cluster.timeout_s * 1000));
   if (opt.rank == 0) coordinator_ = std::make_unique<Coordinator>(ctx_.transport(), opt.coordinator, cfg.cluster.workers, timeout);
   rv_ = std::make_unique<RendezvousClient>(ctx_.transport(), opt.coordinator, opt.rank, cfg.cluster.workers, timeout);
-  if (opt.resume) resume();
+  if (opt.resume) resume(), agree_on_resume();
   join_group();
   if (opt.rank == 0 && !opt.snapshots.empty())
     snapshots_ = std::make_unique<SnapshotSender>(ctx_.transport(), opt.snapshots, cfg.eval.interval_s, cfg.cluster.timeout_s);
@@ -155,6 +156,23 @@ void AllreduceRank::resume() {
   samples_ = c.samples_applied;
   std::fprintf(stderr, "[rank %d] resumed from %s at step %ld\n", opt_.rank, opt_.checkpoint.c_str(), first_);
   ctx_.metrics().write({{"kind", "resumed"}, {"worker", opt_.rank}, {"step", first_}, {"lost_pushes", 0}});
+}
+
+// Each rank read its own --checkpoint (on hosts without a shared file system, its own copy): the
+// ranks go on only from the same step and samples, else they would all-reduce gradients of other
+// batches at other learning rates, and part (their step counts apart) at the end.
+void AllreduceRank::agree_on_resume() {
+  const std::string mine = std::to_string(first_) + " " + std::to_string(samples_);
+  rv_->set("resume/" + std::to_string(opt_.rank), std::vector<char>(mine.begin(), mine.end()));
+  for (int q = 0; q < cfg_.cluster.workers; ++q) {
+    const auto got = rv_->get("resume/" + std::to_string(q));
+    const std::string theirs(got.begin(), got.end());
+    if (theirs != mine)
+      throw std::runtime_error("cannot resume: rank " + std::to_string(q) + "'s checkpoint is at step and samples " + theirs +
+                               ", this rank's (" + opt_.checkpoint + ") at " + mine +
+                               ": the ranks must resume from one file (rank 0 writes it; copy it to every host that "
+                               "has no shared file system with it)");
+  }
 }
 
 void AllreduceRank::join_group() {
