@@ -197,6 +197,10 @@ void AllreduceRank::join_group() {
 }
 
 std::vector<float> AllreduceRank::run() {
+  // eval.every_epochs: a point at the start too, θ before the first update (as the PS modes' evaluator
+  // pulls it; the first tick came after step 1, and the curves began apart).
+  if (snapshots_ && ticks_.on() && ticks_.due(double(samples_) / double(ctx_.data().train.n)))
+    snapshots_->send(ctx_.replica().download_params(), P_, first_, samples_, false);
   for (long s = first_; s < ctx_.total_steps(); ++s) step(s);
   return finish();
 }
