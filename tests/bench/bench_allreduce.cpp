@@ -31,9 +31,11 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double median(std::vector<double> v) {
+double median(std::vector<double> v) {  // (of an even count: the mean of the middle two)
+  if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
 
@@ -89,9 +91,13 @@ nlohmann::ordered_json run_rank(int rank, int W, const std::string& ep, const st
   run_allreduce_worker(cfg, o);
   std::vector<double> rate, compute, comm;
   std::ifstream f(o.out_dir + "/metrics/worker" + std::to_string(rank) + ".jsonl");
+  long window_start = 0;  // (a window ends at `steps` steps or at an epoch's end: those that began after the warm-up)
   for (std::string line; std::getline(f, line);) {
     const auto j = nlohmann::json::parse(line);
-    if (j["kind"] != "train" || j["step"].get<long>() <= 200) continue;
+    if (j["kind"] != "train") continue;
+    const long began = window_start;
+    window_start = j["step"].get<long>();
+    if (began < 200) continue;
     rate.push_back(j["samples_per_s"].get<double>() * W);  // every rank runs the same steps
     compute.push_back(j["compute_ms"].get<double>());
     comm.push_back(j["comm_ms"].get<double>());

@@ -6,6 +6,7 @@
 //
 // As worker 0 of CONFIG (cluster.workers = 1) to SERVERS (comma-separated); prints one JSON line:
 // {"round_trip_us": [ITERATIONS values]}. Says Bye at the end.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -15,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/model.h"
 #include "ps/client.h"
 #include "run/config.h"
 #include "run/setup.h"
@@ -30,17 +32,22 @@ int main(int argc, char** argv) try {
   for (std::string s; std::getline(in, s, ',');) servers.push_back(s);
   const long iterations = std::stol(argv[3]), warmup = std::stol(argv[4]);
   auto transport = pslab::run_transport(cfg, "");
+  const std::size_t P = pslab::count_params(pslab::model_spec(cfg));
+  // ∇θ in the transport's payload memory, as pslab_worker keeps it (shm lends it, no copy; made
+  // before the client, which may still hold it lent when it goes); a tiny gradient: θ stays put.
+  const auto grad_memory = transport->payload_memory(P * sizeof(float));
   pslab::PsClient client(*transport, servers, pslab::client_options(cfg, pslab::wire::Role::worker, 0, {}));
-  const std::size_t P = client.num_params();
-  std::vector<float> theta(P), grad(P, 1e-7f);  // (a tiny gradient: θ stays put)
+  float* grad = static_cast<float*>(grad_memory->data());
+  std::fill(grad, grad + P, 1e-7f);
+  std::vector<float> theta(P);
   client.connect();
   client.pull(0, theta.data());
   long clock = 0;
-  for (long i = 0; i < warmup; ++i) client.push(clock++, 32, grad.data(), theta.data());
+  for (long i = 0; i < warmup; ++i) client.push(clock++, 32, grad, theta.data());
   nlohmann::json times = nlohmann::json::array();
   for (long i = 0; i < iterations; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    client.push(clock++, 32, grad.data(), theta.data());
+    client.push(clock++, 32, grad, theta.data());
     times.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
   client.bye(clock);

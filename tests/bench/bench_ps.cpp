@@ -286,6 +286,7 @@ class PslabPair {
     client_->pull(clock_, theta_.data());
   }
   PsClient& client() { return *client_; }
+  const std::vector<float>& theta() const { return theta_; }
   long& clock() { return clock_; }
   float* grad() { return grad_; }
   std::size_t params() const { return P_; }
@@ -329,6 +330,9 @@ nlohmann::ordered_json bench_pslab(const Place& place, std::size_t floats, int r
   if (cuda) return bench_gpu_side(pair.client(), P, pair.grad(), runs, iters, pair.clock());
   const auto fused = time_runs(runs, iters, [&] { pair.once(); });
   const auto split = time_runs(runs, std::max(10L, iters / 2), [&] { pair.push_then_pull(); });
+  const std::vector<float> before = pair.theta();  // (the work was done: one more push moves θ that comes back)
+  pair.once();
+  if (pair.theta() == before) throw std::runtime_error("bench_ps: the server's θ came back unchanged by a push");
   const double bytes = 2.0 * double(P) * 4;  // pushed + pulled
   return {{"push_pull_us", median(fused) * 1e6},
           {"push_pull_GBps", bytes / median(fused) / 1e9},

@@ -6,11 +6,14 @@ cores, at the same batch: samples per second of training.
   alone   experiments/torch/mlp.py's MLP in one PyTorch process, no pslab: batches of 64 drawn
           from a shuffled Fashion-MNIST, forward, backward, torch.optim.SGD step; with 1 and with
           all of this machine's threads (torch.set_num_threads), the better one PyTorch's figure
-          (its best, as a user who cares about speed runs it); 2000 steps after 200 of warm-up
+          (its best, as a user who cares about speed runs it); 2000 steps after 200 of warm-up;
+          and as many independent processes of 1 thread as there are cores, at once (the
+          machine's cores used as pslab's workers use them): their samples/s summed
   pslab   experiments/configs/torch-mlp.toml in asp through the launcher, W workers and 2 servers
-          on the same cores, one epoch, the evaluator only at the start and the end: the workers'
-          samples per second from their first metrics line to their last (train.log_every = 20
-          steps: the first 20, the warm-up, left out as PyTorch's are), summed over the workers
+          on the same cores, one epoch, the evaluator only at the start and the end: the samples
+          all workers trained between their first metrics line and their last (train.log_every =
+          20 steps: the first 20, the warm-up, left out as PyTorch's are), over the span from the
+          earliest first line to the latest last one
 Rounds alternate (alone, then pslab for each W); figures are medians over rounds, and
 asp_over_alone = pslab's / PyTorch's best. Needs PyTorch (python3-torch)."""
 import argparse
@@ -74,12 +77,20 @@ def with_pslab(workers, runs_dir):
     if r.returncode != 0:
         raise RuntimeError(f"launch.py exited {r.returncode}: {r.stderr[-2000:]}")
     run = sorted(runs_dir.glob("torch-mlp/*/run"))[-1]
-    rate = 0.0
+    samples, began, ended = 0, float("inf"), 0.0  # (each worker's own span, summed, counted the time one ran alone)
     for m in (run / "metrics").glob("worker*.jsonl"):
         lines = [json.loads(line) for line in m.read_text().splitlines() if '"train"' in line]
-        rate += (lines[-1]["step"] - lines[0]["step"]) * BATCH / (lines[-1]["t"] - lines[0]["t"])
+        samples += (lines[-1]["step"] - lines[0]["step"]) * BATCH
+        began, ended = min(began, lines[0]["t"]), max(ended, lines[-1]["t"])
     subprocess.run(["rm", "-rf", str(runs_dir / "torch-mlp")], check=False)
-    return rate
+    return samples / (ended - began)
+
+
+def alone_in_processes(n):
+    """n independent PyTorch processes of 1 thread at once: their samples/s summed."""
+    procs = [subprocess.Popen([sys.executable, __file__, "--alone-once"], stdout=subprocess.PIPE, text=True)
+             for _ in range(n)]
+    return sum(float(p.communicate(timeout=600)[0].split()[-1]) for p in procs)
 
 
 def main():
@@ -87,17 +98,23 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--workers", default="2,4")
     ap.add_argument("--json")
+    ap.add_argument("--alone-once", action="store_true", help=argparse.SUPPRESS)  # (one of alone_in_processes)
     a = ap.parse_args()
     x, y = fashion_mnist()
+    if a.alone_once:
+        return print(alone(x, y, 1))
     cores = os.cpu_count() or 1
     thread_counts = sorted({1, cores})
     rounds = {f"alone_{t}_threads": [] for t in thread_counts}
+    if cores > 1:
+        rounds[f"alone_{cores}_processes"] = []
     rounds.update({f"asp_{w}_workers": [] for w in map(int, a.workers.split(","))})
     with tempfile.TemporaryDirectory(prefix="pslab-bench-torch-") as tmp:
         for r in range(a.runs):
             for name in rounds:
                 kind, n, _ = name.split("_")
-                rounds[name].append(alone(x, y, int(n)) if kind == "alone" else with_pslab(int(n), pathlib.Path(tmp)))
+                rounds[name].append(with_pslab(int(n), pathlib.Path(tmp)) if kind == "asp" else
+                                    alone_in_processes(int(n)) if name.endswith("processes") else alone(x, y, int(n)))
                 print(f"round {r + 1}/{a.runs}: {name} {rounds[name][-1]:,.0f} samples/s", file=sys.stderr, flush=True)
     med = {k: statistics.median(v) for k, v in rounds.items()}
     best_alone = max(v for k, v in med.items() if k.startswith("alone"))

@@ -31,6 +31,7 @@ else random inputs of the same shape."""
 import argparse
 import gzip
 import json
+import os
 import pathlib
 import statistics
 import sys
@@ -184,6 +185,8 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--tf32", action="store_true", help="allow TF32 in matmuls and cuDNN convolutions (default: float32)")
+    ap.add_argument("--threads", help="CPU: thread counts to measure, the best one PyTorch's figure (default: 1 and "
+                                      "every core: one thread is PyTorch's fastest at small sizes)")
     ap.add_argument("--json")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = a.tf32
@@ -197,14 +200,17 @@ def main():
         sys.exit(f"torch_train.py: --batch {a.batch!r}: batch sizes, comma-separated")
     if a.json and len(batches) > 1 and "{batch}" not in a.json:
         sys.exit("torch_train.py: several batches write one file each: --json needs {batch} in its name")
-    feeds = ("resident", "staged", "graph") if a.device == "cuda" else ("resident",)  # staged, graph: GPU only
+    threads = a.threads.split(",") if a.threads else [str(t) for t in sorted({1, os.cpu_count() or 1})]
+    feeds = ("resident", "staged", "graph") if a.device == "cuda" else tuple(f"resident@{t}" for t in threads)
+    # (staged, graph: GPU only; on the CPU, resident@T: on T threads)
     if a.device == "cuda" and a.model.startswith("resnet"):
         feeds += ("graph_channels_last",)
     if a.feeds:
-        unknown = set(a.feeds.split(",")) - set(feeds)
+        wanted = set(a.feeds.split(","))
+        unknown = wanted - set(feeds) - {f.partition("@")[0] for f in feeds}
         if unknown:
             sys.exit(f"torch_train.py: --feeds {a.feeds}: {', '.join(sorted(unknown))} not among {', '.join(feeds)} here")
-        feeds = tuple(f for f in feeds if f in a.feeds.split(","))
+        feeds = tuple(f for f in feeds if f in wanted or f.partition("@")[0] in wanted)
     x, y, data = load(a.data)
     for batch in batches:
         a.batch = batch
@@ -219,8 +225,11 @@ def measure_batch(a, x, y, data, feeds):
            "torch": torch.__version__, "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
            "steps_per_run": None if a.seconds else a.steps, "seconds_per_run": a.seconds or None, "warmup_steps": a.warmup, "runs": a.runs, "tf32": a.tf32}
     for feed in feeds:
+        base, _, threads = feed.partition("@")
+        if threads:
+            torch.set_num_threads(int(threads))
         try:
-            rates, steps = measure(a, x, y, feed)
+            rates, steps = measure(a, x, y, base)
         except Exception as e:  # a feed that cannot run here is reported, the others still measured
             print(f"torch_train.py: feed {feed} failed: {type(e).__name__}: {e}", file=sys.stderr)
             out[feed] = {"error": f"{type(e).__name__}: {e}"}
