@@ -160,8 +160,12 @@ int PsClient::receive(const Wait& w) {
         if (w.pending[k])
           who += (who.empty() ? "" : "; ") + ("server " + std::to_string(k) + " at " + shards_[k].endpoint) +
                  (servers_.state(k) == comm::Liveness::State::rejoining ? " (said Hello again; no Welcome came)" : "");
+      const bool hello = w.e.what.rfind("Hello", 0) == 0;  // (a keyless peer's handshake fails without a word)
       throw std::runtime_error("no reply to " + w.e.what + " within " + std::to_string(timeout_.count() / 1000) +
-                               " s from " + who + " (is it running? its log says why it stopped)");
+                               " s from " + who + " (is it running? its log says why it stopped" +
+                               (hello ? "; a run with cluster.auth = \"curve\" hears only processes that hold its key: "
+                                        "pslab_worker --auth-key, PSLAB_AUTH_KEY for a Python worker)"
+                                      : ")"));
     }
     beat_if_due();  // a held pull, or a slow server: the other servers still hear from us
     if (!w.watch) continue;
