@@ -56,11 +56,24 @@ void Coordinator::reply(State& st, const std::string& to, const wire::Body& b) {
   listener_->send(to, st.enc.encode(wire::Header{wire::kServer, -1, b}));
 }
 
+// A rank's request (senders outside [0, world) may only ask for the group's status). Keys are
+// written once (a second value for one is refused: it would redirect a rank's link), and there
+// are at most kMaxKeysPerRank per rank; a Bye counts once per rank.
 void Coordinator::handle(State& st, const std::string& id, const wire::Header& h) {
+  constexpr std::size_t kMaxKeysPerRank = 16;
   const int r = h.sender;
   const bool rank = r >= 0 && r < world_;
+  if (!rank && !std::holds_alternative<wire::GroupStatus>(h.body))
+    return reply(st, id, wire::Error{wire::ErrorCode::unknown_peer, "the coordinator takes requests from ranks 0 to " +
+                                                                        std::to_string(world_ - 1) + ", not " + std::to_string(r)});
   if (rank) st.heard[std::size_t(r)].when = clock_.now(), st.heard[std::size_t(r)].seen = true;
   if (const auto* m = std::get_if<wire::KvSet>(&h.body)) {
+    const auto it = st.kv.find(m->key);
+    if (it != st.kv.end() && it->second != m->value)
+      return reply(st, id, wire::Error{wire::ErrorCode::protocol, "\"" + m->key + "\" was published already (by rank " +
+                                                                      std::to_string(r) + " or another): keys are written once"});
+    if (it == st.kv.end() && st.kv.size() >= kMaxKeysPerRank * std::size_t(world_) + 64)
+      return reply(st, id, wire::Error{wire::ErrorCode::protocol, "the coordinator holds as many keys as a group needs"});
     st.kv[m->key] = m->value;
     reply(st, id, wire::Ack{});
     for (std::size_t i = 0; i < st.pending.size();) {
@@ -74,15 +87,15 @@ void Coordinator::handle(State& st, const std::string& id, const wire::Header& h
   } else if (const auto* m = std::get_if<wire::KvGet>(&h.body)) {
     auto it = st.kv.find(m->key);
     if (it != st.kv.end()) reply(st, id, wire::KvValue{m->key, it->second, true});
-    else if (m->wait_ms > 0) st.pending.push_back({id, m->key, clock_.now() + std::chrono::milliseconds(m->wait_ms)});
+    else if (m->wait_ms > 0)  // (at most an hour: a wait of more overflows a clock of nanoseconds)
+      st.pending.push_back({id, m->key, clock_.now() + std::chrono::milliseconds(std::min<long>(m->wait_ms, 3600000L))});
     else reply(st, id, wire::KvValue{m->key, "", false});
   } else if (const auto* m = std::get_if<wire::Beat>(&h.body)) {
     if (rank) st.heard[std::size_t(r)].step = m->step;
   } else if (std::holds_alternative<wire::GroupStatus>(h.body)) {
     reply(st, id, wire::StatsReply{group_status(st).dump()});
   } else if (std::holds_alternative<wire::Bye>(h.body)) {
-    if (rank) st.heard[std::size_t(r)].done = true;
-    ++byes_;
+    if (!st.heard[std::size_t(r)].done) st.heard[std::size_t(r)].done = true, ++byes_;  // (a Bye sent again counts once)
     reply(st, id, wire::Ack{});
   } else {
     reply(st, id, wire::Error{wire::ErrorCode::unknown_type, std::string("the coordinator does not take ") + wire::body_name(h.body)});

@@ -349,6 +349,37 @@ TEST(GroupWatch, NamesACoordinatorThatStopsAnswering) {
 
 // Defect: RendezvousClient::wait(keys, timeout) ignored its timeout and waited the client's own
 // timeout for each key in turn: k keys could take k x that long.
+// The coordinator takes a key once (a second value would redirect a rank's link), requests from
+// ranks of the group alone, and one Bye per rank (Byes sent again by one rank ended it early).
+TEST(Rendezvous, KeysAreWrittenOnceAndByesCountedOncePerRank) {
+  const auto tr = test::coordinator_transport();
+  const std::string ep = tr->local_address("coordinator");
+  auto coord = std::make_unique<Coordinator>(*tr, ep, 2, std::chrono::milliseconds(100));
+  RendezvousClient r0(*tr, ep, 0, 2, std::chrono::seconds(5)), r1(*tr, ep, 1, 2, std::chrono::seconds(5));
+  r0.set("gloo/rank_0", {'a'});
+  r0.set("gloo/rank_0", {'a'});  // (the same value again: a resend)
+  try {
+    r1.set("gloo/rank_0", {'b'});
+    ADD_FAILURE() << "a key was written twice";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"gloo/rank_0\" was published already"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(r1.get("gloo/rank_0"), std::vector<char>{'a'});
+  RendezvousClient stranger(*tr, ep, 7, 2, std::chrono::seconds(5));
+  EXPECT_THROW(stranger.set("x", {'x'}), std::runtime_error);
+  r1.bye();
+  r1.bye();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    r0.bye();
+  });
+  coord.reset();  // (waits for every rank's Bye: rank 0's comes 300 ms on)
+  late.join();
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.25)
+      << "rank 1's second Bye counted for rank 0's";
+}
+
 TEST(Rendezvous, WaitHasOneDeadlineForAllItsKeys) {
   const auto tr = test::coordinator_transport();
   const std::string ep = tr->local_address("coordinator");
