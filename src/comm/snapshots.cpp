@@ -55,6 +55,7 @@ std::string SnapshotReceiver::check(const comm::Message& m, std::size_t n, wire:
   if (!h) return "malformed";
   const auto* p = std::get_if<wire::PullReply>(&h->body);
   if (!p) return "not a snapshot";
+  if (h->sender != 0) return "not from rank 0";
   if (p->length == 0 && m.payload().empty()) return "alive";  // rank 0's sign of life between snapshots
   if (p->length != n || m.payload().size() != n * sizeof(float)) return "wrong size";
   if (wire::checksum_bytes(m.payload().data(), m.payload().size()) != p->checksum) return "bad checksum";
@@ -71,7 +72,11 @@ Snapshot SnapshotReceiver::next(float* theta, std::size_t n) {
   // good snapshot wins, anything else is counted and dropped.
   while (listener_->recv(other_, from, have ? clock_.now() : deadline)) {
     wire::PullReply r;
-    const std::string why = check(other_, n, r);
+    std::string why = check(other_, n, r);
+    // The connection rank 0's first message came on is rank 0's: another that claims to be it
+    // (a rank, or anyone under cluster.auth = "none") is not taken, alive or with a θ of its own.
+    if ((why.empty() || why == "alive") && rank0_.empty()) rank0_ = from;
+    if ((why.empty() || why == "alive") && from != rank0_) why = "not from rank 0";
     if (why == "alive") {
       if (!have) deadline = clock_.now() + timeout_;
     } else if (why.empty()) {

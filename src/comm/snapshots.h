@@ -71,6 +71,7 @@ class SnapshotReceiver {
   std::chrono::milliseconds timeout_;
   comm::Message newest_, other_;
   std::map<std::string, long> dropped_;
+  comm::PeerId rank0_;  // the connection rank 0 sends on (its first message's)
 };
 
 }  // namespace pslab

@@ -105,6 +105,34 @@ TEST_P(Snapshots, BadMessagesAreCountedAndDroppedNeverFatal) {
                                         {"malformed", 3}, {"not a snapshot", 3}, {"wrong size", 3}, {"bad checksum", 3}}));
 }
 
+// Only rank 0's connection (the first to send a snapshot or a sign of life) is taken: another one,
+// or a header from another rank, with a θ of its own and a good checksum, is dropped and counted.
+TEST_P(Snapshots, OnlyRankZerosConnectionIsTaken) {
+  auto t = comm::make_transport(GetParam());
+  const std::string at = t->local_address("snapshots");
+  SnapshotReceiver rx(*t, at, /*timeout_s=*/1.0);
+  const std::size_t n = 10;
+  std::vector<float> good(n, 0.5f), forged(n, 9.0f), theta(n, -7.0f);
+  wire::Encoder enc;
+  auto snapshot = [&](int sender, const std::vector<float>& x, long step, bool final) {
+    return enc.encode(wire::Header{sender, -1, wire::PullReply{step, step, 0, 10 * step, 0, final,
+                                                               wire::checksum(x.data(), n), 0, n, 0, n * sizeof(float)}});
+  };
+  auto rank0 = t->connect({at}), other = t->connect({at});
+  const auto in5s = [] { return comm::after(std::chrono::seconds(5)); };
+  ASSERT_TRUE(rank0->send(0, snapshot(0, good, 1, false), comm::OutPayload{good.data(), n * 4}, in5s()));
+  Snapshot s = rx.next(theta.data(), n);
+  EXPECT_EQ(theta, good);
+  ASSERT_TRUE(other->send(0, snapshot(0, forged, 2, true), comm::OutPayload{forged.data(), n * 4}, in5s()));
+  ASSERT_TRUE(rank0->send(0, snapshot(1, forged, 3, true), comm::OutPayload{forged.data(), n * 4}, in5s()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(rank0->send(0, snapshot(0, good, 4, true), comm::OutPayload{good.data(), n * 4}, in5s()));
+  s = rx.next(theta.data(), n);
+  EXPECT_EQ(theta, good);
+  EXPECT_EQ(s.step, 4);
+  EXPECT_EQ(rx.dropped_by_reason().at("not from rank 0"), 2);
+}
+
 // Snapshots further apart than the timeout (eval.every_epochs, a long epoch): rank 0's signs of
 // life in between keep the evaluator waiting, and are not snapshots. It gave up after the timeout.
 TEST_P(Snapshots, SignsOfLifeKeepTheEvaluatorWaitingForALateSnapshot) {
