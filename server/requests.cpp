@@ -71,7 +71,7 @@ Server::Peer* Server::sender(const comm::PeerId& id, const wire::Header& h) {
                 "sender " + std::to_string(h.sender) + " on a connection that said Hello as " + std::to_string(peer.rank));
     return nullptr;
   }
-  if (peer.role == wire::Role::worker && state_->dropped(peer.rank)) {
+  if (peer.role == wire::Role::worker && state_->dropped(peer.rank) && !said_bye_[std::size_t(peer.rank)]) {
     if (!may_return(peer.rank)) {
       reply_error(id, wire::ErrorCode::protocol, "worker " + std::to_string(peer.rank) +
                                                      " was dropped from this run as lost (silent for more than "
@@ -137,13 +137,14 @@ void Server::on_hello(const std::string& id, const wire::Hello& m) {
                              ", beyond the run's " + std::to_string(total_steps_) + " steps");
     std::string& slot = worker_ids_[std::size_t(m.rank)];
     const bool resumes = !slot.empty() && m.rejoin_clock >= 0;  // its connection came back: the session moves to it
-    if (state_->dropped(m.rank) && !may_return(m.rank))
+    const bool finished = said_bye_[std::size_t(m.rank)] != 0;  // (dropped at its Bye: its link may come back to resend it)
+    if (state_->dropped(m.rank) && !finished && !may_return(m.rank))
       return reply_error(id, wire::ErrorCode::protocol,
                          "worker " + std::to_string(m.rank) + " was dropped from this run as lost; it cannot rejoin");
     if (!resumes && !slot.empty() && slot != id)  // (refused before anything changes: it takes no one back)
       return reply_error(id, wire::ErrorCode::protocol,
                          "worker " + std::to_string(m.rank) + " already said Hello from another connection");
-    if (state_->dropped(m.rank)) readmit(m.rank);  // its link was down, and is back in time
+    if (state_->dropped(m.rank) && !finished) readmit(m.rank);  // its link was down, and is back in time
     if (resumes) {
       resume_session(m.rank, id, m.rejoin_clock);
     } else {
@@ -517,6 +518,12 @@ void Server::note_bye(int rank) {
   ++finished_;
   workers_.finish(std::size_t(rank));
   last_message_ = clock_.now();
+  // A worker that is done no longer holds the others' pulls where the mode trains on without it
+  // (ssp: a worker of the user's that stopped after fewer steps held them for timeout_s).
+  if (state_->mode().trains_without_lost_workers() && !state_->dropped(rank)) {
+    state_->drop_worker(rank);
+    release_ready_pulls();
+  }
 }
 
 void Server::on_shutdown(const std::string& id, const Peer& p) {

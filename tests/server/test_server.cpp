@@ -570,6 +570,30 @@ TEST(WorkerLoss, SspServesThePullsAHungWorkerHeldOnceItIsDropped) {
   EXPECT_EQ(cluster.servers[0]->state().version(), 2);
 }
 
+// A worker that said Bye early (a Python worker's script may stop after fewer steps) no longer
+// holds the others' pulls in a mode that trains on without it: ssp:0 held worker 0's next pull on
+// worker 1's clock until timeout_s, naming a worker that had finished. A Bye sent again is taken.
+TEST(WorkerLoss, SspServesThePullsAWorkerThatSaidByeEarlyWouldHold) {
+  ExperimentConfig cfg = test::small_config("ssp:0", 2, 1);
+  cfg.cluster.timeout_s = 3;
+  TwoWorkerRun run(cfg);
+  auto& [cluster, P, w0, w1] = run;
+  std::vector<float> theta(P), grad(P, 0.5f);
+  w0->pull(0, theta.data());
+  w1->pull(0, theta.data());
+  w1->push(0, 1, grad.data(), nullptr);
+  w1->bye(1);
+  w0->push(0, 1, grad.data(), theta.data());
+  const auto t0 = std::chrono::steady_clock::now();
+  w0->push(1, 1, grad.data(), theta.data());  // (its pull for clock 2: worker 1 stopped at clock 1)
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+  EXPECT_NO_THROW(w1->bye(1));
+  w0->bye(2);
+  cluster.join();
+  cluster.rethrow();
+  EXPECT_EQ(cluster.servers[0]->state().version(), 3);
+}
+
 // The other way: a server that holds a pull beats to the waiting worker, so a bsp pull held
 // for 4 x heartbeat_s behind a slow (but alive) worker is not taken for a silent server.
 TEST(WorkerLoss, AServerHoldingAPullForLongIsNotTakenForSilent) {
