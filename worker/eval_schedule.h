@@ -31,8 +31,9 @@ class EpochTicks {
   double next_ = 0.0;
 };
 
-// PS modes: θ by an ungated pull of every shard, when it is due: every eval.interval_s, or when
-// the samples applied reach the next eval.every_epochs tick, and when training is done. Between
+// PS modes: θ by an ungated pull of every shard, when it is due: every eval.interval_s (unless no
+// update came since the last θ taken), or when the samples applied reach the next
+// eval.every_epochs tick, and when training is done. Between
 // θs the servers are asked only for their progress (headers, no θ) every kPoll, so that the end
 // of training is seen within kPoll however long the interval. (The evaluator's, and that of an
 // evaluator of the user's through libpslab_client.)
@@ -49,6 +50,11 @@ class ServerTicks {
     const auto poll = std::chrono::duration_cast<RunClock::duration>(std::chrono::duration<double>(kPoll));
     while (true) {
       bool due = !ticks_.on() && clock_.now() >= next_;  // eval.interval_s: the tick has come
+      if (due && taken_ >= 0) {  // ... but θ as last taken (no update since: a slow start) is not taken again
+        const PullResult p = client_.progress();
+        if (!p.training_done && p.samples_applied == taken_ && p.max_version == taken_version_)
+          due = false, next_ = std::max(next_ + interval_, clock_.now());
+      }
       if (!due) {
         const PullResult p = client_.progress();
         due = p.training_done || ticks_.due(double(p.samples_applied) / train_n_);
@@ -56,7 +62,9 @@ class ServerTicks {
       if (due) {
         // Evaluation may take longer than the interval: never queue up missed ticks.
         next_ = std::max(next_ + interval_, clock_.now());
-        return client_.pull(0, theta);
+        PullResult r = client_.pull(0, theta);
+        taken_ = r.samples_applied, taken_version_ = r.max_version;
+        return r;
       }
       if (!clock_.sleep_until(ticks_.on() ? clock_.now() + poll : std::min(next_, clock_.now() + poll), stop))
         throw std::runtime_error("the evaluator stopped while it waited for the next θ");
@@ -71,6 +79,7 @@ class ServerTicks {
   EpochTicks ticks_;
   double train_n_;
   RunClock::time_point next_;
+  long taken_ = -1, taken_version_ = -1;  // the samples applied to the θ last taken (-1: none yet), its newest shard's version
 };
 
 }  // namespace pslab

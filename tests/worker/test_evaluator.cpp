@@ -46,6 +46,26 @@ TEST(Evaluator, AnIntervalLongerThanTheRunDoesNotHoldUpItsEnd) {
   fs::remove_all(dir);
 }
 
+// eval.interval_s while the workers start (or stall): θ that no update changed since the last
+// one taken is not taken again (the same θ0 was evaluated at every tick of a slow start).
+TEST(Evaluator, ThetaUnchangedSinceTheLastTakenIsNotTakenAgain) {
+  const fs::path dir = temp_dir("eval_unchanged");
+  ExperimentConfig cfg = test::small_config("asp", 2, 2);
+  cfg.eval.interval_s = 0.05;
+  Cluster cluster(cfg, /*record_pulls=*/false, /*wait_for_shutdown=*/true);
+  std::thread evaluator = test::start_evaluator(cfg, cluster, dir);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // ten ticks before any worker comes
+  test::run_ps_workers(cfg, cluster, dir);
+  evaluator.join();
+  cluster.join();
+  cluster.rethrow();
+  std::ifstream f(dir / "metrics" / "evaluator.jsonl");
+  int at_start = 0;
+  for (std::string line; std::getline(f, line);) at_start += nlohmann::json::parse(line)["epoch"] == 0.0;
+  EXPECT_EQ(at_start, 1) << "θ0 evaluated at every tick before the workers came";
+  fs::remove_all(dir);
+}
+
 // Defect: in PS modes the evaluator reported the smallest shard version as "step" (under asp
 // with W workers that is W x the steps), in all-reduce the ranks' step. Now "step" means the
 // steps every worker has completed, in every mode; the versions are reported as such.

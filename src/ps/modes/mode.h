@@ -51,12 +51,16 @@ struct ShardView {
   std::span<const char> lost;   // per worker: 1 = dropped from the run (its clock no longer counts)
   int workers() const { return int(clocks.size()); }
   bool counts(int worker) const { return lost.empty() || !lost[std::size_t(worker)]; }
-  // The slowest clock of the workers that count (0 when none does).
+  // The slowest clock of the workers that count; when none does (each dropped, or done and said
+  // Bye), of them all.
   long min_clock() const {
-    long m = -1;
-    for (int r = 0; r < workers(); ++r)
-      if (counts(r) && (m < 0 || clocks[std::size_t(r)] < m)) m = clocks[std::size_t(r)];
-    return m < 0 ? 0 : m;
+    long m = -1, all = -1;
+    for (int r = 0; r < workers(); ++r) {
+      const long c = clocks[std::size_t(r)];
+      if (all < 0 || c < all) all = c;
+      if (counts(r) && (m < 0 || c < m)) m = c;
+    }
+    return m >= 0 ? m : all < 0 ? 0 : all;
   }
 };
 
