@@ -7,7 +7,8 @@ is the network model.kind = "resnet" builds), side by side.
 
 speed   training samples/s at batch 128 on Fashion-MNIST's 28 x 28 images, both with this
         machine's threads (OpenBLAS's and torch.set_num_threads): pslab's bench_train --model
-        resnet against a PyTorch step (forward, cross-entropy, backward, SGD with momentum), in
+        resnet against a PyTorch step of the same work (a batch gathered from resident images,
+        forward, cross-entropy, backward, plain SGD, as bench_train's optimizer), in
         PyTorch's default memory format and in channels_last, the better one PyTorch's figure (its
         best); rounds alternate pslab and PyTorch; medians over rounds; ratio = pslab / PyTorch.
 train   PyTorch alone with the recipe of experiments/configs/resnet-single.toml (ResNet-8, batch
