@@ -27,8 +27,8 @@ for b in "${which[@]}"; do
     allreduce) "$build/tests/bench_allreduce" --ranks 2 --runs 5 --steps 1000 --json "$out/allreduce.json" ;;
     replicas)  PSLAB_BUILD="$build" /usr/bin/python3 "$root/experiments/bench_replicas.py" --rounds 5 --json "$out/replicas.json" ;;
     client)    PSLAB_BUILD="$build" /usr/bin/python3 "$root/tests/bench/bench_client.py" --runs 5 --json "$out/client.json" ;;
-    torch)     PSLAB_BUILD="$build" /usr/bin/python3 "$root/tests/bench/bench_torch_worker.py" --runs 3 --workers 1,2,4 --json "$out/torch.json" ;;
-    resnet)    PSLAB_BUILD="$build" /usr/bin/python3 "$root/tests/bench/bench_resnet.py" speed --rounds 3 --json "$out/resnet.json" ;;
+    torch)     PSLAB_BUILD="$build" /usr/bin/python3 "$root/tests/bench/bench_torch_worker.py" --runs 5 --workers 1,2,4 --json "$out/torch.json" ;;
+    resnet)    PSLAB_BUILD="$build" /usr/bin/python3 "$root/tests/bench/bench_resnet.py" speed --rounds 5 --json "$out/resnet.json" ;;
     *) echo "bench.sh: unknown benchmark '$b' (train, ps, allreduce, replicas, client, torch, resnet)" >&2; exit 2 ;;
   esac >/dev/null
   echo "[bench] $b -> $out/$b.json"
