@@ -121,6 +121,7 @@ int call(pslab_client* c, const char* what, F&& f) {
     return -1;
   }
   c->error.clear();
+  pslab::comm::forget_interrupt();  // (a Ctrl-C before this call was Python's to raise: it ends no wait of this one)
   try {
     if constexpr (std::is_invocable_v<F, pslab::PsClient&>) {
       if (!c->client)

@@ -47,6 +47,8 @@ void catch_interrupts() {
   g_catching.store(true, std::memory_order_release);
 }
 
+void forget_interrupt() { g_signal.store(0); }
+
 long interrupt_slice_ms(long wanted) {
   return on_this_thread() ? std::clamp<long>(wanted, 0, kInterruptSliceMs) : wanted;
 }

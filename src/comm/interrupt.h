@@ -26,5 +26,7 @@ long interrupt_slice_ms(long wanted);
 
 // Throws Interrupted ("interrupted by SIGINT") once a caught signal came, on the thread that asked.
 void throw_if_interrupted();
+// Forgets a signal that came before now (between calls: the caller's to act on, not a wait's).
+void forget_interrupt();
 
 }  // namespace pslab::comm

@@ -302,6 +302,19 @@ class PythonClient(unittest.TestCase):
                     self.fail("the call went on waiting after Ctrl-C")
                 self.assertIn("KeyboardInterrupt", err, (p.returncode, err))
 
+    def test_a_ctrl_c_caught_between_calls_ends_no_later_call(self):
+        # A script that catches KeyboardInterrupt (to finish cleanly) calls on: a Ctrl-C that came
+        # outside any call is Python's, not the next call's wait's to end.
+        config, addresses = self.start_servers("asp", edit=lambda t: t.replace("workers = 2", "workers = 1"))
+        env = dict(os.environ, PYTHONPATH=str(REPO / "worker" / "python"))
+        script = (f"import os, signal, time, numpy as np, pslab\nc = pslab.Client({str(config)!r}, 0, {addresses!r})\n"
+                  "theta = np.zeros(c.num_params, np.float32)\n"
+                  "try:\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(5)\nexcept KeyboardInterrupt:\n    pass\n"
+                  "c.begin(theta)\nprint('began', flush=True)\n")
+        p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("began", p.stdout)
+
     def test_the_package_is_python_3_9(self):
         # pslab's Python side promises CPython >= 3.9: its grammar (this machine runs 3.11)
         import ast
