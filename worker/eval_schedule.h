@@ -49,15 +49,12 @@ class ServerTicks {
   PullResult next(float* theta, std::stop_token stop = {}) {
     const auto poll = std::chrono::duration_cast<RunClock::duration>(std::chrono::duration<double>(kPoll));
     while (true) {
-      bool due = !ticks_.on() && clock_.now() >= next_;  // eval.interval_s: the tick has come
-      if (due && taken_ >= 0) {  // ... but θ as last taken (no update since: a slow start) is not taken again
-        const PullResult p = client_.progress();
-        if (!p.training_done && p.samples_applied == taken_ && p.max_version == taken_version_)
-          due = false, next_ = std::max(next_ + interval_, clock_.now());
-      }
-      if (!due) {
-        const PullResult p = client_.progress();
-        due = p.training_done || ticks_.due(double(p.samples_applied) / train_n_);
+      const PullResult p = client_.progress();
+      bool due = p.training_done || ticks_.due(double(p.samples_applied) / train_n_);
+      if (!due && !ticks_.on() && clock_.now() >= next_) {  // eval.interval_s: the tick has come, but θ as
+        const bool unchanged = p.samples_applied == taken_ && p.max_version == taken_version_;  // last taken (no
+        if (unchanged) next_ = std::max(next_ + interval_, clock_.now());  // update since: a slow start) is not
+        else due = true;                                                    // taken again
       }
       if (due) {
         // Evaluation may take longer than the interval: never queue up missed ticks.
