@@ -115,6 +115,10 @@ void ReplayPolicy::sent(const std::string& address, const std::string& to, std::
   const auto h = wire::decode(header.data(), header.size(), why);
   const auto* r = h ? std::get_if<wire::PullReply>(&h->body) : nullptr;
   if (!r) return;
+  // A reply in pieces counts once its last piece has left: one answering a push piece by piece
+  // (its version published with the push's last piece) is the pull the run recorded then, and a
+  // pull let through before would be served the version before it.
+  if (r->piece + 1 < r->pieces) return;
   const int worker = w->second;
   if (!s.asked.erase({worker, r->clock})) return;
   if (s.at >= s.ops.size() || s.ops[s.at].kind != TraceOp::pull)

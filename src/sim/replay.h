@@ -9,8 +9,9 @@
 //                  pieces (cluster.piece_kib) is its first piece: the others follow it through
 //   pull W C V     if W asked for clock C with a message already let through (the pull half of
 //                  a push, or a pull the rule held), the server answers it when its rule allows:
-//                  the cursor waits for that answer; else W's pull for C is let through once it
-//                  has arrived. The answer must carry version V, or the replay fails saying so.
+//                  the cursor waits for that answer (the last piece of an answer in pieces);
+//                  else W's pull for C is let through once it has arrived. The answer must
+//                  carry version V, or the replay fails saying so.
 // Everything else (Hello, Beats, Bye, the evaluator's pulls and polls) goes through at once:
 // none of it changes θ.
 //
