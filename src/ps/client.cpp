@@ -468,7 +468,7 @@ PullResult PsClient::progress() {
   for (int k = 0; k < S; ++k) send(k, ask);
   std::vector<char> pending(std::size_t(S), 1);
   PullResult acc = empty_result();
-  collect(Expect{"progress", ask.clock, true, [&](int k) { send(k, ask); }}, pending, [&](int k, const wire::Body& body) {
+  collect(Expect{"Pull (progress only)", ask.clock, true, [&](int k) { send(k, ask); }}, pending, [&](int k, const wire::Body& body) {
     const auto* pr = std::get_if<wire::PullReply>(&body);
     if (!pr) fail(k, std::string("answered a progress-only Pull with ") + wire::body_name(body));
     if (pr->length != 0 || msg_.has_payload()) fail(k, "answered a progress-only Pull with a payload");

@@ -146,4 +146,36 @@ TEST(Client, AWelcomeThatPutsTheWorkerOutsideTheRunsStepsIsRefused) {
   fake.join();
 }
 
+// Defect (CI, launcher.Heartbeats): an evaluator whose progress poll met a stopped server said
+// "silent for 1.0 s while progress waited for its reply": the request is named as a worker's
+// are, a Pull (progress only).
+TEST(Client, AProgressPollThatAStoppedServerLeavesUnansweredIsNamedAsAPull) {
+  ExperimentConfig cfg = test::small_config("asp", 1, 1);
+  cfg.cluster.heartbeat_s = 0.2;
+  cfg.cluster.on_server_loss = "fail";
+  const std::size_t P = count_params(model_spec(cfg));
+  const auto transport = comm::make_transport("tcp");
+  const std::string ep = transport->local_address("fake-server");
+  auto listener = transport->listen(ep);
+  std::atomic<bool> done{false};
+  std::thread fake([&] {  // answers the Hello, then nothing (stopped)
+    wire::Encoder enc;
+    comm::Message m;
+    comm::PeerId from;
+    while (!done) {
+      if (!listener->recv(m, from, comm::after(std::chrono::milliseconds(50)))) continue;
+      std::string why;
+      const auto h = wire::decode(m.header(), why);
+      if (h && std::holds_alternative<wire::Hello>(h->body))
+        listener->send(from, enc.encode(wire::Header{wire::kServer, 0, wire::Welcome{0, 1, 0, P, 1, "asp", 0, 0}}));
+    }
+  });
+  PsClient c(*transport, {ep}, client_options(cfg, wire::Role::evaluator, wire::kEvaluator));
+  c.connect();
+  expect_refused([&] { c.progress(); }, "while Pull (progress only) waited for its reply",
+                 "a progress poll a stopped server never answered was not named");
+  done = true;
+  fake.join();
+}
+
 }  // namespace
