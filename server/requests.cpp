@@ -200,6 +200,9 @@ void Server::on_pull(const std::string& id, const Peer& p, long clock) {
                                                           std::to_string(p.rank) + ", whose clock here is " +
                                                           std::to_string(state_->clock_of(p.rank)));
   if (state_->pull_ready(clock)) return serve_pull(id, p.rank, clock, now);
+  if (const std::string why = held_for_good(clock); !why.empty())
+    return reply_error(id, wire::ErrorCode::protocol, "pull of worker " + std::to_string(p.rank) + " for clock " +
+                                                          std::to_string(clock) + ": " + why);
   for (HeldPull& h : held_)
     if (h.rank == p.rank) {  // its pull again: one is held, answered on the latest connection
       h = HeldPull{id, p.rank, clock, h.clock == clock ? h.since : now};
@@ -263,6 +266,31 @@ void Server::release_ready_pulls() {
     held_.erase(held_.begin() + std::ptrdiff_t(i));
     workers_.release(std::size_t(h.rank));
     serve_pull(h.identity, h.rank, h.clock, h.since);
+  }
+}
+
+std::string Server::held_for_good(long clock) const {
+  if (state_->mode().trains_without_lost_workers()) return "";  // (a worker that said Bye was dropped)
+  for (int r = 0; r < cfg_.cluster.workers; ++r)
+    if (said_bye_[std::size_t(r)] && state_->clock_of(r) < clock)
+      return "worker " + std::to_string(r) + " said Bye at clock " + std::to_string(state_->clock_of(r)) + ": " +
+             state_->mode().name() + " serves clock " + std::to_string(clock) + " once every worker has pushed clock " +
+             std::to_string(clock - 1) + " (every worker must run the same steps)";
+  return "";
+}
+
+void Server::refuse_pulls_held_for_good() {
+  for (std::size_t i = 0; i < held_.size();) {
+    const std::string why = held_for_good(held_[i].clock);
+    if (why.empty()) {
+      ++i;
+      continue;
+    }
+    const HeldPull h = held_[i];
+    held_.erase(held_.begin() + std::ptrdiff_t(i));
+    workers_.release(std::size_t(h.rank));
+    reply_error(h.identity, wire::ErrorCode::protocol,
+                "pull of worker " + std::to_string(h.rank) + " for clock " + std::to_string(h.clock) + ": " + why);
   }
 }
 
@@ -524,6 +552,7 @@ void Server::note_bye(int rank) {
     state_->drop_worker(rank);
     release_ready_pulls();
   }
+  refuse_pulls_held_for_good();  // (modes that need every worker's push: one it will never send)
 }
 
 void Server::on_shutdown(const std::string& id, const Peer& p) {

@@ -185,6 +185,11 @@ class Server : private ShardState::Listener {
   void serve_pull(const std::string& id, int rank, long clock, time_point since);
   void serve_progress(const std::string& id, const Peer& p, long asked);  // a progress-only Pull: the header, no θ
   void release_ready_pulls();
+  // Why a pull for `clock` can never be served ("" if it may be): a mode that needs every
+  // worker's push, and a worker that said Bye before pushing clock - 1. Such pulls, held,
+  // are answered with that as an Error.
+  std::string held_for_good(long clock) const;
+  void refuse_pulls_held_for_good();
   void expire_held_pulls(time_point now);
   // Sends, or (a primary whose backup lacks inputs sent before it) queues until the backup has them.
   void send(const std::string& id, const wire::Header& h, comm::OutPayload payload = {});

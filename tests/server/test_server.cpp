@@ -594,6 +594,34 @@ TEST(WorkerLoss, SspServesThePullsAWorkerThatSaidByeEarlyWouldHold) {
   EXPECT_EQ(cluster.servers[0]->state().version(), 3);
 }
 
+// bsp needs every worker's push of a clock: a worker that said Bye before the others' clock (a
+// Python worker's script that stopped early) is named at once to a pull held on it, and to one
+// that would be, not after timeout_s as "bsp clock 1 still needs pushes from worker 1".
+TEST(WorkerLoss, ABspPullThatAWorkerWhoSaidByeWouldHoldIsRefusedAtOnce) {
+  ExperimentConfig cfg = test::small_config("bsp", 2, 1);
+  cfg.cluster.timeout_s = 5;
+  TwoWorkerRun run(cfg);
+  auto& [cluster, P, w0, w1] = run;
+  std::vector<float> theta(P), grad(P, 0.5f);
+  w0->pull(0, theta.data());
+  w1->pull(0, theta.data());
+  w1->push(0, 1, grad.data(), nullptr);
+  w0->push(0, 1, grad.data(), theta.data());
+  std::thread stops([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    w1->bye(1);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string says = "worker 1 said Bye at clock 1: bsp serves clock 2 once every worker has pushed clock 1";
+  expect_refused([&] { w0->push(1, 1, grad.data(), theta.data()); }, says, "a held pull waited for a worker that said Bye");
+  stops.join();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
+  expect_refused([&] { w0->pull(2, theta.data()); }, says, "a pull was held for a worker that said Bye");
+  w0->bye(2);
+  cluster.join();
+  cluster.rethrow();
+}
+
 // The other way: a server that holds a pull beats to the waiting worker, so a bsp pull held
 // for 4 x heartbeat_s behind a slow (but alive) worker is not taken for a silent server.
 TEST(WorkerLoss, AServerHoldingAPullForLongIsNotTakenForSilent) {
