@@ -31,7 +31,7 @@ Server::Server(comm::Transport& transport, const ExperimentConfig& cfg, const Se
     throw std::invalid_argument("cluster.mode = \"" + cfg.cluster.mode + "\" runs without parameter servers");
   const ModelSpec spec = model_spec(cfg);
   num_params_ = count_params(spec);
-  range_ = shard_range(num_params_, cfg.cluster.servers, opt.shard);
+  range_ = shard_range(num_params_, cfg.cluster.servers, opt.shard, shard_layers(cfg));
   config_hash_ = config_fingerprint(cfg);
   const std::vector<float> theta = initial_params(spec, cfg.seed);
   std::vector<float> slice(theta.begin() + std::ptrdiff_t(range_.offset),

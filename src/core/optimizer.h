@@ -111,8 +111,7 @@ Registry<OptimizerRule>& optimizer_registry();
 //                           t = ||w|| / ||r||;  w −= lr t r
 // (t = 1 where ||w|| or the other norm is 0, e.g. a layer of zeros). `layers`: the sizes of the
 // consecutive layers that make up the optimizer's n parameters (Model::param_info; on a server,
-// the layers cut to its shard, so a layer split between servers has a ratio per piece); empty:
-// one layer. They read the whole update first (prepare()), then apply it in pieces.
+// the whole layers of its shard: shard_range() splits none for these kinds); empty: one layer. They read the whole update first (prepare()), then apply it in pieces.
 // Threading: one thread at a time, except step_range() on disjoint pieces after prepare().
 class Optimizer {
  public:
@@ -138,6 +137,8 @@ class Optimizer {
   // Whether the optimizer keeps state across steps (an update that is abandoned half-way
   // would leave stateful optimizers inconsistent).
   bool stateless() const { return state_.empty(); }
+  // Whether prepare() reads the whole range before any piece is updated (lars, lamb).
+  bool needs_whole_range() const { return rule_->needs_whole_range(); }
   // The trust ratio of each layer in the last prepare() (layer-wise kinds; empty otherwise).
   const std::vector<double>& trust_ratios() const { return rule_->trust_ratios(); }
   long steps() const { return steps_; }

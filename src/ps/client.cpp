@@ -39,7 +39,7 @@ PsClient::PsClient(comm::Transport& transport, std::vector<std::string> endpoint
   asked_since_hello_.assign(std::size_t(S), 0);
   to_backup_pending_.assign(std::size_t(S), 0);
   for (int k = 0; k < S; ++k) {
-    shards_.push_back(ShardInfo{endpoints[std::size_t(k)], shard_range(opt.num_params, S, k), 0});
+    shards_.push_back(ShardInfo{endpoints[std::size_t(k)], shard_range(opt.num_params, S, k, opt.shard_layers), 0});
     if (!codec_->dense_f32() && opt.role == wire::Role::worker) {
       auto enc = make_codec(opt.codec);
       encoders_.push_back(opt.error_feedback ? with_error_feedback(std::move(enc)) : std::move(enc));

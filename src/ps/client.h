@@ -88,6 +88,7 @@ class PsClient {
     wire::Role role = wire::Role::worker;
     int rank = 0;                   // the worker's rank; wire::kEvaluator for the evaluator
     std::size_t num_params = 0;     // P, the length of θ
+    std::vector<std::size_t> shard_layers;  // layers no shard may split (shard_layers(); empty: none)
     std::uint64_t config_hash = 0;  // config_fingerprint() of the run's config (servers check it)
     double timeout_s = 60.0;        // the run's cluster.timeout_s
     std::string codec = "f32";      // the run's cluster.codec, how pushes are encoded

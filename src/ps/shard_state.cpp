@@ -1,16 +1,47 @@
 #include "ps/shard_state.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "comm/wire.h"
 
 namespace pslab {
 
-ShardRange shard_range(std::size_t num_params, int num_shards, int shard) {
+namespace {
+
+// Where shard k begins (k = num_shards: the end), whole layers each (see shard_range).
+std::size_t layer_boundary(std::size_t num_params, int num_shards, int k, const std::vector<std::size_t>& layers) {
+  const std::size_t L = layers.size(), S = std::size_t(num_shards);
+  if (L < S)
+    throw std::invalid_argument(std::to_string(num_shards) + " shards of whole layers for a model of " +
+                                std::to_string(L) + " layers");
+  std::vector<std::size_t> ends(L + 1, 0);  // ends[j]: where layer j begins (ends[L] = num_params)
+  for (std::size_t j = 0; j < L; ++j) ends[j + 1] = ends[j] + layers[j];
+  if (ends[L] != num_params)
+    throw std::invalid_argument("layers of " + std::to_string(ends[L]) + " parameters for " + std::to_string(num_params));
+  std::size_t at = 0;  // the layer the boundary before begins at
+  for (std::size_t i = 1; i <= std::size_t(k); ++i) {
+    if (i == S) return num_params;
+    const double balanced = double(num_params) * double(i) / double(S);
+    std::size_t best = at + 1;  // at least one layer for this shard, and one for each after it
+    for (std::size_t j = at + 1; j <= L - (S - i); ++j)
+      if (std::abs(double(ends[j]) - balanced) < std::abs(double(ends[best]) - balanced)) best = j;
+    at = best;
+  }
+  return ends[at];
+}
+
+}  // namespace
+
+ShardRange shard_range(std::size_t num_params, int num_shards, int shard, const std::vector<std::size_t>& layers) {
   if (num_shards < 1 || shard < 0 || shard >= num_shards)
     throw std::invalid_argument("shard " + std::to_string(shard) + " is not in [0, " +
                                 std::to_string(num_shards) + ")");
+  if (!layers.empty()) {
+    const std::size_t lo = layer_boundary(num_params, num_shards, shard, layers);
+    return {lo, layer_boundary(num_params, num_shards, shard + 1, layers) - lo};
+  }
   const std::size_t lo = num_params * std::size_t(shard) / std::size_t(num_shards);
   const std::size_t hi = num_params * std::size_t(shard + 1) / std::size_t(num_shards);
   return {lo, hi - lo};
@@ -91,6 +122,9 @@ ShardState::ShardState(Backend& cpu, const Options& opt, std::vector<float> init
   for (auto& segs : param_segs_) segs.reserve(pieces() + 1);
   incoming_.resize(std::size_t(opt.workers));
   if (!mode_.uses_servers()) throw std::invalid_argument("cluster.mode = \"" + opt.mode + "\" has no servers");
+  if (optimizer_.needs_whole_range() && pieces() > 1)  // (pieces_of() gives it whole shards)
+    throw std::invalid_argument("optimizer.kind = \"" + opt.optimizer.kind + "\" reads the whole shard before it " +
+                                "updates it: its pushes cannot be applied in pieces");
   if (params_.size() != opt.range.length)
     throw std::invalid_argument("ShardState: initial slice has " + std::to_string(params_.size()) +
                                 " floats, the shard " + std::to_string(opt.range.length));

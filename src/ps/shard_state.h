@@ -50,11 +50,15 @@
 namespace pslab {
 
 // Contiguous range [offset, offset + length) of θ owned by one server; shards are balanced
-// by length (they differ by at most one float).
+// by length (they differ by at most one float). With `layers` (the sizes of the model's
+// consecutive layers, summing to num_params: for an optimizer that needs whole layers, lars
+// and lamb) no layer is split: each boundary is the layer boundary nearest the balanced one,
+// every shard at least one layer (std::invalid_argument when there are fewer layers than
+// shards).
 struct ShardRange {
   std::size_t offset = 0, length = 0;
 };
-ShardRange shard_range(std::size_t num_params, int num_shards, int shard);
+ShardRange shard_range(std::size_t num_params, int num_shards, int shard, const std::vector<std::size_t>& layers = {});
 
 // The shard's parameters by version, for zero-copy pull replies: a reply references the
 // current buffer until ZeroMQ has sent it, so an update writes the next version into a

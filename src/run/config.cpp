@@ -559,6 +559,11 @@ void validate_sizes(const Checker& check) {
     check(!c.uses_servers() || std::size_t(c.cluster.servers) <= params, "cluster.servers",
           std::to_string(c.cluster.servers) + " servers for " + std::to_string(params) +
               " parameters: some shards would hold none");
+    const std::size_t layers = shard_layers(c).size();
+    check(!c.uses_servers() || layers == 0 || std::size_t(c.cluster.servers) <= layers, "cluster.servers",
+          std::to_string(c.cluster.servers) + " servers for a model of " + std::to_string(layers) +
+              " layers: optimizer.kind = \"" + c.optimizer.kind + "\" takes a trust ratio per layer, so each " +
+              "server holds whole layers");
   }
   std::size_t n = 0;
   try {

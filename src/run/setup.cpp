@@ -55,11 +55,18 @@ Pieces pieces_of(const ExperimentConfig& c) {
   return Pieces::of_kib(c.cluster.piece_kib);
 }
 
+std::vector<std::size_t> shard_layers(const ExperimentConfig& c) {
+  if (!optimizer_registry().make(c.optimizer.kind)->needs_whole_range()) return {};
+  const ModelSpec spec = model_spec(c);
+  return layer_sizes(spec, 0, count_params(spec));
+}
+
 PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int rank, const std::vector<std::string>& backups) {
   PsClient::Options o;
   o.role = role;
   o.rank = rank;
   o.num_params = count_params(model_spec(c));
+  o.shard_layers = shard_layers(c);
   o.config_hash = config_fingerprint(c);
   o.timeout_s = c.cluster.timeout_s;
   o.codec = c.cluster.codec;

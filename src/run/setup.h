@@ -37,6 +37,9 @@ long total_steps(const ExperimentConfig& c, long steps_per_epoch);
 // How the run's shards travel (cluster.piece_kib; whole with an optimizer that needs_whole_range),
 // the same for its workers and servers.
 Pieces pieces_of(const ExperimentConfig& c);
+// The sizes of the model's layers, which no shard may split, for an optimizer that needs whole
+// layers (lars, lamb: a trust ratio per layer); empty otherwise (shard_range()).
+std::vector<std::size_t> shard_layers(const ExperimentConfig& c);
 // How a worker (role worker, its rank) or the evaluator (role evaluator, wire::kEvaluator)
 // of this run talks to the servers.
 PsClient::Options client_options(const ExperimentConfig& c, wire::Role role, int rank,

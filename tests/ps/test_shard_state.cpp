@@ -68,6 +68,25 @@ TEST(ShardRange, BalancedAndContiguous) {
   EXPECT_THROW(shard_range(10, 2, 2), std::invalid_argument);
 }
 
+// With the model's layers (lars, lamb): shards of whole layers, each boundary the layer
+// boundary nearest the balanced one, at least one layer each; fewer layers than shards refused.
+TEST(ShardRange, WholeLayersWhenTheOptimizerNeedsThem) {
+  const std::vector<std::size_t> layers = {6, 1, 1, 2};  // boundaries 0 6 7 8 10
+  auto ranges = [&](int S) {
+    std::vector<std::pair<std::size_t, std::size_t>> out;
+    for (int k = 0; k < S; ++k) out.emplace_back(shard_range(10, S, k, layers).offset, shard_range(10, S, k, layers).length);
+    return out;
+  };
+  using R = std::vector<std::pair<std::size_t, std::size_t>>;
+  EXPECT_EQ(ranges(1), (R{{0, 10}}));
+  EXPECT_EQ(ranges(2), (R{{0, 6}, {6, 4}}));                  // 6 is nearest 5
+  EXPECT_EQ(ranges(3), (R{{0, 6}, {6, 1}, {7, 3}}));          // nearest 3.3 is 6; then 7 (one layer left for the last)
+  EXPECT_EQ(ranges(4), (R{{0, 6}, {6, 1}, {7, 1}, {8, 2}}));
+  EXPECT_EQ(shard_range(10, 2, 0, {2, 2, 2, 2, 2}).length, 4u);  // (4 and 6 equally near 5: the first)
+  EXPECT_THROW(shard_range(10, 5, 0, layers), std::invalid_argument);
+  EXPECT_THROW(shard_range(11, 2, 0, layers), std::invalid_argument);  // layers of another model
+}
+
 TEST(ShardState, BspAveragesTheClockWeightedByBatchAndAppliesOnce) {
   auto cpu = make_cpu_backend(1);
   ShardState s(*cpu, options("bsp", 3, 2), {10.0f, 20.0f});

@@ -204,6 +204,10 @@ TEST(Config, SizesTimesAndKeysPastWhatTheRunCanHold) {
   EXPECT_EQ(error_of(ls + "[train]\nepochs = 1e18\n"), "exp.toml: train.epochs: makes more than 10^15 steps (128 per epoch)");
   EXPECT_EQ(error_of(ls + "[cluster]\nservers = 1000\n"),
             "exp.toml: cluster.servers: 1000 servers for 132 parameters: some shards would hold none");
+  EXPECT_EQ(error_of("name = \"x\"\n[optimizer]\nkind = \"lars\"\n[cluster]\nservers = 4\n"),  // (MLP: 3 layers)
+            "exp.toml: cluster.servers: 4 servers for a model of 3 layers: optimizer.kind = \"lars\" takes a trust "
+            "ratio per layer, so each server holds whole layers");
+  EXPECT_EQ(error_of("name = \"x\"\n[optimizer]\nkind = \"lamb\"\n[cluster]\nservers = 3\n"), "(no error)");
   EXPECT_EQ(error_of(ls + "[cluster]\nheartbeat_s = 0.001\n"),
             "exp.toml: cluster.heartbeat_s: must be in [0.05, 1e7] (a client beats at most every 10 ms)");
   EXPECT_EQ(error_of(ls + "[cluster]\ntimeout_s = 1e12\n"), "exp.toml: cluster.timeout_s: must be in (0, 1e7]");
