@@ -17,17 +17,20 @@ SnapshotSender::SnapshotSender(comm::Transport& transport, const std::string& en
   conn_ = transport.connect({endpoint}, co);
 }
 
-void SnapshotSender::send(const float* theta, std::size_t n, long step, long samples, bool final) {
+bool SnapshotSender::send(const float* theta, std::size_t n, long step, long samples, bool final, bool wait) {
   next_ = clock_.now() + std::chrono::duration_cast<RunClock::duration>(interval_);
   const wire::PullReply h{step, step, 0, samples, 0, final, wire::checksum(theta, n), 0, n, /*codec: dense f32*/ 0,
                           n * sizeof(float)};
   // No release function: the transport copies θ, which changes with the next step.
   const comm::OutPayload payload{theta, n * sizeof(float)};
-  const auto deadline = final ? clock_.now() + timeout_ : clock_.now();
+  wait = wait || final;
+  const auto deadline = wait ? clock_.now() + timeout_ : clock_.now();
   const bool sent = conn_->send(0, enc_.encode(wire::Header{0, -1, h}), payload, deadline);
-  if (!sent && final) throw std::runtime_error("the evaluator at " + endpoint_ + " did not take the final snapshot in time");
-  // A non-final snapshot that could not be queued is skipped: the evaluator is behind.
+  if (!sent && wait)
+    throw std::runtime_error("the evaluator at " + endpoint_ + " did not take the " + (final ? "final" : "first") +
+                             " snapshot within cluster.timeout_s");
   if (sent) last_sent_ = clock_.now();
+  return sent;
 }
 
 void SnapshotSender::keep_alive(long step, long samples) {

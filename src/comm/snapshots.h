@@ -24,9 +24,11 @@ class SnapshotSender {
   SnapshotSender(comm::Transport& transport, const std::string& evaluator_endpoint, double interval_s, double timeout_s);
   // Whether a snapshot is due now.
   bool due() const { return clock_.now() >= next_; }
-  // Sends θ (host, n floats) taken after `step` steps and `samples` samples (all ranks).
-  // Non-final snapshots are dropped when the evaluator is behind.
-  void send(const float* theta, std::size_t n, long step, long samples, bool final);
+  // Sends θ (host, n floats) taken after `step` steps and `samples` samples (all ranks); whether
+  // it went. One that must arrive (the final one, θ0 under eval.every_epochs: `wait`) waits up
+  // to the timeout for the evaluator (which may still be starting) and throws naming it if it
+  // does not take it; another is sent only if the evaluator has room (it is behind otherwise).
+  bool send(const float* theta, std::size_t n, long step, long samples, bool final, bool wait = false);
   // After each step: the header alone, when nothing went out for a quarter of the timeout.
   void keep_alive(long step, long samples);
 

@@ -3,6 +3,7 @@
 // not arrive, checkpoints that resume bitwise, and buckets all-reduced as backward finishes them.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -161,6 +162,37 @@ TEST_P(Snapshots, SignsOfLifeKeepTheEvaluatorWaitingForALateSnapshot) {
   EXPECT_EQ(s.step, 50);
   EXPECT_EQ(theta, good);
   EXPECT_EQ(s.dropped, 0);
+}
+
+// Defect (CI, launcher.Evaluations): rank 0 sent θ0 (eval.every_epochs) before the evaluator
+// listened, at once, and it was lost: the curve began at the first tick. A snapshot that must
+// arrive waits for an evaluator that is still starting.
+TEST_P(Snapshots, TheFirstSnapshotWaitsForAnEvaluatorThatListensLate) {
+  auto t = comm::make_transport(GetParam());
+  const std::string at = t->local_address("snapshots");
+  const std::size_t n = 100;
+  std::vector<float> theta0(n, 0.75f), theta(n, -7.0f);
+  std::string error;
+  std::atomic<bool> taken{false};
+  std::thread rank0([&] {
+    try {
+      SnapshotSender tx(*t, at, /*interval_s=*/600, /*timeout_s=*/5.0);
+      tx.send(theta0.data(), n, 0, 0, /*final=*/false, /*wait=*/true);
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3);  // (θ0 lost: the final one comes first)
+      while (!taken && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      tx.send(theta0.data(), n, 1, 10, /*final=*/true);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the evaluator starts late
+  SnapshotReceiver rx(*t, at, /*timeout_s=*/5.0);
+  const Snapshot s = rx.next(theta.data(), n);
+  taken = true;
+  if (s.step == 0) rx.next(theta.data(), n);  // (the final one)
+  rank0.join();
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(s.step, 0) << "θ0 was lost: the first snapshot taken is step " << s.step << "'s";
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, Snapshots, ::testing::Values("tcp", "shm"), [](const auto& i) { return i.param; });

@@ -86,6 +86,7 @@ class AllreduceRank {
   GradListener* listener_ = nullptr;             // the buckets (or the stager), paced for a straggler
   std::unique_ptr<SnapshotSender> snapshots_;    // rank 0, when an evaluator listens
   EpochTicks ticks_;                             // eval.every_epochs: snapshots by epochs, not by time
+  bool tick_owed_ = false;                       // a tick's snapshot not sent yet (the evaluator was behind)
   const ScheduleConfig schedule_;
   long first_ = 0, samples_ = 0;  // where a resumed run goes on (samples: all ranks together)
   bool said_saturated_ = false;
@@ -199,8 +200,9 @@ void AllreduceRank::join_group() {
 std::vector<float> AllreduceRank::run() {
   // eval.every_epochs: a point at the start too, θ before the first update (as the PS modes' evaluator
   // pulls it; the first tick came after step 1, and the curves began apart).
+  // (It waits for the evaluator, which may still be starting: sent at once, it was lost then.)
   if (snapshots_ && ticks_.on() && ticks_.due(double(samples_) / double(ctx_.data().train.n)))
-    snapshots_->send(ctx_.replica().download_params(), P_, first_, samples_, false);
+    snapshots_->send(ctx_.replica().download_params(), P_, first_, samples_, false, /*wait=*/true);
   for (long s = first_; s < ctx_.total_steps(); ++s) step(s);
   return finish();
 }
@@ -251,10 +253,14 @@ void AllreduceRank::step(long step) {
   samples_ += global_batch;
   const double epoch = double(samples_) / double(ctx_.data().train.n);
   ctx_.log().add(step, epoch, rec, last || (step + 1) % spe == 0);
-  if (snapshots_ && (last || (ticks_.on() ? ticks_.due(epoch) : snapshots_->due())))
-    snapshots_->send(ctx_.replica().download_params(), P_, step + 1, samples_, last);  // (download synchronizes)
-  else if (snapshots_)
+  // An epoch tick the evaluator had no room for goes at the next step (late, not lost: as the
+  // PS modes' evaluator takes a tick once it has room); an interval's is skipped.
+  tick_owed_ = tick_owed_ || (snapshots_ && ticks_.on() && ticks_.due(epoch));
+  if (snapshots_ && (last || tick_owed_ || (!ticks_.on() && snapshots_->due()))) {
+    if (snapshots_->send(ctx_.replica().download_params(), P_, step + 1, samples_, last)) tick_owed_ = false;  // (download synchronizes)
+  } else if (snapshots_) {
     snapshots_->keep_alive(step + 1, samples_);
+  }
   // Rank 0's checkpoint: every replica holds the same θ and optimizer state after a step.
   const auto every = std::chrono::duration<double>(cfg_.checkpoint.every_s);
   if (opt_.rank == 0 && !opt_.checkpoint.empty() && due &&
