@@ -507,6 +507,8 @@ class Supervisor:
                     self.manifest(placed=True, stopping=True)
             except CannotWrite as w:  # said; the run's own failure is what is raised
                 warn(str(w))
+        if isinstance(e, RunFailed) and self.launched:  # said now: stopping and the summary take seconds
+            warn(f"{str(e).split('; the last lines of ')[0].splitlines()[0]}: stopping the run's processes")
         stopped = stop_all(self.launched, meanwhile=rewrite_manifest)
         if not isinstance(e, (RunFailed, Interrupted)):
             return  # a launcher bug: its processes are stopped all the same

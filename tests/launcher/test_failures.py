@@ -23,6 +23,11 @@ from tests.launcher.helpers import (LAUNCH, PYTHON, REPO, TINY, LauncherTestCase
 sys.path.insert(0, str(REPO / "experiments"))  # (the launcher's own parts, tested alone)
 
 
+class TimedLines(list):
+    """[(monotonic time, line)] of a process's stderr, read on the thread `reader`."""
+    reader = None
+
+
 class Failures(LauncherTestCase):
     """A killed or failing process, signals and the wall-clock guard: the run stops (or goes on), nothing is left."""
 
@@ -165,19 +170,22 @@ class Heartbeats(LauncherTestCase):
                 pass
 
     def stderr_with_times(self, p):
-        """Reads p's stderr on a thread: returns [(monotonic time, line)], filled as lines come."""
-        lines = []
+        """Reads p's stderr on a thread: returns [(monotonic time, line)], filled as lines come
+        (its .reader ends at the end of p's stderr)."""
+        lines = TimedLines()
         def read():
             for line in p.stderr:
                 lines.append((time.monotonic(), line))
-        t = threading.Thread(target=read, daemon=True)
-        t.start()
-        self.addCleanup(t.join, 5)
+        lines.reader = threading.Thread(target=read, daemon=True)
+        lines.reader.start()
+        self.addCleanup(lines.reader.join, 5)
         return lines
 
     def stop_until_the_run_fails(self, p, pid, lines):
         """SIGSTOPs pid and waits for the launcher to fail the run (exit 1); returns its stderr,
-        its first FAILED line and how many seconds after the SIGSTOP that line came."""
+        its first line saying why (said as it starts stopping the run's processes, before the
+        FAILED line that follows their stop and the summary) and how many seconds after the
+        SIGSTOP that line came."""
         os.kill(pid, signal.SIGSTOP)
         stopped = time.monotonic()
         try:
@@ -187,10 +195,10 @@ class Heartbeats(LauncherTestCase):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        time.sleep(0.2)  # the reader thread takes the last lines
+        lines.reader.join(10)  # (the last lines)
         err = "".join(line for _, line in lines)
         self.assertEqual(p.returncode, 1, err)
-        first = next(((t, line) for t, line in lines if "FAILED" in line), None)
+        first = next(((t, line) for t, line in lines if "stopping the run's processes" in line), None)
         self.assertIsNotNone(first, err)
         return err, first[1], first[0] - stopped
 
