@@ -58,7 +58,7 @@ def calibrate(config, bins, opts):
     shard_bytes = 4 * asp.plan["params"] / asp.servers
     latency_us, bandwidth_gbps = fit_round_trip(ms_asp["comm"], shard_bytes, latency_us, apply_gbps)
     model = {"virtual.compute_ms": round(ms_asp["compute"], 4), "virtual.latency_us": latency_us,
-             "virtual.bandwidth_gbps": round(bandwidth_gbps, 4), "virtual.apply_gbps": apply_gbps,
+             "virtual.bandwidth_gbps": float(f"{bandwidth_gbps:.4g}"), "virtual.apply_gbps": apply_gbps,
              "virtual.allreduce_ms": round(allreduce_ms, 4), "virtual.allreduce_compute_ms": round(ms_ar["compute"], 4),
              "virtual.startup_ms": round((startup_ms(s_asp, opts.steps) + startup_ms(s_ar, opts.steps)) / 2, 3)}
     out = pathlib.Path(opts.out) if opts.out else inv / "calibration.json"
