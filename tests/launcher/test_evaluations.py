@@ -48,15 +48,17 @@ class Evaluations(LauncherTestCase):
         # The evaluator takes θ at every 0.1-epoch tick and evaluates the queue at a lower CPU
         # priority: an evaluation slower than the ticks (a large test set in batches of 1) no
         # longer makes it skip ticks. Each line's t is when its θ was taken.
+        # Workers at 20 ms a step: a tick is ~130 ms of training, so that a busy machine's late
+        # wake-up (the evaluator looks every 20 ms) does not take a tick past the next one.
         r = self.launch("run", TINY, "--set", "eval.every_epochs=0.1", "--set", 'cluster.mode="asp"',
-                        "--set", "data.test_samples=400000", "--set", "eval.batch=1", "--runs-dir", self.runs,
-                        "--no-plots")
+                        "--set", "data.test_samples=400000", "--set", "eval.batch=1", "--set", "straggler.delay_ms=20",
+                        "--set", "train.steps=300", "--runs-dir", self.runs, "--no-plots")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         run = self.only_invocation("tiny") / "run"
         evals = [x for x in map(json.loads, (run / "metrics" / "evaluator.jsonl").read_text().splitlines())
                  if x.get("kind") == "eval"]
         # The evaluator joins once its 400,000 test samples are made, and the workers do not wait
-        # for it: ticks count from the first θ it took (a tick here is ~40 ms of training).
+        # for it: ticks count from the first θ it took.
         epochs = [x["epoch"] for x in evals[:-1]]
         self.assert_every_tick_evaluated(epochs, 0.1, first=int(epochs[0] / 0.1 + 1e-9) + 1)
         self.assertLess(epochs[0], 1.0, "the evaluator's first θ came after a whole epoch")

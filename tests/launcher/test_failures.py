@@ -136,7 +136,8 @@ class Heartbeats(LauncherTestCase):
     def test_a_stopped_asp_worker_is_stopped_once_the_servers_drop_it(self):
         # asp goes on without a hung worker: the servers drop it after heartbeat_s, and the launcher,
         # reading their verdict, stops it and records it as lost; the run ends ok when training
-        # does (not when the hung process would), within heartbeat_s + 2 s of its last step.
+        # does (not when the hung process would), within heartbeat_s + 4 s of its last step (the
+        # final evaluation, the checkpoints written and synced, the stops: seconds on a busy machine).
         path = self.tiny_variant("asp.toml", [('mode = "bsp"', 'mode = "asp"'), ("steps = 500", "steps = 1500")])
         p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.heartbeat_s=1")
         out, err, _ = self.stop_worker1_and_wait(p, timeout=60)
@@ -149,7 +150,7 @@ class Heartbeats(LauncherTestCase):
         self.assertIn("the servers dropped it", err)
         trained = [json.loads(line) for line in (run / "metrics" / "worker0.jsonl").read_text().splitlines()]
         last_step_t = max(r["t"] for r in trained if r.get("kind") == "train")
-        self.assertLess(s["wall_s"] - last_step_t, 1 + 2, "the run waited for the hung worker")
+        self.assertLess(s["wall_s"] - last_step_t, 1 + 4, "the run waited for the hung worker")
         self.assert_no_processes_left()
 
     def stop_worker1_and_wait(self, p, timeout):
@@ -608,7 +609,8 @@ class Cleanup(LauncherTestCase):
         os.kill(server[0], signal.SIGKILL)
         wait_until(self, lambda: any("mode=asp" in " ".join(a) for a in pslab_processes(str(self.runs)).values()), 20,
                    "the second run did not start")
-        self.assertEqual(cmdlines_containing("mode=bsp"), {}, "processes of the failed run are still there")
+        left = {pid: a for pid, a in cmdlines_containing(str(self.runs)).items() if "mode=bsp" in " ".join(a)}
+        self.assertEqual(left, {}, "processes of the failed run are still there")  # (this test's: others may run beside it)
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=30)
         self.assertEqual(p.returncode, 130, out + err)
