@@ -13,6 +13,7 @@ and exits with the code, or 128 + the signal. The launcher reads that line to re
 death truthfully (ssh alone says 255)."""
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -130,8 +131,8 @@ class RemoteEnd:
     connection stays open, nothing comes; the launcher's heartbeat is a line "alive" more often), or
     a signal to this process. Stopping: SIGTERM to the group, SIGKILL after STOP_GRACE_S."""
 
-    def __init__(self, child, log, stopping, alive_s):
-        self.child, self.log, self.stopping, self.alive_s = child, log, stopping, alive_s
+    def __init__(self, child, log, stopping, alive_s, stdin=0):
+        self.child, self.log, self.stopping, self.alive_s, self.stdin = child, log, stopping, alive_s, stdin
         self.ssh = SshCopy(1)
         self.log_ends_line = True
         self.kill_at = None  # when the group is to be killed, once asked to stop
@@ -171,18 +172,28 @@ class RemoteEnd:
     def tick(self):
         if self.stopping:
             self.stop()
-        if self.alive_s and self.kill_at is None and time.monotonic() - self.heard_at > self.alive_s:
+        if self.kill_at is None and self.silent():
             self.say(f"launch.py remote: heard nothing from the launcher for {self.alive_s:g} s (cluster.ssh_alive_s): "
                      f"stopping pid {self.child.pid} on {socket.gethostname()}")
             self.stop()
         if self.kill_at is not None and time.monotonic() > self.kill_at:
             killpg(self.child.pid, signal.SIGKILL)
 
+    def silent(self):
+        """Whether the launcher has said nothing for alive_s. A word waiting on stdin counts: this
+        end may itself have had no CPU for a while (a busy host), and then it is read next."""
+        if not self.alive_s or time.monotonic() - self.heard_at <= self.alive_s:
+            return False
+        try:
+            return not select.select([self.stdin], [], [], 0)[0]
+        except (OSError, ValueError):  # (closed)
+            return True
+
     def read_stdin(self, sel):
-        data = os.read(0, 4096)
+        data = os.read(self.stdin, 4096)
         self.heard_at = time.monotonic()
         if not data or b"stop" in data:
-            sel.unregister(0)
+            sel.unregister(self.stdin)
             self.stop()
 
     def finish(self, sel):

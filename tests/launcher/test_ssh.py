@@ -200,6 +200,29 @@ class Ssh(LauncherTestCase):
             self.assertIn(" --alive-s 1 ", c)
         self.assert_no_processes_left()
 
+    def test_a_remote_end_that_had_no_cpu_reads_the_alive_line_waiting_before_it_stops(self):
+        # A remote end starved longer than ssh_alive_s (a busy host) found the launcher's last
+        # word too old and stopped its process, though an "alive" line waited on its stdin.
+        import io
+        import sys
+        import types
+        sys.path.insert(0, str(REPO / "experiments"))
+        from launcher.remote import RemoteEnd
+        r, w = os.pipe()
+        self.addCleanup(os.close, r)
+        self.addCleanup(os.close, w)
+        end = RemoteEnd(types.SimpleNamespace(pid=-1), io.BytesIO(), [], alive_s=0.1, stdin=r)
+        end.ssh = types.SimpleNamespace(line=lambda text: None)
+        stops = []
+        end.stop = lambda: stops.append(True)
+        end.heard_at = time.monotonic() - 1.0  # this end had no CPU for a second ...
+        os.write(w, b"alive\n")  # ... while the launcher spoke
+        end.tick()
+        self.assertEqual(stops, [], "a remote end stopped its process with the launcher's line waiting")
+        os.read(r, 100)  # (read, and then nothing for 1 s: silent)
+        end.tick()
+        self.assertEqual(stops, [True])
+
 
 class TwoHosts(LauncherTestCase):
     """A run over two hosts made of network namespaces (PSLAB_TWO_HOSTS=1)."""

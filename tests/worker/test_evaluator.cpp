@@ -54,7 +54,10 @@ TEST(Evaluator, ThetaUnchangedSinceTheLastTakenIsNotTakenAgain) {
   cfg.eval.interval_s = 0.05;
   Cluster cluster(cfg, /*record_pulls=*/false, /*wait_for_shutdown=*/true);
   std::thread evaluator = test::start_evaluator(cfg, cluster, dir);
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // ten ticks before any worker comes
+  for (int i = 0; i < 300 && !(fs::exists(dir / "metrics" / "evaluator.jsonl") &&
+                               fs::file_size(dir / "metrics" / "evaluator.jsonl") > 0); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // (its θ0: a busy machine starts it late)
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // then ten ticks before any worker comes
   test::run_ps_workers(cfg, cluster, dir);
   evaluator.join();
   cluster.join();
