@@ -127,8 +127,8 @@ class GpuSh(unittest.TestCase):
                                      text=True, start_new_session=True)
                 pid_file = self.dir / "pids" / "1"
                 deadline = time.monotonic() + 30
-                while not pid_file.exists() and time.monotonic() < deadline:
-                    time.sleep(0.05)
+                while not (pid_file.exists() and pid_file.read_text().endswith("\n")) and time.monotonic() < deadline:
+                    time.sleep(0.05)  # (the shell makes the file, then writes the pid)
                 self.assertTrue(pid_file.exists(), "the stand-in step never started")
                 sleeper = int(pid_file.read_text())
                 os.killpg(p.pid, signal.SIGINT)

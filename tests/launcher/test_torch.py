@@ -405,8 +405,12 @@ runpy.run_path({str(mlp)!r}, run_name="__main__")
         p = self.launch_bg("run", TORCH_MLP, "--runs-dir", self.runs, "--no-plots", "--set", "cluster.mode=asp",
                            "--set", "train.steps=1500", "--set", "cluster.heartbeat_s=1")
         wait_for_train_lines_in(self, self.runs, ["worker0", "worker1"], 60)
-        worker1 = [pid for pid in cmdlines_containing(str(self.runs))
-                   if b"PSLAB_RANK=1\0" in pathlib.Path(f"/proc/{pid}/environ").read_bytes()]
+        def environ(pid):
+            try:
+                return pathlib.Path(f"/proc/{pid}/environ").read_bytes()
+            except OSError:  # (a process that ended meanwhile)
+                return b""
+        worker1 = [pid for pid in cmdlines_containing(str(self.runs)) if b"PSLAB_RANK=1\0" in environ(pid)]
         self.assertEqual(len(worker1), 1)
         os.kill(worker1[0], signal.SIGKILL)
         out, err = p.communicate(timeout=180)
