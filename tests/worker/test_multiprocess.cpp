@@ -231,7 +231,9 @@ TEST_F(MultiProcess, APortInUseIsReportedWithTheAddress) {
   Processes procs(dir);
   const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
   const auto first = procs.spawn("server0", {PSLAB_SERVER_BIN, "-c", cfg, "--shard", "0", "--bind", ep});
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (int i = 0; i < 200 && procs.log(first).find("listening on") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (bound: a busy machine starts it late)
+  ASSERT_NE(procs.log(first).find("listening on"), std::string::npos) << procs.log(first);
   const auto second = procs.spawn("server0b", {PSLAB_SERVER_BIN, "-c", cfg, "--shard", "0", "--bind", ep});
   EXPECT_EQ(procs.wait(second, 10), 1);
   EXPECT_NE(procs.log(second).find("cannot bind " + ep), std::string::npos) << procs.log(second);
