@@ -723,6 +723,17 @@ def run_points(plans, config, bins, opts, inv):
                     raise
                 raise RunFailed(str(e))
             results.append((dirname, s))
+        except Interrupted:
+            # The runs that ended keep their comparison (without plots: the user asked to stop),
+            # the stopped one listed as such.
+            if results:
+                try:
+                    results.append((dirname, json.loads((inv / dirname / "summary.json").read_text())))
+                except (OSError, ValueError):
+                    pass
+                write_comparison(inv, results, plans[0].target_acc)
+                warn(f"interrupted: comparison.md/.csv of the {len(results)} run(s) so far in {inv} (no plots)")
+            raise
         except RunFailed as e:
             print(f"launch.py: FAILED {dirname}: {e}{disk_trouble(inv / dirname)}", file=sys.stderr, flush=True)
             failed.append(dirname)

@@ -251,6 +251,23 @@ class Runs(LauncherTestCase):
         self.assertIn("| run | bsp | 2 | 1 | diverged |", r.stdout)
         self.assert_no_processes_left()
 
+    def test_a_sweep_interrupted_keeps_the_comparison_of_the_runs_that_ended(self):
+        # Ctrl-C during a sweep's second run: the first one's results are in comparison.md (the
+        # comparison was written after the loop only: none at all), the second listed as stopped.
+        path = self.tiny_variant("sweep.toml", [("steps = 500", "steps = [100, 100000]")])
+        p = self.launch_bg("run", path, "--runs-dir", self.runs, "--no-plots")
+        wait_until(self, lambda: any(d.name.startswith("steps=100000") and (d / "metrics" / "worker0.jsonl").exists()
+                                     for d in self.runs.glob("tiny/*/*")), 60, "the second run did not start")
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+        self.assertNotEqual(p.returncode, 0, out + err)
+        inv = self.only_invocation("tiny")
+        md = (inv / "comparison.md").read_text()
+        self.assertRegex(md, r"\| steps=100 \| bsp \| 2 \| 1 \| ok \|")
+        self.assertIn("Did not run to the end, left out of the summaries above and of the plots: steps=100000 (interrupted)", md)
+        self.assertIn("comparison.md/.csv of the 2 run(s) so far", err)
+        self.assert_no_processes_left()
+
     def test_sweep_runs_every_point(self):
         path = self.tiny_variant("sweep.toml", [('mode = "bsp"', 'mode = ["allreduce", "bsp", "asp"]'),
                                                 ("steps = 500", "steps = 100"), ("delay_ms = 5.0", "delay_ms = 1.0")])
