@@ -391,14 +391,19 @@ def plot_seeds(runs, out):
     groups = [(n, g) for n, g in named_groups(runs) if len(g) >= 2]
     if not groups:
         return
+    # Accuracy; a regression's runs (no test_acc) their test loss.
+    key = "test_acc" if any("test_acc" in e for r in runs for e in r.evals) else "test_loss"
+    quality = "test accuracy" if key == "test_acc" else "test loss"
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     cmap = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
+    drawn = 0
     for i, (name, rs) in enumerate(groups):
-        curves = [[(e["epoch"], e["t"] - (r.first_step_t or 0.0), 100 * e["test_acc"]) for e in last_life(r.evals)
-                   if "test_acc" in e] for r in rs]
+        curves = [[(e["epoch"], e["t"] - (r.first_step_t or 0.0), (100 if key == "test_acc" else 1) * e[key])
+                   for e in last_life(r.evals) if e.get(key) is not None] for r in rs]
         curves = [c for c in curves if len(c) >= 2]
         if len(curves) < 2:
             continue
+        drawn += 1
         for ax, x_of in ((axes[0], 0), (axes[1], 1)):
             end = min(c[-1][x_of] for c in curves)  # the span every seed covers
             grid = np.linspace(0.0, end, 60)
@@ -409,12 +414,15 @@ def plot_seeds(runs, out):
     for ax, xl in ((axes[0], "epochs (passes over the training set, all workers)"),
                    (axes[1], time_label(runs, "the run's first step"))):
         ax.set_xlabel(xl)
-        ax.set_ylabel("test accuracy (%)")
+        ax.set_ylabel("test accuracy (%)" if key == "test_acc" else "test loss")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=9, loc="lower right")
-    axes[0].set_title("test accuracy vs epochs: mean over seeds, band: lowest to highest")
-    axes[1].set_title("test accuracy vs time: mean over seeds, band: lowest to highest")
+        ax.legend(fontsize=9, loc="lower right" if key == "test_acc" else "upper right")
+    axes[0].set_title(f"{quality} vs epochs: mean over seeds, band: lowest to highest")
+    axes[1].set_title(f"{quality} vs time: mean over seeds, band: lowest to highest")
     fig.tight_layout()
+    if not drawn:  # (no group with two curves of two points: no figure)
+        plt.close(fig)
+        return
     save(fig, out, "seeds.png")
 
 

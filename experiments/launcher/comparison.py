@@ -8,7 +8,8 @@ from .summary import COMPLETED
 
 
 COLUMNS = [("run", "run"), ("mode", "mode"), ("workers", "W"), ("servers", "S"), ("status", "status"),
-           ("final_test_acc", "final acc"), ("best_test_acc", "best acc"), ("time_to_target_s", "time to target (s)"),
+           ("final_test_acc", "final acc"), ("best_test_acc", "best acc"), ("final_test_loss", "final loss"),
+           ("time_to_target_s", "time to target (s)"),
            ("startup_s", "start-up (s)"), ("train_time_to_target_s", "of it training (s)"),
            ("epochs_to_target", "epochs to target"), ("epochs", "epochs"), ("samples_per_s", "samples/s"),
            ("staleness_mean", "staleness mean"), ("staleness_p99", "p99"), ("staleness_max", "max"),
@@ -44,6 +45,8 @@ def fmt_cell(key, v):
         v = max(v, 0.0)  # (the first window's start, computed back from its rate: may round below 0)
     if key in ("samples_per_s",):
         return f"{v:,.0f}"
+    if key == "final_test_loss":
+        return f"{v:.4g}"
     if isinstance(v, float):
         return f"{v:.2f}"
     return str(v)
@@ -130,6 +133,8 @@ def target_notes(rows, target):
     not; per target where the runs' targets differ (a sweep over eval.target_acc)."""
     by_target = {}
     for r in completed(rows):
+        if r.get("classification") is False:  # (a regression: no accuracy to reach)
+            continue
         by_target.setdefault(r.get("target_acc") or target, []).append(r)
     notes = []
     for goal, rs in sorted(by_target.items()):

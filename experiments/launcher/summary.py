@@ -9,7 +9,8 @@ status              "ok", "diverged" (the training loss stopped being finite: se
                     "cancelled" (the Slurm job or step was: scancel, time limit) or "interrupted"
 failure             failed or interrupted: what failed, how, and the last lines of its log
 final_test_acc      the evaluator's last test accuracy (None when the data is not a
-                    classification); best_test_acc: the best of all its evaluations
+                    classification); best_test_acc: the best of all its evaluations;
+                    classification: whether it is (a regression's quality is final_test_loss)
 time_to_target_s, epochs_to_target   at the first evaluation with test accuracy >= target_acc
 startup_s           when the first worker's first step began (s from the run's start:
                     processes, data, connections, the start barrier); train_time_to_target_s
@@ -200,6 +201,7 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
         "final_test_acc": final.get("test_acc") if final and classification else None,
         "best_test_acc": max(x["test_acc"] for x in acc) if acc else None,
         "target_acc": plan.target_acc,
+        "classification": classification,
         "time_to_target_s": hit["t"] if hit else None,
         # start-up (processes, data, connections) apart from training: when the first training
         # window began, and the time to target counted from there
@@ -248,11 +250,15 @@ def result_line(label, s):
     def pct(v):
         return f"{100 * v:.2f}%" if v is not None else "-"
     sim = " (simulated)" if s.get("simulated") else ""
-    parts = [f"[{label}] {s['status']}{sim}: final test acc {pct(s['final_test_acc'])} (best {pct(s['best_test_acc'])})"]
-    if s["time_to_target_s"] is not None:
-        parts.append(f"{pct(s['target_acc'])} reached at {s['time_to_target_s']:.1f} s, epoch {s['epochs_to_target']:.2f}")
+    if s.get("classification") is False:  # (a regression: its test loss, no accuracy target)
+        loss = s.get("final_test_loss")
+        parts = [f"[{label}] {s['status']}{sim}: final test loss " + (f"{loss:.4g}" if loss is not None else "-")]
     else:
-        parts.append(f"{pct(s['target_acc'])} not reached")
+        parts = [f"[{label}] {s['status']}{sim}: final test acc {pct(s['final_test_acc'])} (best {pct(s['best_test_acc'])})"]
+        if s["time_to_target_s"] is not None:
+            parts.append(f"{pct(s['target_acc'])} reached at {s['time_to_target_s']:.1f} s, epoch {s['epochs_to_target']:.2f}")
+        else:
+            parts.append(f"{pct(s['target_acc'])} not reached")
     if s.get("diverged"):
         parts.append(f"training diverged at epoch {s['diverged']['epoch']:.2f} (loss not finite: lower "
                      "optimizer.lr or lengthen schedule.warmup_epochs)")

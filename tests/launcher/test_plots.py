@@ -157,6 +157,24 @@ class Plots(unittest.TestCase):
         self.assertEqual(ax.get_ylabel(), "test loss (MSE)")
         self.assertEqual(len(ax.get_lines()[0].get_ydata()), 15)
 
+    def test_a_regressions_seeds_plot_its_test_loss_and_its_comparison_its_final_loss(self):
+        # Regression runs over two seeds: seeds.png was saved with no line (accuracy only), and
+        # the comparison had no quality column and said they missed an accuracy target.
+        inv = self.tmp / "runs/ls/20260101-000000"
+        dirs = [write_run(inv / f"seed={k}", label=f"seed={k}", seed=k, model="linear", data="least-squares",
+                          loss=lambda ep, k=k: 2.0 * math.exp(-ep) + 0.1 * k) for k in (1, 2)]
+        ax = self.draw(dirs)["seeds.png"].axes[0]
+        self.assertEqual(ax.get_ylabel(), "test loss")
+        self.assertEqual(len(ax.get_lines()), 1)
+        from launcher.comparison import write_comparison
+        results = [(f"seed={k}", {"status": "ok", "mode": "asp", "workers": 2, "servers": 1, "final_test_acc": None,
+                                  "final_test_loss": 0.1234 * k, "classification": False, "time_to_target_s": None,
+                                  "target_acc": 0.85}) for k in (1, 2)]
+        table, notes = write_comparison(inv, results, 0.85)
+        self.assertIn("| final loss |", table)
+        self.assertIn("| 0.1234 |", table)
+        self.assertEqual([n for n in notes if "reach" in n], [], notes)
+
     def test_an_allreduce_run_has_its_bytes_drawn(self):
         inv = self.tmp / "runs/m/20260101-000000"
         dirs = [write_run(inv / "mode=allreduce", label="mode=allreduce", mode="allreduce",
