@@ -161,8 +161,9 @@ def training_windows(worker_rows, batch):
 
 
 def training_time_to(t, began, pauses):
-    """Seconds of training from `began` to metric time t, less the pauses between lives before it."""
-    return t - began - sum(min(t, start) - end for end, start in pauses if end < t)
+    """Seconds of training from `began` to metric time t, less the pauses between lives before it
+    (0 for a target θ0 already met: evaluated before the first step began)."""
+    return max(0.0, t - began - sum(min(t, start) - end for end, start in pauses if end < t))
 
 
 def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, restarted=None, failed_over=None):

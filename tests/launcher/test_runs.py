@@ -330,6 +330,7 @@ class Runs(LauncherTestCase):
         self.assertEqual(pauses, [(3.0, 100.0)])
         self.assertEqual(training_time_to(101.5, began, pauses), 3.5)
         self.assertEqual(training_time_to(2.5, began, pauses), 1.5)
+        self.assertEqual(training_time_to(0.5, 1.0, []), 0.0)  # (θ0 met the target: before the first step)
         # metrics of before "start" lines: a life from the first line's t minus its window
         samples, span, began, *_ = training_windows({0: life0[1:]}, 8)
         self.assertEqual((samples, span, began), (160.0, 2.0, 1.0))
@@ -382,6 +383,7 @@ class Runs(LauncherTestCase):
         write_comparison(inv, results, 0.9)
         md = (inv / "comparison.md").read_text()
         self.assertIn("| mode=asp | 2 | 85.00 ± 0.00% | - | - | - | ≥1400.00 ± 141.42 |", md)
+        self.assertIn("| mode=bsp | 1 | 85.00% | - | 1.50 | - | - |", md)  # (one value: no "± 0.00")
         self.assertIn("First to 80% test accuracy in wall-clock time: **seed=1,mode=bsp** (5.0 s)", md)
         self.assertIn("Did not reach 90%: seed=1,mode=asp, seed=2,mode=asp.", md)
         self.assertNotIn("Did not reach 80%", md)
