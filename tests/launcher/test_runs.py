@@ -387,6 +387,14 @@ class Runs(LauncherTestCase):
         self.assertIn("First to 80% test accuracy in wall-clock time: **seed=1,mode=bsp** (5.0 s)", md)
         self.assertIn("Did not reach 90%: seed=1,mode=asp, seed=2,mode=asp.", md)
         self.assertNotIn("Did not reach 80%", md)
+        # A virtual-cluster run's times are simulated: said so, and not ranked against real ones.
+        results.append(("virtual", {"status": "ok", "mode": "bsp", "final_test_acc": 0.85, "target_acc": 0.8,
+                                    "time_to_target_s": 1.0, "epochs_to_target": 1.4, "simulated": True}))
+        write_comparison(inv, results, 0.9)
+        md = (inv / "comparison.md").read_text()
+        self.assertIn("First to 80% test accuracy in wall-clock time: **seed=1,mode=bsp** (5.0 s)", md)
+        self.assertIn("First to 80% test accuracy in simulated time: **virtual** (1.0 s)", md)
+        self.assertIn("Times are seconds from each run's start (simulated: the virtual cluster's; wall (s) is real)", md)
 
     def test_a_sweep_over_seeds_is_summarized_as_mean_and_sd(self):
         r = self.launch("run", TINY, "--set", "seed=[1, 2]", "--set", 'cluster.mode=["bsp", "asp"]',
