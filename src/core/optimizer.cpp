@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <numbers>
 #include <stdexcept>
 
@@ -53,6 +54,12 @@ void validate(const ScheduleConfig& s) {
   if (!(s.min_lr_factor >= 0 && s.min_lr_factor <= 1))
     throw std::invalid_argument("schedule.min_lr_factor: must be in [0, 1]");
   if (s.base_batch < 1) throw std::invalid_argument("schedule.base_batch: must be >= 1");
+  for (double m : s.milestones)
+    if (!(m > 0 && std::isfinite(m))) {  // (one at or below 0 applied gamma from the first step)
+      char b[120];
+      std::snprintf(b, sizeof b, "schedule.milestones: each must be an epoch > 0, got %g", m);
+      throw std::invalid_argument(b);
+    }
 }
 
 namespace {

@@ -70,7 +70,9 @@ void visit_fields(Config& c, F&& f) {
   f("schedule.milestones", c.schedule.milestones, "step: epochs at which the lr is multiplied by gamma");
   f("schedule.gamma", c.schedule.gamma, "step: decay factor");
   f("schedule.min_lr_factor", c.schedule.min_lr_factor, "cosine: final lr as a fraction of the lr");
-  f("schedule.scale_lr", c.schedule.scale_lr, "linear scaling rule: lr *= global batch / base_batch");
+  f("schedule.scale_lr", c.schedule.scale_lr,
+    "linear scaling rule: lr *= update batch / base_batch (samples one update averages: W x batch x accumulate in "
+    "allreduce, bsp, local:H; batch x accumulate in ssp, asp, dcasgd; batch in easgd)");
   f("schedule.base_batch", c.schedule.base_batch, "batch the base lr was tuned for");
   f("train.batch", c.train.batch, "samples per worker per step");
   f("train.accumulate", c.train.accumulate,

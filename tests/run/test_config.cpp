@@ -278,6 +278,8 @@ TEST(Config, NumbersMustBeFinite) {
             "exp.toml: cluster.timeout_s: must be a finite number, got -inf");
   EXPECT_EQ(error_of("name = \"x\"\n[schedule]\nmilestones = [1.0, inf]\n"),
             "exp.toml: schedule.milestones: must be a finite number, got inf");
+  EXPECT_EQ(error_of("name = \"x\"\n[schedule]\nkind = \"step\"\nmilestones = [2.0, -1.0]\n"),
+            "exp.toml: schedule.milestones: each must be an epoch > 0, got -1");
 }
 
 TEST(Config, WrittenBackConfigReadsBackEqual) {
