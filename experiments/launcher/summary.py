@@ -112,35 +112,37 @@ def training_windows(worker_rows, batch):
     A worker's "start" line (its first step began, after the start barrier) opens a life of it; a
     resumed run's processes write one again, at the step they go on from. A life's first train
     line holds its steps * batch samples, each next one samples_per_s * (t - the previous line's
-    t). The span adds up the lives (life L: from its earliest start to its latest train line over
-    the workers), so a resumed run's pause is no training. (Metrics without "start" lines: a life
+    t). The span is the union of the workers' lives (each from its start to its last train line),
+    so a resumed run's pause is no training, whichever lives a worker had (one killed in its first
+    step, or done before the run stopped, has fewer). (Metrics without "start" lines: a life
     begins at its first train line's t minus that window's length.)"""
-    total_samples, lives = 0.0, {}  # life -> ([starts], [ends])
+    total_samples, intervals, starts = 0.0, [], []  # [(start, end)] of every worker's lives; every start
+
     step_ms = {"compute": 0.0, "comm": 0.0, "wait": 0.0, "delay": 0.0}
     n_steps, per_worker, allreduced = 0, {}, 0
 
     for r, rows in worker_rows.items():
-        life, prev_t, prev_step, last = -1, None, 0, None
+        began_at, prev_t, prev_step, last = None, None, 0, None
         w_steps, w_ms = 0, {k: 0.0 for k in step_ms}
 
         def close_life():
             nonlocal allreduced
             if last is not None:
-                lives[life][1].append(last["t"])
+                intervals.append((began_at, last["t"]))
                 allreduced = None if allreduced is None or last.get("allreduce_bytes") is None \
                     else allreduced + last["allreduce_bytes"]
         for x in rows:
             if x.get("kind") == "start":
                 close_life()
-                life, prev_t, prev_step, last = life + 1, None, x.get("step", 0), None
-                lives.setdefault(life, ([], []))[0].append(x["t"])
+                began_at, prev_t, prev_step, last = x["t"], None, x.get("step", 0), None
+                starts.append(x["t"])
                 continue
             if x.get("kind") != "train":
                 continue
-            if life < 0:  # (no "start" line)
-                life = 0
+            if began_at is None:  # (no "start" line)
                 window = x["step"] * batch / x["samples_per_s"] if x["samples_per_s"] > 0 else 0.0
-                lives.setdefault(0, ([], []))[0].append(x["t"] - window)
+                began_at = x["t"] - window
+                starts.append(began_at)
             steps = x["step"] - prev_step
             total_samples += steps * batch if prev_t is None else x["samples_per_s"] * (x["t"] - prev_t)
             for k in step_ms:
@@ -153,11 +155,16 @@ def training_windows(worker_rows, batch):
             for k in step_ms:
                 step_ms[k] += w_ms[k]
             n_steps += w_steps
-    span = sum(max(ends) - min(starts) for starts, ends in lives.values() if starts and ends)
-    began = min(lives[0][0]) if lives.get(0) and lives[0][0] else None
-    spans = [(min(starts), max(ends)) for _, (starts, ends) in sorted(lives.items()) if starts and ends]
-    pauses = [(end, start) for (_, end), (start, _) in zip(spans, spans[1:]) if start > end]
-    return total_samples, span, began, step_ms, n_steps, per_worker, allreduced if lives else None, pauses
+    spans = []  # the union of the lives, in order
+    for start, end in sorted(intervals):
+        if spans and start <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], end))
+        else:
+            spans.append((start, end))
+    span = sum(end - start for start, end in spans)
+    began = min(starts) if starts else None
+    pauses = [(end, start) for (_, end), (start, _) in zip(spans, spans[1:])]
+    return total_samples, span, began, step_ms, n_steps, per_worker, allreduced if starts else None, pauses
 
 
 def training_time_to(t, began, pauses):

@@ -334,6 +334,11 @@ class Runs(LauncherTestCase):
         # metrics of before "start" lines: a life from the first line's t minus its window
         samples, span, began, *_ = training_windows({0: life0[1:]}, 8)
         self.assertEqual((samples, span, began), (160.0, 2.0, 1.0))
+        # A worker with one life fewer (killed in its first step of life 0): its life is the
+        # resumed one, not the first (span 102, the pause taken for training: 6x too few samples/s).
+        late = [{"kind": "start", "t": 100.0, "step": 0}, train(101.0, 10, 100), train(102.0, 20, 200)]
+        samples, span, began, *_, pauses = training_windows({0: life0 + life1, 1: late}, 8)
+        self.assertEqual((span, began, pauses), (4.0, 1.0, [(3.0, 100.0)]))
 
     def test_a_failed_run_is_left_out_of_what_the_comparison_says_over_runs(self):
         # Defect: a failed run's partial figures went into "Over seeds (mean ± sd)", "By global
