@@ -277,6 +277,11 @@ class CpuBackend final : public Backend {
 
   double softmax_xent(const float* logits, const std::int32_t* labels, int rows, int C,
                       float grad_scale, float* dlogits) override {
+    int bad_rows = 0;  // (as the GPU's: a label outside [0, C) is refused, not read past its row)
+    for (int r = 0; r < rows; ++r) bad_rows += labels[r] < 0 || labels[r] >= C;
+    if (bad_rows != 0)
+      throw std::invalid_argument("softmax_xent: " + std::to_string(bad_rows) + " of " + std::to_string(rows) +
+                                  " labels lie outside [0, " + std::to_string(C) + ")");
     double loss = 0.0;
     for (int r = 0; r < rows; ++r)
       loss += math::softmax_xent_row(logits + std::size_t(r) * C, C, labels[r],

@@ -59,6 +59,9 @@ const Replica::Resident* Replica::resident(const Dataset& d) {
 
 Replica::Batch Replica::stage(const Dataset& d, std::span<const std::uint32_t> idx) {
   const std::size_t n = idx.size(), f = std::size_t(d.features()), t = std::size_t(d.target_dim);
+  if (n > std::size_t(max_batch_))  // (before anything is written into buffers of max_batch rows)
+    throw std::invalid_argument("a batch of " + std::to_string(n) + " samples for a replica of at most " +
+                                std::to_string(max_batch_) + " (its max_batch)");
   const bool cpu = be_.device() == Device::cpu;
   float* x = cpu ? x_host_.data() : x_dev_.data();
   std::int32_t* y = cpu ? y_host_.data() : y_dev_.data();

@@ -74,3 +74,24 @@ TEST(BatchIndices, IndicesThatAreNotTheShardsCrossThemselvesWhileFollowing) {
   EXPECT_EQ(mixed.uploads, std::size_t(kEpochs + 2));
   EXPECT_EQ(mixed.theta, each.theta);
 }
+
+// A batch larger than the replica's max_batch was gathered (and augmented) into buffers of
+// max_batch rows, past their end, before the model refused it: refused before anything is written.
+TEST(BatchIndices, ABatchLargerThanMaxBatchIsRefusedBeforeItIsGathered) {
+  Dataset d;
+  d.n = 50, d.channels = 1, d.height = 4, d.width = 4, d.classes = 3;
+  d.x.assign(std::size_t(d.n) * d.features(), 0.5f);
+  d.labels.assign(std::size_t(d.n), 1);
+  ModelSpec spec;
+  spec.kind = "mlp", spec.channels = 1, spec.height = 4, spec.width = 4, spec.outputs = 3, spec.hidden = {8};
+  test::LaggingBackend be(0);
+  Replica replica(be, spec, d, kBatch);
+  std::vector<std::uint32_t> idx(kBatch + 1);
+  for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = std::uint32_t(i);
+  try {
+    replica.compute_gradient(idx);
+    ADD_FAILURE() << "a batch over max_batch was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "a batch of 17 samples for a replica of at most 16 (its max_batch)");
+  }
+}

@@ -218,4 +218,14 @@ TEST(Arrays, BadTruncatedAndMismatchedFilesFailNamingTheFile) {
   write_npy(d.path / "y_train.npy", "<i8", "(4,)", bytes_of(std::vector<std::int64_t>{0, 1, 3000000000LL, 1}));
   EXPECT_NE(err().find("y_train.npy: label 3000000000 of sample 2: classes are 0 ... C - 1, and C at most 1048576"),
             std::string::npos) << err();
+  // Headers that lie: a length of 4 GiB in a 12-byte file (made before anything was checked:
+  // bad_alloc or the OOM killer), and a shape whose product wraps to 0 (a data set of no features).
+  good();
+  std::ofstream(d.path / "x_train.npy", std::ios::binary) << std::string("\x93NUMPY\x02\x00\xff\xff\xff\xff", 12);
+  EXPECT_NE(err().find("x_train.npy: 12 bytes, its NPY header says it is 4294967295 bytes long"), std::string::npos)
+      << err();
+  good();
+  write_npy(d.path / "x_train.npy", "<f4", "(4, 4611686018427387904, 4)", bytes_of(std::vector<float>(12, 1.0f)));
+  EXPECT_NE(err().find("x_train.npy: its NPY header's shape has a dimension of 4611686018427387904"), std::string::npos)
+      << err();
 }

@@ -93,6 +93,20 @@ TEST_F(CpuKernels, ReluForwardBackward) {
   EXPECT_EQ(dx, (std::vector<float>{0, 0, 0, 4, 5}));
 }
 
+// A label outside [0, C) (bad data): refused, as on the GPU; it was read past its row (label
+// 5 read the next row's logit, -1 the row before) and its gradient silently wrong.
+TEST_F(CpuKernels, SoftmaxCrossEntropyRefusesOutOfRangeLabels) {
+  const int rows = 4, C = 5;
+  std::vector<float> z(std::size_t(rows) * C, 0.5f), dz(z.size());
+  const std::vector<std::int32_t> labels = {0, 5, -1, 4};
+  try {
+    be->softmax_xent(z.data(), labels.data(), rows, C, 1.0f, dz.data());
+    ADD_FAILURE() << "labels outside [0, C) were taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "softmax_xent: 2 of 4 labels lie outside [0, 5)");
+  }
+}
+
 TEST_F(CpuKernels, SoftmaxCrossEntropyIsStableAndMatchesDouble) {
   const int rows = 4, C = 5;
   auto z = random_vec(std::size_t(rows) * C, 6, 3.0);

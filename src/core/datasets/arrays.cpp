@@ -235,6 +235,10 @@ NpyHeader read_npy_header(const std::string& path) {
                                            std::size_t(pre[11]) << 24;
   NpyHeader h;
   h.data_offset = (major == 1 ? 10 : 12) + len;
+  struct stat st{};
+  if (::fstat(fileno(f.get()), &st) != 0 || std::size_t(st.st_size) < h.data_offset)  // (before len bytes are made)
+    throw DataError(path + ": " + std::to_string(st.st_size) + " bytes, its NPY header says it is " + std::to_string(len) +
+                    " bytes long (truncated, or not an NPY file)");
   std::string header(len, '\0');
   if (std::fseek(f.get(), major == 1 ? 10 : 12, SEEK_SET) != 0 || std::fread(header.data(), 1, len, f.get()) != len)
     throw DataError(path + ": its NPY header is cut short (truncated?)");
@@ -250,9 +254,14 @@ NpyHeader read_npy_header(const std::string& path) {
   if (fortran.find("True") < fortran.find(','))
     throw DataError(path + ": Fortran order; save it C-ordered (numpy.ascontiguousarray(x))");
   h.shape = parse_shape(value_of(header, "shape", path), path);
-  struct stat st{};
-  const std::size_t need = h.data_offset + std::size_t(h.count()) * h.item_bytes;
-  if (::fstat(fileno(f.get()), &st) != 0 || std::size_t(st.st_size) < need)
+  std::size_t values = 1;  // (dimensions that multiply past what a file holds: refused, not wrapped to a small count)
+  for (long d : h.shape)  // (one <= 0: said by headers(), naming the array)
+    if (d > std::numeric_limits<int>::max() || __builtin_mul_overflow(values, std::size_t(std::max(d, 0L)), &values))
+      throw DataError(path + ": its NPY header's shape has a dimension of " + std::to_string(d) +
+                      " (at most 2^31 - 1 each, and no more values than a file holds)");
+  std::size_t need = 0;
+  if (__builtin_mul_overflow(values, h.item_bytes, &need) || __builtin_add_overflow(need, h.data_offset, &need) ||
+      std::size_t(st.st_size) < need)
     throw DataError(path + ": " + std::to_string(st.st_size) + " bytes, its header's shape and dtype need " + std::to_string(need) +
                     " (truncated?)");
   return h;
