@@ -16,6 +16,8 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/resource.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <zmq.hpp>
@@ -139,6 +141,21 @@ TEST_P(EveryTransport, AReferencedPayloadIsReleasedOnceWhenSentOrDropped) {
   EXPECT_EQ(r.n.load(), 1);
   // A reply to a peer that does not exist is dropped, reported, and its payload released.
   EXPECT_FALSE(l->send("no such peer", bytes("x"), OutPayload{grad.data(), 4, &Released::release, &r}));
+  EXPECT_EQ(r.n.load(), 2);
+}
+
+// A payload of no bytes with a release function (a zero-length shard's buffer): released, as any.
+TEST_P(EveryTransport, AnEmptyPayloadsReleaseFunctionIsCalled) {
+  const std::string a = t->local_address("sink");
+  auto l = t->listen(a);
+  auto c = t->connect({a});
+  Released r;
+  ASSERT_TRUE(c->send(0, bytes("g"), OutPayload{nullptr, 0, &Released::release, &r}, after(5s)));
+  Message m;
+  PeerId from;
+  ASSERT_TRUE(l->recv(m, from, after(5s)));
+  EXPECT_TRUE(l->send(from, bytes("r"), OutPayload{nullptr, 0, &Released::release, &r}));
+  for (int i = 0; i < 500 && r.n.load() < 2; ++i) std::this_thread::sleep_for(5ms);
   EXPECT_EQ(r.n.load(), 2);
 }
 
@@ -332,6 +349,46 @@ TEST(ShmTransport, APayloadFromItsMemoryIsLentNotCopiedAndReleasedWhenTheReceive
 
 // A lent payload the receiver refuses for its size (over the connection's bound) is given back
 // all the same: its loan stayed busy, and the sender's memory was lent for ever.
+// Out of file descriptors, a connection the listener cannot accept keeps its socket readable:
+// every wait woke at once and never looked at its deadline (a server spun for ever, its timers
+// and beats stopped). Now the wait ends at its deadline, and the socket is left a while.
+TEST(ShmTransport, AListenerOutOfFileDescriptorsStillEndsItsWaitsAtTheirDeadlines) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::alarm(10);  // (a wait that never ends: killed, and reported below)
+    int rc = 1;
+    try {
+      auto t = make_transport("shm");
+      const std::string a = t->local_address("full");
+      auto l = t->listen(a);
+      const int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+      rlimit lim{};
+      ::getrlimit(RLIMIT_NOFILE, &lim);
+      lim.rlim_cur = 64;
+      ::setrlimit(RLIMIT_NOFILE, &lim);
+      while (::dup(s) >= 0) {
+      }
+      sockaddr_un at{};
+      at.sun_family = AF_UNIX;
+      std::strncpy(at.sun_path, a.substr(6).c_str(), sizeof at.sun_path - 1);
+      if (::connect(s, reinterpret_cast<const sockaddr*>(&at), sizeof at) == 0) {
+        Message m;
+        PeerId from;
+        const auto t0 = std::chrono::steady_clock::now();
+        const bool got = l->recv(m, from, after(200ms)) || l->recv(m, from, after(200ms));
+        rc = !got && std::chrono::steady_clock::now() - t0 < 3s ? 0 : 2;
+      }
+    } catch (...) {
+    }
+    ::_exit(rc);
+  }
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << (WIFSIGNALED(status) ? "the wait never ended (killed by its alarm)" : "exit " + std::to_string(WEXITSTATUS(status)));
+}
+
 TEST(ShmTransport, APayloadRefusedForItsSizeIsGivenBack) {
   auto t = make_transport("shm");
   const std::string a = t->local_address("srv");

@@ -588,7 +588,8 @@ class Cleanup(LauncherTestCase):
         leader = subprocess.Popen(["sh", "-c", "sleep 65.5 & exit 0"], start_new_session=True)
         leader.wait(timeout=10)
         proc = types.SimpleNamespace(popen=leader, group_ended=False)
-        self.assertEqual(len(sleeps("65.5")), 1)  # what it left in its group
+        # what it left in its group (once it has become `sleep`: forked by sh, it may not have exec'd yet)
+        wait_until(self, lambda: len(sleeps("65.5")) == 1, 10, "the leader left no sleep in its group")
         end_group(proc)
         wait_until(self, lambda: not sleeps("65.5"), 10, "what the leader left in its group, killed")
         other = subprocess.Popen(["sleep", "66.25"], start_new_session=True)  # its number, reused

@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "comm/interrupt.h"
 #include "comm/memfd.h"
 #include "comm/transport/shm/unix_packets.h"
 #include "comm/transport/zmq/zmq_transport.h"
@@ -372,7 +373,10 @@ class ShmListener final : public Listener {
   }
 
   bool send(const PeerId& to, std::span<const std::byte> header, OutPayload payload) override {
-    if (payload.empty()) return inner_->send(to, header, {});
+    if (payload.empty()) {  // (a release function on no bytes is still called: the caller counts on it)
+      release(payload);
+      return inner_->send(to, header, {});
+    }
     ShmRef ref;
     if (!sender_.reference(payload, ref)) {  // every slot still held by its receiver: dropped, like a full queue
       release(payload);
@@ -402,7 +406,10 @@ class ShmConnections final : public Connections {
   const std::string& address(std::size_t k) const override { return inner_->address(k); }
 
   bool send(std::size_t k, std::span<const std::byte> header, OutPayload payload, Deadline deadline) override {
-    if (payload.empty()) return inner_->send(k, header, {}, deadline);
+    if (payload.empty()) {
+      release(payload);
+      return inner_->send(k, header, {}, deadline);
+    }
     ShmRef ref;
     // ConnectOptions::queue payloads held by their receivers at most (a snapshot sender's 2: a
     // slow evaluator skips snapshots), and while every slot is held
@@ -411,6 +418,7 @@ class ShmConnections final : public Connections {
         release(payload);
         return false;
       }
+      throw_if_interrupted();  // (a Python worker's Ctrl-C: heard while it waits, not at the deadline)
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
     if (inner_->send(k, header, OutPayload{&ref, sizeof ref}, deadline)) return true;

@@ -126,8 +126,14 @@ class UnixListener final : public Listener {
 
   bool recv(Message& m, PeerId& from, Deadline deadline) override {
     for (;;) {
+      if (accepting_from_ != Clock::time_point{} && Clock::now() >= accepting_from_) {
+        accepting_from_ = {};
+        watch(fd_, kListening);
+      }
       epoll_event ev[16];
-      const int n = ::epoll_wait(ep_, ev, 16, millis_until(deadline));
+      const int n = ::epoll_wait(ep_, ev, 16, accepting_from_ == Clock::time_point{}
+                                                  ? millis_until(deadline)
+                                                  : std::min(millis_until(deadline), millis_until(accepting_from_)));
       for (int i = 0; i < n; ++i) {
         if (ev[i].data.u64 == kListening) {
           accept_all();
@@ -145,7 +151,9 @@ class UnixListener final : public Listener {
         }
         if (r < 0) drop(id);
       }
-      if (n <= 0 && Clock::now() >= deadline) return false;
+      // Every pass: a socket that stays readable (a connection that cannot be accepted, out of
+      // file descriptors) made epoll return at once for ever, and the deadline was never seen.
+      if (Clock::now() >= deadline) return false;
     }
   }
 
@@ -173,12 +181,25 @@ class UnixListener final : public Listener {
   void accept_all() {
     for (;;) {
       const int fd = ::accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) return;
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) pause_accepting();
+        return;
+      }
       ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &kSocketBuffer, sizeof kSocketBuffer);
       const std::uint64_t id = ++last_id_;
       peers_[id] = fd;
       watch(fd, id);
     }
+  }
+  // Out of file descriptors (or memory): the waiting connection keeps the socket readable, so it
+  // is not watched for 100 ms (it would wake every wait at once), and that is said once.
+  void pause_accepting() {
+    ::epoll_ctl(ep_, EPOLL_CTL_DEL, fd_, nullptr);
+    accepting_from_ = Clock::now() + std::chrono::milliseconds(100);
+    if (!said_paused_)
+      std::fprintf(stderr, "%s: cannot accept a connection (%s): it waits until a file descriptor is free (ulimit -n)\n",
+                   address_.c_str(), errno_text().c_str());
+    said_paused_ = true;
   }
   void drop(std::uint64_t id) {
     const auto it = peers_.find(id);
@@ -192,6 +213,8 @@ class UnixListener final : public Listener {
   int fd_ = -1, ep_ = -1;
   std::map<std::uint64_t, int> peers_;  // peer id -> its connection
   std::uint64_t last_id_ = 0;
+  Clock::time_point accepting_from_{};  // while not accepting (pause_accepting): when to again
+  bool said_paused_ = false;
 };
 
 class UnixConnections final : public Connections {
@@ -230,6 +253,7 @@ class UnixConnections final : public Connections {
         }
       } else if (Clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));  // not there yet (or gone: one started in its place listens here)
+        throw_if_interrupted();
       }
       if (Clock::now() >= deadline) {
         release(payload);

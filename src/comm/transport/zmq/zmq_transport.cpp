@@ -181,6 +181,7 @@ class ZmqListener final : public Listener {
   }
 
   bool send(const PeerId& to, std::span<const std::byte> header, OutPayload payload) override {
+    if (payload.empty()) release(payload);  // (no bytes to send: a release function still called, once)
     const auto more = zmq::send_flags::sndmore | zmq::send_flags::dontwait;
     try {
       zmq::message_t id(to.data(), to.size());
@@ -237,6 +238,7 @@ class ZmqConnections final : public Connections {
   }
 
   bool send(std::size_t k, std::span<const std::byte> header, OutPayload payload, Deadline deadline) override {
+    if (payload.empty()) release(payload);  // (no bytes to send: a release function still called, once)
     zmq::socket_t& s = socks_.at(k);
     zmq::message_t head(header.data(), header.size());
     const auto flags = payload.empty() ? zmq::send_flags::dontwait : zmq::send_flags::sndmore | zmq::send_flags::dontwait;
