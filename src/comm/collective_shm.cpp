@@ -160,11 +160,18 @@ class ShmCollective final : public Collective {
     const std::size_t cap = (floats + kAlign - 1) / kAlign * kAlign;
     const std::string key = "shm-collective/" + std::to_string(generation_++);
     if (rank() == 0) {
+      const auto before = std::move(segment_);  // (a segment grown: the ranks' processes are known)
       segment_ = comm::MemfdSegment::create(kSegmentName, kControlBytes + std::size_t(size() + 2) * cap * sizeof(float));
       Control* c = control();
       c->capacity = cap;
       c->world = std::uint32_t(size());
       c->magic = kMagic;  // the segment is zero-filled: counters start at 0
+      // A rank that died before it maps the new segment is then seen gone at its setup barrier
+      // (with an empty table it was waited for until the timeout).
+      if (before)
+        for (int q = 0; q < size(); ++q)
+          c->pid[q].store(static_cast<const Control*>(before->base())->pid[q].load(std::memory_order_relaxed),
+                          std::memory_order_relaxed);
       const std::string where = std::to_string(::getpid()) + " " + std::to_string(segment_->fd());
       rv_.set(key, std::vector<char>(where.begin(), where.end()));
     } else {

@@ -199,43 +199,48 @@ TEST_P(AllReduceStops, ARankThatStopsMidRunIsNamedWithItsStep) {
 INSTANTIATE_TEST_SUITE_P(Collectives, AllReduceStops, ::testing::Values("gloo", "shm"));
 
 // A rank whose process exits ends the others' shared-memory wait at once (not at the timeout),
-// naming it. Rank 1 is a forked process that joins the segment and exits.
+// naming it. Rank 1 is a forked process that joins the segment and exits. Also when the first
+// all-reduce outgrows the segment (a larger one is set up: its table of processes was empty,
+// and rank 0 waited at its setup for the whole timeout).
 TEST(AllReduceStops, ShmNamesARankWhoseProcessExitedWithoutWaitingTheTimeout) {
-  const auto tr = test::coordinator_transport();
-  const std::string ep = tr->local_address("coordinator");
-  Coordinator coord(*tr, ep, 2, std::chrono::milliseconds(100));
-  const pid_t child = ::fork();
-  if (child == 0) {
-    int rc = 1;
-    try {
-      const auto own = comm::make_transport("tcp");  // nothing of the parent's ZeroMQ after fork
-      RendezvousClient rv(*own, ep, 1, 2, std::chrono::seconds(20));
-      make_shm_collective(rv);
-      rc = 0;
-    } catch (...) {
+  for (const std::size_t floats : {std::size_t(100), std::size_t(1) << 17}) {
+    SCOPED_TRACE(floats);
+    const auto tr = test::coordinator_transport();
+    const std::string ep = tr->local_address("coordinator");
+    Coordinator coord(*tr, ep, 2, std::chrono::milliseconds(100));
+    const pid_t child = ::fork();
+    if (child == 0) {
+      int rc = 1;
+      try {
+        const auto own = comm::make_transport("tcp");  // nothing of the parent's ZeroMQ after fork
+        RendezvousClient rv(*own, ep, 1, 2, std::chrono::seconds(20));
+        make_shm_collective(rv);
+        rc = 0;
+      } catch (...) {
+      }
+      ::_exit(rc);  // no bye, no destructors: gone as a killed rank would be
     }
-    ::_exit(rc);  // no bye, no destructors: gone as a killed rank would be
-  }
-  ASSERT_GT(child, 0);
-  std::string error;
-  const auto t0 = std::chrono::steady_clock::now();
-  {
-    RendezvousClient rv(*tr, ep, 0, 2, std::chrono::seconds(20));
-    auto coll = make_shm_collective(rv);
-    int status = 0;
-    ASSERT_EQ(::waitpid(child, &status, 0), child);
-    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank 1 did not join";
-    std::vector<float> x(100, 1.0f);
-    try {
-      coll->allreduce_sum(x.data(), x.size(), 0);
-    } catch (const std::runtime_error& e) {
-      error = e.what();
+    ASSERT_GT(child, 0);
+    std::string error;
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      RendezvousClient rv(*tr, ep, 0, 2, std::chrono::seconds(20));
+      auto coll = make_shm_collective(rv);
+      int status = 0;
+      ASSERT_EQ(::waitpid(child, &status, 0), child);
+      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank 1 did not join";
+      std::vector<float> x(floats, 1.0f);
+      try {
+        coll->allreduce_sum(x.data(), x.size(), 0);
+      } catch (const std::runtime_error& e) {
+        error = e.what();
+      }
     }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(error.find(" on rank 0 failed: rank 1 (process " + std::to_string(child) + ") exited"), std::string::npos)
+        << error;
+    EXPECT_LT(waited, 10.0) << "waited for the 20 s timeout instead of noticing the exit";
   }
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_NE(error.find("all-reduce of step 0 on rank 0 failed: rank 1 (process " + std::to_string(child) + ") exited"),
-            std::string::npos) << error;
-  EXPECT_LT(waited, 10.0) << "waited for the 20 s timeout instead of noticing the exit";
 }
 
 // Defect this guards: cluster.transport = "auto" must reduce through shared memory when every
