@@ -293,6 +293,37 @@ TEST(ShmTransport, ClosingWaitsUntilTheListenerIsDoneWithWhatItWasSent) {
 // A payload sent from the transport's payload_memory() with a release function is lent, not
 // copied: the receiver reads it where it lies (a write after the send shows), and it is
 // released only once the receiver is done with it; one region lends to many receivers at once.
+// The same for a listener (a server's last reply as it exits: ListenOptions::linger): closing
+// gave the payload's slot back at once, and a peer that read it later found it gone (malformed).
+TEST(ShmTransport, ClosingAListenerWaitsUntilItsPeersAreDoneWithWhatItSent) {
+  auto t = make_transport("shm");
+  const std::string a = t->local_address("server");
+  std::vector<float> theta(5000, 3.5f);
+  std::string got;
+  {
+    auto l = t->listen(a);
+    auto c = t->connect({a});
+    ASSERT_TRUE(c->send(0, bytes("hello"), {}, after(5s)));
+    Message m;
+    PeerId from;
+    ASSERT_TRUE(l->recv(m, from, after(5s)));
+    std::thread receiver([&] {
+      std::this_thread::sleep_for(300ms);  // the listener has closed (or is closing) by now
+      Message r;
+      std::size_t k = 0;
+      if (!c->recv(r, k, after(5s))) return void(got = "nothing arrived");
+      if (!r.malformed().empty()) return void(got = "malformed: " + r.malformed());
+      float last;
+      std::memcpy(&last, r.payload().data() + r.payload().size() - 4, 4);
+      got = "ok " + std::to_string(r.payload().size()) + " " + std::to_string(last);
+    });
+    ASSERT_TRUE(l->send(from, bytes("final"), OutPayload{theta.data(), theta.size() * 4}));
+    l.reset();  // closes here
+    receiver.join();
+  }
+  EXPECT_EQ(got, "ok 20000 3.500000");
+}
+
 TEST(ShmTransport, APayloadFromItsMemoryIsLentNotCopiedAndReleasedWhenTheReceiverIsDone) {
   auto t = make_transport("shm");
   const std::string a = t->local_address("srv");

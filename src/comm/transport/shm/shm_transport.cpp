@@ -364,7 +364,11 @@ class Mappings {
 class ShmListener final : public Listener {
  public:
   ShmListener(std::unique_ptr<Listener> inner, const ListenOptions& o, std::shared_ptr<Regions> regions)
-      : inner_(std::move(inner)), mappings_(o.max_message_bytes), sender_(std::move(regions)) {}
+      : inner_(std::move(inner)), mappings_(o.max_message_bytes), sender_(std::move(regions)), linger_(o.linger) {}
+  // As its connections do (ListenOptions::linger: a server's final replies): closing waits, at
+  // most `linger`, until the peers are done with the payloads sent them (they were given back,
+  // their slots gone, before a peer had mapped them: the last reply arrived malformed).
+  ~ShmListener() override { sender_.wait_until_taken(Clock::now() + linger_); }
   const std::string& address() const override { return inner_->address(); }
 
   bool recv(Message& m, PeerId& from, Deadline deadline) override {
@@ -392,6 +396,7 @@ class ShmListener final : public Listener {
   std::unique_ptr<Listener> inner_;
   Mappings mappings_;
   Sender sender_;
+  std::chrono::milliseconds linger_;
 };
 
 class ShmConnections final : public Connections {
