@@ -430,8 +430,9 @@ class Runs(LauncherTestCase):
 class BadInsider(LauncherTestCase):
     """A worker that holds the run's key and pushes NaN, noise of ±0.5 or absurd batches
     (byzantine.workers = [2] of 3): the servers' push guard refuses and counts its pushes (and
-    drops it after 10 in a row), the run ends ok, and its accuracy is within 0.5 points of the
-    same run without the bad worker (workers 0 and 1 alone). Every setting at its default: the
+    drops it after 10 in a row), the run ends ok, and its accuracy is within 1 point of the
+    same run without the bad worker (workers 0 and 1 alone: asp, whose order differs from run to
+    run by a few samples of the 1024 tested). Every setting at its default: the
     noise is about 6 times an honest push's norm on this model, the bound 4 times the median at
     this batch (32)."""
 
@@ -445,7 +446,7 @@ class BadInsider(LauncherTestCase):
                 self.assertEqual(s["status"], "ok", s.get("failure"))
                 self.assertEqual(list(s["pushes_refused"]), ["2"], s["pushes_refused"])
                 self.assertEqual([w["worker"] for w in s["workers_lost"]], [2], "dropped after 10 refusals in a row")
-                self.assertLess(abs(s["final_test_acc"] - without["final_test_acc"]), 0.005,
+                self.assertLess(abs(s["final_test_acc"] - without["final_test_acc"]), 0.01,
                                 f"{kind}: {s['final_test_acc']} against {without['final_test_acc']} without the bad worker")
 
     def summary_of(self, path, name, *sets):
