@@ -293,6 +293,28 @@ TEST(ShmTransport, ClosingWaitsUntilTheListenerIsDoneWithWhatItWasSent) {
 // A payload sent from the transport's payload_memory() with a release function is lent, not
 // copied: the receiver reads it where it lies (a write after the send shows), and it is
 // released only once the receiver is done with it; one region lends to many receivers at once.
+// A header larger than the socket takes (EMSGSIZE) was taken for a listener gone: the
+// connection was made again and again until the deadline, each time a new peer to the listener.
+// Now that message is refused at once, and the link goes on as the same peer.
+TEST(ShmTransport, AMessageTooLargeForTheSocketIsRefusedAndTheLinkKept) {
+  auto t = make_transport("shm");
+  const std::string a = t->local_address("srv");
+  auto l = t->listen(a);
+  auto c = t->connect({a});
+  Message m;
+  PeerId first, then;
+  ASSERT_TRUE(c->send(0, bytes("a"), {}, after(5s)));
+  ASSERT_TRUE(l->recv(m, first, after(5s)));
+  const std::string huge(8 << 20, 'h');
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(c->send(0, bytes(huge), {}, after(1s)));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 500ms) << "it tried until the deadline";
+  ASSERT_TRUE(c->send(0, bytes("b"), {}, after(5s)));
+  ASSERT_TRUE(l->recv(m, then, after(5s)));
+  EXPECT_EQ(text(m.header()), "b");
+  EXPECT_EQ(then, first) << "the link was made again";
+}
+
 // The same for a listener (a server's last reply as it exits: ListenOptions::linger): closing
 // gave the payload's slot back at once, and a peer that read it later found it gone (malformed).
 TEST(ShmTransport, ClosingAListenerWaitsUntilItsPeersAreDoneWithWhatItSent) {

@@ -61,6 +61,10 @@ ssize_t send_packet(int fd, std::span<const std::byte> header, const OutPayload&
   return ::sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
+// Whether a send failed for the packet (too large for the socket's buffer, memory short) with
+// the connection intact: that message is not sent; the link is not taken for gone.
+bool packet_refused(int err) { return err == EMSGSIZE || err == ENOBUFS || err == ENOMEM; }
+
 // A received packet, kept until the Message is reused.
 struct Packet final : Message::Storage {
   std::vector<std::byte> buf = std::vector<std::byte>(kMaxPacket);
@@ -164,7 +168,7 @@ class UnixListener final : public Listener {
       return false;  // not a peer, or gone
     }
     const ssize_t n = send_packet(peers_[id], header, payload);
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) drop(id);
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && !packet_refused(errno)) drop(id);
     release(payload);
     return n >= 0;  // EAGAIN: its queue is full, dropped
   }
@@ -248,6 +252,9 @@ class UnixConnections final : public Connections {
           pollfd p{fds_[k], POLLOUT, 0};
           if (Clock::now() < deadline) ::poll(&p, 1, std::min(millis_until(deadline), 10));
           throw_if_interrupted();
+        } else if (packet_refused(errno)) {  // (too large for the socket: trying again will not help)
+          release(payload);
+          return false;
         } else {
           disconnect(k);  // the listener went away: connect again
         }
