@@ -253,10 +253,12 @@ void AllreduceRank::step(long step) {
   samples_ += global_batch;
   const double epoch = double(samples_) / double(ctx_.data().train.n);
   ctx_.log().add(step, epoch, rec, last || (step + 1) % spe == 0);
-  // An epoch tick the evaluator had no room for goes at the next step (late, not lost: as the
-  // PS modes' evaluator takes a tick once it has room); an interval's is skipped.
-  tick_owed_ = tick_owed_ || (snapshots_ && ticks_.on() && ticks_.due(epoch));
-  if (snapshots_ && (last || tick_owed_ || (!ticks_.on() && snapshots_->due()))) {
+  // An epoch tick the evaluator had no room for goes later (late, not lost: as the PS modes'
+  // evaluator takes a tick once it has room), tried again every eval.interval_s (each try copies
+  // θ from the device); an interval's is skipped.
+  const bool tick = snapshots_ && ticks_.on() && ticks_.due(epoch);
+  tick_owed_ = tick_owed_ || tick;
+  if (snapshots_ && (last || tick || (tick_owed_ && snapshots_->due()) || (!ticks_.on() && snapshots_->due()))) {
     if (snapshots_->send(ctx_.replica().download_params(), P_, step + 1, samples_, last)) tick_owed_ = false;  // (download synchronizes)
   } else if (snapshots_) {
     snapshots_->keep_alive(step + 1, samples_);
