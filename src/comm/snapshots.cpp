@@ -39,8 +39,9 @@ void SnapshotSender::keep_alive(long step, long samples) {
   if (conn_->send(0, enc_.encode(wire::Header{0, -1, h}), {}, clock_.now())) last_sent_ = clock_.now();
 }
 
-SnapshotReceiver::SnapshotReceiver(comm::Transport& transport, const std::string& endpoint, double timeout_s)
-    : clock_(transport.clock()), endpoint_(endpoint), timeout_(std::chrono::milliseconds(long(timeout_s * 1000))) {
+SnapshotReceiver::SnapshotReceiver(comm::Transport& transport, const std::string& endpoint, double timeout_s, bool each)
+    : clock_(transport.clock()), endpoint_(endpoint), timeout_(std::chrono::milliseconds(long(timeout_s * 1000))),
+      each_(each) {
   comm::ListenOptions lo;
   lo.queue = 4;
   try {
@@ -92,6 +93,7 @@ Snapshot SnapshotReceiver::next(float* theta, std::size_t n) {
                      other_.malformed().empty() ? "" : (", " + other_.malformed()).c_str(), k);
     }
     other_.done_with_payload();  // shm: its sender may exit once the evaluator is done with it
+    if (have && each_) break;      // (the next ones wait for the next call)
   }
   if (!have)
     throw std::runtime_error("no θ snapshot (nor a sign of life) from rank 0 within " + std::to_string(timeout_.count() / 1000) +

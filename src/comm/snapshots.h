@@ -52,8 +52,10 @@ struct Snapshot {
 class SnapshotReceiver {
  public:
   // Listens at `endpoint` (e.g. tcp://127.0.0.1:5600). `transport` must outlive the receiver.
-  SnapshotReceiver(comm::Transport& transport, const std::string& endpoint, double timeout_s);
-  // Waits for the next snapshot (keeping only the newest if several wait) and copies it into
+  // `each`: every snapshot is taken, in order (eval.every_epochs: each is a tick of the curve);
+  // otherwise the newest of those waiting (eval.interval_s: the evaluator catches up).
+  SnapshotReceiver(comm::Transport& transport, const std::string& endpoint, double timeout_s, bool each = false);
+  // Waits for the next snapshot (keeping only the newest if several wait, unless `each`) and copies it into
   // theta (n floats). Throws after the timeout (from rank 0's last sign of life) naming what
   // it waited for. A message that is
   // not a good snapshot (malformed, another kind, the wrong size, a bad checksum) is bad input,
@@ -74,6 +76,7 @@ class SnapshotReceiver {
   comm::Message newest_, other_;
   std::map<std::string, long> dropped_;
   comm::PeerId rank0_;  // the connection rank 0 sends on (its first message's)
+  bool each_;
 };
 
 }  // namespace pslab

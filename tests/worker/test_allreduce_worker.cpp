@@ -195,6 +195,36 @@ TEST_P(Snapshots, TheFirstSnapshotWaitsForAnEvaluatorThatListensLate) {
   EXPECT_EQ(s.step, 0) << "θ0 was lost: the first snapshot taken is step " << s.step << "'s";
 }
 
+// Defect (CI, launcher.Evaluations): under eval.every_epochs each snapshot is a tick of the
+// curve, but the evaluator took the newest of those waiting: one still starting when θ0 and the
+// first tick had come evaluated the tick only. Each is taken, in order; under eval.interval_s the
+// newest (it catches up).
+TEST_P(Snapshots, EveryEpochsTakesEachSnapshotInOrderAnIntervalTheNewest) {
+  auto t = comm::make_transport(GetParam());
+  for (const bool each : {true, false}) {
+    SCOPED_TRACE(each ? "each" : "newest");
+    const std::string at = t->local_address(each ? "each" : "newest");
+    SnapshotReceiver rx(*t, at, /*timeout_s=*/5.0, each);
+    const std::size_t n = 10;
+    std::vector<float> theta(n);
+    {
+      SnapshotSender tx(*t, at, /*interval_s=*/600, /*timeout_s=*/5.0);
+      for (long step = 0; step < 2; ++step) {
+        std::vector<float> x(n, float(step));
+        ASSERT_TRUE(tx.send(x.data(), n, step, 10 * step, /*final=*/step == 1, /*wait=*/true));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // both wait at the evaluator
+      Snapshot s = rx.next(theta.data(), n);
+      EXPECT_EQ(s.step, each ? 0 : 1);
+      EXPECT_EQ(theta[0], each ? 0.0f : 1.0f);
+      if (each) {
+        s = rx.next(theta.data(), n);
+        EXPECT_EQ(s.step, 1);
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, Snapshots, ::testing::Values("tcp", "shm"), [](const auto& i) { return i.param; });
 
 TEST(AllReduceTimeouts, TimeoutNamesTheRankThatDidNotArrive) {

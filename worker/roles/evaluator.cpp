@@ -75,7 +75,8 @@ class ServerSource final : public ParamSource {
 // All-reduce mode: rank 0 sends snapshots every interval.
 class SnapshotSource final : public ParamSource {
  public:
-  SnapshotSource(RoleContext& ctx, std::size_t P) : rx_(ctx.transport(), ctx.opt.snapshots, ctx.cfg.cluster.timeout_s), P_(P) {}
+  SnapshotSource(RoleContext& ctx, std::size_t P)
+      : rx_(ctx.transport(), ctx.opt.snapshots, ctx.cfg.cluster.timeout_s, /*each=*/ctx.cfg.eval.every_epochs > 0), P_(P) {}
   Info next(float* theta, std::stop_token) override {  // (its waits end at their timeouts)
     const Snapshot s = rx_.next(theta, P_);
     return Info{s.step, s.samples, -1, -1, s.final, s.dropped};
