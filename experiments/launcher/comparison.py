@@ -93,12 +93,15 @@ def seed_table(rows):
         mean = sum(vals) / len(vals)
         sd = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else None
         missing = f" ({len(rs) - len(vals)} of {len(rs)} missing)" if len(vals) < len(rs) else ""
-        if key == "final_test_acc":  # (one value: no spread to give, not ± 0)
-            return f"{100 * mean:.2f}" + (f" ± {100 * sd:.2f}" if sd is not None else "") + f"%{missing}"
+
+        def spread(fmt):  # (one value: no spread to give, not ± 0)
+            return "" if sd is None else " ± " + fmt(sd)
+        if key == "final_test_acc":
+            return f"{100 * mean:.2f}" + spread(lambda v: f"{100 * v:.2f}") + f"%{missing}"
         if key == "samples_per_s":
-            return f"{mean:,.0f}" + (f" ± {sd:,.0f}" if sd is not None else "") + missing
+            return f"{mean:,.0f}" + spread(lambda v: f"{v:,.0f}") + missing
         capped = "≥" if key == "staleness_mean" and any((r.get("staleness") or {}).get("capped_at") for r in rs) else ""
-        return f"{capped}{mean:.2f}" + (f" ± {sd:.2f}" if sd is not None else "") + missing
+        return f"{capped}{mean:.2f}" + spread(lambda v: f"{v:.2f}") + missing
     head = "| runs | seeds | " + " | ".join(h for _, h in SEED_COLUMNS) + " |"
     sep = "|" + "|".join("---" for _ in range(len(SEED_COLUMNS) + 2)) + "|"
     body = [f"| {name} | {len(rs)}" + (f" ({failed[name]} failed, left out)" if name in failed else "") + " | "

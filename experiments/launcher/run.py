@@ -695,6 +695,14 @@ def run_all(plans, config, bins, opts, runs_dir):
         raise
 
 
+def keep_summary(results, inv, dirname):
+    """A run that did not end well: its summary.json into `results`, where it wrote one."""
+    try:
+        results.append((dirname, json.loads((inv / dirname / "summary.json").read_text())))
+    except (OSError, ValueError):
+        pass
+
+
 def run_points(plans, config, bins, opts, inv):
     """run_all's runs, one after the other, into `inv`; then the plots and the comparison."""
     say(f"launch.py: {len(plans)} run(s) of {config} -> {inv}")
@@ -727,20 +735,14 @@ def run_points(plans, config, bins, opts, inv):
             # The runs that ended keep their comparison (without plots: the user asked to stop),
             # the stopped one listed as such.
             if results:
-                try:
-                    results.append((dirname, json.loads((inv / dirname / "summary.json").read_text())))
-                except (OSError, ValueError):
-                    pass
+                keep_summary(results, inv, dirname)
                 write_comparison(inv, results, plans[0].target_acc)
                 warn(f"interrupted: comparison.md/.csv of the {len(results)} run(s) so far in {inv} (no plots)")
             raise
         except RunFailed as e:
             print(f"launch.py: FAILED {dirname}: {e}{disk_trouble(inv / dirname)}", file=sys.stderr, flush=True)
             failed.append(dirname)
-            try:
-                results.append((dirname, json.loads((inv / dirname / "summary.json").read_text())))
-            except (OSError, ValueError):
-                pass
+            keep_summary(results, inv, dirname)
             if not opts.keep_going:
                 break
     if results:
