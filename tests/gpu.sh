@@ -10,7 +10,8 @@
 # and a running step is stopped when the budget ends: on a machine lent for minutes, put the
 # steps that matter most first. Ctrl-C stops the running step and what it started. Estimates on one H100/H200, seconds (a guess where no GPU has
 # measured it yet): 1: 90, 2: 200, 3: 300, 4: 90, 5: 220, 6: 120, 7: 150, 8: 200; with --lean
-# 2: 140, 4: 30, 5: 75, 6: 90, 8: 100; --estimate N=SECONDS (repeatable) replaces one. (Tests: PSLAB_GPU_SH_STEP, a command run with the step's
+# (measured on an H200, with a margin; 3 a guess) 1: 20, 2: 200, 4: 20, 5: 40, 6: 40, 7: 40, 8: 70;
+# --estimate N=SECONDS (repeatable) replaces one. (Tests: PSLAB_GPU_SH_STEP, a command run with the step's
 # number in place of each step.)
 #
 #   1. the GPU tests (GPU backend against the CPU one, with and without cuDNN, GPU training, NCCL,
@@ -18,7 +19,8 @@
 #      skipping (cuDNN from Python's nvidia-cudnn where libcudnn.so.9 is not found otherwise)
 #   2. bench_train --device cuda, MLP and CNN at batch 64, 256, 1024 and 4096 and ResNet-20 (batch
 #      norm; cuDNN) at 128 and 512, float32 (at each model's smallest batch also without step
-#      graphs), and with TF32 at each model's largest batch; and, where `python3 -c "import torch"`
+#      graphs; the convolutional ones also with cuDNN's heuristic algorithms, PSLAB_CUDNN=heuristic,
+#      instead of the timed ones), and with TF32 at each model's largest batch; and, where `python3 -c "import torch"`
 #      works, the same models in PyTorch on the same GPU at its best (tests/bench/torch_train.py: eager, staged and the step
 #      in a CUDA graph, ResNet also in channels_last; float32 against float32, TF32 against TF32);
 #      one table with the ratios; runs/bench/gpu.json; then the launcher's train role (MLP batch
@@ -34,7 +36,7 @@
 #      machine's GPU, 2 servers, a 23.3 MB model, asp and bsp, overlap on and off; then overlap
 #      on with the servers' threads a CPU run's share of the cores): each run's comm / compute /
 #      wait ms per step
-#   6. GPUs shared through MPS: the default comparison (no straggler, 1 epoch) on this GPU with
+#   6. GPUs shared through MPS: the default comparison (no straggler, its 3 epochs) on this GPU with
 #      the defaults (cluster.mps = "auto": a private MPS daemon, its 4 workers share the GPU; step
 #      graphs) and with cluster.mps = "off" and train.cuda_graphs = "off"
 #   7. PyTorch workers on the GPU: experiments/configs/torch-resnet.toml (a ResNet with batch
@@ -45,7 +47,7 @@
 #      experiments/configs/resnet-cifar10.toml, its five modes, 4 workers, 2 epochs: every run must
 #      finish; on the real data set ($PSLAB_CIFAR10, else /usr/share/datasets/cifar-10-batches-bin)
 #      where present, else on a generated file in its format whose classes differ in colour (then
-#      every mode must reach 50%)
+#      10 epochs, and allreduce, bsp and local SGD must reach 50%, asp and ssp 25%)
 # --quick: fewer steps and runs (a smoke test of the command itself). --lean: every check that
 # passes or fails and every target ratio, without the variants beside them, so that steps 1, 2, 4,
 # 5, 6 and 8 fit in one machine's quarter of an hour: step 2 without PyTorch's staged feed (never
@@ -77,7 +79,7 @@ done
 [[ $only =~ ^[1-8](,[1-8])*$ ]] || { echo "gpu.sh: --only $only: step numbers 1-8, comma-separated" >&2; exit 2; }
 [[ $budget =~ ^[0-9]+$ ]] || { echo "gpu.sh: --budget $budget: whole seconds" >&2; exit 2; }
 ((quick && lean)) && { echo "gpu.sh: --quick or --lean, not both" >&2; exit 2; }
-((lean)) && estimate=(0 90 140 300 30 75 90 150 100)
+((lean)) && estimate=(0 20 200 300 20 40 40 40 70)
 for e in "${estimates[@]}"; do
   [[ $e =~ ^([1-8])=([0-9]+)$ ]] || { echo "gpu.sh: --estimate $e: STEP=SECONDS, e.g. 2=150" >&2; exit 2; }
   estimate[BASH_REMATCH[1]]=${BASH_REMATCH[2]}
@@ -237,6 +239,13 @@ for model in mlp cnn resnet20; do
          --json "$out/gpu-pslab-$model-$batch-nographs.json" > "$out/gpu-pslab-$model-$batch-nographs.log" 2>&1; then
       failed+=("bench_train $model $batch without step graphs")
     fi
+    # Convolutions with cuDNN's heuristic algorithms (PSLAB_CUDNN=heuristic) against the timed
+    # ones of the row (the default): what timing them gains.
+    if [[ $prec == fp32 && $model != mlp ]] && ((!quick)) && ! PSLAB_CUDNN=heuristic "$build/tests/bench_train" --device cuda \
+         "${kind[@]}" --batch "$batch" --steps "$s" --runs "$runs" --warmup 20 --max-batch "$batch" \
+         --json "$out/gpu-pslab-$model-$batch-heuristic.json" > "$out/gpu-pslab-$model-$batch-heuristic.log" 2>&1; then
+      failed+=("bench_train $model $batch with cuDNN's heuristic algorithms")
+    fi
   done
   if ((torch)) && ! python3 "$root/tests/bench/torch_train.py" --model "$model" --batch "${batches// /,}" --seconds "$torch_seconds" \
        --runs "$runs" --warmup 20 --data "$data" "${tf[@]}" "${feeds[@]}" --json "$out/gpu-torch-$model-{batch}$sfx.json" \
@@ -258,13 +267,17 @@ for row in sys.argv[2:]:
     t = json.loads(t_path.read_text()) if t_path.exists() else None
     n_path = out / f"gpu-pslab-{model}-{batch}-nographs.json"
     n = json.loads(n_path.read_text()) if n_path.exists() and not sfx else None
+    h_path = out / f"gpu-pslab-{model}-{batch}-heuristic.json"
+    h = json.loads(h_path.read_text()) if h_path.exists() and not sfx else None
     r = {"model": model, "batch": int(batch), "precision": prec, "pslab_samples_per_s": p["median_samples_per_s"],
          "pslab_backend": p["backend"], "pslab_graphed_steps": p.get("graphed_steps"),
          "pslab_no_graphs_samples_per_s": n and n["median_samples_per_s"],
+         "pslab_heuristic_algorithms_samples_per_s": h and h["median_samples_per_s"],
          "torch_samples_per_s": t and t["median_samples_per_s"], "torch_feed": t and t["best_feed"],
          "torch_version": t and t["torch"], "ratio": t and p["median_samples_per_s"] / t["median_samples_per_s"]}
     table.append(r)
     graphs = f" (step graphs: {r['pslab_samples_per_s'] / n['median_samples_per_s']:.2f}x)" if n else ""
+    graphs += f" (timed algorithms: {r['pslab_samples_per_s'] / h['median_samples_per_s']:.2f}x)" if h else ""
     lines.append(f"| {model} | {batch} | {prec} | {r['pslab_samples_per_s']:,.0f}{graphs} | "
                  + (f"{r['torch_samples_per_s']:,.0f} ({r['torch_feed']}) | {r['ratio']:.2f} |" if t else "- | - |"))
 (out / "gpu.json").write_text(json.dumps({"benchmark": "gpu_check", "rows": table}, indent=2) + "\n")
@@ -369,7 +382,9 @@ fi
 
 if wanted 6; then  # ---- step 6 ----
 step "6. GPUs shared through MPS: the default comparison's 4 workers on this GPU, cluster.mps auto against off"
-quick6=(--set train.epochs=1.0); ((quick)) && quick6=(--set train.steps=60)
+# The default's 3 epochs (one epoch of 4 workers is a quarter of a second on an H100/H200: the
+# first steps' set-up, captures and plans then weigh in samples/s as much as the steps).
+quick6=(); ((quick)) && quick6=(--set train.steps=60)
 ((lean)) && quick6+=(--set 'cluster.mode=["allreduce", "bsp", "asp"]')
 for mps in auto off; do  # off: without MPS and without step graphs (train.cuda_graphs), as f829795 ran
   log="$out/gpu-mps-$mps.log"
@@ -449,7 +464,9 @@ write("data_batch_1.bin", 10000)
 write("test_batch.bin", 2000)
 PY
 fi
-quick8=(--set train.epochs=2.0); ((quick)) && quick8=(--set train.steps=30)
+# (The generated file has 10,000 images, a fifth of CIFAR-10's: 10 epochs, about 200 steps a
+# worker; 2 epochs on the real set.)
+quick8=(--set train.epochs=2.0); ((generated)) && quick8=(--set train.epochs=10.0); ((quick)) && quick8=(--set train.steps=30)
 ((lean && !generated)) && quick8=(--set train.steps=100)
 log="$out/gpu-resnet-cifar10.log"
 if /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs/resnet-cifar10.toml" --build-dir "$build" \
@@ -457,9 +474,14 @@ if /usr/bin/python3 "$root/experiments/launch.py" run "$root/experiments/configs
      --runs-dir "$root/runs/gpu-resnet" --no-plots --keep-going > "$log" 2>&1; then
   grep -E "^\| " "$log"
   if ((generated && !quick)) && ! /usr/bin/python3 -c 'import json, sys
-bad = [p for p in sys.argv[1:] if json.load(open(p))["final_test_acc"] < 0.50]
-print("below 50%:", bad) if bad else None; sys.exit(1 if bad else 0)' "$root"/runs/gpu-resnet/resnet-cifar10/latest/*/summary.json; then
-    failed+=("ResNet-20 on the generated CIFAR-10 below 50%")
+def least(mode):  # stale momentum steps leave asp and ssp noisy in so few steps (asp on CPU: 59% at 10 epochs, 41% at 20)
+    return 0.25 if mode == "asp" or mode.startswith("ssp") else 0.50
+def said(s):
+    return s["mode"] + " " + format(s["final_test_acc"], ".1%") + " (least " + format(least(s["mode"]), ".0%") + ")"
+runs = [json.load(open(p)) for p in sys.argv[1:]]
+bad = [said(s) for s in runs if s["final_test_acc"] < least(s["mode"])]
+print("below its least:", ", ".join(bad)) if bad else None; sys.exit(1 if bad or len(runs) < 5 else 0)' "$root"/runs/gpu-resnet/resnet-cifar10/latest/*/summary.json; then
+    failed+=("ResNet-20 on the generated CIFAR-10: a mode below its least accuracy")
   fi
 else
   failed+=("ResNet-20 on CIFAR-10 on cuda (resnet-cifar10.toml)"); grep -v "^\[" "$log" | tail -25

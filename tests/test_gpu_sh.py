@@ -150,7 +150,7 @@ class GpuSh(unittest.TestCase):
         p, _ = self.run_gpu_sh("--lean", "--only", "4,2", "--budget", "60")
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         self.assertIn("stand-in step 4 ran with --lean", p.stdout)
-        self.assertIn("step 2 skipped: about 140 s", p.stdout)
+        self.assertIn("step 2 skipped: about 200 s", p.stdout)
         p, _ = self.run_gpu_sh("--only", "4", "--budget", "60")  # the full step 4: about 90 s
         self.assertIn("step 4 skipped: about 90 s", p.stdout)
         p, _ = self.run_gpu_sh("--quick", "--only", "4")

@@ -216,10 +216,16 @@ class CudaBackend final : public Backend {
     cublas_ = std::make_unique<CublasHandle>(stream_->get());
     PSLAB_CUDA_CHECK(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
     PSLAB_CUBLAS_CHECK(cublasSetWorkspace(cublas_->get(), cublas_workspace_, kCublasWorkspaceBytes));
-    if (const char* v = std::getenv("PSLAB_CUDNN"); v && std::string(v) == "off")
+    // PSLAB_CUDNN: unset or "timed", "heuristic" (cuda/cudnn.h: how algorithms are chosen), "off".
+    const std::string use_cudnn = std::getenv("PSLAB_CUDNN") ? std::getenv("PSLAB_CUDNN") : "timed";
+    if (use_cudnn == "off")
       no_cudnn_ = "PSLAB_CUDNN=off";
+    else if (use_cudnn == "timed" || use_cudnn == "heuristic")
+      cudnn_ = cuda::Cudnn::open(stream_->get(),
+                                 use_cudnn == "timed" ? cuda::ConvAlgorithms::timed : cuda::ConvAlgorithms::heuristic,
+                                 &no_cudnn_);
     else
-      cudnn_ = cuda::Cudnn::open(stream_->get(), &no_cudnn_);
+      throw std::invalid_argument("PSLAB_CUDNN is \"" + use_cudnn + "\": \"timed\" (the default), \"heuristic\" or \"off\"");
     char mem[32];
     std::snprintf(mem, sizeof mem, "%.1f GiB",
                   double(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));

@@ -26,7 +26,8 @@ namespace {
   X(cudnnDestroyConvolutionDescriptor) X(cudnnGetConvolutionForwardAlgorithm_v7)                         \
   X(cudnnGetConvolutionBackwardDataAlgorithm_v7) X(cudnnGetConvolutionBackwardFilterAlgorithm_v7)         \
   X(cudnnGetConvolutionForwardWorkspaceSize) X(cudnnGetConvolutionBackwardDataWorkspaceSize)              \
-  X(cudnnGetConvolutionBackwardFilterWorkspaceSize)                                                       \
+  X(cudnnGetConvolutionBackwardFilterWorkspaceSize) X(cudnnFindConvolutionForwardAlgorithm)                \
+  X(cudnnFindConvolutionBackwardDataAlgorithm) X(cudnnFindConvolutionBackwardFilterAlgorithm)             \
   X(cudnnConvolutionForward) X(cudnnConvolutionBackwardData) X(cudnnConvolutionBackwardFilter)            \
   X(cudnnBatchNormalizationForwardTraining) X(cudnnBatchNormalizationForwardInference)                    \
   X(cudnnBatchNormalizationBackward)
@@ -88,9 +89,9 @@ std::string version_string(std::size_t v) {
     if (pslab_cudnn_st_ != CUDNN_STATUS_SUCCESS) throw_cudnn_error(api, pslab_cudnn_st_, #expr, __LINE__); \
   } while (0)
 
-// Among cuDNN's heuristic ranking of algorithms (its best guess first), the first that it
-// supports, in an allowed math type, with a workspace of at most kMaxWorkspace; deterministic
-// ones first. Null if none.
+// Among cuDNN's ranking of algorithms (the fastest measured, or its heuristic's best guess,
+// first), the first that it supports, in an allowed math type, with a workspace of at most
+// kMaxWorkspace; deterministic ones first. Null if none.
 constexpr std::size_t kMaxWorkspace = std::size_t(1) << 30;
 template <typename Perf>
 const Perf* choose(const Perf* perf, int n, bool tf32) {
@@ -152,6 +153,28 @@ struct BnShape {
   cudnnTensorDescriptor_t x = nullptr, param = nullptr;
 };
 
+
+// The algorithms (and math types) of one convolution shape's three passes.
+struct Choice {
+  cudnnConvolutionFwdAlgo_t fwd;
+  cudnnMathType_t fwd_math;
+  cudnnConvolutionBwdDataAlgo_t bwd_data;
+  cudnnMathType_t bwd_data_math;
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+  cudnnMathType_t bwd_filter_math;
+};
+using ChoiceKey = std::array<int, 11>;  // the plan's key, then tf32 and timed
+
+// The choices made in this process, one per shape: every backend in a process computes a shape's
+// sums alike (two measurements of the candidates may rank close ones differently).
+struct Choices {
+  std::mutex mutex;
+  std::map<ChoiceKey, Choice> by_shape;
+};
+Choices& process_choices() {
+  static Choices made;
+  return made;
+}
 }  // namespace
 
 struct Cudnn::Impl {
@@ -164,6 +187,7 @@ struct Cudnn::Impl {
 
   ConvPlan& plan(const math::ConvGeometry& g, int OC, int B);
   std::unique_ptr<ConvPlan> make_plan(const math::ConvGeometry& g, int OC, int B);
+  Choice choice(const math::ConvGeometry& g, int OC, int B, const ConvPlan& p, const std::string& shape);
   BnShape& bn_shape(int B, int C, int HW);
   void grow_workspace(std::size_t bytes);
   std::string first_convolution();
@@ -172,6 +196,7 @@ struct Cudnn::Impl {
   cudaStream_t stream;
   cudnnHandle_t handle = nullptr;
   bool tf32 = false;
+  bool timed = true;  // algorithms by cuDNN's measurement (cudnnFind*), else its heuristic (cudnnGet*_v7)
   std::map<std::array<int, 9>, std::unique_ptr<ConvPlan>> plans;  // key: C, H, W, KH, KW, stride, pad, OC, B
   std::map<std::array<int, 3>, std::unique_ptr<BnShape>> bn;      // key: B, C, HW
   void* workspace = nullptr;
@@ -207,42 +232,61 @@ std::unique_ptr<ConvPlan> Cudnn::Impl::make_plan(const math::ConvGeometry& g, in
                             ", k " + std::to_string(g.KH) + "x" + std::to_string(g.KW) + ", stride " +
                             std::to_string(g.stride) + ", pad " + std::to_string(g.pad) + ", OC " +
                             std::to_string(OC) + ", batch " + std::to_string(B);
-  auto none = [&](const char* pass) {
-    return std::runtime_error(std::string("cuDNN has no usable ") + pass + " algorithm for the convolution " + shape +
-                              (tf32 ? "" : " in plain FP32"));
-  };
-  int n = 0;
+  const Choice c = choice(g, OC, B, *p, shape);
+  p->fwd = c.fwd, p->bwd_data = c.bwd_data, p->bwd_filter = c.bwd_filter;
+  PSLAB_CUDNN_CHECK(api.cudnnSetConvolutionMathType(p->conv[ConvPlan::forward], c.fwd_math));
+  PSLAB_CUDNN_CHECK(api.cudnnSetConvolutionMathType(p->conv[ConvPlan::backward_data], c.bwd_data_math));
+  PSLAB_CUDNN_CHECK(api.cudnnSetConvolutionMathType(p->conv[ConvPlan::backward_filter], c.bwd_filter_math));
   std::size_t bytes[3] = {};
-  cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-  PSLAB_CUDNN_CHECK(api.cudnnGetConvolutionForwardAlgorithm_v7(handle, p->x, p->w, p->conv[ConvPlan::forward], p->y,
-                                                               CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, fwd));
-  const auto* f = choose(fwd, n, tf32);
-  if (!f) throw none("forward");
-  p->fwd = f->algo;
-  PSLAB_CUDNN_CHECK(api.cudnnSetConvolutionMathType(p->conv[ConvPlan::forward], f->mathType));
   PSLAB_CUDNN_CHECK(api.cudnnGetConvolutionForwardWorkspaceSize(handle, p->x, p->w, p->conv[ConvPlan::forward], p->y,
                                                                 p->fwd, &bytes[0]));
-  cudnnConvolutionBwdDataAlgoPerf_t bd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-  PSLAB_CUDNN_CHECK(api.cudnnGetConvolutionBackwardDataAlgorithm_v7(
-      handle, p->w, p->y, p->conv[ConvPlan::backward_data], p->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, bd));
-  const auto* d = choose(bd, n, tf32);
-  if (!d) throw none("backward-data");
-  p->bwd_data = d->algo;
-  PSLAB_CUDNN_CHECK(api.cudnnSetConvolutionMathType(p->conv[ConvPlan::backward_data], d->mathType));
   PSLAB_CUDNN_CHECK(api.cudnnGetConvolutionBackwardDataWorkspaceSize(
       handle, p->w, p->y, p->conv[ConvPlan::backward_data], p->x, p->bwd_data, &bytes[1]));
-  cudnnConvolutionBwdFilterAlgoPerf_t bf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-  PSLAB_CUDNN_CHECK(api.cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-      handle, p->x, p->y, p->conv[ConvPlan::backward_filter], p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, bf));
-  const auto* w = choose(bf, n, tf32);
-  if (!w) throw none("backward-filter");
-  p->bwd_filter = w->algo;
-  PSLAB_CUDNN_CHECK(api.cudnnSetConvolutionMathType(p->conv[ConvPlan::backward_filter], w->mathType));
   PSLAB_CUDNN_CHECK(api.cudnnGetConvolutionBackwardFilterWorkspaceSize(
       handle, p->x, p->y, p->conv[ConvPlan::backward_filter], p->w, p->bwd_filter, &bytes[2]));
   p->workspace = std::max({bytes[0], bytes[1], bytes[2]});
   grow_workspace(p->workspace);
   return p;
+}
+
+// The three passes' algorithms for a plan whose descriptors are made: the process's earlier
+// choice for this shape, else cuDNN's ranking (measured by running each candidate, or its
+// heuristic: `timed`) filtered by choose().
+Choice Cudnn::Impl::choice(const math::ConvGeometry& g, int OC, int B, const ConvPlan& p, const std::string& shape) {
+  const std::array<int, 9> k = plan_key(g, OC, B);
+  ChoiceKey key{};
+  std::copy(k.begin(), k.end(), key.begin());
+  key[9] = tf32, key[10] = timed;
+  Choices& made = process_choices();
+  std::lock_guard<std::mutex> lock(made.mutex);
+  if (auto it = made.by_shape.find(key); it != made.by_shape.end()) return it->second;
+  auto none = [&](const char* pass) {
+    return std::runtime_error(std::string("cuDNN has no usable ") + pass + " algorithm for the convolution " + shape +
+                              (tf32 ? "" : " in plain FP32"));
+  };
+  Choice c{};
+  int n = 0;
+  cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+  PSLAB_CUDNN_CHECK((timed ? api.cudnnFindConvolutionForwardAlgorithm : api.cudnnGetConvolutionForwardAlgorithm_v7)(
+      handle, p.x, p.w, p.conv[ConvPlan::forward], p.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, fwd));
+  const auto* f = choose(fwd, n, tf32);
+  if (!f) throw none("forward");
+  c.fwd = f->algo, c.fwd_math = f->mathType;
+  cudnnConvolutionBwdDataAlgoPerf_t bd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+  PSLAB_CUDNN_CHECK(
+      (timed ? api.cudnnFindConvolutionBackwardDataAlgorithm : api.cudnnGetConvolutionBackwardDataAlgorithm_v7)(
+          handle, p.w, p.y, p.conv[ConvPlan::backward_data], p.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, bd));
+  const auto* d = choose(bd, n, tf32);
+  if (!d) throw none("backward-data");
+  c.bwd_data = d->algo, c.bwd_data_math = d->mathType;
+  cudnnConvolutionBwdFilterAlgoPerf_t bf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+  PSLAB_CUDNN_CHECK(
+      (timed ? api.cudnnFindConvolutionBackwardFilterAlgorithm : api.cudnnGetConvolutionBackwardFilterAlgorithm_v7)(
+          handle, p.x, p.y, p.conv[ConvPlan::backward_filter], p.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, bf));
+  const auto* w = choose(bf, n, tf32);
+  if (!w) throw none("backward-filter");
+  c.bwd_filter = w->algo, c.bwd_filter_math = w->mathType;
+  return made.by_shape.emplace(key, c).first->second;
 }
 
 void Cudnn::Impl::grow_workspace(std::size_t bytes) {
@@ -275,10 +319,11 @@ BnShape& Cudnn::Impl::bn_shape(int B, int C, int HW) {
   return *bn.emplace(key, std::move(s)).first->second;
 }
 
-std::unique_ptr<Cudnn> Cudnn::open(cudaStream_t stream, std::string* why) {
+std::unique_ptr<Cudnn> Cudnn::open(cudaStream_t stream, ConvAlgorithms ranking, std::string* why) {
   const Api* api = load_api(why);
   if (!api) return nullptr;
   auto impl = std::make_unique<Impl>(*api, stream);
+  impl->timed = ranking == ConvAlgorithms::timed;
   if (const cudnnStatus_t st = api->cudnnCreate(&impl->handle); st != CUDNN_STATUS_SUCCESS) {
     impl->handle = nullptr;
     if (why) *why = std::string("cudnnCreate failed: ") + api->cudnnGetErrorString(st);
@@ -336,7 +381,9 @@ std::string Cudnn::Impl::first_convolution() {
 Cudnn::Cudnn(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Cudnn::~Cudnn() = default;
 
-std::string Cudnn::describe() const { return "cuDNN " + version_string(impl_->api.version); }
+std::string Cudnn::describe() const {
+  return "cuDNN " + version_string(impl_->api.version) + (impl_->timed ? " (algorithms timed)" : " (algorithms by heuristic)");
+}
 const void* Cudnn::workspace() const { return impl_->workspace; }
 bool Cudnn::planned(const math::ConvGeometry& g, int OC, int B) const { return impl_->plans.count(plan_key(g, OC, B)) > 0; }
 

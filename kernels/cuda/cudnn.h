@@ -5,10 +5,13 @@
 // normalises with its own kernels, and its describe() says why.
 //
 // Convolutions: one plan per (geometry, OC, batch), made on first use: its descriptors and, for
-// each pass, the first deterministic algorithm of cuDNN's heuristic ranking (cudnnGet*_v7: the
-// same choice in every run on a GPU and cuDNN version, so two runs of a seed compute the same
-// sums; cudnnFind*'s timed choice could differ from run to run), in plain FP32
-// (CUDNN_FMA_MATH) unless TF32 is allowed. The workspace is this object's, grown to the
+// each pass, the first deterministic algorithm of cuDNN's ranking, in plain FP32 (CUDNN_FMA_MATH)
+// unless TF32 is allowed. The ranking is `timed` by default (cudnnFind*: each candidate run and
+// timed, as PyTorch's cudnn.benchmark; the choice is made once per process and shape, so every
+// backend of a process sums alike, but two processes may choose differently between algorithms
+// of close speed and so differ in their last bits), or cuDNN's `heuristic` (cudnnGet*_v7: the
+// same choice in every run on one GPU and cuDNN version, so two runs of a seed compute the same
+// sums; PSLAB_CUDNN=heuristic). The workspace is this object's, grown to the
 // largest plan's; nothing is allocated per step.
 // Everything runs on the backend's stream (one thread at a time, as the backend).
 #pragma once
@@ -23,16 +26,18 @@
 
 namespace pslab::cuda {
 
+enum class ConvAlgorithms { timed, heuristic };  // how a convolution's algorithms are ranked (above)
+
 class Cudnn {
  public:
   // Null, with `why`, where libcudnn.so.9 cannot be loaded, lacks an entry point, is not
   // version 9, or cudnnCreate fails on the current device.
-  static std::unique_ptr<Cudnn> open(cudaStream_t stream, std::string* why);
+  static std::unique_ptr<Cudnn> open(cudaStream_t stream, ConvAlgorithms ranking, std::string* why);
   ~Cudnn();
   Cudnn(const Cudnn&) = delete;
   Cudnn& operator=(const Cudnn&) = delete;
 
-  std::string describe() const;  // "cuDNN 9.10.2"
+  std::string describe() const;  // "cuDNN 9.10.2 (algorithms timed)"
   // Its workspace (device memory every convolution uses; null before the first): a step graph
   // that recorded convolutions is stale once it moved (grew for a new plan).
   const void* workspace() const;

@@ -8,7 +8,7 @@ namespace pslab::cuda {
 
 struct Cudnn::Impl {};
 
-std::unique_ptr<Cudnn> Cudnn::open(cudaStream_t, std::string* why) {
+std::unique_ptr<Cudnn> Cudnn::open(cudaStream_t, ConvAlgorithms, std::string* why) {
   if (why) *why = "this build found no cudnn.h in the CUDA toolkit (install cuDNN 9 there and rebuild)";
   return nullptr;
 }

@@ -127,18 +127,28 @@ class GpuBackend : public ::testing::Test {
   Backend& gpu() { return *gpu_; }
   // The GPU without cuDNN (PSLAB_CUDNN=off): convolutions by im2col and cuBLAS, batch norm on
   // the backend's kernels. Made on first use.
-  Backend& gpu_without_cudnn() {
-    if (!plain_) {
+  Backend& gpu_without_cudnn() { return with_cudnn("off", plain_); }
+  // The GPU on cuDNN with its heuristic's algorithms (PSLAB_CUDNN=heuristic; gpu() times them).
+  Backend& gpu_heuristic() { return with_cudnn("heuristic", heuristic_); }
+
+  // A GPU backend made with PSLAB_CUDNN set to `use` (then restored), kept in `made`.
+  static Backend& with_cudnn(const char* use, std::unique_ptr<Backend>& made) {
+    if (!made) {
       const char* was = std::getenv("PSLAB_CUDNN");
       const std::string saved = was ? was : "";
-      setenv("PSLAB_CUDNN", "off", 1);
-      plain_ = make_cuda_backend(0);
+      setenv("PSLAB_CUDNN", use, 1);
+      try {
+        made = make_cuda_backend(0);
+      } catch (...) {
+        was ? setenv("PSLAB_CUDNN", saved.c_str(), 1) : unsetenv("PSLAB_CUDNN");
+        throw;
+      }
       was ? setenv("PSLAB_CUDNN", saved.c_str(), 1) : unsetenv("PSLAB_CUDNN");
     }
-    return *plain_;
+    return *made;
   }
 
-  std::unique_ptr<Backend> cpu_, gpu_, plain_;
+  std::unique_ptr<Backend> cpu_, gpu_, plain_, heuristic_;
 };
 
 // ---- memory --------------------------------------------------------------------------------
@@ -666,11 +676,13 @@ TEST_F(GpuBackend, Im2colCol2im) {
   }
 }
 
-// A convolution layer's passes (Backend::conv_forward / conv_backward): the GPU's, on cuDNN and
-// by im2col and cuBLAS (PSLAB_CUDNN=off), against the CPU backend's (im2col, NCHW), batch of 5: the small CNN's shapes, an odd one, and ResNet's (3x3 at stride 1
-// and 2, the 1x1 projection); the scratch is the largest of the backends' needs.
+// A convolution layer's passes (Backend::conv_forward / conv_backward): the GPU's, on cuDNN (its
+// algorithms timed, and by its heuristic) and by im2col and cuBLAS (PSLAB_CUDNN=off), against the
+// CPU backend's (im2col, NCHW), batch of 5: the small CNN's shapes, an odd one, and ResNet's (3x3
+// at stride 1 and 2, the 1x1 projection); the scratch is the largest of the backends' needs.
 TEST_F(GpuBackend, ConvolutionForwardAndBackward) {
   std::uint32_t seed = 700;
+  Backend* const backends[] = {&cpu(), &gpu(), &gpu_heuristic(), &gpu_without_cudnn()};
   for (auto [g, OC] : {std::pair{math::ConvGeometry{1, 28, 28, 5, 5, 2, 2}, 16}, {math::ConvGeometry{16, 14, 14, 5, 5, 2, 2}, 32},
                        {math::ConvGeometry{3, 9, 11, 3, 3, 3, 2}, 4}, {math::ConvGeometry{16, 32, 32, 3, 3, 1, 1}, 16},
                        {math::ConvGeometry{16, 32, 32, 3, 3, 2, 1}, 32}, {math::ConvGeometry{16, 32, 32, 1, 1, 2, 0}, 32}}) {
@@ -678,26 +690,42 @@ TEST_F(GpuBackend, ConvolutionForwardAndBackward) {
     const int B = 5, K = g.C * g.KH * g.KW, N = g.OH() * g.OW();
     const auto x = random_floats(std::size_t(B) * g.C * g.H * g.W, ++seed);
     const auto W = random_floats(std::size_t(OC) * K, ++seed), dy = random_floats(std::size_t(B) * OC * N, ++seed);
+    std::size_t scratch = 0;
+    for (Backend* be : backends) scratch = std::max(scratch, be->conv_scratch_floats(g, OC, B));
     const std::vector<float> nan_y(dy.size(), std::numeric_limits<float>::quiet_NaN()), nan_dW(W.size(), std::nanf("")),
-        nan_dx(x.size(), std::nanf("")),
-        nan_s(std::max({cpu().conv_scratch_floats(g, OC, B), gpu().conv_scratch_floats(g, OC, B),
-                        gpu_without_cudnn().conv_scratch_floats(g, OC, B)}), std::nanf(""));
-    std::vector<float> out[3][3];
-    for (Backend* be : {&cpu(), &gpu(), &gpu_without_cudnn()}) {
-      DeviceBuffer<float> bx = upload(*be, x), bW = upload(*be, W), bdy = upload(*be, dy), by = upload(*be, nan_y),
-                          bdW = upload(*be, nan_dW), bdx = upload(*be, nan_dx), bs = upload(*be, nan_s);
-      be->conv_forward(bx.data(), bW.data(), g, OC, B, by.data(), bs.data());
-      be->conv_backward(bx.data(), bW.data(), bdy.data(), g, OC, B, bdW.data(), bdx.data(), bs.data());
-      const int k = be == &cpu() ? 0 : be == &gpu() ? 1 : 2;
-      out[k][0] = download(*be, by), out[k][1] = download(*be, bdW), out[k][2] = download(*be, bdx);
+        nan_dx(x.size(), std::nanf("")), nan_s(scratch, std::nanf(""));
+    std::vector<float> out[4][3];
+    for (int k = 0; k < 4; ++k) {
+      Backend& be = *backends[k];
+      DeviceBuffer<float> bx = upload(be, x), bW = upload(be, W), bdy = upload(be, dy), by = upload(be, nan_y),
+                          bdW = upload(be, nan_dW), bdx = upload(be, nan_dx), bs = upload(be, nan_s);
+      be.conv_forward(bx.data(), bW.data(), g, OC, B, by.data(), bs.data());
+      be.conv_backward(bx.data(), bW.data(), bdy.data(), g, OC, B, bdW.data(), bdx.data(), bs.data());
+      out[k][0] = download(be, by), out[k][1] = download(be, bdW), out[k][2] = download(be, bdx);
     }
-    for (int k : {1, 2}) {
-      SCOPED_TRACE(k == 1 ? gpu().describe() : gpu_without_cudnn().describe());
+    for (int k : {1, 2, 3}) {
+      SCOPED_TRACE(backends[k]->describe());
       EXPECT_TRUE(agree("conv_forward y", out[0][0], out[k][0]));
       EXPECT_TRUE(agree("conv_backward dW", out[0][1], out[k][1]));
       EXPECT_TRUE(agree("conv_backward dx", out[0][2], out[k][2]));
     }
   }
+}
+
+// PSLAB_CUDNN other than timed, heuristic or off: refused, naming the variable and its values.
+TEST_F(GpuBackend, UnknownCudnnSettingIsRefused) {
+  const char* was = std::getenv("PSLAB_CUDNN");
+  const std::string before = was ? was : "(unset)";
+  std::unique_ptr<Backend> made;
+  try {
+    with_cudnn("fastest", made);
+    FAIL() << "PSLAB_CUDNN=fastest was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("PSLAB_CUDNN is \"fastest\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("\"heuristic\""), std::string::npos) << e.what();
+  }
+  const char* now = std::getenv("PSLAB_CUDNN");
+  EXPECT_EQ(now ? now : "(unset)", before);  // restored
 }
 
 // Batch norm in both modes, over channels of a few values and of more than a block's threads.
