@@ -172,6 +172,36 @@ PSLAB_HD float augmented_pixel(const float* img, int c, int y, int x, int H, int
   return (sy < 0 || sy >= H || sx < 0 || sx >= W) ? 0.0f : img[(long(c) * H + sy) * W + sx];
 }
 
+// ---- a bias's gradient on a GPU (one block per channel) -----------------------------------
+
+// Thread t of a block of T that sums channel c of dy (outer, channels, inner): the channel's
+// elements t, t + T, t + 2T, ... in (o, i) order, added in that order in float. Loads go kUnroll
+// at a time, each group issued before any is added: a block per channel reads only as fast as
+// its loads in flight allow. The (o, i) of each element is carried from the last (no division in
+// the loop). The block then adds its threads' sums by a fixed tree (kernels/cuda): the same sum
+// on every run.
+template <int kUnroll>
+PSLAB_HD float bias_grad_thread_sum(const float* dy, int outer, int channels, int inner, int c, int t, int T) {
+  if (outer <= 0 || inner <= 0) return 0.0f;
+  const unsigned long long per_channel = (unsigned long long)outer * (unsigned long long)inner;
+  const int step_o = T / inner, step_i = T % inner;  // a stride of T elements: rows, then columns
+  int o = t / inner, i = t % inner;
+  unsigned long long j = (unsigned long long)t;
+  float acc = 0.0f;
+  while (j < per_channel) {
+    float v[kUnroll];
+    int n = 0;
+    for (; n < kUnroll && j < per_channel; ++n) {
+      v[n] = dy[((unsigned long long)o * (unsigned long long)channels + (unsigned long long)c) * (unsigned long long)inner +
+                (unsigned long long)i];
+      o += step_o, i += step_i, j += (unsigned long long)T;
+      if (i >= inner) i -= inner, ++o;
+    }
+    for (int k = 0; k < n; ++k) acc += v[k];
+  }
+  return acc;
+}
+
 // ---- batch normalisation ----------------------------------------------------------------
 // Per channel c of x (B, C, HW), over its N = B*HW values. Both backends sum a channel in
 // double (the CPU in order, the GPU in a tree), then call these per channel and per element.

@@ -19,8 +19,8 @@
 #      skipping (cuDNN from Python's nvidia-cudnn where libcudnn.so.9 is not found otherwise)
 #   2. bench_train --device cuda, MLP and CNN at batch 64, 256, 1024 and 4096 and ResNet-20 (batch
 #      norm; cuDNN) at 128 and 512, float32 (at each model's smallest batch also without step
-#      graphs; the convolutional ones also with cuDNN's heuristic algorithms, PSLAB_CUDNN=heuristic,
-#      instead of the timed ones), and with TF32 at each model's largest batch; and, where `python3 -c "import torch"`
+#      graphs; the convolutional ones also with the algorithms cuDNN times, PSLAB_CUDNN=timed,
+#      instead of its heuristic's), and with TF32 at each model's largest batch; and, where `python3 -c "import torch"`
 #      works, the same models in PyTorch on the same GPU at its best (tests/bench/torch_train.py: eager, staged and the step
 #      in a CUDA graph, ResNet also in channels_last; float32 against float32, TF32 against TF32);
 #      one table with the ratios; runs/bench/gpu.json; then the launcher's train role (MLP batch
@@ -239,12 +239,12 @@ for model in mlp cnn resnet20; do
          --json "$out/gpu-pslab-$model-$batch-nographs.json" > "$out/gpu-pslab-$model-$batch-nographs.log" 2>&1; then
       failed+=("bench_train $model $batch without step graphs")
     fi
-    # Convolutions with cuDNN's heuristic algorithms (PSLAB_CUDNN=heuristic) against the timed
-    # ones of the row (the default): what timing them gains.
-    if [[ $prec == fp32 && $model != mlp ]] && ((!quick)) && ! PSLAB_CUDNN=heuristic "$build/tests/bench_train" --device cuda \
+    # Convolutions with the algorithms cuDNN times (PSLAB_CUDNN=timed) against its heuristic's
+    # (the default, the row's): what timing them would gain.
+    if [[ $prec == fp32 && $model != mlp ]] && ((!quick)) && ! PSLAB_CUDNN=timed "$build/tests/bench_train" --device cuda \
          "${kind[@]}" --batch "$batch" --steps "$s" --runs "$runs" --warmup 20 --max-batch "$batch" \
-         --json "$out/gpu-pslab-$model-$batch-heuristic.json" > "$out/gpu-pslab-$model-$batch-heuristic.log" 2>&1; then
-      failed+=("bench_train $model $batch with cuDNN's heuristic algorithms")
+         --json "$out/gpu-pslab-$model-$batch-timed.json" > "$out/gpu-pslab-$model-$batch-timed.log" 2>&1; then
+      failed+=("bench_train $model $batch with the algorithms cuDNN times")
     fi
   done
   if ((torch)) && ! python3 "$root/tests/bench/torch_train.py" --model "$model" --batch "${batches// /,}" --seconds "$torch_seconds" \
@@ -267,17 +267,17 @@ for row in sys.argv[2:]:
     t = json.loads(t_path.read_text()) if t_path.exists() else None
     n_path = out / f"gpu-pslab-{model}-{batch}-nographs.json"
     n = json.loads(n_path.read_text()) if n_path.exists() and not sfx else None
-    h_path = out / f"gpu-pslab-{model}-{batch}-heuristic.json"
-    h = json.loads(h_path.read_text()) if h_path.exists() and not sfx else None
+    a_path = out / f"gpu-pslab-{model}-{batch}-timed.json"
+    a = json.loads(a_path.read_text()) if a_path.exists() and not sfx else None
     r = {"model": model, "batch": int(batch), "precision": prec, "pslab_samples_per_s": p["median_samples_per_s"],
          "pslab_backend": p["backend"], "pslab_graphed_steps": p.get("graphed_steps"),
          "pslab_no_graphs_samples_per_s": n and n["median_samples_per_s"],
-         "pslab_heuristic_algorithms_samples_per_s": h and h["median_samples_per_s"],
+         "pslab_timed_algorithms_samples_per_s": a and a["median_samples_per_s"],
          "torch_samples_per_s": t and t["median_samples_per_s"], "torch_feed": t and t["best_feed"],
          "torch_version": t and t["torch"], "ratio": t and p["median_samples_per_s"] / t["median_samples_per_s"]}
     table.append(r)
     graphs = f" (step graphs: {r['pslab_samples_per_s'] / n['median_samples_per_s']:.2f}x)" if n else ""
-    graphs += f" (timed algorithms: {r['pslab_samples_per_s'] / h['median_samples_per_s']:.2f}x)" if h else ""
+    graphs += f" (algorithms timed: {a['median_samples_per_s'] / r['pslab_samples_per_s']:.2f}x)" if a else ""
     lines.append(f"| {model} | {batch} | {prec} | {r['pslab_samples_per_s']:,.0f}{graphs} | "
                  + (f"{r['torch_samples_per_s']:,.0f} ({r['torch_feed']}) | {r['ratio']:.2f} |" if t else "- | - |"))
 (out / "gpu.json").write_text(json.dumps({"benchmark": "gpu_check", "rows": table}, indent=2) + "\n")

@@ -216,8 +216,8 @@ class CudaBackend final : public Backend {
     cublas_ = std::make_unique<CublasHandle>(stream_->get());
     PSLAB_CUDA_CHECK(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
     PSLAB_CUBLAS_CHECK(cublasSetWorkspace(cublas_->get(), cublas_workspace_, kCublasWorkspaceBytes));
-    // PSLAB_CUDNN: unset or "timed", "heuristic" (cuda/cudnn.h: how algorithms are chosen), "off".
-    const std::string use_cudnn = std::getenv("PSLAB_CUDNN") ? std::getenv("PSLAB_CUDNN") : "timed";
+    // PSLAB_CUDNN: unset or "heuristic", "timed" (cuda/cudnn.h: how algorithms are chosen), "off".
+    const std::string use_cudnn = std::getenv("PSLAB_CUDNN") ? std::getenv("PSLAB_CUDNN") : "heuristic";
     if (use_cudnn == "off")
       no_cudnn_ = "PSLAB_CUDNN=off";
     else if (use_cudnn == "timed" || use_cudnn == "heuristic")
@@ -225,7 +225,7 @@ class CudaBackend final : public Backend {
                                  use_cudnn == "timed" ? cuda::ConvAlgorithms::timed : cuda::ConvAlgorithms::heuristic,
                                  &no_cudnn_);
     else
-      throw std::invalid_argument("PSLAB_CUDNN is \"" + use_cudnn + "\": \"timed\" (the default), \"heuristic\" or \"off\"");
+      throw std::invalid_argument("PSLAB_CUDNN is \"" + use_cudnn + "\": \"heuristic\" (the default), \"timed\" or \"off\"");
     char mem[32];
     std::snprintf(mem, sizeof mem, "%.1f GiB",
                   double(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));

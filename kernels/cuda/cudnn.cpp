@@ -196,7 +196,7 @@ struct Cudnn::Impl {
   cudaStream_t stream;
   cudnnHandle_t handle = nullptr;
   bool tf32 = false;
-  bool timed = true;  // algorithms by cuDNN's measurement (cudnnFind*), else its heuristic (cudnnGet*_v7)
+  bool timed = false;  // algorithms by cuDNN's measurement (cudnnFind*), else its heuristic (cudnnGet*_v7)
   std::map<std::array<int, 9>, std::unique_ptr<ConvPlan>> plans;  // key: C, H, W, KH, KW, stride, pad, OC, B
   std::map<std::array<int, 3>, std::unique_ptr<BnShape>> bn;      // key: B, C, HW
   void* workspace = nullptr;

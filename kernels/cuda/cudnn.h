@@ -6,12 +6,13 @@
 //
 // Convolutions: one plan per (geometry, OC, batch), made on first use: its descriptors and, for
 // each pass, the first deterministic algorithm of cuDNN's ranking, in plain FP32 (CUDNN_FMA_MATH)
-// unless TF32 is allowed. The ranking is `timed` by default (cudnnFind*: each candidate run and
-// timed, as PyTorch's cudnn.benchmark; the choice is made once per process and shape, so every
-// backend of a process sums alike, but two processes may choose differently between algorithms
-// of close speed and so differ in their last bits), or cuDNN's `heuristic` (cudnnGet*_v7: the
-// same choice in every run on one GPU and cuDNN version, so two runs of a seed compute the same
-// sums; PSLAB_CUDNN=heuristic). The workspace is this object's, grown to the
+// unless TF32 is allowed. The ranking is cuDNN's `heuristic` by default (cudnnGet*_v7: the same
+// choice in every run on one GPU and cuDNN version, so two runs of a seed compute the same sums),
+// or `timed` (PSLAB_CUDNN=timed; cudnnFind*: each candidate run and timed, as PyTorch's
+// cudnn.benchmark; the choice is made once per process and shape, so every backend of a process
+// sums alike, but two processes may choose differently between algorithms of close speed and so
+// differ in their last bits). On an H200 timing changed the small CNN's and ResNet-20's steps by
+// 0.96-1.01x. The workspace is this object's, grown to the
 // largest plan's; nothing is allocated per step.
 // Everything runs on the backend's stream (one thread at a time, as the backend).
 #pragma once
@@ -37,7 +38,7 @@ class Cudnn {
   Cudnn(const Cudnn&) = delete;
   Cudnn& operator=(const Cudnn&) = delete;
 
-  std::string describe() const;  // "cuDNN 9.10.2 (algorithms timed)"
+  std::string describe() const;  // "cuDNN 9.10.2 (algorithms by heuristic)"
   // Its workspace (device memory every convolution uses; null before the first): a step graph
   // that recorded convolutions is stale once it moved (grew for a new plan).
   const void* workspace() const;

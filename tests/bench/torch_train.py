@@ -19,8 +19,8 @@ who cares about speed runs it):
             forward, backward, SGD) and replayed, the batch's indices copied into its static
             input; a feed that fails (e.g. a capture error) is reported with its error
   graph_channels_last   (resnet) the same with the network in channels_last (NHWC)
-cuDNN picks convolution algorithms by timing them (cudnn.benchmark; pslab times them too, unless
-PSLAB_CUDNN=heuristic). Float32 by default: TF32 off for matmuls and cuDNN convolutions (PyTorch allows TF32 in cuDNN
+cuDNN picks convolution algorithms by timing them (cudnn.benchmark; pslab takes cuDNN's heuristic
+choice, the same in every run, unless PSLAB_CUDNN=timed: on an H200 a 0.96-1.01x difference). Float32 by default: TF32 off for matmuls and cuDNN convolutions (PyTorch allows TF32 in cuDNN
 by default); --tf32 allows it in both, to compare with bench_train --tf32.
 Metric: samples / wall time of `steps` steps after `warmup` steps (torch.cuda.synchronize
 around each run), median over `runs`; with --seconds S each run is as many steps as take about S

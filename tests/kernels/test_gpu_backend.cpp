@@ -128,8 +128,8 @@ class GpuBackend : public ::testing::Test {
   // The GPU without cuDNN (PSLAB_CUDNN=off): convolutions by im2col and cuBLAS, batch norm on
   // the backend's kernels. Made on first use.
   Backend& gpu_without_cudnn() { return with_cudnn("off", plain_); }
-  // The GPU on cuDNN with its heuristic's algorithms (PSLAB_CUDNN=heuristic; gpu() times them).
-  Backend& gpu_heuristic() { return with_cudnn("heuristic", heuristic_); }
+  // The GPU on cuDNN with algorithms it timed (PSLAB_CUDNN=timed; gpu() takes its heuristic's).
+  Backend& gpu_timed() { return with_cudnn("timed", timed_); }
 
   // A GPU backend made with PSLAB_CUDNN set to `use` (then restored), kept in `made`.
   static Backend& with_cudnn(const char* use, std::unique_ptr<Backend>& made) {
@@ -148,7 +148,7 @@ class GpuBackend : public ::testing::Test {
     return *made;
   }
 
-  std::unique_ptr<Backend> cpu_, gpu_, plain_, heuristic_;
+  std::unique_ptr<Backend> cpu_, gpu_, plain_, timed_;
 };
 
 // ---- memory --------------------------------------------------------------------------------
@@ -677,12 +677,12 @@ TEST_F(GpuBackend, Im2colCol2im) {
 }
 
 // A convolution layer's passes (Backend::conv_forward / conv_backward): the GPU's, on cuDNN (its
-// algorithms timed, and by its heuristic) and by im2col and cuBLAS (PSLAB_CUDNN=off), against the
+// heuristic's algorithms, and timed ones) and by im2col and cuBLAS (PSLAB_CUDNN=off), against the
 // CPU backend's (im2col, NCHW), batch of 5: the small CNN's shapes, an odd one, and ResNet's (3x3
 // at stride 1 and 2, the 1x1 projection); the scratch is the largest of the backends' needs.
 TEST_F(GpuBackend, ConvolutionForwardAndBackward) {
   std::uint32_t seed = 700;
-  Backend* const backends[] = {&cpu(), &gpu(), &gpu_heuristic(), &gpu_without_cudnn()};
+  Backend* const backends[] = {&cpu(), &gpu(), &gpu_timed(), &gpu_without_cudnn()};
   for (auto [g, OC] : {std::pair{math::ConvGeometry{1, 28, 28, 5, 5, 2, 2}, 16}, {math::ConvGeometry{16, 14, 14, 5, 5, 2, 2}, 32},
                        {math::ConvGeometry{3, 9, 11, 3, 3, 3, 2}, 4}, {math::ConvGeometry{16, 32, 32, 3, 3, 1, 1}, 16},
                        {math::ConvGeometry{16, 32, 32, 3, 3, 2, 1}, 32}, {math::ConvGeometry{16, 32, 32, 1, 1, 2, 0}, 32}}) {
@@ -712,7 +712,7 @@ TEST_F(GpuBackend, ConvolutionForwardAndBackward) {
   }
 }
 
-// PSLAB_CUDNN other than timed, heuristic or off: refused, naming the variable and its values.
+// PSLAB_CUDNN other than heuristic, timed or off: refused, naming the variable and its values.
 TEST_F(GpuBackend, UnknownCudnnSettingIsRefused) {
   const char* was = std::getenv("PSLAB_CUDNN");
   const std::string before = was ? was : "(unset)";

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "elementwise.h"
 #include "core/rng.h"
 
 using namespace pslab;
@@ -80,6 +81,36 @@ TEST_F(CpuKernels, BiasAddAndGradient) {
     EXPECT_EQ(count_wrong(db, dref, 1e-5), 0);
     be->add_bias(y.data(), b.data(), outer, ch, inner);
     EXPECT_EQ(count_wrong(y, ref, 1e-6), 0);
+  }
+}
+
+// The GPU's bias gradient (math::bias_grad_thread_sum, one block per channel): the threads of a
+// block, together, visit each of their channel's elements once. Small integers, so that every
+// partial sum is exact and any order gives the one answer; blocks of 1024 (the kernel's), and of 3
+// and 32 to cross row ends at other offsets; a row longer than the block; empty channels.
+TEST(GpuMath, BiasGradThreadsSumEachOfTheirChannelsElementsOnce) {
+  for (auto [outer, ch, inner] : {std::tuple{0, 3, 4}, {3, 4, 0}, {1, 1, 1}, {7, 5, 1}, {64, 10, 1}, {3, 17, 33},
+                                  {2, 16, 784}, {33, 1, 65}, {5, 3, 1000}, {3, 2, 1500}, {1024, 16, 196},
+                                  {1024, 32, 49}, {4096, 2, 196}}) {
+    const std::size_t n = std::size_t(outer) * ch * inner;
+    std::vector<float> dy(n);
+    std::vector<long> want(std::size_t(ch), 0);
+    for (int o = 0; o < outer; ++o)
+      for (int c = 0; c < ch; ++c)
+        for (int i = 0; i < inner; ++i) {
+          const int v = (o * 31 + c * 7 + i * 13) % 11;
+          dy[(std::size_t(o) * ch + c) * inner + i] = float(v);
+          want[std::size_t(c)] += v;
+        }
+    for (int T : {1024, 32, 3}) {
+      SCOPED_TRACE("outer=" + std::to_string(outer) + " channels=" + std::to_string(ch) +
+                   " inner=" + std::to_string(inner) + " T=" + std::to_string(T));
+      for (int c = 0; c < ch; ++c) {
+        double got = 0;
+        for (int t = 0; t < T; ++t) got += math::bias_grad_thread_sum<8>(dy.data(), outer, ch, inner, c, t, T);
+        ASSERT_EQ(got, double(want[std::size_t(c)])) << "channel " << c;
+      }
+    }
   }
 }
 
