@@ -60,16 +60,30 @@ void run_op(const math::Op& op, float* const* reg, std::size_t m) {
 // itself is for any x86-64, where SSE's 4 floats a step bind these loops). Each clone gives
 // bitwise the others' values (no contraction into FMAs).
 #define PSLAB_CLONED [[gnu::target_clones("avx512f", "avx2", "default")]]
-// s1 += Σ a[i], s2 += Σ a[i] b[i]: in 16 float lanes (a double chain would run one value per
-// add's latency), each lane over at most n / 16 values, then added in double.
-PSLAB_CLONED void bn_plane_sums(const float* a, const float* b, int n, double& s1, double& s2) {
+// s1 = Σ a[i], s2 = Σ a[i] b[i] (s1, s2 start at zero): in 16 float lanes (a double chain
+// would run one value per add's latency), each lane over at most n / 16 values, then added in
+// double. The lanes sum u = a - pa and u (b - pb), each from a pivot (a value of the plane), and
+// the raw sums are made from them in double: a channel whose mean is far from zero against its
+// spread (|mean| / std of 100 and more: raw pixels, an un-normalised input) would lose its
+// variance to the float lanes' rounding of Σ x^2. Either pa = 0 (backward: a = dy) or a is b and
+// pa = pb (forward).
+PSLAB_CLONED void bn_plane_sums(const float* a, const float* b, int n, float pa, float pb, double& s1, double& s2) {
   constexpr int kLanes = 16;
   float l1[kLanes] = {}, l2[kLanes] = {};
   int i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) l1[l] += a[i + l], l2[l] += a[i + l] * b[i + l];
-  for (; i < n; ++i) s1 += a[i], s2 += double(a[i]) * b[i];
+    for (int l = 0; l < kLanes; ++l) {
+      const float u = a[i + l] - pa;
+      l1[l] += u, l2[l] += u * (b[i + l] - pb);
+    }
+  for (; i < n; ++i) {
+    const float u = a[i] - pa;
+    s1 += u, s2 += double(u) * (b[i] - pb);
+  }
   for (int l = 0; l < kLanes; ++l) s1 += l1[l], s2 += l2[l];
+  // Σ a b = Σ u v + pb Σ u + pa Σ v + n pa pb, and Σ v = Σ u where pa is not 0.
+  s2 += (double(pa) + pb) * s1 + double(n) * pa * pb;
+  s1 += double(n) * pa;
 }
 PSLAB_CLONED void bn_plane_forward(const float* x, int n, math::BnChannel s, float gamma, float beta, float* y) {
   for (int i = 0; i < n; ++i) y[i] = math::bn_forward_value(x[i], s, gamma, beta);
@@ -78,19 +92,30 @@ PSLAB_CLONED void bn_plane_backward(const float* dy, const float* x, int n, math
   for (int i = 0; i < n; ++i) dx[i] = math::bn_backward_value(dy[i], x[i], k);
 }
 // The same in NHWC: `rows` pixels of C channels each, a channel's coefficients in arrays (C).
-// s1[c] += Σ a[r, c], s2[c] += Σ a[r, c] b[r, c]: float sums over blocks of 16 rows (vectors
-// along the channels), each block's added in double.
-PSLAB_CLONED void bn_rows_sums(const float* a, const float* b, int rows, int C, double* s1, double* s2) {
+// s1[c] = Σ a[r, c], s2[c] = Σ a[r, c] b[r, c] (s1, s2 start at zero): float sums over blocks
+// of 16 rows (vectors along the channels), each block's added in double; from pivots as
+// bn_plane_sums (pa, pb: C values each, pa null for zeros).
+PSLAB_CLONED void bn_rows_sums(const float* a, const float* b, int rows, int C, const float* pa, const float* pb,
+                               double* s1, double* s2) {
   constexpr int kChannels = 64, kRows = 16;
   for (int c0 = 0; c0 < C; c0 += kChannels) {
     const int n = std::min(kChannels, C - c0);
+    float qa[kChannels] = {}, qb[kChannels];
+    for (int c = 0; c < n; ++c) qa[c] = pa ? pa[c0 + c] : 0.0f, qb[c] = pb[c0 + c];
     for (int r0 = 0; r0 < rows; r0 += kRows) {
       float l1[kChannels] = {}, l2[kChannels] = {};
       for (int r = r0; r < std::min(rows, r0 + kRows); ++r) {
         const float *ar = a + std::size_t(r) * C + c0, *br = b + std::size_t(r) * C + c0;
-        for (int c = 0; c < n; ++c) l1[c] += ar[c], l2[c] += ar[c] * br[c];
+        for (int c = 0; c < n; ++c) {
+          const float u = ar[c] - qa[c];
+          l1[c] += u, l2[c] += u * (br[c] - qb[c]);
+        }
       }
       for (int c = 0; c < n; ++c) s1[c0 + c] += l1[c], s2[c0 + c] += l2[c];
+    }
+    for (int c = 0; c < n; ++c) {
+      s2[c0 + c] += (double(qa[c]) + qb[c]) * s1[c0 + c] + double(rows) * qa[c] * qb[c];
+      s1[c0 + c] += double(rows) * qa[c];
     }
   }
 }
@@ -224,7 +249,7 @@ class CpuBackend final : public Backend {
                           float momentum, float eps, float* running_mean, float* running_var, float* saved_mean,
                           float* saved_invstd, float* y) override {
     bn_channels_.resize(std::size_t(C));
-    if (training) channel_sums(x, x, B, C, HW);
+    if (training) channel_sums(x, x, true, B, C, HW);
     for (int c = 0; c < C; ++c) {
       if (!training) {
         bn_channels_[std::size_t(c)] = math::bn_running_channel(running_mean[c], running_var[c], eps);
@@ -251,7 +276,7 @@ class CpuBackend final : public Backend {
                            const float* saved_mean, const float* saved_invstd, float* dgamma, float* dbeta,
                            float* dx) override {
     bn_backward_.resize(std::size_t(C));
-    channel_sums(dy, x, B, C, HW);
+    channel_sums(dy, x, false, B, C, HW);
     for (int c = 0; c < C; ++c) {
       const math::BnBackward k = math::bn_backward_channel(sums_[2 * std::size_t(c)], sums_[2 * std::size_t(c) + 1], double(B) * HW,
                                                            {saved_mean[c], saved_invstd[c]}, gamma[c]);
@@ -483,9 +508,10 @@ class CpuBackend final : public Backend {
   }
   static int image_members(int B) { return std::clamp(openblas_get_num_threads(), 1, std::max(B, 1)); }
   // sums_ (C, 2): Σ a and Σ a b over each channel of a batch (B, C, HW), each the sum in image
-  // order of the images' own (partials_ (B, C, 2)).
+  // order of the images' own (partials_ (B, C, 2)); each image's summed from its first pixel's
+  // values (bn_plane_sums's pivots; a's only where shift_a, when a is b).
   // In NHWC the partials are (B, 2, C).
-  void channel_sums(const float* a, const float* b, int B, int C, int HW) {
+  void channel_sums(const float* a, const float* b, bool shift_a, int B, int C, int HW) {
     partials_.resize(2 * std::size_t(B) * C);
     sums_.assign(2 * std::size_t(C), 0.0);
     if (image_layout() == ImageLayout::nhwc) {
@@ -493,7 +519,8 @@ class CpuBackend final : public Backend {
         for (std::size_t i = std::size_t(lo); i < std::size_t(hi); ++i) {
           double* p = &partials_[2 * i * C];
           std::fill_n(p, 2 * std::size_t(C), 0.0);
-          bn_rows_sums(a + i * C * HW, b + i * C * HW, HW, C, p, p + C);
+          const float *ai = a + i * C * HW, *bi = b + i * C * HW;
+          if (HW > 0) bn_rows_sums(ai, bi, HW, C, shift_a ? ai : nullptr, bi, p, p + C);
         }
       });
       for (std::size_t i = 0; i < std::size_t(B); ++i)
@@ -504,7 +531,8 @@ class CpuBackend final : public Backend {
     in_parallel(image_members(B), B, [&](int, int lo, int hi) {
       for (std::size_t i = std::size_t(lo) * C; i < std::size_t(hi) * C; ++i) {
         partials_[2 * i] = partials_[2 * i + 1] = 0.0;
-        bn_plane_sums(a + i * HW, b + i * HW, HW, partials_[2 * i], partials_[2 * i + 1]);
+        const float *ai = a + i * HW, *bi = b + i * HW;
+        if (HW > 0) bn_plane_sums(ai, bi, HW, shift_a ? ai[0] : 0.0f, bi[0], partials_[2 * i], partials_[2 * i + 1]);
       }
     });
     for (std::size_t i = 0; i < std::size_t(B) * C; ++i) sums_[2 * (i % C)] += partials_[2 * i], sums_[2 * (i % C) + 1] += partials_[2 * i + 1];

@@ -448,6 +448,69 @@ TEST(CpuImages, BatchNormIsThePlainArithmeticBitwiseOnEveryCpu) {
   }
 }
 
+// Batch norm of channels whose mean is 100-3000 times their spread (raw pixel values, an input
+// not normalised): the batch's statistics, y and the gradients against double arithmetic, in
+// NCHW and NHWC. The float lanes' Σ x^2 of raw values lost the variance (y off by 0.05, dx by 3x
+// this bound); summed from a pivot they keep it.
+TEST(CpuImages, BatchNormKeepsTheVarianceOfChannelsFarFromZero) {
+  const int B = 8, C = 3, HW = 196, n = B * HW;
+  const float offset[C] = {1000.0f, -300.0f, 3000.0f}, spread[C] = {1.0f, 0.5f, 2.0f};
+  const auto noise = random_vec(std::size_t(B) * C * HW, 71), dy = random_vec(std::size_t(B) * C * HW, 72);
+  std::vector<float> x(noise.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = offset[i / HW % C] + spread[i / HW % C] * noise[i];
+  const std::vector<float> gamma = {0.8f, 1.1f, 1.3f}, beta = {0.1f, -0.2f, 0.0f};
+  // The reference, in double: statistics, y, dgamma, dbeta, dx (NCHW).
+  std::vector<double> mean(C), invstd(C), y(x.size()), dgamma(C), dbeta(C), dx(x.size());
+  for (int c = 0; c < C; ++c) {
+    double s = 0, ss = 0;
+    for (int b = 0; b < B; ++b)
+      for (int k = 0; k < HW; ++k) s += x[(std::size_t(b) * C + c) * HW + k];
+    mean[c] = s / n;
+    for (int b = 0; b < B; ++b)
+      for (int k = 0; k < HW; ++k) ss += std::pow(x[(std::size_t(b) * C + c) * HW + k] - mean[c], 2);
+    invstd[c] = 1.0 / std::sqrt(ss / n + 1e-5);
+    for (int b = 0; b < B; ++b)
+      for (int k = 0; k < HW; ++k) {
+        const std::size_t at = (std::size_t(b) * C + c) * HW + k;
+        const double xhat = (x[at] - mean[c]) * invstd[c];
+        y[at] = gamma[c] * xhat + beta[c], dgamma[c] += dy[at] * xhat, dbeta[c] += dy[at];
+      }
+    for (int b = 0; b < B; ++b)
+      for (int k = 0; k < HW; ++k) {
+        const std::size_t at = (std::size_t(b) * C + c) * HW + k;
+        const double xhat = (x[at] - mean[c]) * invstd[c];
+        dx[at] = gamma[c] * invstd[c] * (dy[at] - dbeta[c] / n - xhat * dgamma[c] / n);
+      }
+  }
+  for (const CpuConvolutions conv : {CpuConvolutions::im2col, CpuConvolutions::onednn}) {
+    auto be = make_cpu_backend(1, conv);
+    SCOPED_TRACE(be->describe());
+    const bool nhwc = be->image_layout() == ImageLayout::nhwc;
+    auto there = [&](const std::vector<float>& v) { return nhwc ? relaid(v, B, C, HW, ImageLayout::nhwc) : v; };
+    auto back = [&](const std::vector<float>& v) { return nhwc ? relaid(v, B, C, HW, ImageLayout::nchw) : v; };
+    const auto bx = there(x), bdy = there(dy);
+    std::vector<float> got_y(x.size()), saved(2 * C), running(2 * C, 1.0f), dgb(2 * C), got_dx(x.size());
+    be->batch_norm_forward(bx.data(), B, C, HW, gamma.data(), beta.data(), true, 0.1f, 1e-5f, running.data(),
+                           running.data() + C, saved.data(), saved.data() + C, got_y.data());
+    be->batch_norm_backward(bx.data(), bdy.data(), B, C, HW, gamma.data(), saved.data(), saved.data() + C, dgb.data(),
+                            dgb.data() + C, got_dx.data());
+    got_y = back(got_y), got_dx = back(got_dx);
+    for (int c = 0; c < C; ++c) {
+      SCOPED_TRACE("channel " + std::to_string(c));
+      EXPECT_NEAR(saved[std::size_t(c)], mean[c], 1e-6 * std::abs(mean[c]));
+      EXPECT_NEAR(saved[std::size_t(C + c)], invstd[c], 1e-3 * invstd[c]);
+      EXPECT_NEAR(dgb[std::size_t(c)], dgamma[c], 1e-3 * std::max(1.0, std::abs(dgamma[c])));
+      EXPECT_NEAR(dgb[std::size_t(C + c)], dbeta[c], 1e-4 * std::max(1.0, std::abs(dbeta[c])));
+    }
+    double y_err = 0, dx_err = 0, dx_max = 0;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      y_err = std::max(y_err, std::abs(got_y[i] - y[i])), dx_err = std::max(dx_err, std::abs(got_dx[i] - dx[i])),
+      dx_max = std::max(dx_max, std::abs(dx[i]));
+    EXPECT_LT(y_err, 2e-3);
+    EXPECT_LT(dx_err, 1e-3 * dx_max);
+  }
+}
+
 TEST(CpuImages, NhwcBatchNormMeanPoolAndRelayoutEqualNchws) {
   for (const int threads : {1, 2}) {
     auto nhwc = make_cpu_backend(threads), nchw = make_cpu_backend(threads, CpuConvolutions::im2col);
