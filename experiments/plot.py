@@ -57,7 +57,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
-from launcher.metrics import (STALENESS_CAP, read_jsonl, staleness_by_worker, staleness_stats,  # noqa: E402  (stdlib only)
+from launcher.metrics import (STALENESS_CAP, last_life, read_jsonl, staleness_by_worker, staleness_stats,  # noqa: E402  (stdlib only)
                               whole_shards)
 from launcher.summary import training_windows  # noqa: E402  (stdlib only)
 
@@ -135,18 +135,6 @@ def seeds_text(group):
     """'(3 seeds)', or '(3 runs)' where a seed repeats (the same run twice)."""
     seeds = {m.cfg.get("seed") for m in group}
     return f"({len(group)} seeds)" if len(seeds) == len(group) else f"({len(group)} runs)"
-
-
-def last_life(evals):
-    """The evaluations on the path of the run's final θ: a resumed run's evaluator goes back to
-    the checkpoint's epoch, and the evaluations after it in the life before are of lost work."""
-    out = []
-    for e in reversed(evals):
-        if e.get("epoch") is None:
-            continue
-        if not out or e["epoch"] < out[-1]["epoch"]:
-            out.append(e)
-    return out[::-1]
 
 
 class Run:

@@ -1,5 +1,5 @@
-"""Reading metrics files (one JSON object per line), the staleness statistics of a PS run, and
-grouping runs by their sweep labels. plot.py imports this module: it imports nothing of the
+"""Reading metrics files (one JSON object per line), the evaluations on a resumed run's final
+path, the staleness statistics of a PS run, and grouping runs by their sweep labels. plot.py imports this module: it imports nothing of the
 rest of the launcher."""
 import json
 
@@ -20,6 +20,18 @@ def read_jsonl(path):
     except FileNotFoundError:
         pass
     return rows
+
+
+def last_life(evals):
+    """The evaluations on the path of the run's final θ: a resumed run's evaluator goes back to
+    the checkpoint's epoch, and the evaluations after it in the life before are of lost work."""
+    out = []
+    for e in reversed(evals):
+        if e.get("epoch") is None:
+            continue
+        if not out or e["epoch"] < out[-1]["epoch"]:
+            out.append(e)
+    return out[::-1]
 
 
 def staleness_by_worker(server_finals):

@@ -11,7 +11,9 @@ failure             failed or interrupted: what failed, how, and the last lines 
 final_test_acc      the evaluator's last test accuracy (None when the data is not a
                     classification); best_test_acc: the best of all its evaluations;
                     classification: whether it is (a regression's quality is final_test_loss)
-time_to_target_s, epochs_to_target   at the first evaluation with test accuracy >= target_acc
+time_to_target_s, epochs_to_target   at the first evaluation with test accuracy >= target_acc on
+                    the path of the final θ (metrics.last_life: a resumed run's evaluations of
+                    work its failure lost are left out, as in the plots)
 startup_s           when the first worker's first step began (s from the run's start:
                     processes, data, connections, the start barrier); train_time_to_target_s
                     the time to target counted from then, a resumed run's pauses left out
@@ -60,7 +62,7 @@ every worker: compute, comm, wait, delay) and step_time_ms_per_worker
 """
 import os
 
-from .metrics import read_jsonl, staleness_stats
+from .metrics import last_life, read_jsonl, staleness_stats
 
 
 # Statuses of runs whose processes all finished (plotted and compared); "diverged": the
@@ -167,6 +169,12 @@ def training_windows(worker_rows, batch):
     return total_samples, span, began, step_ms, n_steps, per_worker, allreduced if starts else None, pauses
 
 
+def first_at_target(evals, target):
+    """The first evaluation on the final θ's path (last_life) with test accuracy >= target, or
+    None: one of the work a resumed run's failure lost does not count."""
+    return next((x for x in last_life(evals) if x.get("test_acc", -1.0) >= target), None)
+
+
 def training_time_to(t, began, pauses):
     """Seconds of training from `began` to metric time t, less the pauses between lives before it
     (0 for a target θ0 already met: evaluated before the first step began)."""
@@ -197,7 +205,7 @@ def summarize(plan, run_dir, wall_s, status="ok", failure=None, lost=None, resta
 
     acc = [x for x in evals if "test_acc" in x]
     final = evals[-1] if evals else None
-    hit = next((x for x in acc if x["test_acc"] >= plan.target_acc), None)
+    hit = first_at_target(evals, plan.target_acc)
     classification = plan.classification
     s = {
         "mode": plan.mode,

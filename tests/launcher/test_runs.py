@@ -340,6 +340,25 @@ class Runs(LauncherTestCase):
         samples, span, began, *_, pauses = training_windows({0: life0 + life1, 1: late}, 8)
         self.assertEqual((span, began, pauses), (4.0, 1.0, [(3.0, 100.0)]))
 
+    def test_the_time_to_target_of_a_resumed_run_is_on_its_final_thetas_path(self):
+        # Defect: the summary took the first evaluation at the target in the whole file, one of
+        # work the failure lost (epoch 1.5 of life 0, after the checkpoint at 1.0), where the
+        # plots drew the final θ's path (plot.last_life).
+        sys.path.insert(0, str(REPO / "experiments"))
+        try:
+            from launcher.summary import first_at_target
+        finally:
+            sys.path.remove(str(REPO / "experiments"))
+
+        def ev(t, epoch, acc):
+            return {"kind": "eval", "t": t, "epoch": epoch, "test_acc": acc}
+        life0 = [ev(1.0, 0.5, 0.80), ev(2.0, 1.0, 0.84), ev(3.0, 1.5, 0.86)]  # killed after 1.5; checkpoint at 1.0
+        life1 = [ev(50.0, 1.0, 0.84), ev(51.0, 1.5, 0.845), ev(52.0, 2.0, 0.87)]
+        self.assertEqual(first_at_target(life0 + life1, 0.85), life1[2])
+        self.assertEqual(first_at_target(life0 + life1, 0.80), life0[0])  # (before the checkpoint: on the path)
+        self.assertIsNone(first_at_target(life0 + life1, 0.90))
+        self.assertEqual(first_at_target(life0, 0.85), life0[2])  # one life: its first at the target
+
     def test_a_failed_run_is_left_out_of_what_the_comparison_says_over_runs(self):
         # Defect: a failed run's partial figures went into "Over seeds (mean ± sd)", "By global
         # batch" and "First to": seeds at 88% and 89% and a failed one at 45% read 74.00 ± 24.56%.
