@@ -201,6 +201,7 @@ class CudaGraph final : public Backend::Graph {
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device_index) : device_(device_index) {
+    const std::string use_cudnn = cudnn_setting();  // (refused before anything is allocated)
     cudaDeviceProp prop{};
     usable_or_throw(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
     usable_or_throw(cudaSetDevice(device_), "cudaSetDevice");
@@ -216,16 +217,12 @@ class CudaBackend final : public Backend {
     cublas_ = std::make_unique<CublasHandle>(stream_->get());
     PSLAB_CUDA_CHECK(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
     PSLAB_CUBLAS_CHECK(cublasSetWorkspace(cublas_->get(), cublas_workspace_, kCublasWorkspaceBytes));
-    // PSLAB_CUDNN: unset or "heuristic", "timed" (cuda/cudnn.h: how algorithms are chosen), "off".
-    const std::string use_cudnn = std::getenv("PSLAB_CUDNN") ? std::getenv("PSLAB_CUDNN") : "heuristic";
     if (use_cudnn == "off")
       no_cudnn_ = "PSLAB_CUDNN=off";
-    else if (use_cudnn == "timed" || use_cudnn == "heuristic")
+    else
       cudnn_ = cuda::Cudnn::open(stream_->get(),
                                  use_cudnn == "timed" ? cuda::ConvAlgorithms::timed : cuda::ConvAlgorithms::heuristic,
                                  &no_cudnn_);
-    else
-      throw std::invalid_argument("PSLAB_CUDNN is \"" + use_cudnn + "\": \"heuristic\" (the default), \"timed\" or \"off\"");
     char mem[32];
     std::snprintf(mem, sizeof mem, "%.1f GiB",
                   double(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
@@ -766,6 +763,14 @@ class CudaBackend final : public Backend {
     return scratch_.get(bytes);
   }
   // cuDNN for a convolution of this shape: while recording only with its plan made (making one allocates).
+  // PSLAB_CUDNN: unset or empty, "heuristic", "timed" (cuda/cudnn.h: how algorithms are chosen), "off".
+  static std::string cudnn_setting() {
+    const char* v = std::getenv("PSLAB_CUDNN");
+    const std::string use = v && *v ? v : "heuristic";
+    if (use != "heuristic" && use != "timed" && use != "off")
+      throw std::invalid_argument("PSLAB_CUDNN is \"" + use + "\": \"heuristic\" (the default), \"timed\" or \"off\"");
+    return use;
+  }
   cuda::Cudnn& cudnn_for(const math::ConvGeometry& g, int OC, int B) {
     if (recording_ && !cudnn_->planned(g, OC, B)) not_while_recording("a convolution of a shape not run before");
     recorded_cudnn_ |= recording_;

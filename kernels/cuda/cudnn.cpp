@@ -163,7 +163,7 @@ struct Choice {
   cudnnConvolutionBwdFilterAlgo_t bwd_filter;
   cudnnMathType_t bwd_filter_math;
 };
-using ChoiceKey = std::array<int, 11>;  // the plan's key, then tf32 and timed
+using ChoiceKey = std::array<int, 12>;  // the plan's key, then tf32, timed and the device
 
 // The choices made in this process, one per shape: every backend in a process computes a shape's
 // sums alike (two measurements of the candidates may rank close ones differently).
@@ -257,6 +257,10 @@ Choice Cudnn::Impl::choice(const math::ConvGeometry& g, int OC, int B, const Con
   ChoiceKey key{};
   std::copy(k.begin(), k.end(), key.begin());
   key[9] = tf32, key[10] = timed;
+  if (const cudaError_t e = cudaGetDevice(&key[11]); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw std::runtime_error(std::string("cudaGetDevice failed: ") + cudaGetErrorString(e));
+  }
   Choices& made = process_choices();
   std::lock_guard<std::mutex> lock(made.mutex);
   if (auto it = made.by_shape.find(key); it != made.by_shape.end()) return it->second;

@@ -110,6 +110,18 @@ TEST(GpuMath, BiasGradThreadsSumEachOfTheirChannelsElementsOnce) {
         for (int t = 0; t < T; ++t) got += math::bias_grad_thread_sum<8>(dy.data(), outer, ch, inner, c, t, T);
         ASSERT_EQ(got, double(want[std::size_t(c)])) << "channel " << c;
       }
+      // Each element once, not another of equal value: channel c alone holds 1, 2, ..., its
+      // element count (distinct; every sum exact in float up to 5000 elements).
+      if (std::size_t(outer) * inner > 5000) continue;
+      for (int c = 0; c < ch; ++c) {
+        std::vector<float> one(n, 0.0f);
+        for (std::size_t j = 0; j < std::size_t(outer) * inner; ++j)
+          one[(j / inner * ch + c) * inner + j % inner] = float(j + 1);
+        double got = 0;
+        for (int t = 0; t < T; ++t) got += math::bias_grad_thread_sum<8>(one.data(), outer, ch, inner, c, t, T);
+        const double m = double(outer) * inner;
+        ASSERT_EQ(got, m * (m + 1) / 2) << "channel " << c << " alone";
+      }
     }
   }
 }
