@@ -22,14 +22,16 @@ def read_jsonl(path):
     return rows
 
 
-def last_life(evals):
+def last_life(evals, repeats=False):
     """The evaluations on the path of the run's final θ: a resumed run's evaluator goes back to
-    the checkpoint's epoch, and the evaluations after it in the life before are of lost work."""
+    the checkpoint's epoch, and the evaluations after it in the life before are of lost work.
+    Of evaluations at one epoch the last (a curve's point), or with `repeats` each (the first
+    to reach a target: the final θ evaluated again at its epoch, a checkpoint's at its)."""
     out = []
     for e in reversed(evals):
         if e.get("epoch") is None:
             continue
-        if not out or e["epoch"] < out[-1]["epoch"]:
+        if not out or e["epoch"] < out[-1]["epoch"] or (repeats and e["epoch"] == out[-1]["epoch"]):
             out.append(e)
     return out[::-1]
 

@@ -172,7 +172,7 @@ def training_windows(worker_rows, batch):
 def first_at_target(evals, target):
     """The first evaluation on the final θ's path (last_life) with test accuracy >= target, or
     None: one of the work a resumed run's failure lost does not count."""
-    return next((x for x in last_life(evals) if x.get("test_acc", -1.0) >= target), None)
+    return next((x for x in last_life(evals, repeats=True) if x.get("test_acc", -1.0) >= target), None)
 
 
 def training_time_to(t, began, pauses):

@@ -358,6 +358,9 @@ class Runs(LauncherTestCase):
         self.assertEqual(first_at_target(life0 + life1, 0.80), life0[0])  # (before the checkpoint: on the path)
         self.assertIsNone(first_at_target(life0 + life1, 0.90))
         self.assertEqual(first_at_target(life0, 0.85), life0[2])  # one life: its first at the target
+        # the final θ evaluated again at its epoch: the first of the two reached the target
+        again = [ev(1.0, 0.5, 0.80), ev(2.0, 1.0, 0.86), ev(2.5, 1.0, 0.86)]
+        self.assertEqual(first_at_target(again, 0.85), again[1])
 
     def test_a_failed_run_is_left_out_of_what_the_comparison_says_over_runs(self):
         # Defect: a failed run's partial figures went into "Over seeds (mean ± sd)", "By global
