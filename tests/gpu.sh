@@ -20,7 +20,8 @@
 #   2. bench_train --device cuda, MLP and CNN at batch 64, 256, 1024 and 4096 and ResNet-20 (batch
 #      norm; cuDNN) at 128 and 512, float32 (at each model's smallest batch also without step
 #      graphs; the convolutional ones also with the algorithms cuDNN times, PSLAB_CUDNN=timed,
-#      instead of its heuristic's), and with TF32 at each model's largest batch; and, where `python3 -c "import torch"`
+#      instead of its heuristic's; the CNN at 1024 and ResNet-20 at 128 also timed pass by pass,
+#      bench_train --profile), and with TF32 at each model's largest batch; and, where `python3 -c "import torch"`
 #      works, the same models in PyTorch on the same GPU at its best (tests/bench/torch_train.py: eager, staged and the step
 #      in a CUDA graph, ResNet also in channels_last; float32 against float32, TF32 against TF32);
 #      one table with the ratios; runs/bench/gpu.json; then the launcher's train role (MLP batch
@@ -229,8 +230,10 @@ for model in mlp cnn resnet20; do
     kind=(--model "$model"); [[ $model == resnet20 ]] && kind=(--model resnet --depth 20)
     # (the variants' JSON of an earlier invocation in the same --out: the table reads only this one's)
     rm -f "$out/gpu-pslab-$model-$batch-nographs.json" "$out/gpu-pslab-$model-$batch-timed.json"
+    # Where the step's time goes, pass by pass (bench_train --profile), for the CNN at 1024 and ResNet-20 at 128.
+    prof=(); [[ $prec == fp32 && ($model == cnn && $batch == 1024 || $model == resnet20 && $batch == 128) ]] && prof=(--profile 20)
     if ! "$build/tests/bench_train" --device cuda "${kind[@]}" "${tf[@]}" --batch "$batch" --steps "$s" --runs "$runs" --warmup 20 \
-         --max-batch "$batch" --json "$out/gpu-pslab-$model-$batch$sfx.json" > "$out/gpu-pslab-$model-$batch$sfx.log" 2>&1; then
+         --max-batch "$batch" "${prof[@]}" --json "$out/gpu-pslab-$model-$batch$sfx.json" > "$out/gpu-pslab-$model-$batch$sfx.log" 2>&1; then
       failed+=("bench_train $model $batch $prec"); echo "FAIL bench_train $model batch $batch $prec:"; tail -5 "$out/gpu-pslab-$model-$batch$sfx.log"; continue
     fi
     rows+=("$model $batch $prec")
@@ -291,6 +294,9 @@ if compared:
           + (f"; below: {', '.join(behind)}" if behind else ""))
 print(f"\n(written: {out / 'gpu.json'})")
 EOF
+for log in "$out/gpu-pslab-cnn-1024.log" "$out/gpu-pslab-resnet20-128.log"; do  # (bench_train --profile's table)
+  [[ -f $log ]] && grep -q "^pass " "$log" && { echo; echo "where a step goes, $(basename "$log" .log):"; sed -n '/^pass /,/^sum /p' "$log"; }
+done
 # A worker's step in the launcher's train role against bench_train's, MLP batch 64 (at f829795
 # 0.43 ms against 0.18 ms): the samples/s of its log windows after the first epoch.
 epochs=3; ((quick)) && epochs=1

@@ -1,6 +1,7 @@
 #include "core/model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -154,18 +155,59 @@ const float* Model::forward(const float* x, int B, const ForwardMode& mode) {
   if (B > max_batch_)
     throw std::invalid_argument("Model: batch of " + std::to_string(B) +
                                 " exceeds the max_batch " + std::to_string(max_batch_));
-  const float* in = x;
-  if (relaid_input_.size() > 0) {
-    be_.relayout_images(x, B, spec_.channels, spec_.height * spec_.width, be_.image_layout(), relaid_input_.data());
-    in = relaid_input_.data();
-  }
-  for (std::size_t i = 0; i < layers_.size(); ++i) {
-    layers_[i]->set_mode(mode);
-    inputs_[i] = in;
-    layers_[i]->forward(be_, in, acts_[i + 1].data(), B, scratch_[i].data());
-    in = acts_[i + 1].data();
-  }
+  const float* in = model_input(x, B);
+  for (std::size_t i = 0; i < layers_.size(); ++i) in = forward_layer(i, in, B, mode);
   return in;
+}
+
+const float* Model::model_input(const float* x, int B) {
+  if (relaid_input_.size() == 0) return x;
+  be_.relayout_images(x, B, spec_.channels, spec_.height * spec_.width, be_.image_layout(), relaid_input_.data());
+  return relaid_input_.data();
+}
+
+const float* Model::forward_layer(std::size_t i, const float* in, int B, const ForwardMode& mode) {
+  layers_[i]->set_mode(mode);
+  inputs_[i] = in;
+  layers_[i]->forward(be_, in, acts_[i + 1].data(), B, scratch_[i].data());
+  return acts_[i + 1].data();
+}
+
+const float* Model::backward_layer(std::size_t i, const float* dy, int B, std::size_t& end, GradListener* listener) {
+  float* bufs[2] = {dping_.data(), dpong_.data()};
+  float* dx = i == 0 ? nullptr : bufs[i % 2];
+  end -= layers_[i]->num_params();
+  const GradProgress progress{listener, end};
+  layers_[i]->backward(be_, inputs_[i], acts_[i + 1].data(), dy, dx, B, scratch_[i].data(), progress);
+  progress.ready_from(0);
+  return dx;
+}
+
+std::vector<Model::PassTimes> Model::profile_passes(const float* x, const std::int32_t* labels, const float* targets,
+                                                    int B, int reps) {
+  if (B < 1 || B > max_batch_ || reps < 1)
+    throw std::invalid_argument("Model::profile_passes: a batch of " + std::to_string(B) + " (max " +
+                                std::to_string(max_batch_) + "), " + std::to_string(reps) + " repetitions");
+  std::vector<PassTimes> t(layers_.size() + 1);
+  for (std::size_t i = 0; i < layers_.size(); ++i) t[i].pass = std::to_string(i) + "." + layers_[i]->describe();
+  t.back().pass = "loss";
+  // ms[0] += the time of pass(), counted from the second step on (step 0 makes plans).
+  auto timed = [&](int step, double& ms, auto&& pass) {
+    be_.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    pass();
+    be_.synchronize();
+    if (step > 0) ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
+  };
+  for (int step = 0; step <= reps; ++step) {
+    const float* in = model_input(x, B);
+    for (std::size_t i = 0; i < layers_.size(); ++i) timed(step, t[i].forward_ms, [&] { in = forward_layer(i, in, B, ForwardMode{}); });
+    timed(step, t.back().forward_ms, [&] { loss(in, labels, targets, B, 1.0f / float(B)); });
+    const float* dy = dout_.data();
+    std::size_t end = num_params();
+    for (std::size_t i = layers_.size(); i-- > 0;) timed(step, t[i].backward_ms, [&] { dy = backward_layer(i, dy, B, end, nullptr); });
+  }
+  return t;
 }
 
 double Model::loss(const float* out, const std::int32_t* labels, const float* targets, int B,
@@ -196,16 +238,8 @@ void Model::queue_forward_backward(const float* x, const std::int32_t* labels, c
   if (spec_.loss == Loss::softmax_xent) be_.softmax_xent_deferred(out, labels, B, spec_.outputs, scale, dout_.data());
   else be_.mse_deferred(out, targets, B, spec_.outputs, scale, dout_.data());
   const float* dy = dout_.data();
-  float* bufs[2] = {dping_.data(), dpong_.data()};
-  std::size_t offset = num_params();  // of layer i's slice in ∇θ
-  for (std::size_t i = layers_.size(); i-- > 0;) {
-    float* dx = i == 0 ? nullptr : bufs[i % 2];
-    offset -= layers_[i]->num_params();
-    const GradProgress progress{listener, offset};
-    layers_[i]->backward(be_, inputs_[i], acts_[i + 1].data(), dy, dx, B, scratch_[i].data(), progress);
-    progress.ready_from(0);
-    dy = dx;
-  }
+  std::size_t end = num_params();  // of layer i's slice in ∇θ
+  for (std::size_t i = layers_.size(); i-- > 0;) dy = backward_layer(i, dy, B, end, listener);
 }
 
 EvalCounts Model::evaluate(const float* x, const std::int32_t* labels, const float* targets,

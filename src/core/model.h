@@ -202,8 +202,24 @@ class Model {
   // (a training-mode forward whose momentum is 1 / (k + 1)). ∇θ is not touched.
   void measure_statistics(const float* x, int B, int k);
 
+  // Where a training step's time goes (bench_train --profile): each layer's forward and backward
+  // pass and the loss's, timed apart (the backend synchronized before and after each, so a
+  // pass's time is its own), averaged over `reps` steps after one untimed step (plans,
+  // workspaces). A step graph or a GPU's queue runs them back to back: their sum exceeds a
+  // step's time. Leaves what a training step on the batch leaves (∇θ, running statistics).
+  struct PassTimes {
+    std::string pass;  // "2.conv5x5/s2(16->32, 7x7)", or "loss"
+    double forward_ms = 0.0, backward_ms = 0.0;
+  };
+  std::vector<PassTimes> profile_passes(const float* x, const std::int32_t* labels, const float* targets, int B, int reps);
+
  private:
   const float* forward(const float* x, int B, const ForwardMode& mode);
+  const float* model_input(const float* x, int B);  // x in the backend's image layout
+  // Layer i's forward on `in` (its output), and its backward from dy (dx: null for layer 0),
+  // writing its slice of ∇θ, which ends at `end` (moved to where it begins).
+  const float* forward_layer(std::size_t i, const float* in, int B, const ForwardMode& mode);
+  const float* backward_layer(std::size_t i, const float* dy, int B, std::size_t& end, GradListener* listener);
   double loss(const float* out, const std::int32_t* labels, const float* targets, int B,
               float grad_scale);
 

@@ -1,6 +1,7 @@
 #include "core/replica.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
@@ -175,6 +176,34 @@ double Replica::step(std::span<const std::uint32_t> idx, float grad_scale, GradL
   const double loss = model_.forward_backward(b.x, b.labels, b.targets, B, grad_scale, listener);
   if (update) update->update(model_.params(), model_.grads(), model_.params());
   return loss;
+}
+
+std::vector<Model::PassTimes> Replica::profile_step(std::span<const std::uint32_t> idx, Optimizer& opt, double lr,
+                                                    int reps) {
+  const int B = int(idx.size());
+  Model::PassTimes gather{"gather"}, update{"update"};
+  std::vector<Model::PassTimes> passes;
+  for (int round = 0; round <= reps; ++round) {  // (round 0: untimed)
+    auto ms = [&](auto&& work) {
+      be_.synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      work();
+      be_.synchronize();
+      return round ? std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps : 0.0;
+    };
+    Batch b{};
+    gather.forward_ms += ms([&] { b = stage(train_, idx); });
+    const auto model = model_.profile_passes(b.x, b.labels, b.targets, B, 1);
+    if (round == 1) passes.assign(model.size(), {});
+    for (std::size_t i = 0; round > 0 && i < model.size(); ++i) {
+      passes[i].pass = model[i].pass;
+      passes[i].forward_ms += model[i].forward_ms / reps, passes[i].backward_ms += model[i].backward_ms / reps;
+    }
+    update.forward_ms += ms([&] { opt.step(model_.params(), model_.grads(), lr); });
+  }
+  passes.insert(passes.begin(), gather);
+  passes.push_back(update);
+  return passes;
 }
 
 StepGraphs step_graphs_from(const std::string& value) {

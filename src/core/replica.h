@@ -64,6 +64,11 @@ class Replica {
   // flip; math::augment_draw), each sample's draw from (seed, the epoch set_epoch() last said,
   // the sample), on either backend alike. Needs image data (height and width > 1).
   void augment(std::uint64_t seed, int pad);
+  // Where a train_step's time goes (bench_train --profile): the batch's gather, each pass of the
+  // model (Model::profile_passes) and opt's update at lr, each timed apart with the backend
+  // synchronized around it, averaged over `reps` after one untimed round; gather and update
+  // as rows of their own (forward_ms their time). Without augmentation or step graphs.
+  std::vector<Model::PassTimes> profile_step(std::span<const std::uint32_t> idx, Optimizer& opt, double lr, int reps);
   // Steps as graphs (Backend::begin_recording; train.cuda_graphs). The first step of a shape (its
   // batch size, scale, buffers and whether an optimizer's update ends it) runs as usual and sizes what a recording needs; the second of
   // it in a row is recorded (forward, backward and the deferred loss) and replayed, and so is every

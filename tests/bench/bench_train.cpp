@@ -39,14 +39,30 @@ DataSplit bench_data(const ExperimentConfig& cfg) {
   return data;
 }
 
+// --profile: the step's passes timed apart over `reps` steps (Replica::profile_step), a table on
+// stderr beside the step's time at the median rate (step_ms), and as JSON.
+nlohmann::ordered_json profile_passes(Replica& replica, std::span<const std::uint32_t> idx, Optimizer& opt, int reps,
+                                      double step_ms) {
+  nlohmann::ordered_json passes = nlohmann::ordered_json::array();
+  double sum = 0.0;
+  std::fprintf(stderr, "%-48s %12s %12s\n", "pass", "forward ms", "backward ms");
+  for (const auto& p : replica.profile_step(idx, opt, 0.01, reps)) {
+    std::fprintf(stderr, "%-48s %12.4f %12.4f\n", p.pass.c_str(), p.forward_ms, p.backward_ms);
+    passes.push_back({{"pass", p.pass}, {"forward_ms", p.forward_ms}, {"backward_ms", p.backward_ms}});
+    sum += p.forward_ms + p.backward_ms;
+  }
+  std::fprintf(stderr, "%-48s %12.4f   (a step at the median rate: %.4f ms)\n", "sum", sum, step_ms);
+  return passes;
+}
+
 int bench(int argc, char** argv) {
   CLI::App app{"pslab training-throughput benchmark"};
-  std::string model = "mlp", json_path, device = "cpu";
-  int batch = 64, threads = 2, runs = 5;
-  long steps = 2000, warmup = 200; int max_batch = 0;
+  std::string model = "mlp", json_path, device = "cpu", conv = "onednn", graphs = "auto";
+  int batch = 64, threads = 2, runs = 5, depth = 20, max_batch = 0, profile = 0;
+  long steps = 2000, warmup = 200;
+  bool tf32 = false;
   app.add_option("--model", model)->capture_default_str();
   app.add_option("--device", device)->capture_default_str();
-  int depth = 20;
   app.add_option("--depth", depth, "resnet: its depth (6n + 2)")->capture_default_str();
   app.add_option("--batch", batch)->capture_default_str();
   app.add_option("--threads", threads, "OpenBLAS threads")->capture_default_str();
@@ -55,16 +71,17 @@ int bench(int argc, char** argv) {
   app.add_option("--warmup", warmup, "steps before the timed runs")->capture_default_str();
   app.add_option("--max-batch", max_batch);
   app.add_option("--json", json_path, "write results here");
-  std::string conv = "onednn";
   app.add_option("--conv", conv, "cpu: convolutions on oneDNN (where built with it) or by im2col and OpenBLAS")
       ->check(CLI::IsMember({"onednn", "im2col"}))
       ->capture_default_str();
-  bool tf32 = false;
   app.add_flag("--tf32", tf32, "cuda: GEMMs may use TF32 tensor cores (train.tf32)");
-  std::string graphs = "auto";
   app.add_option("--cuda-graphs", graphs, "cuda: each step's forward, backward and optimizer step as one CUDA graph (train.cuda_graphs)")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  app.add_option("--profile", profile,
+                 "after the runs, time the gather, each layer's forward and backward pass, the loss and the update apart "
+                 "(synchronized around each), averaged over this many steps; JSON \"passes\"")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
   ExperimentConfig cfg;
@@ -109,6 +126,11 @@ int bench(int argc, char** argv) {
                            {"steps_per_run", steps}, {"warmup_steps", warmup}, {"runs", runs}, {"cuda_graphs", graphs},
                            {"graphed_steps", replica.graphed_steps()}, {"samples_per_s", rates},
                            {"median_samples_per_s", sorted[sorted.size() / 2]}};
+  if (profile > 0) {
+    Optimizer fresh(*be, cfg.optimizer, replica.model().num_params());  // (opt may step by live scalars now)
+    sampler.set_epoch(0);
+    j["passes"] = profile_passes(replica, sampler.batch(0, batch), fresh, profile, 1e3 * batch / sorted[sorted.size() / 2]);
+  }
   std::printf("%s\n", j.dump(2).c_str());
   if (!json_path.empty()) std::ofstream(json_path) << j.dump(2) << "\n";
   return 0;

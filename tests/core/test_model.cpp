@@ -11,6 +11,8 @@
 #include "backend.h"
 #include "core/layers.h"
 #include "core/model.h"
+#include "core/optimizer.h"
+#include "core/replica.h"
 #include "core/rng.h"
 
 using namespace pslab;
@@ -495,6 +497,78 @@ TEST(ModelBatch, AListenerHearsFinalTailsEarlyAndChangesNoBit) {
       EXPECT_GE(inside, 5) << "the first layer's weight gradient should come in pieces";
     }
   }
+}
+
+// profile_passes (bench_train --profile): a row per layer and the loss, each with a time, and
+// the gradient it leaves is forward_backward's, bit for bit (the passes are the same calls).
+TEST(ModelProfile, EachPassTimedAndTheGradientForwardBackwardsBitwise) {
+  for (const ModelSpec& spec : {make("cnn", 2, 9, 8, 3, {}, {3, 4}, Loss::softmax_xent), make_resnet(8, 2, 1, 6, 6, 3)}) {
+    auto be = make_cpu_backend(1);
+    const int B = 5;
+    Model m(*be, spec, B);
+    m.init(3);
+    const std::size_t P = m.num_params(), F = std::size_t(spec.channels) * spec.height * spec.width;
+    Rng rng(11);
+    std::vector<float> x(std::size_t(B) * F);
+    for (auto& v : x) v = float(rng.uniform(-1, 1));
+    std::vector<std::int32_t> y(B);
+    for (int i = 0; i < B; ++i) y[std::size_t(i)] = i % spec.outputs;
+    std::vector<float> state0(m.state_floats());
+    m.store_state(state0.data());
+    m.forward_backward(x.data(), y.data(), nullptr, B);
+    const std::vector<float> plain(m.grads(), m.grads() + P);
+    be->fill(m.grads(), P, 7.0f);
+    m.load_state(state0.data());
+    const auto passes = m.profile_passes(x.data(), y.data(), nullptr, B, 2);
+    EXPECT_EQ(std::vector<float>(m.grads(), m.grads() + P), plain) << spec.kind;
+    ASSERT_GE(passes.size(), 3u);
+    EXPECT_EQ(passes.back().pass, "loss");
+    EXPECT_EQ(passes.front().pass.rfind("0.", 0), 0u) << passes.front().pass;
+    double total = 0;
+    for (const auto& p : passes) {
+      EXPECT_GE(p.forward_ms, 0.0) << p.pass;
+      EXPECT_GE(p.backward_ms, 0.0) << p.pass;
+      total += p.forward_ms + p.backward_ms;
+    }
+    EXPECT_GT(total, 0.0);
+    EXPECT_THROW(m.profile_passes(x.data(), y.data(), nullptr, B + 1, 1), std::invalid_argument);  // over max_batch
+  }
+}
+
+// Replica::profile_step: the gather first, the model's passes, the update last; and it trains
+// as train_step does (reps + 1 rounds: θ bitwise that of as many train_steps on the batch).
+TEST(ModelProfile, AReplicasStepIsGatherPassesAndUpdate) {
+  Dataset d;
+  d.n = 20, d.channels = 1, d.height = 4, d.width = 4, d.classes = 3;
+  d.x.resize(std::size_t(d.n) * d.features());
+  d.labels.resize(std::size_t(d.n));
+  Rng rng(5);
+  for (auto& v : d.x) v = float(rng.normal());
+  for (auto& l : d.labels) l = std::int32_t(rng.below(3));
+  ModelSpec spec;
+  spec.kind = "mlp", spec.channels = 1, spec.height = 4, spec.width = 4, spec.outputs = 3, spec.hidden = {8};
+  const std::vector<std::uint32_t> idx = {3, 1, 4, 15, 9, 2};
+  std::vector<float> theta[2];
+  for (int k = 0; k < 2; ++k) {
+    auto be = make_cpu_backend(1);
+    Replica replica(*be, spec, d, 8);
+    replica.model().init(3);
+    OptimizerConfig cfg;
+    Optimizer opt(*be, cfg, replica.model().num_params());
+    if (k == 0) {
+      for (int i = 0; i < 3; ++i) replica.train_step(idx, opt, 0.1);
+    } else {
+      const auto rows = replica.profile_step(idx, opt, 0.1, 2);
+      ASSERT_EQ(rows.size(), 2u + 2u + 1u + 1u);  // gather, linear, relu, linear, loss, update
+      EXPECT_EQ(rows.front().pass, "gather");
+      EXPECT_EQ(rows[1].pass.rfind("0.linear", 0), 0u) << rows[1].pass;
+      EXPECT_EQ(rows[rows.size() - 2].pass, "loss");
+      EXPECT_EQ(rows.back().pass, "update");
+    }
+    theta[k].resize(replica.model().num_params());
+    replica.model().store_params(theta[k].data());
+  }
+  EXPECT_EQ(theta[1], theta[0]);
 }
 
 // A backend that counts the calls it forwards to another (the CPU backend).
