@@ -343,7 +343,7 @@ for transport in $host_transports; do
   ((lean)) && extra=(--sizes-kib 4096)  # (raw ZeroMQ is measured beside pslab in every invocation)
   if "$build/tests/bench_ps" --transport "$transport" --runs "$ps_runs" "${extra[@]}" \
        --json "$out/gpu-ps-$transport.json" > "$out/gpu-ps-$transport.log" 2>&1; then
-    grep "KiB" "$out/gpu-ps-$transport.log"
+    grep -E "KiB|thread\(s\)" "$out/gpu-ps-$transport.log"
   else
     failed+=("bench_ps $transport"); tail -5 "$out/gpu-ps-$transport.log"
   fi
@@ -353,7 +353,7 @@ done
 for transport in $cuda_transports; do
   if "$build/tests/bench_ps" --device cuda --transport "$transport" --sizes-kib 22752 --runs "$ps_runs" \
        --json "$out/gpu-ps-cuda-$transport.json" > "$out/gpu-ps-cuda-$transport.log" 2>&1; then
-    grep "GPU memory" "$out/gpu-ps-cuda-$transport.log"
+    grep -E "GPU memory|thread\(s\)" "$out/gpu-ps-cuda-$transport.log"
   else
     failed+=("bench_ps --device cuda $transport"); tail -5 "$out/gpu-ps-cuda-$transport.log"
   fi

@@ -3,7 +3,7 @@
 // request at a time. Writes JSON.
 //
 //   bench_ps [--runs 5] [--json FILE] [--sizes-kib 4,256,4096,16384] [--transport tcp|ipc|shm]
-//            [--server-threads N] [--piece-kib K] [--pieces] [--auth] [--heartbeat-cost] [--guard-cost]
+//            [--server-threads N (0: as the launcher would)] [--piece-kib K] [--pieces] [--auth] [--heartbeat-cost] [--guard-cost]
 //            [--floor [--floor-pieces 8]] [--netns CLIENT,SERVER --server-ip IP] [--device cuda]
 //
 // With --netns the server runs in network namespace SERVER and the worker in CLIENT (tcp only),
@@ -500,7 +500,7 @@ struct Options {
   std::string json_path;
   std::vector<int> sizes_kib = {4, 256, 4096, 16384};
   std::string transport = "tcp";
-  int server_threads = 1;
+  int server_threads = 0;  // 0: as the launcher sets it for this host (server_threads_as_launched)
   bool auth = false, heartbeat_cost = false, guard_cost = false, floor = false, pieces = false;
   std::vector<std::string> codecs;
   int floor_pieces = 8;
@@ -514,7 +514,10 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--runs", o.runs, "timed runs per measurement (median reported)")->capture_default_str();
   app.add_option("--json", o.json_path, "write results here");
   app.add_option("--sizes-kib", o.sizes_kib, "tensor sizes in KiB")->delimiter(',')->capture_default_str();
-  app.add_option("--server-threads", o.server_threads, "threads the server splits an update over (cluster.server_threads)")
+  app.add_option("--server-threads", o.server_threads,
+                 "threads the server splits an update over (cluster.server_threads; 0: as the launcher sets it for a server "
+                 "beside one worker on this host: its cores / 2, with --device cuda the cores the GPU worker leaves)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--transport", o.transport, "tcp (loopback), ipc (Unix sockets) or shm (shared memory)")->capture_default_str();
   app.add_option("--piece-kib", o.piece_kib, "cluster.piece_kib for pslab (default: the config's)");
@@ -649,6 +652,12 @@ int main(int argc, char** argv) {
                    std::size_t(kib) * 256);
       return 2;
     }
+  if (o.server_threads == 0) {  // (run/setup.h: the launcher's cluster.server_threads = 0, one server and one worker here)
+    ExperimentConfig c;
+    c.train.device = o.device;
+    o.server_threads = server_threads(c, 2, 1);
+  }
+  std::fprintf(stderr, "bench_ps: the server splits an update over %d thread(s) (--server-threads)\n", o.server_threads);
   if (o.netns.size() == 2) o.place.client_ns = o.netns[0], o.place.server_ns = o.netns[1];
   if (o.place.remote() && (o.transport != "tcp" || o.place.server_ip.empty())) {
     std::fprintf(stderr, "bench_ps: --netns needs --transport tcp and --server-ip\n");
