@@ -2,7 +2,10 @@
 # A self-contained, relocatable pslab: for machines where nothing can be installed (a cluster
 # node without root; a GPU machine with only a driver, a CUDA toolkit and Python).
 #
-#   experiments/bundle.sh [--out FILE.tar.gz] [--build-dir DIR] [--no-data] [--with-nccl]
+#   experiments/bundle.sh [--out FILE.tar.gz | FILE.tar.xz] [--build-dir DIR] [--no-data] [--with-nccl]
+#
+# FILE.tar.xz: compressed by xz ($XZ_OPT, default -6 -T0), a third smaller (61 MB -> 48 MB with
+# the data set), e.g. to travel where a transfer's size is capped.
 #
 # The tarball unpacks to pslab-<revision>/, laid out like the repository, so the launcher and
 # every script work there as here:
@@ -143,6 +146,10 @@ fi
   done
   printf '\n  }\n}\n'
 } > "$dst/BUNDLE.json"
-tar czf "$out" -C "$stage" "$name"
+case $out in  # .tar.xz: a third smaller than gzip (Fashion-MNIST is gzip already: 61 -> 48 MB with it)
+  *.tar.xz) XZ_OPT=${XZ_OPT:--6 -T0} tar cJf "$out" -C "$stage" "$name" ;;
+  *) tar czf "$out" -C "$stage" "$name" ;;
+esac
 echo "bundle.sh: $out ($(du -h "$out" | cut -f1)): $(ls "$dst/build/lib" | wc -l) libraries in build/lib$( ((data)) && echo ", Fashion-MNIST in data/")"
-echo "bundle.sh: on the target: tar xzf $(basename "$out") && cd $name && /usr/bin/python3 experiments/launch.py run experiments/configs/default.toml"
+unpack=xzf; [[ $out == *.tar.xz ]] && unpack=xJf
+echo "bundle.sh: on the target: tar $unpack $(basename "$out") && cd $name && /usr/bin/python3 experiments/launch.py run experiments/configs/default.toml"

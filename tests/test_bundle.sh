@@ -22,9 +22,12 @@ fi
 rev=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/pslab-test-bundle-XXXXXX")
 trap 'pkill -KILL -f "$tmp/" 2>/dev/null || true; rm -rf "$tmp"' EXIT
-"$root/experiments/bundle.sh" --build-dir "$build" --out "$tmp/made/pslab.tar.gz"
+# (the plain run takes the xz tarball, at xz's fastest level; --hidden the gzip one)
+made="$tmp/made/pslab.tar.gz"; [[ $hidden == --hidden ]] || made="$tmp/made/pslab.tar.xz"
+XZ_OPT=-0 "$root/experiments/bundle.sh" --build-dir "$build" --out "$made"
 mkdir "$tmp/elsewhere"
-tar xzf "$tmp/made/pslab.tar.gz" -C "$tmp/elsewhere"
+[[ $made == *.tar.xz ]] && { xz -t "$made" || fail "$made is not xz"; }
+tar xf "$made" -C "$tmp/elsewhere"
 rm -rf "$tmp/made"
 b=$(echo "$tmp"/elsewhere/pslab-*)
 [[ -d $b/build/lib && -x $b/build/worker/pslab_worker ]] || fail "the bundle has no build/lib or build/worker/pslab_worker"
