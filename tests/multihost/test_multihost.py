@@ -29,6 +29,7 @@ Needs root, iproute2 and network namespaces, sshd and Slurm (installed with apt-
 missing); skips with the reason otherwise. Run from the repository root:
     PSLAB_BUILD=build PSLAB_MULTIHOST=1 /usr/bin/python3 -m unittest -v tests/multihost/test_multihost.py
 """
+import atexit
 import json
 import os
 import pathlib
@@ -201,6 +202,10 @@ class Cluster:
         return total
 
 
+def stopped_by_sigterm(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
+
+
 class ClusterTestCase(unittest.TestCase):
     """Tests on one cluster of namespace hosts, made for the class (cluster_type(tmp).up(), in a
     temporary directory named tmp_prefix...) and taken down after it; skipped, saying why, where
@@ -215,17 +220,30 @@ class ClusterTestCase(unittest.TestCase):
             raise unittest.SkipTest(f"{cls.tier}: {reason}")
         cls.tmp = pathlib.Path(tempfile.mkdtemp(prefix=cls.tmp_prefix))
         cls.cluster = cls.cluster_type(cls.tmp)
+        # Stopped by SIGTERM (ctest, a CI job) or Ctrl-C, unittest leaves tearDownClass out: the
+        # hosts' daemons and namespaces are taken down at the process's exit instead (SIGTERM
+        # raised as KeyboardInterrupt, which unittest lets through).
+        atexit.register(cls.take_down)
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, stopped_by_sigterm)
         try:
             cls.cluster.up()
         except Exception:
-            cls.cluster.down()
-            shutil.rmtree(cls.tmp, ignore_errors=True)
+            cls.take_down()
             raise
 
     @classmethod
+    def take_down(cls):
+        """The cluster's daemons, namespaces and directory gone (once)."""
+        atexit.unregister(cls.take_down)
+        cluster, cls.cluster = getattr(cls, "cluster", None), None
+        if cluster is not None:
+            cluster.down()
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    @classmethod
     def tearDownClass(cls):
-        cls.cluster.down()
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+        cls.take_down()
 
     def setUp(self):
         self.runs = self.tmp / f"runs-{self._testMethodName}"
