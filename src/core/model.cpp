@@ -1,7 +1,6 @@
 #include "core/model.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -191,13 +190,10 @@ std::vector<Model::PassTimes> Model::profile_passes(const float* x, const std::i
   std::vector<PassTimes> t(layers_.size() + 1);
   for (std::size_t i = 0; i < layers_.size(); ++i) t[i].pass = std::to_string(i) + "." + layers_[i]->describe();
   t.back().pass = "loss";
-  // ms[0] += the time of pass(), counted from the second step on (step 0 makes plans).
+  // ms += pass()'s share of the mean over steps 1..reps (step 0, untimed, makes plans).
   auto timed = [&](int step, double& ms, auto&& pass) {
-    be_.synchronize();
-    const auto t0 = std::chrono::steady_clock::now();
-    pass();
-    be_.synchronize();
-    if (step > 0) ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
+    const double took = synchronized_ms(be_, pass);
+    if (step > 0) ms += took / reps;
   };
   for (int step = 0; step <= reps; ++step) {
     const float* in = model_input(x, B);

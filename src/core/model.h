@@ -6,6 +6,7 @@
 // one buffer. Activations are preallocated for `max_batch` rows: no allocation per step.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -151,6 +152,17 @@ struct EvalCounts {
   long correct = 0;       // classification only
   long samples = 0;
 };
+
+// Milliseconds `work` takes on `be`, the backend synchronized before and after it (its queued
+// work counted, not only the host's): for profiling (Model::profile_passes), never a step.
+template <typename F>
+double synchronized_ms(Backend& be, F&& work) {
+  be.synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  work();
+  be.synchronize();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
 
 class Model {
  public:

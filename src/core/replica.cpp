@@ -1,7 +1,6 @@
 #include "core/replica.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
@@ -184,13 +183,7 @@ std::vector<Model::PassTimes> Replica::profile_step(std::span<const std::uint32_
   Model::PassTimes gather{"gather"}, update{"update"};
   std::vector<Model::PassTimes> passes;
   for (int round = 0; round <= reps; ++round) {  // (round 0: untimed)
-    auto ms = [&](auto&& work) {
-      be_.synchronize();
-      const auto t0 = std::chrono::steady_clock::now();
-      work();
-      be_.synchronize();
-      return round ? std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps : 0.0;
-    };
+    auto ms = [&](auto&& work) { return round ? synchronized_ms(be_, work) / reps : (work(), 0.0); };
     Batch b{};
     gather.forward_ms += ms([&] { b = stage(train_, idx); });
     const auto model = model_.profile_passes(b.x, b.labels, b.targets, B, 1);
